@@ -1,0 +1,90 @@
+"""Build configuration shared by setup.py, the Makefile and CI.
+
+    python .ci/buildcfg.py requirements EXTRA...   pip requirement lines read
+                                                   from pyproject.toml ("build"
+                                                   means [build-system].requires,
+                                                   "runtime" the dependencies)
+    python .ci/buildcfg.py cflags | libs           compiler / linker flags for
+                                                   oneDNN, libcurl, cJSON, zlib
+
+oneDNN comes from PyPI (onednn-cpu-gomp / onednn-devel-cpu-gomp 2023.2.0,
+oneDNN 3.2 on the GNU OpenMP runtime); its wheels put headers and libdnnl.so.3
+under the installing environment's prefix, found here through the installed
+distributions' file lists.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ONEDNN_RUNTIME = "onednn-cpu-gomp"
+ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
+SYSTEM_LIBS = ["curl", "cjson", "z", "m", "pthread"]
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def requirements(extras: list[str]) -> list[str]:
+    project = _pyproject()
+    optional = project["project"].get("optional-dependencies", {})
+    out: list[str] = []
+    for extra in extras:
+        if extra == "build":
+            out += project["build-system"]["requires"]
+        elif extra == "runtime":
+            out += project["project"]["dependencies"]
+        elif extra in optional:
+            out += optional[extra]
+        else:
+            raise SystemExit(f"buildcfg: unknown extra {extra!r} (pyproject.toml has {sorted(optional)})")
+    return out
+
+
+def _locate(dist: str, suffix: str) -> pathlib.Path:
+    try:
+        files = metadata.distribution(dist).files or []
+    except metadata.PackageNotFoundError:
+        raise SystemExit(f"buildcfg: {dist} is not installed; install it with pip install {dist}==2023.2.0") from None
+    for f in files:
+        if str(f).endswith(suffix) and (f.name == suffix or str(f).endswith("/" + suffix)):
+            return pathlib.Path(f.locate()).resolve()
+    raise SystemExit(f"buildcfg: {dist} has no file ending in {suffix}")
+
+
+def onednn_include_dir() -> str:
+    header = _locate(ONEDNN_DEVEL, "include/oneapi/dnnl/dnnl.h")
+    return str(header.parent.parent.parent)
+
+
+def onednn_library_dir() -> str:
+    return str(_locate(ONEDNN_RUNTIME, "libdnnl.so.3").parent)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "requirements":
+        print("\n".join(requirements(rest)))
+    elif cmd == "cflags":
+        print(f"-I{onednn_include_dir()}")
+    elif cmd == "libs":
+        libdir = onednn_library_dir()
+        print(" ".join([f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-ldnnl"] + [f"-l{lib}" for lib in SYSTEM_LIBS]))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

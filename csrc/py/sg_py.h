@@ -1,0 +1,34 @@
+/*
+ * sg_py.h - what the binding files of sparkgrad._core share: the NumPy C-API
+ * import symbol, the status-to-exception raiser and each file's init hook.
+ * One .c file per exposed type or function group; each defines
+ * `<name>_module_init(PyObject *mod)`, called in order from PyInit__core.
+ */
+#ifndef SG_PY_H
+#define SG_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL sparkgrad_ARRAY_API
+#ifndef SG_PY_MODULE_MAIN
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "common/sg_status.h"
+
+/* Raises the sparkgrad.errors class that SG_STATUS_LIST names for err->code,
+ * with err->msg; always returns NULL. */
+PyObject *sg_raise(const SgError *err);
+
+/* As sg_raise, from a code and a printf-style message. */
+PyObject *sg_raise_code(int code, const char *fmt, ...);
+
+/* Module init hooks, one per binding file; each returns 0 or -1 with an
+ * exception set. */
+int info_module_init(PyObject *mod);
+
+#endif /* SG_PY_H */

@@ -1,0 +1,1 @@
+"""Datasets and converters: IDX (MNIST) files, TFRecords, Spark DataFrames."""

@@ -1,0 +1,140 @@
+"""The exception hierarchy of sparkgrad, rooted at SparkgradError.
+
+The C core reports failures as status codes with a message; the binding maps
+each code to one class here (csrc/common/sg_status.h holds the table), so the
+names below are part of the C contract.
+
+    SparkgradError
+    ├── InvalidArgumentError (also ValueError)
+    ├── SparkgradIOError (also OSError)
+    ├── SparkgradTimeout (also TimeoutError)
+    ├── CancelledError
+    ├── StateError
+    ├── RecordError
+    │   └── CorruptRecordError
+    │       └── TruncatedRecordError
+    ├── SchemaError (also ValueError)
+    ├── ModelError
+    │   ├── OneDNNError
+    │   └── CheckpointError
+    ├── ClusterError
+    │   ├── RendezvousTimeout (also TimeoutError)
+    │   ├── NodeFailure
+    │   └── InsufficientSlotsError
+    ├── ProtocolError
+    │   ├── AuthError
+    │   ├── FrameTooLargeError
+    │   └── PeerClosedError
+    └── RestError
+"""
+
+from __future__ import annotations
+
+
+class SparkgradError(Exception):
+    """Base of every error sparkgrad raises on purpose.
+
+    ``code`` is the C status code when the error came from the core (else
+    None); keyword details (path, offset, feature, node, host, ...) are kept
+    in ``details`` and as attributes.
+    """
+
+    code: int | None = None
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = dict(details)
+        for key, value in details.items():
+            setattr(self, key, value)
+
+
+class OutOfMemoryError(SparkgradError, MemoryError):
+    """An allocation failed (rarely raised: MemoryError is used instead)."""
+
+
+class InvalidArgumentError(SparkgradError, ValueError):
+    """An argument is out of range or of the wrong kind."""
+
+
+class SparkgradIOError(SparkgradError, OSError):
+    """A file or socket operation failed; the message names the path or peer."""
+
+
+class SparkgradTimeout(SparkgradError, TimeoutError):
+    """A bounded wait expired; the message says what was awaited."""
+
+
+class CancelledError(SparkgradError):
+    """The operation was cancelled (driver interrupt, shutdown)."""
+
+
+class StateError(SparkgradError):
+    """An object was used in a state that does not allow the call."""
+
+
+class RecordError(SparkgradError):
+    """A TFRecord file could not be read or written."""
+
+
+class CorruptRecordError(RecordError):
+    """A record failed its CRC32C check or its length is impossible."""
+
+
+class TruncatedRecordError(CorruptRecordError):
+    """A file ended inside a record header or payload."""
+
+
+class SchemaError(SparkgradError, ValueError):
+    """A tf.train.Example does not match the parsing schema."""
+
+
+class ModelError(SparkgradError):
+    """A model was declared or used inconsistently (shapes, layers)."""
+
+
+class OneDNNError(ModelError):
+    """A oneDNN call failed; the message names the call and its status."""
+
+
+class CheckpointError(ModelError):
+    """A checkpoint could not be written, read or matched to the model."""
+
+
+class ClusterError(SparkgradError):
+    """The cluster could not be formed or run."""
+
+
+class RendezvousTimeout(ClusterError, TimeoutError):
+    """Not every node registered in time; the message names the missing ones."""
+
+
+class NodeFailure(ClusterError):
+    """A node died or raised; carries role, index, host and traceback."""
+
+
+class InsufficientSlotsError(ClusterError):
+    """Spark has fewer task slots than the cluster needs."""
+
+
+class ProtocolError(SparkgradError):
+    """A peer sent bytes that break the wire protocol."""
+
+
+class AuthError(ProtocolError):
+    """A peer failed the HMAC challenge."""
+
+
+class FrameTooLargeError(ProtocolError):
+    """A frame announced a length above the hard maximum."""
+
+
+class PeerClosedError(ProtocolError):
+    """The peer closed the connection in the middle of a frame."""
+
+
+class RestError(SparkgradError):
+    """A Databricks REST call failed; carries the HTTP status and error_code."""
+
+
+__all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, SparkgradError)]

@@ -1,0 +1,1 @@
+"""Shared fixtures. Spark fixtures start real local Spark (no mocks)."""

@@ -1,0 +1,114 @@
+"""The package builds, imports, reports its versions and maps C errors."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import sparkgrad
+from sparkgrad import _core, errors
+from sparkgrad.cli import main as cli_main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_version_has_one_source():
+    text = (ROOT / "python/sparkgrad/_version.py").read_text()
+    assert re.search(r'__version__ = "%s"' % re.escape(sparkgrad.__version__), text)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" in pyproject["project"]["dynamic"]
+    assert "version" not in pyproject["project"]
+    assert _core.build_info()["sparkgrad"] == sparkgrad.__version__
+
+
+def test_build_info_names_linked_libraries():
+    info = sparkgrad.build_info()
+    assert info["onednn"].startswith("3.")
+    assert info["onednn_cpu_runtime"] == "OpenMP"
+    assert re.match(r"\d+\.\d+\.\d+", info["libcurl"])
+    assert re.match(r"\d+\.\d+\.\d+", info["cjson"])
+    assert re.match(r"\d+\.\d+", info["zlib"])
+
+
+def test_every_status_code_maps_to_an_exception_in_the_hierarchy():
+    codes = _core.status_codes()
+    assert len(codes) == len(set(codes.values()))
+    for name, code in codes.items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.SparkgradError)
+        if code == -1:  # SG_ENOMEM is raised as MemoryError
+            with pytest.raises(MemoryError):
+                _core._raise_status(code, "x")
+            continue
+        with pytest.raises(cls) as info:
+            _core._raise_status(code, f"message for {name}")
+        assert type(info.value) is cls
+        assert info.value.code == code
+        assert str(info.value) == f"message for {name}"
+
+
+def test_hierarchy_matches_the_documented_tree():
+    assert issubclass(errors.TruncatedRecordError, errors.CorruptRecordError)
+    assert issubclass(errors.CorruptRecordError, errors.RecordError)
+    assert issubclass(errors.RendezvousTimeout, errors.ClusterError)
+    assert issubclass(errors.RendezvousTimeout, TimeoutError)
+    assert issubclass(errors.NodeFailure, errors.ClusterError)
+    assert issubclass(errors.AuthError, errors.ProtocolError)
+    assert issubclass(errors.SchemaError, ValueError)
+    assert issubclass(errors.RestError, errors.SparkgradError)
+
+
+def test_unknown_status_code_raises_the_root_class():
+    with pytest.raises(errors.SparkgradError) as info:
+        _core._raise_status(-999, "odd")
+    assert type(info.value) is errors.SparkgradError
+
+
+def test_error_details_become_attributes():
+    exc = errors.CorruptRecordError("bad crc", path="a.tfrecord", offset=12)
+    assert exc.path == "a.tfrecord" and exc.offset == 12
+    assert exc.details == {"path": "a.tfrecord", "offset": 12}
+
+
+def test_cli_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sparkgrad {sparkgrad.__version__}"
+
+
+def test_python_dash_m_sparkgrad_info():
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkgrad", "info"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert '"onednn"' in out and '"sparkgrad"' in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("numpy_spec", ["numpy==1.26.4", "numpy>=2.0,<3"])
+def test_core_imports_under_numpy_1_and_2(tmp_path, numpy_spec):
+    """The extension is built against NumPy 2 headers; it must load under 1.x too."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", numpy_spec, "onednn-cpu-gomp==2023.2.0"],
+        check=True,
+        timeout=600,
+    )
+    code = (
+        "import numpy, sparkgrad, sparkgrad._core as c; "
+        "info = c.build_info(); "
+        "print(numpy.__version__, info['numpy_runtime_api'])"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    version = out.stdout.split()[0]
+    assert version.startswith("1.") if numpy_spec.startswith("numpy==1") else version.startswith("2.")
