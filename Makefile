@@ -76,7 +76,7 @@ asan: deps
 	PYTHONPATH=$(CURDIR)/build/asan/py PYTHONMALLOC=malloc \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	  $(PY) -m pytest -q -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not spark and not slow" $(PYTEST_ARGS) tests
 
 build/asan/ctest/%: tests/c/%.c $(CSRC) $(DEPS_STAMP)
 	@mkdir -p build/asan/ctest

@@ -87,8 +87,7 @@ static PyObject *py_status_codes(PyObject *self, PyObject *noargs)
         return NULL;
     for (size_t i = 0; i < sizeof exception_table / sizeof *exception_table; i++) {
         PyObject *code = PyLong_FromLong(exception_table[i].code);
-        int rc = code == NULL ? -1
-                              : PyDict_SetItemString(out, exception_table[i].name, code);
+        int rc = code == NULL ? -1 : PyDict_SetItemString(out, exception_table[i].name, code);
         Py_XDECREF(code);
         if (rc < 0) {
             Py_DECREF(out);
