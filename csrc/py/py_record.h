@@ -13,4 +13,20 @@ PyObject *record_raise(const SgError *err, const char *path, long long offset);
 /* Parses compression=None|"ZLIB"|"GZIP"|"" into *out (PyArg "O&" converter). */
 int record_compression_converter(PyObject *obj, void *out);
 
+#include "record/example_parse.h"
+
+/* A compiled parsing schema (sparkgrad._core.Schema). */
+typedef struct {
+    PyObject_HEAD
+    ExSchema schema;
+    PyObject *names;  /* list of str, one per spec */
+    PyObject *shapes; /* list of tuples: the per-record shape of each spec */
+} SchemaObject;
+
+extern PyTypeObject SchemaType;
+
+/* Turns the batch's columns into a dict name -> ndarray (FIXED, RAW) or
+ * (values, row_splits) (VARLEN), taking over the column buffers; the batch is
+ * reset for reuse. Needs the GIL. */
+PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch);
 #endif /* SG_PY_RECORD_H */

@@ -1,5 +1,18 @@
 """Datasets and converters: IDX (MNIST) files, TFRecords, tf.train.Example, Spark DataFrames."""
 
+from sparkgrad.data.example import (
+    FixedLenFeature,
+    Ragged,
+    RawBytesFeature,
+    Schema,
+    VarLenFeature,
+    decode_example,
+    decode_sequence_example,
+    encode_example,
+    encode_sequence_example,
+    parse_example,
+    parse_examples,
+)
 from sparkgrad.data.tfrecord import (
     TFRecordWriter,
     crc32c,
@@ -10,6 +23,17 @@ from sparkgrad.data.tfrecord import (
 )
 
 __all__ = [
+    "FixedLenFeature",
+    "Ragged",
+    "RawBytesFeature",
+    "Schema",
+    "VarLenFeature",
+    "decode_example",
+    "decode_sequence_example",
+    "encode_example",
+    "encode_sequence_example",
+    "parse_example",
+    "parse_examples",
     "TFRecordWriter",
     "crc32c",
     "masked_crc32c",
