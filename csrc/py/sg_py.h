@@ -32,5 +32,6 @@ PyObject *sg_raise_code(int code, const char *fmt, ...);
 int info_module_init(PyObject *mod);
 int record_module_init(PyObject *mod);
 int record_example_module_init(PyObject *mod);
+int record_dataset_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */

@@ -1,5 +1,6 @@
 """Datasets and converters: IDX (MNIST) files, TFRecords, tf.train.Example, Spark DataFrames."""
 
+from sparkgrad.data.dataset import TFRecordDataset, expand_paths
 from sparkgrad.data.example import (
     FixedLenFeature,
     Ragged,
@@ -23,6 +24,8 @@ from sparkgrad.data.tfrecord import (
 )
 
 __all__ = [
+    "TFRecordDataset",
+    "expand_paths",
     "FixedLenFeature",
     "Ragged",
     "RawBytesFeature",
