@@ -117,6 +117,9 @@ typedef int (*ModuleInit)(PyObject *mod);
 
 static const ModuleInit module_inits[] = {
     info_module_init,
+    record_module_init,
+    record_example_module_init,
+    record_dataset_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)
