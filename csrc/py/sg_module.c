@@ -118,6 +118,8 @@ typedef int (*ModuleInit)(PyObject *mod);
 
 static const ModuleInit module_inits[] = {
     info_module_init,
+    nn_optim_module_init,
+    nn_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -30,5 +30,7 @@ PyObject *sg_raise_code(int code, const char *fmt, ...);
 /* Module init hooks, one per binding file; each returns 0 or -1 with an
  * exception set. */
 int info_module_init(PyObject *mod);
+int nn_module_init(PyObject *mod);
+int nn_optim_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */
