@@ -37,7 +37,7 @@ static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
     optim_config_default(&c, OPTIM_SGD);
     long long step_size = 1, total_steps = 1, warmup = 0;
     int nesterov = 0, centered = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|$ffpffffpsLfLfLff:Optimizer", kwlist, &kind, &n,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|$ffpfffffpsLfLfLff:Optimizer", kwlist, &kind, &n,
                                      &c.lr, &c.momentum, &nesterov, &c.weight_decay, &c.beta1,
                                      &c.beta2, &c.eps, &c.rho, &centered, &schedule, &step_size,
                                      &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm,
