@@ -44,7 +44,8 @@ struct CtlClient {
     int stopping, stopped;
     SgError io_err; /* code != 0 once the connection broke */
     int acked, registered, num_nodes;
-    char *spec_json;
+    cJSON *spec;     /* the spec array, as received */
+    char *spec_json; /* its text, printed on first ctl_client_spec() */
     CtlMsg *head, *tail;
 };
 
@@ -78,7 +79,7 @@ static int enqueue(CtlClient *c, const cJSON *msg)
 }
 
 /* Handles one driver message; called with c->mu held. */
-static int handle_msg(CtlClient *c, const cJSON *msg, const char *type, SgError *err)
+static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 {
     if (strcmp(type, "registered") == 0) {
         long k, n;
@@ -88,20 +89,21 @@ static int handle_msg(CtlClient *c, const cJSON *msg, const char *type, SgError 
             return rc;
         c->acked = 1, c->registered = (int)k, c->num_nodes = (int)n;
     } else if (strcmp(type, "spec") == 0) {
-        const cJSON *spec = cJSON_GetObjectItemCaseSensitive(msg, "spec");
-        if (!cJSON_IsArray(spec))
+        cJSON *spec = cJSON_DetachItemFromObjectCaseSensitive(msg, "spec");
+        if (!cJSON_IsArray(spec)) {
+            cJSON_Delete(spec);
             return sg_fail(err, SG_EPROTO, "spec message from %s has no \"spec\" array", c->peer);
-        char *text = net_json_print(spec);
-        if (text == NULL)
-            return sg_fail(err, SG_ENOMEM, "copying the cluster spec");
+        }
+        cJSON_Delete(c->spec);
+        c->spec = spec;
         free(c->spec_json);
-        c->spec_json = text;
+        c->spec_json = NULL;
     } else if (strcmp(type, "reject") == 0) {
         const char *reason = "";
         net_json_string(msg, "reason", c->peer, &reason, err);
         return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer, c->executor_id,
                        reason);
-    } else if (strcmp(type, "stop") == 0 && c->spec_json == NULL) {
+    } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
         return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed", c->peer);
     } else if (enqueue(c, msg) < 0) {
         return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
@@ -294,9 +296,9 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     }
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        while (c->spec_json == NULL && c->io_err.code == 0 && wait_until(c, deadline) != ETIMEDOUT)
+        while (c->spec == NULL && c->io_err.code == 0 && wait_until(c, deadline) != ETIMEDOUT)
             ;
-        if (c->spec_json != NULL)
+        if (c->spec != NULL)
             rc = SG_OK;
         else if (c->io_err.code != 0)
             rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
@@ -320,9 +322,14 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     return SG_OK;
 }
 
-const char *ctl_client_spec(const CtlClient *c)
+char *ctl_client_spec(CtlClient *c)
 {
-    return c->spec_json;
+    pthread_mutex_lock(&c->mu);
+    if (c->spec_json == NULL && c->spec != NULL)
+        c->spec_json = net_json_print(c->spec);
+    char *out = c->spec_json != NULL ? strdup(c->spec_json) : NULL;
+    pthread_mutex_unlock(&c->mu);
+    return out;
 }
 
 static int send_json(CtlClient *c, cJSON *msg, double timeout, SgError *err)
@@ -442,6 +449,7 @@ void ctl_client_free(CtlClient *c)
         free(m->json);
         free(m);
     }
+    cJSON_Delete(c->spec);
     free(c->spec_json);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->send_mu);

@@ -25,8 +25,9 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
                         const char *node_json, double timeout, double heartbeat_interval,
                         CtlClient **out, SgError *err);
 
-/* The cluster spec, a JSON array (owned by the client). */
-const char *ctl_client_spec(const CtlClient *c);
+/* The latest cluster spec as a JSON array, malloc'd for the caller (NULL
+ * only when out of memory). */
+char *ctl_client_spec(CtlClient *c);
 
 /* Messages to the driver; each blocks at most timeout seconds. */
 int ctl_client_log(CtlClient *c, const char *line, double timeout, SgError *err);

@@ -69,6 +69,7 @@ struct RdvServer {
 
 /* rendezvous_server.c */
 int rdv_conn_queue_json(RdvConn *c, const cJSON *msg);
+int rdv_conn_queue_text(RdvConn *c, const char *json);
 void rdv_conn_drop(RdvServer *s, RdvConn *c, const char *reason);
 
 /* rendezvous_registry.c (called with s->mu held) */

@@ -80,24 +80,25 @@ void rdv_node_disconnected(RdvServer *s, RdvConn *c, const char *reason)
 
 /* ---- registration and the spec ------------------------------------------- */
 
+/* Queues {"type":"spec","spec":[...]} to every connected node (or only one);
+ * the text is built once, not per node. */
 static int send_spec(RdvServer *s, RdvConn *only)
 {
-    cJSON *msg = cJSON_CreateObject();
-    cJSON *spec = cJSON_Parse(s->spec_json);
-    if (msg == NULL || spec == NULL) {
-        cJSON_Delete(msg);
-        cJSON_Delete(spec);
+    static const char head[] = "{\"type\":\"spec\",\"spec\":";
+    size_t n = strlen(s->spec_json);
+    char *text = malloc(sizeof head + n + 1);
+    if (text == NULL)
         return SG_ENOMEM;
-    }
-    cJSON_AddStringToObject(msg, "type", "spec");
-    cJSON_AddItemToObject(msg, "spec", spec);
+    memcpy(text, head, sizeof head - 1);
+    memcpy(text + sizeof head - 1, s->spec_json, n);
+    memcpy(text + sizeof head - 1 + n, "}", 2);
     int rc = SG_OK;
     for (int i = 0; i < s->num_nodes && rc == 0; i++) {
         RdvConn *c = s->nodes[i].conn;
         if (c != NULL && (only == NULL || c == only))
-            rc = rdv_conn_queue_json(c, msg);
+            rc = rdv_conn_queue_text(c, text);
     }
-    cJSON_Delete(msg);
+    free(text);
     return rc;
 }
 

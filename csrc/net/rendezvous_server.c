@@ -65,12 +65,17 @@ static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
     return SG_OK;
 }
 
+int rdv_conn_queue_text(RdvConn *c, const char *json)
+{
+    return conn_queue(c, NET_FRAME_JSON, json, strlen(json));
+}
+
 int rdv_conn_queue_json(RdvConn *c, const cJSON *msg)
 {
     char *text = net_json_print(msg);
     if (text == NULL)
         return SG_ENOMEM;
-    int rc = conn_queue(c, NET_FRAME_JSON, text, strlen(text));
+    int rc = rdv_conn_queue_text(c, text);
     free(text);
     return rc;
 }

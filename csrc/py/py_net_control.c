@@ -13,7 +13,7 @@
 typedef struct {
     PyObject_HEAD
     CtlClient *cli;
-    PyObject *spec; /* list[dict], parsed once */
+    PyObject *spec; /* list[dict], parsed on first access */
 } CtlObject;
 
 static PyTypeObject Ctl_Type;
@@ -52,17 +52,15 @@ static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
     free(node_json);
     if (rc < 0)
         return sg_raise(&err);
-    PyObject *spec = py_net_json_loads(ctl_client_spec(cli));
-    CtlObject *self = spec != NULL ? PyObject_New(CtlObject, &Ctl_Type) : NULL;
+    CtlObject *self = PyObject_New(CtlObject, &Ctl_Type);
     if (self == NULL) {
-        Py_XDECREF(spec);
         Py_BEGIN_ALLOW_THREADS
         ctl_client_free(cli);
         Py_END_ALLOW_THREADS
         return NULL;
     }
     self->cli = cli;
-    self->spec = spec;
+    self->spec = NULL;
     return (PyObject *)self;
 }
 
@@ -190,6 +188,15 @@ static PyObject *Ctl_exit(CtlObject *self, PyObject *args)
 static PyObject *Ctl_get_spec(CtlObject *self, void *closure)
 {
     (void)closure;
+    if (self->spec == NULL) {
+        char *text = ctl_client_spec(self->cli);
+        if (text == NULL)
+            return PyErr_NoMemory();
+        self->spec = py_net_json_loads(text);
+        free(text);
+        if (self->spec == NULL)
+            return NULL;
+    }
     Py_INCREF(self->spec);
     return self->spec;
 }
