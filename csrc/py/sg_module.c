@@ -122,6 +122,9 @@ static const ModuleInit module_inits[] = {
     record_dataset_module_init,
     nn_optim_module_init,
     nn_module_init,
+    net_module_init,
+    rdv_module_init,
+    ctl_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -35,5 +35,8 @@ int record_example_module_init(PyObject *mod);
 int record_dataset_module_init(PyObject *mod);
 int nn_module_init(PyObject *mod);
 int nn_optim_module_init(PyObject *mod);
+int net_module_init(PyObject *mod);
+int rdv_module_init(PyObject *mod);
+int ctl_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */
