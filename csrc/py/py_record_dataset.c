@@ -154,22 +154,27 @@ static PyObject *dataset_close(DatasetObject *self, PyObject *noargs)
         return sg_raise_code(SG_ESTATE, "Dataset closed while another thread iterates it");
     Dataset *ds = self->ds;
     self->ds = NULL;
+    int orphaned = 0;
     if (ds != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        ds_close(ds);
+        orphaned = ds_close(ds);
         Py_END_ALLOW_THREADS
     }
+    if (orphaned)
+        Py_INCREF(self->schema); /* the blocked thread still parses with it */
     Py_RETURN_NONE;
 }
 
 static void dataset_dealloc(DatasetObject *self)
 {
+    int orphaned = 0;
     if (self->ds != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        ds_close(self->ds);
+        orphaned = ds_close(self->ds);
         Py_END_ALLOW_THREADS
     }
-    Py_XDECREF(self->schema);
+    if (!orphaned) /* else the blocked thread still parses with it */
+        Py_XDECREF(self->schema);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

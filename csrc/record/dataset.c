@@ -54,8 +54,12 @@ struct Dataset {
     SgError error;
     int failed;
     int thread_started;
+    int exited;   /* producer_main returned */
+    int orphaned; /* ds_close gave up waiting: the thread frees the dataset */
     pthread_t thread;
 };
+
+static void ds_free(Dataset *ds);
 
 /* splitmix64: small, seedable, good enough for shuffling. */
 static uint64_t rng_next(uint64_t *s)
@@ -229,9 +233,26 @@ static void deadline_in(struct timespec *ts, double seconds)
     }
 }
 
+static void producer_loop(Dataset *ds);
+
+/* Runs the loop, then either tells ds_close it is done or, when ds_close
+ * stopped waiting (a read blocked on slow storage), frees the dataset. */
 static void *producer_main(void *arg)
 {
     Dataset *ds = arg;
+    producer_loop(ds);
+    pthread_mutex_lock(&ds->mu);
+    ds->exited = 1;
+    int orphaned = ds->orphaned;
+    pthread_cond_broadcast(&ds->ready_cv);
+    pthread_mutex_unlock(&ds->mu);
+    if (orphaned)
+        ds_free(ds);
+    return NULL;
+}
+
+static void producer_loop(Dataset *ds)
+{
     SgError err;
     sg_error_clear(&err);
     for (;;) {
@@ -243,7 +264,7 @@ static void *producer_main(void *arg)
         }
         if (ds->stop) {
             pthread_mutex_unlock(&ds->mu);
-            return NULL;
+            return;
         }
         ExBatch *b = ds->free_list[--ds->free_n];
         pthread_mutex_unlock(&ds->mu);
@@ -264,7 +285,7 @@ static void *producer_main(void *arg)
         pthread_cond_broadcast(&ds->ready_cv);
         pthread_mutex_unlock(&ds->mu);
         if (rc != 1)
-            return NULL;
+            return;
     }
 }
 
@@ -398,17 +419,38 @@ size_t ds_file_count(const Dataset *ds)
     return ds->nfiles;
 }
 
-void ds_close(Dataset *ds)
+int ds_close(Dataset *ds)
 {
     if (ds == NULL)
-        return;
+        return 0;
     if (ds->thread_started) {
+        /* The thread stops after its current record; a read blocked on
+         * storage can take longer, so wait at most 2 s, then leave the
+         * freeing to the thread. */
         pthread_mutex_lock(&ds->mu);
         ds->stop = 1;
         pthread_cond_broadcast(&ds->free_cv);
+        struct timespec ts;
+        deadline_in(&ts, 2.0);
+        while (!ds->exited)
+            if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT)
+                break;
+        int exited = ds->exited;
+        if (!exited)
+            ds->orphaned = 1;
         pthread_mutex_unlock(&ds->mu);
+        if (!exited) {
+            pthread_detach(ds->thread);
+            return 1;
+        }
         pthread_join(ds->thread, NULL);
     }
+    ds_free(ds);
+    return 0;
+}
+
+static void ds_free(Dataset *ds)
+{
     tfr_reader_close(ds->reader);
     if (ds->files)
         for (size_t i = 0; i < ds->nfiles; i++)

@@ -51,7 +51,10 @@ void ds_release(Dataset *ds, ExBatch *batch);
 /* The files this shard reads, for messages. */
 size_t ds_file_count(const Dataset *ds);
 
-/* Stops the thread (waiting for it to finish its current record) and frees. */
-void ds_close(Dataset *ds);
+/* Stops the thread and frees. Waits at most 2 s for the thread to finish its
+ * current read; if it is still blocked (slow storage), returns 1 and the
+ * thread frees the dataset when the read returns, so the schema given in
+ * DsConfig must then stay alive. Returns 0 when everything was freed. */
+int ds_close(Dataset *ds);
 
 #endif /* SG_DATASET_H */
