@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "record/bufpool.h"
 #include "record/example.h"
 
 /* ---- encoding ---- */
@@ -500,22 +501,29 @@ static void capsule_free(PyObject *cap)
     free(PyCapsule_GetPointer(cap, "sparkgrad.buffer"));
 }
 
-/* Wraps malloc'ed memory (taken over) as an ndarray. */
-static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
+static void capsule_pool_put(PyObject *cap)
+{
+    bufpool_put(PyCapsule_GetPointer(cap, "sparkgrad.pooled"));
+}
+
+/* Wraps memory (taken over) as an ndarray: from malloc, or from bufpool_get
+ * when pooled. */
+static PyObject *array_take_from(void **data, int typenum, int nd, npy_intp *dims, int pooled)
 {
     void *p = *data;
     *data = NULL;
-    if (p == NULL && (p = malloc(1)) == NULL)
+    if (p == NULL && (p = pooled ? bufpool_get(1) : malloc(1)) == NULL)
         return PyErr_NoMemory();
     PyObject *arr = PyArray_SimpleNewFromData(nd, dims, typenum, p);
-    if (arr == NULL) {
-        free(p);
-        return NULL;
-    }
-    PyObject *cap = PyCapsule_New(p, "sparkgrad.buffer", capsule_free);
+    PyObject *cap = arr == NULL ? NULL
+                    : pooled    ? PyCapsule_New(p, "sparkgrad.pooled", capsule_pool_put)
+                                : PyCapsule_New(p, "sparkgrad.buffer", capsule_free);
     if (cap == NULL) {
-        Py_DECREF(arr);
-        free(p);
+        Py_XDECREF(arr);
+        if (pooled)
+            bufpool_put(p);
+        else
+            free(p);
         return NULL;
     }
     if (PyArray_SetBaseObject((PyArrayObject *)arr, cap) < 0) {
@@ -523,6 +531,11 @@ static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
         return NULL;
     }
     return arr;
+}
+
+static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
+{
+    return array_take_from(data, typenum, nd, dims, 0);
 }
 
 static PyObject *bytes_array(const ExColumn *c, int nd, npy_intp *dims)
@@ -582,7 +595,8 @@ PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch)
             for (int d = 1; d < nd; d++)
                 dims[d] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d - 1));
             value = sp->out == EX_DT_BYTES ? bytes_array(c, nd, dims)
-                                           : array_take(&c->data, typenum_of(sp->out), nd, dims);
+                                           : array_take_from(&c->data, typenum_of(sp->out), nd,
+                                                             dims, 1);
         }
         if (value == NULL ||
             PyDict_SetItem(out, PyList_GET_ITEM(schema->names, (Py_ssize_t)i), value) < 0) {

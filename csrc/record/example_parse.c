@@ -3,6 +3,8 @@
  */
 #include "record/example_parse.h"
 
+#include "record/bufpool.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +53,7 @@ static int column_alloc(ExColumn *c, const ExSpec *sp, size_t cap, SgError *err)
 {
     if (sp->kind != EX_SPEC_VARLEN && sp->out != EX_DT_BYTES && c->data == NULL) {
         size_t bytes = cap * sp->count * ex_dtype_size(sp->out);
-        c->data = malloc(bytes ? bytes : 1);
+        c->data = bufpool_get(bytes);
         if (c->data == NULL)
             return sg_fail(err, SG_ENOMEM, "out of memory for feature '%s' (%zu bytes)", sp->name,
                            bytes);
@@ -107,7 +109,7 @@ void ex_batch_free(ExBatch *b)
     if (b->cols)
         for (size_t i = 0; i < b->schema->n; i++) {
             ExColumn *c = &b->cols[i];
-            free(c->data);
+            bufpool_put(c->data);
             free(c->values);
             free(c->arena);
             free(c->ends);

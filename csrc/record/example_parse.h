@@ -53,7 +53,7 @@ size_t ex_dtype_size(ExDtype t);
 /* One output column of a batch. Every pointer is malloc'ed and can be taken
  * over (set to NULL here) by whoever hands it to NumPy. */
 typedef struct ExColumn {
-    void *data;          /* FIXED numeric / RAW: rows * count elements */
+    void *data;          /* FIXED numeric / RAW: rows * count elements (from bufpool_get) */
     void *values;        /* VARLEN numeric: nvalues elements */
     uint8_t *arena;      /* bytes values, concatenated */
     uint64_t *ends;      /* bytes values: end offset of each in arena */
