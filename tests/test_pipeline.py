@@ -148,3 +148,24 @@ def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
     with open(fifo, "wb"):  # unblock the reader thread: EOF
         pass
     it.close()
+
+
+@pytest.mark.parametrize(
+    "garbage, pattern",
+    [
+        (b"\x0a\x05\x0a\x03", "runs past the end"),
+        (b"\x0a" + b"\xff" * 11, "overlong varint"),
+        (b"\x0d\x00\x00\x00\x00", "wrong wire type 5"),
+        (b"\x0a\x08\x0a\x06\x0a\x02\xc3\x28\x12\x00", "not valid UTF-8"),
+    ],
+)
+def test_garbage_records_in_a_file_name_file_record_and_offset(tmp_path, garbage, pattern):
+    from sparkgrad.errors import ExampleDecodeError
+
+    good = encode_example({"x": 1, "v": np.arange(2)})
+    path = tmp_path / "g.tfrecord"
+    write_records(path, [good, garbage])
+    with pytest.raises(ExampleDecodeError, match=pattern) as info:
+        list(TFRecordDataset(path, SCHEMA, 4))
+    offset = 12 + len(good) + 4
+    assert f"'{path}': record 1 at byte {offset}: " in str(info.value)
