@@ -1,6 +1,5 @@
 """Shared fixtures. Spark fixtures start real local Spark (no mocks)."""
 
-
 import os as _os  # noqa: E402
 import sys as _sys  # noqa: E402
 

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from sparkgrad.data import (
     FixedLenFeature,
     RawBytesFeature,

@@ -8,7 +8,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from sparkgrad.cli import main as cli_main
 from sparkgrad.data import TFRecordDataset, decode_example, tfrecord_iterator
 from sparkgrad.data.convert import convert_mnist, mnist_schema
@@ -57,5 +56,18 @@ def test_bad_idx_is_a_record_error(tmp_path):
     (tmp_path / "l").write_bytes(b"\x00\x00\x08\x01" + struct.pack(">I", 3) + b"\0" * 3)
     with pytest.raises(RecordError, match="3 labels for 2 images|labels for 2 images"):
         convert_mnist(str(tmp_path / "i"), str(tmp_path / "l"), str(tmp_path / "out"))
-    assert cli_main(["convert", "mnist", "--images", str(tmp_path / "i"), "--labels", str(tmp_path / "l"),
-                     "--out", str(tmp_path / "o")]) == 1
+    assert (
+        cli_main(
+            [
+                "convert",
+                "mnist",
+                "--images",
+                str(tmp_path / "i"),
+                "--labels",
+                str(tmp_path / "l"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 1
+    )

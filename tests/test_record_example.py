@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from sparkgrad.data.example import (
     FixedLenFeature,
     RawBytesFeature,
@@ -149,7 +148,9 @@ def test_raw_bytes_feature_scales_to_float32():
     u8 = parse_examples([rec], {"image_raw": RawBytesFeature([28, 28], dtype="uint8")})["image_raw"]
     assert u8.shape == (1, 28, 28) and u8.dtype == np.uint8 and (u8.ravel() == img).all()
     f = np.array([0.5, 2.0], dtype=np.float32)
-    out = parse_examples([encode_example({"x": f.tobytes()})], {"x": RawBytesFeature(2, raw_dtype="float32", scale=2.0)})
+    out = parse_examples(
+        [encode_example({"x": f.tobytes()})], {"x": RawBytesFeature(2, raw_dtype="float32", scale=2.0)}
+    )
     assert out["x"].tolist() == [[1.0, 4.0]]
     with pytest.raises(SchemaError, match="expected 784 raw bytes .* found 4 bytes"):
         parse_examples([encode_example({"image_raw": b"abcd"})], {"image_raw": RawBytesFeature(784)})

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-
 from sparkgrad.data import (
     FixedLenFeature,
     RawBytesFeature,
@@ -24,10 +23,7 @@ pytestmark = pytest.mark.spark
 def test_round_trip_through_executors(spark, tmp_path):
     from pyspark.ml.linalg import Vectors
 
-    rows = [
-        (i, float(i) / 4, f"name{i}", [i, -i, 2**40], bytes([i, 255]), Vectors.dense([i, 0.5]))
-        for i in range(50)
-    ]
+    rows = [(i, float(i) / 4, f"name{i}", [i, -i, 2**40], bytes([i, 255]), Vectors.dense([i, 0.5])) for i in range(50)]
     df = spark.createDataFrame(rows, ["id", "x", "name", "tags", "raw", "vec"]).repartition(3)
     out = str(tmp_path / "tfr")
     written = save_as_tfrecords(df, out, compression="GZIP")
@@ -60,5 +56,7 @@ def test_nulls_are_left_out_and_defaults_fill_them(spark, tmp_path):
     df = spark.createDataFrame([(1, 2.0), (2, None)], "id long, w double").coalesce(1)
     out = str(tmp_path / "n")
     save_as_tfrecords(df, out)
-    loaded = load_tfrecords(spark, out, {"id": FixedLenFeature([], "int64"), "w": FixedLenFeature([], "float32", default=-1.0)})
+    loaded = load_tfrecords(
+        spark, out, {"id": FixedLenFeature([], "int64"), "w": FixedLenFeature([], "float32", default=-1.0)}
+    )
     assert sorted((r.id, r.w) for r in loaded.collect()) == [(1, 2.0), (2, -1.0)]

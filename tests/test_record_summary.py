@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-
 from sparkgrad.data import tfrecord_iterator
 from sparkgrad.errors import StateError
 from sparkgrad.summary import EventWriter

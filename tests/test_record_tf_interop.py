@@ -22,7 +22,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from sparkgrad.data import (
     FixedLenFeature,
     TFRecordDataset,
@@ -54,7 +53,7 @@ def plain(x):
 def same(a, b) -> bool:
     """Exact equality, including -0.0 vs 0.0 and inf."""
     if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         return float(a) == float(b) and math.copysign(1, float(a)) == math.copysign(1, float(b))
     return a == b
@@ -65,12 +64,13 @@ def as_list(v):
 
 
 @pytest.mark.parametrize(
-    "name, compression", [("examples.tfrecord", None), ("examples.tfrecord.gz", "GZIP"), ("examples.tfrecord.zz", "ZLIB")]
+    "name, compression",
+    [("examples.tfrecord", None), ("examples.tfrecord.gz", "GZIP"), ("examples.tfrecord.zz", "ZLIB")],
 )
 def test_tensorflow_fixtures_decode_to_tensorflows_values(name, compression):
     records = list(tfrecord_iterator(FIXTURES / name, compression))
     assert len(records) == EXPECTED["records"] == EXPECTED["read_back"][name]
-    for i, (record, want) in enumerate(zip(records, EXPECTED["decoded"])):
+    for i, (record, want) in enumerate(zip(records, EXPECTED["decoded"], strict=True)):
         got = decode_example(record)
         assert sorted(got) == sorted(want), i
         for key, w in want.items():
@@ -150,7 +150,8 @@ TF_READER = textwrap.dedent(
         schema = {"label": tf.io.FixedLenFeature([], tf.int64), "image": tf.io.FixedLenFeature([4], tf.float32),
                   "name": tf.io.FixedLenFeature([], tf.string), "tags": tf.io.VarLenFeature(tf.int64),
                   "raw": tf.io.FixedLenFeature([], tf.string)}
-        ds = tf.data.TFRecordDataset(path, compression_type=comp).batch(100).map(lambda b: tf.io.parse_example(b, schema))
+        ds = tf.data.TFRecordDataset(path, compression_type=comp).batch(100)
+        ds = ds.map(lambda b: tf.io.parse_example(b, schema))
         rows = []
         for b in ds:
             tags = tf.RaggedTensor.from_sparse(b["tags"]).to_list()
@@ -175,7 +176,9 @@ def test_tensorflow_reads_sparkgrad_files(tmp_path):
         raw = rng.integers(0, 256, size=5).astype(np.uint8).tobytes()
         rows.append((i - 18, image, bytes([65 + i % 26, 200]), tags, raw))
     records = [
-        encode_example({"label": r[0], "image": r[1], "name": r[2], "tags": np.asarray(r[3], dtype=np.int64), "raw": r[4]})
+        encode_example(
+            {"label": r[0], "image": r[1], "name": r[2], "tags": np.asarray(r[3], dtype=np.int64), "raw": r[4]}
+        )
         for r in rows
     ]
     files = []
@@ -183,7 +186,10 @@ def test_tensorflow_reads_sparkgrad_files(tmp_path):
         write_records(tmp_path / name, records, compression=comp)
         files.append([str(tmp_path / name), comp or ""])
     proc = subprocess.run(
-        [python, "-c", TF_READER, json.dumps(files)], capture_output=True, text=True, timeout=240,
+        [python, "-c", TF_READER, json.dumps(files)],
+        capture_output=True,
+        text=True,
+        timeout=240,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -191,7 +197,7 @@ def test_tensorflow_reads_sparkgrad_files(tmp_path):
     for path, _ in files:
         assert len(got[path]) == len(rows)
         for (label, image, name, tags, raw), (want_label, want_image, want_name, want_tags, want_raw) in zip(
-            got[path], rows
+            got[path], rows, strict=True
         ):
             assert label == want_label
             assert np.array_equal(np.float32(image), want_image)

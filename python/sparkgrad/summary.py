@@ -104,12 +104,9 @@ class EventWriter:
         if logdir.startswith("dbfs:/"):
             logdir = "/dbfs/" + logdir[len("dbfs:/") :].lstrip("/")
         os.makedirs(logdir, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%d.%d%s" % (
-            int(time.time()),
-            socket.gethostname(),
-            os.getpid(),
-            next(_counter),
-            filename_suffix,
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+            f"{os.getpid()}.{next(_counter)}{filename_suffix}"
         )
         self.logdir = logdir
         self.path = os.path.join(logdir, name)

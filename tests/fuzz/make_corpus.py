@@ -6,7 +6,6 @@ import os
 import zlib
 
 import numpy as np
-
 from sparkgrad.data import encode_example, encode_sequence_example
 from sparkgrad.data.tfrecord import write_records
 
@@ -23,8 +22,14 @@ def frames(records):
 
 examples = {
     "every_kind": encode_example(
-        {"i": np.array([1, -2], dtype=np.int64), "f": [0.5], "b": [b"x"], "v": [1, 2, 3], "w": [b"a", b""],
-         "r": bytes([1, 2, 3, 4])}
+        {
+            "i": np.array([1, -2], dtype=np.int64),
+            "f": [0.5],
+            "b": [b"x"],
+            "v": [1, 2, 3],
+            "w": [b"a", b""],
+            "r": bytes([1, 2, 3, 4]),
+        }
     ),
     "empty": encode_example({}),
     "empty_lists": encode_example({"v": ("int64", []), "w": ("bytes", []), "f": ("float", [])}),

@@ -137,7 +137,7 @@ def _rows(batch: dict, schema: Schema) -> Iterator[tuple]:
             cols.append(v.tolist())
         else:
             cols.append(v.reshape(v.shape[0], -1).tolist())
-    return zip(*cols)
+    return zip(*cols, strict=True)
 
 
 def load_tfrecords(spark, path, schema: Schema | Mapping, compression: str | None = None, batch_size: int = 1024):
