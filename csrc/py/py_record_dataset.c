@@ -28,9 +28,10 @@ static double now_s(void)
 
 static PyObject *dataset_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"paths", "schema", "batch_size", "shuffle_buffer", "seed",
-                             "epochs", "shard_index", "num_shards", "drop_remainder",
-                             "compression", "prefetch", "verify_crc", "timeout", NULL};
+    static char *kwlist[] = {"paths",          "schema",      "batch_size",  "shuffle_buffer",
+                             "seed",           "epochs",      "shard_index", "num_shards",
+                             "drop_remainder", "compression", "prefetch",    "verify_crc",
+                             "timeout",        NULL};
     PyObject *paths;
     SchemaObject *schema;
     Py_ssize_t batch_size, shuffle = 0, shard_index = 0, num_shards = 1, prefetch = 2;
@@ -41,9 +42,8 @@ static PyObject *dataset_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     DsConfig cfg = {0};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!n|nKLnnpO&npd:Dataset", kwlist, &paths,
                                      &SchemaType, &schema, &batch_size, &shuffle, &seed, &epochs,
-                                     &shard_index, &num_shards, &drop,
-                                     record_compression_converter, &cfg.comp, &prefetch, &verify,
-                                     &timeout))
+                                     &shard_index, &num_shards, &drop, record_compression_converter,
+                                     &cfg.comp, &prefetch, &verify, &timeout))
         return NULL;
     if (batch_size < 1 || shuffle < 0 || shard_index < 0 || num_shards < 1 || prefetch < 0 ||
         timeout <= 0)

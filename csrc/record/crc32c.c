@@ -49,7 +49,7 @@ uint32_t crc32c_extend_portable(uint32_t crc, const uint8_t *p, size_t n)
  * adjacent blocks, hiding its 3-cycle latency; their results are merged by
  * "shifting" a CRC over a block of zeros, a linear map applied with tables
  * (the technique of Mark Adler's crc32c.c, derived here from GF(2) matrices). */
-#define CRC_LONG 4096
+#define CRC_LONG  4096
 #define CRC_SHORT 128
 
 static uint32_t shift_long[4][256], shift_short[4][256];
@@ -121,9 +121,8 @@ static inline uint32_t crc_shift(uint32_t t[4][256], uint32_t crc)
     return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
 }
 
-__attribute__((target("sse4.2"))) static uint64_t crc_blocks(uint64_t c0, const uint8_t **pp,
-                                                              size_t *np, size_t block,
-                                                              uint32_t t[4][256])
+__attribute__((target("sse4.2"))) static uint64_t
+crc_blocks(uint64_t c0, const uint8_t **pp, size_t *np, size_t block, uint32_t t[4][256])
 {
     const uint8_t *p = *pp;
     size_t n = *np;
@@ -151,7 +150,7 @@ __attribute__((target("sse4.2"))) static uint64_t crc_blocks(uint64_t c0, const 
 }
 
 __attribute__((target("sse4.2"))) static uint32_t crc32c_extend_sse42(uint32_t crc,
-                                                                       const uint8_t *p, size_t n)
+                                                                      const uint8_t *p, size_t n)
 {
     uint64_t c = (uint32_t)~crc;
     while (n > 0 && ((uintptr_t)p & 7)) {

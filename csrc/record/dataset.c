@@ -19,9 +19,9 @@
 typedef struct ShufSlot {
     uint8_t *data;
     size_t len, cap;
-    size_t file;      /* index into files */
-    uint64_t index;   /* record index within its file */
-    uint64_t offset;  /* byte offset within its file */
+    size_t file;     /* index into files */
+    uint64_t index;  /* record index within its file */
+    uint64_t offset; /* byte offset within its file */
 } ShufSlot;
 
 struct Dataset {
@@ -105,8 +105,8 @@ static int source_next(Dataset *ds, SgError *err)
                 ds->rec_in_epoch = 0;
                 order_shuffle(ds);
             }
-            int rc = tfr_reader_open(&ds->reader, ds->files[ds->order[ds->file_pos]],
-                                     ds->cfg.comp, ds->cfg.verify_crc, err);
+            int rc = tfr_reader_open(&ds->reader, ds->files[ds->order[ds->file_pos]], ds->cfg.comp,
+                                     ds->cfg.verify_crc, err);
             if (rc < 0)
                 return rc;
             ds->rec_in_file = 0;

@@ -210,9 +210,9 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
                 if ((rc = pb_read_len(&r, &d, &len, err)) < 0)
                     return rc;
                 if (len % 4 != 0)
-                    return sg_fail(err, SG_EPROTOBUF,
-                                   "packed FloatList at byte %zu has %zu bytes, not a multiple of 4",
-                                   at, len);
+                    return sg_fail(
+                        err, SG_EPROTOBUF,
+                        "packed FloatList at byte %zu has %zu bytes, not a multiple of 4", at, len);
                 c += len / 4;
             } else {
                 return wrong_wire(&r, "FloatList.value", field, wire, PB_FIXED32, err);
@@ -241,8 +241,7 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
     return 0;
 }
 
-int ex_feature_decode(const uint8_t *base, const uint8_t *p, size_t n, ExFeature *out,
-                      SgError *err)
+int ex_feature_decode(const uint8_t *base, const uint8_t *p, size_t n, ExFeature *out, SgError *err)
 {
     PbReader r = {p, p + n, base};
     out->kind = EX_NONE;

@@ -212,8 +212,8 @@ static int fill_default(ExBatch *b, size_t i, SgError *err)
     }
     if (!sp->has_default)
         return sg_fail(err, SG_ESCHEMA,
-                       "feature '%s': required (%zu %s value%s, no default) but missing",
-                       sp->name, sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
+                       "feature '%s': required (%zu %s value%s, no default) but missing", sp->name,
+                       sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
     if (sp->out == EX_DT_BYTES) {
         for (size_t j = 0; j < sp->count; j++) {
             int rc = bytes_append(c, sp, sp->default_bytes[j], sp->default_lens[j], err);
@@ -283,8 +283,8 @@ static int fill_feature(ExBatch *b, size_t i, const uint8_t *rec, SgError *err)
         if (len != want)
             return sg_fail(err, SG_ESCHEMA,
                            "feature '%s': expected %zu raw bytes (%zu %s values), found %zu bytes",
-                           sp->name, want, sp->count, sp->raw_src == EX_DT_UINT8 ? "uint8" : "float32",
-                           len);
+                           sp->name, want, sp->count,
+                           sp->raw_src == EX_DT_UINT8 ? "uint8" : "float32", len);
         raw_convert(sp, d, (uint8_t *)c->data + b->rows * sp->count * ex_dtype_size(sp->out));
         return 0;
     }

@@ -25,7 +25,12 @@
 typedef enum ExSpecKind { EX_SPEC_FIXED = 0, EX_SPEC_VARLEN = 1, EX_SPEC_RAW = 2 } ExSpecKind;
 
 /* Element types of outputs. */
-typedef enum ExDtype { EX_DT_INT64 = 0, EX_DT_FLOAT32 = 1, EX_DT_UINT8 = 2, EX_DT_BYTES = 3 } ExDtype;
+typedef enum ExDtype {
+    EX_DT_INT64 = 0,
+    EX_DT_FLOAT32 = 1,
+    EX_DT_UINT8 = 2,
+    EX_DT_BYTES = 3
+} ExDtype;
 
 typedef struct ExSpec {
     char *name;

@@ -21,8 +21,8 @@
 
 #include "record/crc32c.h"
 
-#define TFR_WINDOW (4u << 20)      /* plain-file read size */
-#define TFR_ZIN (256u << 10)       /* compressed input chunk */
+#define TFR_WINDOW    (4u << 20)   /* plain-file read size */
+#define TFR_ZIN       (256u << 10) /* compressed input chunk */
 #define TFR_WRITE_BUF (1u << 20)   /* writer buffer */
 
 static uint64_t load_u64(const uint8_t *p)
@@ -48,7 +48,8 @@ int tfr_compression_parse(const char *name, TfrCompression *out, SgError *err)
     else if (strcasecmp(name, "GZIP") == 0)
         *out = TFR_GZIP;
     else
-        return sg_fail(err, SG_EINVAL, "compression must be None, 'ZLIB' or 'GZIP', not '%s'", name);
+        return sg_fail(err, SG_EINVAL, "compression must be None, 'ZLIB' or 'GZIP', not '%s'",
+                       name);
     return 0;
 }
 
@@ -158,18 +159,18 @@ struct TfrReader {
     char *name;
     int verify_crc;
     TfrCompression comp;
-    int fd;                 /* -1 when reading memory */
-    const uint8_t *mem;     /* memory source (compressed or not) */
+    int fd;             /* -1 when reading memory */
+    const uint8_t *mem; /* memory source (compressed or not) */
     size_t mem_len, mem_pos;
-    uint64_t raw_left;      /* plain sources: undecoded bytes not yet in the window */
+    uint64_t raw_left; /* plain sources: undecoded bytes not yet in the window */
     z_stream zs;
     int z_ready, z_done;
-    uint8_t *zin;           /* compressed input from fd */
-    uint64_t z_consumed;    /* compressed bytes consumed so far, for messages */
-    uint8_t *buf;           /* decoded window; == mem for plain memory */
+    uint8_t *zin;        /* compressed input from fd */
+    uint64_t z_consumed; /* compressed bytes consumed so far, for messages */
+    uint8_t *buf;        /* decoded window; == mem for plain memory */
     int own_buf;
     size_t cap, pos, end;
-    uint64_t buf_offset;    /* stream offset of buf[0] */
+    uint64_t buf_offset; /* stream offset of buf[0] */
     int src_eof;
     uint64_t last_offset;
 };
@@ -315,8 +316,7 @@ static int inflate_some(TfrReader *r, SgError *err)
             r->z_done = 1;
         } else if (zrc != Z_OK && zrc != Z_BUF_ERROR) {
             return sg_fail(err, SG_ECORRUPT, "corrupt %s data near compressed byte %llu: %s",
-                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB",
-                           (unsigned long long)r->z_consumed,
+                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB", (unsigned long long)r->z_consumed,
                            r->zs.msg ? r->zs.msg : "inflate failed");
         }
         if (out_before != r->zs.avail_out)
@@ -536,8 +536,8 @@ int tfr_writer_open(TfrWriter **out, const char *path, TfrCompression comp, SgEr
     w->fd = -1;
     if (comp != TFR_NONE) {
         int bits = comp == TFR_GZIP ? 15 + 16 : 15;
-        if (deflateInit2(&w->zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, bits, 8,
-                         Z_DEFAULT_STRATEGY) != Z_OK) {
+        if (deflateInit2(&w->zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, bits, 8, Z_DEFAULT_STRATEGY) !=
+            Z_OK) {
             tfr_writer_close(w, NULL);
             return sg_fail(err, SG_ENOMEM, "deflateInit2 failed for '%s'", resolved);
         }

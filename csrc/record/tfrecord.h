@@ -16,7 +16,7 @@
 
 #define TFR_HEADER_BYTES 12
 #define TFR_FOOTER_BYTES 4
-#define TFR_PATH_MAX 4096
+#define TFR_PATH_MAX     4096
 
 typedef enum TfrCompression { TFR_NONE = 0, TFR_ZLIB = 1, TFR_GZIP = 2 } TfrCompression;
 

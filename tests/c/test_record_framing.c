@@ -10,12 +10,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-            failures++;                                                                   \
-        }                                                                                 \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static void test_crc_vectors(void)
@@ -152,7 +152,8 @@ static void test_paths(void)
 {
     char out[64];
     SgError err;
-    CHECK(tfr_path_resolve("dbfs:/x/y", out, sizeof out, &err) == 0 && strcmp(out, "/dbfs/x/y") == 0);
+    CHECK(tfr_path_resolve("dbfs:/x/y", out, sizeof out, &err) == 0 &&
+          strcmp(out, "/dbfs/x/y") == 0);
     CHECK(tfr_path_resolve("file:///a/b", out, sizeof out, &err) == 0 && strcmp(out, "/a/b") == 0);
     CHECK(tfr_path_resolve("/dbfs/z", out, sizeof out, &err) == 0 && strcmp(out, "/dbfs/z") == 0);
     TfrReader *r;
