@@ -8,10 +8,17 @@ import pytest as _pytest  # noqa: E402
 
 @_pytest.fixture(scope="session")
 def spark():
-    """A real local SparkSession (master local[2], loopback only) for the whole session."""
+    """A real local SparkSession (master local[2], loopback only) for the whole session.
+
+    Reuses a session another fixture already started (and then leaves stopping
+    it to that fixture)."""
     _pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
     _os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     _os.environ.setdefault("PYSPARK_PYTHON", _sys.executable)
     session = (
