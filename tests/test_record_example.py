@@ -206,3 +206,13 @@ def test_sequence_example_round_trip():
     assert lists["words"] == [[b"a"], []]
     with pytest.raises(ExampleDecodeError):
         decode_sequence_example(ld(2, ld(1, ld(1, b"k") + ld(2, ld(1, b"\x1a\x05")))))
+
+
+def test_feature_without_a_list_counts_as_missing_like_tensorflow():
+    data = example(entry(b"a", b""))
+    out = parse_examples([data], {"a": FixedLenFeature([], "int64", default=5), "v": VarLenFeature("int64")})
+    assert out["a"].tolist() == [5] and out["v"].row_splits.tolist() == [0, 0]
+    with pytest.raises(SchemaError, match="'a': required .* but missing"):
+        parse_examples([data], {"a": FixedLenFeature([], "int64")})
+    out = parse_examples([example(entry(b"v", b""))], {"v": VarLenFeature("int64")})
+    assert out["v"].values.tolist() == [] and out["v"].row_splits.tolist() == [0, 0]

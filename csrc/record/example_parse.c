@@ -263,6 +263,9 @@ static int fill_feature(ExBatch *b, size_t i, const uint8_t *rec, SgError *err)
     int rc = ex_feature_decode(rec, b->slots[i].value, b->slots[i].value_len, &f, err);
     if (rc < 0)
         return sg_context(err, "feature '%s': ", sp->name);
+    /* A Feature without a list counts as missing (as in TF's parse_example). */
+    if (f.kind == EX_NONE && sp->kind != EX_SPEC_VARLEN)
+        return fill_default(b, i, err);
     if (f.kind != EX_NONE && f.kind != sp->wire)
         return mismatch(sp, &f, err);
     if (sp->kind == EX_SPEC_VARLEN) {
