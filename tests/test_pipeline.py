@@ -168,3 +168,11 @@ def test_garbage_records_in_a_file_name_file_record_and_offset(tmp_path, garbage
         list(TFRecordDataset(path, SCHEMA, 4))
     offset = 12 + len(good) + 4
     assert f"'{path}': record 1 at byte {offset}: " in str(info.value)
+
+
+def test_repeating_forever_over_no_records_ends(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    assert list(TFRecordDataset(tmp_path / "empty", SCHEMA, 4, epochs=None, timeout=10)) == []
+    # a shard that gets no records of a 1-record file also ends
+    write_records(tmp_path / "one", [encode_example({"x": 1, "v": np.arange(1)})])
+    assert xs(TFRecordDataset(tmp_path / "one", SCHEMA, 4, epochs=None, shard_index=1, num_shards=2, timeout=10)) == []

@@ -34,7 +34,7 @@ struct Dataset {
     size_t file_pos;
     long long epoch;
     TfrReader *reader;
-    uint64_t rec_in_file, rec_in_epoch;
+    uint64_t rec_in_file, rec_in_epoch, yielded_in_epoch;
     int src_done;
     uint64_t rng;
     ShufSlot *shuf;
@@ -96,11 +96,16 @@ static int source_next(Dataset *ds, SgError *err)
     for (;;) {
         if (ds->reader == NULL) {
             if (ds->file_pos >= ds->nfiles) {
+                /* An epoch that gave this shard nothing ends the data, even
+                 * when repeating forever (else: a busy loop). */
+                if (ds->epoch >= 0 && ds->yielded_in_epoch == 0)
+                    return 0;
                 ds->epoch++;
                 if (ds->cfg.epochs >= 0 && ds->epoch >= ds->cfg.epochs)
                     return 0;
                 if (ds->nfiles == 0)
                     return 0;
+                ds->yielded_in_epoch = 0;
                 ds->file_pos = 0;
                 ds->rec_in_epoch = 0;
                 order_shuffle(ds);
@@ -126,6 +131,7 @@ static int source_next(Dataset *ds, SgError *err)
         uint64_t index = ds->rec_in_file++;
         if (ds->record_shard && k % ds->cfg.num_shards != ds->cfg.shard_index)
             continue;
+        ds->yielded_in_epoch++;
         ds->cur.data = (uint8_t *)d;
         ds->cur.len = len;
         ds->cur.file = ds->order[ds->file_pos];
