@@ -224,6 +224,7 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
         close(fd);
         return rc;
     }
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: more read-ahead */
     r->fd = fd;
     r->raw_left = (uint64_t)st.st_size;
     r->own_buf = 1;
