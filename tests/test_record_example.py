@@ -178,6 +178,12 @@ def test_schema_errors_name_record_feature_expected_and_found():
         (b"\x0a\x05\x0a\x03", "runs past the end"),
         (b"\xff" * 12, "overlong varint"),
         (example(entry(b"k", ld(3, varint(1 << 3 | 0) + b"\x80" * 10 + b"\x01"))), "overlong varint"),
+        (example(entry(b"k", ld(3, ld(1, varint(5) + b"\x80" * 10 + b"\x01")))), "overlong varint"),
+        (
+            example(entry(b"k", ld(3, ld(1, varint(5) + b"\xff" * 9 + b"\x02")))),
+            r"overlong varint at byte \d+ \(above 64 bits\)",
+        ),
+        (example(entry(b"k", ld(3, ld(1, varint(5) + b"\x80")))), "truncated varint"),
         (example(entry(b"k", ld(3, varint(1 << 3 | 5) + b"\0\0\0\0"))), "wrong wire type 5"),
         (varint(1 << 3 | 0) + varint(3), "wrong wire type 0"),
         (example(entry(b"\xff\xfe", int64_unpacked(1))), "not valid UTF-8"),

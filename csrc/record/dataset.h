@@ -33,6 +33,11 @@ typedef struct DsConfig {
     size_t shard_index, num_shards;
     int drop_remainder;
     size_t prefetch; /* batches produced ahead by a background thread */
+    /* Threads that check data CRCs and parse each batch (the producing
+     * thread plus a pool of parse_threads - 1 helpers). Used when
+     * > 1 and every feature is fixed-size per row (FIXED numeric, RAW);
+     * otherwise parsing stays on the producing thread. */
+    size_t parse_threads;
 } DsConfig;
 
 typedef struct Dataset Dataset;

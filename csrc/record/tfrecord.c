@@ -101,7 +101,7 @@ static int header_check(const uint8_t *p, uint64_t offset, int verify_crc, uint6
     return 0;
 }
 
-static int data_check(const uint8_t *data, size_t len, uint64_t offset, SgError *err)
+int tfr_check_data_crc(const uint8_t *data, size_t len, uint64_t offset, SgError *err)
 {
     uint32_t want = load_u32(data + len), got = crc32c_mask(crc32c(data, len));
     if (want != got)
@@ -143,7 +143,7 @@ int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_cr
     if (rest < TFR_FOOTER_BYTES || length > rest - TFR_FOOTER_BYTES)
         return truncated_data(offset, length, rest, err);
     const uint8_t *d = buf + TFR_HEADER_BYTES;
-    if (verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+    if (verify_crc && (rc = tfr_check_data_crc(d, (size_t)length, offset, err)) < 0)
         return rc;
     *data = d;
     *data_len = (size_t)length;
@@ -158,6 +158,7 @@ int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_cr
 struct TfrReader {
     char *name;
     int verify_crc;
+    int defer_data_crc; /* the caller checks data CRCs (tfr_check_data_crc) */
     TfrCompression comp;
     int fd;             /* -1 when reading memory */
     const uint8_t *mem; /* memory source (compressed or not) */
@@ -397,7 +398,8 @@ static int reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError 
     if (have < total)
         return truncated_data(offset, length, have - TFR_HEADER_BYTES, err);
     const uint8_t *d = r->buf + r->pos + TFR_HEADER_BYTES;
-    if (r->verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+    if (r->verify_crc && !r->defer_data_crc &&
+        (rc = tfr_check_data_crc(d, (size_t)length, offset, err)) < 0)
         return rc;
     r->pos += (size_t)total;
     r->last_offset = offset;
@@ -417,6 +419,11 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
 uint64_t tfr_reader_offset(const TfrReader *r)
 {
     return r->last_offset;
+}
+
+void tfr_reader_defer_data_crc(TfrReader *r, int defer)
+{
+    r->defer_data_crc = defer;
 }
 
 uint64_t tfr_reader_position(const TfrReader *r)
