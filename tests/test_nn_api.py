@@ -4,6 +4,7 @@ compute_gradients for parameter servers, determinism, threads, errors."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -259,3 +260,30 @@ def test_thread_count_can_be_set():
         set_num_threads(old)
     with pytest.raises(InvalidArgumentError):
         set_num_threads(0)
+
+
+def test_omp_num_threads_is_honoured():
+    import subprocess
+    import sys
+
+    code = "from sparkgrad.nn import get_num_threads, configure_threads; print(get_num_threads(), configure_threads())"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]
+
+
+def test_fit_on_a_spark_executor_uses_spark_task_cpus(monkeypatch):
+    from sparkgrad.nn import threads
+
+    old = get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "spark_task_cpus", lambda: 1)
+    try:
+        set_num_threads(2)
+        m = mlp()
+        x, y = toy(64)
+        m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        assert get_num_threads() == 1
+    finally:
+        set_num_threads(old)

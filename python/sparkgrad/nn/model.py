@@ -180,6 +180,10 @@ class Sequential:
                 raise ValueError(f"unsupported metric {m!r}: only 'accuracy'")
         self.optimizer = _optimizers.get(optimizer)
         self.optimizer.bind(self.num_params)
+        pending = getattr(self, "_pending_opt_state", None)
+        if pending is not None and pending[0] == self.optimizer.kind:
+            self.optimizer.set_state(pending[1], pending[2])
+        self._pending_opt_state = None
         self.loss = loss
         self.metrics = list(metrics)
 
