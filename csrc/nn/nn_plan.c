@@ -107,7 +107,7 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL, bwd_pd = NULL;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
-    dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, dpre_m, tmp;
+    dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, tmp;
     const dnnl_dims_t strides = {sp->stride, sp->stride}, dil = {0, 0}, pl = {s->pt, s->pl},
                       pr = {s->pb, s->pr};
     int rc;
@@ -181,16 +181,15 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
                        dnnl_forward_training, act_alg(sp->act, 1), dst_md, dst_md, 0.0f, 0.0f,
                        NULL)) < 0 ||
             (rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &ebwd_pd, m->eng,
-                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0 ||
-            (rc = plan_mem(m, p, &dpre_m, dst_md, p->dpre, err)) < 0)
+                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0)
             goto cleanup;
+        /* in place: the gradient before the activation overwrites dact[l+1] */
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, ebwd_pd, err)) < 0)
             goto cleanup;
         nn_exec_arg(e, DNNL_ARG_DST, dst_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
-        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dpre_m);
-        g_m = dpre_m;
+        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, ddst_m);
     }
     rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
                      dnnl_convolution_direct, src_md, w_any, b_md, dst_md, strides, dil, pl, pr,
