@@ -14,7 +14,8 @@
 typedef struct LayerPlan {
     NnExec fwd[2]; /* [weights reorder,] compute */
     int nfwd;
-    NnExec bwd[5]; /* [act bwd,] bwd weights, [diff weights reorder,] [weights reorder,] bwd data */
+    NnExec bwd[8]; /* [act bwd,] [src, diff_dst reorders,] bwd weights, [diff weights reorder,]
+                      [weights reorder,] bwd data */
     int nbwd;
     float *mask; /* Dropout [B, out] */
 } LayerPlan;

@@ -103,7 +103,8 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     const int conv = sp->kind == LAYER_CONV2D, B = p->B;
     const int fused = act_alg(sp->act, 0) != dnnl_alg_kind_undef;
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
-    dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL;
+    dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL,
+                       src_any = NULL, dst_any = NULL;
     dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL, bwd_pd = NULL;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -118,7 +119,9 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&w_md, 4, wd, dnnl_hwio, err)) < 0 ||
-            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0)
+            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md(&src_any, 4, sd, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md(&dst_any, 4, dd, dnnl_format_tag_any, err)) < 0)
             goto cleanup;
     } else {
         dnnl_dims_t sd = {B, s->c}, dd = {B, s->oc}, wd = {s->oc, s->c};
@@ -191,8 +194,9 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_SRC, ddst_m);
     }
+    /* conv weight gradients: oneDNN may prefer blocked activations; reorder to them */
     rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
-                     dnnl_convolution_direct, src_md, w_any, b_md, dst_md, strides, dil, pl, pr,
+                     dnnl_convolution_direct, src_any, w_any, b_md, dst_any, strides, dil, pl, pr,
                      fwd_pd, NULL)
               : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
                      m->eng, src_md, w_any, b_md, dst_md, fwd_pd, NULL);
@@ -204,11 +208,22 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     if (!dnnl_memory_desc_equal(dw_md, w_md) &&
         (rc = plan_mem(m, p, &tmp, dw_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
         goto cleanup;
+    dnnl_memory_t wsrc_m = src_m, wdd_m = g_m;
+    const_dnnl_memory_desc_t q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_src_md, 0);
+    if (!dnnl_memory_desc_equal(q_md, src_md) &&
+        ((rc = plan_mem(m, p, &wsrc_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], src_m, wsrc_m, err)) < 0))
+        goto cleanup;
+    q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_dst_md, 0);
+    if (!dnnl_memory_desc_equal(q_md, dst_md) &&
+        ((rc = plan_mem(m, p, &wdd_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, wdd_m, err)) < 0))
+        goto cleanup;
     e = &lp->bwd[lp->nbwd++];
     if ((rc = plan_prim(p, &e->prim, bww_pd, err)) < 0)
         goto cleanup;
-    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
-    nn_exec_arg(e, DNNL_ARG_DIFF_DST, g_m);
+    nn_exec_arg(e, DNNL_ARG_SRC, wsrc_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_DST, wdd_m);
     nn_exec_arg(e, DNNL_ARG_DIFF_WEIGHTS, tmp);
     nn_exec_arg(e, DNNL_ARG_DIFF_BIAS, db_m);
     if (tmp != dw_m && (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], tmp, dw_m, err)) < 0)
@@ -257,6 +272,8 @@ cleanup:
     dnnl_memory_desc_destroy(w_md);
     dnnl_memory_desc_destroy(w_any);
     dnnl_memory_desc_destroy(b_md);
+    dnnl_memory_desc_destroy(src_any);
+    dnnl_memory_desc_destroy(dst_any);
     return rc;
 }
 
