@@ -35,7 +35,9 @@ MLP_FLOPS = sum(6 * i * o for i, o in MLP_LAYERS) - 2 * 784 * 128
 CONV = [(26 * 26, 1 * 9, 32), (24 * 24, 32 * 9, 64)]  # (output pixels, C*KH*KW, OC)
 CNN_DENSE = [(9216, 128), (128, 10)]
 CNN_FLOPS = (
-    sum(6 * p * k * o for p, k, o in CONV) - 2 * CONV[0][0] * CONV[0][1] * CONV[0][2] + sum(6 * i * o for i, o in CNN_DENSE)
+    sum(6 * p * k * o for p, k, o in CONV)
+    - 2 * CONV[0][0] * CONV[0][1] * CONV[0][2]
+    + sum(6 * i * o for i, o in CNN_DENSE)
 )
 BATCH = {"mlp": 100, "cnn": 128}
 
@@ -65,7 +67,6 @@ def peak_rss_mb() -> float:
 
 def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int) -> dict:
     import numpy as np
-
     from sparkgrad.nn import SGD, Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential, set_num_threads
 
     set_num_threads(threads)
@@ -163,7 +164,9 @@ def worker_keras(model: str, threads: int, steps: int, warmup: int) -> dict:
                 keras.layers.Dense(10),
             ]
         )
-        net.compile(optimizer=keras.optimizers.SGD(0.07), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        net.compile(
+            optimizer=keras.optimizers.SGD(0.07), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
         target = y
     else:
         L = keras.layers
@@ -178,10 +181,12 @@ def worker_keras(model: str, threads: int, steps: int, warmup: int) -> dict:
         target = np.eye(10, dtype=np.float32)[y]
     b = BATCH[model]
     net.fit(x[: warmup * b], target[: warmup * b], batch_size=b, epochs=1, verbose=0)
+    rows = min(steps * b, (len(x) // b) * b)
+    epochs = -(-steps * b // rows)
     t = time.perf_counter()
-    net.fit(x[: steps * b], target[: steps * b], batch_size=b, epochs=1, verbose=0)
+    net.fit(x[:rows], target[:rows], batch_size=b, epochs=epochs, verbose=0)
     dt = time.perf_counter() - t
-    return {"samples_per_s": steps * b / dt, "peak_rss_mb": peak_rss_mb()}
+    return {"samples_per_s": rows * epochs / dt, "peak_rss_mb": peak_rss_mb()}
 
 
 def worker_gemm(threads: int) -> dict:
@@ -213,7 +218,9 @@ WORKERS = {"sparkgrad": worker_sparkgrad, "torch": worker_torch, "keras": worker
 
 
 def spawn(python: str, args: list[str], threads: int, timeout: float) -> dict | None:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)
+    )
     env["PYTHONPATH"] = str(ROOT / "python")
     try:
         out = subprocess.run(
@@ -261,6 +268,8 @@ def main() -> int:
     def row(system, metric, value, unit):
         rows.append({"system": system, "metric": metric, "value": value, "unit": unit})
 
+    load_before = os.getloadavg()[0]
+    row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
     for t in threads:
         g = spawn(sys.executable, ["gemm", str(t)], t, 300)
         peak = g["gflops"] if g else float("nan")
@@ -295,12 +304,16 @@ def main() -> int:
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
     head = ("config", "system", "samples/s", "sparkgrad ratio", "% GEMM peak", "peak RSS MB")
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
-    print("".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in table:
-        print("".join(str(c).ljust(w) for c, w in zip(r, widths)))
+        print("".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
     for t in threads:
-        print(f"fp32 GEMM peak, {t} thread(s): {next(r['value'] for r in rows if r['metric'] == f'fp32_gemm_peak_t{t}')} GFLOP/s")
-    print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {'measured' if has_keras else 'not measured (no tensorflow at ' + TF_PYTHON + ')'}")
+        peak_t = next(r["value"] for r in rows if r["metric"] == f"fp32_gemm_peak_t{t}")
+        print(f"fp32 GEMM peak, {t} thread(s): {peak_t} GFLOP/s")
+    keras_note = "measured" if has_keras else f"not measured (no tensorflow at {TF_PYTHON})"
+    print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {keras_note}")
+    print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}: other work on the")
+    print("machine takes cores from multi-threaded runs (OpenMP threads then wait for each other)")
     print(f"wrote {RESULTS}")
     return 0
 

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-
 from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
 from sparkgrad.nn import SGD, Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential
 

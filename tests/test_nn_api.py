@@ -9,7 +9,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from sparkgrad import _core
 from sparkgrad.errors import InvalidArgumentError, ModelError, StateError
 from sparkgrad.nn import (
@@ -27,9 +26,7 @@ from sparkgrad.nn import (
 
 
 def mlp(seed=1):
-    m = Sequential(
-        [Dense(16, activation="relu", input_shape=(20,)), Dense(8, activation="relu"), Dense(4)], seed=seed
-    )
+    m = Sequential([Dense(16, activation="relu", input_shape=(20,)), Dense(8, activation="relu"), Dense(4)], seed=seed)
     m.compile(optimizer=SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return m
 
@@ -46,7 +43,11 @@ def toy(n=400, d=20, k=4, seed=0):
 def test_params_and_grads_are_views_of_the_flat_buffers():
     m = mlp()
     p, g = m.params, m.grads
-    assert p.dtype == np.float32 and p.flags.c_contiguous and p.size == m.num_params == 20 * 16 + 16 + 16 * 8 + 8 + 8 * 4 + 4
+    assert (
+        p.dtype == np.float32
+        and p.flags.c_contiguous
+        and p.size == m.num_params == 20 * 16 + 16 + 16 * 8 + 8 + 8 * 4 + 4
+    )
     assert np.shares_memory(p, m.params) and np.shares_memory(g, m.grads)
     x, y = toy(8)
     before = m.predict(x)
@@ -68,7 +69,7 @@ def test_param_table_slices_follow_keras_layouts():
     assert np.all(w[1] == 0) and np.all(w[3] == 0)  # zero biases
     w2 = [np.random.default_rng(1).standard_normal(a.shape).astype(np.float32) for a in w]
     m.set_weights(w2)
-    for a, b in zip(m.get_weights(), w2):
+    for a, b in zip(m.get_weights(), w2, strict=True):
         np.testing.assert_array_equal(a, b)
     kernel_view = m.layer_weights(0)[0]
     assert np.shares_memory(kernel_view, m.params)
@@ -97,7 +98,13 @@ def test_initialisers_are_seeded_and_scaled():
 
 def test_summary_lists_layers_shapes_and_counts():
     m = Sequential(
-        [Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)), MaxPool2D(2), Dropout(0.25), Flatten(), Dense(10, activation="softmax")],
+        [
+            Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)),
+            MaxPool2D(2),
+            Dropout(0.25),
+            Flatten(),
+            Dense(10, activation="softmax"),
+        ],
         seed=0,
     )
     text = m.summary(print_fn=None)

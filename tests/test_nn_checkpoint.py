@@ -12,7 +12,6 @@ import types
 
 import numpy as np
 import pytest
-
 from sparkgrad.errors import CheckpointError
 from sparkgrad.nn import SGD, Adam, Dense, Dropout, Sequential
 from sparkgrad.nn import checkpoint as ck
@@ -74,8 +73,15 @@ def test_best_only_checkpoint_follows_the_monitored_metric(tmp_path):
     x, y = data()
     m = model()
     h = m.fit(
-        x, y, batch_size=32, epochs=4, verbose=0, validation_data=(x[:50], y[:50]),
-        checkpoint_dir=str(tmp_path), save_best_only=True, monitor="val_loss",
+        x,
+        y,
+        batch_size=32,
+        epochs=4,
+        verbose=0,
+        validation_data=(x[:50], y[:50]),
+        checkpoint_dir=str(tmp_path),
+        save_best_only=True,
+        monitor="val_loss",
     )
     best = ck.decode((tmp_path / "best.sgck").read_bytes(), "best")
     assert best["metric"] == pytest.approx(min(h.history["val_loss"]))
@@ -87,15 +93,30 @@ def test_sync_dir_mirrors_whole_checkpoints(tmp_path):
     local, remote = tmp_path / "local", tmp_path / "dbfs"
     m = model()
     m.fit(
-        x, y, batch_size=32, epochs=4, verbose=0, validation_data=(x[:50], y[:50]), checkpoint_dir=str(local),
-        keep_last=2, save_best_only=True, sync_dir=str(remote), sync_every_secs=3600,
+        x,
+        y,
+        batch_size=32,
+        epochs=4,
+        verbose=0,
+        validation_data=(x[:50], y[:50]),
+        checkpoint_dir=str(local),
+        keep_last=2,
+        save_best_only=True,
+        sync_dir=str(remote),
+        sync_every_secs=3600,
     )
-    assert sorted(os.listdir(remote)) == sorted(os.listdir(local)) == ["best.sgck", "ckpt-0000000021.sgck", "ckpt-0000000028.sgck"]
+    assert (
+        sorted(os.listdir(remote))
+        == sorted(os.listdir(local))
+        == ["best.sgck", "ckpt-0000000021.sgck", "ckpt-0000000028.sgck"]
+    )
     for name in os.listdir(local):
         assert (local / name).read_bytes() == (remote / name).read_bytes()
     # a node that lost its local disk resumes from the synced copy
     fresh = model(seed=5)
-    fresh.fit(x, y, batch_size=32, epochs=5, verbose=0, checkpoint_dir=str(tmp_path / "new-local"), sync_dir=str(remote))
+    fresh.fit(
+        x, y, batch_size=32, epochs=5, verbose=0, checkpoint_dir=str(tmp_path / "new-local"), sync_dir=str(remote)
+    )
     assert fresh.step == 35
 
 

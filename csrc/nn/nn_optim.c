@@ -13,10 +13,10 @@
 
 struct Optimizer {
     OptimConfig cfg;
-    size_t n;      /* parameters */
-    int nslots;    /* state arrays of n floats */
-    int64_t step;  /* steps taken */
-    float *state;  /* [nslots, n] */
+    size_t n;     /* parameters */
+    int nslots;   /* state arrays of n floats */
+    int64_t step; /* steps taken */
+    float *state; /* [nslots, n] */
 };
 
 void optim_config_default(OptimConfig *cfg, OptimKind kind)
@@ -37,11 +37,14 @@ void optim_config_default(OptimConfig *cfg, OptimKind kind)
 static int slots_for(const OptimConfig *c)
 {
     switch (c->kind) {
-    case OPTIM_SGD: return c->momentum != 0.0f;
+    case OPTIM_SGD:
+        return c->momentum != 0.0f;
     case OPTIM_ADAM:
     case OPTIM_ADAMW:
-    case OPTIM_ADADELTA: return 2;
-    case OPTIM_RMSPROP: return 1 + (c->centered != 0) + (c->momentum != 0.0f);
+    case OPTIM_ADADELTA:
+        return 2;
+    case OPTIM_RMSPROP:
+        return 1 + (c->centered != 0) + (c->momentum != 0.0f);
     }
     return -1;
 }
@@ -53,16 +56,19 @@ static int check_config(const OptimConfig *c, SgError *err)
     if (!(c->lr >= 0.0f) || !isfinite(c->lr))
         return sg_fail(err, SG_EINVAL, "optimizer: learning rate must be >= 0, not %g", c->lr);
     if (!(c->momentum >= 0.0f && c->momentum < 1.0f))
-        return sg_fail(err, SG_EINVAL, "optimizer: momentum must be in [0, 1), not %g", c->momentum);
+        return sg_fail(err, SG_EINVAL, "optimizer: momentum must be in [0, 1), not %g",
+                       c->momentum);
     if (c->nesterov && (c->kind != OPTIM_SGD || c->momentum <= 0.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: nesterov needs SGD with momentum > 0");
     if (!(c->weight_decay >= 0.0f))
-        return sg_fail(err, SG_EINVAL, "optimizer: weight_decay must be >= 0, not %g", c->weight_decay);
+        return sg_fail(err, SG_EINVAL, "optimizer: weight_decay must be >= 0, not %g",
+                       c->weight_decay);
     if ((c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) &&
         !(c->beta1 >= 0.0f && c->beta1 < 1.0f && c->beta2 >= 0.0f && c->beta2 < 1.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: betas must be in [0, 1), not (%g, %g)", c->beta1,
                        c->beta2);
-    if ((c->kind == OPTIM_RMSPROP || c->kind == OPTIM_ADADELTA) && !(c->rho >= 0.0f && c->rho <= 1.0f))
+    if ((c->kind == OPTIM_RMSPROP || c->kind == OPTIM_ADADELTA) &&
+        !(c->rho >= 0.0f && c->rho <= 1.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: rho must be in [0, 1], not %g", c->rho);
     if (!(c->eps >= 0.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: eps must be >= 0, not %g", c->eps);
@@ -75,7 +81,8 @@ static int check_config(const OptimConfig *c, SgError *err)
     if ((int)c->schedule < 0 || c->schedule > LR_COSINE)
         return sg_fail(err, SG_EINVAL, "optimizer: unknown schedule %d", (int)c->schedule);
     if (c->warmup_steps < 0 || c->clip_norm < 0.0f || c->clip_value < 0.0f)
-        return sg_fail(err, SG_EINVAL, "optimizer: warmup_steps, clip_norm and clip_value must be >= 0");
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: warmup_steps, clip_norm and clip_value must be >= 0");
     return 0;
 }
 
@@ -119,18 +126,34 @@ static double lr_at(const OptimConfig *c, int64_t t)
         lr *= pow(c->gamma, (double)(t / c->step_size));
     else if (c->schedule == LR_COSINE) {
         double tt = (double)(t < c->total_steps ? t : c->total_steps);
-        lr = c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
+        lr =
+            c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
     }
     if (c->warmup_steps > 0 && t + 1 < c->warmup_steps)
         lr *= (double)(t + 1) / (double)c->warmup_steps;
     return lr;
 }
 
-float optim_current_lr(const Optimizer *o) { return (float)lr_at(&o->cfg, o->step); }
-int64_t optim_get_step(const Optimizer *o) { return o->step; }
-const OptimConfig *optim_config(const Optimizer *o) { return &o->cfg; }
-size_t optim_state_size(const Optimizer *o) { return (size_t)o->nslots * o->n; }
-float *optim_state(Optimizer *o) { return o->state; }
+float optim_current_lr(const Optimizer *o)
+{
+    return (float)lr_at(&o->cfg, o->step);
+}
+int64_t optim_get_step(const Optimizer *o)
+{
+    return o->step;
+}
+const OptimConfig *optim_config(const Optimizer *o)
+{
+    return &o->cfg;
+}
+size_t optim_state_size(const Optimizer *o)
+{
+    return (size_t)o->nslots * o->n;
+}
+float *optim_state(Optimizer *o)
+{
+    return o->state;
+}
 
 int optim_set_state(Optimizer *o, int64_t step, const float *state, size_t len, SgError *err)
 {
@@ -254,9 +277,21 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
     const OptimConfig *c = &o->cfg;
-    StepArgs a = {c->kind, (float)lr_at(c, o->step), 1.0f, c->clip_value, c->weight_decay,
-                  c->momentum, c->beta1, c->beta2, c->eps, c->rho, 0.0f, 1.0f,
-                  c->nesterov, c->centered, c->kind == OPTIM_ADAMW};
+    StepArgs a = {c->kind,
+                  (float)lr_at(c, o->step),
+                  1.0f,
+                  c->clip_value,
+                  c->weight_decay,
+                  c->momentum,
+                  c->beta1,
+                  c->beta2,
+                  c->eps,
+                  c->rho,
+                  0.0f,
+                  1.0f,
+                  c->nesterov,
+                  c->centered,
+                  c->kind == OPTIM_ADAMW};
     o->step++;
     if (c->clip_norm > 0.0f) {
         double coef = c->clip_norm / (optim_global_norm(grads, n) + 1e-6);

@@ -15,12 +15,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-            failures++;                                                                \
-        }                                                                              \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* max |a-b| / max(max |b|, 1e-6) over n */
@@ -119,15 +119,16 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
                 conv2d_forward_ref(pre, X, W, bias, B, sh->h, sh->w, sh->c, sh->oc, sp->kh, sp->kw,
                                    sp->stride, sh->pt, sh->pl, sh->oh, sh->ow);
             act_forward_ref(want, pre, o, act);
-            expect_close(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y, want, o);
+            expect_close(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y, want,
+                         o);
             break;
         }
         case LAYER_MAXPOOL:
         case LAYER_AVGPOOL: {
             int mx = sp->kind == LAYER_MAXPOOL;
-            (mx ? maxpool_forward_ref : avgpool_forward_ref)(want, X, B, sh->h, sh->w, sh->c, sp->kh,
-                                                             sp->kw, sp->stride, sh->pt, sh->pl,
-                                                             sh->oh, sh->ow);
+            (mx ? maxpool_forward_ref : avgpool_forward_ref)(want, X, B, sh->h, sh->w, sh->c,
+                                                             sp->kh, sp->kw, sp->stride, sh->pt,
+                                                             sh->pl, sh->oh, sh->ow);
             expect_close(mx ? "maxpool forward" : "avgpool forward", l, Y, want, o);
             break;
         }
@@ -161,7 +162,8 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     for (int l = L - 1; l >= 0; l--) {
         const LayerSpec *sp = &m->specs[l];
         const LayerShape *sh = &m->shapes[l];
-        const size_t o = (size_t)B * sh->oh * sh->ow * sh->oc, in = (size_t)B * sh->h * sh->w * sh->c;
+        const size_t o = (size_t)B * sh->oh * sh->ow * sh->oc,
+                     in = (size_t)B * sh->h * sh->w * sh->c;
         const float *X = p->act[l], *Y = p->act[l + 1];
         NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
         const char *what = "data gradient";
@@ -172,24 +174,25 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
             const float *W = m->params + kt->offset;
             act_backward_ref(dpre, up, Y, o, act);
             if (sp->kind == LAYER_DENSE)
-                dense_backward_ref(down, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->c, sh->oc);
+                dense_backward_ref(down, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->c,
+                                   sh->oc);
             else
-                conv2d_backward_ref(down, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->h, sh->w,
-                                    sh->c, sh->oc, sp->kh, sp->kw, sp->stride, sh->pt, sh->pl,
-                                    sh->oh, sh->ow);
+                conv2d_backward_ref(down, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->h,
+                                    sh->w, sh->c, sh->oc, sp->kh, sp->kw, sp->stride, sh->pt,
+                                    sh->pl, sh->oh, sh->ow);
             expect_close("weight gradient", l, m->grads + kt->offset, gw + kt->offset, kt->size);
             expect_close("bias gradient", l, m->grads + bt->offset, gw + bt->offset, bt->size);
             what = sp->kind == LAYER_DENSE ? "dense data gradient" : "conv2d data gradient";
             break;
         }
         case LAYER_MAXPOOL:
-            maxpool_backward_ref(down, up, X, B, sh->h, sh->w, sh->c, sp->kh, sp->kw, sp->stride, sh->pt,
-                                 sh->pl, sh->oh, sh->ow);
+            maxpool_backward_ref(down, up, X, B, sh->h, sh->w, sh->c, sp->kh, sp->kw, sp->stride,
+                                 sh->pt, sh->pl, sh->oh, sh->ow);
             what = "maxpool backward";
             break;
         case LAYER_AVGPOOL:
-            avgpool_backward_ref(down, up, B, sh->h, sh->w, sh->c, sp->kh, sp->kw, sp->stride, sh->pt,
-                                 sh->pl, sh->oh, sh->ow);
+            avgpool_backward_ref(down, up, B, sh->h, sh->w, sh->c, sp->kh, sp->kw, sp->stride,
+                                 sh->pt, sh->pl, sh->oh, sh->ow);
             what = "avgpool backward";
             break;
         case LAYER_DROPOUT:

@@ -50,7 +50,12 @@ BEST = "best.sgck"
 
 
 def architecture_crc(model) -> int:
-    text = repr((tuple(model.input_shape), [tuple(int(v) if not isinstance(v, float) else v for v in layer.spec()) for layer in model.layers]))
+    text = repr(
+        (
+            tuple(model.input_shape),
+            [tuple(int(v) if not isinstance(v, float) else v for v in layer.spec()) for layer in model.layers],
+        )
+    )
     return zlib.crc32(text.encode())
 
 
@@ -87,19 +92,27 @@ def encode(model) -> bytes:
 def decode(data: bytes, path: str) -> dict:
     """Parses and verifies checkpoint bytes; errors name the file and offset."""
     if len(data) < HEADER.size + 4:
-        raise CheckpointError(f"{path}: truncated checkpoint ({len(data)} bytes, header needs {HEADER.size + 4})", path=path)
+        raise CheckpointError(
+            f"{path}: truncated checkpoint ({len(data)} bytes, header needs {HEADER.size + 4})", path=path
+        )
     fields = HEADER.unpack_from(data, 0)
     magic, version, hlen, nparams, nstate = fields[:5]
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a sparkgrad checkpoint (bad magic at byte 0)", path=path, offset=0)
     if version != VERSION or hlen != HEADER.size:
-        raise CheckpointError(f"{path}: unsupported checkpoint version {version} (header {hlen} bytes)", path=path, offset=8)
+        raise CheckpointError(
+            f"{path}: unsupported checkpoint version {version} (header {hlen} bytes)", path=path, offset=8
+        )
     need = HEADER.size + 4 * (nparams + nstate) + 4
     if len(data) != need:
-        raise CheckpointError(f"{path}: checkpoint is {len(data)} bytes, its header announces {need}", path=path, offset=16)
+        raise CheckpointError(
+            f"{path}: checkpoint is {len(data)} bytes, its header announces {need}", path=path, offset=16
+        )
     (crc,) = struct.unpack_from("<I", data, need - 4)
     if zlib.crc32(data[: need - 4]) != crc:
-        raise CheckpointError(f"{path}: CRC mismatch (stored at byte {need - 4}): the file is corrupted", path=path, offset=need - 4)
+        raise CheckpointError(
+            f"{path}: CRC mismatch (stored at byte {need - 4}): the file is corrupted", path=path, offset=need - 4
+        )
     params = np.frombuffer(data, np.float32, nparams, HEADER.size)
     state = np.frombuffer(data, np.float32, nstate, HEADER.size + 4 * nparams)
     return dict(
@@ -167,7 +180,9 @@ def load(model, path) -> dict:
         if opt is None:
             model._pending_opt_state = (ck["kind"], ck["opt_steps"], ck["state"].copy())
         elif opt.kind != ck["kind"]:
-            raise CheckpointError(f"{path}: checkpoint holds {ck['kind']!r} optimizer state, the model uses {opt.kind!r}", path=path)
+            raise CheckpointError(
+                f"{path}: checkpoint holds {ck['kind']!r} optimizer state, the model uses {opt.kind!r}", path=path
+            )
         else:
             opt.bind(model.num_params)
             opt.set_state(ck["opt_steps"], ck["state"])
@@ -191,7 +206,9 @@ def _better(monitor: str, new: float, best: float | None) -> bool:
 class CheckpointManager:
     """Checkpoints of one training run in ``directory`` (see Trainer for the options)."""
 
-    def __init__(self, directory, keep_last=3, save_best_only=False, monitor="val_loss", sync_dir=None, sync_every_secs=60.0):
+    def __init__(
+        self, directory, keep_last=3, save_best_only=False, monitor="val_loss", sync_dir=None, sync_every_secs=60.0
+    ):
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be >= 1, not {keep_last}")
         self.directory = os.fspath(directory)

@@ -88,7 +88,7 @@ class Sequential:
         self.seed = int(seed) & (2**64 - 1)
         self._core.init_params(self.seed)
         self._core.set_rng(self.seed ^ 0x5DEECE66D, 0)
-        self.param_table = [ParamTensor(l, bool(b), o, s, tuple(sh)) for l, b, o, s, sh in self._core.param_table()]
+        self.param_table = [ParamTensor(i, bool(b), o, s, tuple(sh)) for i, b, o, s, sh in self._core.param_table()]
         self.optimizer: _optimizers.Optimizer | None = None
         self.loss: str | None = None
         self.metrics: list[str] = []
@@ -127,10 +127,12 @@ class Sequential:
         if len(weights) != len(self.param_table):
             raise InvalidArgumentError(f"set_weights: got {len(weights)} arrays, the model has {len(self.param_table)}")
         p = self.params
-        for i, (t, w) in enumerate(zip(self.param_table, weights)):
+        for i, (t, w) in enumerate(zip(self.param_table, weights, strict=True)):
             w = np.asarray(w, dtype=np.float32)
             if w.shape != t.shape:
-                raise InvalidArgumentError(f"set_weights: array {i} has shape {w.shape}, layer {t.layer} needs {t.shape}")
+                raise InvalidArgumentError(
+                    f"set_weights: array {i} has shape {w.shape}, layer {t.layer} needs {t.shape}"
+                )
             p[t.offset : t.offset + t.size] = w.reshape(-1)
 
     def layer_weights(self, layer: int) -> list[np.ndarray]:
@@ -145,7 +147,7 @@ class Sequential:
         for t in self.param_table:
             counts[t.layer] += t.size
         rows = [("Layer (type)", "Output Shape", "Param #")]
-        for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes)):
+        for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
             shape = f"(None, {oc})" if oh == 1 and ow == 1 else f"(None, {oh}, {ow}, {oc})"
             name = layer.name or f"{layer.type_name.lower()}_{i}"
@@ -204,7 +206,9 @@ class Sequential:
         k = self.output_classes
         if self.loss == "categorical_crossentropy":
             if y.ndim != 2 or y.shape[1] != k:
-                raise InvalidArgumentError(f"categorical_crossentropy needs one-hot y of shape ({n}, {k}), not {y.shape}")
+                raise InvalidArgumentError(
+                    f"categorical_crossentropy needs one-hot y of shape ({n}, {k}), not {y.shape}"
+                )
             return None, np.ascontiguousarray(y, dtype=np.float32)
         y = y.reshape(n, -1)
         if y.shape[1] != 1:
@@ -343,7 +347,7 @@ class Sequential:
     def export_npz(self, path: str | os.PathLike) -> None:
         """Writes the weights as .npz (layer<i>_kernel / layer<i>_bias, Keras layouts)."""
         arrays = {}
-        for t, w in zip(self.param_table, self.get_weights()):
+        for t, w in zip(self.param_table, self.get_weights(), strict=True):
             arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w
         with open(os.fspath(path), "wb") as f:
             np.savez(f, **arrays)
@@ -353,9 +357,7 @@ def _batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np
     if isinstance(batch, Mapping):
         missing = [k for k in (x_key, y_key) if k not in batch]
         if missing:
-            raise InvalidArgumentError(
-                f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)"
-            )
+            raise InvalidArgumentError(f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)")
         return np.asarray(batch[x_key]), np.asarray(batch[y_key])
     if isinstance(batch, tuple) and len(batch) == 2:
         return np.asarray(batch[0]), np.asarray(batch[1])

@@ -273,7 +273,7 @@ def plot_history(history, path: str) -> None:
         raise InvalidArgumentError(f"plot_path needs matplotlib (pip install matplotlib): {exc}") from exc
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [s["step"] for s in history.steps]
-    for ax, key in zip(axes, ("loss", "accuracy")):
+    for ax, key in zip(axes, ("loss", "accuracy"), strict=True):
         ax.plot(steps, [s[key] for s in history.steps], label=f"train {key} (per interval)", alpha=0.6)
         if f"val_{key}" in history.history:
             ends = _epoch_end_steps(history)
