@@ -148,6 +148,12 @@ def test_fit_on_an_iterable_of_dict_batches():
     m2 = mlp()
     m2.fit(custom, epochs=5, x_key="pixels", y_key="y", verbose=0)
     assert m2.step == 4  # a one-shot generator ends training when exhausted
+    mapped = ({"pixels": x[i : i + 100], "y": y[i : i + 100]} for i in range(0, 400, 100))
+    m3 = mlp()
+    m3.fit(mapped, input_mapping={"pixels": "x", "y": "y"}, verbose=0)
+    assert m3.step == 4
+    with pytest.raises(InvalidArgumentError, match="input_mapping"):
+        m3.fit(Batches(), input_mapping={"pixels": "x"}, verbose=0)
     loss, acc = m.evaluate(Batches())
     assert 0 <= acc <= 1
     with pytest.raises(InvalidArgumentError, match=r"missing \['label'\]"):

@@ -268,16 +268,20 @@ class Sequential:
         x_key: str = "image_raw",
         y_key: str = "label",
         initial_epoch: int | None = None,
+        input_mapping: Mapping[str, str] | None = None,
         **options: object,
     ) -> History:
         """Trains for ``epochs`` epochs or until ``max_steps`` optimizer steps,
         whichever comes first. ``x`` is an array (with ``y``) or an iterable of
         dicts of arrays (keys ``x_key``/``y_key``, one batch per dict; re-iterated
-        each epoch when it is a re-iterable). See sparkgrad.nn.training for the
-        checkpoint, sync and plotting options."""
+        each epoch when it is a re-iterable); ``input_mapping`` ({"image_raw": "x",
+        "label": "y"}, as TFoS' input_mapping) may name the keys instead. Arrays are
+        converted to float32 as they are (scale images yourself). See
+        sparkgrad.nn.training for the checkpoint, sync and plotting options."""
         from sparkgrad.nn.training import Trainer
 
         self._require_compiled()
+        x_key, y_key = _keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
         return trainer.run(
             x,
@@ -303,10 +307,14 @@ class Sequential:
         y_key: str = "label",
         verbose: int = 0,
         return_dict: bool = False,
+        input_mapping: Mapping[str, str] | None = None,
     ) -> list[float] | dict[str, float]:
         """[loss, accuracy] over the data in inference mode (dropout off)."""
         self._require_compiled()
-        if y is None and not isinstance(x, np.ndarray):
+        x_key, y_key = _keys(input_mapping, x_key, y_key)
+        if y is None and isinstance(x, np.ndarray):
+            raise InvalidArgumentError("evaluate: y is required when x is an array")
+        if y is None:
             totals = np.zeros(3)
             for batch in x:
                 xb, yb = _batch_arrays(batch, x_key, y_key)
@@ -351,6 +359,16 @@ class Sequential:
             arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w
         with open(os.fspath(path), "wb") as f:
             np.savez(f, **arrays)
+
+
+def _keys(input_mapping: Mapping[str, str] | None, x_key: str, y_key: str) -> tuple[str, str]:
+    """(x_key, y_key) from a TFoS-style mapping {dataset key: "x" | "y"}."""
+    if input_mapping is None:
+        return x_key, y_key
+    roles = {role: key for key, role in input_mapping.items()}
+    if set(roles) != {"x", "y"} or len(input_mapping) != 2:
+        raise InvalidArgumentError(f"input_mapping must map one key to 'x' and one to 'y', not {dict(input_mapping)}")
+    return roles["x"], roles["y"]
 
 
 def _batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
