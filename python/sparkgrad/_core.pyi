@@ -1,11 +1,12 @@
 """Type stub for sparkgrad._core, the C extension."""
 
+import numpy as np
+
 def build_info() -> dict[str, str | int]: ...
 def status_codes() -> dict[str, int]: ...
 def _raise_status(code: int, message: str) -> None: ...
 
 # ---- nn (csrc/py/py_nn.c, csrc/py/py_nn_optim.c) ----
-import numpy as np
 
 class Model:
     """A sequential network on oneDNN; layers are (kind, units, kh, kw, stride, same, act, rate, init)."""
