@@ -33,5 +33,6 @@ int info_module_init(PyObject *mod);
 int net_module_init(PyObject *mod);
 int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);
+int ps_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */
