@@ -122,6 +122,7 @@ static const ModuleInit module_inits[] = {
     rdv_module_init,
     ctl_module_init,
     ps_module_init,
+    feed_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)
