@@ -35,6 +35,8 @@ struct CtlClient {
     char peer[NET_PEER_MAX];
     long executor_id;
     double heartbeat_interval;
+    double driver_timeout; /* silence from the driver that counts as its loss */
+    double last_recv;      /* net_now() of the last frame from the driver (I/O thread only) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t send_mu;
@@ -113,6 +115,9 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 
 static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
 {
+    c->last_recv = net_now();
+    if (h->type == NET_FRAME_HEARTBEAT)
+        return SG_OK;
     if (h->type != NET_FRAME_JSON)
         return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
                        net_frame_type_name(h->type));
@@ -172,6 +177,7 @@ static void *io_main(void *arg)
     NetFrameParser parser;
     net_frame_parser_init(&parser, CTL_MAX_FRAME);
     double next_hb = net_now() + c->heartbeat_interval;
+    c->last_recv = net_now();
     SgError err;
     for (;;) {
         pthread_mutex_lock(&c->mu);
@@ -180,7 +186,8 @@ static void *io_main(void *arg)
         if (stop)
             break;
         struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake[0], .events = POLLIN}};
-        int n = poll(pfd, 2, net_poll_ms(next_hb));
+        double wake_at = next_hb < c->last_recv + c->driver_timeout ? next_hb : c->last_recv + c->driver_timeout;
+        int n = poll(pfd, 2, net_poll_ms(wake_at));
         if (n == -1) {
             if (errno == EINTR)
                 continue;
@@ -191,6 +198,14 @@ static void *io_main(void *arg)
         if (pfd[1].revents)
             net_wake_drain(c->wake[0]);
         if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) && read_frames(c, &parser, &err) < 0) {
+            fail_io(c, &err);
+            break;
+        }
+        if (net_now() - c->last_recv > c->driver_timeout) {
+            sg_fail(&err, SG_ETIMEOUT,
+                    "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
+                    "process or its host is gone",
+                    c->peer, net_now() - c->last_recv);
             fail_io(c, &err);
             break;
         }
@@ -260,7 +275,7 @@ static int connect_and_register(CtlClient *c, const char *host, int port, const 
 
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
                         const char *node_json, double timeout, double heartbeat_interval,
-                        CtlClient **out, SgError *err)
+                        double driver_timeout, CtlClient **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -270,6 +285,9 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     if (!(heartbeat_interval > 0 && heartbeat_interval <= 3600))
         return sg_fail(err, SG_EINVAL, "heartbeat_interval must be in (0, 3600] seconds, got %g",
                        heartbeat_interval);
+    if (!(driver_timeout >= 2.0 && driver_timeout <= 86400))
+        return sg_fail(err, SG_EINVAL, "driver_timeout must be in [2, 86400] seconds, got %g",
+                       driver_timeout);
     cJSON *node = cJSON_Parse(node_json);
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(node, "executor_id");
     if (!cJSON_IsObject(node) || !cJSON_IsNumber(eid)) {
@@ -284,6 +302,7 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;
+    c->driver_timeout = driver_timeout;
     rc = connect_and_register(c, host, port, secret, secret_len, node, deadline, err);
     cJSON_Delete(node);
     if (rc == 0)

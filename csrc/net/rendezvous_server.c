@@ -29,6 +29,7 @@
 #define RDV_CLOSE_LINGER 2.0    /* seconds to flush a reject before closing */
 #define RDV_MAX_EVENTS 65536    /* queued events before log/metric are dropped */
 #define RDV_ACCEPT_BATCH 64
+#define RDV_DRIVER_BEAT 1.0     /* seconds between the driver's heartbeats to nodes */
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -354,7 +355,18 @@ static void *serve(void *arg)
         }
         if (pfd[1].revents & POLLIN)
             accept_new(s);
-        check_timeouts(s, net_now());
+        double now = net_now();
+        check_timeouts(s, now);
+        if (now - s->last_beat >= RDV_DRIVER_BEAT) {
+            /* The driver's heartbeat: lets nodes notice a driver that vanished without a FIN. */
+            s->last_beat = now;
+            for (size_t i = 0; i < s->nconns; i++) {
+                RdvConn *c = s->conns[i];
+                if (!c->dead && c->state == CONN_READY && c->executor_id >= 0 &&
+                    conn_queue(c, NET_FRAME_HEARTBEAT, NULL, 0) == 0)
+                    conn_flush(s, c);
+            }
+        }
         sweep(s);
     }
     s->loop_done = 1;

@@ -28,14 +28,14 @@ static PyObject *Ctl_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"host", "port", "secret", "node", "timeout", "heartbeat_interval", NULL};
+    static char *kwlist[] = {"host", "port", "secret", "node", "timeout", "heartbeat_interval", "driver_timeout", NULL};
     const char *host;
     int port;
     Py_buffer secret;
     PyObject *node;
-    double timeout, hb = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|d:register", kwlist, &host, &port, &secret,
-                                     &PyDict_Type, &node, &timeout, &hb))
+    double timeout, hb = 1.0, driver_timeout = 30.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|dd:register", kwlist, &host, &port, &secret,
+                                     &PyDict_Type, &node, &timeout, &hb, &driver_timeout))
         return NULL;
     char *node_json = py_net_json_dumps(node);
     if (node_json == NULL) {
@@ -46,7 +46,8 @@ static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
     CtlClient *cli = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, node_json, timeout, hb, &cli, &err);
+    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, node_json, timeout, hb, driver_timeout,
+                             &cli, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&secret);
     free(node_json);
@@ -203,7 +204,7 @@ static PyObject *Ctl_get_spec(CtlObject *self, void *closure)
 
 static PyMethodDef Ctl_methods[] = {
     {"register", (PyCFunction)(void (*)(void))Ctl_register, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
-     "register(host, port, secret, node, timeout, heartbeat_interval=1.0) -> ControlClient"},
+     "register(host, port, secret, node, timeout, heartbeat_interval=1.0, driver_timeout=30.0) -> ControlClient"},
     {"log", (PyCFunction)(void (*)(void))Ctl_log, METH_VARARGS | METH_KEYWORDS, "log(line)"},
     {"metric", (PyCFunction)(void (*)(void))Ctl_metric, METH_VARARGS | METH_KEYWORDS,
      "metric(name, value, step)"},
