@@ -20,7 +20,6 @@ import threading
 import time
 
 import numpy as np
-
 from sparkgrad import _core
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "ps.json"
@@ -65,10 +64,12 @@ def main(argv: list[str]) -> int:
         for num_ps in (1, 2):
             rate, mbs = measure(total, num_ps, seconds)
             tag = f"{total}_params_{num_ps}ps"
-            rows.append({"system": "sparkgrad", "metric": f"push_pull_per_s_{tag}", "value": round(rate, 1),
-                         "unit": "1/s"})
-            rows.append({"system": "sparkgrad", "metric": f"push_pull_bandwidth_{tag}", "value": round(mbs, 1),
-                         "unit": "MB/s"})
+            rows.append(
+                {"system": "sparkgrad", "metric": f"push_pull_per_s_{tag}", "value": round(rate, 1), "unit": "1/s"}
+            )
+            rows.append(
+                {"system": "sparkgrad", "metric": f"push_pull_bandwidth_{tag}", "value": round(mbs, 1), "unit": "MB/s"}
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"{'system':<10} {'metric':<46} {'value':>10} unit")

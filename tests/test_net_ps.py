@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from sparkgrad import _core, errors
 
 pytestmark = pytest.mark.timeout(60)

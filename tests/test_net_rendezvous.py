@@ -16,7 +16,6 @@ import time
 
 import net_raw
 import pytest
-
 from sparkgrad import _core, errors
 
 pytestmark = pytest.mark.timeout(60)

@@ -103,10 +103,11 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
     } else if (strcmp(type, "reject") == 0) {
         const char *reason = "";
         net_json_string(msg, "reason", c->peer, &reason, err);
-        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer, c->executor_id,
-                       reason);
+        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer,
+                       c->executor_id, reason);
     } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
-        return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed", c->peer);
+        return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed",
+                       c->peer);
     } else if (enqueue(c, msg) < 0) {
         return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
     }
@@ -119,8 +120,8 @@ static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *pa
     if (h->type == NET_FRAME_HEARTBEAT)
         return SG_OK;
     if (h->type != NET_FRAME_JSON)
-        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
-                       net_frame_type_name(h->type));
+        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection",
+                       c->peer, net_frame_type_name(h->type));
     cJSON *msg = NULL;
     const char *type;
     int rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err);
@@ -139,8 +140,9 @@ static int read_frames(CtlClient *c, NetFrameParser *p, SgError *err)
     uint8_t buf[16384];
     long n = net_read_some(c->fd, buf, sizeof buf, c->peer, err);
     if (n < 0)
-        return n == SG_EPEER ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
-                             : (int)n;
+        return n == SG_EPEER
+                   ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
+                   : (int)n;
     size_t off = 0;
     while (off < (size_t)n) {
         size_t used = 0;
@@ -185,8 +187,10 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         if (stop)
             break;
-        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake[0], .events = POLLIN}};
-        double wake_at = next_hb < c->last_recv + c->driver_timeout ? next_hb : c->last_recv + c->driver_timeout;
+        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN},
+                                {.fd = c->wake[0], .events = POLLIN}};
+        double wake_at =
+            next_hb < c->last_recv + c->driver_timeout ? next_hb : c->last_recv + c->driver_timeout;
         int n = poll(pfd, 2, net_poll_ms(wake_at));
         if (n == -1) {
             if (errno == EINTR)
@@ -202,10 +206,11 @@ static void *io_main(void *arg)
             break;
         }
         if (net_now() - c->last_recv > c->driver_timeout) {
-            sg_fail(&err, SG_ETIMEOUT,
-                    "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
-                    "process or its host is gone",
-                    c->peer, net_now() - c->last_recv);
+            sg_fail(
+                &err, SG_ETIMEOUT,
+                "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
+                "process or its host is gone",
+                c->peer, net_now() - c->last_recv);
             fail_io(c, &err);
             break;
         }
@@ -328,9 +333,10 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
                          "the rendezvous: too few free task slots, or failed tasks)",
                          c->executor_id, c->peer, timeout, c->registered, c->num_nodes);
         else
-            rc = sg_fail(err, SG_ERDV_TIMEOUT,
-                         "executor %ld: driver %s never acknowledged the registration within %.1f s",
-                         c->executor_id, c->peer, timeout);
+            rc =
+                sg_fail(err, SG_ERDV_TIMEOUT,
+                        "executor %ld: driver %s never acknowledged the registration within %.1f s",
+                        c->executor_id, c->peer, timeout);
         pthread_mutex_unlock(&c->mu);
     }
     if (rc < 0) {
@@ -418,7 +424,8 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && c->io_err.code == 0 && !c->stopped && wait_until(c, deadline) != ETIMEDOUT)
+    while (c->head == NULL && c->io_err.code == 0 && !c->stopped &&
+           wait_until(c, deadline) != ETIMEDOUT)
         ;
     if (c->head != NULL) {
         CtlMsg *m = c->head;

@@ -7,7 +7,8 @@
  * heartbeat_interval and queues whatever the driver sends until
  * ctl_client_stop. The driver sends a heartbeat every second; after
  * driver_timeout seconds without any frame from it the connection counts as
- * broken (SG_ETIMEOUT from recv), so a node never outlives a vanished driver. Sending and receiving are thread-safe and bounded.
+ * broken (SG_ETIMEOUT from recv), so a node never outlives a vanished driver. Sending and receiving
+ * are thread-safe and bounded.
  */
 #ifndef NET_CONTROL_CLIENT_H
 #define NET_CONTROL_CLIENT_H

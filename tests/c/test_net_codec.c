@@ -10,12 +10,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static FeedBatch in, out;
@@ -44,8 +44,10 @@ static void test_feed_batch_round_trip(void)
     snprintf(in.input, sizeof in.input, "train");
     in.rows = 3;
     in.ncols = 2;
-    in.cols[0] = (FeedColumn){.name = "x", .dtype = FEED_F32, .ndim = 2, .dims = {3, 2}, .data = (uint8_t *)x};
-    in.cols[1] = (FeedColumn){.name = "label", .dtype = FEED_I64, .ndim = 1, .dims = {3}, .data = (uint8_t *)y};
+    in.cols[0] = (FeedColumn){
+        .name = "x", .dtype = FEED_F32, .ndim = 2, .dims = {3, 2}, .data = (uint8_t *)x};
+    in.cols[1] = (FeedColumn){
+        .name = "label", .dtype = FEED_I64, .ndim = 1, .dims = {3}, .data = (uint8_t *)y};
     uint8_t buf[4096];
     size_t len = encode_flat(&in, buf, sizeof buf);
     SgError err;
