@@ -125,6 +125,8 @@ static const ModuleInit module_inits[] = {
     net_module_init,
     rdv_module_init,
     ctl_module_init,
+    ps_module_init,
+    feed_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -38,5 +38,7 @@ int nn_optim_module_init(PyObject *mod);
 int net_module_init(PyObject *mod);
 int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);
+int ps_module_init(PyObject *mod);
+int feed_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */
