@@ -1,1 +1,34 @@
 """Shared fixtures. Spark fixtures start real local Spark (no mocks)."""
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark_context():
+    """One real local Spark (4 task slots, loopback only) shared by every Spark test of the session.
+
+    Barrier stages need a slot per node, so the master is local[4]; the driver
+    and its executors bind 127.0.0.1 only.
+    """
+    pyspark = pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors need this venv's sparkgrad deps
+    spark = (
+        SparkSession.builder.master("local[4]")
+        .appName("sparkgrad-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.task.killTimeout", "2s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    assert pyspark.__version__
+    yield spark.sparkContext
+    spark.stop()

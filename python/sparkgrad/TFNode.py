@@ -1,0 +1,46 @@
+"""TensorFlowOnSpark's ``TFNode`` helpers for code running inside map_fun.
+
+    server = TFNode.start_cluster_server(ctx)   # also: cluster_spec, server = ...
+    if ctx.job_name == "ps":
+        server.join()                            # returns when the driver says stop
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sparkgrad.cluster.context import NodeContext, hdfs_path
+from sparkgrad.errors import SparkgradTimeout
+
+
+class ClusterServer:
+    """This node's server: the listening socket bound before registration, and join()."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.cluster_spec = ctx.cluster_spec
+        self.listener = ctx.listener
+        self.target = f"{ctx.host}:{ctx.port}"
+
+    def join(self, timeout: float | None = None) -> None:
+        """Blocks until the driver stops this node (ps/evaluator at shutdown, or any node on failure).
+
+        With ``timeout`` (s), raises SparkgradTimeout if no stop came by then.
+        """
+        try:
+            self.ctx.wait_for_stop(timeout)
+        except SparkgradTimeout as exc:
+            raise SparkgradTimeout(f"{self.target}: {exc}") from None
+
+    def __iter__(self) -> Iterator[Any]:
+        """``cluster_spec, server = start_cluster_server(ctx)`` as in TensorFlowOnSpark."""
+        return iter((self.cluster_spec, self))
+
+
+def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False) -> ClusterServer:
+    """The node's server; ``num_gpus`` and ``rdma`` are accepted for compatibility (CPU only)."""
+    return ClusterServer(ctx)
+
+
+__all__ = ["ClusterServer", "hdfs_path", "start_cluster_server"]

@@ -1,0 +1,84 @@
+"""map_fun bodies shared by the cluster tests (Spark ships this file with sc.addPyFile).
+
+Each takes ``args`` = {"dir": output directory, "target": "role:index" the test
+aims at} and writes what it saw into ``dir`` so the driver side can check it.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+
+from sparkgrad import TFNode
+
+WAIT = 60.0  # seconds a node waits for the driver's stop before failing the test
+
+
+def _name(ctx) -> str:
+    return f"{ctx.job_name}:{ctx.task_index}"
+
+
+def _mark(args, ctx, what: str) -> None:
+    path = os.path.join(args["dir"], f"{what}-{ctx.executor_id}.json")
+    with open(path, "w") as f:
+        json.dump({"pid": os.getpid(), "port": ctx.port, "name": _name(ctx)}, f)
+
+
+def write_ctx(args, ctx):
+    """ps serve until stopped; the others write their ctx and TF_CONFIG, log, and return."""
+    server = TFNode.start_cluster_server(ctx)
+    logging.getLogger("sparkgrad.test").warning("node %s up on %s", _name(ctx), server.target)
+    print(f"stdout line from {_name(ctx)}")
+    info = {
+        "executor_id": ctx.executor_id,
+        "worker_num": ctx.worker_num,
+        "job_name": ctx.job_name,
+        "task_index": ctx.task_index,
+        "cluster_spec": ctx.cluster_spec,
+        "num_workers": ctx.num_workers,
+        "defaultFS": ctx.defaultFS,
+        "working_dir": ctx.working_dir,
+        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "listener_port": server.listener.port,
+        "pid": os.getpid(),
+    }
+    with open(os.path.join(args["dir"], f"ctx-{ctx.executor_id}.json"), "w") as f:
+        json.dump(info, f)
+    if ctx.job_name == "ps":
+        server.join(WAIT)
+        return "ps stopped"
+    ctx.metric("loss", 1.0 / (ctx.task_index + 1), step=ctx.task_index)
+    return {"task_index": ctx.task_index}
+
+
+def _wait_then_mark(args, ctx) -> None:
+    ctx.wait_for_stop(WAIT)
+    _mark(args, ctx, "stopped")
+
+
+def raise_on_target(args, ctx):
+    """The target node raises ValueError; the others wait for the driver's stop."""
+    if _name(ctx) == args["target"]:
+        raise ValueError(f"boom from {_name(ctx)}")
+    _wait_then_mark(args, ctx)
+
+
+def kill_target(args, ctx):
+    """The target node SIGKILLs its own process; the others wait for the driver's stop."""
+    _mark(args, ctx, "started")
+    if _name(ctx) == args["target"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _wait_then_mark(args, ctx)
+
+
+def busy_until_interrupted(args, ctx):
+    """A training loop that never looks at ctx.should_stop(): the node must be interrupted."""
+    _mark(args, ctx, "started")
+    n = 0
+    while True:
+        n += 1
+        if n % 5_000_000 == 0:
+            _mark(args, ctx, "alive")
