@@ -22,7 +22,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONEDNN_RUNTIME = "onednn-cpu-gomp"
 ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
-SYSTEM_LIBS = ["curl", "cjson", "z", "m", "pthread"]
+SYSTEM_LIBS = ["curl", "cjson", "crypto", "z", "m", "pthread"]
 
 
 def _pyproject() -> dict:

@@ -118,6 +118,11 @@ typedef int (*ModuleInit)(PyObject *mod);
 
 static const ModuleInit module_inits[] = {
     info_module_init,
+    net_module_init,
+    rdv_module_init,
+    ctl_module_init,
+    ps_module_init,
+    feed_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -30,5 +30,10 @@ PyObject *sg_raise_code(int code, const char *fmt, ...);
 /* Module init hooks, one per binding file; each returns 0 or -1 with an
  * exception set. */
 int info_module_init(PyObject *mod);
+int net_module_init(PyObject *mod);
+int rdv_module_init(PyObject *mod);
+int ctl_module_init(PyObject *mod);
+int ps_module_init(PyObject *mod);
+int feed_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */

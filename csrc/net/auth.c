@@ -1,0 +1,159 @@
+/*
+ * auth.c - the HMAC-SHA256 handshake of auth.h on OpenSSL libcrypto.
+ *
+ * Not here: transport encryption. The secret proves membership of the
+ * cluster; payloads after the handshake travel in clear over the cluster's
+ * private network (as Spark's own RPC does without spark.network.crypto).
+ */
+#include "net/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/frame.h"
+#include "net/sock.h"
+
+int net_auth_check_secret(size_t len, SgError *err)
+{
+    if (len < NET_SECRET_MIN || len > NET_SECRET_MAX)
+        return sg_fail(err, SG_EINVAL,
+                       "cluster secret must be %d..%d bytes (use os.urandom(32)), got %zu bytes",
+                       NET_SECRET_MIN, NET_SECRET_MAX, len);
+    return SG_OK;
+}
+
+int net_auth_random(uint8_t *out, size_t len, SgError *err)
+{
+    if (RAND_bytes(out, (int)len) != 1)
+        return sg_fail(err, SG_EIO, "OpenSSL RAND_bytes failed to produce %zu random bytes (error %lu)",
+                       len, ERR_get_error());
+    return SG_OK;
+}
+
+int net_auth_mac(const uint8_t *secret, size_t secret_len, const char *label, const uint8_t *a,
+                 const uint8_t *b, uint8_t out[NET_AUTH_MAC], SgError *err)
+{
+    uint8_t msg[64 + 2 * NET_AUTH_NONCE];
+    size_t ll = strlen(label);
+    if (ll > 64)
+        return sg_fail(err, SG_EINVAL, "auth label '%s' too long", label);
+    memcpy(msg, label, ll);
+    memcpy(msg + ll, a, NET_AUTH_NONCE);
+    memcpy(msg + ll + NET_AUTH_NONCE, b, NET_AUTH_NONCE);
+    unsigned int mlen = 0;
+    if (HMAC(EVP_sha256(), secret, (int)secret_len, msg, ll + 2 * NET_AUTH_NONCE, out, &mlen) ==
+            NULL ||
+        mlen != NET_AUTH_MAC)
+        return sg_fail(err, SG_EIO, "OpenSSL HMAC-SHA256 failed (error %lu)", ERR_get_error());
+    return SG_OK;
+}
+
+int net_auth_server_check(const uint8_t *secret, size_t secret_len,
+                          const uint8_t challenge[NET_AUTH_NONCE], const uint8_t *resp,
+                          size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC], const char *peer,
+                          SgError *err)
+{
+    if (resp_len != NET_AUTH_NONCE + NET_AUTH_MAC)
+        return sg_fail(err, SG_EAUTH, "auth response from %s has %zu bytes, expected %d", peer,
+                       resp_len, NET_AUTH_NONCE + NET_AUTH_MAC);
+    uint8_t expect[NET_AUTH_MAC];
+    int rc = net_auth_mac(secret, secret_len, NET_AUTH_LABEL_CLIENT, challenge, resp, expect, err);
+    if (rc < 0)
+        return rc;
+    if (CRYPTO_memcmp(expect, resp + NET_AUTH_NONCE, NET_AUTH_MAC) != 0)
+        return sg_fail(err, SG_EAUTH,
+                       "client %s failed the HMAC challenge (it does not hold this cluster's secret)",
+                       peer);
+    return net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, ok_payload, err);
+}
+
+int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double deadline,
+                    const char *peer, SgError *err)
+{
+    uint8_t challenge[NET_AUTH_NONCE], ok[NET_AUTH_MAC];
+    int rc = net_auth_random(challenge, sizeof challenge, err);
+    if (rc < 0)
+        return rc;
+    rc = net_frame_send(fd, NET_FRAME_AUTH_CHALLENGE, 0, challenge, sizeof challenge, deadline, peer,
+                        err);
+    if (rc < 0)
+        return rc;
+    NetFrameHeader h;
+    uint8_t *resp = NULL;
+    rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &resp, err);
+    if (rc < 0)
+        return sg_context(err, "authenticating client: ");
+    if (h.type != NET_FRAME_AUTH_RESPONSE)
+        rc = sg_fail(err, SG_EAUTH, "client %s sent a %s frame instead of an auth response", peer,
+                     net_frame_type_name(h.type));
+    else
+        rc = net_auth_server_check(secret, secret_len, challenge, resp, h.length, ok, peer, err);
+    free(resp);
+    if (rc < 0) {
+        static const char reason[] = "authentication failed: wrong cluster secret";
+        SgError ignored;
+        /* Best effort, short deadline: tell the peer why before closing. */
+        double d = net_now() + 0.5 < deadline ? net_now() + 0.5 : deadline;
+        net_frame_send(fd, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1, d, peer, &ignored);
+        return rc;
+    }
+    return net_frame_send(fd, NET_FRAME_AUTH_OK, 0, ok, sizeof ok, deadline, peer, err);
+}
+
+int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double deadline,
+                    const char *peer, SgError *err)
+{
+    NetFrameHeader h;
+    uint8_t *buf = NULL;
+    uint8_t challenge[NET_AUTH_NONCE], resp[NET_AUTH_NONCE + NET_AUTH_MAC], expect[NET_AUTH_MAC];
+    int rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
+    if (rc < 0)
+        return sg_context(err, "waiting for the auth challenge: ");
+    if (h.type != NET_FRAME_AUTH_CHALLENGE || h.length != NET_AUTH_NONCE) {
+        rc = sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame instead of an auth challenge", peer,
+                     h.length, net_frame_type_name(h.type));
+        goto cleanup;
+    }
+    memcpy(challenge, buf, NET_AUTH_NONCE);
+    if ((rc = net_auth_random(resp, NET_AUTH_NONCE, err)) < 0 ||
+        (rc = net_auth_mac(secret, secret_len, NET_AUTH_LABEL_CLIENT, challenge, resp,
+                           resp + NET_AUTH_NONCE, err)) < 0 ||
+        (rc = net_frame_send(fd, NET_FRAME_AUTH_RESPONSE, 0, resp, sizeof resp, deadline, peer,
+                             err)) < 0)
+        goto cleanup;
+    free(buf);
+    buf = NULL;
+    rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
+    if (rc == SG_EPEER) {
+        rc = sg_fail(err, SG_EAUTH, "%s closed the connection during authentication (wrong secret?)",
+                     peer);
+        goto cleanup;
+    }
+    if (rc < 0)
+        goto cleanup;
+    if (h.type == NET_FRAME_AUTH_FAIL) {
+        rc = sg_fail(err, SG_EAUTH, "%s rejected our credentials: %.200s", peer, (char *)buf);
+        goto cleanup;
+    }
+    if (h.type != NET_FRAME_AUTH_OK || h.length != NET_AUTH_MAC) {
+        rc = sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame instead of the auth result", peer,
+                     h.length, net_frame_type_name(h.type));
+        goto cleanup;
+    }
+    if ((rc = net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, expect,
+                           err)) < 0)
+        goto cleanup;
+    if (CRYPTO_memcmp(expect, buf, NET_AUTH_MAC) != 0)
+        rc = sg_fail(err, SG_EAUTH,
+                     "server %s failed to prove it holds the cluster secret (wrong secret or "
+                     "impostor)",
+                     peer);
+cleanup:
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/*
+ * auth.h - mutual HMAC-SHA256 challenge-response on a per-cluster secret.
+ *
+ * Exchange (frames from frame.h), after the TCP connect:
+ *   server -> client  AUTH_CHALLENGE  Ns (32 random bytes)
+ *   client -> server  AUTH_RESPONSE   Nc (32 random bytes) || HMAC(K, "sparkgrad-auth-v1 client" || Ns || Nc)
+ *   server -> client  AUTH_OK         HMAC(K, "sparkgrad-auth-v1 server" || Nc || Ns)
+ *                  or AUTH_FAIL       reason text, then the server closes
+ * The client checks the server's MAC too, so neither side talks to a peer that
+ * does not hold K. MACs are compared in constant time.
+ */
+#ifndef NET_AUTH_H
+#define NET_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+
+#define NET_AUTH_NONCE 32
+#define NET_AUTH_MAC 32
+#define NET_SECRET_MIN 16
+#define NET_SECRET_MAX 1024
+
+/* SG_EINVAL unless NET_SECRET_MIN <= len <= NET_SECRET_MAX. */
+int net_auth_check_secret(size_t len, SgError *err);
+
+/* Fills out with len cryptographically random bytes (OpenSSL RAND_bytes). */
+int net_auth_random(uint8_t *out, size_t len, SgError *err);
+
+/* HMAC-SHA256(secret, label || a || b) with a, b of NET_AUTH_NONCE bytes. */
+int net_auth_mac(const uint8_t *secret, size_t secret_len, const char *label, const uint8_t *a,
+                 const uint8_t *b, uint8_t out[NET_AUTH_MAC], SgError *err);
+
+/* Server side, no I/O: checks an AUTH_RESPONSE payload against the
+ * challenge; on success fills the AUTH_OK payload. SG_EAUTH names the peer. */
+int net_auth_server_check(const uint8_t *secret, size_t secret_len,
+                          const uint8_t challenge[NET_AUTH_NONCE], const uint8_t *resp,
+                          size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC], const char *peer,
+                          SgError *err);
+
+/* Blocking handshakes (bounded by deadline) for connection-per-thread
+ * servers and for clients. */
+int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double deadline,
+                    const char *peer, SgError *err);
+int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double deadline,
+                    const char *peer, SgError *err);
+
+/* The labels that separate the two directions' MACs. */
+#define NET_AUTH_LABEL_CLIENT "sparkgrad-auth-v1 client"
+#define NET_AUTH_LABEL_SERVER "sparkgrad-auth-v1 server"
+
+#endif /* NET_AUTH_H */

@@ -1,0 +1,458 @@
+/*
+ * control_client.c - the node side of the rendezvous (control_client.h).
+ *
+ * One I/O thread per client polls the socket and a wake-up pipe: it parses
+ * incoming frames into a queue and sends a heartbeat frame whenever
+ * heartbeat_interval has passed. Writers (the I/O thread and API callers)
+ * serialize on send_mu; the queue and connection state live under mu.
+ */
+#include "net/control_client.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "net/auth.h"
+#include "net/frame.h"
+#include "net/json_msg.h"
+#include "net/sock.h"
+
+#define CTL_MAX_FRAME (16u << 20)
+
+typedef struct CtlMsg {
+    char *json;
+    struct CtlMsg *next;
+} CtlMsg;
+
+struct CtlClient {
+    int fd;
+    int wake[2];
+    char peer[NET_PEER_MAX];
+    long executor_id;
+    double heartbeat_interval;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t send_mu;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping, stopped;
+    SgError io_err; /* code != 0 once the connection broke */
+    int acked, registered, num_nodes;
+    cJSON *spec;     /* the spec array, as received */
+    char *spec_json; /* its text, printed on first ctl_client_spec() */
+    CtlMsg *head, *tail;
+};
+
+/* ---- the I/O thread ------------------------------------------------------ */
+
+static void fail_io(CtlClient *c, const SgError *e)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->io_err.code == 0)
+        c->io_err = *e;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int enqueue(CtlClient *c, const cJSON *msg)
+{
+    char *text = net_json_print(msg);
+    CtlMsg *m = text != NULL ? malloc(sizeof *m) : NULL;
+    if (m == NULL) {
+        free(text);
+        return SG_ENOMEM;
+    }
+    m->json = text;
+    m->next = NULL;
+    if (c->tail != NULL)
+        c->tail->next = m;
+    else
+        c->head = m;
+    c->tail = m;
+    return SG_OK;
+}
+
+/* Handles one driver message; called with c->mu held. */
+static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
+{
+    if (strcmp(type, "registered") == 0) {
+        long k, n;
+        int rc;
+        if ((rc = net_json_int(msg, "registered", 0, 1L << 30, c->peer, &k, err)) < 0 ||
+            (rc = net_json_int(msg, "num_nodes", 0, 1L << 30, c->peer, &n, err)) < 0)
+            return rc;
+        c->acked = 1, c->registered = (int)k, c->num_nodes = (int)n;
+    } else if (strcmp(type, "spec") == 0) {
+        cJSON *spec = cJSON_DetachItemFromObjectCaseSensitive(msg, "spec");
+        if (!cJSON_IsArray(spec)) {
+            cJSON_Delete(spec);
+            return sg_fail(err, SG_EPROTO, "spec message from %s has no \"spec\" array", c->peer);
+        }
+        cJSON_Delete(c->spec);
+        c->spec = spec;
+        free(c->spec_json);
+        c->spec_json = NULL;
+    } else if (strcmp(type, "reject") == 0) {
+        const char *reason = "";
+        net_json_string(msg, "reason", c->peer, &reason, err);
+        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer, c->executor_id,
+                       reason);
+    } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
+        return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed", c->peer);
+    } else if (enqueue(c, msg) < 0) {
+        return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
+    }
+    return SG_OK;
+}
+
+static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
+{
+    if (h->type != NET_FRAME_JSON)
+        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
+                       net_frame_type_name(h->type));
+    cJSON *msg = NULL;
+    const char *type;
+    int rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    rc = handle_msg(c, msg, type, err);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    cJSON_Delete(msg);
+    return rc;
+}
+
+static int read_frames(CtlClient *c, NetFrameParser *p, SgError *err)
+{
+    uint8_t buf[16384];
+    long n = net_read_some(c->fd, buf, sizeof buf, c->peer, err);
+    if (n < 0)
+        return n == SG_EPEER ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
+                             : (int)n;
+    size_t off = 0;
+    while (off < (size_t)n) {
+        size_t used = 0;
+        int rc = net_frame_parser_feed(p, buf + off, (size_t)n - off, &used, err);
+        off += used;
+        if (rc < 0)
+            return sg_context(err, "from driver %s: ", c->peer);
+        if (rc == 1) {
+            NetFrameHeader h;
+            uint8_t *payload;
+            net_frame_parser_take(p, &h, &payload);
+            rc = handle_frame(c, &h, payload, err);
+            free(payload);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return SG_OK;
+}
+
+static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, double deadline,
+                      SgError *err)
+{
+    pthread_mutex_lock(&c->send_mu);
+    int rc = c->fd < 0 ? sg_fail(err, SG_ESTATE, "control connection to %s is closed", c->peer)
+                       : net_frame_send(c->fd, type, 0, buf, len, deadline, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
+    return rc;
+}
+
+static void *io_main(void *arg)
+{
+    CtlClient *c = arg;
+    NetFrameParser parser;
+    net_frame_parser_init(&parser, CTL_MAX_FRAME);
+    double next_hb = net_now() + c->heartbeat_interval;
+    SgError err;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int stop = c->stopping;
+        pthread_mutex_unlock(&c->mu);
+        if (stop)
+            break;
+        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake[0], .events = POLLIN}};
+        int n = poll(pfd, 2, net_poll_ms(next_hb));
+        if (n == -1) {
+            if (errno == EINTR)
+                continue;
+            sg_fail_errno(&err, SG_EIO, errno, "poll on control connection to %s", c->peer);
+            fail_io(c, &err);
+            break;
+        }
+        if (pfd[1].revents)
+            net_wake_drain(c->wake[0]);
+        if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) && read_frames(c, &parser, &err) < 0) {
+            fail_io(c, &err);
+            break;
+        }
+        if (net_now() >= next_hb) {
+            /* A heartbeat that cannot leave within a few intervals means a dead link. */
+            double deadline = net_now() + 5 * c->heartbeat_interval + 1.0;
+            if (send_frame(c, NET_FRAME_HEARTBEAT, NULL, 0, deadline, &err) < 0) {
+                fail_io(c, &err);
+                break;
+            }
+            next_hb = net_now() + c->heartbeat_interval;
+        }
+    }
+    net_frame_parser_free(&parser);
+    return NULL;
+}
+
+/* ---- API ----------------------------------------------------------------- */
+
+static int wait_until(CtlClient *c, double deadline)
+{
+    double left = deadline - net_now();
+    if (left <= 0)
+        return ETIMEDOUT;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
+    return pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+}
+
+static CtlClient *client_new(void)
+{
+    CtlClient *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->fd = c->wake[0] = c->wake[1] = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return c;
+}
+
+/* Connect, authenticate, send the registration (no thread yet). */
+static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
+                                size_t secret_len, cJSON *node, double deadline, SgError *err)
+{
+    int rc = net_connect(host, port, deadline, &c->fd, err);
+    if (rc < 0)
+        return sg_context(err, "rendezvous: ");
+    if ((rc = net_auth_client(c->fd, secret, secret_len, deadline, c->peer, err)) < 0)
+        return rc;
+    cJSON *msg = cJSON_CreateObject();
+    if (msg == NULL)
+        return sg_fail(err, SG_ENOMEM, "building the register message");
+    cJSON_AddStringToObject(msg, "type", "register");
+    cJSON_AddItemReferenceToObject(msg, "node", node);
+    rc = net_json_send(c->fd, msg, deadline, c->peer, err);
+    cJSON_Delete(msg);
+    return rc;
+}
+
+int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                        const char *node_json, double timeout, double heartbeat_interval,
+                        CtlClient **out, SgError *err)
+{
+    double deadline;
+    int rc;
+    if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
+        (rc = net_deadline(timeout, "ControlClient.register", &deadline, err)) < 0)
+        return rc;
+    if (!(heartbeat_interval > 0 && heartbeat_interval <= 3600))
+        return sg_fail(err, SG_EINVAL, "heartbeat_interval must be in (0, 3600] seconds, got %g",
+                       heartbeat_interval);
+    cJSON *node = cJSON_Parse(node_json);
+    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(node, "executor_id");
+    if (!cJSON_IsObject(node) || !cJSON_IsNumber(eid)) {
+        cJSON_Delete(node);
+        return sg_fail(err, SG_EINVAL, "node must be an object with an integer executor_id");
+    }
+    CtlClient *c = client_new();
+    if (c == NULL) {
+        cJSON_Delete(node);
+        return sg_fail(err, SG_ENOMEM, "allocating a control client");
+    }
+    snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+    c->executor_id = (long)eid->valuedouble;
+    c->heartbeat_interval = heartbeat_interval;
+    rc = connect_and_register(c, host, port, secret, secret_len, node, deadline, err);
+    cJSON_Delete(node);
+    if (rc == 0)
+        rc = net_wake_pipe(c->wake, err);
+    if (rc == 0) {
+        if (pthread_create(&c->thread, NULL, io_main, c) != 0)
+            rc = sg_fail(err, SG_EIO, "cannot start the control client thread");
+        else
+            c->thread_started = 1;
+    }
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        while (c->spec == NULL && c->io_err.code == 0 && wait_until(c, deadline) != ETIMEDOUT)
+            ;
+        if (c->spec != NULL)
+            rc = SG_OK;
+        else if (c->io_err.code != 0)
+            rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
+        else if (c->acked)
+            rc = sg_fail(err, SG_ERDV_TIMEOUT,
+                         "executor %ld got no cluster spec from driver %s within %.1f s: when it "
+                         "registered, %d of %d nodes had registered (the others have not reached "
+                         "the rendezvous: too few free task slots, or failed tasks)",
+                         c->executor_id, c->peer, timeout, c->registered, c->num_nodes);
+        else
+            rc = sg_fail(err, SG_ERDV_TIMEOUT,
+                         "executor %ld: driver %s never acknowledged the registration within %.1f s",
+                         c->executor_id, c->peer, timeout);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (rc < 0) {
+        ctl_client_free(c);
+        return rc;
+    }
+    *out = c;
+    return SG_OK;
+}
+
+char *ctl_client_spec(CtlClient *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->spec_json == NULL && c->spec != NULL)
+        c->spec_json = net_json_print(c->spec);
+    char *out = c->spec_json != NULL ? strdup(c->spec_json) : NULL;
+    pthread_mutex_unlock(&c->mu);
+    return out;
+}
+
+static int send_json(CtlClient *c, cJSON *msg, double timeout, SgError *err)
+{
+    double deadline;
+    int rc = net_deadline(timeout, "a control message", &deadline, err);
+    char *text = rc == 0 && msg != NULL ? net_json_print(msg) : NULL;
+    cJSON_Delete(msg);
+    if (rc < 0)
+        return rc;
+    if (text == NULL)
+        return sg_fail(err, SG_ENOMEM, "building a control message");
+    rc = send_frame(c, NET_FRAME_JSON, text, strlen(text), deadline, err);
+    free(text);
+    return rc;
+}
+
+static cJSON *new_msg(const char *type)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m != NULL && cJSON_AddStringToObject(m, "type", type) == NULL) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
+}
+
+int ctl_client_log(CtlClient *c, const char *line, double timeout, SgError *err)
+{
+    cJSON *m = new_msg("log");
+    cJSON_AddStringToObject(m, "line", line);
+    return send_json(c, m, timeout, err);
+}
+
+int ctl_client_metric(CtlClient *c, const char *name, double value, long step, double timeout,
+                      SgError *err)
+{
+    cJSON *m = new_msg("metric");
+    cJSON_AddStringToObject(m, "name", name);
+    cJSON_AddNumberToObject(m, "value", value);
+    cJSON_AddNumberToObject(m, "step", (double)step);
+    return send_json(c, m, timeout, err);
+}
+
+int ctl_client_done(CtlClient *c, const char *result, double timeout, SgError *err)
+{
+    cJSON *m = new_msg("done");
+    cJSON_AddStringToObject(m, "result", result);
+    return send_json(c, m, timeout, err);
+}
+
+int ctl_client_error(CtlClient *c, const char *message, const char *traceback, const char *host,
+                     double timeout, SgError *err)
+{
+    cJSON *m = new_msg("error");
+    cJSON_AddStringToObject(m, "message", message);
+    cJSON_AddStringToObject(m, "traceback", traceback);
+    cJSON_AddStringToObject(m, "host", host);
+    return send_json(c, m, timeout, err);
+}
+
+int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
+{
+    double deadline;
+    int rc = net_deadline(timeout, "ControlClient.recv", &deadline, err);
+    if (rc < 0)
+        return rc;
+    *json = NULL;
+    pthread_mutex_lock(&c->mu);
+    while (c->head == NULL && c->io_err.code == 0 && !c->stopped && wait_until(c, deadline) != ETIMEDOUT)
+        ;
+    if (c->head != NULL) {
+        CtlMsg *m = c->head;
+        c->head = m->next;
+        if (c->head == NULL)
+            c->tail = NULL;
+        *json = m->json;
+        free(m);
+    } else if (c->io_err.code != 0) {
+        rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
+    } else if (c->stopped) {
+        rc = sg_fail(err, SG_ESTATE, "control client for %s is closed", c->peer);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void ctl_client_stop(CtlClient *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int was = c->stopped;
+    c->stopping = c->stopped = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (was)
+        return;
+    if (c->thread_started) {
+        net_wake(c->wake[1]);
+        pthread_join(c->thread, NULL);
+        c->thread_started = 0;
+    }
+    pthread_mutex_lock(&c->send_mu);
+    net_close(&c->fd);
+    pthread_mutex_unlock(&c->send_mu);
+    net_close(&c->wake[0]);
+    net_close(&c->wake[1]);
+}
+
+void ctl_client_free(CtlClient *c)
+{
+    if (c == NULL)
+        return;
+    ctl_client_stop(c);
+    while (c->head != NULL) {
+        CtlMsg *m = c->head;
+        c->head = m->next;
+        free(m->json);
+        free(m);
+    }
+    cJSON_Delete(c->spec);
+    free(c->spec_json);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->send_mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}

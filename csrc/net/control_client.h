@@ -1,0 +1,50 @@
+/*
+ * control_client.h - a node's control connection to the driver's rendezvous
+ * server (protocol in rendezvous.h).
+ *
+ * ctl_client_register connects, authenticates, registers and waits for the
+ * cluster spec; a background thread then sends heartbeats every
+ * heartbeat_interval and queues whatever the driver sends until
+ * ctl_client_stop. Sending and receiving are thread-safe and bounded.
+ */
+#ifndef NET_CONTROL_CLIENT_H
+#define NET_CONTROL_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+
+typedef struct CtlClient CtlClient;
+
+/* node_json: {"host","port","role","index","executor_id","pid"}. Fails with
+ * SG_ERDV_TIMEOUT (no spec in time; says how many had registered),
+ * SG_EAUTH, SG_EIO / SG_ETIMEOUT (cannot connect; names host:port),
+ * SG_ECLUSTER (the driver rejected the registration) or SG_ECANCELLED. */
+int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                        const char *node_json, double timeout, double heartbeat_interval,
+                        CtlClient **out, SgError *err);
+
+/* The latest cluster spec as a JSON array, malloc'd for the caller (NULL
+ * only when out of memory). */
+char *ctl_client_spec(CtlClient *c);
+
+/* Messages to the driver; each blocks at most timeout seconds. */
+int ctl_client_log(CtlClient *c, const char *line, double timeout, SgError *err);
+int ctl_client_metric(CtlClient *c, const char *name, double value, long step, double timeout,
+                      SgError *err);
+int ctl_client_done(CtlClient *c, const char *result, double timeout, SgError *err);
+int ctl_client_error(CtlClient *c, const char *message, const char *traceback, const char *host,
+                     double timeout, SgError *err);
+
+/* Next message from the driver as JSON text (malloc'd), or NULL after
+ * timeout; once the queue is empty a broken connection is reported
+ * (SG_EPEER naming the driver). */
+int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err);
+
+/* Stops the heartbeat thread and closes the connection (idempotent);
+ * ctl_client_free stops if needed and frees. */
+void ctl_client_stop(CtlClient *c);
+void ctl_client_free(CtlClient *c);
+
+#endif /* NET_CONTROL_CLIENT_H */

@@ -1,0 +1,127 @@
+/*
+ * ps.h - the parameter server: a flat float32 parameter buffer of `total`
+ * values split into num_ps contiguous shards (ps_shard_range, the one split
+ * both sides use); each PsServer owns one shard, each worker's PsClient talks
+ * to every shard.
+ *
+ * Wire: NET_FRAME_PS frames, flags = PsOp; payload = 32-byte little-endian
+ * op header (u64 a, b, c, d) followed by the op's data:
+ *   HELLO      a=worker_id b=total c=offset d=count  -> a=step b=initialized c=num_workers d=mode
+ *   PULL       -                                     -> a=step, count floats
+ *   PUSH       count floats (gradients)              -> a=step after apply
+ *   PUSH_PULL  count floats (gradients)              -> a=step, count floats (params after apply)
+ *   INIT       count floats                          -> a=step b=1 if this call initialized
+ *   SET_STATE  a=step, count floats                  -> a=step
+ *   DONE       -                                     -> a=step
+ *   any        -> ERROR a=status code (int64), data = message text
+ * Floats travel in host order: sparkgrad supports little-endian hosts only.
+ *
+ * Async mode applies each gradient as it arrives (global step += 1 per push).
+ * Sync mode sums exactly one gradient per active worker per step, applies the
+ * average, bumps the step and only then answers those pushes; a worker that
+ * says DONE stops being waited for, one that disconnects without DONE breaks
+ * the step for everyone (SG_ENODE naming it) instead of hanging them.
+ */
+#ifndef NET_PS_H
+#define NET_PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the parameter-server wire format sends float32 in host order: little-endian hosts only"
+#endif
+
+typedef enum PsOp {
+    PS_OP_HELLO = 1,
+    PS_OP_PULL = 2,
+    PS_OP_PUSH = 3,
+    PS_OP_PUSH_PULL = 4,
+    PS_OP_INIT = 5,
+    PS_OP_SET_STATE = 6,
+    PS_OP_DONE = 7,
+    PS_OP_REPLY = 100,
+    PS_OP_ERROR = 101,
+} PsOp;
+
+typedef enum PsMode { PS_MODE_ASYNC = 0, PS_MODE_SYNC = 1 } PsMode;
+
+#define PS_OP_HEADER 32
+
+/* Applies grads (n) to params (n); returns 0 or a status with err filled.
+ * Called with the shard locked, never concurrently. */
+typedef int (*PsApplyFn)(void *ctx, float *params, const float *grads, size_t n, SgError *err);
+
+/* Built-in: params -= lr * grads, ctx points to a float lr. */
+int ps_apply_sgd(void *ctx, float *params, const float *grads, size_t n, SgError *err);
+
+/* Shard `index` of `num_shards` over `total` values: [*offset, *offset + *count).
+ * Shards differ in size by at most one value; SG_EINVAL for bad arguments. */
+int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, uint64_t *count,
+                   SgError *err);
+
+/* Encodes / decodes the 32-byte op header. */
+void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4]);
+
+/* ---- server ---- */
+
+typedef struct PsServer PsServer;
+
+typedef struct PsServerConfig {
+    uint64_t total, offset, count; /* this shard: [offset, offset + count) of total */
+    int num_workers;
+    PsMode mode;
+    PsApplyFn apply; /* NULL: ps_apply_sgd with lr */
+    void *apply_ctx;
+    float lr;
+    const float *init; /* count initial values, or NULL: wait for a worker's INIT */
+    uint64_t step;
+} PsServerConfig;
+
+/* Serves on the listening socket lfd (not owned: the caller closes it). */
+int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg,
+                  PsServer **out, SgError *err);
+
+/* Accepts and serves workers (a thread per connection) until every worker
+ * said DONE (returns 1), ps_server_stop was called (returns 2), or timeout
+ * seconds passed (timeout < 0: none; returns 0). Then closes every worker
+ * connection and joins their threads. */
+int ps_server_serve(PsServer *s, double timeout, SgError *err);
+
+/* Thread-safe, idempotent: makes serve return promptly. */
+void ps_server_stop(PsServer *s);
+
+/* Copies the shard into params (count values) and its step. */
+int ps_server_get_state(PsServer *s, float *params, uint64_t *step, SgError *err);
+int ps_server_set_state(PsServer *s, const float *params, uint64_t step, SgError *err);
+uint64_t ps_server_step(PsServer *s);
+void ps_server_free(PsServer *s);
+
+/* ---- client ---- */
+
+typedef struct PsClient PsClient;
+
+/* Connects to num_ps shards (hosts[i]:ports[i] serves shard i), authenticates
+ * and says HELLO as worker_id; every call is bounded by timeout seconds. */
+int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
+                      size_t secret_len, uint64_t total, int worker_id, double timeout,
+                      PsClient **out, SgError *err);
+
+/* params/grads hold `total` floats. *step is the global step (of shard 0). */
+int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err);
+int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err);
+int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
+                        SgError *err);
+/* Sets the parameters if no worker did yet; *initialized = 1 if this call did. */
+int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err);
+int ps_client_set_state(PsClient *c, const float *params, uint64_t step, SgError *err);
+int ps_client_done(PsClient *c, SgError *err);
+/* Closes every shard connection (later calls fail with SG_ESTATE);
+ * thread-safe. ps_client_free closes and frees. */
+void ps_client_close(PsClient *c);
+void ps_client_free(PsClient *c);
+
+#endif /* NET_PS_H */

@@ -1,0 +1,239 @@
+/*
+ * ps_client.c - a worker's connections to every parameter-server shard
+ * (ps.h). Each call sends its request to all shards first, then collects the
+ * replies, so shards work in parallel without client threads; parameters are
+ * read from the socket straight into the caller's array. Calls are serialized
+ * by a mutex; a transport failure leaves the client unusable (the shards'
+ * streams would be out of step) and every later call says why.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "net/auth.h"
+#include "net/frame.h"
+#include "net/ps.h"
+#include "net/sock.h"
+
+typedef struct PsShardConn {
+    int fd;
+    char peer[NET_PEER_MAX];
+    uint64_t offset, count;
+} PsShardConn;
+
+struct PsClient {
+    int num_ps;
+    PsShardConn *shards;
+    uint64_t total;
+    int worker_id;
+    double timeout;
+    pthread_mutex_t mu;
+    int broken;
+    SgError broken_err;
+};
+
+static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *data, double deadline,
+                    SgError *err)
+{
+    size_t len = data != NULL ? (size_t)sh->count * sizeof(float) : 0;
+    uint8_t hdr[NET_FRAME_HEADER_SIZE], oph[PS_OP_HEADER];
+    net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len));
+    ps_op_encode(oph, v[0], v[1], v[2], v[3]);
+    struct iovec iov[3] = {{hdr, sizeof hdr}, {oph, sizeof oph}, {(void *)(data != NULL ? data + sh->offset : NULL), len}};
+    return net_writev_all(sh->fd, iov, 3, deadline, sh->peer, "a ps request", err);
+}
+
+/* Reads one reply; parameters (if any) land in dest + offset. Returns 0, a
+ * server-reported status (*remote = 1) or a transport/protocol status. */
+static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, double deadline, int *remote,
+                      SgError *err)
+{
+    size_t bytes = (size_t)sh->count * sizeof(float);
+    size_t cap = PS_OP_HEADER + (bytes > SG_ERROR_MAX ? bytes : SG_ERROR_MAX);
+    NetFrameHeader h;
+    uint8_t oph[PS_OP_HEADER];
+    *remote = 0;
+    int rc = net_frame_recv_header(sh->fd, (uint32_t)cap, deadline, sh->peer, &h, err);
+    if (rc == SG_ETIMEOUT)
+        return sg_context(err, "ps shard %d: ", shard);
+    if (rc < 0)
+        return rc;
+    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER || (h.flags != PS_OP_REPLY && h.flags != PS_OP_ERROR))
+        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply", shard,
+                       sh->peer, net_frame_type_name(h.type), h.flags);
+    if ((rc = net_read_exact(sh->fd, oph, sizeof oph, deadline, sh->peer, "a ps reply header", err)) < 0)
+        return rc;
+    ps_op_decode(oph, v);
+    size_t data = h.length - PS_OP_HEADER;
+    if (h.flags == PS_OP_ERROR) {
+        char msg[SG_ERROR_MAX + 1];
+        if (data > SG_ERROR_MAX)
+            return sg_fail(err, SG_EPROTO, "ps shard %d (%s) sent a %zu-byte error message (at most %d)", shard,
+                           sh->peer, data, SG_ERROR_MAX);
+        if ((rc = net_read_exact(sh->fd, msg, data, deadline, sh->peer, "a ps error", err)) < 0)
+            return rc;
+        msg[data] = '\0';
+        int64_t code = (int64_t)v[0];
+        *remote = 1;
+        return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s", shard,
+                       sh->peer, msg);
+    }
+    if (data != (dest != NULL ? bytes : 0))
+        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) replied with %zu data bytes, expected %zu", shard,
+                       sh->peer, data, dest != NULL ? bytes : (size_t)0);
+    if (data > 0)
+        rc = net_read_exact(sh->fd, dest + sh->offset, data, deadline, sh->peer, "parameters", err);
+    return rc;
+}
+
+/* One op on every shard: send all, then read all replies. */
+static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest, uint64_t out[4],
+                    SgError *err)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->broken) {
+        int rc = sg_fail(err, c->broken_err.code, "PsClient unusable after an earlier failure: %s",
+                         c->broken_err.msg);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    double deadline = net_now() + c->timeout;
+    int rc = SG_OK, sent = 0, transport = 0;
+    for (int i = 0; i < c->num_ps && rc == 0; i++, sent++)
+        rc = send_req(&c->shards[i], op, v, data, deadline, err);
+    transport = rc < 0;
+    for (int i = 0; i < sent && !transport; i++) {
+        SgError e;
+        uint64_t r[4];
+        int remote = 0;
+        int x = recv_reply(&c->shards[i], i, r, dest, deadline, &remote, &e);
+        if (x < 0 && !remote)
+            transport = 1;
+        if (x < 0 && rc == 0) {
+            rc = x;
+            *err = e;
+        }
+        if (i == 0 && x == 0)
+            memcpy(out, r, sizeof r);
+    }
+    if (transport) {
+        c->broken = 1;
+        c->broken_err = *err;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_PULL, v, NULL, params, r, err);
+    *step = r[0];
+    return rc;
+}
+
+int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH, v, grads, NULL, r, err);
+    *step = r[0];
+    return rc;
+}
+
+int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH_PULL, v, grads, params, r, err);
+    *step = r[0];
+    return rc;
+}
+
+int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_INIT, v, params, NULL, r, err);
+    *initialized = (int)r[1];
+    return rc;
+}
+
+int ps_client_set_state(PsClient *c, const float *params, uint64_t step, SgError *err)
+{
+    uint64_t v[4] = {step, 0, 0, 0}, r[4];
+    return call_all(c, PS_OP_SET_STATE, v, params, NULL, r, err);
+}
+
+int ps_client_done(PsClient *c, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4];
+    return call_all(c, PS_OP_DONE, v, NULL, NULL, r, err);
+}
+
+int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
+                      size_t secret_len, uint64_t total, int worker_id, double timeout, PsClient **out,
+                      SgError *err)
+{
+    double deadline;
+    int rc;
+    if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
+        (rc = net_deadline(timeout, "PsClient", &deadline, err)) < 0)
+        return rc;
+    if (num_ps < 1 || worker_id < 0)
+        return sg_fail(err, SG_EINVAL, "PsClient needs at least one ps address and worker_id >= 0");
+    PsClient *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->shards = calloc((size_t)num_ps, sizeof *c->shards)) == NULL) {
+        free(c);
+        return sg_fail(err, SG_ENOMEM, "allocating a PsClient for %d shards", num_ps);
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->num_ps = num_ps, c->total = total, c->worker_id = worker_id, c->timeout = timeout;
+    for (int i = 0; i < num_ps; i++)
+        c->shards[i].fd = -1;
+    for (int i = 0; i < num_ps && rc == 0; i++) {
+        PsShardConn *sh = &c->shards[i];
+        snprintf(sh->peer, sizeof sh->peer, "%s:%d", hosts[i], ports[i]);
+        if ((rc = ps_shard_range(total, num_ps, i, &sh->offset, &sh->count, err)) < 0)
+            break;
+        if ((rc = net_connect(hosts[i], ports[i], deadline, &sh->fd, err)) < 0) {
+            sg_context(err, "ps shard %d: ", i);
+            break;
+        }
+        if ((rc = net_auth_client(sh->fd, secret, secret_len, deadline, sh->peer, err)) < 0)
+            break;
+        uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
+        int remote;
+        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, deadline, err)) < 0 ||
+            (rc = recv_reply(sh, i, r, NULL, deadline, &remote, err)) < 0)
+            break;
+    }
+    if (rc < 0) {
+        ps_client_free(c);
+        return rc;
+    }
+    *out = c;
+    return SG_OK;
+}
+
+void ps_client_close(PsClient *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->num_ps; i++)
+        net_close(&c->shards[i].fd);
+    if (!c->broken) {
+        c->broken = 1;
+        sg_fail(&c->broken_err, SG_ESTATE, "the client was closed");
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ps_client_free(PsClient *c)
+{
+    if (c == NULL)
+        return;
+    for (int i = 0; i < c->num_ps; i++)
+        net_close(&c->shards[i].fd);
+    free(c->shards);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

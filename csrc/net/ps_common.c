@@ -1,0 +1,49 @@
+/*
+ * ps_common.c - what both ends of the parameter server share (ps.h): the
+ * shard split, the op header codec and the built-in SGD apply function.
+ */
+#include "net/ps.h"
+
+int ps_apply_sgd(void *ctx, float *params, const float *grads, size_t n, SgError *err)
+{
+    (void)err;
+    const float lr = *(const float *)ctx;
+    for (size_t i = 0; i < n; i++)
+        params[i] -= lr * grads[i];
+    return SG_OK;
+}
+
+int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, uint64_t *count,
+                   SgError *err)
+{
+    if (num_shards < 1 || index < 0 || index >= num_shards)
+        return sg_fail(err, SG_EINVAL, "shard index %d is outside 0..%d", index, num_shards - 1);
+    if (total < (uint64_t)num_shards)
+        return sg_fail(err, SG_EINVAL, "%llu parameters cannot be split over %d ps shards",
+                       (unsigned long long)total, num_shards);
+    /* total * index may overflow 64 bits only beyond 2^57 parameters. */
+    uint64_t start = total / (uint64_t)num_shards * (uint64_t)index +
+                     total % (uint64_t)num_shards * (uint64_t)index / (uint64_t)num_shards;
+    uint64_t end = total / (uint64_t)num_shards * (uint64_t)(index + 1) +
+                   total % (uint64_t)num_shards * (uint64_t)(index + 1) / (uint64_t)num_shards;
+    *offset = start;
+    *count = end - start;
+    return SG_OK;
+}
+
+void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    const uint64_t v[4] = {a, b, c, d};
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 8; i++)
+            out[8 * k + i] = (uint8_t)(v[k] >> (8 * i));
+}
+
+void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4])
+{
+    for (int k = 0; k < 4; k++) {
+        v[k] = 0;
+        for (int i = 0; i < 8; i++)
+            v[k] |= (uint64_t)in[8 * k + i] << (8 * i);
+    }
+}

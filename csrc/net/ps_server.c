@@ -1,0 +1,542 @@
+/*
+ * ps_server.c - one parameter-server shard (ps.h): an accept loop in the
+ * caller's thread (ps_server_serve), one thread per worker connection, the
+ * shard under one mutex, async and sync application of gradients.
+ *
+ * Every wait is bounded or woken: connection threads poll with a 1 s period
+ * and check `closing`; serve's exit shuts every connection down, so blocked
+ * reads return at once. Not here: the worker side (ps_client.c).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/auth.h"
+#include "net/frame.h"
+#include "net/ps.h"
+#include "net/sock.h"
+
+#define PS_IO_TIMEOUT 60.0   /* seconds for one request body or reply to cross */
+#define PS_AUTH_TIMEOUT 10.0
+
+typedef struct PsConn {
+    struct PsServer *s;
+    int fd;
+    char peer[NET_PEER_MAX];
+    pthread_t thread;
+    long worker_id; /* -1 until HELLO */
+    int said_done;
+    int first_done; /* this connection marked its worker done: ack it, then count */
+    float *buf; /* count floats: gradients in, parameters out */
+} PsConn;
+
+struct PsServer {
+    int lfd;
+    uint8_t *secret;
+    size_t secret_len;
+    PsServerConfig cfg;
+    float lr;
+    int wake[2];
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* step advanced, initialized, broken, closing */
+    float *params;     /* [count] */
+    int initialized;
+    uint64_t step;
+    float *accum;         /* [count] sync: sum of this step's gradients */
+    uint8_t *contributed; /* [num_workers] sync: pushed in this step */
+    uint8_t *done;        /* [num_workers] */
+    int n_contrib, n_done;
+    int n_done_acked; /* DONE replies sent: serve exits at num_workers */
+    int broken;
+    SgError broken_err;
+    int stopping, closing;
+    PsConn **conns;
+    size_t nconns, capconns;
+};
+
+/* ---- shard state (s->mu held) ---------------------------------------------- */
+
+static void break_sync(PsServer *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void break_sync(PsServer *s, int code, const char *fmt, ...)
+{
+    if (s->broken)
+        return;
+    s->broken = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->broken_err.msg, sizeof s->broken_err.msg, fmt, ap);
+    va_end(ap);
+    s->broken_err.code = code;
+    pthread_cond_broadcast(&s->cv);
+}
+
+static int cond_wait_1s(PsServer *s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += 1;
+    return pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+}
+
+/* Sync: averages the step's gradients, applies them, advances the step. */
+static int complete_step(PsServer *s, SgError *err)
+{
+    size_t n = (size_t)s->cfg.count;
+    float scale = 1.0f / (float)s->n_contrib;
+    for (size_t i = 0; i < n; i++)
+        s->accum[i] *= scale;
+    int rc = s->cfg.apply(s->cfg.apply_ctx, s->params, s->accum, n, err);
+    if (rc < 0) {
+        break_sync(s, rc, "applying synchronous step %llu failed: %s", (unsigned long long)s->step, err->msg);
+        return rc;
+    }
+    memset(s->accum, 0, n * sizeof *s->accum);
+    memset(s->contributed, 0, (size_t)s->cfg.num_workers);
+    s->n_contrib = 0;
+    s->step++;
+    pthread_cond_broadcast(&s->cv);
+    return SG_OK;
+}
+
+static int wait_initialized(PsServer *s, const char *peer, SgError *err)
+{
+    while (!s->initialized && !s->closing)
+        cond_wait_1s(s);
+    if (!s->initialized)
+        return sg_fail(err, SG_ECANCELLED, "ps shard closed before it was initialized (request from %s)", peer);
+    return SG_OK;
+}
+
+static int apply_push(PsServer *s, PsConn *c, SgError *err)
+{
+    size_t n = (size_t)s->cfg.count;
+    if (!s->initialized)
+        return sg_fail(err, SG_ESTATE, "gradient from worker %ld before the ps shard was initialized "
+                       "(construct the PsServer with params, or call PsClient.init first)", c->worker_id);
+    if (s->cfg.mode == PS_MODE_ASYNC) {
+        int rc = s->cfg.apply(s->cfg.apply_ctx, s->params, c->buf, n, err);
+        if (rc < 0)
+            return rc;
+        s->step++;
+        return SG_OK;
+    }
+    if (s->broken)
+        return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
+    if (s->done[c->worker_id])
+        return sg_fail(err, SG_ESTATE, "worker %ld pushed a gradient after saying done", c->worker_id);
+    if (s->contributed[c->worker_id])
+        return sg_fail(err, SG_EPROTO, "worker %ld pushed twice in step %llu (two clients with one worker id?)",
+                       c->worker_id, (unsigned long long)s->step);
+    for (size_t i = 0; i < n; i++)
+        s->accum[i] += c->buf[i];
+    s->contributed[c->worker_id] = 1;
+    s->n_contrib++;
+    uint64_t my_step = s->step;
+    if (s->n_contrib >= s->cfg.num_workers - s->n_done)
+        return complete_step(s, err);
+    while (s->step == my_step && !s->broken && !s->closing)
+        cond_wait_1s(s);
+    if (s->step != my_step)
+        return SG_OK;
+    if (s->broken)
+        return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
+    return sg_fail(err, SG_ECANCELLED, "ps shard stopped during synchronous step %llu", (unsigned long long)my_step);
+}
+
+static int mark_done(PsServer *s, PsConn *c, SgError *err)
+{
+    c->said_done = 1;
+    if (s->done[c->worker_id])
+        return SG_OK;
+    s->done[c->worker_id] = 1;
+    s->n_done++;
+    c->first_done = 1;
+    if (s->cfg.mode == PS_MODE_SYNC && s->n_contrib > 0 && !s->broken &&
+        s->n_contrib >= s->cfg.num_workers - s->n_done) {
+        int rc = complete_step(s, err);
+        if (rc < 0)
+            return rc;
+    }
+    pthread_cond_broadcast(&s->cv);
+    return SG_OK;
+}
+
+/* ---- one request ------------------------------------------------------------ */
+
+static int reply(PsConn *c, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, const void *data, size_t len,
+                 SgError *err)
+{
+    uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
+    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_REPLY, (uint32_t)(PS_OP_HEADER + len));
+    ps_op_encode(op, a, b, cc, d);
+    struct iovec iov[3] = {{hdr, sizeof hdr}, {op, sizeof op}, {(void *)data, len}};
+    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+}
+
+static int reply_error(PsConn *c, const SgError *e)
+{
+    uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
+    size_t len = strlen(e->msg);
+    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_ERROR, (uint32_t)(PS_OP_HEADER + len));
+    ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
+    struct iovec iov[3] = {{hdr, sizeof hdr}, {op, sizeof op}, {(void *)e->msg, len}};
+    SgError ignored;
+    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+}
+
+static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
+{
+    PsServer *s = c->s;
+    const PsServerConfig *cfg = &s->cfg;
+    size_t bytes = (size_t)cfg->count * sizeof(float);
+    uint64_t step = 0, flag = 0;
+    int rc = SG_OK, send_params = 0;
+    if (op != PS_OP_HELLO && c->worker_id < 0)
+        return sg_fail(err, SG_EPROTO, "%s sent ps op %d before HELLO", c->peer, op);
+    pthread_mutex_lock(&s->mu);
+    switch (op) {
+    case PS_OP_HELLO:
+        if (v[0] >= (uint64_t)cfg->num_workers || v[1] != cfg->total || v[2] != cfg->offset || v[3] != cfg->count)
+            rc = sg_fail(err, SG_ECLUSTER,
+                         "worker %llu at %s expects shard [%llu, +%llu) of %llu parameters, this ps serves "
+                         "[%llu, +%llu) of %llu for %d workers (model or num_ps differ between nodes?)",
+                         (unsigned long long)v[0], c->peer, (unsigned long long)v[2], (unsigned long long)v[3],
+                         (unsigned long long)v[1], (unsigned long long)cfg->offset,
+                         (unsigned long long)cfg->count, (unsigned long long)cfg->total, cfg->num_workers);
+        else
+            c->worker_id = (long)v[0];
+        flag = (uint64_t)s->initialized;
+        break;
+    case PS_OP_PULL:
+        rc = wait_initialized(s, c->peer, err);
+        send_params = 1;
+        break;
+    case PS_OP_PUSH:
+    case PS_OP_PUSH_PULL:
+        rc = apply_push(s, c, err);
+        send_params = op == PS_OP_PUSH_PULL;
+        break;
+    case PS_OP_INIT:
+        if (!s->initialized) {
+            memcpy(s->params, c->buf, bytes);
+            s->initialized = 1;
+            flag = 1;
+            pthread_cond_broadcast(&s->cv);
+        }
+        break;
+    case PS_OP_SET_STATE:
+        memcpy(s->params, c->buf, bytes);
+        s->step = v[0];
+        s->initialized = 1;
+        pthread_cond_broadcast(&s->cv);
+        break;
+    case PS_OP_DONE:
+        rc = mark_done(s, c, err);
+        break;
+    default:
+        rc = sg_fail(err, SG_EPROTO, "%s sent unknown ps op %d", c->peer, op);
+    }
+    step = s->step;
+    if (rc == 0 && send_params)
+        memcpy(c->buf, s->params, bytes);
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0)
+        return rc;
+    rc = reply(c, step, flag, (uint64_t)cfg->num_workers, (uint64_t)cfg->mode, send_params ? c->buf : NULL,
+               send_params ? bytes : 0, err);
+    if (op == PS_OP_DONE && c->first_done) {
+        /* Counted only once acknowledged, so serve's exit cannot cut this reply. */
+        pthread_mutex_lock(&s->mu);
+        c->first_done = 0;
+        if (++s->n_done_acked == cfg->num_workers)
+            net_wake(s->wake[1]);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return rc;
+}
+
+/* Reads one request into c->buf and handles it. Returns 0, SG_EPEER when the
+ * worker left, 1 when closing, or another status (connection is dropped). */
+static int serve_one(PsConn *c, SgError *err)
+{
+    PsServer *s = c->s;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int closing = s->closing;
+        pthread_mutex_unlock(&s->mu);
+        if (closing)
+            return 1;
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        int n = poll(&p, 1, 1000);
+        if (n == -1 && errno != EINTR)
+            return sg_fail_errno(err, SG_EIO, errno, "poll on worker connection %s", c->peer);
+        if (n > 0)
+            break;
+    }
+    size_t bytes = (size_t)s->cfg.count * sizeof(float);
+    double deadline = net_now() + PS_IO_TIMEOUT;
+    NetFrameHeader h;
+    uint8_t oph[PS_OP_HEADER];
+    uint64_t v[4];
+    int rc = net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes), deadline, c->peer, &h, err);
+    if (rc < 0)
+        return rc;
+    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
+        return sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame where a ps request belongs", c->peer,
+                       h.length, net_frame_type_name(h.type));
+    if ((rc = net_read_exact(c->fd, oph, sizeof oph, deadline, c->peer, "a ps op header", err)) < 0)
+        return rc;
+    ps_op_decode(oph, v);
+    size_t data = h.length - PS_OP_HEADER;
+    int carries = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL || h.flags == PS_OP_INIT ||
+                  h.flags == PS_OP_SET_STATE;
+    if (data != (carries ? bytes : 0))
+        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu", h.flags,
+                       c->peer, data, carries ? bytes : (size_t)0);
+    if (data > 0 && (rc = net_read_exact(c->fd, c->buf, data, deadline, c->peer, "ps data", err)) < 0)
+        return rc;
+    rc = handle(c, h.flags, v, err);
+    if (rc < 0 && rc != SG_EPROTO && rc != SG_EPEER && rc != SG_EIO && rc != SG_ETIMEOUT) {
+        reply_error(c, err); /* a refused request: the connection stays usable */
+        return SG_OK;
+    }
+    return rc;
+}
+
+static void *conn_main(void *arg)
+{
+    PsConn *c = arg;
+    PsServer *s = c->s;
+    SgError err;
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + PS_AUTH_TIMEOUT, c->peer, &err);
+    while (rc == 0)
+        rc = serve_one(c, &err);
+    if (rc != 1 && rc != SG_EPEER && rc != SG_EAUTH)
+        reply_error(c, &err);
+    pthread_mutex_lock(&s->mu);
+    if (c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC && !s->closing)
+        break_sync(s, SG_ENODE,
+                   "worker %ld (%s) disconnected during synchronous step %llu without saying done; the "
+                   "step cannot complete",
+                   c->worker_id, c->peer, (unsigned long long)s->step);
+    pthread_mutex_unlock(&s->mu);
+    shutdown(c->fd, SHUT_RDWR);
+    return NULL;
+}
+
+/* ---- serve ------------------------------------------------------------------ */
+
+static int add_conn(PsServer *s, int fd, const char *peer, SgError *err)
+{
+    if (s->nconns == s->capconns) {
+        size_t cap = s->capconns ? 2 * s->capconns : 8;
+        PsConn **p = realloc(s->conns, cap * sizeof *p);
+        if (p == NULL)
+            return sg_fail(err, SG_ENOMEM, "growing the ps connection table");
+        s->conns = p;
+        s->capconns = cap;
+    }
+    PsConn *c = calloc(1, sizeof *c);
+    float *buf = c != NULL ? malloc((size_t)s->cfg.count * sizeof(float)) : NULL;
+    if (buf == NULL) {
+        free(c);
+        return sg_fail(err, SG_ENOMEM, "allocating a %llu-float buffer for %s", (unsigned long long)s->cfg.count,
+                       peer);
+    }
+    c->s = s, c->fd = fd, c->worker_id = -1, c->buf = buf;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+        free(buf);
+        free(c);
+        return sg_fail(err, SG_EIO, "cannot start a thread for ps connection %s", peer);
+    }
+    s->conns[s->nconns++] = c;
+    return SG_OK;
+}
+
+static void close_conns(PsServer *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    for (size_t i = 0; i < s->nconns; i++)
+        shutdown(s->conns[i]->fd, SHUT_RDWR);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < s->nconns; i++) {
+        pthread_join(s->conns[i]->thread, NULL);
+        net_close(&s->conns[i]->fd);
+        free(s->conns[i]->buf);
+        free(s->conns[i]);
+    }
+    s->nconns = 0;
+}
+
+int ps_server_serve(PsServer *s, double timeout, SgError *err)
+{
+    double deadline = timeout < 0 ? -1 : net_now() + timeout;
+    int result = 0, rc = SG_OK;
+    pthread_mutex_lock(&s->mu);
+    if (s->closing)
+        rc = sg_fail(err, SG_ESTATE, "ps shard already served and closed");
+    pthread_mutex_unlock(&s->mu);
+    while (rc == 0) {
+        pthread_mutex_lock(&s->mu);
+        result = s->stopping ? 2 : s->n_done_acked == s->cfg.num_workers ? 1 : 0;
+        pthread_mutex_unlock(&s->mu);
+        if (result != 0)
+            break;
+        int ms = deadline < 0 ? 1000 : net_poll_ms(deadline);
+        if (deadline >= 0 && ms == 0)
+            break;
+        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
+        int n = poll(p, 2, ms > 1000 ? 1000 : ms);
+        if (n == -1) {
+            if (errno == EINTR)
+                continue;
+            rc = sg_fail_errno(err, SG_EIO, errno, "poll on the ps listener");
+            break;
+        }
+        if (p[1].revents)
+            net_wake_drain(s->wake[0]);
+        if (p[0].revents & POLLIN) {
+            int fd;
+            char peer[NET_PEER_MAX];
+            int a = net_accept(s->lfd, &fd, peer, sizeof peer, err);
+            if (a < 0) {
+                rc = a;
+                break;
+            }
+                    if (a == 1 && (rc = add_conn(s, fd, peer, err)) < 0)
+                close(fd);
+        }
+    }
+    close_conns(s);
+    return rc < 0 ? rc : result;
+}
+
+void ps_server_stop(PsServer *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->cv);
+    net_wake(s->wake[1]);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- construction and state ------------------------------------------------- */
+
+int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg, PsServer **out,
+                  SgError *err)
+{
+    int rc = net_auth_check_secret(secret_len, err);
+    if (rc < 0)
+        return rc;
+    if (cfg->count == 0 || cfg->offset + cfg->count > cfg->total || cfg->num_workers < 1 ||
+        cfg->num_workers > 65536 || (cfg->mode != PS_MODE_ASYNC && cfg->mode != PS_MODE_SYNC) ||
+        cfg->count > (UINT32_MAX - PS_OP_HEADER) / sizeof(float))
+        return sg_fail(err, SG_EINVAL,
+                       "bad ps shard: [%llu, +%llu) of %llu parameters, %d workers, mode %d (shards hold 1..%zu "
+                       "floats; workers 1..65536)",
+                       (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
+                       (unsigned long long)cfg->total, cfg->num_workers, (int)cfg->mode,
+                       (size_t)((UINT32_MAX - PS_OP_HEADER) / sizeof(float)));
+    PsServer *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating a ps shard");
+    s->wake[0] = s->wake[1] = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    size_t n = (size_t)cfg->count;
+    if ((s->secret = malloc(secret_len)) == NULL || (s->params = calloc(n, sizeof(float))) == NULL ||
+        (s->accum = calloc(cfg->mode == PS_MODE_SYNC ? n : 1, sizeof(float))) == NULL ||
+        (s->contributed = calloc((size_t)cfg->num_workers, 1)) == NULL ||
+        (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL) {
+        ps_server_free(s);
+        return sg_fail(err, SG_ENOMEM, "allocating a ps shard of %zu floats", n);
+    }
+    memcpy(s->secret, secret, secret_len);
+    s->secret_len = secret_len;
+    s->lfd = lfd;
+    s->cfg = *cfg;
+    s->cfg.init = NULL;
+    s->lr = cfg->lr;
+    if (s->cfg.apply == NULL) {
+        s->cfg.apply = ps_apply_sgd;
+        s->cfg.apply_ctx = &s->lr;
+    }
+    if (cfg->init != NULL) {
+        memcpy(s->params, cfg->init, n * sizeof(float));
+        s->initialized = 1;
+    }
+    s->step = cfg->step;
+    if ((rc = net_wake_pipe(s->wake, err)) < 0) {
+        ps_server_free(s);
+        return rc;
+    }
+    *out = s;
+    return SG_OK;
+}
+
+int ps_server_get_state(PsServer *s, float *params, uint64_t *step, SgError *err)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = s->initialized ? SG_OK : sg_fail(err, SG_ESTATE, "ps shard is not initialized yet");
+    if (rc == 0) {
+        memcpy(params, s->params, (size_t)s->cfg.count * sizeof(float));
+        *step = s->step;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int ps_server_set_state(PsServer *s, const float *params, uint64_t step, SgError *err)
+{
+    (void)err;
+    pthread_mutex_lock(&s->mu);
+    memcpy(s->params, params, (size_t)s->cfg.count * sizeof(float));
+    s->step = step;
+    s->initialized = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return SG_OK;
+}
+
+uint64_t ps_server_step(PsServer *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t v = s->step;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+void ps_server_free(PsServer *s)
+{
+    if (s == NULL)
+        return;
+    if (s->nconns > 0)
+        close_conns(s);
+    net_close(&s->wake[0]);
+    net_close(&s->wake[1]);
+    free(s->conns);
+    free(s->secret);
+    free(s->params);
+    free(s->accum);
+    free(s->contributed);
+    free(s->done);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

@@ -1,0 +1,461 @@
+/*
+ * py_net_ps.c - sparkgrad._core.PsServer, PsClient and ps_shard_range: the
+ * parameter server of csrc/net/ps.h on float32 NumPy arrays, used in place.
+ * serve() and every PsClient call run with the GIL released.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/ps.h"
+#include "py/py_net.h"
+
+/* A C-contiguous float32 array of exactly n values (writable if asked);
+ * returns its data or NULL with an exception set. */
+static float *float_array(PyObject *obj, uint64_t n, int writable, const char *what)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of float32, got %s", what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != NPY_FLOAT32 || !PyArray_IS_C_CONTIGUOUS(a) || (uint64_t)PyArray_SIZE(a) != n ||
+        (writable && !PyArray_ISWRITEABLE(a))) {
+        sg_raise_code(SG_EINVAL, "%s must be a C-contiguous%s float32 array of %llu values, got %s[%lld]%s", what,
+                      writable ? ", writable" : "", (unsigned long long)n,
+                      PyArray_DESCR(a)->typeobj->tp_name, (long long)PyArray_SIZE(a),
+                      PyArray_IS_C_CONTIGUOUS(a) ? "" : " (not contiguous)");
+        return NULL;
+    }
+    return (float *)PyArray_DATA(a);
+}
+
+/* ---- ps_shard_range ----------------------------------------------------------- */
+
+static PyObject *py_ps_shard_range(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long total;
+    int num_ps, index;
+    if (!PyArg_ParseTuple(args, "Kii:ps_shard_range", &total, &num_ps, &index))
+        return NULL;
+    uint64_t off, cnt;
+    SgError err;
+    if (ps_shard_range(total, num_ps, index, &off, &cnt, &err) < 0)
+        return sg_raise(&err);
+    return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)cnt);
+}
+
+/* ---- PsServer ----------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PsServer *srv;
+    PyObject *listener;
+    uint64_t offset, count, total;
+    int serving;
+} PsServerObject;
+
+static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"listener", "secret", "offset", "count", "total", "num_workers", "mode", "lr",
+                             "params", "step", NULL};
+    PyObject *listener, *params = Py_None;
+    Py_buffer secret;
+    unsigned long long offset, count, total, step = 0;
+    int num_workers;
+    const char *mode = "async";
+    float lr = 0.01f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOK:PsServer", kwlist, &listener, &secret, &offset, &count,
+                                     &total, &num_workers, &mode, &lr, &params, &step))
+        return -1;
+    int fd = py_listener_fd(listener);
+    PsServerConfig cfg = {.total = total, .offset = offset, .count = count, .num_workers = num_workers,
+                          .lr = lr, .step = step};
+    int ok = fd >= 0;
+    if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
+        sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
+        ok = 0;
+    }
+    cfg.mode = strcmp(mode, "sync") == 0 ? PS_MODE_SYNC : PS_MODE_ASYNC;
+    if (ok && params != Py_None && (cfg.init = float_array(params, count, 0, "params")) == NULL)
+        ok = 0;
+    if (ok && self->srv != NULL) {
+        sg_raise_code(SG_ESTATE, "PsServer is already initialized");
+        ok = 0;
+    }
+    SgError err;
+    if (ok && ps_server_new(fd, secret.buf, (size_t)secret.len, &cfg, &self->srv, &err) < 0) {
+        sg_raise(&err);
+        ok = 0;
+    }
+    PyBuffer_Release(&secret);
+    if (!ok)
+        return -1;
+    Py_INCREF(listener);
+    self->listener = listener;
+    self->offset = offset, self->count = count, self->total = total;
+    return 0;
+}
+
+static void PsServer_dealloc(PsServerObject *self)
+{
+    if (self->srv != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        ps_server_free(self->srv);
+        Py_END_ALLOW_THREADS
+    }
+    Py_XDECREF(self->listener);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PsServer *ps_live(PsServerObject *self)
+{
+    if (self->srv == NULL)
+        sg_raise_code(SG_ESTATE, "PsServer was not initialized");
+    return self->srv;
+}
+
+static PyObject *PsServer_serve(PsServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:serve", kwlist, &timeout_obj) || ps_live(self) == NULL)
+        return NULL;
+    double timeout = -1;
+    if (timeout_obj != Py_None) {
+        timeout = PyFloat_AsDouble(timeout_obj);
+        if (timeout == -1 && PyErr_Occurred())
+            return NULL;
+        if (!(timeout >= 0))
+            return sg_raise_code(SG_EINVAL, "serve timeout must be None or >= 0 seconds");
+    }
+    if (self->serving)
+        return sg_raise_code(SG_ESTATE, "PsServer.serve is already running in another thread");
+    self->serving = 1;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_server_serve(self->srv, timeout, &err);
+    Py_END_ALLOW_THREADS
+    self->serving = 0;
+    if (rc < 0)
+        return sg_raise(&err);
+    return PyUnicode_FromString(rc == 1 ? "done" : rc == 2 ? "stopped" : "timeout");
+}
+
+static PyObject *PsServer_stop(PsServerObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (ps_live(self) == NULL)
+        return NULL;
+    ps_server_stop(self->srv);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PsServer_get_state(PsServerObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (ps_live(self) == NULL)
+        return NULL;
+    npy_intp dims[1] = {(npy_intp)self->count};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (arr == NULL)
+        return NULL;
+    uint64_t step = 0;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_server_get_state(self->srv, PyArray_DATA((PyArrayObject *)arr), &step, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        Py_DECREF(arr);
+        return sg_raise(&err);
+    }
+    return Py_BuildValue("(NK)", arr, (unsigned long long)step);
+}
+
+static PyObject *PsServer_set_state(PsServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"params", "step", NULL};
+    PyObject *params;
+    unsigned long long step;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) || ps_live(self) == NULL)
+        return NULL;
+    const float *p = float_array(params, self->count, 0, "params");
+    if (p == NULL)
+        return NULL;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_server_set_state(self->srv, p, step, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PsServer_get_step(PsServerObject *self, void *closure)
+{
+    (void)closure;
+    return ps_live(self) ? PyLong_FromUnsignedLongLong(ps_server_step(self->srv)) : NULL;
+}
+
+static PyObject *PsServer_get_range(PsServerObject *self, void *closure)
+{
+    (void)closure;
+    return Py_BuildValue("(KKK)", (unsigned long long)self->offset, (unsigned long long)self->count,
+                         (unsigned long long)self->total);
+}
+
+static PyMethodDef PsServer_methods[] = {
+    {"serve", (PyCFunction)(void (*)(void))PsServer_serve, METH_VARARGS | METH_KEYWORDS,
+     "serve(timeout=None) -> 'done' | 'stopped' | 'timeout': serve workers (GIL released)."},
+    {"stop", (PyCFunction)PsServer_stop, METH_NOARGS, "stop(): make serve() return promptly (thread-safe)."},
+    {"get_state", (PyCFunction)PsServer_get_state, METH_NOARGS, "get_state() -> (params copy, step)"},
+    {"set_state", (PyCFunction)(void (*)(void))PsServer_set_state, METH_VARARGS | METH_KEYWORDS,
+     "set_state(params, step)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef PsServer_getset[] = {
+    {"step", (getter)PsServer_get_step, NULL, "global step", NULL},
+    {"shard", (getter)PsServer_get_range, NULL, "(offset, count, total)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PsServer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsServer",
+    .tp_basicsize = sizeof(PsServerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', lr=0.01, params=None, "
+              "step=0): one parameter-server shard.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PsServer_init,
+    .tp_dealloc = (destructor)PsServer_dealloc,
+    .tp_methods = PsServer_methods,
+    .tp_getset = PsServer_getset,
+};
+
+/* ---- PsClient ----------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PsClient *cli;
+    uint64_t total;
+} PsClientObject;
+
+static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"addresses", "secret", "total", "worker_id", "timeout", NULL};
+    PyObject *addresses;
+    Py_buffer secret;
+    unsigned long long total;
+    int worker_id;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|d:PsClient", kwlist, &addresses, &secret, &total, &worker_id,
+                                     &timeout))
+        return -1;
+    PyObject *seq = PySequence_Fast(addresses, "addresses must be a sequence of (host, port)");
+    Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0;
+    const char **hosts = seq != NULL ? calloc((size_t)n + 1, sizeof *hosts) : NULL;
+    int *ports = hosts != NULL ? calloc((size_t)n + 1, sizeof *ports) : NULL;
+    int ok = ports != NULL;
+    if (seq != NULL && !ok)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; ok && i < n; i++)
+        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "si;each address must be (host: str, port: int)",
+                              &hosts[i], &ports[i]);
+    SgError err;
+    int rc = 0;
+    if (ok && self->cli != NULL) {
+        sg_raise_code(SG_ESTATE, "PsClient is already initialized");
+        ok = 0;
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, total, worker_id, timeout,
+                               &self->cli, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            sg_raise(&err);
+            ok = 0;
+        }
+    }
+    free(hosts);
+    free(ports);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&secret);
+    self->total = total;
+    return ok ? 0 : -1;
+}
+
+static void PsClient_dealloc(PsClientObject *self)
+{
+    ps_client_free(self->cli);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PsClient *cli_live(PsClientObject *self)
+{
+    if (self->cli == NULL)
+        sg_raise_code(SG_ESTATE, "PsClient was not initialized");
+    return self->cli;
+}
+
+enum { CALL_PULL, CALL_PUSH, CALL_PUSH_PULL, CALL_INIT };
+
+static PyObject *ps_call(PsClientObject *self, PyObject *args, int which)
+{
+    PyObject *a = NULL, *b = NULL;
+    if (!PyArg_ParseTuple(args, which == CALL_PUSH_PULL ? "OO" : "O", &a, &b) || cli_live(self) == NULL)
+        return NULL;
+    const float *grads = NULL;
+    float *params = NULL;
+    if (which == CALL_PULL)
+        params = float_array(a, self->total, 1, "params");
+    else if (which == CALL_PUSH || which == CALL_INIT)
+        grads = float_array(a, self->total, 0, which == CALL_INIT ? "params" : "grads");
+    else if ((grads = float_array(a, self->total, 0, "grads")) != NULL)
+        params = float_array(b, self->total, 1, "params");
+    if (params == NULL && grads == NULL)
+        return NULL;
+    if (which == CALL_PUSH_PULL && (params == NULL || grads == NULL))
+        return NULL;
+    SgError err;
+    uint64_t step = 0;
+    int rc, initialized = 0;
+    Py_BEGIN_ALLOW_THREADS
+    switch (which) {
+    case CALL_PULL:
+        rc = ps_client_pull(self->cli, params, &step, &err);
+        break;
+    case CALL_PUSH:
+        rc = ps_client_push(self->cli, grads, &step, &err);
+        break;
+    case CALL_PUSH_PULL:
+        rc = ps_client_push_pull(self->cli, grads, params, &step, &err);
+        break;
+    default:
+        rc = ps_client_init(self->cli, grads, &initialized, &err);
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    if (which == CALL_INIT)
+        return PyBool_FromLong(initialized);
+    return PyLong_FromUnsignedLongLong(step);
+}
+
+static PyObject *PsClient_pull(PsClientObject *self, PyObject *args)
+{
+    return ps_call(self, args, CALL_PULL);
+}
+
+static PyObject *PsClient_push(PsClientObject *self, PyObject *args)
+{
+    return ps_call(self, args, CALL_PUSH);
+}
+
+static PyObject *PsClient_push_pull(PsClientObject *self, PyObject *args)
+{
+    return ps_call(self, args, CALL_PUSH_PULL);
+}
+
+static PyObject *PsClient_init_params(PsClientObject *self, PyObject *args)
+{
+    return ps_call(self, args, CALL_INIT);
+}
+
+static PyObject *PsClient_set_state(PsClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"params", "step", NULL};
+    PyObject *params;
+    unsigned long long step;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) || cli_live(self) == NULL)
+        return NULL;
+    const float *p = float_array(params, self->total, 0, "params");
+    if (p == NULL)
+        return NULL;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_client_set_state(self->cli, p, step, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PsClient_done(PsClientObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (cli_live(self) == NULL)
+        return NULL;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_client_done(self->cli, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PsClient_close(PsClientObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (self->cli != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        ps_client_close(self->cli);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef PsClient_methods[] = {
+    {"pull", (PyCFunction)PsClient_pull, METH_VARARGS, "pull(params) -> step: fill params in place."},
+    {"push", (PyCFunction)PsClient_push, METH_VARARGS, "push(grads) -> step after the update."},
+    {"push_pull", (PyCFunction)PsClient_push_pull, METH_VARARGS,
+     "push_pull(grads, params) -> step: push, then fill params with the updated values."},
+    {"init", (PyCFunction)PsClient_init_params, METH_VARARGS,
+     "init(params) -> bool: set the parameters unless a worker already did (True if this call did)."},
+    {"set_state", (PyCFunction)(void (*)(void))PsClient_set_state, METH_VARARGS | METH_KEYWORDS,
+     "set_state(params, step): overwrite every shard (restore from a checkpoint)."},
+    {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
+    {"close", (PyCFunction)PsClient_close, METH_NOARGS, "close()"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PsClient_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsClient",
+    .tp_basicsize = sizeof(PsClientObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0): a worker's link to every ps shard.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PsClient_init,
+    .tp_dealloc = (destructor)PsClient_dealloc,
+    .tp_methods = PsClient_methods,
+};
+
+static PyMethodDef ps_functions[] = {
+    {"ps_shard_range", py_ps_shard_range, METH_VARARGS,
+     "ps_shard_range(total, num_ps, index) -> (offset, count): the contiguous shard of ps `index`."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ps_module_init(PyObject *mod)
+{
+    if (PyType_Ready(&PsServer_Type) < 0 || PyType_Ready(&PsClient_Type) < 0)
+        return -1;
+    Py_INCREF(&PsServer_Type);
+    if (PyModule_AddObject(mod, "PsServer", (PyObject *)&PsServer_Type) < 0) {
+        Py_DECREF(&PsServer_Type);
+        return -1;
+    }
+    Py_INCREF(&PsClient_Type);
+    if (PyModule_AddObject(mod, "PsClient", (PyObject *)&PsClient_Type) < 0) {
+        Py_DECREF(&PsClient_Type);
+        return -1;
+    }
+    return PyModule_AddFunctions(mod, ps_functions);
+}

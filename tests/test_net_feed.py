@@ -1,0 +1,227 @@
+"""Feeding batches of named columns to a worker's bounded queue (InputMode.SPARK)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import net_raw
+import numpy as np
+import pytest
+
+from sparkgrad import _core, errors
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def feed():
+    """A FeedServer on loopback; yields (server, port, secret)."""
+    secret = os.urandom(32)
+    lis = _core.Listener("127.0.0.1", 0)
+    servers = []
+
+    def make(**kw):
+        srv = _core.FeedServer(lis, secret, **kw)
+        servers.append(srv)
+        return srv, lis.port, secret
+
+    yield make
+    for s in servers:
+        s.close()
+    lis.close()
+
+
+def batch(start: int, rows: int) -> dict[str, np.ndarray]:
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    return {"x": np.stack([ids.astype(np.float32)] * 4, axis=1), "y": ids}
+
+
+def feeder(port: int, secret: bytes, start: int, sizes: list[int], input: str = "train") -> None:
+    c = _core.FeedClient("127.0.0.1", port, secret, 10.0, input)
+    for n in sizes:
+        c.send(batch(start, n))
+        start += n
+    c.end()
+    c.close()
+
+
+def test_rows_from_several_feeders_arrive_once_and_in_feeder_order(feed):
+    srv, port, secret = feed(expected_feeders=2)
+    threads = [
+        threading.Thread(target=feeder, args=(port, secret, 0, [5, 1, 9])),
+        threading.Thread(target=feeder, args=(port, secret, 1000, [3, 3])),
+    ]
+    for t in threads:
+        t.start()
+    got = []
+    while True:
+        b = srv.next_batch(7, 10.0)
+        assert set(b) == {"x", "y"} and b["x"].shape == (len(b["y"]), 4) and b["x"].dtype == np.float32
+        assert np.array_equal(b["x"][:, 2], b["y"].astype(np.float32))
+        got.extend(b["y"].tolist())
+        if len(b["y"]) < 7:
+            break
+    for t in threads:
+        t.join(10)
+    assert sorted(got) == list(range(15)) + list(range(1000, 1006))
+    assert [v for v in got if v < 1000] == list(range(15))  # each feeder's order is kept
+    assert srv.drained()
+    empty = srv.next_batch(7, 1.0)
+    assert empty["y"].shape == (0,) and empty["x"].shape == (0, 4)
+    stats = srv.stats()
+    assert stats["feeders"] == 2 and stats["ended"] == 2 and stats["rows_in"] == stats["rows_out"] == 21
+
+
+def test_next_batch_timeout_says_what_it_waited_for(feed):
+    srv, port, secret = feed()
+    feeder(port, secret, 0, [3])
+    t0 = time.monotonic()
+    with pytest.raises(errors.SparkgradTimeout, match="10 rows of input 'train': 3 queued, 1 feeder.*1 sent END"):
+        srv.next_batch(10, 0.3)
+    assert 0.25 < time.monotonic() - t0 < 2
+    assert not srv.drained()
+
+
+def test_finish_releases_a_waiting_consumer_with_a_short_batch(feed):
+    srv, port, secret = feed()
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(srv.next_batch(100, 20.0)))
+    t.start()
+    feeder(port, secret, 0, [10])
+    time.sleep(0.1)
+    assert not out
+    t0 = time.monotonic()
+    srv.finish()
+    t.join(5)
+    assert time.monotonic() - t0 < 1.0
+    assert out[0]["y"].tolist() == list(range(10))
+    assert srv.drained()
+
+
+def test_named_inputs_are_independent(feed):
+    srv, port, secret = feed()
+    feeder(port, secret, 0, [4], input="train")
+    feeder(port, secret, 500, [2], input="validation")
+    srv.finish("validation")
+    assert srv.next_batch(10, 1.0, input="validation")["y"].tolist() == [500, 501]
+    assert srv.drained("validation") and not srv.drained("train")
+    assert srv.next_batch(4, 1.0)["y"].tolist() == [0, 1, 2, 3]
+
+
+def test_full_queue_pushes_back_on_the_feeder(feed):
+    srv, port, secret = feed(capacity_bytes=64 << 10)
+    big = {"x": np.zeros((1 << 18,), dtype=np.float32)}  # 1 MiB per batch
+    c = _core.FeedClient("127.0.0.1", port, secret, 0.5)
+    with pytest.raises(errors.SparkgradTimeout, match="feed queue stayed full"):
+        for _ in range(64):
+            c.send(big)
+    queued = srv.stats()["queued_bytes"]
+    assert (1 << 20) <= queued < (1 << 20) + 4096  # one batch admitted past the cap, no more
+    c.close()
+
+
+def test_a_slow_consumer_receives_everything_with_bounded_memory(feed):
+    srv, port, secret = feed(capacity_bytes=256 << 10)
+    rows, per = 40, 1 << 15  # 40 batches of 128 KiB
+    peak = 0
+
+    def send() -> None:
+        c = _core.FeedClient("127.0.0.1", port, secret, 20.0)
+        for i in range(rows):
+            c.send({"v": np.full((1, per), i, dtype=np.float32)})
+        c.end()
+
+    t = threading.Thread(target=send)
+    t.start()
+    seen = []
+    for _ in range(rows):
+        b = srv.next_batch(1, 10.0)
+        seen.append(int(b["v"][0, 0]))
+        peak = max(peak, srv.stats()["queued_bytes"])
+    t.join(10)
+    assert seen == list(range(rows))
+    assert peak <= (256 << 10) + (128 << 10) + 4096
+
+
+def test_schema_change_is_refused_with_the_column_named(feed):
+    srv, port, secret = feed()
+    c = _core.FeedClient("127.0.0.1", port, secret, 5.0)
+    c.send(batch(0, 2))
+    c.send({"x": np.zeros((2, 5), dtype=np.float32), "y": np.zeros(2, dtype=np.int64)})
+    with pytest.raises(errors.SchemaError, match="column 0 is 'x'"):
+        c.end()
+    assert srv.stats()["rejected"] == 1
+    assert srv.next_batch(2, 1.0)["y"].tolist() == [0, 1]
+
+
+def test_every_dtype_and_shape_round_trips(feed):
+    srv, port, secret = feed(expected_feeders=1)
+    rng = np.random.default_rng(0)
+    cols = {
+        "f32": rng.standard_normal((3, 2, 2)).astype(np.float32),
+        "f64": rng.standard_normal(3),
+        "i32": np.arange(3, dtype=np.int32),
+        "i64": np.array([-(2**40), 0, 2**40]),
+        "u8": np.arange(3 * 784, dtype=np.uint8).reshape(3, 28, 28),
+        "i8": np.array([-1, 0, 1], dtype=np.int8),
+        "i16": np.array([-300, 0, 300], dtype=np.int16),
+        "u16": np.array([0, 1, 65535], dtype=np.uint16),
+        "b": np.array([True, False, True]),
+        "strided": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],
+    }
+    _core.feed_send("127.0.0.1", port, secret, cols, 5.0)
+    got = srv.next_batch(3, 1.0)
+    for name, arr in cols.items():
+        assert got[name].dtype == arr.dtype and np.array_equal(got[name], arr), name
+
+
+def test_bad_columns_are_rejected_on_the_feeder(feed):
+    srv, port, secret = feed()
+    c = _core.FeedClient("127.0.0.1", port, secret, 5.0)
+    with pytest.raises(errors.InvalidArgumentError, match="dtype"):
+        c.send({"z": np.zeros(3, dtype=np.complex64)})
+    with pytest.raises(errors.InvalidArgumentError, match="has 2 rows but 'a' has 3"):
+        c.send({"a": np.zeros(3), "b": np.zeros(2)})
+    with pytest.raises(TypeError):
+        c.send({})
+
+
+def test_wrong_secret_and_garbage_are_rejected(feed):
+    srv, port, secret = feed()
+    with pytest.raises(errors.AuthError):
+        _core.FeedClient("127.0.0.1", port, os.urandom(32), 5.0)
+    sock = net_raw.connect(port)
+    net_raw.client_auth(sock, secret)
+    sock.sendall(net_raw.frame(30, b"\x05train" + b"\xff" * 20, flags=1))
+    ftype, payload = net_raw.recv_frame(sock)
+    assert ftype == 30 and b"feed batch" in payload
+    sock.close()
+    deadline = time.monotonic() + 5
+    while srv.stats()["rejected"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.stats()["rejected"] == 2
+    feeder(port, secret, 0, [2])  # the server still works
+    assert srv.next_batch(2, 2.0)["y"].tolist() == [0, 1]
+
+
+def test_close_stops_a_waiting_consumer(feed):
+    srv, port, secret = feed()
+    out: list = []
+
+    def wait() -> None:
+        try:
+            srv.next_batch(5, 20.0)
+        except BaseException as exc:  # noqa: BLE001
+            out.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.1)
+    srv.close()
+    t.join(5)
+    assert isinstance(out[0], errors.CancelledError)
+    # The port stays bound (the Listener belongs to the caller) but nobody answers.
+    with pytest.raises(errors.SparkgradTimeout, match="auth challenge"):
+        _core.FeedClient("127.0.0.1", port, secret, 0.3)

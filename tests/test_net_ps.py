@@ -1,0 +1,284 @@
+"""Parameter server over loopback: shard split, async and sync modes,
+failure of a worker mid-step, stop(), automatic exit, state for checkpoints."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkgrad import _core, errors
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Cluster:
+    """num_ps shards serving in background threads on loopback."""
+
+    def __init__(self, total: int, num_ps: int, num_workers: int, mode: str, lr: float = 0.1, init=True):
+        self.secret = os.urandom(32)
+        self.total = total
+        self.init = np.linspace(-1, 1, total, dtype=np.float32)
+        self.listeners = [_core.Listener("127.0.0.1", 0) for _ in range(num_ps)]
+        self.servers = []
+        for i, lis in enumerate(self.listeners):
+            off, cnt = _core.ps_shard_range(total, num_ps, i)
+            params = self.init[off : off + cnt].copy() if init else None
+            self.servers.append(
+                _core.PsServer(lis, self.secret, off, cnt, total, num_workers, mode=mode, lr=lr, params=params)
+            )
+        self.results: list[str | BaseException] = [None] * num_ps
+        self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(num_ps)]
+        for t in self.threads:
+            t.start()
+
+    def _serve(self, i: int) -> None:
+        try:
+            self.results[i] = self.servers[i].serve(timeout=30)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            self.results[i] = exc
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", lis.port) for lis in self.listeners]
+
+    def client(self, worker_id: int, timeout: float = 10.0) -> _core.PsClient:
+        return _core.PsClient(self.addresses, self.secret, self.total, worker_id, timeout)
+
+    def join(self, timeout: float = 10.0) -> list:
+        for t in self.threads:
+            t.join(timeout)
+            assert not t.is_alive(), "a ps serve loop did not exit"
+        return self.results
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.stop()
+        self.join()
+        for lis in self.listeners:
+            lis.close()
+
+
+def run_workers(fn, n: int) -> list:
+    out: list = [None] * n
+
+    def run(w: int) -> None:
+        try:
+            out[w] = fn(w)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            out[w] = exc
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a worker thread hung"
+    return out
+
+
+def test_shard_ranges_are_contiguous_and_balanced():
+    for total in (1, 2, 7, 100, 1001, 2**20 + 3):
+        for num_ps in range(1, min(total, 6) + 1):
+            ranges = [_core.ps_shard_range(total, num_ps, i) for i in range(num_ps)]
+            assert ranges[0][0] == 0 and sum(c for _, c in ranges) == total
+            assert all(ranges[i][0] + ranges[i][1] == ranges[i + 1][0] for i in range(num_ps - 1))
+            assert max(c for _, c in ranges) - min(c for _, c in ranges) <= 1
+    with pytest.raises(errors.InvalidArgumentError):
+        _core.ps_shard_range(3, 4, 0)
+    with pytest.raises(errors.InvalidArgumentError):
+        _core.ps_shard_range(10, 2, 2)
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_async_applies_every_gradient_as_it_arrives(num_ps):
+    total, pushes = 1001, 20
+    cl = Cluster(total, num_ps, 2, "async", lr=0.1)
+    try:
+
+        def worker(w: int) -> list[int]:
+            c = cl.client(w)
+            grads = np.full(total, 0.5 * (w + 1), dtype=np.float32)
+            params = np.empty(total, dtype=np.float32)
+            steps = [c.push_pull(grads, params) for _ in range(pushes)]
+            c.done()
+            c.close()
+            return steps
+
+        steps = run_workers(worker, 2)
+        assert all(isinstance(s, list) for s in steps), steps
+        # Each push bumps the step by one; the two workers interleave.
+        assert sorted(steps[0] + steps[1]) == list(range(1, 2 * pushes + 1))
+        assert cl.join() == ["done"] * num_ps
+        final = np.concatenate([s.get_state()[0] for s in cl.servers])
+        expect = cl.init - 0.1 * pushes * (0.5 + 1.0)
+        np.testing.assert_allclose(final, expect, rtol=1e-5, atol=1e-5)
+        assert all(s.step == 2 * pushes for s in cl.servers)
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_sync_averages_one_gradient_per_worker_per_step(num_ps):
+    total, steps = 513, 5
+    cl = Cluster(total, num_ps, 2, "sync", lr=0.1)
+    try:
+
+        def worker(w: int):
+            c = cl.client(w)
+            params = np.empty(total, dtype=np.float32)
+            assert c.pull(params) == 0
+            np.testing.assert_array_equal(params, cl.init)
+            seen = []
+            for _ in range(steps):
+                grads = np.full(total, float(w + 1), dtype=np.float32)  # worker 0: 1, worker 1: 2
+                seen.append((c.push_pull(grads, params), params.copy()))
+            c.done()
+            return seen
+
+        out = run_workers(worker, 2)
+        assert all(isinstance(o, list) for o in out), out
+        for k in range(steps):
+            (s0, p0), (s1, p1) = out[0][k], out[1][k]
+            assert s0 == s1 == k + 1
+            np.testing.assert_array_equal(p0, p1)
+            np.testing.assert_allclose(p0, cl.init - 0.1 * 1.5 * (k + 1), rtol=1e-5, atol=1e-5)
+        assert cl.join() == ["done"] * num_ps
+    finally:
+        cl.close()
+
+
+def test_sync_stops_waiting_for_a_worker_that_said_done():
+    total = 64
+    cl = Cluster(total, 1, 2, "sync", lr=1.0)
+    try:
+
+        def worker(w: int):
+            c = cl.client(w)
+            grads = np.ones(total, dtype=np.float32)
+            n = 1 if w == 0 else 4  # uneven partitions
+            steps = [c.push(grads) for _ in range(n)]
+            c.done()
+            return steps
+
+        out = run_workers(worker, 2)
+        assert out[0] == [1] and out[1] == [1, 2, 3, 4]
+        assert cl.join() == ["done"]
+        np.testing.assert_allclose(cl.servers[0].get_state()[0], cl.init - 4.0, atol=1e-6)
+    finally:
+        cl.close()
+
+
+def test_sync_worker_dying_mid_step_fails_the_others_instead_of_hanging():
+    total = 32
+    cl = Cluster(total, 2, 2, "sync")
+    try:
+        dying = cl.client(1)
+        survivor = cl.client(0)
+        result: list = []
+
+        def push() -> None:
+            try:
+                result.append(survivor.push(np.ones(total, dtype=np.float32)))
+            except BaseException as exc:  # noqa: BLE001
+                result.append(exc)
+
+        t = threading.Thread(target=push)
+        t.start()
+        time.sleep(0.2)  # the survivor's push is waiting for worker 1
+        assert not result
+        t0 = time.monotonic()
+        dying.close()  # like a SIGKILL: the connection drops without "done"
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 3
+        assert isinstance(result[0], errors.NodeFailure), result
+        assert "worker 1" in str(result[0]) and "without saying done" in str(result[0])
+        with pytest.raises(errors.NodeFailure):
+            cl.client(0).push(np.ones(total, dtype=np.float32))
+    finally:
+        cl.close()
+
+
+def test_stop_exits_the_serve_loop_promptly_and_cancels_waiting_pushes():
+    total = 16
+    cl = Cluster(total, 1, 2, "sync")
+    c = cl.client(0)
+    result: list = []
+
+    def push() -> None:
+        try:
+            result.append(c.push(np.ones(total, dtype=np.float32)))
+        except BaseException as exc:  # noqa: BLE001
+            result.append(exc)
+
+    t = threading.Thread(target=push)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    cl.servers[0].stop()
+    assert cl.join(5) == ["stopped"]
+    t.join(5)
+    assert time.monotonic() - t0 < 2.5
+    assert isinstance(result[0], errors.CancelledError | errors.PeerClosedError), result
+    cl.listeners[0].close()
+
+
+def test_state_for_checkpoints_and_init_by_the_first_worker():
+    total = 100
+    cl = Cluster(total, 2, 2, "async", init=False)
+    try:
+        c0, c1 = cl.client(0), cl.client(1)
+        params = np.arange(total, dtype=np.float32)
+        assert c0.init(params) is True
+        assert c1.init(np.zeros(total, dtype=np.float32)) is False
+        got = np.empty(total, dtype=np.float32)
+        assert c1.pull(got) == 0
+        np.testing.assert_array_equal(got, params)
+        c0.set_state(params * 2, 41)
+        state, step = cl.servers[1].get_state()
+        off, cnt = _core.ps_shard_range(total, 2, 1)
+        assert step == 41 and np.array_equal(state, params[off : off + cnt] * 2)
+        cl.servers[0].set_state(np.full(cl.servers[0].shard[1], 7, dtype=np.float32), 50)
+        assert c1.pull(got) == 50 and got[0] == 7
+    finally:
+        cl.close()
+
+
+def test_clients_are_checked_against_the_shard_and_the_secret():
+    cl = Cluster(50, 2, 1, "async")
+    try:
+        with pytest.raises(errors.ClusterError, match="expects shard"):
+            _core.PsClient(cl.addresses, cl.secret, 51, 0, 5.0)
+        with pytest.raises(errors.ClusterError, match="worker 3"):
+            _core.PsClient(cl.addresses, cl.secret, 50, 3, 5.0)
+        with pytest.raises(errors.AuthError):
+            _core.PsClient(cl.addresses, os.urandom(32), 50, 0, 5.0)
+        c = cl.client(0)
+        with pytest.raises(errors.InvalidArgumentError, match="float32 array of 50 values"):
+            c.push(np.ones(50, dtype=np.float64))
+        with pytest.raises(errors.InvalidArgumentError, match="writable"):
+            ro = np.ones(50, dtype=np.float32)
+            ro.flags.writeable = False
+            c.pull(ro)
+        with pytest.raises(TypeError):
+            c.push([1.0] * 50)
+        c.close()
+        with pytest.raises(errors.StateError, match="closed"):
+            c.pull(np.ones(50, dtype=np.float32))
+    finally:
+        cl.close()
+
+
+def test_push_before_init_is_refused_and_the_client_stays_usable():
+    cl = Cluster(10, 1, 1, "async", init=False)
+    try:
+        c = cl.client(0)
+        with pytest.raises(errors.StateError, match="before the ps shard was initialized"):
+            c.push(np.ones(10, dtype=np.float32))
+        assert c.init(np.zeros(10, dtype=np.float32)) is True
+        assert c.push(np.ones(10, dtype=np.float32)) == 1
+    finally:
+        cl.close()

@@ -1,0 +1,341 @@
+"""Rendezvous server (driver) and control client (node) over loopback.
+
+Every wait is bounded; a hang fails through pytest-timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import net_raw
+import pytest
+
+from sparkgrad import _core, errors
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def secret() -> bytes:
+    return os.urandom(32)
+
+
+def register_all(port: int, secret: bytes, ids: list[int], timeout: float = 10.0):
+    """Registers each executor id from its own thread; returns (clients, errors) by id."""
+    clients: dict[int, _core.ControlClient] = {}
+    failures: dict[int, BaseException] = {}
+
+    def run(eid: int) -> None:
+        try:
+            clients[eid] = _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(eid), timeout)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            failures[eid] = exc
+
+    threads = [threading.Thread(target=run, args=(eid,)) for eid in ids]
+    for t in threads:
+        t.start()
+    return threads, clients, failures
+
+
+def join(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a registering thread did not finish"
+
+
+def test_rendezvous_forms_cluster_and_streams_events(secret):
+    with _core.RendezvousServer(secret, 5, "127.0.0.1", 0) as srv:
+        assert srv.port > 0 and srv.num_nodes == 5
+        threads, clients, failures = register_all(srv.port, secret, [3, 1, 4, 0, 2])
+        spec = srv.wait(10.0)
+        join(threads)
+        assert not failures
+        assert [n["executor_id"] for n in spec] == [0, 1, 2, 3, 4]
+        assert spec[3] == net_raw.node(3)
+        assert all(c.spec == spec for c in clients.values())
+
+        clients[1].log("epoch 1")
+        clients[2].metric("loss", 0.25, 7)
+        clients[3].error("ValueError: boom", "Traceback ...", "hostX")
+        clients[4].done('{"accuracy": 0.9}')
+        events = [srv.next_event(5.0) for _ in range(4)]
+        by_type = {e["type"]: e for e in events}
+        assert by_type["log"] == {"type": "log", "executor_id": 1, "role": "worker", "index": 1, "line": "epoch 1"}
+        assert by_type["metric"]["name"] == "loss" and by_type["metric"]["value"] == 0.25
+        assert by_type["metric"]["step"] == 7
+        assert by_type["error"]["host"] == "hostX" and by_type["error"]["traceback"] == "Traceback ..."
+        assert by_type["done"]["result"] == '{"accuracy": 0.9}'
+
+        srv.send(0, {"type": "stop", "reason": "test"})
+        assert clients[0].recv(5.0) == {"type": "stop", "reason": "test"}
+        assert clients[1].recv(0.05) is None
+        assert srv.broadcast({"type": "ping"}) == 5
+        assert all(c.recv(5.0) == {"type": "ping"} for c in clients.values())
+
+        # done/error nodes leave quietly; the others are lost when they go.
+        for eid in (3, 4):
+            clients[eid].close()
+        clients[0].close()
+        lost = srv.next_event(5.0)
+        assert lost["type"] == "lost" and lost["executor_id"] == 0 and "closed" in lost["reason"]
+        assert srv.next_event(0.2) is None
+        for c in clients.values():
+            c.close()
+
+
+def test_wait_timeout_names_missing_executor_ids(secret):
+    with _core.RendezvousServer(secret, 4, "127.0.0.1", 0) as srv:
+        threads, clients, failures = register_all(srv.port, secret, [0, 2], timeout=1.0)
+        with pytest.raises(errors.RendezvousTimeout) as info:
+            srv.wait(0.5)
+        msg = str(info.value)
+        assert "2 of 4 nodes registered" in msg
+        assert "(executor ids [0, 2])" in msg and "missing executor ids [1, 3]" in msg
+        join(threads)
+        assert not clients and set(failures) == {0, 2}
+        assert all(isinstance(e, errors.RendezvousTimeout) for e in failures.values())
+        assert any("of 4 nodes had registered" in str(e) for e in failures.values())
+
+
+def test_reregistration_replaces_the_earlier_entry(secret):
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        old = net_raw.connect(srv.port)
+        net_raw.client_auth(old, secret)
+        net_raw.send_json(old, {"type": "register", "node": net_raw.node(0, port=1111)})
+        assert net_raw.recv_json(old) == {"type": "registered", "registered": 1, "num_nodes": 2}
+        # The retried task registers executor 0 again, from elsewhere.
+        threads, clients, failures = register_all(srv.port, secret, [0])
+        deadline = time.monotonic() + 5
+        while srv.stats()["registrations"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.stats()["registered"] == 1
+        assert old.recv(1) == b""  # the replaced connection is closed
+        old.close()
+        threads2, clients2, failures2 = register_all(srv.port, secret, [1])
+        spec = srv.wait(10.0)
+        join(threads + threads2)
+        assert not failures and not failures2
+        assert spec[0]["port"] == 0 and len(spec) == 2
+        assert srv.next_event(0.2) is None  # replacing is not a loss
+        for c in (*clients.values(), *clients2.values()):
+            c.close()
+
+
+def test_unauthenticated_junk_client_is_rejected_without_disturbing_others(secret):
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        junk = net_raw.connect(srv.port)
+        threads, clients, failures = register_all(srv.port, secret, [0, 1])
+        junk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        spec = srv.wait(10.0)
+        join(threads)
+        assert not failures and len(spec) == 2
+        # Server sent its challenge, then closed on the junk.
+        data = b""
+        while chunk := junk.recv(4096):
+            data += chunk
+        assert data[:4] == net_raw.frame(net_raw.AUTH_CHALLENGE, b"x" * 32)[:4]
+        junk.close()
+        stats = srv.stats()
+        assert stats["auth_failures"] == 1 and "bad frame magic" in stats["last_rejection"]
+        for c in clients.values():
+            c.close()
+
+
+def test_wrong_secret_is_auth_error_on_client_and_noted_on_server(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        with pytest.raises(errors.AuthError, match=f"127.0.0.1:{srv.port}.*wrong cluster secret"):
+            _core.ControlClient.register("127.0.0.1", srv.port, os.urandom(32), net_raw.node(0), 5.0)
+        stats = srv.stats()
+        assert stats["auth_failures"] == 1 and "failed the HMAC challenge" in stats["last_rejection"]
+        assert stats["registered"] == 0
+
+
+def test_client_rejects_a_server_that_does_not_hold_the_secret(secret):
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        port = fake.getsockname()[1]
+
+        def impostor() -> None:
+            conn, _ = fake.accept()
+            with conn:
+                conn.sendall(net_raw.frame(net_raw.AUTH_CHALLENGE, os.urandom(32)))
+                net_raw.recv_frame(conn)
+                conn.sendall(net_raw.frame(net_raw.AUTH_OK, os.urandom(32)))
+                conn.recv(1)
+
+        t = threading.Thread(target=impostor)
+        t.start()
+        with pytest.raises(errors.AuthError, match="failed to prove it holds the cluster secret"):
+            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0)
+        t.join(10)
+
+
+def test_oversized_frame_is_rejected_from_its_header():
+    # 12 header bytes announcing 2 GiB: refused at once, nothing allocated or awaited.
+    header = net_raw.frame(net_raw.JSON, length=2**31)
+    with pytest.raises(errors.FrameTooLargeError, match="2147483648 payload bytes, above the maximum of 67108864"):
+        _core._frame_decode(header)
+    with pytest.raises(errors.FrameTooLargeError):
+        _core._frame_decode(net_raw.frame(net_raw.JSON, b"x" * 101), 100)
+
+
+def test_oversized_frame_from_an_authenticated_node_is_dropped(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        sock = net_raw.connect(srv.port)
+        net_raw.client_auth(sock, secret)
+        sock.sendall(net_raw.frame(net_raw.JSON, length=100 << 20))
+        assert sock.recv(1) == b""
+        sock.close()
+        assert srv.stats()["protocol_errors"] == 1
+        assert "above the maximum" in srv.stats()["last_rejection"]
+        threads, clients, failures = register_all(srv.port, secret, [0])
+        assert len(srv.wait(10.0)) == 1
+        join(threads)
+        clients[0].close()
+
+
+def test_garbage_frames_are_protocol_errors():
+    good = net_raw.frame(net_raw.JSON, b'{"type":"x"}')
+    with pytest.raises(errors.ProtocolError, match="bad frame magic"):
+        _core._frame_decode(b"\x00" * 12 + good)
+    with pytest.raises(errors.ProtocolError, match="unsupported frame version 9"):
+        _core._frame_decode(good[:4] + b"\x09" + good[5:])
+    with pytest.raises(errors.ProtocolError, match="unknown frame type 200"):
+        _core._frame_decode(good[:5] + b"\xc8" + good[6:])
+
+
+def test_frame_parser_resumes_across_any_split():
+    frames = [(net_raw.JSON, 0, b'{"type":"a"}'), (net_raw.HEARTBEAT, 0, b""), (net_raw.JSON, 3, b"x" * 1000)]
+    data = b"".join(net_raw.frame(t, p, f) for t, f, p in frames) + net_raw.frame(net_raw.JSON, b"tail")[:7]
+    for chunk in (1, 5, 12, 13, 4096):
+        decoded, pending = _core._frame_decode(data, 2000, chunk)
+        assert decoded == frames and pending == 7
+    assert _core._frame_encode(net_raw.JSON, 3, b"x" * 1000) == net_raw.frame(net_raw.JSON, b"x" * 1000, 3)
+
+
+def test_garbage_from_the_driver_is_a_protocol_error_on_the_node(secret):
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        port = fake.getsockname()[1]
+
+        def garbage_driver() -> None:
+            conn, _ = fake.accept()
+            with conn:
+                net_raw.server_auth(conn, secret)
+                net_raw.recv_frame(conn)  # the registration
+                conn.sendall(b"\xde\xad\xbe\xef" * 8)
+                conn.recv(1)
+
+        t = threading.Thread(target=garbage_driver)
+        t.start()
+        with pytest.raises(errors.ProtocolError, match=f"from driver 127.0.0.1:{port}: bad frame magic"):
+            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0)
+        t.join(10)
+
+
+def test_port_already_in_use_is_a_clear_error(secret):
+    with _core.Listener("127.0.0.1", 0) as held:
+        assert held.port > 0 and held.host == "127.0.0.1" and held.fileno() >= 0
+        with pytest.raises(errors.SparkgradIOError, match=f"127.0.0.1:{held.port}: address already in use"):
+            _core.Listener("127.0.0.1", held.port)
+        with pytest.raises(errors.SparkgradIOError, match="already in use"):
+            _core.RendezvousServer(secret, 1, "127.0.0.1", held.port)
+    assert held.closed
+    with pytest.raises(errors.StateError):
+        held.fileno()
+
+
+def test_listener_accepts_connections_from_construction():
+    with _core.Listener("127.0.0.1", 0) as lis:
+        with socket.create_connection(("127.0.0.1", lis.port), timeout=5):
+            pass
+
+
+def test_connect_refused_names_host_and_port(secret):
+    with _core.Listener("127.0.0.1", 0) as lis:
+        port = lis.port
+    with pytest.raises(errors.SparkgradIOError, match=f"rendezvous: cannot connect to 127.0.0.1:{port}"):
+        _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 2.0)
+
+
+def test_bad_arguments_are_rejected(secret):
+    with pytest.raises(errors.InvalidArgumentError, match="secret must be 16"):
+        _core.RendezvousServer(b"short", 1)
+    with pytest.raises(errors.InvalidArgumentError, match="num_nodes"):
+        _core.RendezvousServer(secret, 0)
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        with pytest.raises(errors.InvalidArgumentError, match="timeout"):
+            srv.wait(-1)
+        with pytest.raises(errors.ClusterError, match="executor 1 is not connected \\(never registered\\)"):
+            srv.send(1, {"type": "stop"})
+        with pytest.raises(TypeError):
+            srv.send(0, ["not", "a", "dict"])
+        with pytest.raises(errors.ClusterError, match="executor_id 7 .* outside 0..1"):
+            _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(7), 5.0)
+        srv.close()
+        with pytest.raises(errors.StateError, match="closed"):
+            srv.wait(1.0)
+    with pytest.raises(TypeError, match="ControlClient.register"):
+        _core.ControlClient()
+
+
+def test_driver_stop_before_the_spec_cancels_registration(secret):
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        threads, clients, failures = register_all(srv.port, secret, [0])
+        deadline = time.monotonic() + 5
+        while srv.stats()["registered"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.broadcast({"type": "stop"}) == 1
+        join(threads)
+        assert isinstance(failures[0], errors.CancelledError)
+
+
+NODE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from sparkgrad import _core
+    port, secret = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+    node = {"host": "127.0.0.1", "port": 0, "role": "ps", "index": 0, "executor_id": 0, "pid": os.getpid()}
+    c = _core.ControlClient.register("127.0.0.1", port, secret, node, 10.0, heartbeat_interval=0.2)
+    print("registered", flush=True)
+    if sys.argv[3] == "exit":
+        os._exit(3)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "exit", "sigstop"])
+def test_a_node_that_dies_or_stalls_is_lost_within_heartbeat_timeout(secret, how):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        srv.heartbeat_timeout = 1.0
+        proc = subprocess.Popen(
+            [sys.executable, "-c", NODE_SCRIPT, str(srv.port), secret.hex(), how],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        try:
+            assert proc.stdout.readline().strip() == b"registered"
+            assert srv.wait(5.0)[0]["pid"] == proc.pid
+            t0 = time.monotonic()
+            if how == "sigkill":
+                proc.send_signal(signal.SIGKILL)
+            elif how == "sigstop":
+                proc.send_signal(signal.SIGSTOP)
+            event = srv.next_event(5.0)
+            elapsed = time.monotonic() - t0
+        finally:
+            proc.kill()
+            proc.wait(10)
+        assert event is not None and event["type"] == "lost"
+        assert event["executor_id"] == 0 and event["role"] == "ps" and event["host"] == "127.0.0.1"
+        if how == "sigstop":
+            assert "no heartbeat" in event["reason"] and 0.9 <= elapsed < 3.0
+        else:
+            assert "closed the connection" in event["reason"] or "reset" in event["reason"]
+            assert elapsed < 1.0
