@@ -27,6 +27,11 @@ def _mark(args, ctx, what: str) -> None:
         json.dump({"pid": os.getpid(), "port": ctx.port, "name": _name(ctx)}, f)
 
 
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def write_ctx(args, ctx):
     """ps serve until stopped; the others write their ctx and TF_CONFIG, log, and return."""
     server = TFNode.start_cluster_server(ctx)
@@ -44,6 +49,7 @@ def write_ctx(args, ctx):
         "tf_config": json.loads(os.environ["TF_CONFIG"]),
         "listener_port": server.listener.port,
         "pid": os.getpid(),
+        "grandparent_pid": _parent_of(os.getppid()),  # on Spark: the executor JVM (worker <- daemon <- JVM)
     }
     with open(os.path.join(args["dir"], f"ctx-{ctx.executor_id}.json"), "w") as f:
         json.dump(info, f)

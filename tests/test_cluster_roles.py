@@ -7,7 +7,6 @@ import getpass
 import json
 
 import pytest
-
 from sparkgrad import InputMode, TFCluster, TFNode
 from sparkgrad.cluster import NodeContext, NodeInfo, build_template
 from sparkgrad.cluster.context import cluster_spec, tf_config

@@ -7,9 +7,8 @@ import pathlib
 import socket
 import time
 
-import pytest
-
 import cluster_nodes
+import pytest
 from sparkgrad import TFCluster
 from sparkgrad.errors import ClusterError, InsufficientSlotsError, NodeFailure, RendezvousTimeout
 
@@ -43,7 +42,9 @@ def _port_closed(port: int) -> bool:
 def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
     out = Lines()
     started = time.monotonic()
-    cluster = TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=out, reservation_timeout=60)
+    cluster = TFCluster.run(
+        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=out, reservation_timeout=60
+    )
     formed = time.monotonic() - started
     cluster.shutdown(timeout=60)
     ctxs = {i: json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)}

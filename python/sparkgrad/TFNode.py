@@ -1,8 +1,10 @@
 """TensorFlowOnSpark's ``TFNode`` helpers for code running inside map_fun.
 
-    server = TFNode.start_cluster_server(ctx)   # also: cluster_spec, server = ...
-    if ctx.job_name == "ps":
-        server.join()                            # returns when the driver says stop
+Usage inside map_fun:
+
+server = TFNode.start_cluster_server(ctx)   # also: cluster_spec, server = ...
+if ctx.job_name == "ps":
+    server.join()                            # returns when the driver says stop
 """
 
 from __future__ import annotations

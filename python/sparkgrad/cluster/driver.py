@@ -293,7 +293,9 @@ class Cluster:
                     launcher.cancel(self._stop_grace)
             self._raise_failure()
         except (KeyboardInterrupt, SparkgradTimeout):
-            self._abort("the driver was interrupted" if sys.exc_info()[0] is KeyboardInterrupt else "shutdown timed out")
+            self._abort(
+                "the driver was interrupted" if sys.exc_info()[0] is KeyboardInterrupt else "shutdown timed out"
+            )
             self._close()
             raise
         self._close()

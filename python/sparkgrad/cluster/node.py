@@ -213,9 +213,7 @@ def _register(cfg: NodeConfig, executor_id: int, host: str, port: int) -> Any:
     return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
 
 
-def _run_map_fun(
-    cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool
-) -> _Outcome:
+def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
     with _forward_output(client.log, echo), _env("TF_CONFIG", ctx.tf_config):
         watcher = _StopWatcher(client, ctx.stop_event, cfg.stop_grace, name)
