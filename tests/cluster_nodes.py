@@ -88,3 +88,62 @@ def busy_until_interrupted(args, ctx):
         n += 1
         if n % 5_000_000 == 0:
             _mark(args, ctx, "alive")
+
+
+# -- training with parameter servers: a linear softmax classifier in NumPy ------------------
+
+FEATURES, CLASSES = 10, 4
+NUM_PARAMS = FEATURES * CLASSES + CLASSES  # W (FEATURES x CLASSES) then b (CLASSES), one flat buffer
+
+
+def _blobs(rng, n: int):
+    import numpy as np
+
+    centers = np.random.default_rng(1234).normal(0.0, 2.0, (CLASSES, FEATURES))
+    y = rng.integers(0, CLASSES, n)
+    return (centers[y] + rng.normal(0.0, 1.0, (n, FEATURES))).astype("float32"), y
+
+
+def softmax_loss_grads(params, x, y):
+    """Mean cross-entropy of softmax(x W + b) and its gradient as one flat float32 buffer."""
+    import numpy as np
+
+    w = params[: FEATURES * CLASSES].reshape(FEATURES, CLASSES)
+    b = params[FEATURES * CLASSES :]
+    logits = x @ w + b
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+    p[np.arange(len(y)), y] -= 1.0
+    p /= len(y)
+    return loss, np.concatenate([(x.T @ p).reshape(-1), p.sum(axis=0)]).astype("float32")
+
+
+def accuracy(params, x, y) -> float:
+    w = params[: FEATURES * CLASSES].reshape(FEATURES, CLASSES)
+    return float(((x @ w + params[FEATURES * CLASSES :]).argmax(axis=1) == y).mean())
+
+
+def train_softmax(args, ctx):
+    """ps serve the flat buffer; workers pull, compute gradients on their own data, push."""
+    import numpy as np
+
+    if ctx.job_name == "ps":
+        server = TFNode.start_cluster_server(ctx)
+        init = np.zeros(NUM_PARAMS, dtype=np.float32)
+        return server.serve_parameters(NUM_PARAMS, mode=args["mode"], lr=args.get("lr", 0.5), init=init)
+    rng = np.random.default_rng(100 + ctx.task_index)
+    params = np.zeros(NUM_PARAMS, dtype=np.float32)
+    steps = []
+    with TFNode.ps_client(ctx, NUM_PARAMS) as ps:
+        for i in range(args["steps"]):
+            ps.pull(params)
+            x, y = _blobs(rng, 64)
+            loss, grads = softmax_loss_grads(params, x, y)
+            steps.append(ps.push(grads))
+            if i % 10 == 0:
+                ctx.metric("loss", loss, steps[-1])
+        ps.pull(params)
+    x, y = _blobs(np.random.default_rng(7), 2000)
+    return {"accuracy": accuracy(params, x, y), "steps": steps, "worker_id": ps.worker_id}

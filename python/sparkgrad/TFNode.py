@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparkgrad.cluster.context import NodeContext, hdfs_path
+from sparkgrad.cluster.ps import ParameterClient, serve_parameters
 from sparkgrad.errors import SparkgradTimeout
 
 
@@ -35,6 +36,12 @@ class ClusterServer:
         except SparkgradTimeout as exc:
             raise SparkgradTimeout(f"{self.target}: {exc}") from None
 
+    def serve_parameters(
+        self, total: int, mode: str = "async", lr: float = 0.01, init: Any = None, timeout: float | None = None
+    ) -> str:
+        """On a ps node: serves its shard of the flat parameter buffer (see sparkgrad.cluster.ps)."""
+        return serve_parameters(self.ctx, total, mode=mode, lr=lr, init=init, timeout=timeout)
+
     def __iter__(self) -> Iterator[Any]:
         """``cluster_spec, server = start_cluster_server(ctx)`` as in TensorFlowOnSpark."""
         return iter((self.cluster_spec, self))
@@ -45,4 +52,9 @@ def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False
     return ClusterServer(ctx)
 
 
-__all__ = ["ClusterServer", "hdfs_path", "start_cluster_server"]
+def ps_client(ctx: NodeContext, total: int, timeout: float = 60.0) -> ParameterClient:
+    """On a training node: a client of every ps shard of the ``total``-value parameter buffer."""
+    return ParameterClient(ctx, total, timeout)
+
+
+__all__ = ["ClusterServer", "ParameterClient", "hdfs_path", "ps_client", "serve_parameters", "start_cluster_server"]

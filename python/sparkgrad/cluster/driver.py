@@ -235,6 +235,12 @@ class Cluster:
         finally:
             self._aborted.set()
 
+    def _stop_node(self, executor_id: int, reason: str) -> None:
+        try:
+            self._server.send(executor_id, {"type": "stop", "reason": reason})
+        except ClusterError:
+            pass  # it finished (and disconnected) since we looked: its "done" is on its way
+
     def _broadcast_stop(self, reason: str) -> None:
         try:
             self._server.broadcast({"type": "stop", "reason": reason})
@@ -282,8 +288,8 @@ class Cluster:
             if grace_secs > 0:
                 self._closed.wait(grace_secs)
             for node in self.template.nodes:
-                if node.is_serving:
-                    self._server.send(node.executor_id, {"type": "stop", "reason": "training finished"})
+                if node.is_serving and node.executor_id not in self._finished:
+                    self._stop_node(node.executor_id, "training finished")
             everyone = {n.executor_id for n in self.template.nodes}
             self._wait_finished(everyone, deadline, "ps/evaluator nodes to stop")
             self._raise_failure()
