@@ -36,8 +36,14 @@ def one_rendezvous(num_nodes: int, timeout: float = 30.0) -> float:
         lock = threading.Lock()
 
         def node(eid: int) -> None:
-            info = {"host": "127.0.0.1", "port": 20000 + eid, "role": "worker", "index": eid,
-                    "executor_id": eid, "pid": os.getpid()}
+            info = {
+                "host": "127.0.0.1",
+                "port": 20000 + eid,
+                "role": "worker",
+                "index": eid,
+                "executor_id": eid,
+                "pid": os.getpid(),
+            }
             go.wait(timeout)
             try:
                 c = _core.ControlClient.register("127.0.0.1", srv.port, secret, info, timeout)
@@ -79,10 +85,18 @@ def main(argv: list[str]) -> int:
     times = [one_rendezvous(args.nodes) for _ in range(repeats)]
     median_ms = statistics.median(times) * 1000
     rows = [
-        {"system": "sparkgrad", "metric": f"rendezvous_{args.nodes}_nodes_median", "value": round(median_ms, 2),
-         "unit": "ms"},
-        {"system": "sparkgrad", "metric": f"rendezvous_{args.nodes}_nodes_max", "value": round(max(times) * 1000, 2),
-         "unit": "ms"},
+        {
+            "system": "sparkgrad",
+            "metric": f"rendezvous_{args.nodes}_nodes_median",
+            "value": round(median_ms, 2),
+            "unit": "ms",
+        },
+        {
+            "system": "sparkgrad",
+            "metric": f"rendezvous_{args.nodes}_nodes_max",
+            "value": round(max(times) * 1000, 2),
+            "unit": "ms",
+        },
         {"system": "target (issue 5)", "metric": "rendezvous_256_nodes", "value": 200.0, "unit": "ms"},
     ]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

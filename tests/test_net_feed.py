@@ -9,7 +9,6 @@ import time
 import net_raw
 import numpy as np
 import pytest
-
 from sparkgrad import _core, errors
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from sparkgrad import _core, errors
 
 pytestmark = pytest.mark.timeout(60)
@@ -281,4 +280,50 @@ def test_push_before_init_is_refused_and_the_client_stays_usable():
         assert c.init(np.zeros(10, dtype=np.float32)) is True
         assert c.push(np.ones(10, dtype=np.float32)) == 1
     finally:
+        cl.close()
+
+
+KILLED_WORKER = """
+import sys, time
+from sparkgrad import _core
+port, secret, total = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+c = _core.PsClient([("127.0.0.1", port)], secret, total, 1, 10.0)
+print("connected", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sync_worker_killed_with_sigkill_fails_the_others_with_node_failure():
+    import signal
+    import subprocess
+    import sys
+
+    total = 32
+    cl = Cluster(total, 1, 2, "sync")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, str(cl.listeners[0].port), cl.secret.hex(), str(total)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == b"connected"
+        survivor = cl.client(0)
+        result: list = []
+
+        def push() -> None:
+            try:
+                result.append(survivor.push(np.ones(total, dtype=np.float32)))
+            except BaseException as exc:  # noqa: BLE001
+                result.append(exc)
+
+        t = threading.Thread(target=push)
+        t.start()
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        t.join(10)
+        assert not t.is_alive()
+        assert isinstance(result[0], errors.NodeFailure) and "worker 1" in str(result[0]), result
+    finally:
+        proc.kill()
+        proc.wait(10)
         cl.close()

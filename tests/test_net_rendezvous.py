@@ -16,7 +16,6 @@ import time
 
 import net_raw
 import pytest
-
 from sparkgrad import _core, errors
 
 pytestmark = pytest.mark.timeout(60)
@@ -339,3 +338,42 @@ def test_a_node_that_dies_or_stalls_is_lost_within_heartbeat_timeout(secret, how
         else:
             assert "closed the connection" in event["reason"] or "reset" in event["reason"]
             assert elapsed < 1.0
+
+
+def test_node_notices_a_driver_that_went_silent(secret):
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        port = fake.getsockname()[1]
+        release = threading.Event()
+
+        def silent_driver() -> None:
+            conn, _ = fake.accept()
+            with conn:
+                net_raw.server_auth(conn, secret)
+                net_raw.recv_frame(conn)  # the registration
+                net_raw.send_json(conn, {"type": "registered", "registered": 1, "num_nodes": 1})
+                net_raw.send_json(conn, {"type": "spec", "spec": [net_raw.node(0)]})
+                release.wait(20)  # then nothing: no heartbeat, no FIN (a host that vanished)
+
+        t = threading.Thread(target=silent_driver)
+        t.start()
+        try:
+            c = _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0, driver_timeout=2.0)
+            assert c.spec == [net_raw.node(0)]
+            t0 = time.monotonic()
+            with pytest.raises(errors.SparkgradTimeout, match=f"no message or heartbeat from driver 127.0.0.1:{port}"):
+                c.recv(10.0)
+            assert 1.5 < time.monotonic() - t0 < 4.0
+            c.close()
+        finally:
+            release.set()
+            t.join(10)
+
+
+def test_driver_heartbeats_keep_an_idle_node_connected(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        c = _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 5.0, driver_timeout=2.0)
+        time.sleep(2.6)
+        assert c.recv(0.1) is None  # still connected, nothing queued
+        c.log("alive")
+        assert srv.next_event(2.0)["line"] == "alive"
+        c.close()

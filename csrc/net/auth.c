@@ -30,8 +30,9 @@ int net_auth_check_secret(size_t len, SgError *err)
 int net_auth_random(uint8_t *out, size_t len, SgError *err)
 {
     if (RAND_bytes(out, (int)len) != 1)
-        return sg_fail(err, SG_EIO, "OpenSSL RAND_bytes failed to produce %zu random bytes (error %lu)",
-                       len, ERR_get_error());
+        return sg_fail(err, SG_EIO,
+                       "OpenSSL RAND_bytes failed to produce %zu random bytes (error %lu)", len,
+                       ERR_get_error());
     return SG_OK;
 }
 
@@ -66,10 +67,11 @@ int net_auth_server_check(const uint8_t *secret, size_t secret_len,
     if (rc < 0)
         return rc;
     if (CRYPTO_memcmp(expect, resp + NET_AUTH_NONCE, NET_AUTH_MAC) != 0)
-        return sg_fail(err, SG_EAUTH,
-                       "client %s failed the HMAC challenge (it does not hold this cluster's secret)",
-                       peer);
-    return net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, ok_payload, err);
+        return sg_fail(
+            err, SG_EAUTH,
+            "client %s failed the HMAC challenge (it does not hold this cluster's secret)", peer);
+    return net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, ok_payload,
+                        err);
 }
 
 int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double deadline,
@@ -79,8 +81,8 @@ int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double dea
     int rc = net_auth_random(challenge, sizeof challenge, err);
     if (rc < 0)
         return rc;
-    rc = net_frame_send(fd, NET_FRAME_AUTH_CHALLENGE, 0, challenge, sizeof challenge, deadline, peer,
-                        err);
+    rc = net_frame_send(fd, NET_FRAME_AUTH_CHALLENGE, 0, challenge, sizeof challenge, deadline,
+                        peer, err);
     if (rc < 0)
         return rc;
     NetFrameHeader h;
@@ -115,8 +117,8 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
     if (rc < 0)
         return sg_context(err, "waiting for the auth challenge: ");
     if (h.type != NET_FRAME_AUTH_CHALLENGE || h.length != NET_AUTH_NONCE) {
-        rc = sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame instead of an auth challenge", peer,
-                     h.length, net_frame_type_name(h.type));
+        rc = sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame instead of an auth challenge",
+                     peer, h.length, net_frame_type_name(h.type));
         goto cleanup;
     }
     memcpy(challenge, buf, NET_AUTH_NONCE);
@@ -130,8 +132,8 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
     buf = NULL;
     rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
     if (rc == SG_EPEER) {
-        rc = sg_fail(err, SG_EAUTH, "%s closed the connection during authentication (wrong secret?)",
-                     peer);
+        rc = sg_fail(err, SG_EAUTH,
+                     "%s closed the connection during authentication (wrong secret?)", peer);
         goto cleanup;
     }
     if (rc < 0)

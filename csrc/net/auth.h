@@ -3,11 +3,10 @@
  *
  * Exchange (frames from frame.h), after the TCP connect:
  *   server -> client  AUTH_CHALLENGE  Ns (32 random bytes)
- *   client -> server  AUTH_RESPONSE   Nc (32 random bytes) || HMAC(K, "sparkgrad-auth-v1 client" || Ns || Nc)
- *   server -> client  AUTH_OK         HMAC(K, "sparkgrad-auth-v1 server" || Nc || Ns)
- *                  or AUTH_FAIL       reason text, then the server closes
- * The client checks the server's MAC too, so neither side talks to a peer that
- * does not hold K. MACs are compared in constant time.
+ *   client -> server  AUTH_RESPONSE   Nc (32 random bytes) || HMAC(K, "sparkgrad-auth-v1 client" ||
+ * Ns || Nc) server -> client  AUTH_OK         HMAC(K, "sparkgrad-auth-v1 server" || Nc || Ns) or
+ * AUTH_FAIL       reason text, then the server closes The client checks the server's MAC too, so
+ * neither side talks to a peer that does not hold K. MACs are compared in constant time.
  */
 #ifndef NET_AUTH_H
 #define NET_AUTH_H
@@ -18,7 +17,7 @@
 #include "common/sg_status.h"
 
 #define NET_AUTH_NONCE 32
-#define NET_AUTH_MAC 32
+#define NET_AUTH_MAC   32
 #define NET_SECRET_MIN 16
 #define NET_SECRET_MAX 1024
 

@@ -35,6 +35,8 @@ struct CtlClient {
     char peer[NET_PEER_MAX];
     long executor_id;
     double heartbeat_interval;
+    double driver_timeout; /* silence from the driver that counts as its loss */
+    double last_recv;      /* net_now() of the last frame from the driver (I/O thread only) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t send_mu;
@@ -101,10 +103,11 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
     } else if (strcmp(type, "reject") == 0) {
         const char *reason = "";
         net_json_string(msg, "reason", c->peer, &reason, err);
-        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer, c->executor_id,
-                       reason);
+        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer,
+                       c->executor_id, reason);
     } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
-        return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed", c->peer);
+        return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed",
+                       c->peer);
     } else if (enqueue(c, msg) < 0) {
         return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
     }
@@ -113,9 +116,12 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 
 static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
 {
+    c->last_recv = net_now();
+    if (h->type == NET_FRAME_HEARTBEAT)
+        return SG_OK;
     if (h->type != NET_FRAME_JSON)
-        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
-                       net_frame_type_name(h->type));
+        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection",
+                       c->peer, net_frame_type_name(h->type));
     cJSON *msg = NULL;
     const char *type;
     int rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err);
@@ -134,8 +140,9 @@ static int read_frames(CtlClient *c, NetFrameParser *p, SgError *err)
     uint8_t buf[16384];
     long n = net_read_some(c->fd, buf, sizeof buf, c->peer, err);
     if (n < 0)
-        return n == SG_EPEER ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
-                             : (int)n;
+        return n == SG_EPEER
+                   ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
+                   : (int)n;
     size_t off = 0;
     while (off < (size_t)n) {
         size_t used = 0;
@@ -172,6 +179,7 @@ static void *io_main(void *arg)
     NetFrameParser parser;
     net_frame_parser_init(&parser, CTL_MAX_FRAME);
     double next_hb = net_now() + c->heartbeat_interval;
+    c->last_recv = net_now();
     SgError err;
     for (;;) {
         pthread_mutex_lock(&c->mu);
@@ -179,8 +187,11 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         if (stop)
             break;
-        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake[0], .events = POLLIN}};
-        int n = poll(pfd, 2, net_poll_ms(next_hb));
+        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN},
+                                {.fd = c->wake[0], .events = POLLIN}};
+        double wake_at =
+            next_hb < c->last_recv + c->driver_timeout ? next_hb : c->last_recv + c->driver_timeout;
+        int n = poll(pfd, 2, net_poll_ms(wake_at));
         if (n == -1) {
             if (errno == EINTR)
                 continue;
@@ -191,6 +202,15 @@ static void *io_main(void *arg)
         if (pfd[1].revents)
             net_wake_drain(c->wake[0]);
         if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) && read_frames(c, &parser, &err) < 0) {
+            fail_io(c, &err);
+            break;
+        }
+        if (net_now() - c->last_recv > c->driver_timeout) {
+            sg_fail(
+                &err, SG_ETIMEOUT,
+                "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
+                "process or its host is gone",
+                c->peer, net_now() - c->last_recv);
             fail_io(c, &err);
             break;
         }
@@ -260,7 +280,7 @@ static int connect_and_register(CtlClient *c, const char *host, int port, const 
 
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
                         const char *node_json, double timeout, double heartbeat_interval,
-                        CtlClient **out, SgError *err)
+                        double driver_timeout, CtlClient **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -270,6 +290,9 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     if (!(heartbeat_interval > 0 && heartbeat_interval <= 3600))
         return sg_fail(err, SG_EINVAL, "heartbeat_interval must be in (0, 3600] seconds, got %g",
                        heartbeat_interval);
+    if (!(driver_timeout >= 2.0 && driver_timeout <= 86400))
+        return sg_fail(err, SG_EINVAL, "driver_timeout must be in [2, 86400] seconds, got %g",
+                       driver_timeout);
     cJSON *node = cJSON_Parse(node_json);
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(node, "executor_id");
     if (!cJSON_IsObject(node) || !cJSON_IsNumber(eid)) {
@@ -284,6 +307,7 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;
+    c->driver_timeout = driver_timeout;
     rc = connect_and_register(c, host, port, secret, secret_len, node, deadline, err);
     cJSON_Delete(node);
     if (rc == 0)
@@ -309,9 +333,10 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
                          "the rendezvous: too few free task slots, or failed tasks)",
                          c->executor_id, c->peer, timeout, c->registered, c->num_nodes);
         else
-            rc = sg_fail(err, SG_ERDV_TIMEOUT,
-                         "executor %ld: driver %s never acknowledged the registration within %.1f s",
-                         c->executor_id, c->peer, timeout);
+            rc =
+                sg_fail(err, SG_ERDV_TIMEOUT,
+                        "executor %ld: driver %s never acknowledged the registration within %.1f s",
+                        c->executor_id, c->peer, timeout);
         pthread_mutex_unlock(&c->mu);
     }
     if (rc < 0) {
@@ -399,7 +424,8 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && c->io_err.code == 0 && !c->stopped && wait_until(c, deadline) != ETIMEDOUT)
+    while (c->head == NULL && c->io_err.code == 0 && !c->stopped &&
+           wait_until(c, deadline) != ETIMEDOUT)
         ;
     if (c->head != NULL) {
         CtlMsg *m = c->head;

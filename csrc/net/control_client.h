@@ -5,7 +5,10 @@
  * ctl_client_register connects, authenticates, registers and waits for the
  * cluster spec; a background thread then sends heartbeats every
  * heartbeat_interval and queues whatever the driver sends until
- * ctl_client_stop. Sending and receiving are thread-safe and bounded.
+ * ctl_client_stop. The driver sends a heartbeat every second; after
+ * driver_timeout seconds without any frame from it the connection counts as
+ * broken (SG_ETIMEOUT from recv), so a node never outlives a vanished driver. Sending and receiving
+ * are thread-safe and bounded.
  */
 #ifndef NET_CONTROL_CLIENT_H
 #define NET_CONTROL_CLIENT_H
@@ -23,7 +26,7 @@ typedef struct CtlClient CtlClient;
  * SG_ECLUSTER (the driver rejected the registration) or SG_ECANCELLED. */
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
                         const char *node_json, double timeout, double heartbeat_interval,
-                        CtlClient **out, SgError *err);
+                        double driver_timeout, CtlClient **out, SgError *err);
 
 /* The latest cluster spec as a JSON array, malloc'd for the caller (NULL
  * only when out of memory). */

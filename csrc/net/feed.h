@@ -30,11 +30,16 @@
 #include "common/sg_status.h"
 
 #define FEED_MAX_COLUMNS 256
-#define FEED_MAX_NDIM 8
-#define FEED_NAME_MAX 255
-#define FEED_MAX_INPUTS 16
+#define FEED_MAX_NDIM    8
+#define FEED_NAME_MAX    255
+#define FEED_MAX_INPUTS  16
 
-typedef enum FeedOp { FEED_OP_BATCH = 1, FEED_OP_END = 2, FEED_OP_ACK = 3, FEED_OP_ERROR = 4 } FeedOp;
+typedef enum FeedOp {
+    FEED_OP_BATCH = 1,
+    FEED_OP_END = 2,
+    FEED_OP_ACK = 3,
+    FEED_OP_ERROR = 4
+} FeedOp;
 
 typedef enum FeedDtype {
     FEED_F32 = 1,
@@ -76,7 +81,8 @@ int feed_batch_decode(const uint8_t *buf, size_t len, FeedBatch *out, SgError *e
  * 2 * ncols + 1 entries (meta pieces interleaved with column data).
  * Returns the payload length or a negative status. */
 struct iovec;
-long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struct iovec *iov, SgError *err);
+long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struct iovec *iov,
+                       SgError *err);
 
 /* SG_ESCHEMA if b's columns (names, dtypes, trailing dims, order) differ
  * from ref's. */

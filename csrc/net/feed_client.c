@@ -26,8 +26,10 @@ static int worker_error(FeedClient *c, const uint8_t *p, size_t len, SgError *er
 {
     if (len < 4)
         return sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
-    int32_t code = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-    return sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO, "worker %s refused the feed: %.*s", c->peer,
+    int32_t code = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                             (uint32_t)p[3] << 24);
+    return sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
+                   "worker %s refused the feed: %.*s", c->peer,
                    (int)(len - 4 > 900 ? 900 : len - 4), (const char *)p + 4);
 }
 
@@ -44,12 +46,13 @@ static int explain_failure(FeedClient *c, int rc, SgError *err)
     return rc;
 }
 
-int feed_client_connect(const char *host, int port, const uint8_t *secret, size_t secret_len, double timeout,
-                        FeedClient **out, SgError *err)
+int feed_client_connect(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                        double timeout, FeedClient **out, SgError *err)
 {
     double deadline;
     int rc;
-    if ((rc = net_auth_check_secret(secret_len, err)) < 0 || (rc = net_deadline(timeout, "FeedClient", &deadline, err)) < 0)
+    if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
+        (rc = net_deadline(timeout, "FeedClient", &deadline, err)) < 0)
         return rc;
     FeedClient *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -71,7 +74,8 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
 
 int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 {
-    size_t meta_cap = 16 + FEED_NAME_MAX + (size_t)b->ncols * (FEED_NAME_MAX + 16 + 8 * FEED_MAX_NDIM);
+    size_t meta_cap =
+        16 + FEED_NAME_MAX + (size_t)b->ncols * (FEED_NAME_MAX + 16 + 8 * FEED_MAX_NDIM);
     uint8_t *meta = malloc(meta_cap);
     struct iovec *iov = malloc((2 * (size_t)FEED_MAX_COLUMNS + 1) * sizeof *iov);
     int rc = SG_OK;
@@ -85,13 +89,16 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
         goto cleanup;
     }
     if ((unsigned long)len > UINT32_MAX) {
-        rc = sg_fail(err, SG_EFRAME, "feed batch of %ld bytes exceeds the 4 GiB frame limit: send smaller batches", len);
+        rc = sg_fail(err, SG_EFRAME,
+                     "feed batch of %ld bytes exceeds the 4 GiB frame limit: send smaller batches",
+                     len);
         goto cleanup;
     }
     uint8_t hdr[NET_FRAME_HEADER_SIZE];
     net_frame_header_encode(hdr, NET_FRAME_FEED, FEED_OP_BATCH, (uint32_t)len);
     iov[0] = (struct iovec){hdr, sizeof hdr};
-    rc = net_writev_all(c->fd, iov, 2 * b->ncols + 1, net_now() + c->timeout, c->peer, "a feed batch", err);
+    rc = net_writev_all(c->fd, iov, 2 * b->ncols + 1, net_now() + c->timeout, c->peer,
+                        "a feed batch", err);
     if (rc == SG_ETIMEOUT)
         sg_context(err, "the worker's feed queue stayed full (is it consuming?): ");
     else if (rc < 0)
@@ -105,13 +112,15 @@ cleanup:
 int feed_client_end(FeedClient *c, const char *input, SgError *err)
 {
     double deadline = net_now() + c->timeout;
-    int rc = net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_END, input, strlen(input), deadline, c->peer, err);
+    int rc = net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_END, input, strlen(input), deadline,
+                            c->peer, err);
     if (rc < 0)
         return explain_failure(c, rc, err);
     NetFrameHeader h;
     uint8_t *p = NULL;
     if ((rc = net_frame_recv(c->fd, 4 + SG_ERROR_MAX, deadline, c->peer, &h, &p, err)) < 0)
-        return sg_context(err, "waiting for the worker to acknowledge the end of input '%s': ", input);
+        return sg_context(err,
+                          "waiting for the worker to acknowledge the end of input '%s': ", input);
     if (h.type == NET_FRAME_FEED && h.flags == FEED_OP_ERROR)
         rc = worker_error(c, p, h.length, err);
     else if (h.type != NET_FRAME_FEED || h.flags != FEED_OP_ACK)

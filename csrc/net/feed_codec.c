@@ -39,8 +39,9 @@ typedef struct Reader {
 static int need(Reader *r, size_t n, const char *what)
 {
     if (r->len - r->off < n)
-        return sg_fail(r->err, SG_EPROTO, "feed batch truncated at byte %zu: %s needs %zu bytes, %zu remain",
-                       r->off, what, n, r->len - r->off);
+        return sg_fail(r->err, SG_EPROTO,
+                       "feed batch truncated at byte %zu: %s needs %zu bytes, %zu remain", r->off,
+                       what, n, r->len - r->off);
     return SG_OK;
 }
 
@@ -62,7 +63,8 @@ static int get_name(Reader *r, char *out, const char *what)
     if ((rc = need(r, n, what)) < 0)
         return rc;
     if (n == 0 || memchr(r->buf + r->off, '\0', n) != NULL)
-        return sg_fail(r->err, SG_EPROTO, "feed batch: %s at byte %zu is empty or contains NUL", what, r->off);
+        return sg_fail(r->err, SG_EPROTO, "feed batch: %s at byte %zu is empty or contains NUL",
+                       what, r->off);
     memcpy(out, r->buf + r->off, n);
     out[n] = '\0';
     r->off += n;
@@ -78,11 +80,11 @@ static int decode_column(Reader *r, uint64_t rows, int index, FeedColumn *col)
     col->ndim = (uint8_t)get_le(r, 1);
     size_t item = feed_dtype_size(col->dtype);
     if (item == 0)
-        return sg_fail(r->err, SG_EPROTO, "feed batch column %d '%s': unknown dtype code %u", index, col->name,
-                       col->dtype);
+        return sg_fail(r->err, SG_EPROTO, "feed batch column %d '%s': unknown dtype code %u", index,
+                       col->name, col->dtype);
     if (col->ndim < 1 || col->ndim > FEED_MAX_NDIM)
-        return sg_fail(r->err, SG_EPROTO, "feed batch column %d '%s': ndim %u outside 1..%d", index, col->name,
-                       col->ndim, FEED_MAX_NDIM);
+        return sg_fail(r->err, SG_EPROTO, "feed batch column %d '%s': ndim %u outside 1..%d", index,
+                       col->name, col->ndim, FEED_MAX_NDIM);
     if ((rc = need(r, 8u * col->ndim + 8u, "column shape")) < 0)
         return rc;
     uint64_t bytes = item;
@@ -95,13 +97,14 @@ static int decode_column(Reader *r, uint64_t rows, int index, FeedColumn *col)
     }
     col->row_bytes = bytes;
     if (col->dims[0] != rows)
-        return sg_fail(r->err, SG_EPROTO, "feed batch column '%s' has %llu rows, the batch %llu", col->name,
-                       (unsigned long long)col->dims[0], (unsigned long long)rows);
+        return sg_fail(r->err, SG_EPROTO, "feed batch column '%s' has %llu rows, the batch %llu",
+                       col->name, (unsigned long long)col->dims[0], (unsigned long long)rows);
     uint64_t data_len = get_le(r, 8);
     if (rows != 0 && bytes > UINT64_MAX / rows)
         return sg_fail(r->err, SG_EPROTO, "feed batch column '%s': size overflows", col->name);
     if (data_len != bytes * rows)
-        return sg_fail(r->err, SG_EPROTO, "feed batch column '%s': %llu data bytes, shape says %llu", col->name,
+        return sg_fail(r->err, SG_EPROTO,
+                       "feed batch column '%s': %llu data bytes, shape says %llu", col->name,
                        (unsigned long long)data_len, (unsigned long long)(bytes * rows));
     if ((rc = need(r, (size_t)data_len, "column data")) < 0)
         return rc;
@@ -119,16 +122,19 @@ int feed_batch_decode(const uint8_t *buf, size_t len, FeedBatch *out, SgError *e
     out->rows = get_le(&r, 8);
     out->ncols = (int)get_le(&r, 2);
     if (out->ncols < 1 || out->ncols > FEED_MAX_COLUMNS)
-        return sg_fail(err, SG_EPROTO, "feed batch has %d columns (1..%d allowed)", out->ncols, FEED_MAX_COLUMNS);
+        return sg_fail(err, SG_EPROTO, "feed batch has %d columns (1..%d allowed)", out->ncols,
+                       FEED_MAX_COLUMNS);
     for (int i = 0; i < out->ncols; i++) {
         if ((rc = decode_column(&r, out->rows, i, &out->cols[i])) < 0)
             return rc;
         for (int j = 0; j < i; j++)
             if (strcmp(out->cols[j].name, out->cols[i].name) == 0)
-                return sg_fail(err, SG_EPROTO, "feed batch names column '%s' twice", out->cols[i].name);
+                return sg_fail(err, SG_EPROTO, "feed batch names column '%s' twice",
+                               out->cols[i].name);
     }
     if (r.off != len)
-        return sg_fail(err, SG_EPROTO, "feed batch has %zu trailing bytes after its last column", len - r.off);
+        return sg_fail(err, SG_EPROTO, "feed batch has %zu trailing bytes after its last column",
+                       len - r.off);
     return SG_OK;
 }
 
@@ -147,10 +153,12 @@ static size_t put_name(uint8_t *p, const char *name)
     return n + 1;
 }
 
-long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struct iovec *iov, SgError *err)
+long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struct iovec *iov,
+                       SgError *err)
 {
     if (b->ncols < 1 || b->ncols > FEED_MAX_COLUMNS)
-        return sg_fail(err, SG_EINVAL, "a feed batch needs 1..%d columns, got %d", FEED_MAX_COLUMNS, b->ncols);
+        return sg_fail(err, SG_EINVAL, "a feed batch needs 1..%d columns, got %d", FEED_MAX_COLUMNS,
+                       b->ncols);
     size_t in_len = strlen(b->input);
     if (in_len == 0 || in_len > FEED_NAME_MAX)
         return sg_fail(err, SG_EINVAL, "input name must be 1..%d bytes", FEED_NAME_MAX);
@@ -169,7 +177,8 @@ long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struc
         size_t nl = strlen(c->name);
         if (nl == 0 || nl > FEED_NAME_MAX || c->ndim < 1 || c->ndim > FEED_MAX_NDIM ||
             feed_dtype_size(c->dtype) == 0 || c->dims[0] != b->rows)
-            return sg_fail(err, SG_EINVAL, "feed column %d ('%s') has a bad name, dtype, ndim or row count", i,
+            return sg_fail(err, SG_EINVAL,
+                           "feed column %d ('%s') has a bad name, dtype, ndim or row count", i,
                            c->name);
         off += put_name(meta + off, c->name);
         meta[off++] = c->dtype;
@@ -191,18 +200,19 @@ long feed_batch_encode(const FeedBatch *b, uint8_t *meta, size_t meta_cap, struc
 int feed_schema_check(const FeedBatch *ref, const FeedBatch *b, SgError *err)
 {
     if (ref->ncols != b->ncols)
-        return sg_fail(err, SG_ESCHEMA, "input '%s': batch has %d columns, earlier batches %d", b->input, b->ncols,
-                       ref->ncols);
+        return sg_fail(err, SG_ESCHEMA, "input '%s': batch has %d columns, earlier batches %d",
+                       b->input, b->ncols, ref->ncols);
     for (int i = 0; i < b->ncols; i++) {
         const FeedColumn *x = &ref->cols[i], *y = &b->cols[i];
         int same = strcmp(x->name, y->name) == 0 && x->dtype == y->dtype && x->ndim == y->ndim;
         for (int d = 1; same && d < x->ndim; d++)
             same = x->dims[d] == y->dims[d];
         if (!same)
-            return sg_fail(err, SG_ESCHEMA,
-                           "input '%s': column %d is '%s' (dtype %u, %u dims) but earlier batches had '%s' "
-                           "(dtype %u, %u dims) or a different row shape",
-                           b->input, i, y->name, y->dtype, y->ndim, x->name, x->dtype, x->ndim);
+            return sg_fail(
+                err, SG_ESCHEMA,
+                "input '%s': column %d is '%s' (dtype %u, %u dims) but earlier batches had '%s' "
+                "(dtype %u, %u dims) or a different row shape",
+                b->input, i, y->name, y->dtype, y->ndim, x->name, x->dtype, x->ndim);
     }
     return SG_OK;
 }

@@ -23,7 +23,7 @@
 #include "net/frame.h"
 #include "net/sock.h"
 
-#define FEED_IO_TIMEOUT 60.0
+#define FEED_IO_TIMEOUT   60.0
 #define FEED_AUTH_TIMEOUT 10.0
 
 typedef struct FeedItem {
@@ -132,11 +132,13 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
         return sg_fail(err, SG_ENOMEM, "queueing a %zu-byte batch from %s", len, c->peer);
     }
     memcpy(cols, b->cols, (size_t)b->ncols * sizeof *cols);
-    *item = (FeedItem){.rows = b->rows, .ncols = b->ncols, .cols = cols, .payload = payload, .bytes = len};
+    *item = (FeedItem){
+        .rows = b->rows, .ncols = b->ncols, .cols = cols, .payload = payload, .bytes = len};
     pthread_mutex_lock(&s->mu);
     FeedInput *in = input_get(s, b->input);
     if (in == NULL)
-        rc = sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer, FEED_MAX_INPUTS);
+        rc = sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
+                     FEED_MAX_INPUTS);
     else if (in->schema == NULL && (in->schema = malloc(sizeof *in->schema)) != NULL)
         *in->schema = *b;
     else if (in->schema == NULL)
@@ -144,7 +146,8 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
     else
         rc = feed_schema_check(in->schema, b, err);
     while (rc == 0 && in->bytes > 0 && in->bytes + len > s->capacity && !s->stopping)
-        wait_until(s, net_now() + 1.0); /* backpressure: this feeder's socket is not read meanwhile */
+        wait_until(s,
+                   net_now() + 1.0); /* backpressure: this feeder's socket is not read meanwhile */
     if (rc == 0 && s->stopping)
         rc = sg_fail(err, SG_ECANCELLED, "the worker's feed server stopped");
     if (rc == 0) {
@@ -181,8 +184,10 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
     }
     pthread_mutex_unlock(&s->mu);
     if (in == NULL)
-        return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer, FEED_MAX_INPUTS);
-    return net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0, net_now() + FEED_IO_TIMEOUT, c->peer, err);
+        return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
+                       FEED_MAX_INPUTS);
+    return net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0, net_now() + FEED_IO_TIMEOUT,
+                          c->peer, err);
 }
 
 /* Waits for the next frame; 1 when stopping. */
@@ -209,11 +214,12 @@ static int serve_feeder(FeedServer *s, FeedConn *c, SgError *err)
     while ((rc = wait_frame(s, c, err)) == 0) {
         NetFrameHeader h;
         uint8_t *payload = NULL;
-        if ((rc = net_frame_recv(c->fd, s->max_frame, net_now() + FEED_IO_TIMEOUT, c->peer, &h, &payload, err)) < 0)
+        if ((rc = net_frame_recv(c->fd, s->max_frame, net_now() + FEED_IO_TIMEOUT, c->peer, &h,
+                                 &payload, err)) < 0)
             return rc;
         if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
-            rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection", c->peer,
-                         net_frame_type_name(h.type), h.flags);
+            rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection",
+                         c->peer, net_frame_type_name(h.type), h.flags);
         else if (h.flags == FEED_OP_BATCH && (rc = enqueue(s, c, payload, h.length, err)) == 0)
             payload = NULL; /* owned by the queue now */
         else if (h.flags == FEED_OP_END && (h.length == 0 || h.length > FEED_NAME_MAX ||
@@ -233,7 +239,8 @@ static void *conn_main(void *arg)
     FeedConn *c = arg;
     FeedServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + FEED_AUTH_TIMEOUT, c->peer, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + FEED_AUTH_TIMEOUT,
+                             c->peer, &err);
     if (rc == 0)
         rc = serve_feeder(s, c, &err);
     if (rc < 0 && rc != SG_EPEER) {
@@ -250,7 +257,8 @@ static void *conn_main(void *arg)
             buf[i] = (uint8_t)(code >> (8 * i));
         memcpy(buf + 4, err.msg, n);
         SgError ignored;
-        net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0, c->peer, &ignored);
+        net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0, c->peer,
+                       &ignored);
     }
     shutdown(c->fd, SHUT_RDWR);
     return NULL;
@@ -296,7 +304,8 @@ static void *accept_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         if (stop)
             break;
-        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN},
+                              {.fd = s->wake[0], .events = POLLIN}};
         int n = poll(p, 2, 1000);
         if (n <= 0)
             continue; /* timeout or EINTR; other poll errors cannot happen on valid fds */
@@ -329,7 +338,9 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t 
     if (rc < 0)
         return rc;
     if (capacity_bytes == 0 || expected_feeders < 0 || max_frame < 64)
-        return sg_fail(err, SG_EINVAL, "FeedServer needs capacity_bytes > 0, expected_feeders >= 0, max_frame >= 64");
+        return sg_fail(
+            err, SG_EINVAL,
+            "FeedServer needs capacity_bytes > 0, expected_feeders >= 0, max_frame >= 64");
     FeedServer *s = calloc(1, sizeof *s);
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a feed server");
@@ -340,7 +351,8 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t 
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
-    s->lfd = lfd, s->capacity = capacity_bytes, s->expected = expected_feeders, s->max_frame = max_frame;
+    s->lfd = lfd, s->capacity = capacity_bytes, s->expected = expected_feeders,
+    s->max_frame = max_frame;
     if ((s->secret = malloc(secret_len)) == NULL)
         rc = sg_fail(err, SG_ENOMEM, "allocating a feed server");
     else
@@ -371,8 +383,8 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
         if (out->cols[c].data == NULL) {
             out->ncols = c;
             feed_out_free(out);
-            return sg_fail(err, SG_ENOMEM, "allocating %llu rows of column '%s'", (unsigned long long)take,
-                           sc->cols[c].name);
+            return sg_fail(err, SG_ENOMEM, "allocating %llu rows of column '%s'",
+                           (unsigned long long)take, sc->cols[c].name);
         }
     }
     uint64_t done = 0;
@@ -381,7 +393,8 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
         uint64_t k = it->rows - it->cursor < take - done ? it->rows - it->cursor : take - done;
         for (int c = 0; c < out->ncols; c++) {
             size_t rb = (size_t)it->cols[c].row_bytes;
-            memcpy((uint8_t *)out->cols[c].data + done * rb, it->cols[c].data + it->cursor * rb, (size_t)k * rb);
+            memcpy((uint8_t *)out->cols[c].data + done * rb, it->cols[c].data + it->cursor * rb,
+                   (size_t)k * rb);
         }
         it->cursor += k;
         done += k;
@@ -401,7 +414,8 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
     return SG_OK;
 }
 
-int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeout, FeedOut *out, SgError *err)
+int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeout, FeedOut *out,
+                     SgError *err)
 {
     double deadline;
     int rc = net_deadline(timeout, "FeedServer.next_batch", &deadline, err);
@@ -419,14 +433,17 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeou
     if (in->rows >= n || input_finished(s, in))
         rc = take_rows(s, in, in->rows < n ? in->rows : n, out, err);
     else if (s->stopping)
-        rc = sg_fail(err, SG_ECANCELLED, "feed server stopped while waiting for rows of input '%s'", input);
+        rc = sg_fail(err, SG_ECANCELLED, "feed server stopped while waiting for rows of input '%s'",
+                     input);
     else
         rc = sg_fail(err, SG_ETIMEOUT,
-                     "waited %.1f s for %llu rows of input '%s': %llu queued, %ld feeder connection(s) so far, "
-                     "%d sent END for this input, end of data not signalled (the driver calls finish when every "
+                     "waited %.1f s for %llu rows of input '%s': %llu queued, %ld feeder "
+                     "connection(s) so far, "
+                     "%d sent END for this input, end of data not signalled (the driver calls "
+                     "finish when every "
                      "partition is fed)",
-                     timeout, (unsigned long long)n, input, (unsigned long long)in->rows, s->stats.feeders,
-                     in->ended);
+                     timeout, (unsigned long long)n, input, (unsigned long long)in->rows,
+                     s->stats.feeders, in->ended);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

@@ -69,21 +69,23 @@ void net_frame_header_encode(uint8_t out[NET_FRAME_HEADER_SIZE], uint8_t type, u
     put_u32(out + 8, length);
 }
 
-int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
-                            NetFrameHeader *h, SgError *err)
+int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload, NetFrameHeader *h,
+                            SgError *err)
 {
     if (len < NET_FRAME_HEADER_SIZE)
-        return sg_fail(err, SG_EPROTO, "frame header needs %d bytes, got %zu", NET_FRAME_HEADER_SIZE,
-                       len);
+        return sg_fail(err, SG_EPROTO, "frame header needs %d bytes, got %zu",
+                       NET_FRAME_HEADER_SIZE, len);
     uint32_t magic = get_u32(buf);
     if (magic != NET_FRAME_MAGIC)
-        return sg_fail(err, SG_EPROTO,
-                       "bad frame magic 0x%08x at byte 0 (expected 0x%08x): the peer does not speak "
-                       "the sparkgrad protocol",
-                       magic, NET_FRAME_MAGIC);
+        return sg_fail(
+            err, SG_EPROTO,
+            "bad frame magic 0x%08x at byte 0 (expected 0x%08x): the peer does not speak "
+            "the sparkgrad protocol",
+            magic, NET_FRAME_MAGIC);
     if (buf[4] != NET_FRAME_VERSION)
-        return sg_fail(err, SG_EPROTO, "unsupported frame version %u at byte 4 (this build speaks %d)",
-                       buf[4], NET_FRAME_VERSION);
+        return sg_fail(err, SG_EPROTO,
+                       "unsupported frame version %u at byte 4 (this build speaks %d)", buf[4],
+                       NET_FRAME_VERSION);
     if (strcmp(net_frame_type_name(buf[5]), "unknown") == 0)
         return sg_fail(err, SG_EPROTO, "unknown frame type %u at byte 5", buf[5]);
     uint32_t length = get_u32(buf + 8);

@@ -20,11 +20,11 @@
 
 #include "common/sg_status.h"
 
-#define NET_FRAME_MAGIC 0x4E544753u
-#define NET_FRAME_VERSION 1
+#define NET_FRAME_MAGIC       0x4E544753u
+#define NET_FRAME_VERSION     1
 #define NET_FRAME_HEADER_SIZE 12
 #define NET_FRAME_MAX_DEFAULT (64u << 20)
-#define NET_FRAME_MAX_UNAUTH 256u
+#define NET_FRAME_MAX_UNAUTH  256u
 
 typedef enum NetFrameType {
     NET_FRAME_AUTH_CHALLENGE = 1, /* server nonce (32) */
@@ -50,8 +50,8 @@ void net_frame_header_encode(uint8_t out[NET_FRAME_HEADER_SIZE], uint8_t type, u
 /* Decodes a header from buf (len must be >= NET_FRAME_HEADER_SIZE) and
  * validates magic (SG_EPROTO), version (SG_EPROTO), type (SG_EPROTO) and
  * length <= max_payload (SG_EFRAME). */
-int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
-                            NetFrameHeader *h, SgError *err);
+int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload, NetFrameHeader *h,
+                            SgError *err);
 
 /* Resumable parser: feed bytes as they arrive, in any split. */
 typedef struct NetFrameParser {

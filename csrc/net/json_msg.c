@@ -24,14 +24,15 @@ int net_json_parse(const uint8_t *payload, size_t len, const char *peer, cJSON *
         long off = at != NULL && at >= (const char *)payload && at <= (const char *)payload + len
                        ? (long)(at - (const char *)payload)
                        : -1;
-        return sg_fail(err, SG_EPROTO, "invalid JSON control message from %s (%zu bytes, error near byte %ld)",
+        return sg_fail(err, SG_EPROTO,
+                       "invalid JSON control message from %s (%zu bytes, error near byte %ld)",
                        peer, len, off);
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
     if (!cJSON_IsObject(obj) || !cJSON_IsString(t)) {
         cJSON_Delete(obj);
-        return sg_fail(err, SG_EPROTO, "control message from %s is not an object with a string \"type\"",
-                       peer);
+        return sg_fail(err, SG_EPROTO,
+                       "control message from %s is not an object with a string \"type\"", peer);
     }
     *out = obj;
     *type = t->valuestring;
@@ -49,8 +50,7 @@ int net_json_string(const cJSON *obj, const char *name, const char *peer, const 
     return SG_OK;
 }
 
-int net_json_number(const cJSON *obj, const char *name, const char *peer, double *out,
-                    SgError *err)
+int net_json_number(const cJSON *obj, const char *name, const char *peer, double *out, SgError *err)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (!cJSON_IsNumber(v))
@@ -68,7 +68,8 @@ int net_json_int(const cJSON *obj, const char *name, long lo, long hi, const cha
     if (rc < 0)
         return rc;
     if (d != floor(d) || d < (double)lo || d > (double)hi)
-        return sg_fail(err, SG_EPROTO, "'%s' message from %s: member \"%s\" = %g is not an integer in %ld..%ld",
+        return sg_fail(err, SG_EPROTO,
+                       "'%s' message from %s: member \"%s\" = %g is not an integer in %ld..%ld",
                        msg_type(obj), peer, name, d, lo, hi);
     *out = (long)d;
     return SG_OK;

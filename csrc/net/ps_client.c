@@ -34,21 +34,23 @@ struct PsClient {
     SgError broken_err;
 };
 
-static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *data, double deadline,
-                    SgError *err)
+static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *data,
+                    double deadline, SgError *err)
 {
     size_t len = data != NULL ? (size_t)sh->count * sizeof(float) : 0;
     uint8_t hdr[NET_FRAME_HEADER_SIZE], oph[PS_OP_HEADER];
     net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len));
     ps_op_encode(oph, v[0], v[1], v[2], v[3]);
-    struct iovec iov[3] = {{hdr, sizeof hdr}, {oph, sizeof oph}, {(void *)(data != NULL ? data + sh->offset : NULL), len}};
+    struct iovec iov[3] = {{hdr, sizeof hdr},
+                           {oph, sizeof oph},
+                           {(void *)(data != NULL ? data + sh->offset : NULL), len}};
     return net_writev_all(sh->fd, iov, 3, deadline, sh->peer, "a ps request", err);
 }
 
 /* Reads one reply; parameters (if any) land in dest + offset. Returns 0, a
  * server-reported status (*remote = 1) or a transport/protocol status. */
-static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, double deadline, int *remote,
-                      SgError *err)
+static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, double deadline,
+                      int *remote, SgError *err)
 {
     size_t bytes = (size_t)sh->count * sizeof(float);
     size_t cap = PS_OP_HEADER + (bytes > SG_ERROR_MAX ? bytes : SG_ERROR_MAX);
@@ -60,37 +62,41 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, do
         return sg_context(err, "ps shard %d: ", shard);
     if (rc < 0)
         return rc;
-    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER || (h.flags != PS_OP_REPLY && h.flags != PS_OP_ERROR))
-        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply", shard,
+    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER ||
+        (h.flags != PS_OP_REPLY && h.flags != PS_OP_ERROR))
+        return sg_fail(err, SG_EPROTO,
+                       "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply", shard,
                        sh->peer, net_frame_type_name(h.type), h.flags);
-    if ((rc = net_read_exact(sh->fd, oph, sizeof oph, deadline, sh->peer, "a ps reply header", err)) < 0)
+    if ((rc = net_read_exact(sh->fd, oph, sizeof oph, deadline, sh->peer, "a ps reply header",
+                             err)) < 0)
         return rc;
     ps_op_decode(oph, v);
     size_t data = h.length - PS_OP_HEADER;
     if (h.flags == PS_OP_ERROR) {
         char msg[SG_ERROR_MAX + 1];
         if (data > SG_ERROR_MAX)
-            return sg_fail(err, SG_EPROTO, "ps shard %d (%s) sent a %zu-byte error message (at most %d)", shard,
+            return sg_fail(err, SG_EPROTO,
+                           "ps shard %d (%s) sent a %zu-byte error message (at most %d)", shard,
                            sh->peer, data, SG_ERROR_MAX);
         if ((rc = net_read_exact(sh->fd, msg, data, deadline, sh->peer, "a ps error", err)) < 0)
             return rc;
         msg[data] = '\0';
         int64_t code = (int64_t)v[0];
         *remote = 1;
-        return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s", shard,
-                       sh->peer, msg);
+        return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s",
+                       shard, sh->peer, msg);
     }
     if (data != (dest != NULL ? bytes : 0))
-        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) replied with %zu data bytes, expected %zu", shard,
-                       sh->peer, data, dest != NULL ? bytes : (size_t)0);
+        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) replied with %zu data bytes, expected %zu",
+                       shard, sh->peer, data, dest != NULL ? bytes : (size_t)0);
     if (data > 0)
         rc = net_read_exact(sh->fd, dest + sh->offset, data, deadline, sh->peer, "parameters", err);
     return rc;
 }
 
 /* One op on every shard: send all, then read all replies. */
-static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest, uint64_t out[4],
-                    SgError *err)
+static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
+                    uint64_t out[4], SgError *err)
 {
     pthread_mutex_lock(&c->mu);
     if (c->broken) {
@@ -142,7 +148,8 @@ int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err
     return rc;
 }
 
-int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step, SgError *err)
+int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
+                        SgError *err)
 {
     uint64_t v[4] = {0}, r[4] = {0};
     int rc = call_all(c, PS_OP_PUSH_PULL, v, grads, params, r, err);
@@ -171,8 +178,8 @@ int ps_client_done(PsClient *c, SgError *err)
 }
 
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
-                      size_t secret_len, uint64_t total, int worker_id, double timeout, PsClient **out,
-                      SgError *err)
+                      size_t secret_len, uint64_t total, int worker_id, double timeout,
+                      PsClient **out, SgError *err)
 {
     double deadline;
     int rc;

@@ -23,7 +23,7 @@
 #include "net/ps.h"
 #include "net/sock.h"
 
-#define PS_IO_TIMEOUT 60.0   /* seconds for one request body or reply to cross */
+#define PS_IO_TIMEOUT   60.0 /* seconds for one request body or reply to cross */
 #define PS_AUTH_TIMEOUT 10.0
 
 typedef struct PsConn {
@@ -34,7 +34,7 @@ typedef struct PsConn {
     long worker_id; /* -1 until HELLO */
     int said_done;
     int first_done; /* this connection marked its worker done: ack it, then count */
-    float *buf; /* count floats: gradients in, parameters out */
+    float *buf;     /* count floats: gradients in, parameters out */
 } PsConn;
 
 struct PsServer {
@@ -96,7 +96,8 @@ static int complete_step(PsServer *s, SgError *err)
         s->accum[i] *= scale;
     int rc = s->cfg.apply(s->cfg.apply_ctx, s->params, s->accum, n, err);
     if (rc < 0) {
-        break_sync(s, rc, "applying synchronous step %llu failed: %s", (unsigned long long)s->step, err->msg);
+        break_sync(s, rc, "applying synchronous step %llu failed: %s", (unsigned long long)s->step,
+                   err->msg);
         return rc;
     }
     memset(s->accum, 0, n * sizeof *s->accum);
@@ -112,7 +113,8 @@ static int wait_initialized(PsServer *s, const char *peer, SgError *err)
     while (!s->initialized && !s->closing)
         cond_wait_1s(s);
     if (!s->initialized)
-        return sg_fail(err, SG_ECANCELLED, "ps shard closed before it was initialized (request from %s)", peer);
+        return sg_fail(err, SG_ECANCELLED,
+                       "ps shard closed before it was initialized (request from %s)", peer);
     return SG_OK;
 }
 
@@ -120,8 +122,10 @@ static int apply_push(PsServer *s, PsConn *c, SgError *err)
 {
     size_t n = (size_t)s->cfg.count;
     if (!s->initialized)
-        return sg_fail(err, SG_ESTATE, "gradient from worker %ld before the ps shard was initialized "
-                       "(construct the PsServer with params, or call PsClient.init first)", c->worker_id);
+        return sg_fail(err, SG_ESTATE,
+                       "gradient from worker %ld before the ps shard was initialized "
+                       "(construct the PsServer with params, or call PsClient.init first)",
+                       c->worker_id);
     if (s->cfg.mode == PS_MODE_ASYNC) {
         int rc = s->cfg.apply(s->cfg.apply_ctx, s->params, c->buf, n, err);
         if (rc < 0)
@@ -132,9 +136,11 @@ static int apply_push(PsServer *s, PsConn *c, SgError *err)
     if (s->broken)
         return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
     if (s->done[c->worker_id])
-        return sg_fail(err, SG_ESTATE, "worker %ld pushed a gradient after saying done", c->worker_id);
+        return sg_fail(err, SG_ESTATE, "worker %ld pushed a gradient after saying done",
+                       c->worker_id);
     if (s->contributed[c->worker_id])
-        return sg_fail(err, SG_EPROTO, "worker %ld pushed twice in step %llu (two clients with one worker id?)",
+        return sg_fail(err, SG_EPROTO,
+                       "worker %ld pushed twice in step %llu (two clients with one worker id?)",
                        c->worker_id, (unsigned long long)s->step);
     for (size_t i = 0; i < n; i++)
         s->accum[i] += c->buf[i];
@@ -149,7 +155,8 @@ static int apply_push(PsServer *s, PsConn *c, SgError *err)
         return SG_OK;
     if (s->broken)
         return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
-    return sg_fail(err, SG_ECANCELLED, "ps shard stopped during synchronous step %llu", (unsigned long long)my_step);
+    return sg_fail(err, SG_ECANCELLED, "ps shard stopped during synchronous step %llu",
+                   (unsigned long long)my_step);
 }
 
 static int mark_done(PsServer *s, PsConn *c, SgError *err)
@@ -172,8 +179,8 @@ static int mark_done(PsServer *s, PsConn *c, SgError *err)
 
 /* ---- one request ------------------------------------------------------------ */
 
-static int reply(PsConn *c, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, const void *data, size_t len,
-                 SgError *err)
+static int reply(PsConn *c, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, const void *data,
+                 size_t len, SgError *err)
 {
     uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
     net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_REPLY, (uint32_t)(PS_OP_HEADER + len));
@@ -190,7 +197,8 @@ static int reply_error(PsConn *c, const SgError *e)
     ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
     struct iovec iov[3] = {{hdr, sizeof hdr}, {op, sizeof op}, {(void *)e->msg, len}};
     SgError ignored;
-    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps error",
+                          &ignored);
 }
 
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
@@ -205,13 +213,15 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     pthread_mutex_lock(&s->mu);
     switch (op) {
     case PS_OP_HELLO:
-        if (v[0] >= (uint64_t)cfg->num_workers || v[1] != cfg->total || v[2] != cfg->offset || v[3] != cfg->count)
-            rc = sg_fail(err, SG_ECLUSTER,
-                         "worker %llu at %s expects shard [%llu, +%llu) of %llu parameters, this ps serves "
-                         "[%llu, +%llu) of %llu for %d workers (model or num_ps differ between nodes?)",
-                         (unsigned long long)v[0], c->peer, (unsigned long long)v[2], (unsigned long long)v[3],
-                         (unsigned long long)v[1], (unsigned long long)cfg->offset,
-                         (unsigned long long)cfg->count, (unsigned long long)cfg->total, cfg->num_workers);
+        if (v[0] >= (uint64_t)cfg->num_workers || v[1] != cfg->total || v[2] != cfg->offset ||
+            v[3] != cfg->count)
+            rc = sg_fail(
+                err, SG_ECLUSTER,
+                "worker %llu at %s expects shard [%llu, +%llu) of %llu parameters, this ps serves "
+                "[%llu, +%llu) of %llu for %d workers (model or num_ps differ between nodes?)",
+                (unsigned long long)v[0], c->peer, (unsigned long long)v[2],
+                (unsigned long long)v[3], (unsigned long long)v[1], (unsigned long long)cfg->offset,
+                (unsigned long long)cfg->count, (unsigned long long)cfg->total, cfg->num_workers);
         else
             c->worker_id = (long)v[0];
         flag = (uint64_t)s->initialized;
@@ -251,8 +261,8 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     pthread_mutex_unlock(&s->mu);
     if (rc < 0)
         return rc;
-    rc = reply(c, step, flag, (uint64_t)cfg->num_workers, (uint64_t)cfg->mode, send_params ? c->buf : NULL,
-               send_params ? bytes : 0, err);
+    rc = reply(c, step, flag, (uint64_t)cfg->num_workers, (uint64_t)cfg->mode,
+               send_params ? c->buf : NULL, send_params ? bytes : 0, err);
     if (op == PS_OP_DONE && c->first_done) {
         /* Counted only once acknowledged, so serve's exit cannot cut this reply. */
         pthread_mutex_lock(&s->mu);
@@ -287,12 +297,13 @@ static int serve_one(PsConn *c, SgError *err)
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc = net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes), deadline, c->peer, &h, err);
+    int rc =
+        net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes), deadline, c->peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
-        return sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame where a ps request belongs", c->peer,
-                       h.length, net_frame_type_name(h.type));
+        return sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame where a ps request belongs",
+                       c->peer, h.length, net_frame_type_name(h.type));
     if ((rc = net_read_exact(c->fd, oph, sizeof oph, deadline, c->peer, "a ps op header", err)) < 0)
         return rc;
     ps_op_decode(oph, v);
@@ -300,9 +311,10 @@ static int serve_one(PsConn *c, SgError *err)
     int carries = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL || h.flags == PS_OP_INIT ||
                   h.flags == PS_OP_SET_STATE;
     if (data != (carries ? bytes : 0))
-        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu", h.flags,
-                       c->peer, data, carries ? bytes : (size_t)0);
-    if (data > 0 && (rc = net_read_exact(c->fd, c->buf, data, deadline, c->peer, "ps data", err)) < 0)
+        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu",
+                       h.flags, c->peer, data, carries ? bytes : (size_t)0);
+    if (data > 0 &&
+        (rc = net_read_exact(c->fd, c->buf, data, deadline, c->peer, "ps data", err)) < 0)
         return rc;
     rc = handle(c, h.flags, v, err);
     if (rc < 0 && rc != SG_EPROTO && rc != SG_EPEER && rc != SG_EIO && rc != SG_ETIMEOUT) {
@@ -317,17 +329,19 @@ static void *conn_main(void *arg)
     PsConn *c = arg;
     PsServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + PS_AUTH_TIMEOUT, c->peer, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + PS_AUTH_TIMEOUT, c->peer,
+                             &err);
     while (rc == 0)
         rc = serve_one(c, &err);
     if (rc != 1 && rc != SG_EPEER && rc != SG_EAUTH)
         reply_error(c, &err);
     pthread_mutex_lock(&s->mu);
     if (c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC && !s->closing)
-        break_sync(s, SG_ENODE,
-                   "worker %ld (%s) disconnected during synchronous step %llu without saying done; the "
-                   "step cannot complete",
-                   c->worker_id, c->peer, (unsigned long long)s->step);
+        break_sync(
+            s, SG_ENODE,
+            "worker %ld (%s) disconnected during synchronous step %llu without saying done; the "
+            "step cannot complete",
+            c->worker_id, c->peer, (unsigned long long)s->step);
     pthread_mutex_unlock(&s->mu);
     shutdown(c->fd, SHUT_RDWR);
     return NULL;
@@ -349,8 +363,8 @@ static int add_conn(PsServer *s, int fd, const char *peer, SgError *err)
     float *buf = c != NULL ? malloc((size_t)s->cfg.count * sizeof(float)) : NULL;
     if (buf == NULL) {
         free(c);
-        return sg_fail(err, SG_ENOMEM, "allocating a %llu-float buffer for %s", (unsigned long long)s->cfg.count,
-                       peer);
+        return sg_fail(err, SG_ENOMEM, "allocating a %llu-float buffer for %s",
+                       (unsigned long long)s->cfg.count, peer);
     }
     c->s = s, c->fd = fd, c->worker_id = -1, c->buf = buf;
     snprintf(c->peer, sizeof c->peer, "%s", peer);
@@ -397,7 +411,8 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
         int ms = deadline < 0 ? 1000 : net_poll_ms(deadline);
         if (deadline >= 0 && ms == 0)
             break;
-        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN},
+                              {.fd = s->wake[0], .events = POLLIN}};
         int n = poll(p, 2, ms > 1000 ? 1000 : ms);
         if (n == -1) {
             if (errno == EINTR)
@@ -415,7 +430,7 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
                 rc = a;
                 break;
             }
-                    if (a == 1 && (rc = add_conn(s, fd, peer, err)) < 0)
+            if (a == 1 && (rc = add_conn(s, fd, peer, err)) < 0)
                 close(fd);
         }
     }
@@ -434,8 +449,8 @@ void ps_server_stop(PsServer *s)
 
 /* ---- construction and state ------------------------------------------------- */
 
-int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg, PsServer **out,
-                  SgError *err)
+int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg,
+                  PsServer **out, SgError *err)
 {
     int rc = net_auth_check_secret(secret_len, err);
     if (rc < 0)
@@ -444,7 +459,8 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         cfg->num_workers > 65536 || (cfg->mode != PS_MODE_ASYNC && cfg->mode != PS_MODE_SYNC) ||
         cfg->count > (UINT32_MAX - PS_OP_HEADER) / sizeof(float))
         return sg_fail(err, SG_EINVAL,
-                       "bad ps shard: [%llu, +%llu) of %llu parameters, %d workers, mode %d (shards hold 1..%zu "
+                       "bad ps shard: [%llu, +%llu) of %llu parameters, %d workers, mode %d "
+                       "(shards hold 1..%zu "
                        "floats; workers 1..65536)",
                        (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
                        (unsigned long long)cfg->total, cfg->num_workers, (int)cfg->mode,
@@ -460,7 +476,8 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     size_t n = (size_t)cfg->count;
-    if ((s->secret = malloc(secret_len)) == NULL || (s->params = calloc(n, sizeof(float))) == NULL ||
+    if ((s->secret = malloc(secret_len)) == NULL ||
+        (s->params = calloc(n, sizeof(float))) == NULL ||
         (s->accum = calloc(cfg->mode == PS_MODE_SYNC ? n : 1, sizeof(float))) == NULL ||
         (s->contributed = calloc((size_t)cfg->num_workers, 1)) == NULL ||
         (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL) {

@@ -57,6 +57,7 @@ struct RdvServer {
     int stopping, stopped, loop_done;
     SgError loop_err;
     double heartbeat_timeout;
+    double last_beat; /* net_now() of the last heartbeat sent to the nodes */
     RdvConn **conns;
     size_t nconns, capconns;
     RdvNode *nodes; /* [num_nodes], by executor_id */

@@ -65,7 +65,8 @@ void rdv_node_disconnected(RdvServer *s, RdvConn *c, const char *reason)
     if (!c->finished) {
         cJSON *ev = event_base(s, eid, "lost");
         if (ev != NULL) {
-            cJSON_AddItemToObject(ev, "host", cJSON_Duplicate(cJSON_GetObjectItem(node->info, "host"), 1));
+            cJSON_AddItemToObject(ev, "host",
+                                  cJSON_Duplicate(cJSON_GetObjectItem(node->info, "host"), 1));
             cJSON_AddStringToObject(ev, "reason", reason);
         }
         push_event(s, ev, 0);
@@ -230,7 +231,8 @@ int rdv_handle_message(RdvServer *s, RdvConn *c, const cJSON *msg, const char *t
         c->finished = 1;
         push_event(s, ev, 0);
     } else {
-        return sg_fail(err, SG_EPROTO, "%s sent an unknown control message type '%.64s'", c->peer, type);
+        return sg_fail(err, SG_EPROTO, "%s sent an unknown control message type '%.64s'", c->peer,
+                       type);
     }
     return SG_OK;
 }
@@ -297,7 +299,8 @@ int rdv_server_wait(RdvServer *s, double timeout, char **spec_json, SgError *err
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->mu);
-    while (s->spec_json == NULL && !s->stopped && !s->loop_done && wait_until(s, deadline) != ETIMEDOUT)
+    while (s->spec_json == NULL && !s->stopped && !s->loop_done &&
+           wait_until(s, deadline) != ETIMEDOUT)
         ;
     if (s->spec_json != NULL) {
         *spec_json = strdup(s->spec_json);
@@ -328,7 +331,8 @@ int rdv_server_next_event(RdvServer *s, double timeout, char **event_json, SgErr
         return rc;
     *event_json = NULL;
     pthread_mutex_lock(&s->mu);
-    while (s->ev_head == NULL && !s->stopped && !s->loop_done && wait_until(s, deadline) != ETIMEDOUT)
+    while (s->ev_head == NULL && !s->stopped && !s->loop_done &&
+           wait_until(s, deadline) != ETIMEDOUT)
         ;
     if (s->ev_head != NULL) {
         RdvEvent *e = s->ev_head;
@@ -351,7 +355,8 @@ static int queue_text(RdvConn *c, const char *json, SgError *err)
     const char *type;
     int rc = net_json_parse((const uint8_t *)json, strlen(json), "the driver", &msg, &type, err);
     if (rc < 0)
-        return sg_fail(err, SG_EINVAL, "message to send must be a JSON object with a string \"type\"");
+        return sg_fail(err, SG_EINVAL,
+                       "message to send must be a JSON object with a string \"type\"");
     rc = rdv_conn_queue_json(c, msg);
     cJSON_Delete(msg);
     return rc < 0 ? sg_fail(err, SG_ENOMEM, "queueing a message for %s", c->peer) : SG_OK;
@@ -364,10 +369,12 @@ int rdv_server_send(RdvServer *s, long executor_id, const char *json, SgError *e
     if (s->stopped) {
         rc = closed_error(s, err);
     } else if (executor_id < 0 || executor_id >= s->num_nodes) {
-        rc = sg_fail(err, SG_EINVAL, "executor_id %ld is outside 0..%d", executor_id, s->num_nodes - 1);
+        rc = sg_fail(err, SG_EINVAL, "executor_id %ld is outside 0..%d", executor_id,
+                     s->num_nodes - 1);
     } else if (s->nodes[executor_id].conn == NULL) {
         rc = sg_fail(err, SG_ECLUSTER, "executor %ld is not connected (%s)", executor_id,
-                     s->nodes[executor_id].info == NULL ? "never registered" : "its connection was lost");
+                     s->nodes[executor_id].info == NULL ? "never registered"
+                                                        : "its connection was lost");
     } else {
         rc = queue_text(s->nodes[executor_id].conn, json, err);
         if (rc == 0)

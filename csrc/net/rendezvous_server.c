@@ -25,10 +25,11 @@
 #include "net/rendezvous_internal.h"
 #include "net/sock.h"
 
-#define RDV_AUTH_TIMEOUT 10.0   /* seconds an unauthenticated peer may take */
-#define RDV_CLOSE_LINGER 2.0    /* seconds to flush a reject before closing */
-#define RDV_MAX_EVENTS 65536    /* queued events before log/metric are dropped */
+#define RDV_AUTH_TIMEOUT 10.0  /* seconds an unauthenticated peer may take */
+#define RDV_CLOSE_LINGER 2.0   /* seconds to flush a reject before closing */
+#define RDV_MAX_EVENTS   65536 /* queued events before log/metric are dropped */
 #define RDV_ACCEPT_BATCH 64
+#define RDV_DRIVER_BEAT  1.0 /* seconds between the driver's heartbeats to nodes */
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -139,9 +140,10 @@ static void accept_new(RdvServer *s)
         int rc = net_accept(s->lfd, &fd, peer, sizeof peer, &err);
         if (rc <= 0)
             return; /* none pending, or a transient accept error: retry next poll */
-        RdvConn **grown = s->nconns == s->capconns
-                              ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 16) * sizeof *grown)
-                              : s->conns;
+        RdvConn **grown =
+            s->nconns == s->capconns
+                ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 16) * sizeof *grown)
+                : s->conns;
         RdvConn *c = grown != NULL ? calloc(1, sizeof *c) : NULL;
         if (grown != NULL && s->nconns == s->capconns) {
             s->conns = grown;
@@ -174,10 +176,10 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
     SgError err;
     uint8_t ok[NET_AUTH_MAC];
     int rc = h->type != NET_FRAME_AUTH_RESPONSE
-                 ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating", c->peer,
-                           net_frame_type_name(h->type))
-                 : net_auth_server_check(s->secret, s->secret_len, c->challenge, payload, h->length, ok,
-                                         c->peer, &err);
+                 ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating",
+                           c->peer, net_frame_type_name(h->type))
+                 : net_auth_server_check(s->secret, s->secret_len, c->challenge, payload, h->length,
+                                         ok, c->peer, &err);
     if (rc < 0) {
         static const char reason[] = "authentication failed: wrong cluster secret";
         note(s, &s->stats.auth_failures, "%s", err.msg);
@@ -324,8 +326,8 @@ static void *serve(void *arg)
         size_t polled = s->nconns;
         for (size_t i = 0; i < polled; i++) {
             RdvConn *c = s->conns[i];
-            pfd[i + 2] = (struct pollfd){.fd = c->fd,
-                                         .events = (short)(POLLIN | (c->out_len > c->out_off ? POLLOUT : 0))};
+            pfd[i + 2] = (struct pollfd){
+                .fd = c->fd, .events = (short)(POLLIN | (c->out_len > c->out_off ? POLLOUT : 0))};
         }
         int ms = (int)(s->heartbeat_timeout * 250.0);
         ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
@@ -354,7 +356,18 @@ static void *serve(void *arg)
         }
         if (pfd[1].revents & POLLIN)
             accept_new(s);
-        check_timeouts(s, net_now());
+        double now = net_now();
+        check_timeouts(s, now);
+        if (now - s->last_beat >= RDV_DRIVER_BEAT) {
+            /* The driver's heartbeat: lets nodes notice a driver that vanished without a FIN. */
+            s->last_beat = now;
+            for (size_t i = 0; i < s->nconns; i++) {
+                RdvConn *c = s->conns[i];
+                if (!c->dead && c->state == CONN_READY && c->executor_id >= 0 &&
+                    conn_queue(c, NET_FRAME_HEARTBEAT, NULL, 0) == 0)
+                    conn_flush(s, c);
+            }
+        }
         sweep(s);
     }
     s->loop_done = 1;

@@ -43,8 +43,9 @@ int net_poll_ms(double deadline)
 int net_deadline(double timeout, const char *what, double *deadline, SgError *err)
 {
     if (!isfinite(timeout) || timeout < 0)
-        return sg_fail(err, SG_EINVAL, "timeout for %s must be a finite number of seconds >= 0, got %g",
-                       what, timeout);
+        return sg_fail(err, SG_EINVAL,
+                       "timeout for %s must be a finite number of seconds >= 0, got %g", what,
+                       timeout);
     *deadline = net_now() + timeout;
     return SG_OK;
 }
@@ -277,8 +278,8 @@ int net_writev_all(int fd, struct iovec *iov, int iovcnt, double deadline, const
                 continue;
             }
             if (errno == EPIPE || errno == ECONNRESET)
-                return sg_fail_errno(err, SG_EPEER, errno, "%s closed the connection while we sent %s",
-                                     peer, what);
+                return sg_fail_errno(err, SG_EPEER, errno,
+                                     "%s closed the connection while we sent %s", peer, what);
             return sg_fail_errno(err, SG_EIO, errno, "sending %s to %s", what, peer);
         } else if (n == 0) {
             return sg_fail(err, SG_EPEER, "%s accepted no bytes of %s", peer, what);
@@ -315,12 +316,13 @@ int net_read_exact(int fd, void *buf, size_t len, double deadline, const char *p
                 continue;
             }
             if (errno == ECONNRESET)
-                return sg_fail(err, SG_EPEER, "%s reset the connection after %zu of %zu bytes of %s",
-                               peer, have, len, what);
+                return sg_fail(err, SG_EPEER,
+                               "%s reset the connection after %zu of %zu bytes of %s", peer, have,
+                               len, what);
             return sg_fail_errno(err, SG_EIO, errno, "reading %s from %s", what, peer);
         } else if (n == 0) {
-            return sg_fail(err, SG_EPEER, "%s closed the connection after %zu of %zu bytes of %s", peer,
-                           have, len, what);
+            return sg_fail(err, SG_EPEER, "%s closed the connection after %zu of %zu bytes of %s",
+                           peer, have, len, what);
         } else {
             have += (size_t)n;
         }

@@ -25,7 +25,8 @@ static PyTypeObject Listener_Type;
 int py_listener_fd(PyObject *obj)
 {
     if (!PyObject_TypeCheck(obj, &Listener_Type)) {
-        PyErr_Format(PyExc_TypeError, "expected a sparkgrad._core.Listener, got %s", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "expected a sparkgrad._core.Listener, got %s",
+                     Py_TYPE(obj)->tp_name);
         return -1;
     }
     ListenerObject *l = (ListenerObject *)obj;
@@ -137,7 +138,8 @@ static PyObject *Listener_exit(ListenerObject *self, PyObject *args)
 
 static PyObject *Listener_repr(ListenerObject *self)
 {
-    return PyUnicode_FromFormat("<Listener %s:%d%s>", self->host, self->port, self->fd < 0 ? " closed" : "");
+    return PyUnicode_FromFormat("<Listener %s:%d%s>", self->host, self->port,
+                                self->fd < 0 ? " closed" : "");
 }
 
 static PyObject *Listener_get_host(ListenerObject *self, void *closure)
@@ -261,7 +263,8 @@ static PyMethodDef net_methods[] = {
     {"_frame_encode", py_frame_encode, METH_VARARGS,
      "_frame_encode(type, flags, payload) -> bytes: one wire frame."},
     {"_frame_decode", py_frame_decode, METH_VARARGS,
-     "_frame_decode(data, max_payload=64 MiB, chunk=0) -> ([(type, flags, payload)], pending_bytes)."},
+     "_frame_decode(data, max_payload=64 MiB, chunk=0) -> ([(type, flags, payload)], "
+     "pending_bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,21 +21,23 @@ static PyTypeObject Ctl_Type;
 static PyObject *Ctl_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     (void)type, (void)args, (void)kw;
-    PyErr_SetString(PyExc_TypeError, "use ControlClient.register(host, port, secret, node, timeout)");
+    PyErr_SetString(PyExc_TypeError,
+                    "use ControlClient.register(host, port, secret, node, timeout)");
     return NULL;
 }
 
 static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"host", "port", "secret", "node", "timeout", "heartbeat_interval", NULL};
+    static char *kwlist[] = {
+        "host", "port", "secret", "node", "timeout", "heartbeat_interval", "driver_timeout", NULL};
     const char *host;
     int port;
     Py_buffer secret;
     PyObject *node;
-    double timeout, hb = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|d:register", kwlist, &host, &port, &secret,
-                                     &PyDict_Type, &node, &timeout, &hb))
+    double timeout, hb = 1.0, driver_timeout = 30.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|dd:register", kwlist, &host, &port, &secret,
+                                     &PyDict_Type, &node, &timeout, &hb, &driver_timeout))
         return NULL;
     char *node_json = py_net_json_dumps(node);
     if (node_json == NULL) {
@@ -46,7 +48,8 @@ static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
     CtlClient *cli = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, node_json, timeout, hb, &cli, &err);
+    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, node_json, timeout, hb,
+                             driver_timeout, &cli, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&secret);
     free(node_json);
@@ -101,7 +104,8 @@ static PyObject *Ctl_metric(CtlObject *self, PyObject *args, PyObject *kw)
     const char *name;
     double value, timeout = CTL_SEND_TIMEOUT;
     long step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sdl|d:metric", kwlist, &name, &value, &step, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sdl|d:metric", kwlist, &name, &value, &step,
+                                     &timeout))
         return NULL;
     SgError err;
     int rc;
@@ -131,7 +135,8 @@ static PyObject *Ctl_error(CtlObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"message", "traceback", "host", "timeout", NULL};
     const char *message, *traceback, *host = "";
     double timeout = CTL_SEND_TIMEOUT;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|sd:error", kwlist, &message, &traceback, &host, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|sd:error", kwlist, &message, &traceback, &host,
+                                     &timeout))
         return NULL;
     SgError err;
     int rc;
@@ -202,17 +207,21 @@ static PyObject *Ctl_get_spec(CtlObject *self, void *closure)
 }
 
 static PyMethodDef Ctl_methods[] = {
-    {"register", (PyCFunction)(void (*)(void))Ctl_register, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
-     "register(host, port, secret, node, timeout, heartbeat_interval=1.0) -> ControlClient"},
+    {"register", (PyCFunction)(void (*)(void))Ctl_register,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "register(host, port, secret, node, timeout, heartbeat_interval=1.0, driver_timeout=30.0) -> "
+     "ControlClient"},
     {"log", (PyCFunction)(void (*)(void))Ctl_log, METH_VARARGS | METH_KEYWORDS, "log(line)"},
     {"metric", (PyCFunction)(void (*)(void))Ctl_metric, METH_VARARGS | METH_KEYWORDS,
      "metric(name, value, step)"},
-    {"done", (PyCFunction)(void (*)(void))Ctl_done, METH_VARARGS | METH_KEYWORDS, "done(result: str)"},
+    {"done", (PyCFunction)(void (*)(void))Ctl_done, METH_VARARGS | METH_KEYWORDS,
+     "done(result: str)"},
     {"error", (PyCFunction)(void (*)(void))Ctl_error, METH_VARARGS | METH_KEYWORDS,
      "error(message, traceback, host='')"},
     {"recv", (PyCFunction)(void (*)(void))Ctl_recv, METH_VARARGS | METH_KEYWORDS,
      "recv(timeout) -> dict | None: next message from the driver."},
-    {"close", (PyCFunction)Ctl_close, METH_NOARGS, "close(): stop heartbeats, close the connection."},
+    {"close", (PyCFunction)Ctl_close, METH_NOARGS,
+     "close(): stop heartbeats, close the connection."},
     {"__enter__", (PyCFunction)Ctl_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Ctl_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -227,7 +236,8 @@ static PyTypeObject Ctl_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.ControlClient",
     .tp_basicsize = sizeof(CtlObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A node's authenticated control connection to the driver; see ControlClient.register.",
+    .tp_doc =
+        "A node's authenticated control connection to the driver; see ControlClient.register.",
     .tp_new = Ctl_new,
     .tp_dealloc = (destructor)Ctl_dealloc,
     .tp_methods = Ctl_methods,

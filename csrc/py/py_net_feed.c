@@ -13,9 +13,9 @@
 static const struct {
     int npy, feed;
 } dtype_map[] = {
-    {NPY_FLOAT32, FEED_F32}, {NPY_FLOAT64, FEED_F64}, {NPY_INT32, FEED_I32}, {NPY_INT64, FEED_I64},
-    {NPY_UINT8, FEED_U8},    {NPY_INT8, FEED_I8},     {NPY_INT16, FEED_I16}, {NPY_UINT16, FEED_U16},
-    {NPY_BOOL, FEED_BOOL},
+    {NPY_FLOAT32, FEED_F32}, {NPY_FLOAT64, FEED_F64}, {NPY_INT32, FEED_I32},
+    {NPY_INT64, FEED_I64},   {NPY_UINT8, FEED_U8},    {NPY_INT8, FEED_I8},
+    {NPY_INT16, FEED_I16},   {NPY_UINT16, FEED_U16},  {NPY_BOOL, FEED_BOOL},
 };
 
 static int feed_code(int npy)
@@ -44,14 +44,15 @@ typedef struct {
 
 static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret", "capacity_bytes", "expected_feeders", "max_frame", NULL};
+    static char *kwlist[] = {"listener",         "secret",    "capacity_bytes",
+                             "expected_feeders", "max_frame", NULL};
     PyObject *listener;
     Py_buffer secret;
     Py_ssize_t capacity = (Py_ssize_t)256 << 20;
     int expected = 0;
     unsigned int max_frame = 64u << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niI:FeedServer", kwlist, &listener, &secret, &capacity, &expected,
-                                     &max_frame))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niI:FeedServer", kwlist, &listener, &secret,
+                                     &capacity, &expected, &max_frame))
         return -1;
     int fd = py_listener_fd(listener);
     SgError err;
@@ -64,8 +65,8 @@ static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
         sg_raise_code(SG_EINVAL, "capacity_bytes must be > 0");
         rc = -1;
     }
-    if (rc == 0 && feed_server_start(fd, secret.buf, (size_t)secret.len, (size_t)capacity, expected, max_frame,
-                                     &self->srv, &err) < 0) {
+    if (rc == 0 && feed_server_start(fd, secret.buf, (size_t)secret.len, (size_t)capacity, expected,
+                                     max_frame, &self->srv, &err) < 0) {
         sg_raise(&err);
         rc = -1;
     }
@@ -109,8 +110,10 @@ static PyObject *out_to_dict(FeedOut *out)
         npy_intp dims[FEED_MAX_NDIM];
         for (int k = 0; k < col->ndim; k++)
             dims[k] = (npy_intp)col->dims[k];
-        PyObject *arr = PyArray_SimpleNewFromData(col->ndim, dims, npy_code(col->dtype), (void *)col->data);
-        PyObject *cap = arr != NULL ? PyCapsule_New((void *)col->data, "sparkgrad.feed", capsule_free) : NULL;
+        PyObject *arr =
+            PyArray_SimpleNewFromData(col->ndim, dims, npy_code(col->dtype), (void *)col->data);
+        PyObject *cap =
+            arr != NULL ? PyCapsule_New((void *)col->data, "sparkgrad.feed", capsule_free) : NULL;
         if (cap == NULL || PyArray_SetBaseObject((PyArrayObject *)arr, cap) < 0) {
             Py_XDECREF(cap);
             Py_XDECREF(arr);
@@ -152,7 +155,8 @@ static PyObject *FeedServer_finish(FeedServerObject *self, PyObject *args, PyObj
 {
     static char *kwlist[] = {"input", NULL};
     const char *input = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:finish", kwlist, &input) || feed_live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:finish", kwlist, &input) ||
+        feed_live(self) == NULL)
         return NULL;
     feed_server_finish(self->srv, input);
     Py_RETURN_NONE;
@@ -162,7 +166,8 @@ static PyObject *FeedServer_drained(FeedServerObject *self, PyObject *args, PyOb
 {
     static char *kwlist[] = {"input", NULL};
     const char *input = "train";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s:drained", kwlist, &input) || feed_live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s:drained", kwlist, &input) ||
+        feed_live(self) == NULL)
         return NULL;
     return PyBool_FromLong(feed_server_drained(self->srv, input));
 }
@@ -174,9 +179,10 @@ static PyObject *FeedServer_stats(FeedServerObject *self, PyObject *noargs)
         return NULL;
     FeedStats st;
     feed_server_stats(self->srv, &st);
-    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:n, s:l, s:s}", "feeders", st.feeders, "ended", st.ended,
-                         "batches", st.batches, "rows_in", st.rows_in, "rows_out", st.rows_out, "queued_bytes",
-                         (Py_ssize_t)st.queued_bytes, "rejected", st.rejected, "last_error", st.last_error);
+    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:n, s:l, s:s}", "feeders", st.feeders, "ended",
+                         st.ended, "batches", st.batches, "rows_in", st.rows_in, "rows_out",
+                         st.rows_out, "queued_bytes", (Py_ssize_t)st.queued_bytes, "rejected",
+                         st.rejected, "last_error", st.last_error);
 }
 
 static PyObject *FeedServer_close(FeedServerObject *self, PyObject *noargs)
@@ -192,7 +198,8 @@ static PyObject *FeedServer_close(FeedServerObject *self, PyObject *noargs)
 
 static PyMethodDef FeedServer_methods[] = {
     {"next_batch", (PyCFunction)(void (*)(void))FeedServer_next_batch, METH_VARARGS | METH_KEYWORDS,
-     "next_batch(n, timeout, input='train') -> dict[str, ndarray]: n rows, fewer (or none) once the input ended."},
+     "next_batch(n, timeout, input='train') -> dict[str, ndarray]: n rows, fewer (or none) once "
+     "the input ended."},
     {"finish", (PyCFunction)(void (*)(void))FeedServer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(input=None): every feeder is done (None: all inputs)."},
     {"drained", (PyCFunction)(void (*)(void))FeedServer_drained, METH_VARARGS | METH_KEYWORDS,
@@ -206,7 +213,8 @@ static PyTypeObject FeedServer_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.FeedServer",
     .tp_basicsize = sizeof(FeedServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "FeedServer(listener, secret, capacity_bytes=256 MiB, expected_feeders=0, max_frame=64 MiB)",
+    .tp_doc = "FeedServer(listener, secret, capacity_bytes=256 MiB, expected_feeders=0, "
+              "max_frame=64 MiB)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedServer_init,
     .tp_dealloc = (destructor)FeedServer_dealloc,
@@ -224,8 +232,10 @@ typedef struct {
 /* Fills b from a dict of arrays; *keep holds the contiguous arrays alive. */
 static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, PyObject **keep)
 {
-    if (!PyDict_Check(columns) || PyDict_Size(columns) < 1 || PyDict_Size(columns) > FEED_MAX_COLUMNS) {
-        PyErr_Format(PyExc_TypeError, "columns must be a dict of 1..%d name -> ndarray", FEED_MAX_COLUMNS);
+    if (!PyDict_Check(columns) || PyDict_Size(columns) < 1 ||
+        PyDict_Size(columns) > FEED_MAX_COLUMNS) {
+        PyErr_Format(PyExc_TypeError, "columns must be a dict of 1..%d name -> ndarray",
+                     FEED_MAX_COLUMNS);
         return -1;
     }
     *keep = PyList_New(0);
@@ -239,10 +249,12 @@ static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, P
         const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
         if (name == NULL || name[0] == '\0' || strlen(name) > FEED_NAME_MAX) {
             if (!PyErr_Occurred())
-                sg_raise_code(SG_EINVAL, "column names must be non-empty str of at most %d bytes", FEED_NAME_MAX);
+                sg_raise_code(SG_EINVAL, "column names must be non-empty str of at most %d bytes",
+                              FEED_NAME_MAX);
             return -1;
         }
-        PyObject *arr = PyArray_FROMANY(value, NPY_NOTYPE, 1, FEED_MAX_NDIM, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+        PyObject *arr = PyArray_FROMANY(value, NPY_NOTYPE, 1, FEED_MAX_NDIM,
+                                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
         if (arr == NULL || PyList_Append(*keep, arr) < 0) {
             Py_XDECREF(arr);
             return -1;
@@ -253,8 +265,10 @@ static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, P
         snprintf(c->name, sizeof c->name, "%s", name);
         c->dtype = (uint8_t)feed_code(PyArray_TYPE(a));
         if (c->dtype == 0) {
-            sg_raise_code(SG_EINVAL, "column '%s' has dtype %s; supported: float32/64, int8/16/32/64, uint8/16, bool",
-                          name, PyArray_DESCR(a)->typeobj->tp_name);
+            sg_raise_code(
+                SG_EINVAL,
+                "column '%s' has dtype %s; supported: float32/64, int8/16/32/64, uint8/16, bool",
+                name, PyArray_DESCR(a)->typeobj->tp_name);
             return -1;
         }
         c->ndim = (uint8_t)PyArray_NDIM(a);
@@ -264,8 +278,8 @@ static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, P
         if (b->ncols == 1)
             b->rows = c->dims[0];
         else if (c->dims[0] != b->rows) {
-            sg_raise_code(SG_EINVAL, "column '%s' has %lld rows but '%s' has %llu", name, (long long)c->dims[0],
-                          b->cols[0].name, (unsigned long long)b->rows);
+            sg_raise_code(SG_EINVAL, "column '%s' has %lld rows but '%s' has %llu", name,
+                          (long long)c->dims[0], b->cols[0].name, (unsigned long long)b->rows);
             return -1;
         }
     }
@@ -279,11 +293,13 @@ static int FeedClient_init(FeedClientObject *self, PyObject *args, PyObject *kw)
     int port;
     Py_buffer secret;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*|ds:FeedClient", kwlist, &host, &port, &secret, &timeout, &input))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*|ds:FeedClient", kwlist, &host, &port, &secret,
+                                     &timeout, &input))
         return -1;
     if (strlen(input) == 0 || strlen(input) > FEED_NAME_MAX || self->cli != NULL) {
         PyBuffer_Release(&secret);
-        sg_raise_code(self->cli != NULL ? SG_ESTATE : SG_EINVAL, "bad input name or FeedClient already connected");
+        sg_raise_code(self->cli != NULL ? SG_ESTATE : SG_EINVAL,
+                      "bad input name or FeedClient already connected");
         return -1;
     }
     snprintf(self->input, sizeof self->input, "%s", input);
@@ -367,8 +383,10 @@ static PyObject *FeedClient_close(FeedClientObject *self, PyObject *noargs)
 }
 
 static PyMethodDef FeedClient_methods[] = {
-    {"send", (PyCFunction)FeedClient_send, METH_VARARGS, "send(columns: dict[str, ndarray]): one batch."},
-    {"end", (PyCFunction)FeedClient_end, METH_NOARGS, "end(): END for this input; waits for the worker's ACK."},
+    {"send", (PyCFunction)FeedClient_send, METH_VARARGS,
+     "send(columns: dict[str, ndarray]): one batch."},
+    {"end", (PyCFunction)FeedClient_end, METH_NOARGS,
+     "end(): END for this input; waits for the worker's ACK."},
     {"close", (PyCFunction)FeedClient_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
 };
@@ -377,14 +395,16 @@ static PyTypeObject FeedClient_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.FeedClient",
     .tp_basicsize = sizeof(FeedClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "FeedClient(host, port, secret, timeout=60.0, input='train'): a feeder's connection to a worker.",
+    .tp_doc = "FeedClient(host, port, secret, timeout=60.0, input='train'): a feeder's connection "
+              "to a worker.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedClient_init,
     .tp_dealloc = (destructor)FeedClient_dealloc,
     .tp_methods = FeedClient_methods,
 };
 
-/* feed_send(host, port, secret, columns, timeout=60.0, input='train'): connect, one batch, END, ACK. */
+/* feed_send(host, port, secret, columns, timeout=60.0, input='train'): connect, one batch, END,
+ * ACK. */
 static PyObject *py_feed_send(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
@@ -394,12 +414,13 @@ static PyObject *py_feed_send(PyObject *self, PyObject *args, PyObject *kw)
     int port;
     PyObject *secret;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siSO|ds:feed_send", kwlist, &host, &port, &secret, &columns, &timeout,
-                                     &input))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siSO|ds:feed_send", kwlist, &host, &port, &secret,
+                                     &columns, &timeout, &input))
         return NULL;
     pargs = Py_BuildValue("(siOds)", host, port, secret, timeout, input);
-    FeedClientObject *c = pargs != NULL ? (FeedClientObject *)PyObject_CallObject((PyObject *)&FeedClient_Type, pargs)
-                                        : NULL;
+    FeedClientObject *c =
+        pargs != NULL ? (FeedClientObject *)PyObject_CallObject((PyObject *)&FeedClient_Type, pargs)
+                      : NULL;
     Py_XDECREF(pargs);
     if (c == NULL)
         return NULL;
@@ -414,7 +435,8 @@ static PyObject *py_feed_send(PyObject *self, PyObject *args, PyObject *kw)
 
 static PyMethodDef feed_functions[] = {
     {"feed_send", (PyCFunction)(void (*)(void))py_feed_send, METH_VARARGS | METH_KEYWORDS,
-     "feed_send(host, port, secret, columns, timeout=60.0, input='train'): send one batch and END."},
+     "feed_send(host, port, secret, columns, timeout=60.0, input='train'): send one batch and "
+     "END."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,14 +14,16 @@
 static float *float_array(PyObject *obj, uint64_t n, int writable, const char *what)
 {
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of float32, got %s", what, Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of float32, got %s", what,
+                     Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != NPY_FLOAT32 || !PyArray_IS_C_CONTIGUOUS(a) || (uint64_t)PyArray_SIZE(a) != n ||
-        (writable && !PyArray_ISWRITEABLE(a))) {
-        sg_raise_code(SG_EINVAL, "%s must be a C-contiguous%s float32 array of %llu values, got %s[%lld]%s", what,
-                      writable ? ", writable" : "", (unsigned long long)n,
+    if (PyArray_TYPE(a) != NPY_FLOAT32 || !PyArray_IS_C_CONTIGUOUS(a) ||
+        (uint64_t)PyArray_SIZE(a) != n || (writable && !PyArray_ISWRITEABLE(a))) {
+        sg_raise_code(SG_EINVAL,
+                      "%s must be a C-contiguous%s float32 array of %llu values, got %s[%lld]%s",
+                      what, writable ? ", writable" : "", (unsigned long long)n,
                       PyArray_DESCR(a)->typeobj->tp_name, (long long)PyArray_SIZE(a),
                       PyArray_IS_C_CONTIGUOUS(a) ? "" : " (not contiguous)");
         return NULL;
@@ -57,20 +59,25 @@ typedef struct {
 
 static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret", "offset", "count", "total", "num_workers", "mode", "lr",
-                             "params", "step", NULL};
+    static char *kwlist[] = {"listener", "secret", "offset", "count", "total", "num_workers",
+                             "mode",     "lr",     "params", "step",  NULL};
     PyObject *listener, *params = Py_None;
     Py_buffer secret;
     unsigned long long offset, count, total, step = 0;
     int num_workers;
     const char *mode = "async";
     float lr = 0.01f;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOK:PsServer", kwlist, &listener, &secret, &offset, &count,
-                                     &total, &num_workers, &mode, &lr, &params, &step))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOK:PsServer", kwlist, &listener, &secret,
+                                     &offset, &count, &total, &num_workers, &mode, &lr, &params,
+                                     &step))
         return -1;
     int fd = py_listener_fd(listener);
-    PsServerConfig cfg = {.total = total, .offset = offset, .count = count, .num_workers = num_workers,
-                          .lr = lr, .step = step};
+    PsServerConfig cfg = {.total = total,
+                          .offset = offset,
+                          .count = count,
+                          .num_workers = num_workers,
+                          .lr = lr,
+                          .step = step};
     int ok = fd >= 0;
     if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
         sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
@@ -119,7 +126,8 @@ static PyObject *PsServer_serve(PsServerObject *self, PyObject *args, PyObject *
 {
     static char *kwlist[] = {"timeout", NULL};
     PyObject *timeout_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:serve", kwlist, &timeout_obj) || ps_live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:serve", kwlist, &timeout_obj) ||
+        ps_live(self) == NULL)
         return NULL;
     double timeout = -1;
     if (timeout_obj != Py_None) {
@@ -179,7 +187,8 @@ static PyObject *PsServer_set_state(PsServerObject *self, PyObject *args, PyObje
     static char *kwlist[] = {"params", "step", NULL};
     PyObject *params;
     unsigned long long step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) || ps_live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) ||
+        ps_live(self) == NULL)
         return NULL;
     const float *p = float_array(params, self->count, 0, "params");
     if (p == NULL)
@@ -210,8 +219,10 @@ static PyObject *PsServer_get_range(PsServerObject *self, void *closure)
 static PyMethodDef PsServer_methods[] = {
     {"serve", (PyCFunction)(void (*)(void))PsServer_serve, METH_VARARGS | METH_KEYWORDS,
      "serve(timeout=None) -> 'done' | 'stopped' | 'timeout': serve workers (GIL released)."},
-    {"stop", (PyCFunction)PsServer_stop, METH_NOARGS, "stop(): make serve() return promptly (thread-safe)."},
-    {"get_state", (PyCFunction)PsServer_get_state, METH_NOARGS, "get_state() -> (params copy, step)"},
+    {"stop", (PyCFunction)PsServer_stop, METH_NOARGS,
+     "stop(): make serve() return promptly (thread-safe)."},
+    {"get_state", (PyCFunction)PsServer_get_state, METH_NOARGS,
+     "get_state() -> (params copy, step)"},
     {"set_state", (PyCFunction)(void (*)(void))PsServer_set_state, METH_VARARGS | METH_KEYWORDS,
      "set_state(params, step)"},
     {NULL, NULL, 0, NULL},
@@ -227,7 +238,8 @@ static PyTypeObject PsServer_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsServer",
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', lr=0.01, params=None, "
+    .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
+              "lr=0.01, params=None, "
               "step=0): one parameter-server shard.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PsServer_init,
@@ -252,8 +264,8 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     unsigned long long total;
     int worker_id;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|d:PsClient", kwlist, &addresses, &secret, &total, &worker_id,
-                                     &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|d:PsClient", kwlist, &addresses, &secret,
+                                     &total, &worker_id, &timeout))
         return -1;
     PyObject *seq = PySequence_Fast(addresses, "addresses must be a sequence of (host, port)");
     Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0;
@@ -263,8 +275,9 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     if (seq != NULL && !ok)
         PyErr_NoMemory();
     for (Py_ssize_t i = 0; ok && i < n; i++)
-        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "si;each address must be (host: str, port: int)",
-                              &hosts[i], &ports[i]);
+        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i),
+                              "si;each address must be (host: str, port: int)", &hosts[i],
+                              &ports[i]);
     SgError err;
     int rc = 0;
     if (ok && self->cli != NULL) {
@@ -273,8 +286,8 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     }
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, total, worker_id, timeout,
-                               &self->cli, &err);
+        rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, total,
+                               worker_id, timeout, &self->cli, &err);
         Py_END_ALLOW_THREADS
         if (rc < 0) {
             sg_raise(&err);
@@ -307,7 +320,8 @@ enum { CALL_PULL, CALL_PUSH, CALL_PUSH_PULL, CALL_INIT };
 static PyObject *ps_call(PsClientObject *self, PyObject *args, int which)
 {
     PyObject *a = NULL, *b = NULL;
-    if (!PyArg_ParseTuple(args, which == CALL_PUSH_PULL ? "OO" : "O", &a, &b) || cli_live(self) == NULL)
+    if (!PyArg_ParseTuple(args, which == CALL_PUSH_PULL ? "OO" : "O", &a, &b) ||
+        cli_live(self) == NULL)
         return NULL;
     const float *grads = NULL;
     float *params = NULL;
@@ -371,7 +385,8 @@ static PyObject *PsClient_set_state(PsClientObject *self, PyObject *args, PyObje
     static char *kwlist[] = {"params", "step", NULL};
     PyObject *params;
     unsigned long long step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) || cli_live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) ||
+        cli_live(self) == NULL)
         return NULL;
     const float *p = float_array(params, self->total, 0, "params");
     if (p == NULL)
@@ -413,12 +428,14 @@ static PyObject *PsClient_close(PsClientObject *self, PyObject *noargs)
 }
 
 static PyMethodDef PsClient_methods[] = {
-    {"pull", (PyCFunction)PsClient_pull, METH_VARARGS, "pull(params) -> step: fill params in place."},
+    {"pull", (PyCFunction)PsClient_pull, METH_VARARGS,
+     "pull(params) -> step: fill params in place."},
     {"push", (PyCFunction)PsClient_push, METH_VARARGS, "push(grads) -> step after the update."},
     {"push_pull", (PyCFunction)PsClient_push_pull, METH_VARARGS,
      "push_pull(grads, params) -> step: push, then fill params with the updated values."},
     {"init", (PyCFunction)PsClient_init_params, METH_VARARGS,
-     "init(params) -> bool: set the parameters unless a worker already did (True if this call did)."},
+     "init(params) -> bool: set the parameters unless a worker already did (True if this call "
+     "did)."},
     {"set_state", (PyCFunction)(void (*)(void))PsClient_set_state, METH_VARARGS | METH_KEYWORDS,
      "set_state(params, step): overwrite every shard (restore from a checkpoint)."},
     {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
@@ -430,7 +447,8 @@ static PyTypeObject PsClient_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsClient",
     .tp_basicsize = sizeof(PsClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0): a worker's link to every ps shard.",
+    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0): a worker's link to "
+              "every ps shard.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PsClient_init,
     .tp_dealloc = (destructor)PsClient_dealloc,
@@ -439,7 +457,8 @@ static PyTypeObject PsClient_Type = {
 
 static PyMethodDef ps_functions[] = {
     {"ps_shard_range", py_ps_shard_range, METH_VARARGS,
-     "ps_shard_range(total, num_ps, index) -> (offset, count): the contiguous shard of ps `index`."},
+     "ps_shard_range(total, num_ps, index) -> (offset, count): the contiguous shard of ps "
+     "`index`."},
     {NULL, NULL, 0, NULL},
 };
 

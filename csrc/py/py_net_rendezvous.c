@@ -29,8 +29,8 @@ static int Rdv_init(RdvObject *self, PyObject *args, PyObject *kw)
     Py_buffer secret;
     int num_nodes, port = 0;
     const char *host = "0.0.0.0";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|si:RendezvousServer", kwlist, &secret, &num_nodes,
-                                     &host, &port))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|si:RendezvousServer", kwlist, &secret,
+                                     &num_nodes, &host, &port))
         return -1;
     if (self->srv != NULL) {
         PyBuffer_Release(&secret);
@@ -84,7 +84,8 @@ static PyObject *Rdv_next_event(RdvObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"timeout", NULL};
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "d:next_event", kwlist, &timeout) || live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d:next_event", kwlist, &timeout) ||
+        live(self) == NULL)
         return NULL;
     SgError err;
     char *ev = NULL;
@@ -115,7 +116,8 @@ static PyObject *Rdv_send(RdvObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"executor_id", "message", NULL};
     long eid;
     PyObject *message;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "lO:send", kwlist, &eid, &message) || live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "lO:send", kwlist, &eid, &message) ||
+        live(self) == NULL)
         return NULL;
     char *text = message_text(message);
     if (text == NULL)
@@ -135,7 +137,8 @@ static PyObject *Rdv_broadcast(RdvObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"message", NULL};
     PyObject *message;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:broadcast", kwlist, &message) || live(self) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:broadcast", kwlist, &message) ||
+        live(self) == NULL)
         return NULL;
     char *text = message_text(message);
     if (text == NULL)
@@ -158,10 +161,10 @@ static PyObject *Rdv_stats(RdvObject *self, PyObject *noargs)
         return NULL;
     RdvStats st;
     rdv_server_stats(self->srv, &st);
-    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:i, s:s}", "accepted", st.accepted, "auth_failures",
-                         st.auth_failures, "protocol_errors", st.protocol_errors, "registrations",
-                         st.registrations, "events_dropped", st.events_dropped, "registered",
-                         st.registered, "last_rejection", st.last_rejection);
+    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:i, s:s}", "accepted", st.accepted,
+                         "auth_failures", st.auth_failures, "protocol_errors", st.protocol_errors,
+                         "registrations", st.registrations, "events_dropped", st.events_dropped,
+                         "registered", st.registered, "last_rejection", st.last_rejection);
 }
 
 static PyObject *Rdv_close(RdvObject *self, PyObject *noargs)
@@ -225,7 +228,8 @@ static int Rdv_set_hb(RdvObject *self, PyObject *value, void *closure)
     if (v == -1.0 && PyErr_Occurred())
         return -1;
     if (!isfinite(v) || v <= 0) {
-        sg_raise_code(SG_EINVAL, "heartbeat_timeout must be a positive number of seconds, got %g", v);
+        sg_raise_code(SG_EINVAL, "heartbeat_timeout must be a positive number of seconds, got %g",
+                      v);
         return -1;
     }
     rdv_server_set_heartbeat_timeout(self->srv, v);
@@ -262,7 +266,8 @@ static PyTypeObject Rdv_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.RendezvousServer",
     .tp_basicsize = sizeof(RdvObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0): the driver's rendezvous.",
+    .tp_doc =
+        "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0): the driver's rendezvous.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Rdv_init,
     .tp_dealloc = (destructor)Rdv_dealloc,

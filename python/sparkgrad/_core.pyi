@@ -50,7 +50,13 @@ class RendezvousServer:
 class ControlClient:
     @staticmethod
     def register(
-        host: str, port: int, secret: bytes, node: dict, timeout: float, heartbeat_interval: float = 1.0
+        host: str,
+        port: int,
+        secret: bytes,
+        node: dict,
+        timeout: float,
+        heartbeat_interval: float = 1.0,
+        driver_timeout: float = 30.0,
     ) -> ControlClient: ...
     @property
     def spec(self) -> list[dict]: ...

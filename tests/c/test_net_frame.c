@@ -15,20 +15,20 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                     \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
-            failures++;                                                                 \
-        }                                                                               \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static void test_header_layout_is_little_endian(void)
 {
     uint8_t h[NET_FRAME_HEADER_SIZE];
     net_frame_header_encode(h, NET_FRAME_JSON, 0x0102, 0x0A0B0C0Du);
-    static const uint8_t expect[NET_FRAME_HEADER_SIZE] = {'S', 'G', 'T', 'N', 1, 10,
-                                                           0x02, 0x01, 0x0D, 0x0C, 0x0B, 0x0A};
+    static const uint8_t expect[NET_FRAME_HEADER_SIZE] = {'S',  'G',  'T',  'N',  1,    10,
+                                                          0x02, 0x01, 0x0D, 0x0C, 0x0B, 0x0A};
     CHECK(memcmp(h, expect, sizeof expect) == 0);
     NetFrameHeader d;
     SgError err;
@@ -134,8 +134,8 @@ static void *server_side(void *arg)
     return NULL;
 }
 
-static void handshake(const uint8_t *server_secret, const uint8_t *client_secret, int *src, int *crc,
-                      SgError *cerr)
+static void handshake(const uint8_t *server_secret, const uint8_t *client_secret, int *src,
+                      int *crc, SgError *cerr)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {

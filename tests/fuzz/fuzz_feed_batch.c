@@ -26,7 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         off += iov[i].iov_len;
     }
-    if (feed_schema_check(&batch, &batch, &err) != 0 || feed_batch_decode(data, size, &again, &err) != 0)
+    if (feed_schema_check(&batch, &batch, &err) != 0 ||
+        feed_batch_decode(data, size, &again, &err) != 0)
         abort();
     return 0;
 }
