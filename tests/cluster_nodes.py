@@ -49,6 +49,7 @@ def write_ctx(args, ctx):
         "tf_config": json.loads(os.environ["TF_CONFIG"]),
         "listener_port": server.listener.port,
         "pid": os.getpid(),
+        "parent_pid": os.getppid(),
         "grandparent_pid": _parent_of(os.getppid()),  # on Spark: the executor JVM (worker <- daemon <- JVM)
     }
     with open(os.path.join(args["dir"], f"ctx-{ctx.executor_id}.json"), "w") as f:

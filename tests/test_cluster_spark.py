@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import socket
 import time
@@ -69,6 +70,17 @@ def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
         ("worker", 1, "loss", 0.5),
     ]
     assert formed < 30
+
+
+def test_driver_ps_nodes_run_the_ps_on_the_driver(sc, tmp_path):
+    cluster = TFCluster.run(
+        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=Lines()
+    )
+    cluster.shutdown(timeout=60)
+    ctxs = [json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)]
+    assert ctxs[0]["job_name"] == "ps" and ctxs[0]["parent_pid"] == os.getpid()  # a process of the driver
+    assert all(c["parent_pid"] != os.getpid() for c in ctxs[1:])  # Spark's Python workers
+    assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
 
 
 def test_exception_in_map_fun_raises_node_failure_with_remote_traceback(sc, tmp_path):
