@@ -148,3 +148,36 @@ def train_softmax(args, ctx):
         ps.pull(params)
     x, y = _blobs(np.random.default_rng(7), 2000)
     return {"accuracy": accuracy(params, x, y), "steps": steps, "worker_id": ps.worker_id}
+
+
+def train_from_feed(args, ctx):
+    """InputMode.SPARK: workers train from DataFeed batches (rows: (features, label)) with a sync ps."""
+    import numpy as np
+
+    if ctx.job_name == "ps":
+        server = TFNode.start_cluster_server(ctx)
+        return server.serve_parameters(NUM_PARAMS, mode="sync", lr=0.5, init=np.zeros(NUM_PARAMS, np.float32))
+    feed = TFNode.DataFeed(ctx.mgr, timeout=60)
+    params = np.zeros(NUM_PARAMS, dtype=np.float32)
+    rows, label_sum, steps = 0, 0, 0
+    with TFNode.ps_client(ctx, NUM_PARAMS) as ps:
+        while not feed.should_stop():
+            if ctx.task_index == 0:  # TensorFlowOnSpark style: a list of row tuples
+                batch = feed.next_batch(50)
+                if not batch:
+                    continue
+                x = np.array([r[0] for r in batch], dtype=np.float32)
+                y = np.array([r[1] for r in batch])
+            else:  # column arrays, no per-row copies
+                cols = feed.next_batch_columns(50)
+                if not cols or len(cols["1"]) == 0:
+                    continue
+                x, y = cols["0"], cols["1"]
+            rows += len(y)
+            label_sum += int(y.sum())
+            ps.pull(params)
+            _, grads = softmax_loss_grads(params, x, y)
+            steps = ps.push(grads)
+        ps.pull(params)
+    x, y = _blobs(np.random.default_rng(7), 2000)
+    return {"rows": rows, "label_sum": label_sum, "accuracy": accuracy(params, x, y), "last_step": steps}

@@ -141,7 +141,7 @@ def test_node_that_ignores_stop_is_interrupted(sc, tmp_path):
 
 def test_more_nodes_than_slots_fails_fast(sc, tmp_path):
     started = time.monotonic()
-    with pytest.raises(InsufficientSlotsError, match=r"needs 5 task slots .* Spark has 4"):
+    with pytest.raises(InsufficientSlotsError, match=r"needs 5 task slots \(5 nodes.* Spark has 4"):
         TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 5, 1, output=Lines())
     assert time.monotonic() - started < 5
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparkgrad.cluster.context import NodeContext, hdfs_path
+from sparkgrad.cluster.feed import DataFeed
 from sparkgrad.cluster.ps import ParameterClient, serve_parameters
 from sparkgrad.errors import SparkgradTimeout
 
@@ -57,4 +58,12 @@ def ps_client(ctx: NodeContext, total: int, timeout: float = 60.0) -> ParameterC
     return ParameterClient(ctx, total, timeout)
 
 
-__all__ = ["ClusterServer", "ParameterClient", "hdfs_path", "ps_client", "serve_parameters", "start_cluster_server"]
+__all__ = [
+    "ClusterServer",
+    "DataFeed",
+    "ParameterClient",
+    "hdfs_path",
+    "ps_client",
+    "serve_parameters",
+    "start_cluster_server",
+]

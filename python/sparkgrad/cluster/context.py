@@ -139,6 +139,7 @@ class NodeContext:
     listener: Any = None  # sparkgrad._core.Listener, bound since before registration
     secret: bytes = field(default=b"", repr=False)  # authenticates peers of this cluster
     log_dir: str | None = None
+    mgr: Any = None  # the node's FeedServer on training nodes under InputMode.SPARK (for TFNode.DataFeed)
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _metric_sink: Callable[[str, float, int], None] | None = field(default=None, repr=False, compare=False)
 

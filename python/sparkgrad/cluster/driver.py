@@ -23,8 +23,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkgrad.cluster.context import NodeInfo, cluster_spec
+from sparkgrad.cluster.feed import DEFAULT_INPUT, PartitionFeeder
 from sparkgrad.cluster.roles import SERVING_ROLES, ClusterTemplate, InputMode
-from sparkgrad.errors import ClusterError, NodeFailure, RendezvousTimeout, SparkgradError, SparkgradTimeout
+from sparkgrad.errors import (
+    ClusterError,
+    InvalidArgumentError,
+    NodeFailure,
+    RendezvousTimeout,
+    SparkgradError,
+    SparkgradTimeout,
+)
 
 # How long the driver keeps reading events after a launcher reports a failure,
 # so the node's own report (traceback, "lost") wins over the launcher's summary.
@@ -87,7 +95,12 @@ class Cluster:
         stop_grace: float,
         output: Callable[[str], None] = default_output,
         tensorboard: Any = None,
+        sc: Any = None,
+        secret: bytes = b"",
     ) -> None:
+        self._sc = sc
+        self._secret = secret
+        self.rows_fed = 0
         self.template = template
         self.input_mode = input_mode
         self.nodes: tuple[NodeInfo, ...] = ()
@@ -305,6 +318,50 @@ class Cluster:
             self._close()
             raise
         self._close()
+
+    def train(self, data_rdd: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> None:
+        """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.
+
+        Returns once every row is queued on its worker and each worker was told
+        that input ``qname`` ended (DataFeed.should_stop() turns true once it
+        has taken the rest). A node failure during feeding is raised as
+        NodeFailure; a failed feeding job as ClusterError.
+        """
+        if self.input_mode != InputMode.SPARK:
+            raise InvalidArgumentError("cluster.train(rdd) feeds InputMode.SPARK clusters; this one reads its own data")
+        if self._sc is None:
+            raise InvalidArgumentError("cluster.train(rdd) needs a cluster started with a SparkContext")
+        self._raise_failure()
+        training = [n for n in self.nodes if n.role not in SERVING_ROLES]
+        feeder = PartitionFeeder(
+            targets=tuple((n.host, n.port) for n in training),
+            secret=self._secret,
+            input=qname,
+            timeout=float(feed_timeout),
+        )
+        rdd = data_rdd if num_epochs <= 1 else self._sc.union([data_rdd] * int(num_epochs))
+        from sparkgrad.cluster.spark import SparkJob
+
+        job = SparkJob(self._sc, f"sparkgrad feed of {num_epochs} epoch(s) to {len(training)} nodes")
+        job.start(lambda: rdd.mapPartitionsWithIndex(feeder).sum())
+        try:
+            while not job.wait(EVENT_POLL_SECONDS):
+                if self._failure is not None:
+                    job.cancel()
+                    self._raise_failure()
+        except KeyboardInterrupt:
+            job.cancel()
+            self._abort("the driver was interrupted")
+            self._close()
+            raise
+        if job.error is not None:
+            # a feeding task fails when its worker dies: prefer the node's own report
+            self._closed.wait(LAUNCHER_FAILURE_GRACE) if self._failure is None else None
+            self._raise_failure()
+            raise ClusterError(f"feeding {qname!r} failed: {job.error}")
+        for node in training:
+            self._server.send(node.executor_id, {"type": "feed_end", "input": qname})
+        self.rows_fed = int(job.result or 0)
 
     def tensorboard_url(self) -> str | None:
         return None if self._tensorboard is None else self._tensorboard.url

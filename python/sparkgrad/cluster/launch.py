@@ -82,7 +82,9 @@ def run(
     else:
         from sparkgrad.cluster.spark import check_spark, driver_address
 
-        check_spark(sc, len(spark_ids), slots_timeout)
+        # InputMode.SPARK: the feeding tasks need a slot beside the nodes' barrier tasks
+        feed_slots = 1 if InputMode(input_mode) == InputMode.SPARK else 0
+        check_spark(sc, len(spark_ids), slots_timeout, feed_slots)
         host, bind = driver_address(sc)
 
     secret = new_secret()
@@ -119,6 +121,8 @@ def run(
         input_mode=InputMode(input_mode),
         stop_grace=float(stop_grace),
         output=output,
+        sc=sc,
+        secret=secret,
     )
     cluster.start(float(reservation_timeout))
     return cluster

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
-from sparkgrad.cluster.roles import ClusterTemplate, InputMode
+from sparkgrad.cluster.roles import TRAINING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.cluster.transport import net
 from sparkgrad.errors import CancelledError, ClusterError, SparkgradError
 
@@ -52,6 +52,7 @@ class NodeConfig:
     log_dir: str | None = None
     register_timeout: float = 600.0  # seconds a node waits for the whole cluster to register
     stop_grace: float = 5.0  # seconds map_fun gets to return after "stop" before it is interrupted
+    feed_capacity_bytes: int = 256 << 20  # per input, on each training node (InputMode.SPARK)
     # Test hook: executor ids that never register (they wait register_timeout, then fail).
     hold_registration: frozenset[int] = frozenset()
 
@@ -163,8 +164,18 @@ class _StopWatcher:
 
     POLL_SECONDS = 0.5  # recv timeout; bounds how long the watcher outlives map_fun
 
-    def __init__(self, client: Any, stop_event: threading.Event, grace: float, name: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        stop_event: threading.Event,
+        grace: float,
+        name: str,
+        on_message: Callable[[dict], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         self._client = client
+        self._on_message = on_message
+        self._on_stop = on_stop
         self._stop_event = stop_event
         self._grace = grace
         self._name = name
@@ -187,11 +198,17 @@ class _StopWatcher:
                 msg = self._client.recv(self.POLL_SECONDS)
             except SparkgradError as exc:
                 msg = {"type": "stop", "reason": f"lost the driver's control connection ({exc})"}
-            if msg is None or msg.get("type") != "stop":
+            if msg is None:
+                continue
+            if msg.get("type") != "stop":
+                if self._on_message is not None:
+                    self._on_message(msg)
                 continue
             self.reason = str(msg.get("reason", "the driver asked to stop"))
             logger.info("%s: stopping: %s", self._name, self.reason)
             self._stop_event.set()
+            if self._on_stop is not None:
+                self._on_stop()
             if not self._finished.wait(self._grace):
                 _raise_in_thread(self._target, NodeStopped)
             return
@@ -213,10 +230,25 @@ def _register(cfg: NodeConfig, executor_id: int, host: str, port: int) -> Any:
     return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
 
 
+def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
+    """The driver's feed control messages for this node's FeedServer ("feed_end": an input ended)."""
+    feed = ctx.mgr
+    if feed is None:
+        return None
+
+    def handle(msg: dict) -> None:
+        if msg.get("type") == "feed_end":
+            feed.finish(msg.get("input"))
+
+    return handle
+
+
 def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
     with _forward_output(client.log, echo), _env("TF_CONFIG", ctx.tf_config):
-        watcher = _StopWatcher(client, ctx.stop_event, cfg.stop_grace, name)
+        # On stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError).
+        on_stop = ctx.mgr.close if ctx.mgr is not None else None
+        watcher = _StopWatcher(client, ctx.stop_event, cfg.stop_grace, name, _feed_messages(ctx), on_stop)
         try:
             with watcher:
                 value = map_fun(tf_args, ctx)
@@ -244,6 +276,9 @@ def run_node(cfg: NodeConfig, executor_id: int, host: str, map_fun: MapFun, tf_a
         client = _register(cfg, executor_id, host, listener.port)
         try:
             nodes = tuple(sorted((NodeInfo.from_dict(d) for d in client.spec), key=lambda n: n.executor_id))
+            feed = None
+            if cfg.input_mode == InputMode.SPARK and role.role in TRAINING_ROLES:
+                feed = net().FeedServer(listener, cfg.secret, capacity_bytes=cfg.feed_capacity_bytes)
             ctx = NodeContext(
                 executor_id=executor_id,
                 job_name=role.role,
@@ -258,9 +293,14 @@ def run_node(cfg: NodeConfig, executor_id: int, host: str, map_fun: MapFun, tf_a
                 listener=listener,
                 secret=cfg.secret,
                 log_dir=cfg.log_dir,
+                mgr=feed,
                 _metric_sink=client.metric,
             )
-            outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo)
+            try:
+                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo)
+            finally:
+                if feed is not None:
+                    feed.close()
             if outcome.status != "error":
                 client.done(outcome.result)
         finally:

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +70,7 @@ def available_slots(sc: Any) -> int:
         return int(sc.defaultParallelism) // max(cpus, 1)
 
 
-def check_spark(sc: Any, num_nodes: int, slots_timeout: float) -> None:
+def check_spark(sc: Any, num_nodes: int, slots_timeout: float, feed_slots: int = 0) -> None:
     """Refuses dynamic allocation and raises InsufficientSlotsError when Spark lacks slots.
 
     On a non-local master, executors may still be registering: the check
@@ -85,18 +85,20 @@ def check_spark(sc: Any, num_nodes: int, slots_timeout: float) -> None:
             "(and autoscaling on Databricks) for this cluster"
         )
     deadline = time.monotonic() + (0.0 if is_local_master(sc) else slots_timeout)
+    needed = num_nodes + feed_slots
     slots = available_slots(sc)
-    while slots < num_nodes and time.monotonic() < deadline:
+    while slots < needed and time.monotonic() < deadline:
         threading.Event().wait(SLOT_POLL_SECONDS)  # executors register asynchronously; Spark has no callback
         slots = available_slots(sc)
-    if slots < num_nodes:
+    if slots < needed:
         cpus = conf.get("spark.task.cpus", "1")
         raise InsufficientSlotsError(
-            f"the cluster needs {num_nodes} task slots (one node per task, all running at once in a barrier "
-            f"stage) but Spark has {slots} (master {sc.master}, spark.task.cpus={cpus}"
+            f"the cluster needs {needed} task slots ({num_nodes} nodes, one per task, all running at once in a "
+            f"barrier stage{f', plus {feed_slots} for the feeding tasks of InputMode.SPARK' if feed_slots else ''}) "
+            f"but Spark has {slots} (master {sc.master}, spark.task.cpus={cpus}"
             f"{'' if is_local_master(sc) else f', after waiting {slots_timeout:g} s for executors'}): "
             "add executors, lower num_executors, or lower spark.task.cpus",
-            needed=num_nodes,
+            needed=needed,
             available=slots,
         )
 
@@ -138,50 +140,74 @@ def _spark_error(exc: BaseException) -> str:
     return "\n".join(keep[:60])
 
 
+class SparkJob:
+    """One Spark action run in a background thread under its own job group (so it can be cancelled)."""
+
+    CANCEL_WAIT_SECONDS = 30.0  # Spark kills a cancelled task's Python worker after spark.python.task.killTimeout
+
+    def __init__(self, sc: Any, description: str) -> None:
+        self.group = f"sparkgrad-{uuid.uuid4().hex[:12]}"
+        self.description = description
+        self.result: Any = None
+        self.error: str | None = None
+        self.cancelled = False
+        self._sc = sc
+        self._ended = threading.Event()
+
+    def start(self, action: Callable[[], Any]) -> None:
+        def run() -> None:
+            try:
+                self._sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+                self.result = action()
+            except BaseException as exc:  # noqa: BLE001 - kept for the caller in .error
+                self.error = _spark_error(exc)
+            finally:
+                self._ended.set()
+
+        threading.Thread(target=run, name=f"sparkgrad-job-{self.group}", daemon=True).start()
+
+    def wait(self, timeout: float) -> bool:
+        return self._ended.wait(timeout)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._sc.cancelJobGroup(self.group)
+        self._ended.wait(self.CANCEL_WAIT_SECONDS)
+
+
 class SparkLauncher:
-    """Runs nodes as one barrier stage in a background thread under its own job group."""
+    """Runs nodes as one barrier stage of a background SparkJob."""
 
     def __init__(self, sc: Any, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any):
         self.executor_ids = executor_ids
         self._sc = sc
         self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args)
-        self._group = f"sparkgrad-{uuid.uuid4().hex[:12]}"
-        self._ended = threading.Event()
-        self._error: str | None = None
-        self._cancelled = False
-        self.statuses: list[str] = []
-        self._thread = threading.Thread(target=self._run, name=f"sparkgrad-job-{self._group}", daemon=True)
+        self._job = SparkJob(sc, f"sparkgrad cluster of {len(executor_ids)} nodes")
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
         n = len(self.executor_ids)
-        try:
-            self._sc.setJobGroup(self._group, f"sparkgrad cluster of {n} nodes", interruptOnCancel=True)
-            rdd = self._sc.parallelize(range(n), n)
-            self.statuses = rdd.barrier().mapPartitions(self._task).collect()
-        except BaseException as exc:  # noqa: BLE001 - reported through failure()
-            self._error = _spark_error(exc)
-        finally:
-            self._ended.set()
+        self._job.start(lambda: self._sc.parallelize(range(n), n).barrier().mapPartitions(self._task).collect())
+
+    @property
+    def statuses(self) -> list[str]:
+        return list(self._job.result or [])
 
     def failure(self) -> str | None:
-        return None if self._cancelled else self._error
+        return None if self._job.cancelled else self._job.error
 
     def finished(self) -> bool:
-        return self._ended.is_set()
+        return self._job.ended
 
     def join(self, timeout: float) -> bool:
-        return self._ended.wait(timeout)
+        return self._job.wait(timeout)
 
     def cancel(self, grace: float) -> None:
-        if self._ended.wait(grace):
-            return
-        self._cancelled = True
-        self._sc.cancelJobGroup(self._group)
-        # Spark interrupts the tasks and kills their Python workers after spark.python.task.killTimeout.
-        self._ended.wait(30.0)
+        if not self._job.wait(grace):
+            self._job.cancel()
 
     def missing_hint(self) -> str:
         return (
