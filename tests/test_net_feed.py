@@ -224,3 +224,58 @@ def test_close_stops_a_waiting_consumer(feed):
     # The port stays bound (the Listener belongs to the caller) but nobody answers.
     with pytest.raises(errors.SparkgradTimeout, match="auth challenge"):
         _core.FeedClient("127.0.0.1", port, secret, 0.3)
+
+
+def test_results_flow_back_to_each_feeder_in_its_row_order(feed):
+    srv, port, secret = feed(expected_feeders=2)
+    received: dict[int, list[int]] = {}
+
+    def inference_feeder(start: int, sizes: list[int]) -> None:
+        c = _core.FeedClient("127.0.0.1", port, secret, 10.0)
+        sent = 0
+        for n in sizes:
+            c.send(batch(start + sent, n))
+            sent += n
+        c.end()
+        out: list[int] = []
+        while len(out) < sent:
+            r = c.recv_results(10.0)
+            assert r is not None, "results did not come back"
+            out.extend(r["y2"].tolist())
+        received[start] = out
+        c.close()
+
+    threads = [
+        threading.Thread(target=inference_feeder, args=(0, [4, 3])),
+        threading.Thread(target=inference_feeder, args=(100, [6])),
+    ]
+    for t in threads:
+        t.start()
+    while not srv.drained():
+        b, sources = srv.next_batch(5, 10.0, with_source=True)
+        assert sources.dtype == np.uint32 and len(sources) == len(b["y"])
+        for src in dict.fromkeys(sources.tolist()):  # each feeder's rows, in order
+            rows = sources == src
+            srv.send_results(src, {"y2": b["y"][rows] * 2})
+    for t in threads:
+        t.join(10)
+    assert received == {0: [2 * i for i in range(7)], 100: [2 * i for i in range(100, 106)]}
+
+
+def test_results_sent_before_the_end_is_acknowledged_are_kept(feed):
+    srv, port, secret = feed()
+    c = _core.FeedClient("127.0.0.1", port, secret, 5.0)
+    c.send(batch(0, 3))
+    b, src = srv.next_batch(3, 5.0, with_source=True)
+    srv.send_results(int(src[0]), {"p": b["x"][:, 0]})
+    c.end()
+    assert c.recv_results(5.0)["p"].tolist() == [0.0, 1.0, 2.0]
+    assert c.recv_results(0.1) is None
+    with pytest.raises(errors.InvalidArgumentError, match="no feeder connection with source id 9"):
+        srv.send_results(9, {"p": np.zeros(1)})
+    c.close()
+    deadline = time.monotonic() + 5
+    with pytest.raises(errors.PeerClosedError, match="sending results to feeder 1"):
+        while time.monotonic() < deadline:  # the first writes may still land in kernel buffers
+            srv.send_results(int(src[0]), {"p": np.zeros(1 << 16)})
+            time.sleep(0.01)

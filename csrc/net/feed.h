@@ -12,7 +12,10 @@
  * data_len must equal the product of dims times the dtype size; every length
  * is checked against the bytes that remain before anything is read.
  * END payload: the input name. ACK: empty. ERROR: u32 status code (as
- * int32), message text.
+ * int32), message text. RESULT (worker -> feeder): a BATCH payload of result
+ * columns for rows that feeder sent, in that feeder's row order; results may
+ * arrive before or after the ACK of END, so the feeder reads its connection
+ * from a background thread and never blocks the worker's results.
  *
  * The server queues whole batches per input in a bounded C queue (bytes):
  * when it is full a feeder's connection is not read, so TCP pushes back on
@@ -38,7 +41,8 @@ typedef enum FeedOp {
     FEED_OP_BATCH = 1,
     FEED_OP_END = 2,
     FEED_OP_ACK = 3,
-    FEED_OP_ERROR = 4
+    FEED_OP_ERROR = 4,
+    FEED_OP_RESULT = 5,
 } FeedOp;
 
 typedef enum FeedDtype {
@@ -93,6 +97,8 @@ int feed_schema_check(const FeedBatch *ref, const FeedBatch *b, SgError *err);
 typedef struct FeedServer FeedServer;
 
 typedef struct FeedOut {
+    int want_sources;  /* set by the caller: fill sources */
+    uint32_t *sources; /* [rows] the feeder connection id of each row (malloc'd) */
     int ncols;
     uint64_t rows;
     FeedColumn cols[FEED_MAX_COLUMNS]; /* data malloc'd per column, owned by the caller */
@@ -121,9 +127,19 @@ void feed_server_finish(FeedServer *s, const char *input);
 /* 1 when input is finished and drained. */
 int feed_server_drained(FeedServer *s, const char *input);
 void feed_server_stats(FeedServer *s, FeedStats *out);
+
+/* Sends result columns back to the feeder whose connection id is source
+ * (from FeedOut.sources). SG_EPEER if that feeder has gone. */
+int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b, double timeout,
+                             SgError *err);
 void feed_server_stop(FeedServer *s);
 void feed_server_free(FeedServer *s);
 void feed_out_free(FeedOut *out);
+
+/* One BATCH/RESULT frame of b on fd before deadline (writev over the
+ * caller's column buffers). */
+int feed_send_batch(int fd, int op, const FeedBatch *b, double deadline, const char *peer,
+                    SgError *err);
 
 /* ---- feeder ---- */
 
@@ -135,6 +151,10 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
 int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err);
 /* Sends END for input and waits for the worker's ACK. */
 int feed_client_end(FeedClient *c, const char *input, SgError *err);
+/* Next RESULT batch from the worker: *payload (malloc'd, caller frees) holds
+ * the data out's columns point into; *payload = NULL after timeout. */
+int feed_client_recv_results(FeedClient *c, double timeout, FeedBatch *out, uint8_t **payload,
+                             SgError *err);
 void feed_client_free(FeedClient *c);
 
 #endif /* NET_FEED_H */

@@ -27,6 +27,7 @@
 #define FEED_AUTH_TIMEOUT 10.0
 
 typedef struct FeedItem {
+    uint32_t source; /* id of the feeder connection it came from */
     uint64_t rows, cursor;
     int ncols;
     FeedColumn *cols; /* data points into payload */
@@ -47,7 +48,9 @@ typedef struct FeedInput {
 
 typedef struct FeedConn {
     struct FeedServer *s;
+    uint32_t id; /* 1, 2, ... in accept order: the "source" of its rows */
     int fd;
+    pthread_mutex_t send_mu; /* the conn thread (ACK, ERROR) and result senders write */
     char peer[NET_PEER_MAX];
     pthread_t thread;
     FeedBatch *batch; /* decode scratch */
@@ -68,8 +71,9 @@ struct FeedServer {
     FeedInput inputs[FEED_MAX_INPUTS];
     int ninputs;
     int finish_all, stopping;
-    FeedConn **conns;
+    FeedConn **conns; /* appended under mu, freed only when the accept thread ends */
     size_t nconns, capconns;
+    int senders; /* feed_server_send_results calls in flight (they use conns without mu) */
     FeedStats stats;
 };
 
@@ -132,8 +136,12 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
         return sg_fail(err, SG_ENOMEM, "queueing a %zu-byte batch from %s", len, c->peer);
     }
     memcpy(cols, b->cols, (size_t)b->ncols * sizeof *cols);
-    *item = (FeedItem){
-        .rows = b->rows, .ncols = b->ncols, .cols = cols, .payload = payload, .bytes = len};
+    *item = (FeedItem){.source = c->id,
+                       .rows = b->rows,
+                       .ncols = b->ncols,
+                       .cols = cols,
+                       .payload = payload,
+                       .bytes = len};
     pthread_mutex_lock(&s->mu);
     FeedInput *in = input_get(s, b->input);
     if (in == NULL)
@@ -186,8 +194,11 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
     if (in == NULL)
         return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
                        FEED_MAX_INPUTS);
-    return net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0, net_now() + FEED_IO_TIMEOUT,
-                          c->peer, err);
+    pthread_mutex_lock(&c->send_mu);
+    int rc = net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
+                            net_now() + FEED_IO_TIMEOUT, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
+    return rc;
 }
 
 /* Waits for the next frame; 1 when stopping. */
@@ -257,8 +268,10 @@ static void *conn_main(void *arg)
             buf[i] = (uint8_t)(code >> (8 * i));
         memcpy(buf + 4, err.msg, n);
         SgError ignored;
+        pthread_mutex_lock(&c->send_mu);
         net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0, c->peer,
                        &ignored);
+        pthread_mutex_unlock(&c->send_mu);
     }
     shutdown(c->fd, SHUT_RDWR);
     return NULL;
@@ -268,6 +281,7 @@ static void add_conn(FeedServer *s, int fd, const char *peer)
 {
     FeedConn *c = calloc(1, sizeof *c);
     FeedBatch *b = c != NULL ? malloc(sizeof *b) : NULL;
+    pthread_mutex_lock(&s->mu);
     FeedConn **grown = b != NULL && s->nconns == s->capconns
                            ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 8) * sizeof *grown)
                            : s->conns;
@@ -275,24 +289,25 @@ static void add_conn(FeedServer *s, int fd, const char *peer)
         s->conns = grown;
         s->capconns = s->capconns ? 2 * s->capconns : 8;
     }
-    if (b == NULL || grown == NULL) {
-        free(b);
-        free(c);
-        close(fd);
-        return;
+    int ok = b != NULL && grown != NULL;
+    if (ok) {
+        *c = (FeedConn){.s = s, .id = (uint32_t)s->nconns + 1, .fd = fd, .batch = b};
+        snprintf(c->peer, sizeof c->peer, "%s", peer);
+        pthread_mutex_init(&c->send_mu, NULL);
+        ok = pthread_create(&c->thread, NULL, conn_main, c) == 0;
+        if (!ok)
+            pthread_mutex_destroy(&c->send_mu);
     }
-    *c = (FeedConn){.s = s, .fd = fd, .batch = b};
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
-    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-        free(b);
-        free(c);
-        close(fd);
-        return;
+    if (ok) {
+        s->conns[s->nconns++] = c;
+        s->stats.feeders++;
     }
-    s->conns[s->nconns++] = c;
-    pthread_mutex_lock(&s->mu);
-    s->stats.feeders++;
     pthread_mutex_unlock(&s->mu);
+    if (!ok) {
+        free(b);
+        free(c);
+        close(fd);
+    }
 }
 
 static void *accept_main(void *arg)
@@ -317,11 +332,16 @@ static void *accept_main(void *arg)
         if ((p[0].revents & POLLIN) && net_accept(s->lfd, &fd, peer, sizeof peer, &err) == 1)
             add_conn(s, fd, peer);
     }
+    pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)
         shutdown(s->conns[i]->fd, SHUT_RDWR);
+    while (s->senders > 0) /* result senders fail fast on the shut sockets */
+        wait_until(s, net_now() + 1.0);
+    pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++) {
         pthread_join(s->conns[i]->thread, NULL);
         net_close(&s->conns[i]->fd);
+        pthread_mutex_destroy(&s->conns[i]->send_mu);
         free(s->conns[i]->batch);
         free(s->conns[i]);
     }
@@ -373,6 +393,11 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t 
 /* Copies take rows of in (take <= in->rows) into out; frees used batches. */
 static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, SgError *err)
 {
+    if (out->want_sources) {
+        out->sources = malloc(take * sizeof *out->sources + 1);
+        if (out->sources == NULL)
+            return sg_fail(err, SG_ENOMEM, "allocating %llu row sources", (unsigned long long)take);
+    }
     const FeedBatch *sc = in->schema;
     out->ncols = sc != NULL ? sc->ncols : 0;
     out->rows = take;
@@ -396,6 +421,8 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
             memcpy((uint8_t *)out->cols[c].data + done * rb, it->cols[c].data + it->cursor * rb,
                    (size_t)k * rb);
         }
+        for (uint64_t r = 0; out->sources != NULL && r < k; r++)
+            out->sources[done + r] = it->source;
         it->cursor += k;
         done += k;
         if (it->cursor == it->rows) {
@@ -421,7 +448,9 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeou
     int rc = net_deadline(timeout, "FeedServer.next_batch", &deadline, err);
     if (rc < 0)
         return rc;
+    int want_sources = out->want_sources;
     memset(out, 0, sizeof *out);
+    out->want_sources = want_sources;
     pthread_mutex_lock(&s->mu);
     FeedInput *in = input_get(s, input);
     if (in == NULL) {
@@ -522,9 +551,39 @@ void feed_server_free(FeedServer *s)
 
 void feed_out_free(FeedOut *out)
 {
+    free(out->sources);
+    out->sources = NULL;
     for (int c = 0; c < out->ncols; c++) {
         free((void *)out->cols[c].data);
         out->cols[c].data = NULL;
     }
     out->ncols = 0;
+}
+
+int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b, double timeout,
+                             SgError *err)
+{
+    double deadline;
+    int rc = net_deadline(timeout, "FeedServer.send_results", &deadline, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    FeedConn *c = !s->stopping && source >= 1 && source <= s->nconns ? s->conns[source - 1] : NULL;
+    if (c != NULL)
+        s->senders++;
+    pthread_mutex_unlock(&s->mu);
+    if (c == NULL)
+        return sg_fail(err, s->stopping ? SG_ESTATE : SG_EINVAL,
+                       "no feeder connection with source id %u%s", source,
+                       s->stopping ? " (the feed server is closed)" : "");
+    pthread_mutex_lock(&c->send_mu);
+    rc = feed_send_batch(c->fd, FEED_OP_RESULT, b, deadline, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
+    if (rc == SG_EPEER || rc == SG_EIO)
+        sg_context(err, "sending results to feeder %u: ", source);
+    pthread_mutex_lock(&s->mu);
+    s->senders--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }

@@ -34,6 +34,8 @@ static int npy_code(int feed)
     return NPY_NOTYPE;
 }
 
+static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, PyObject **keep);
+
 /* ---- FeedServer ------------------------------------------------------------ */
 
 typedef struct {
@@ -131,24 +133,82 @@ static PyObject *out_to_dict(FeedOut *out)
 
 static PyObject *FeedServer_next_batch(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"n", "timeout", "input", NULL};
+    static char *kwlist[] = {"n", "timeout", "input", "with_source", NULL};
     unsigned long long n;
     double timeout;
     const char *input = "train";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|s:next_batch", kwlist, &n, &timeout, &input) ||
+    int with_source = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|sp:next_batch", kwlist, &n, &timeout, &input,
+                                     &with_source) ||
         feed_live(self) == NULL)
         return NULL;
-    FeedOut *out = malloc(sizeof *out);
+    FeedOut *out = calloc(1, sizeof *out);
     if (out == NULL)
         return PyErr_NoMemory();
+    out->want_sources = with_source;
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = feed_server_next(self->srv, input, n, timeout, out, &err);
     Py_END_ALLOW_THREADS
-    PyObject *d = rc < 0 ? sg_raise(&err) : out_to_dict(out);
+    if (rc < 0) {
+        free(out);
+        return sg_raise(&err);
+    }
+    PyObject *src = NULL;
+    if (with_source) {
+        npy_intp dims[1] = {(npy_intp)out->rows};
+        src = PyArray_SimpleNewFromData(1, dims, NPY_UINT32, out->sources);
+        PyObject *cap =
+            src != NULL ? PyCapsule_New(out->sources, "sparkgrad.feed", capsule_free) : NULL;
+        if (cap == NULL || PyArray_SetBaseObject((PyArrayObject *)src, cap) < 0) {
+            Py_XDECREF(cap);
+            Py_XDECREF(src);
+            feed_out_free(out);
+            free(out);
+            return NULL;
+        }
+        out->sources = NULL; /* owned by the capsule now */
+    }
+    PyObject *d = out_to_dict(out);
     free(out);
-    return d;
+    if (!with_source)
+        return d;
+    if (d == NULL) {
+        Py_DECREF(src);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", d, src);
+}
+
+static PyObject *FeedServer_send_results(FeedServerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"source", "columns", "timeout", NULL};
+    unsigned int source;
+    PyObject *columns;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|d:send_results", kwlist, &source, &columns,
+                                     &timeout) ||
+        feed_live(self) == NULL)
+        return NULL;
+    FeedBatch *b = malloc(sizeof *b);
+    if (b == NULL)
+        return PyErr_NoMemory();
+    PyObject *keep = NULL;
+    int rc = batch_from_dict(columns, "results", b, &keep);
+    SgError err;
+    if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = feed_server_send_results(self->srv, source, b, timeout, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
+            sg_raise(&err);
+    }
+    Py_XDECREF(keep);
+    free(b);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *FeedServer_finish(FeedServerObject *self, PyObject *args, PyObject *kw)
@@ -200,6 +260,9 @@ static PyMethodDef FeedServer_methods[] = {
     {"next_batch", (PyCFunction)(void (*)(void))FeedServer_next_batch, METH_VARARGS | METH_KEYWORDS,
      "next_batch(n, timeout, input='train') -> dict[str, ndarray]: n rows, fewer (or none) once "
      "the input ended."},
+    {"send_results", (PyCFunction)(void (*)(void))FeedServer_send_results,
+     METH_VARARGS | METH_KEYWORDS,
+     "send_results(source, columns, timeout=60.0): result columns back to the feeder `source`."},
     {"finish", (PyCFunction)(void (*)(void))FeedServer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(input=None): every feeder is done (None: all inputs)."},
     {"drained", (PyCFunction)(void (*)(void))FeedServer_drained, METH_VARARGS | METH_KEYWORDS,
@@ -374,6 +437,49 @@ static PyObject *FeedClient_end(FeedClientObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *FeedClient_recv_results(FeedClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    double timeout;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d:recv_results", kwlist, &timeout) ||
+        client_live(self) == NULL)
+        return NULL;
+    FeedBatch *b = malloc(sizeof *b);
+    if (b == NULL)
+        return PyErr_NoMemory();
+    uint8_t *payload = NULL;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = feed_client_recv_results(self->cli, timeout, b, &payload, &err);
+    Py_END_ALLOW_THREADS
+    PyObject *d = NULL;
+    if (rc < 0) {
+        sg_raise(&err);
+    } else if (payload == NULL) {
+        d = Py_None;
+        Py_INCREF(d);
+    } else {
+        d = PyDict_New();
+        for (int c = 0; d != NULL && c < b->ncols; c++) {
+            const FeedColumn *col = &b->cols[c];
+            npy_intp dims[FEED_MAX_NDIM];
+            for (int k = 0; k < col->ndim; k++)
+                dims[k] = (npy_intp)col->dims[k];
+            PyObject *arr = PyArray_SimpleNew(col->ndim, dims, npy_code(col->dtype));
+            if (arr != NULL)
+                memcpy(PyArray_DATA((PyArrayObject *)arr), col->data,
+                       (size_t)(col->dims[0] * col->row_bytes));
+            if (arr == NULL || PyDict_SetItemString(d, col->name, arr) < 0)
+                Py_CLEAR(d);
+            Py_XDECREF(arr);
+        }
+    }
+    free(payload);
+    free(b);
+    return d;
+}
+
 static PyObject *FeedClient_close(FeedClientObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -387,6 +493,9 @@ static PyMethodDef FeedClient_methods[] = {
      "send(columns: dict[str, ndarray]): one batch."},
     {"end", (PyCFunction)FeedClient_end, METH_NOARGS,
      "end(): END for this input; waits for the worker's ACK."},
+    {"recv_results", (PyCFunction)(void (*)(void))FeedClient_recv_results,
+     METH_VARARGS | METH_KEYWORDS,
+     "recv_results(timeout) -> dict[str, ndarray] | None: the next results the worker sent back."},
     {"close", (PyCFunction)FeedClient_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
 };
