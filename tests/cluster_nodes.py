@@ -181,3 +181,21 @@ def train_from_feed(args, ctx):
         ps.pull(params)
     x, y = _blobs(np.random.default_rng(7), 2000)
     return {"rows": rows, "label_sum": label_sum, "accuracy": accuracy(params, x, y), "last_step": steps}
+
+
+def infer_from_feed(args, ctx):
+    """InputMode.SPARK inference: rows (id, features); the result of a row is 3 * id + 1."""
+    import numpy as np
+
+    if ctx.job_name == "ps":
+        TFNode.start_cluster_server(ctx).join(WAIT)
+        return "ps stopped"
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=False, timeout=60)
+    rows = 0
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(37)
+        if not cols or len(cols["0"]) == 0:
+            continue
+        rows += len(cols["0"])
+        feed.batch_results(cols["0"] * 3 + 1 + 0 * np.asarray(cols["1"]).sum(axis=1).astype(np.int64))
+    return {"rows": rows}

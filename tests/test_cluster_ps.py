@@ -84,3 +84,20 @@ def test_spark_input_mode_feeds_every_row_of_every_epoch_and_trains(spark_contex
     assert sorted(w["rows"] for w in workers) == [1400, 1600]
     assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
     assert min(w["accuracy"] for w in workers) > 0.9
+
+
+@pytest.mark.spark
+def test_spark_inference_returns_results_in_input_order(spark_context):
+    import pathlib
+
+    from sparkgrad import InputMode
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    rows = [(i, [float(i), 1.0]) for i in range(500)]
+    cluster = TFCluster.run(
+        spark_context, cluster_nodes.infer_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+    )
+    results = cluster.inference(spark_context.parallelize(rows, 4), feed_timeout=60).collect()
+    cluster.shutdown(timeout=90)
+    assert results == [3 * i + 1 for i in range(500)]
+    assert cluster.results[1]["rows"] + cluster.results[2]["rows"] == 500

@@ -249,8 +249,11 @@ class Cluster:
             self._aborted.set()
 
     def _stop_node(self, executor_id: int, reason: str) -> None:
+        self._send_quietly(executor_id, {"type": "stop", "reason": reason})
+
+    def _send_quietly(self, executor_id: int, message: dict) -> None:
         try:
-            self._server.send(executor_id, {"type": "stop", "reason": reason})
+            self._server.send(executor_id, message)
         except ClusterError:
             pass  # it finished (and disconnected) since we looked: its "done" is on its way
 
@@ -296,6 +299,9 @@ class Cluster:
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         try:
+            if self.input_mode == InputMode.SPARK:  # no more data: every input of every worker ends
+                for eid in self._training_ids() - self._finished:
+                    self._send_quietly(eid, {"type": "feed_end", "input": None})
             self._wait_finished(self._training_ids(), deadline, "training nodes")
             self._raise_failure()
             if grace_secs > 0:
@@ -327,14 +333,10 @@ class Cluster:
         has taken the rest). A node failure during feeding is raised as
         NodeFailure; a failed feeding job as ClusterError.
         """
-        if self.input_mode != InputMode.SPARK:
-            raise InvalidArgumentError("cluster.train(rdd) feeds InputMode.SPARK clusters; this one reads its own data")
-        if self._sc is None:
-            raise InvalidArgumentError("cluster.train(rdd) needs a cluster started with a SparkContext")
-        self._raise_failure()
+        self._check_feedable("train")
         training = [n for n in self.nodes if n.role not in SERVING_ROLES]
         feeder = PartitionFeeder(
-            targets=tuple((n.host, n.port) for n in training),
+            targets=self._feed_targets(),
             secret=self._secret,
             input=qname,
             timeout=float(feed_timeout),
@@ -362,6 +364,35 @@ class Cluster:
         for node in training:
             self._server.send(node.executor_id, {"type": "feed_end", "input": qname})
         self.rows_fed = int(job.result or 0)
+
+    def inference(self, data_rdd: Any, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> Any:
+        """InputMode.SPARK: an RDD of map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
+
+        Each partition is fed to one training node, whose map_fun reads it with
+        DataFeed(ctx.mgr, train_mode=False) and answers with batch_results();
+        call shutdown() after using the results to end the nodes' input.
+        """
+        self._check_feedable("inference")
+        feeder = PartitionFeeder(
+            targets=self._feed_targets(),
+            secret=self._secret,
+            input=qname,
+            timeout=float(feed_timeout),
+            want_results=True,
+        )
+        return data_rdd.mapPartitionsWithIndex(feeder, preservesPartitioning=True)
+
+    def _check_feedable(self, what: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise InvalidArgumentError(
+                f"cluster.{what}(rdd) feeds InputMode.SPARK clusters; this one reads its own data"
+            )
+        if self._sc is None:
+            raise InvalidArgumentError(f"cluster.{what}(rdd) needs a cluster started with a SparkContext")
+        self._raise_failure()
+
+    def _feed_targets(self) -> tuple[tuple[str, int], ...]:
+        return tuple((n.host, n.port) for n in self.nodes if n.role not in SERVING_ROLES)
 
     def tensorboard_url(self) -> str | None:
         return None if self._tensorboard is None else self._tensorboard.url
