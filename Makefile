@@ -13,6 +13,7 @@ PYTEST_ARGS ?=
 
 DEPS_STAMP := $(VENV)/.sparkgrad-deps
 INSTALL_STAMP := $(VENV)/.sparkgrad-installed
+ANCHORS_STAMP := $(VENV)/.sparkgrad-anchors
 CSRC := $(shell find csrc -name '*.c' -o -name '*.h')
 CORE_SRC := $(shell find csrc -name '*.c' -not -path 'csrc/py/*')
 PYSRC := $(shell find python -name '*.py' -o -name '*.pyi')
@@ -76,7 +77,7 @@ asan: deps
 	PYTHONPATH=$(CURDIR)/build/asan/py PYTHONMALLOC=malloc \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	  $(PY) -m pytest -q -p no:cacheprovider -m "not spark" $(PYTEST_ARGS) tests
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not spark and not slow" $(PYTEST_ARGS) tests
 
 build/asan/ctest/%: tests/c/%.c $(CSRC) $(DEPS_STAMP)
 	@mkdir -p build/asan/ctest
@@ -118,9 +119,14 @@ wheel: deps
 egg: deps
 	$(PY) setup.py -q bdist_egg -d dist
 
-bench: build
+$(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
+	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)
+	touch $@
+
+bench: build $(ANCHORS_STAMP)
 	@mkdir -p bench/results
 	@set -e; for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
+	$(PY) bench/report.py
 
 clean:
 	rm -rf build dist python/sparkgrad/_core*.so python/sparkgrad/_core.stamp *.egg-info python/*.egg-info

@@ -7,11 +7,10 @@ import pathlib
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
-
 import sparkgrad
+import tomllib
 from sparkgrad import _core, errors
 from sparkgrad.cli import main as cli_main
 
@@ -20,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def test_version_has_one_source():
     text = (ROOT / "python/sparkgrad/_version.py").read_text()
-    assert re.search(r'__version__ = "%s"' % re.escape(sparkgrad.__version__), text)
+    assert f'__version__ = "{sparkgrad.__version__}"' in text
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" in pyproject["project"]["dynamic"]
     assert "version" not in pyproject["project"]

@@ -27,8 +27,7 @@ int sg_fail_errno(SgError *err, int code, int errno_value, const char *fmt, ...)
         int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
         if (n >= 0 && (size_t)n < sizeof err->msg)
-            snprintf(err->msg + n, sizeof err->msg - (size_t)n, ": %s",
-                     strerror(errno_value));
+            snprintf(err->msg + n, sizeof err->msg - (size_t)n, ": %s", strerror(errno_value));
         err->code = code;
     }
     return code;
@@ -69,8 +68,8 @@ const char *sg_status_name(int code)
     switch (code) {
     case SG_OK:
         return "SG_OK";
-#define SG_STATUS_CASE(name, value, pyname) \
-    case name:                              \
+#define SG_STATUS_CASE(name, value, pyname)                                                        \
+    case name:                                                                                     \
         return #name;
         SG_STATUS_LIST(SG_STATUS_CASE)
 #undef SG_STATUS_CASE

@@ -23,6 +23,7 @@
     X(SG_ERECORD, -10, "RecordError")                      \
     X(SG_ECORRUPT, -11, "CorruptRecordError")              \
     X(SG_ETRUNCATED, -12, "TruncatedRecordError")          \
+    X(SG_EPROTOBUF, -13, "ExampleDecodeError")             \
     X(SG_ESCHEMA, -20, "SchemaError")                      \
     X(SG_EMODEL, -25, "ModelError")                        \
     X(SG_EDNNL, -26, "OneDNNError")                        \

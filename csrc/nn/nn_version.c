@@ -12,7 +12,6 @@ NnVersion nn_onednn_runtime_version(void)
 
 NnVersion nn_onednn_build_version(void)
 {
-    NnVersion out = {DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
-                     DNNL_CPU_RUNTIME};
+    NnVersion out = {DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, DNNL_CPU_RUNTIME};
     return out;
 }

@@ -24,17 +24,12 @@ static PyObject *py_build_info(PyObject *self, PyObject *noargs)
     char runtime[32], headers[32];
     snprintf(runtime, sizeof runtime, "%d.%d.%d", rt.major, rt.minor, rt.patch);
     snprintf(headers, sizeof headers, "%d.%d.%d", bt.major, bt.minor, bt.patch);
-    return Py_BuildValue(
-        "{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s}",
-        "sparkgrad", SG_VERSION,
-        "onednn", runtime,
-        "onednn_headers", headers,
-        "numpy_abi", (unsigned)NPY_ABI_VERSION,
-        "numpy_runtime_api", (unsigned)PyArray_GetNDArrayCFeatureVersion(),
-        "libcurl", rest_curl_version(),
-        "cjson", rest_cjson_version(),
-        "zlib", zlibVersion(),
-        "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other");
+    return Py_BuildValue("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s}", "sparkgrad", SG_VERSION,
+                         "onednn", runtime, "onednn_headers", headers, "numpy_abi",
+                         (unsigned)NPY_ABI_VERSION, "numpy_runtime_api",
+                         (unsigned)PyArray_GetNDArrayCFeatureVersion(), "libcurl",
+                         rest_curl_version(), "cjson", rest_cjson_version(), "zlib", zlibVersion(),
+                         "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other");
 }
 
 static PyMethodDef info_methods[] = {

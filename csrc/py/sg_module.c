@@ -87,8 +87,7 @@ static PyObject *py_status_codes(PyObject *self, PyObject *noargs)
         return NULL;
     for (size_t i = 0; i < sizeof exception_table / sizeof *exception_table; i++) {
         PyObject *code = PyLong_FromLong(exception_table[i].code);
-        int rc = code == NULL ? -1
-                              : PyDict_SetItemString(out, exception_table[i].name, code);
+        int rc = code == NULL ? -1 : PyDict_SetItemString(out, exception_table[i].name, code);
         Py_XDECREF(code);
         if (rc < 0) {
             Py_DECREF(out);
@@ -118,6 +117,11 @@ typedef int (*ModuleInit)(PyObject *mod);
 
 static const ModuleInit module_inits[] = {
     info_module_init,
+    record_module_init,
+    record_example_module_init,
+    record_dataset_module_init,
+    nn_optim_module_init,
+    nn_module_init,
     net_module_init,
     rdv_module_init,
     ctl_module_init,

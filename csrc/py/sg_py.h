@@ -10,8 +10,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
-#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
+#define NPY_NO_DEPRECATED_API  NPY_1_22_API_VERSION
+#define NPY_TARGET_VERSION     NPY_1_22_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL sparkgrad_ARRAY_API
 #ifndef SG_PY_MODULE_MAIN
 #define NO_IMPORT_ARRAY
@@ -30,6 +30,11 @@ PyObject *sg_raise_code(int code, const char *fmt, ...);
 /* Module init hooks, one per binding file; each returns 0 or -1 with an
  * exception set. */
 int info_module_init(PyObject *mod);
+int record_module_init(PyObject *mod);
+int record_example_module_init(PyObject *mod);
+int record_dataset_module_init(PyObject *mod);
+int nn_module_init(PyObject *mod);
+int nn_optim_module_init(PyObject *mod);
 int net_module_init(PyObject *mod);
 int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);

@@ -11,8 +11,9 @@ names below are part of the C contract.
     ├── CancelledError
     ├── StateError
     ├── RecordError
-    │   └── CorruptRecordError
-    │       └── TruncatedRecordError
+    │   ├── CorruptRecordError
+    │   │   └── TruncatedRecordError
+    │   └── ExampleDecodeError
     ├── SchemaError (also ValueError)
     ├── ModelError
     │   ├── OneDNNError
@@ -83,6 +84,11 @@ class CorruptRecordError(RecordError):
 
 class TruncatedRecordError(CorruptRecordError):
     """A file ended inside a record header or payload."""
+
+
+class ExampleDecodeError(RecordError):
+    """A record's bytes are not a valid tf.train.Example / SequenceExample
+    (garbage protobuf, overlong varint, wrong wire type, non-UTF-8 key)."""
 
 
 class SchemaError(SparkgradError, ValueError):

@@ -1,1 +1,46 @@
-"""Datasets and converters: IDX (MNIST) files, TFRecords, Spark DataFrames."""
+"""Datasets and converters: IDX (MNIST) files, TFRecords, tf.train.Example, Spark DataFrames."""
+
+from sparkgrad.data.dataset import TFRecordDataset, expand_paths
+from sparkgrad.data.example import (
+    FixedLenFeature,
+    Ragged,
+    RawBytesFeature,
+    Schema,
+    VarLenFeature,
+    decode_example,
+    decode_sequence_example,
+    encode_example,
+    encode_sequence_example,
+    parse_example,
+    parse_examples,
+)
+from sparkgrad.data.tfrecord import (
+    TFRecordWriter,
+    crc32c,
+    masked_crc32c,
+    read_records,
+    tfrecord_iterator,
+    write_records,
+)
+
+__all__ = [
+    "TFRecordDataset",
+    "expand_paths",
+    "FixedLenFeature",
+    "Ragged",
+    "RawBytesFeature",
+    "Schema",
+    "VarLenFeature",
+    "decode_example",
+    "decode_sequence_example",
+    "encode_example",
+    "encode_sequence_example",
+    "parse_example",
+    "parse_examples",
+    "TFRecordWriter",
+    "crc32c",
+    "masked_crc32c",
+    "read_records",
+    "tfrecord_iterator",
+    "write_records",
+]

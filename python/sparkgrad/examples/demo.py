@@ -25,7 +25,9 @@ def main() -> int:
         sc = spark.sparkContext
         sc.setLogLevel("ERROR")
         rows = sc.parallelize(range(len(labels)), 4).map(lambda i: (int(labels[i]), float(images[i].mean())))
-        stats = rows.aggregateByKey((0, 0.0), lambda a, v: (a[0] + 1, a[1] + v), lambda a, b: (a[0] + b[0], a[1] + b[1]))
+        stats = rows.aggregateByKey(
+            (0, 0.0), lambda a, v: (a[0] + 1, a[1] + v), lambda a, b: (a[0] + b[0], a[1] + b[1])
+        )
         for label, (count, total) in sorted(stats.collect()):
             print(f"class {label}: {count} images, mean pixel {total / count:.1f}")
         assert sum(c for _, (c, _) in stats.collect()) == len(labels) == np.int64(60000)

@@ -1,0 +1,145 @@
+/*
+ * nn_model.h - a sequential network whose parameters live in ONE contiguous
+ * float buffer, with one gradient buffer of the same size beside it, and the
+ * training loop that runs over it in C.
+ *
+ * Shape letters as in nn_ref.h (B batch, H W C input, OH OW OC output, K
+ * classes). Activations are NHWC; a Dense layer takes a flat [B, C] input, so
+ * it must follow Flatten when its input is an image. Parameter tensors, in
+ * layer order, each kernel then bias:
+ *   Dense   kernel [C, OC]          bias [OC]
+ *   Conv2D  kernel [KH, KW, C, OC]  bias [OC]       (Keras' layouts)
+ * The size table (model_param_info) gives each tensor's offset and shape, so
+ * an optimizer step is one loop, a checkpoint one write and a
+ * parameter-server push one frame.
+ *
+ * The loss is softmax cross-entropy on the last layer's pre-activation output
+ * (logits), computed through a stable log-softmax; the last layer's
+ * activation must be softmax or none. Targets are int32 labels [B] (sparse)
+ * or float one-hot rows [B, K].
+ *
+ * Not thread-safe per instance: one caller at a time (the Python binding
+ * holds a lock). Kernels run on oneDNN with OpenMP threads.
+ */
+#ifndef NN_MODEL_H
+#define NN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+#include "nn/nn_optim.h"
+#include "nn/nn_ref.h"
+
+typedef enum LayerKind {
+    LAYER_DENSE = 0,
+    LAYER_CONV2D = 1,
+    LAYER_MAXPOOL = 2,
+    LAYER_AVGPOOL = 3,
+    LAYER_DROPOUT = 4,
+    LAYER_FLATTEN = 5,
+} LayerKind;
+
+typedef enum NnInit {
+    INIT_GLOROT_UNIFORM = 0,  /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
+    INIT_TRUNCATED_NORMAL = 1, /* N(0, 1/sqrt(fan_in)) redrawn beyond 2 stddev (TF walkthrough) */
+    INIT_HE_NORMAL = 2,        /* truncated N(0, sqrt(2/fan_in)/0.8796) as Keras */
+    INIT_HE_UNIFORM = 3,       /* U(-l, l), l = sqrt(6 / fan_in) */
+    INIT_ZEROS = 4,
+} NnInit;
+
+typedef struct LayerSpec {
+    LayerKind kind;
+    int units;  /* Dense units / Conv2D filters */
+    int kh, kw; /* Conv2D kernel / pool window */
+    int stride; /* Conv2D / pool stride (pool: 0 = window size) */
+    int same;   /* 1 = "same" padding, 0 = "valid" */
+    NnAct act;
+    float rate; /* Dropout */
+    NnInit init;
+} LayerSpec;
+
+typedef struct ParamInfo {
+    int layer;
+    int is_bias;
+    size_t offset, size; /* in floats, into the flat buffer */
+    int ndim;
+    int shape[4];
+} ParamInfo;
+
+typedef struct LayerShape {
+    int h, w, c; /* input (a flat input has h = w = 1) */
+    int oh, ow, oc;
+    int pt, pl, pb, pr; /* padding */
+} LayerShape;
+
+typedef struct NnStats {
+    double loss_sum; /* sum over samples of the per-sample loss */
+    int64_t correct; /* argmax hits */
+    int64_t seen;    /* samples */
+    int64_t steps;   /* batches */
+} NnStats;
+
+/* Data in memory: x [n, row] float32, and labels [n] int32 or onehot [n, K]. */
+typedef struct NnData {
+    const float *x;
+    const int32_t *labels;
+    const float *onehot;
+    size_t n;
+    size_t row;
+} NnData;
+
+typedef struct Model Model;
+
+/* Declares the network on an input of h x w x c (a flat input: 1 x 1 x c),
+ * validates every layer, computes shapes and the size table and allocates the
+ * parameter and gradient buffers (zeroed). */
+int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int nlayers,
+                 SgError *err);
+void model_free(Model *m);
+
+/* Parameters: params/grads [n]. */
+size_t model_num_params(const Model *m);
+float *model_params(Model *m);
+float *model_grads(Model *m);
+int model_num_tensors(const Model *m);
+const ParamInfo *model_param_info(const Model *m, int i);
+const LayerShape *model_layer_shape(const Model *m, int layer);
+int model_num_layers(const Model *m);
+const LayerSpec *model_layer_spec(const Model *m, int layer);
+int model_num_classes(const Model *m);
+size_t model_input_size(const Model *m);
+
+/* Fills the parameters from the seeded initialisers (biases zero). */
+void model_init_params(Model *m, uint64_t seed);
+
+/* RNG state (dropout masks, shuffling): a seed and a counter. */
+void model_get_rng(const Model *m, uint64_t *seed, uint64_t *counter);
+void model_set_rng(Model *m, uint64_t seed, uint64_t counter);
+
+/* order[n] = a permutation of 0..n-1 drawn from the model RNG. */
+void model_shuffle(Model *m, int64_t *order, size_t n);
+
+/* One training batch of rows order[start..start+B) (order NULL: contiguous):
+ * forward, loss, backward into the gradient buffer, and, if opt is not
+ * NULL, the optimizer update. Adds the batch's results into st. */
+int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order,
+                      size_t start, int B, NnStats *st, SgError *err);
+
+/* Up to nsteps batches of `batch` rows from position start (the last one may
+ * be short), as model_train_batch. */
+int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
+                    int batch, int64_t nsteps, NnStats *st, SgError *err);
+
+/* Inference over all rows of d (dropout off): loss and accuracy into st. */
+int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *err);
+
+/* Inference outputs out [n, K]: softmax probabilities when the last layer's
+ * activation is softmax, else the last layer's outputs. */
+int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgError *err);
+
+/* OpenMP threads for oneDNN and the C loops. */
+void nn_set_num_threads(int n);
+int nn_get_num_threads(void);
+
+#endif /* NN_MODEL_H */

@@ -1,0 +1,70 @@
+/*
+ * nn_model_impl.h - the Model and its execution plans, shared by
+ * nn_model.c (declaration, parameters), nn_plan.c (oneDNN primitives,
+ * forward/backward) and nn_train.c (loops). Not part of the public API.
+ */
+#ifndef NN_MODEL_IMPL_H
+#define NN_MODEL_IMPL_H
+
+#include "nn/nn_dnnl.h"
+#include "nn/nn_model.h"
+
+#define PLAN_CACHE 2
+
+typedef struct LayerPlan {
+    NnExec fwd[2]; /* [weights reorder,] compute */
+    int nfwd;
+    NnExec bwd[5]; /* [act bwd,] bwd weights, [diff weights reorder,] [weights reorder,] bwd data */
+    int nbwd;
+    float *mask; /* Dropout [B, out] */
+} LayerPlan;
+
+/* Everything that depends on the batch size B. */
+typedef struct Plan {
+    int B;
+    uint64_t last_use;
+    float *arena;     /* every buffer below */
+    float **act;      /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
+    float **dact;     /* [L+1]: gradient with respect to act[l] */
+    float *dpre;      /* [B, max out]: gradient before a fused activation */
+    float *logprob;   /* [B, K] */
+    int32_t *labels;  /* [B] */
+    float *onehot;    /* [B, K] */
+    LayerPlan *lp;    /* [L] */
+    NnExec logsoftmax;
+    dnnl_memory_t *mems;
+    int nmems, capmems;
+    dnnl_primitive_t *prims;
+    int nprims, capprims;
+} Plan;
+
+struct Model {
+    int nlayers;
+    LayerSpec *specs;   /* [L] */
+    LayerShape *shapes; /* [L] */
+    int in_h, in_w, in_c;
+    int classes;
+    ParamInfo *tensors; /* size table */
+    int ntensors;
+    int *kernel_t, *bias_t; /* [L]: tensor index or -1 */
+    size_t nparams;
+    float *params; /* [nparams] */
+    float *grads;  /* [nparams] */
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    Plan *plans[PLAN_CACHE];
+    uint64_t use_clock;
+    uint64_t rng_seed, rng_counter;
+};
+
+/* nn_plan.c */
+void plan_free(Plan *p);
+int model_plan(Model *m, int B, Plan **out, SgError *err);
+/* Forward through every layer from p->act[0]; training enables dropout. */
+int model_forward(Model *m, Plan *p, int training, SgError *err);
+/* log-softmax of the logits into p->logprob. */
+int model_logprob(Model *m, Plan *p, SgError *err);
+/* Backward from p->dact[L] (the logits gradient) into m->grads. */
+int model_backward(Model *m, Plan *p, SgError *err);
+
+#endif /* NN_MODEL_IMPL_H */

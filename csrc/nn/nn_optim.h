@@ -1,0 +1,89 @@
+/*
+ * nn_optim.h - optimizers over one flat float range (a model's parameter
+ * buffer, a parameter-server shard, an allreduced gradient): SGD (momentum,
+ * Nesterov, weight decay), Adam, AdamW, RMSprop (momentum, centered),
+ * Adadelta; learning-rate schedules (constant, step, cosine, linear warm-up)
+ * and gradient clipping (global norm, value), applied on the fly without
+ * touching the caller's gradients.
+ *
+ * The update rules follow torch.optim (2.x) exactly, so the tests can compare
+ * parameters after several steps; Keras-style defaults are chosen by the
+ * Python layer. The optimizer owns its state: `nslots` arrays of n floats in
+ * one contiguous buffer (optim_state), plus the step counter; a checkpoint
+ * saves both and restores them with optim_set_state.
+ *
+ * Not thread-safe per instance; optim_step parallelises with OpenMP.
+ */
+#ifndef NN_OPTIM_H
+#define NN_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+
+typedef enum OptimKind {
+    OPTIM_SGD = 0,
+    OPTIM_ADAM = 1,
+    OPTIM_ADAMW = 2,
+    OPTIM_RMSPROP = 3,
+    OPTIM_ADADELTA = 4,
+} OptimKind;
+
+typedef enum LrSchedule {
+    LR_CONSTANT = 0,
+    LR_STEP = 1,   /* lr * gamma ^ floor(t / step_size) */
+    LR_COSINE = 2, /* lr_min + (lr - lr_min) * (1 + cos(pi * min(t, total) / total)) / 2 */
+} LrSchedule;
+
+typedef struct OptimConfig {
+    OptimKind kind;
+    float lr;
+    float momentum;     /* SGD, RMSprop */
+    int nesterov;       /* SGD */
+    float weight_decay; /* L2 added to the gradient; decoupled for AdamW */
+    float beta1, beta2; /* Adam(W) */
+    float eps;          /* Adam(W), RMSprop, Adadelta */
+    float rho;          /* RMSprop alpha, Adadelta rho */
+    int centered;       /* RMSprop */
+    /* schedule: t is the number of steps taken before this one */
+    LrSchedule schedule;
+    int64_t step_size; /* LR_STEP */
+    float gamma;       /* LR_STEP */
+    int64_t total_steps; /* LR_COSINE */
+    float lr_min;        /* LR_COSINE */
+    int64_t warmup_steps; /* factor min(1, (t+1)/warmup_steps) on top of the schedule; 0 = none */
+    /* clipping, applied to the gradient before everything else; 0 = off */
+    float clip_norm;  /* scale g by min(1, clip_norm / ||g||_2) */
+    float clip_value; /* clamp g to [-clip_value, clip_value] */
+} OptimConfig;
+
+typedef struct Optimizer Optimizer;
+
+/* Fills cfg with torch.optim's defaults for kind (lr 1e-3, or 1.0 for Adadelta). */
+void optim_config_default(OptimConfig *cfg, OptimKind kind);
+
+/* Validates cfg and allocates the state for n parameters (zeroed). */
+int optim_create(Optimizer **out, const OptimConfig *cfg, size_t n, SgError *err);
+
+/* params[n] -= update(grads[n]); n must equal the size given at creation. */
+int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err);
+
+void optim_free(Optimizer *o);
+
+/* The learning rate the next step will use. */
+float optim_current_lr(const Optimizer *o);
+/* Steps taken so far. */
+int64_t optim_get_step(const Optimizer *o);
+const OptimConfig *optim_config(const Optimizer *o);
+
+/* State for checkpoints: nslots * n floats, contiguous. */
+size_t optim_state_size(const Optimizer *o);
+float *optim_state(Optimizer *o);
+/* Restores the step counter and the state (len floats; must equal optim_state_size). */
+int optim_set_state(Optimizer *o, int64_t step, const float *state, size_t len, SgError *err);
+
+/* ||g||_2 over n floats (double accumulation). */
+double optim_global_norm(const float *g, size_t n);
+
+#endif /* NN_OPTIM_H */

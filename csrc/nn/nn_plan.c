@@ -1,0 +1,517 @@
+/*
+ * nn_plan.c - the execution plan of a model for one batch size: buffers for
+ * every activation and its gradient, and every oneDNN primitive with its
+ * arguments bound, built once and replayed each step (see nn_model_impl.h).
+ */
+#include "nn/nn_model_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- bookkeeping of created oneDNN objects ------------------------------ */
+
+static int grow(void **arr, int *cap, size_t elem, SgError *err)
+{
+    int ncap = *cap ? 2 * *cap : 32;
+    void *n = realloc(*arr, (size_t)ncap * elem);
+    if (n == NULL)
+        return sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+    *arr = n;
+    *cap = ncap;
+    return 0;
+}
+
+static int plan_mem(Model *m, Plan *p, dnnl_memory_t *out, const_dnnl_memory_desc_t md, void *data,
+                    SgError *err)
+{
+    int rc;
+    if (p->nmems == p->capmems && (rc = grow((void **)&p->mems, &p->capmems, sizeof *p->mems, err)) < 0)
+        return rc;
+    if ((rc = nn_mem(out, md, m->eng, data, err)) < 0)
+        return rc;
+    p->mems[p->nmems++] = *out;
+    return 0;
+}
+
+static int plan_prim(Plan *p, dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd, SgError *err)
+{
+    int rc;
+    if (p->nprims == p->capprims &&
+        (rc = grow((void **)&p->prims, &p->capprims, sizeof *p->prims, err)) < 0)
+        return rc;
+    if ((rc = nn_prim(out, pd, err)) < 0)
+        return rc;
+    p->prims[p->nprims++] = *out;
+    return 0;
+}
+
+void plan_free(Plan *p)
+{
+    if (p == NULL)
+        return;
+    for (int i = 0; i < p->nprims; i++)
+        dnnl_primitive_destroy(p->prims[i]);
+    for (int i = 0; i < p->nmems; i++)
+        dnnl_memory_destroy(p->mems[i]);
+    free(p->prims);
+    free(p->mems);
+    free(p->arena);
+    free(p->act);
+    free(p->dact);
+    free(p->lp);
+    free(p);
+}
+
+/* A reorder src_mem -> a new library-owned memory of md dst, appended to e. */
+static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_memory_t to,
+                        SgError *err)
+{
+    const_dnnl_memory_desc_t fmd, tmd;
+    int rc;
+    if ((rc = DNNL(err, dnnl_memory_get_memory_desc, from, &fmd)) < 0 ||
+        (rc = DNNL(err, dnnl_memory_get_memory_desc, to, &tmd)) < 0)
+        return rc;
+    dnnl_primitive_desc_t pd = NULL;
+    if ((rc = DNNL(err, dnnl_reorder_primitive_desc_create, &pd, fmd, m->eng, tmd, m->eng, NULL)) < 0)
+        return rc;
+    memset(e, 0, sizeof *e);
+    rc = plan_prim(p, &e->prim, pd, err);
+    dnnl_primitive_desc_destroy(pd);
+    nn_exec_arg(e, DNNL_ARG_FROM, from);
+    nn_exec_arg(e, DNNL_ARG_TO, to);
+    return rc;
+}
+
+/* ---- Dense and Conv2D --------------------------------------------------- */
+
+static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
+{
+    switch (a) {
+    case NN_ACT_RELU: return use_dst ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_relu;
+    case NN_ACT_TANH: return use_dst ? dnnl_eltwise_tanh_use_dst_for_bwd : dnnl_eltwise_tanh;
+    case NN_ACT_SIGMOID:
+        return use_dst ? dnnl_eltwise_logistic_use_dst_for_bwd : dnnl_eltwise_logistic;
+    default: return dnnl_alg_kind_undef;
+    }
+}
+
+static int build_weighted(Model *m, Plan *p, int l, SgError *err)
+{
+    const LayerSpec *sp = &m->specs[l];
+    const LayerShape *s = &m->shapes[l];
+    LayerPlan *lp = &p->lp[l];
+    const int conv = sp->kind == LAYER_CONV2D, B = p->B;
+    const int fused = act_alg(sp->act, 0) != dnnl_alg_kind_undef;
+    const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
+    dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL;
+    dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL, bwd_pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, dpre_m, tmp;
+    const dnnl_dims_t strides = {sp->stride, sp->stride}, dil = {0, 0}, pl = {s->pt, s->pl},
+                      pr = {s->pb, s->pr};
+    int rc;
+
+    if (conv) {
+        dnnl_dims_t sd = {B, s->c, s->h, s->w}, dd = {B, s->oc, s->oh, s->ow},
+                    wd = {s->oc, s->c, sp->kh, sp->kw};
+        if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
+            (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
+            (rc = nn_md(&w_md, 4, wd, dnnl_hwio, err)) < 0 ||
+            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0)
+            goto cleanup;
+    } else {
+        dnnl_dims_t sd = {B, s->c}, dd = {B, s->oc}, wd = {s->oc, s->c};
+        if ((rc = nn_md(&src_md, 2, sd, dnnl_ab, err)) < 0 ||
+            (rc = nn_md(&dst_md, 2, dd, dnnl_ab, err)) < 0 ||
+            (rc = nn_md(&w_md, 2, wd, dnnl_io, err)) < 0 ||
+            (rc = nn_md(&w_any, 2, wd, dnnl_io, err)) < 0)
+            goto cleanup;
+    }
+    {
+        dnnl_dims_t bd = {s->oc};
+        if ((rc = nn_md(&b_md, 1, bd, dnnl_a, err)) < 0)
+            goto cleanup;
+    }
+    if (fused) {
+        if ((rc = DNNL(err, dnnl_post_ops_create, &po)) < 0 ||
+            (rc = DNNL(err, dnnl_post_ops_append_eltwise, po, act_alg(sp->act, 0), 0.0f, 0.0f)) < 0 ||
+            (rc = DNNL(err, dnnl_primitive_attr_create, &attr)) < 0 ||
+            (rc = DNNL(err, dnnl_primitive_attr_set_post_ops, attr, po)) < 0)
+            goto cleanup;
+    }
+    rc = conv ? DNNL(err, dnnl_convolution_forward_primitive_desc_create, &fwd_pd, m->eng,
+                     dnnl_forward_training, dnnl_convolution_direct, src_md, w_any, b_md, dst_md,
+                     strides, dil, pl, pr, attr)
+              : DNNL(err, dnnl_inner_product_forward_primitive_desc_create, &fwd_pd, m->eng,
+                     dnnl_forward_training, src_md, w_any, b_md, dst_md, attr);
+    if (rc < 0)
+        goto cleanup;
+
+    float *W = m->params + kt->offset, *dW = m->grads + kt->offset;
+    if ((rc = plan_mem(m, p, &src_m, src_md, p->act[l], err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, dst_md, p->act[l + 1], err)) < 0 ||
+        (rc = plan_mem(m, p, &ddst_m, dst_md, p->dact[l + 1], err)) < 0 ||
+        (rc = plan_mem(m, p, &w_m, w_md, W, err)) < 0 ||
+        (rc = plan_mem(m, p, &dw_m, w_md, dW, err)) < 0 ||
+        (rc = plan_mem(m, p, &b_m, b_md, m->params + bt->offset, err)) < 0 ||
+        (rc = plan_mem(m, p, &db_m, b_md, m->grads + bt->offset, err)) < 0)
+        goto cleanup;
+
+    /* forward: [reorder HWIO -> preferred,] compute */
+    const_dnnl_memory_desc_t fw_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
+    fw_m = w_m;
+    if (!dnnl_memory_desc_equal(fw_md, w_md)) {
+        if ((rc = plan_mem(m, p, &fw_m, fw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+            (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
+            goto cleanup;
+    }
+    NnExec *e = &lp->fwd[lp->nfwd++];
+    if ((rc = plan_prim(p, &e->prim, fwd_pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_WEIGHTS, fw_m);
+    nn_exec_arg(e, DNNL_ARG_BIAS, b_m);
+    nn_exec_arg(e, DNNL_ARG_DST, dst_m);
+
+    /* backward: activation (from dst), weights + bias, data */
+    g_m = ddst_m;
+    if (fused) {
+        if ((rc = DNNL(err, dnnl_eltwise_forward_primitive_desc_create, &efwd_pd, m->eng,
+                       dnnl_forward_training, act_alg(sp->act, 1), dst_md, dst_md, 0.0f, 0.0f,
+                       NULL)) < 0 ||
+            (rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &ebwd_pd, m->eng,
+                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0 ||
+            (rc = plan_mem(m, p, &dpre_m, dst_md, p->dpre, err)) < 0)
+            goto cleanup;
+        e = &lp->bwd[lp->nbwd++];
+        if ((rc = plan_prim(p, &e->prim, ebwd_pd, err)) < 0)
+            goto cleanup;
+        nn_exec_arg(e, DNNL_ARG_DST, dst_m);
+        nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
+        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dpre_m);
+        g_m = dpre_m;
+    }
+    rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
+                     dnnl_convolution_direct, src_md, w_any, b_md, dst_md, strides, dil, pl, pr,
+                     fwd_pd, NULL)
+              : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
+                     m->eng, src_md, w_any, b_md, dst_md, fwd_pd, NULL);
+    if (rc < 0)
+        goto cleanup;
+    const_dnnl_memory_desc_t dw_md =
+        dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_weights_md, 0);
+    tmp = dw_m;
+    if (!dnnl_memory_desc_equal(dw_md, w_md) &&
+        (rc = plan_mem(m, p, &tmp, dw_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
+        goto cleanup;
+    e = &lp->bwd[lp->nbwd++];
+    if ((rc = plan_prim(p, &e->prim, bww_pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_DST, g_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_WEIGHTS, tmp);
+    nn_exec_arg(e, DNNL_ARG_DIFF_BIAS, db_m);
+    if (tmp != dw_m && (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], tmp, dw_m, err)) < 0)
+        goto cleanup;
+
+    if (l > 0) {
+        rc = conv ? DNNL(err, dnnl_convolution_backward_data_primitive_desc_create, &bwd_pd, m->eng,
+                         dnnl_convolution_direct, src_md, w_any, dst_md, strides, dil, pl, pr,
+                         fwd_pd, NULL)
+                  : DNNL(err, dnnl_inner_product_backward_data_primitive_desc_create, &bwd_pd,
+                         m->eng, src_md, w_any, dst_md, fwd_pd, NULL);
+        if (rc < 0)
+            goto cleanup;
+        const_dnnl_memory_desc_t bw_md =
+            dnnl_primitive_desc_query_md(bwd_pd, dnnl_query_weights_md, 0);
+        dnnl_memory_t bw_m = fw_m;
+        if (dnnl_memory_desc_equal(bw_md, w_md))
+            bw_m = w_m;
+        else if (!dnnl_memory_desc_equal(bw_md, fw_md)) {
+            if ((rc = plan_mem(m, p, &bw_m, bw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+                (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], w_m, bw_m, err)) < 0)
+                goto cleanup;
+        }
+        if ((rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
+            goto cleanup;
+        e = &lp->bwd[lp->nbwd++];
+        if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
+            goto cleanup;
+        nn_exec_arg(e, DNNL_ARG_DIFF_DST, g_m);
+        nn_exec_arg(e, DNNL_ARG_WEIGHTS, bw_m);
+        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dsrc_m);
+    }
+    rc = 0;
+cleanup:
+    if (rc < 0)
+        sg_context(err, "building layer %d (%s, batch %d)", l, conv ? "Conv2D" : "Dense", B);
+    dnnl_primitive_desc_destroy(fwd_pd);
+    dnnl_primitive_desc_destroy(efwd_pd);
+    dnnl_primitive_desc_destroy(ebwd_pd);
+    dnnl_primitive_desc_destroy(bww_pd);
+    dnnl_primitive_desc_destroy(bwd_pd);
+    dnnl_primitive_attr_destroy(attr);
+    dnnl_post_ops_destroy(po);
+    dnnl_memory_desc_destroy(src_md);
+    dnnl_memory_desc_destroy(dst_md);
+    dnnl_memory_desc_destroy(w_md);
+    dnnl_memory_desc_destroy(w_any);
+    dnnl_memory_desc_destroy(b_md);
+    return rc;
+}
+
+/* ---- pooling ------------------------------------------------------------ */
+
+static int build_pool(Model *m, Plan *p, int l, SgError *err)
+{
+    const LayerSpec *sp = &m->specs[l];
+    const LayerShape *s = &m->shapes[l];
+    LayerPlan *lp = &p->lp[l];
+    const int B = p->B;
+    dnnl_alg_kind_t alg =
+        sp->kind == LAYER_MAXPOOL ? dnnl_pooling_max : dnnl_pooling_avg_exclude_padding;
+    dnnl_memory_desc_t src_md = NULL, dst_md = NULL;
+    dnnl_primitive_desc_t fwd_pd = NULL, bwd_pd = NULL;
+    dnnl_memory_t src_m, dst_m, ws_m = NULL, ddst_m, dsrc_m;
+    const dnnl_dims_t strides = {sp->stride, sp->stride}, kernel = {sp->kh, sp->kw}, dil = {0, 0},
+                      pl = {s->pt, s->pl}, pr = {s->pb, s->pr};
+    dnnl_dims_t sd = {B, s->c, s->h, s->w}, dd = {B, s->oc, s->oh, s->ow};
+    int rc;
+    if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
+        (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
+        (rc = DNNL(err, dnnl_pooling_forward_primitive_desc_create, &fwd_pd, m->eng,
+                   dnnl_forward_training, alg, src_md, dst_md, strides, kernel, dil, pl, pr, NULL)) < 0 ||
+        (rc = plan_mem(m, p, &src_m, src_md, p->act[l], err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, dst_md, p->act[l + 1], err)) < 0)
+        goto cleanup;
+    const_dnnl_memory_desc_t ws_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_workspace_md, 0);
+    if (ws_md != NULL && dnnl_memory_desc_get_size(ws_md) > 0 &&
+        (rc = plan_mem(m, p, &ws_m, ws_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
+        goto cleanup;
+    NnExec *e = &lp->fwd[lp->nfwd++];
+    if ((rc = plan_prim(p, &e->prim, fwd_pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_DST, dst_m);
+    if (ws_m)
+        nn_exec_arg(e, DNNL_ARG_WORKSPACE, ws_m);
+    if (l > 0) {
+        if ((rc = DNNL(err, dnnl_pooling_backward_primitive_desc_create, &bwd_pd, m->eng, alg,
+                       src_md, dst_md, strides, kernel, dil, pl, pr, fwd_pd, NULL)) < 0 ||
+            (rc = plan_mem(m, p, &ddst_m, dst_md, p->dact[l + 1], err)) < 0 ||
+            (rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
+            goto cleanup;
+        e = &lp->bwd[lp->nbwd++];
+        if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
+            goto cleanup;
+        nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
+        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dsrc_m);
+        if (ws_m)
+            nn_exec_arg(e, DNNL_ARG_WORKSPACE, ws_m);
+    }
+    rc = 0;
+cleanup:
+    if (rc < 0)
+        sg_context(err, "building layer %d (pooling, batch %d)", l, B);
+    dnnl_primitive_desc_destroy(fwd_pd);
+    dnnl_primitive_desc_destroy(bwd_pd);
+    dnnl_memory_desc_destroy(src_md);
+    dnnl_memory_desc_destroy(dst_md);
+    return rc;
+}
+
+static int build_logsoftmax(Model *m, Plan *p, SgError *err)
+{
+    dnnl_memory_desc_t md = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_t src_m, dst_m;
+    dnnl_dims_t d = {p->B, m->classes};
+    int rc;
+    if ((rc = nn_md(&md, 2, d, dnnl_ab, err)) < 0 ||
+        (rc = DNNL(err, dnnl_softmax_forward_primitive_desc_create, &pd, m->eng,
+                   dnnl_forward_inference, dnnl_softmax_log, md, md, 1, NULL)) < 0 ||
+        (rc = plan_mem(m, p, &src_m, md, p->act[m->nlayers], err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, md, p->logprob, err)) < 0 ||
+        (rc = plan_prim(p, &p->logsoftmax.prim, pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(&p->logsoftmax, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(&p->logsoftmax, DNNL_ARG_DST, dst_m);
+cleanup:
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_memory_desc_destroy(md);
+    return rc;
+}
+
+/* ---- the plan ----------------------------------------------------------- */
+
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static size_t layer_out(const Model *m, int l)
+{
+    const LayerShape *s = &m->shapes[l];
+    return (size_t)s->oh * s->ow * s->oc;
+}
+
+static int plan_build(Model *m, int B, Plan **out, SgError *err)
+{
+    const int L = m->nlayers;
+    Plan *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+    p->B = B;
+    p->act = calloc(L + 1, sizeof *p->act);
+    p->dact = calloc(L + 1, sizeof *p->dact);
+    p->lp = calloc(L, sizeof *p->lp);
+    int rc = 0;
+    if (!p->act || !p->dact || !p->lp) {
+        rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+        goto fail;
+    }
+    /* arena: act/dact per distinct buffer, masks, dpre, logprob, onehot, labels */
+    size_t total = 2 * round16((size_t)B * model_input_size(m)), max_out = 0;
+    for (int l = 0; l < L; l++) {
+        size_t o = (size_t)B * layer_out(m, l);
+        max_out = o > max_out ? o : max_out;
+        if (m->specs[l].kind != LAYER_FLATTEN)
+            total += 2 * round16(o);
+        if (m->specs[l].kind == LAYER_DROPOUT)
+            total += round16(o);
+    }
+    size_t bk = round16((size_t)B * m->classes);
+    total += round16(max_out) + 2 * bk + round16((size_t)B);
+    p->arena = aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
+    if (p->arena == NULL) {
+        rc = sg_fail(err, SG_ENOMEM, "model plan: cannot allocate %zu floats for batch %d", total, B);
+        goto fail;
+    }
+    memset(p->arena, 0, total * sizeof(float));
+    float *cur = p->arena;
+    size_t in = round16((size_t)B * model_input_size(m));
+    p->act[0] = cur, cur += in;
+    p->dact[0] = cur, cur += in;
+    for (int l = 0; l < L; l++) {
+        size_t o = round16((size_t)B * layer_out(m, l));
+        if (m->specs[l].kind == LAYER_FLATTEN) {
+            p->act[l + 1] = p->act[l];
+            p->dact[l + 1] = p->dact[l];
+            continue;
+        }
+        p->act[l + 1] = cur, cur += o;
+        p->dact[l + 1] = cur, cur += o;
+        if (m->specs[l].kind == LAYER_DROPOUT)
+            p->lp[l].mask = cur, cur += o;
+    }
+    p->dpre = cur, cur += round16(max_out);
+    p->logprob = cur, cur += bk;
+    p->onehot = cur, cur += bk;
+    p->labels = (int32_t *)cur;
+
+    for (int l = 0; l < L; l++) {
+        switch (m->specs[l].kind) {
+        case LAYER_DENSE:
+        case LAYER_CONV2D: rc = build_weighted(m, p, l, err); break;
+        case LAYER_MAXPOOL:
+        case LAYER_AVGPOOL: rc = build_pool(m, p, l, err); break;
+        default: rc = 0; break;
+        }
+        if (rc < 0)
+            goto fail;
+    }
+    if ((rc = build_logsoftmax(m, p, err)) < 0)
+        goto fail;
+    *out = p;
+    return 0;
+fail:
+    plan_free(p);
+    return rc;
+}
+
+int model_plan(Model *m, int B, Plan **out, SgError *err)
+{
+    if (B <= 0)
+        return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", B);
+    int slot = 0;
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        if (m->plans[i] && m->plans[i]->B == B) {
+            m->plans[i]->last_use = ++m->use_clock;
+            *out = m->plans[i];
+            return 0;
+        }
+        if (m->plans[slot] && (!m->plans[i] || m->plans[i]->last_use < m->plans[slot]->last_use))
+            slot = i;
+    }
+    plan_free(m->plans[slot]);
+    m->plans[slot] = NULL;
+    int rc = plan_build(m, B, &m->plans[slot], err);
+    if (rc < 0)
+        return rc;
+    m->plans[slot]->last_use = ++m->use_clock;
+    *out = m->plans[slot];
+    return 0;
+}
+
+/* ---- passes ------------------------------------------------------------- */
+
+int model_forward(Model *m, Plan *p, int training, SgError *err)
+{
+    int rc;
+    for (int l = 0; l < m->nlayers; l++) {
+        const LayerSpec *sp = &m->specs[l];
+        LayerPlan *lp = &p->lp[l];
+        if (sp->kind == LAYER_FLATTEN)
+            continue;
+        if (sp->kind == LAYER_DROPOUT) {
+            size_t n = (size_t)p->B * layer_out(m, l);
+            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                return rc;
+            if (training && sp->rate > 0.0f) {
+                dropout_forward(p->act[l + 1], lp->mask, p->act[l], n, sp->rate, m->rng_seed,
+                                m->rng_counter);
+                m->rng_counter += n;
+            } else {
+                memcpy(p->act[l + 1], p->act[l], n * sizeof(float));
+            }
+            continue;
+        }
+        for (int i = 0; i < lp->nfwd; i++)
+            if ((rc = nn_exec(&lp->fwd[i], m->stream, err)) < 0)
+                return sg_context(err, "forward of layer %d", l);
+    }
+    return DNNL(err, dnnl_stream_wait, m->stream);
+}
+
+int model_logprob(Model *m, Plan *p, SgError *err)
+{
+    int rc = nn_exec(&p->logsoftmax, m->stream, err);
+    if (rc < 0)
+        return rc;
+    return DNNL(err, dnnl_stream_wait, m->stream);
+}
+
+int model_backward(Model *m, Plan *p, SgError *err)
+{
+    int rc;
+    for (int l = m->nlayers - 1; l >= 0; l--) {
+        const LayerSpec *sp = &m->specs[l];
+        LayerPlan *lp = &p->lp[l];
+        if (sp->kind == LAYER_FLATTEN)
+            continue;
+        if (sp->kind == LAYER_DROPOUT) {
+            if (l == 0)
+                continue;
+            size_t n = (size_t)p->B * layer_out(m, l);
+            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                return rc;
+            if (sp->rate > 0.0f)
+                dropout_backward(p->dact[l], p->dact[l + 1], lp->mask, n);
+            else
+                memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < lp->nbwd; i++)
+            if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
+                return sg_context(err, "backward of layer %d", l);
+    }
+    return DNNL(err, dnnl_stream_wait, m->stream);
+}

@@ -1,0 +1,326 @@
+/* nn_ref.c - naive reference kernels and the C-only kernels (see nn_ref.h). */
+#include "nn/nn_ref.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+void dense_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
+                       int C, int OC)
+{
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OC; o++) {
+            double acc = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++)
+                acc += (double)inp[(size_t)b * C + c] * weight[(size_t)c * OC + o];
+            out[(size_t)b * OC + o] = (float)acc;
+        }
+}
+
+void dense_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int B, int C, int OC)
+{
+    if (dinp)
+        for (int b = 0; b < B; b++)
+            for (int c = 0; c < C; c++) {
+                double acc = 0.0;
+                for (int o = 0; o < OC; o++)
+                    acc += (double)dout[(size_t)b * OC + o] * weight[(size_t)c * OC + o];
+                dinp[(size_t)b * C + c] = (float)acc;
+            }
+    for (int c = 0; c < C; c++)
+        for (int o = 0; o < OC; o++) {
+            double acc = 0.0;
+            for (int b = 0; b < B; b++)
+                acc += (double)inp[(size_t)b * C + c] * dout[(size_t)b * OC + o];
+            dweight[(size_t)c * OC + o] = (float)acc;
+        }
+    for (int o = 0; o < OC; o++) {
+        double acc = 0.0;
+        for (int b = 0; b < B; b++)
+            acc += dout[(size_t)b * OC + o];
+        dbias[o] = (float)acc;
+    }
+}
+
+void act_forward_ref(float *out, const float *inp, size_t n, NnAct act)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        switch (act) {
+        case NN_ACT_RELU: out[i] = x > 0.0f ? x : 0.0f; break;
+        case NN_ACT_TANH: out[i] = tanhf(x); break;
+        case NN_ACT_SIGMOID: out[i] = 1.0f / (1.0f + expf(-x)); break;
+        default: out[i] = x; break;
+        }
+    }
+}
+
+void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n, NnAct act)
+{
+    for (size_t i = 0; i < n; i++) {
+        float y = out[i], g = dout[i];
+        switch (act) {
+        case NN_ACT_RELU: dinp[i] = y > 0.0f ? g : 0.0f; break;
+        case NN_ACT_TANH: dinp[i] = g * (1.0f - y * y); break;
+        case NN_ACT_SIGMOID: dinp[i] = g * y * (1.0f - y); break;
+        default: dinp[i] = g; break;
+        }
+    }
+}
+
+void log_softmax_forward_ref(float *logprob, const float *logits, int B, int K)
+{
+    for (int b = 0; b < B; b++) {
+        const float *x = logits + (size_t)b * K;
+        float *y = logprob + (size_t)b * K;
+        float mx = -FLT_MAX;
+        for (int k = 0; k < K; k++)
+            mx = x[k] > mx ? x[k] : mx;
+        double sum = 0.0;
+        for (int k = 0; k < K; k++)
+            sum += exp((double)x[k] - mx);
+        float lse = (float)log(sum);
+        for (int k = 0; k < K; k++)
+            y[k] = x[k] - mx - lse;
+    }
+}
+
+double xent_forward(const float *logprob, const int32_t *labels, const float *onehot, int B, int K,
+                    int *bad)
+{
+    double total = 0.0;
+    for (int b = 0; b < B; b++) {
+        const float *lp = logprob + (size_t)b * K;
+        if (labels) {
+            int32_t y = labels[b];
+            if (y < 0 || y >= K) {
+                if (bad)
+                    *bad = b;
+                return -1.0;
+            }
+            total -= lp[y];
+        } else {
+            const float *t = onehot + (size_t)b * K;
+            for (int k = 0; k < K; k++)
+                total -= (double)t[k] * lp[k];
+        }
+    }
+    return total / B;
+}
+
+void xent_backward(float *dlogits, const float *logprob, const int32_t *labels,
+                   const float *onehot, int B, int K)
+{
+    float inv_b = 1.0f / (float)B;
+    for (int b = 0; b < B; b++) {
+        const float *lp = logprob + (size_t)b * K;
+        float *d = dlogits + (size_t)b * K;
+        for (int k = 0; k < K; k++) {
+            float target = labels ? (labels[b] == k ? 1.0f : 0.0f) : onehot[(size_t)b * K + k];
+            d[k] = (expf(lp[k]) - target) * inv_b;
+        }
+    }
+}
+
+static int argmax(const float *x, int K)
+{
+    int best = 0;
+    for (int k = 1; k < K; k++)
+        if (x[k] > x[best])
+            best = k;
+    return best;
+}
+
+int accuracy_count(const float *scores, const int32_t *labels, const float *onehot, int B, int K)
+{
+    int correct = 0;
+    for (int b = 0; b < B; b++) {
+        int want = labels ? labels[b] : argmax(onehot + (size_t)b * K, K);
+        correct += argmax(scores + (size_t)b * K, K) == want;
+    }
+    return correct;
+}
+
+/* ---- convolution -------------------------------------------------------- */
+
+#define AT4(p, i0, i1, i2, i3, D1, D2, D3) \
+    (p)[(((size_t)(i0) * (D1) + (i1)) * (D2) + (i2)) * (D3) + (i3)]
+
+void conv2d_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
+                        int H, int W, int C, int OC, int KH, int KW, int S, int PT, int PL, int OH,
+                        int OW)
+{
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int o = 0; o < OC; o++) {
+                    double acc = bias ? bias[o] : 0.0;
+                    for (int kh = 0; kh < KH; kh++)
+                        for (int kw = 0; kw < KW; kw++) {
+                            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                            if (h < 0 || h >= H || w < 0 || w >= W)
+                                continue;
+                            for (int c = 0; c < C; c++)
+                                acc += (double)AT4(inp, b, h, w, c, H, W, C) *
+                                       AT4(weight, kh, kw, c, o, KW, C, OC);
+                        }
+                    AT4(out, b, oh, ow, o, OH, OW, OC) = (float)acc;
+                }
+}
+
+void conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int B, int H, int W, int C, int OC,
+                         int KH, int KW, int S, int PT, int PL, int OH, int OW)
+{
+    if (dinp)
+        memset(dinp, 0, sizeof(float) * (size_t)B * H * W * C);
+    memset(dweight, 0, sizeof(float) * (size_t)KH * KW * C * OC);
+    memset(dbias, 0, sizeof(float) * (size_t)OC);
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int o = 0; o < OC; o++) {
+                    float g = AT4(dout, b, oh, ow, o, OH, OW, OC);
+                    dbias[o] += g;
+                    for (int kh = 0; kh < KH; kh++)
+                        for (int kw = 0; kw < KW; kw++) {
+                            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                            if (h < 0 || h >= H || w < 0 || w >= W)
+                                continue;
+                            for (int c = 0; c < C; c++) {
+                                AT4(dweight, kh, kw, c, o, KW, C, OC) +=
+                                    g * AT4(inp, b, h, w, c, H, W, C);
+                                if (dinp)
+                                    AT4(dinp, b, h, w, c, H, W, C) +=
+                                        g * AT4(weight, kh, kw, c, o, KW, C, OC);
+                            }
+                        }
+                }
+}
+
+/* ---- pooling ------------------------------------------------------------ */
+
+void maxpool_forward_ref(float *out, const float *inp, int B, int H, int W, int C, int KH, int KW,
+                         int S, int PT, int PL, int OH, int OW)
+{
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int c = 0; c < C; c++) {
+                    float m = -FLT_MAX;
+                    for (int kh = 0; kh < KH; kh++)
+                        for (int kw = 0; kw < KW; kw++) {
+                            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                            if (h >= 0 && h < H && w >= 0 && w < W) {
+                                float v = AT4(inp, b, h, w, c, H, W, C);
+                                m = v > m ? v : m;
+                            }
+                        }
+                    AT4(out, b, oh, ow, c, OH, OW, C) = m;
+                }
+}
+
+void maxpool_backward_ref(float *dinp, const float *dout, const float *inp, int B, int H, int W,
+                          int C, int KH, int KW, int S, int PT, int PL, int OH, int OW)
+{
+    memset(dinp, 0, sizeof(float) * (size_t)B * H * W * C);
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int c = 0; c < C; c++) {
+                    /* the gradient goes to the first maximum in window order */
+                    int bh = -1, bw = -1;
+                    float m = -FLT_MAX;
+                    for (int kh = 0; kh < KH; kh++)
+                        for (int kw = 0; kw < KW; kw++) {
+                            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                            if (h >= 0 && h < H && w >= 0 && w < W &&
+                                AT4(inp, b, h, w, c, H, W, C) > m) {
+                                m = AT4(inp, b, h, w, c, H, W, C);
+                                bh = h;
+                                bw = w;
+                            }
+                        }
+                    if (bh >= 0)
+                        AT4(dinp, b, bh, bw, c, H, W, C) += AT4(dout, b, oh, ow, c, OH, OW, C);
+                }
+}
+
+static int window_count(int oh, int ow, int H, int W, int KH, int KW, int S, int PT, int PL)
+{
+    int n = 0;
+    for (int kh = 0; kh < KH; kh++)
+        for (int kw = 0; kw < KW; kw++) {
+            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+            n += h >= 0 && h < H && w >= 0 && w < W;
+        }
+    return n;
+}
+
+void avgpool_forward_ref(float *out, const float *inp, int B, int H, int W, int C, int KH, int KW,
+                         int S, int PT, int PL, int OH, int OW)
+{
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                int n = window_count(oh, ow, H, W, KH, KW, S, PT, PL);
+                for (int c = 0; c < C; c++) {
+                    double acc = 0.0;
+                    for (int kh = 0; kh < KH; kh++)
+                        for (int kw = 0; kw < KW; kw++) {
+                            int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                            if (h >= 0 && h < H && w >= 0 && w < W)
+                                acc += AT4(inp, b, h, w, c, H, W, C);
+                        }
+                    AT4(out, b, oh, ow, c, OH, OW, C) = (float)(acc / n);
+                }
+            }
+}
+
+void avgpool_backward_ref(float *dinp, const float *dout, int B, int H, int W, int C, int KH,
+                          int KW, int S, int PT, int PL, int OH, int OW)
+{
+    memset(dinp, 0, sizeof(float) * (size_t)B * H * W * C);
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                int n = window_count(oh, ow, H, W, KH, KW, S, PT, PL);
+                for (int kh = 0; kh < KH; kh++)
+                    for (int kw = 0; kw < KW; kw++) {
+                        int h = oh * S - PT + kh, w = ow * S - PL + kw;
+                        if (h < 0 || h >= H || w < 0 || w >= W)
+                            continue;
+                        for (int c = 0; c < C; c++)
+                            AT4(dinp, b, h, w, c, H, W, C) +=
+                                AT4(dout, b, oh, ow, c, OH, OW, C) / n;
+                    }
+            }
+}
+
+/* ---- dropout ------------------------------------------------------------ */
+
+uint64_t nn_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate,
+                     uint64_t seed, uint64_t counter)
+{
+    float keep = 1.0f / (1.0f - rate);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        mask[i] = nn_uniform(seed, counter + i) >= rate ? keep : 0.0f;
+        out[i] = inp[i] * mask[i];
+    }
+}
+
+void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dinp[i] = dout[i] * mask[i];
+}

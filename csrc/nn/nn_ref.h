@@ -1,0 +1,91 @@
+/*
+ * nn_ref.h - naive C reference kernels, one pair <op>_forward_ref /
+ * <op>_backward_ref per operation, plus the few kernels that only exist in C
+ * (cross-entropy from log-probabilities, accuracy, dropout).
+ *
+ * The oneDNN kernels (nn_layers.c) are checked against these by the tests;
+ * they are written for clarity, not speed. Outputs first, then inputs, then
+ * shape ints. Shape letters, used in every comment:
+ *   B  batch            C  input features / channels     OC output features / channels
+ *   H, W  input height / width      OH, OW  output height / width
+ *   KH, KW  kernel height / width   K  classes
+ * Activations are NHWC (Keras' channels_last); conv weights are HWIO
+ * [KH, KW, C, OC] and dense weights are [C, OC] (Keras' kernel layout).
+ * Backward functions overwrite (not accumulate) their gradient outputs.
+ */
+#ifndef NN_REF_H
+#define NN_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum NnAct {
+    NN_ACT_NONE = 0,
+    NN_ACT_RELU = 1,
+    NN_ACT_TANH = 2,
+    NN_ACT_SIGMOID = 3,
+    NN_ACT_SOFTMAX = 4, /* only on the last layer: handled by the loss */
+} NnAct;
+
+/* out[B,OC] = inp[B,C] @ weight[C,OC] + bias[OC] */
+void dense_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
+                       int C, int OC);
+/* dinp[B,C] (may be NULL), dweight[C,OC], dbias[OC] from dout[B,OC] */
+void dense_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int B, int C, int OC);
+
+/* out[n] = act(inp[n]) (NONE and SOFTMAX copy) */
+void act_forward_ref(float *out, const float *inp, size_t n, NnAct act);
+/* dinp[n] = dout[n] * act'(.), expressed through the forward output out[n] */
+void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n, NnAct act);
+
+/* logprob[B,K] = log_softmax(logits[B,K]) computed as x - max - log(sum(exp(x - max))) */
+void log_softmax_forward_ref(float *logprob, const float *logits, int B, int K);
+
+/* Mean cross-entropy over the batch from logprob[B,K]: targets are either
+ * labels[B] (sparse, int32 in [0,K)) or onehot[B,K] (one of them NULL).
+ * Returns -1 (and sets *bad to the row) when a label is out of range. */
+double xent_forward(const float *logprob, const int32_t *labels, const float *onehot, int B, int K,
+                    int *bad);
+/* dlogits[B,K] = (softmax - target) / B */
+void xent_backward(float *dlogits, const float *logprob, const int32_t *labels,
+                   const float *onehot, int B, int K);
+/* Number of rows whose argmax(scores) equals the label (argmax of onehot). */
+int accuracy_count(const float *scores, const int32_t *labels, const float *onehot, int B, int K);
+
+/* Convolution: out[B,OH,OW,OC] from inp[B,H,W,C], weight[KH,KW,C,OC], bias[OC],
+ * stride S, padding top/left PT/PL (the bottom/right padding follows from OH/OW). */
+void conv2d_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
+                        int H, int W, int C, int OC, int KH, int KW, int S, int PT, int PL, int OH,
+                        int OW);
+void conv2d_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int B, int H, int W, int C, int OC,
+                         int KH, int KW, int S, int PT, int PL, int OH, int OW);
+
+/* Pooling over KHxKW windows, stride S, padding PT/PL; padded cells are
+ * ignored (max) or excluded from the count (average), as in Keras. */
+void maxpool_forward_ref(float *out, const float *inp, int B, int H, int W, int C, int KH, int KW,
+                         int S, int PT, int PL, int OH, int OW);
+void maxpool_backward_ref(float *dinp, const float *dout, const float *inp, int B, int H, int W,
+                          int C, int KH, int KW, int S, int PT, int PL, int OH, int OW);
+void avgpool_forward_ref(float *out, const float *inp, int B, int H, int W, int C, int KH, int KW,
+                         int S, int PT, int PL, int OH, int OW);
+void avgpool_backward_ref(float *dinp, const float *dout, int B, int H, int W, int C, int KH,
+                          int KW, int S, int PT, int PL, int OH, int OW);
+
+/* Inverted dropout: mask[n] is 0 or 1/(1-rate), out = inp * mask. The mask
+ * is drawn from the counter-based generator (seed, counter): the same pair
+ * always gives the same mask. */
+void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate,
+                     uint64_t seed, uint64_t counter);
+void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n);
+
+/* splitmix64 finaliser: the hash under the counter-based generator. */
+uint64_t nn_mix64(uint64_t x);
+/* Uniform in [0,1) from (seed, counter). */
+static inline double nn_uniform(uint64_t seed, uint64_t counter)
+{
+    return (double)(nn_mix64(seed ^ nn_mix64(counter)) >> 11) * 0x1.0p-53;
+}
+
+#endif /* NN_REF_H */

@@ -1,0 +1,149 @@
+/*
+ * nn_train.c - the loops over in-memory data: one training batch (gather ->
+ * forward -> loss -> backward -> optimizer), runs of steps, evaluation and
+ * prediction, and the OpenMP thread count. Pure C: the Python binding calls
+ * these with the GIL released.
+ */
+#include "nn/nn_model_impl.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+void nn_set_num_threads(int n)
+{
+    if (n > 0)
+        omp_set_num_threads(n);
+}
+
+int nn_get_num_threads(void) { return omp_get_max_threads(); }
+
+/* Copies rows order[start..start+B) (or start..start+B) of d into the plan. */
+static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
+                  SgError *err)
+{
+    const size_t row = d->row, K = (size_t)m->classes;
+    for (int i = 0; i < B; i++) {
+        int64_t r = order ? order[start + i] : (int64_t)(start + i);
+        if (r < 0 || (size_t)r >= d->n)
+            return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r, d->n);
+        memcpy(p->act[0] + (size_t)i * row, d->x + (size_t)r * row, row * sizeof(float));
+        if (d->labels) {
+            int32_t y = d->labels[r];
+            if (y < 0 || (size_t)y >= K)
+                return sg_fail(err, SG_EINVAL, "label %d of row %lld is outside [0, %zu)", (int)y,
+                               (long long)r, K);
+            p->labels[i] = y;
+        } else if (d->onehot) {
+            memcpy(p->onehot + (size_t)i * K, d->onehot + (size_t)r * K, K * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+static int check_data(const Model *m, const NnData *d, int need_targets, SgError *err)
+{
+    if (d->row != model_input_size(m))
+        return sg_fail(err, SG_EINVAL, "input rows have %zu values, the model takes %zu", d->row,
+                       model_input_size(m));
+    if (need_targets && !d->labels && !d->onehot)
+        return sg_fail(err, SG_EINVAL, "no targets given");
+    return 0;
+}
+
+/* Loss and accuracy of the batch in the plan; the logits gradient too when
+ * backward is set. */
+static int batch_loss(Model *m, Plan *p, const NnData *d, int backward, NnStats *st, SgError *err)
+{
+    int rc = model_logprob(m, p, err);
+    if (rc < 0)
+        return rc;
+    const int B = p->B, K = m->classes;
+    const int32_t *labels = d->labels ? p->labels : NULL;
+    const float *onehot = d->labels ? NULL : p->onehot;
+    int bad = -1;
+    double loss = xent_forward(p->logprob, labels, onehot, B, K, &bad);
+    if (bad >= 0)
+        return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
+    st->loss_sum += loss * B;
+    st->correct += accuracy_count(p->logprob, labels, onehot, B, K);
+    st->seen += B;
+    st->steps += 1;
+    if (backward)
+        xent_backward(p->dact[m->nlayers], p->logprob, labels, onehot, B, K);
+    return 0;
+}
+
+int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order,
+                      size_t start, int B, NnStats *st, SgError *err)
+{
+    Plan *p;
+    int rc;
+    if ((rc = check_data(m, d, 1, err)) < 0 || (rc = model_plan(m, B, &p, err)) < 0 ||
+        (rc = gather(m, p, d, order, start, B, err)) < 0 ||
+        (rc = model_forward(m, p, 1, err)) < 0 || (rc = batch_loss(m, p, d, 1, st, err)) < 0 ||
+        (rc = model_backward(m, p, err)) < 0)
+        return rc;
+    if (opt)
+        return optim_step(opt, m->params, m->grads, m->nparams, err);
+    return 0;
+}
+
+int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
+                    int batch, int64_t nsteps, NnStats *st, SgError *err)
+{
+    if (batch <= 0)
+        return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
+    for (int64_t s = 0; s < nsteps && start < d->n; s++) {
+        int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
+        int rc = model_train_batch(m, opt, d, order, start, B, st, err);
+        if (rc < 0)
+            return sg_context(err, "training step at row %zu", start);
+        start += (size_t)B;
+    }
+    return 0;
+}
+
+int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *err)
+{
+    int rc = check_data(m, d, 1, err);
+    if (rc < 0)
+        return rc;
+    if (batch <= 0)
+        return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
+    for (size_t start = 0; start < d->n; start += (size_t)batch) {
+        int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
+        Plan *p;
+        if ((rc = model_plan(m, B, &p, err)) < 0 || (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
+            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, 0, st, err)) < 0)
+            return sg_context(err, "evaluating rows from %zu", start);
+    }
+    return 0;
+}
+
+int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgError *err)
+{
+    NnData d = {x, NULL, NULL, n, model_input_size(m)};
+    int rc;
+    if (batch <= 0)
+        return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
+    const size_t K = (size_t)m->classes;
+    const int softmax = m->specs[m->nlayers - 1].act == NN_ACT_SOFTMAX;
+    for (size_t start = 0; start < n; start += (size_t)batch) {
+        int B = n - start < (size_t)batch ? (int)(n - start) : batch;
+        Plan *p;
+        if ((rc = model_plan(m, B, &p, err)) < 0 || (rc = gather(m, p, &d, NULL, start, B, err)) < 0 ||
+            (rc = model_forward(m, p, 0, err)) < 0)
+            return sg_context(err, "predicting rows from %zu", start);
+        float *dst = out + start * K;
+        if (softmax) {
+            if ((rc = model_logprob(m, p, err)) < 0)
+                return rc;
+            for (size_t i = 0; i < (size_t)B * K; i++)
+                dst[i] = expf(p->logprob[i]);
+        } else {
+            memcpy(dst, p->act[m->nlayers], (size_t)B * K * sizeof(float));
+        }
+    }
+    return 0;
+}

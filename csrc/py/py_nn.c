@@ -1,0 +1,408 @@
+/*
+ * py_nn.c - sparkgrad._core.Model: a sequential network of nn/nn_model.h
+ * whose parameter and gradient buffers are exposed as NumPy views (no copy),
+ * and whose training, evaluation and prediction loops run with the GIL
+ * released. The Keras-like API (sparkgrad.nn) is built on it in Python;
+ * set_num_threads/get_num_threads set the OpenMP thread count.
+ */
+#include "py/py_nn.h"
+
+typedef struct ModelObject {
+    PyObject_HEAD
+    Model *model;
+    int busy; /* a GIL-released call is running */
+} ModelObject;
+
+static void model_dealloc(ModelObject *self)
+{
+    model_free(self->model);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int model_init(ModelObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"input_shape", "layers", NULL};
+    int h, w, c;
+    PyObject *layers;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "(iii)O:Model", kwlist, &h, &w, &c, &layers))
+        return -1;
+    PyObject *seq = PySequence_Fast(layers, "layers must be a sequence of tuples");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    LayerSpec *specs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *specs);
+    int rc = -1;
+    if (specs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        LayerSpec *s = &specs[i];
+        int kind, act, init;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiiiiiifi;layer tuple", &kind,
+                              &s->units, &s->kh, &s->kw, &s->stride, &s->same, &act, &s->rate,
+                              &init))
+            goto done;
+        s->kind = (LayerKind)kind;
+        s->act = (NnAct)act;
+        s->init = (NnInit)init;
+    }
+    SgError err = {0};
+    model_free(self->model);
+    self->model = NULL;
+    if (model_create(&self->model, h, w, c, specs, (int)n, &err) < 0) {
+        sg_raise(&err);
+        goto done;
+    }
+    rc = 0;
+done:
+    PyMem_Free(specs);
+    Py_DECREF(seq);
+    return rc;
+}
+
+static int model_ready(ModelObject *self)
+{
+    if (self->model == NULL) {
+        sg_raise_code(SG_ESTATE, "Model was not initialised");
+        return -1;
+    }
+    if (self->busy) {
+        sg_raise_code(SG_ESTATE, "Model is in use by another thread");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *view(ModelObject *self, float *data)
+{
+    npy_intp dims[1] = {(npy_intp)model_num_params(self->model)};
+    PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, data);
+    if (arr == NULL)
+        return NULL;
+    Py_INCREF(self);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *model_get_params(ModelObject *self, void *closure)
+{
+    (void)closure;
+    return model_ready(self) < 0 ? NULL : view(self, model_params(self->model));
+}
+
+static PyObject *model_get_grads(ModelObject *self, void *closure)
+{
+    (void)closure;
+    return model_ready(self) < 0 ? NULL : view(self, model_grads(self->model));
+}
+
+static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    int n = model_num_tensors(self->model);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        const ParamInfo *p = model_param_info(self->model, i);
+        PyObject *shape = PyTuple_New(p->ndim);
+        for (int d = 0; shape && d < p->ndim; d++)
+            PyTuple_SET_ITEM(shape, d, PyLong_FromLong(p->shape[d]));
+        PyObject *row = shape ? Py_BuildValue("(iinnN)", p->layer, p->is_bias, (Py_ssize_t)p->offset,
+                                              (Py_ssize_t)p->size, shape)
+                              : NULL;
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    return out;
+}
+
+static PyObject *model_layer_shapes(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    int n = model_num_layers(self->model);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        const LayerShape *s = model_layer_shape(self->model, i);
+        PyObject *row = Py_BuildValue("((iii)(iii)(iiii))", s->h, s->w, s->c, s->oh, s->ow, s->oc,
+                                      s->pt, s->pl, s->pb, s->pr);
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    return out;
+}
+
+static PyObject *model_init_params_py(ModelObject *self, PyObject *args)
+{
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "K:init_params", &seed) || model_ready(self) < 0)
+        return NULL;
+    model_init_params(self->model, seed);
+    Py_RETURN_NONE;
+}
+
+static PyObject *model_get_rng_py(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    uint64_t seed, counter;
+    model_get_rng(self->model, &seed, &counter);
+    return Py_BuildValue("(KK)", (unsigned long long)seed, (unsigned long long)counter);
+}
+
+static PyObject *model_set_rng_py(ModelObject *self, PyObject *args)
+{
+    unsigned long long seed, counter;
+    if (!PyArg_ParseTuple(args, "KK:set_rng", &seed, &counter) || model_ready(self) < 0)
+        return NULL;
+    model_set_rng(self->model, seed, counter);
+    Py_RETURN_NONE;
+}
+
+static PyObject *model_shuffle_py(ModelObject *self, PyObject *args)
+{
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n:shuffle", &n) || model_ready(self) < 0)
+        return NULL;
+    if (n < 0)
+        return sg_raise_code(SG_EINVAL, "shuffle: n must be >= 0");
+    npy_intp dims[1] = {n};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_INT64);
+    if (arr == NULL)
+        return NULL;
+    model_shuffle(self->model, (int64_t *)PyArray_DATA((PyArrayObject *)arr), (size_t)n);
+    return arr;
+}
+
+/* Fills d from (x, labels, onehot); None for absent targets. */
+static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, PyObject *oo)
+{
+    memset(d, 0, sizeof *d);
+    if (nn_float_array(xo, "x", (size_t)-1, 0) == NULL)
+        return -1;
+    PyArrayObject *x = (PyArrayObject *)xo;
+    if (PyArray_NDIM(x) < 1)
+        return sg_raise_code(SG_EINVAL, "x must have a batch dimension"), -1;
+    d->n = (size_t)PyArray_DIM(x, 0);
+    d->row = model_input_size(self->model);
+    if ((size_t)PyArray_SIZE(x) != d->n * d->row)
+        return sg_raise_code(SG_EINVAL, "x has %zd values for %zu rows; the model takes %zu per row",
+                             PyArray_SIZE(x), d->n, d->row), -1;
+    d->x = PyArray_DATA(x);
+    if (lo != Py_None) {
+        if (!PyArray_Check(lo) || PyArray_TYPE((PyArrayObject *)lo) != NPY_INT32 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)lo) ||
+            (size_t)PyArray_SIZE((PyArrayObject *)lo) != d->n)
+            return sg_raise_code(SG_EINVAL, "labels must be a contiguous int32 array of %zu rows",
+                                 d->n), -1;
+        d->labels = PyArray_DATA((PyArrayObject *)lo);
+    }
+    if (oo != Py_None) {
+        size_t k = (size_t)model_num_classes(self->model);
+        if (nn_float_array(oo, "onehot targets", d->n * k, 0) == NULL)
+            return -1;
+        d->onehot = PyArray_DATA((PyArrayObject *)oo);
+    }
+    return 0;
+}
+
+static PyObject *stats_tuple(const NnStats *st)
+{
+    return Py_BuildValue("(dLLL)", st->loss_sum, (long long)st->correct, (long long)st->seen,
+                         (long long)st->steps);
+}
+
+static PyObject *model_train_steps(ModelObject *self, PyObject *args)
+{
+    PyObject *opto, *xo, *lo, *oo, *ordo;
+    Py_ssize_t start;
+    int batch;
+    long long nsteps;
+    if (!PyArg_ParseTuple(args, "OOOOOniL:train_steps", &opto, &xo, &lo, &oo, &ordo, &start, &batch,
+                          &nsteps) ||
+        model_ready(self) < 0)
+        return NULL;
+    Optimizer *opt = NULL;
+    if (opto != Py_None) {
+        if (!PyObject_TypeCheck(opto, &OptimizerType))
+            return sg_raise_code(SG_EINVAL, "optimizer must be a sparkgrad._core.Optimizer or None");
+        opt = ((OptimizerObject *)opto)->opt;
+        if (((OptimizerObject *)opto)->n != model_num_params(self->model))
+            return sg_raise_code(SG_EINVAL, "optimizer is for %zu parameters, the model has %zu",
+                                 ((OptimizerObject *)opto)->n, model_num_params(self->model));
+    }
+    NnData d;
+    if (parse_data(self, &d, xo, lo, oo) < 0)
+        return NULL;
+    if (!d.labels && !d.onehot)
+        return sg_raise_code(SG_EINVAL, "train_steps needs labels or one-hot targets");
+    const int64_t *order = NULL;
+    if (ordo != Py_None) {
+        if (!PyArray_Check(ordo) || PyArray_TYPE((PyArrayObject *)ordo) != NPY_INT64 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)ordo) ||
+            (size_t)PyArray_SIZE((PyArrayObject *)ordo) != d.n)
+            return sg_raise_code(SG_EINVAL, "order must be a contiguous int64 array of %zu rows", d.n);
+        order = PyArray_DATA((PyArrayObject *)ordo);
+    }
+    if (start < 0)
+        return sg_raise_code(SG_EINVAL, "start must be >= 0");
+    NnStats st = {0};
+    SgError err = {0};
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = model_fit_steps(self->model, opt, &d, order, (size_t)start, batch, nsteps, &st, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0)
+        return sg_raise(&err);
+    return stats_tuple(&st);
+}
+
+static PyObject *model_evaluate_py(ModelObject *self, PyObject *args)
+{
+    PyObject *xo, *lo, *oo;
+    int batch;
+    if (!PyArg_ParseTuple(args, "OOOi:evaluate", &xo, &lo, &oo, &batch) || model_ready(self) < 0)
+        return NULL;
+    NnData d;
+    if (parse_data(self, &d, xo, lo, oo) < 0)
+        return NULL;
+    NnStats st = {0};
+    SgError err = {0};
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = model_evaluate(self->model, &d, batch, &st, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0)
+        return sg_raise(&err);
+    return stats_tuple(&st);
+}
+
+static PyObject *model_predict_py(ModelObject *self, PyObject *args)
+{
+    PyObject *xo;
+    int batch;
+    if (!PyArg_ParseTuple(args, "Oi:predict", &xo, &batch) || model_ready(self) < 0)
+        return NULL;
+    NnData d;
+    if (parse_data(self, &d, xo, Py_None, Py_None) < 0)
+        return NULL;
+    npy_intp dims[2] = {(npy_intp)d.n, model_num_classes(self->model)};
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL)
+        return NULL;
+    float *dst = PyArray_DATA((PyArrayObject *)out);
+    SgError err = {0};
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = model_predict(self->model, d.x, d.n, batch, dst, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) {
+        Py_DECREF(out);
+        return sg_raise(&err);
+    }
+    return out;
+}
+
+static PyObject *model_get_classes(ModelObject *self, void *closure)
+{
+    (void)closure;
+    return model_ready(self) < 0 ? NULL : PyLong_FromLong(model_num_classes(self->model));
+}
+
+static PyMethodDef model_methods[] = {
+    {"param_table", (PyCFunction)model_param_table, METH_NOARGS,
+     "param_table() -> [(layer, is_bias, offset, size, shape)]: the size table."},
+    {"layer_shapes", (PyCFunction)model_layer_shapes, METH_NOARGS,
+     "layer_shapes() -> [((h,w,c), (oh,ow,oc), (pt,pl,pb,pr))]."},
+    {"init_params", (PyCFunction)model_init_params_py, METH_VARARGS,
+     "init_params(seed): fill the parameters from the seeded initialisers."},
+    {"get_rng", (PyCFunction)model_get_rng_py, METH_NOARGS, "get_rng() -> (seed, counter)."},
+    {"set_rng", (PyCFunction)model_set_rng_py, METH_VARARGS, "set_rng(seed, counter)."},
+    {"shuffle", (PyCFunction)model_shuffle_py, METH_VARARGS,
+     "shuffle(n) -> int64 permutation drawn from the model RNG."},
+    {"train_steps", (PyCFunction)model_train_steps, METH_VARARGS,
+     "train_steps(opt|None, x, labels|None, onehot|None, order|None, start, batch, nsteps) -> "
+     "(loss_sum, correct, seen, steps); GIL released."},
+    {"evaluate", (PyCFunction)model_evaluate_py, METH_VARARGS,
+     "evaluate(x, labels|None, onehot|None, batch) -> (loss_sum, correct, seen, steps)."},
+    {"predict", (PyCFunction)model_predict_py, METH_VARARGS,
+     "predict(x, batch) -> float32 [n, K]."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef model_getset[] = {
+    {"params", (getter)model_get_params, NULL, "flat parameter buffer (float32 view)", NULL},
+    {"grads", (getter)model_get_grads, NULL, "flat gradient buffer (float32 view)", NULL},
+    {"classes", (getter)model_get_classes, NULL, "output width K", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ModelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.Model",
+    .tp_basicsize = sizeof(ModelObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Model((h, w, c), layers): a sequential network on oneDNN; layers are tuples "
+              "(kind, units, kh, kw, stride, same, act, rate, init).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)model_init,
+    .tp_dealloc = (destructor)model_dealloc,
+    .tp_methods = model_methods,
+    .tp_getset = model_getset,
+};
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int n;
+    if (!PyArg_ParseTuple(args, "i:set_num_threads", &n))
+        return NULL;
+    if (n <= 0)
+        return sg_raise_code(SG_EINVAL, "set_num_threads: n must be > 0, not %d", n);
+    nn_set_num_threads(n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(nn_get_num_threads());
+}
+
+static PyMethodDef nn_functions[] = {
+    {"set_num_threads", py_set_num_threads, METH_VARARGS,
+     "set_num_threads(n): OpenMP threads for oneDNN and the C loops (of the calling thread)."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int."},
+    {NULL, NULL, 0, NULL},
+};
+
+int nn_module_init(PyObject *mod)
+{
+    if (PyType_Ready(&ModelType) < 0)
+        return -1;
+    Py_INCREF(&ModelType);
+    if (PyModule_AddObject(mod, "Model", (PyObject *)&ModelType) < 0) {
+        Py_DECREF(&ModelType);
+        return -1;
+    }
+    return PyModule_AddFunctions(mod, nn_functions);
+}

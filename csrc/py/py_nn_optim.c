@@ -1,0 +1,210 @@
+/*
+ * py_nn_optim.c - sparkgrad._core.Optimizer: the C optimizers of
+ * nn/nn_optim.h over any float32 array (a model's flat buffer, a
+ * parameter-server shard). step() releases the GIL.
+ */
+#include "py/py_nn.h"
+
+#include <string.h>
+
+static void optimizer_dealloc(OptimizerObject *self)
+{
+    optim_free(self->opt);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static const char *const kind_names[] = {"sgd", "adam", "adamw", "rmsprop", "adadelta", NULL};
+static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
+
+static int lookup(const char *const *names, const char *what, const char *v)
+{
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], v) == 0)
+            return i;
+    PyErr_Format(PyExc_ValueError, "unknown %s '%s'", what, v);
+    return -1;
+}
+
+static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"kind", "n", "lr", "momentum", "nesterov", "weight_decay", "beta1",
+                             "beta2", "eps", "rho", "centered", "schedule", "step_size", "gamma",
+                             "total_steps", "lr_min", "warmup_steps", "clip_norm", "clip_value",
+                             NULL};
+    const char *kind, *schedule = "constant";
+    Py_ssize_t n;
+    OptimConfig c;
+    optim_config_default(&c, OPTIM_SGD);
+    long long step_size = 1, total_steps = 1, warmup = 0;
+    int nesterov = 0, centered = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|$ffpfffffpsLfLfLff:Optimizer", kwlist, &kind, &n,
+                                     &c.lr, &c.momentum, &nesterov, &c.weight_decay, &c.beta1,
+                                     &c.beta2, &c.eps, &c.rho, &centered, &schedule, &step_size,
+                                     &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm,
+                                     &c.clip_value))
+        return -1;
+    int k = lookup(kind_names, "optimizer kind", kind);
+    int s = k < 0 ? -1 : lookup(sched_names, "schedule", schedule);
+    if (k < 0 || s < 0)
+        return -1;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return -1;
+    }
+    c.kind = (OptimKind)k;
+    c.schedule = (LrSchedule)s;
+    c.nesterov = nesterov;
+    c.centered = centered;
+    c.step_size = step_size;
+    c.total_steps = total_steps;
+    c.warmup_steps = warmup;
+    SgError err = {0};
+    optim_free(self->opt);
+    self->opt = NULL;
+    if (optim_create(&self->opt, &c, (size_t)n, &err) < 0) {
+        sg_raise(&err);
+        return -1;
+    }
+    self->n = (size_t)n;
+    return 0;
+}
+
+float *nn_float_array(PyObject *obj, const char *name, size_t n, int writable)
+{
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT32 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
+        (writable && !PyArray_ISWRITEABLE((PyArrayObject *)obj))) {
+        PyErr_Format(PyExc_TypeError, "%s must be a %sC-contiguous float32 NumPy array", name,
+                     writable ? "writable " : "");
+        return NULL;
+    }
+    if (n != (size_t)-1 && (size_t)PyArray_SIZE((PyArrayObject *)obj) != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd elements, expected %zu", name,
+                     PyArray_SIZE((PyArrayObject *)obj), n);
+        return NULL;
+    }
+    return (float *)PyArray_DATA((PyArrayObject *)obj);
+}
+
+static PyObject *optimizer_step(OptimizerObject *self, PyObject *args)
+{
+    PyObject *po, *go;
+    if (!PyArg_ParseTuple(args, "OO:step", &po, &go))
+        return NULL;
+    float *params = nn_float_array(po, "params", self->n, 1);
+    if (params == NULL)
+        return NULL;
+    const float *grads = nn_float_array(go, "grads", self->n, 0);
+    if (grads == NULL)
+        return NULL;
+    if (self->busy)
+        return sg_raise_code(SG_ESTATE, "optimizer is in use by another thread");
+    SgError err = {0};
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = optim_step(self->opt, params, grads, self->n, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *optimizer_state(OptimizerObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    npy_intp dims[1] = {(npy_intp)optim_state_size(self->opt)};
+    PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, optim_state(self->opt));
+    if (arr == NULL)
+        return NULL;
+    Py_INCREF(self);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *optimizer_set_state(OptimizerObject *self, PyObject *args)
+{
+    long long step;
+    PyObject *so;
+    if (!PyArg_ParseTuple(args, "LO:set_state", &step, &so))
+        return NULL;
+    const float *state = nn_float_array(so, "state", (size_t)-1, 0);
+    if (state == NULL)
+        return NULL;
+    SgError err = {0};
+    if (optim_set_state(self->opt, step, state, (size_t)PyArray_SIZE((PyArrayObject *)so), &err) < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *optimizer_get_lr(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyFloat_FromDouble(optim_current_lr(self->opt));
+}
+
+static PyObject *optimizer_get_steps(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLongLong(optim_get_step(self->opt));
+}
+
+static PyObject *optimizer_get_n(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSize_t(self->n);
+}
+
+static PyObject *optimizer_get_kind(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(kind_names[optim_config(self->opt)->kind]);
+}
+
+static PyMethodDef optimizer_methods[] = {
+    {"step", (PyCFunction)optimizer_step, METH_VARARGS,
+     "step(params, grads): one update of params (float32, in place) from grads."},
+    {"state", (PyCFunction)optimizer_state, METH_NOARGS,
+     "state() -> float32 array: the optimizer's slots (a view, no copy)."},
+    {"set_state", (PyCFunction)optimizer_set_state, METH_VARARGS,
+     "set_state(step, state): restore the step counter and the slots."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef optimizer_getset[] = {
+    {"lr", (getter)optimizer_get_lr, NULL, "learning rate of the next step", NULL},
+    {"steps", (getter)optimizer_get_steps, NULL, "steps taken", NULL},
+    {"n", (getter)optimizer_get_n, NULL, "number of parameters", NULL},
+    {"kind", (getter)optimizer_get_kind, NULL, "optimizer kind", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject OptimizerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.Optimizer",
+    .tp_basicsize = sizeof(OptimizerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Optimizer(kind, n, *, lr, momentum, nesterov, weight_decay, beta1, beta2, eps, rho, "
+              "centered, schedule, step_size, gamma, total_steps, lr_min, warmup_steps, clip_norm, "
+              "clip_value): a C optimizer over n float32 parameters.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)optimizer_init,
+    .tp_dealloc = (destructor)optimizer_dealloc,
+    .tp_methods = optimizer_methods,
+    .tp_getset = optimizer_getset,
+};
+
+int nn_optim_module_init(PyObject *mod)
+{
+    if (PyType_Ready(&OptimizerType) < 0)
+        return -1;
+    Py_INCREF(&OptimizerType);
+    if (PyModule_AddObject(mod, "Optimizer", (PyObject *)&OptimizerType) < 0) {
+        Py_DECREF(&OptimizerType);
+        return -1;
+    }
+    return 0;
+}

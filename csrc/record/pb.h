@@ -1,0 +1,70 @@
+/*
+ * pb.h - the few protobuf wire-format pieces tf.train.Example needs:
+ * bounded reads (varints of at most 10 bytes, length-delimited fields checked
+ * against the bytes left) and a growable writer whose nested messages are
+ * written first and prefixed with their tag and length afterwards.
+ */
+#ifndef SG_PB_H
+#define SG_PB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+
+enum { PB_VARINT = 0, PB_FIXED64 = 1, PB_LEN = 2, PB_FIXED32 = 5 };
+
+typedef struct PbReader {
+    const uint8_t *p, *end;
+    const uint8_t *base; /* start of the record, for offsets in messages */
+} PbReader;
+
+static inline size_t pb_offset(const PbReader *r)
+{
+    return (size_t)(r->p - r->base);
+}
+
+/* Each returns 0, or SG_EPROTOBUF with a message naming the byte offset. */
+int pb_read_varint(PbReader *r, uint64_t *v, SgError *err);
+int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err);
+int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err);
+int pb_skip(PbReader *r, uint32_t wire, SgError *err);
+
+/* Fast inline varint for data already validated (no bounds checks beyond end). */
+static inline const uint8_t *pb_varint_fast(const uint8_t *p, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        uint8_t b = *p++;
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            break;
+    }
+    *v = x;
+    return p;
+}
+
+int pb_utf8_valid(const uint8_t *s, size_t n);
+
+/* ---- writer ---- */
+
+typedef struct PbBuf {
+    uint8_t *data;
+    size_t len, cap;
+    int oom;
+} PbBuf;
+
+void pb_buf_free(PbBuf *b);
+void pb_put_raw(PbBuf *b, const void *p, size_t n);
+void pb_put_varint(PbBuf *b, uint64_t v);
+void pb_put_tag(PbBuf *b, uint32_t field, uint32_t wire);
+void pb_put_bytes(PbBuf *b, uint32_t field, const void *p, size_t n);
+/* Marks where a nested message starts; pb_end_message later inserts
+ * `tag(field, LEN) | varint(length)` in front of everything written since. */
+static inline size_t pb_begin(const PbBuf *b)
+{
+    return b->len;
+}
+void pb_end_message(PbBuf *b, size_t mark, uint32_t field);
+
+#endif /* SG_PB_H */

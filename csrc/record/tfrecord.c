@@ -1,0 +1,600 @@
+/*
+ * tfrecord.c - TFRecord reader and writer over plain, ZLIB and GZIP streams.
+ *
+ * The reader keeps one window of decoded bytes and hands out records that
+ * point into it. Lengths are checked before any allocation: against the
+ * bytes left in a plain file or buffer, and for compressed streams the
+ * window only grows (doubling) as decoded bytes actually arrive, so a forged
+ * length of 2^60 ends as a truncated record, never as a huge malloc.
+ */
+#include "record/tfrecord.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "record/crc32c.h"
+
+#define TFR_WINDOW (4u << 20)      /* plain-file read size */
+#define TFR_ZIN (256u << 10)       /* compressed input chunk */
+#define TFR_WRITE_BUF (1u << 20)   /* writer buffer */
+
+static uint64_t load_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static uint32_t load_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+int tfr_compression_parse(const char *name, TfrCompression *out, SgError *err)
+{
+    if (name == NULL || name[0] == '\0' || strcasecmp(name, "NONE") == 0)
+        *out = TFR_NONE;
+    else if (strcasecmp(name, "ZLIB") == 0)
+        *out = TFR_ZLIB;
+    else if (strcasecmp(name, "GZIP") == 0)
+        *out = TFR_GZIP;
+    else
+        return sg_fail(err, SG_EINVAL, "compression must be None, 'ZLIB' or 'GZIP', not '%s'", name);
+    return 0;
+}
+
+int tfr_path_resolve(const char *path, char *out, size_t cap, SgError *err)
+{
+    int n;
+    if (strncmp(path, "file://", 7) == 0)
+        n = snprintf(out, cap, "%s", path + 7);
+    else if (strncmp(path, "dbfs:/", 6) == 0)
+        n = snprintf(out, cap, "/dbfs/%s", path + 6 + (path[6] == '/'));
+    else
+        n = snprintf(out, cap, "%s", path);
+    if (n < 0 || (size_t)n >= cap)
+        return sg_fail(err, SG_EINVAL, "path is longer than %zu bytes: '%.64s...'", cap - 1, path);
+    if (out[0] == '\0')
+        return sg_fail(err, SG_EINVAL, "empty path");
+    return 0;
+}
+
+void tfr_header_encode(uint8_t out[TFR_HEADER_BYTES], uint64_t length)
+{
+    memcpy(out, &length, 8);
+    uint32_t crc = crc32c_mask(crc32c(out, 8));
+    memcpy(out + 8, &crc, 4);
+}
+
+void tfr_footer_encode(uint8_t out[TFR_FOOTER_BYTES], const uint8_t *data, size_t length)
+{
+    uint32_t crc = crc32c_mask(crc32c(data, length));
+    memcpy(out, &crc, 4);
+}
+
+/* Checks a complete header; *length set on success. */
+static int header_check(const uint8_t *p, uint64_t offset, int verify_crc, uint64_t *length,
+                        SgError *err)
+{
+    *length = load_u64(p);
+    if (verify_crc) {
+        uint32_t want = load_u32(p + 8), got = crc32c_mask(crc32c(p, 8));
+        if (want != got)
+            return sg_fail(err, SG_ECORRUPT,
+                           "corrupted record at byte %llu: length CRC mismatch (stored 0x%08x, "
+                           "computed 0x%08x over length field %llu)",
+                           (unsigned long long)offset, want, got, (unsigned long long)*length);
+    }
+    if (*length > (uint64_t)SIZE_MAX - TFR_HEADER_BYTES - TFR_FOOTER_BYTES)
+        return sg_fail(err, SG_ECORRUPT, "corrupted record at byte %llu: impossible length %llu",
+                       (unsigned long long)offset, (unsigned long long)*length);
+    return 0;
+}
+
+static int data_check(const uint8_t *data, size_t len, uint64_t offset, SgError *err)
+{
+    uint32_t want = load_u32(data + len), got = crc32c_mask(crc32c(data, len));
+    if (want != got)
+        return sg_fail(err, SG_ECORRUPT,
+                       "corrupted record at byte %llu: data CRC mismatch over %zu bytes (stored "
+                       "0x%08x, computed 0x%08x)",
+                       (unsigned long long)offset, len, want, got);
+    return 0;
+}
+
+static int truncated_header(uint64_t offset, size_t have, SgError *err)
+{
+    return sg_fail(err, SG_ETRUNCATED,
+                   "truncated record at byte %llu: stream ends %zu bytes into the %d-byte header",
+                   (unsigned long long)offset, have, TFR_HEADER_BYTES);
+}
+
+static int truncated_data(uint64_t offset, uint64_t length, uint64_t have, SgError *err)
+{
+    return sg_fail(err, SG_ETRUNCATED,
+                   "truncated record at byte %llu: length field says %llu data bytes (+%d CRC) but "
+                   "only %llu bytes follow the header",
+                   (unsigned long long)offset, (unsigned long long)length, TFR_FOOTER_BYTES,
+                   (unsigned long long)have);
+}
+
+int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_crc,
+                  const uint8_t **data, size_t *data_len, size_t *consumed, SgError *err)
+{
+    if (len == 0)
+        return 0;
+    if (len < TFR_HEADER_BYTES)
+        return truncated_header(offset, len, err);
+    uint64_t length;
+    int rc = header_check(buf, offset, verify_crc, &length, err);
+    if (rc < 0)
+        return rc;
+    size_t rest = len - TFR_HEADER_BYTES;
+    if (rest < TFR_FOOTER_BYTES || length > rest - TFR_FOOTER_BYTES)
+        return truncated_data(offset, length, rest, err);
+    const uint8_t *d = buf + TFR_HEADER_BYTES;
+    if (verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+        return rc;
+    *data = d;
+    *data_len = (size_t)length;
+    *consumed = TFR_HEADER_BYTES + (size_t)length + TFR_FOOTER_BYTES;
+    return 1;
+}
+
+/* ======================================================================
+ * Reader
+ * ====================================================================== */
+
+struct TfrReader {
+    char *name;
+    int verify_crc;
+    TfrCompression comp;
+    int fd;                 /* -1 when reading memory */
+    const uint8_t *mem;     /* memory source (compressed or not) */
+    size_t mem_len, mem_pos;
+    uint64_t raw_left;      /* plain sources: undecoded bytes not yet in the window */
+    z_stream zs;
+    int z_ready, z_done;
+    uint8_t *zin;           /* compressed input from fd */
+    uint64_t z_consumed;    /* compressed bytes consumed so far, for messages */
+    uint8_t *buf;           /* decoded window; == mem for plain memory */
+    int own_buf;
+    size_t cap, pos, end;
+    uint64_t buf_offset;    /* stream offset of buf[0] */
+    int src_eof;
+    uint64_t last_offset;
+};
+
+static int reader_alloc(TfrReader **out, const char *name, TfrCompression comp, int verify_crc,
+                        SgError *err)
+{
+    TfrReader *r = calloc(1, sizeof *r);
+    if (r == NULL || (r->name = strdup(name)) == NULL) {
+        free(r);
+        return sg_fail(err, SG_ENOMEM, "out of memory opening '%s'", name);
+    }
+    r->fd = -1;
+    r->comp = comp;
+    r->verify_crc = verify_crc;
+    if (comp != TFR_NONE) {
+        /* 15 = zlib header, 15 + 16 = gzip header (TF's window bits). */
+        int bits = comp == TFR_GZIP ? 15 + 16 : 15;
+        if (inflateInit2(&r->zs, bits) != Z_OK) {
+            free(r->name);
+            free(r);
+            return sg_fail(err, SG_ENOMEM, "inflateInit2 failed for '%s'", name);
+        }
+        r->z_ready = 1;
+    }
+    *out = r;
+    return 0;
+}
+
+int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int verify_crc,
+                    SgError *err)
+{
+    char resolved[TFR_PATH_MAX];
+    int rc = tfr_path_resolve(path, resolved, sizeof resolved, err);
+    if (rc < 0)
+        return rc;
+    int fd;
+    do
+        fd = open(resolved, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return sg_fail_errno(err, SG_EIO, errno, "cannot open '%s'", resolved);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
+        close(fd);
+        return sg_fail_errno(err, SG_EIO, e, "cannot read '%s'", resolved);
+    }
+    TfrReader *r = NULL;
+    if ((rc = reader_alloc(&r, resolved, comp, verify_crc, err)) < 0) {
+        close(fd);
+        return rc;
+    }
+    r->fd = fd;
+    r->raw_left = (uint64_t)st.st_size;
+    r->own_buf = 1;
+    if (comp != TFR_NONE && (r->zin = malloc(TFR_ZIN)) == NULL) {
+        tfr_reader_close(r);
+        return sg_fail(err, SG_ENOMEM, "out of memory reading '%s'", resolved);
+    }
+    *out = r;
+    return 0;
+}
+
+int tfr_reader_open_memory(TfrReader **out, const uint8_t *buf, size_t len, TfrCompression comp,
+                           int verify_crc, const char *name, SgError *err)
+{
+    TfrReader *r = NULL;
+    int rc = reader_alloc(&r, name ? name : "<memory>", comp, verify_crc, err);
+    if (rc < 0)
+        return rc;
+    r->mem = buf;
+    r->mem_len = len;
+    if (comp == TFR_NONE) {
+        r->buf = (uint8_t *)buf; /* never written: plain memory is read in place */
+        r->cap = r->end = len;
+        r->src_eof = 1;
+    } else {
+        r->own_buf = 1;
+    }
+    *out = r;
+    return 0;
+}
+
+static int read_some(int fd, uint8_t *dst, size_t n, size_t *got, const char *name, SgError *err)
+{
+    ssize_t k;
+    do
+        k = read(fd, dst, n);
+    while (k < 0 && errno == EINTR);
+    if (k < 0)
+        return sg_fail_errno(err, SG_EIO, errno, "reading '%s'", name);
+    *got = (size_t)k;
+    return 0;
+}
+
+/* Decodes more compressed bytes into buf[end..cap). */
+static int inflate_some(TfrReader *r, SgError *err)
+{
+    for (;;) {
+        if (r->zs.avail_in == 0) {
+            if (r->fd >= 0) {
+                size_t got = 0;
+                int rc = read_some(r->fd, r->zin, TFR_ZIN, &got, r->name, err);
+                if (rc < 0)
+                    return rc;
+                r->zs.next_in = r->zin;
+                r->zs.avail_in = (uInt)got;
+            } else if (r->mem_pos < r->mem_len) {
+                size_t n = r->mem_len - r->mem_pos;
+                if (n > (1u << 30))
+                    n = 1u << 30;
+                r->zs.next_in = (Bytef *)(r->mem + r->mem_pos);
+                r->zs.avail_in = (uInt)n;
+                r->mem_pos += n;
+            }
+            if (r->zs.avail_in == 0) {
+                if (!r->z_done && (r->zs.total_in > 0 || r->zs.total_out > 0))
+                    return sg_fail(err, SG_ETRUNCATED,
+                                   "truncated %s stream: it ends at compressed byte %llu "
+                                   "(decoded byte %llu) without its end marker",
+                                   r->comp == TFR_GZIP ? "GZIP" : "ZLIB",
+                                   (unsigned long long)r->z_consumed,
+                                   (unsigned long long)(r->buf_offset + r->end));
+                r->src_eof = 1;
+                return 0;
+            }
+        }
+        if (r->z_done) {
+            /* More input after a finished stream: another gzip member. */
+            if (inflateReset(&r->zs) != Z_OK)
+                return sg_fail(err, SG_ECORRUPT, "inflateReset failed");
+            r->z_done = 0;
+        }
+        uInt in_before = r->zs.avail_in;
+        r->zs.next_out = r->buf + r->end;
+        r->zs.avail_out = (uInt)(r->cap - r->end > (1u << 30) ? (1u << 30) : r->cap - r->end);
+        uInt out_before = r->zs.avail_out;
+        int zrc = inflate(&r->zs, Z_NO_FLUSH);
+        r->z_consumed += in_before - r->zs.avail_in;
+        r->end += out_before - r->zs.avail_out;
+        if (zrc == Z_STREAM_END) {
+            r->z_done = 1;
+        } else if (zrc != Z_OK && zrc != Z_BUF_ERROR) {
+            return sg_fail(err, SG_ECORRUPT, "corrupt %s data near compressed byte %llu: %s",
+                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB",
+                           (unsigned long long)r->z_consumed,
+                           r->zs.msg ? r->zs.msg : "inflate failed");
+        }
+        if (out_before != r->zs.avail_out)
+            return 0;
+    }
+}
+
+/* Makes at least `need` bytes available at buf[pos..end) unless the stream
+ * ends first (then src_eof is set). `limit_ok` has been checked by callers
+ * for plain sources, so growing to `need` is safe there. */
+static int reader_fill(TfrReader *r, size_t need, SgError *err)
+{
+    while (r->end - r->pos < need && !r->src_eof) {
+        if (r->pos > 0) {
+            memmove(r->buf, r->buf + r->pos, r->end - r->pos);
+            r->buf_offset += r->pos;
+            r->end -= r->pos;
+            r->pos = 0;
+        }
+        if (r->end == r->cap) {
+            size_t want = r->comp == TFR_NONE ? need : r->cap * 2;
+            if (want < TFR_WINDOW / 4)
+                want = TFR_WINDOW / 4;
+            if (r->comp == TFR_NONE && want < TFR_WINDOW)
+                want = TFR_WINDOW;
+            uint8_t *nb = realloc(r->buf, want);
+            if (nb == NULL)
+                return sg_fail(err, SG_ENOMEM, "out of memory (%zu bytes) reading '%s'", want,
+                               r->name);
+            r->buf = nb;
+            r->cap = want;
+        }
+        if (r->comp != TFR_NONE) {
+            int rc = inflate_some(r, err);
+            if (rc < 0)
+                return rc;
+        } else {
+            size_t got = 0;
+            int rc = read_some(r->fd, r->buf + r->end, r->cap - r->end, &got, r->name, err);
+            if (rc < 0)
+                return rc;
+            if (got == 0)
+                r->src_eof = 1;
+            r->end += got;
+            r->raw_left = r->raw_left > got ? r->raw_left - got : 0;
+        }
+    }
+    return 0;
+}
+
+static int reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *err)
+{
+    int rc = reader_fill(r, TFR_HEADER_BYTES, err);
+    if (rc < 0)
+        return rc;
+    uint64_t offset = r->buf_offset + r->pos;
+    size_t have = r->end - r->pos;
+    if (have == 0)
+        return 0;
+    if (have < TFR_HEADER_BYTES)
+        return truncated_header(offset, have, err);
+    uint64_t length;
+    if ((rc = header_check(r->buf + r->pos, offset, r->verify_crc, &length, err)) < 0)
+        return rc;
+    uint64_t total = TFR_HEADER_BYTES + length + TFR_FOOTER_BYTES;
+    if (r->comp == TFR_NONE) {
+        /* Plain source: everything left is known, so check before allocating. */
+        uint64_t left = have + r->raw_left - TFR_HEADER_BYTES;
+        if (r->fd < 0)
+            left = have - TFR_HEADER_BYTES;
+        if (total - TFR_HEADER_BYTES > left)
+            return truncated_data(offset, length, left, err);
+    }
+    if ((rc = reader_fill(r, (size_t)total, err)) < 0)
+        return rc;
+    have = r->end - r->pos;
+    if (have < total)
+        return truncated_data(offset, length, have - TFR_HEADER_BYTES, err);
+    const uint8_t *d = r->buf + r->pos + TFR_HEADER_BYTES;
+    if (r->verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+        return rc;
+    r->pos += (size_t)total;
+    r->last_offset = offset;
+    *data = d;
+    *len = (size_t)length;
+    return 1;
+}
+
+int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *err)
+{
+    int rc = reader_next(r, data, len, err);
+    if (rc < 0)
+        sg_context(err, "'%s': ", r->name);
+    return rc;
+}
+
+uint64_t tfr_reader_offset(const TfrReader *r)
+{
+    return r->last_offset;
+}
+
+uint64_t tfr_reader_position(const TfrReader *r)
+{
+    return r->buf_offset + r->pos;
+}
+
+const char *tfr_reader_name(const TfrReader *r)
+{
+    return r->name;
+}
+
+void tfr_reader_close(TfrReader *r)
+{
+    if (r == NULL)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    if (r->z_ready)
+        inflateEnd(&r->zs);
+    if (r->own_buf)
+        free(r->buf);
+    free(r->zin);
+    free(r->name);
+    free(r);
+}
+
+/* ======================================================================
+ * Writer
+ * ====================================================================== */
+
+struct TfrWriter {
+    char *name;
+    int fd;
+    TfrCompression comp;
+    z_stream zs;
+    int z_ready;
+    uint8_t *buf; /* pending output bytes (already compressed if comp) */
+    size_t len, cap;
+};
+
+static int write_all(TfrWriter *w, const uint8_t *p, size_t n, SgError *err)
+{
+    while (n > 0) {
+        ssize_t k = write(w->fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return sg_fail_errno(err, SG_EIO, errno, "writing '%s'", w->name);
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int writer_drain(TfrWriter *w, SgError *err)
+{
+    int rc = write_all(w, w->buf, w->len, err);
+    w->len = 0;
+    return rc;
+}
+
+/* Feeds n bytes to the compressor (or the buffer), draining when full. */
+static int writer_put(TfrWriter *w, const uint8_t *p, size_t n, int flush, SgError *err)
+{
+    if (w->comp == TFR_NONE) {
+        if (w->len + n > w->cap) {
+            int rc = writer_drain(w, err);
+            if (rc < 0)
+                return rc;
+            if (n >= w->cap)
+                return write_all(w, p, n, err);
+        }
+        memcpy(w->buf + w->len, p, n);
+        w->len += n;
+        return 0;
+    }
+    w->zs.next_in = (Bytef *)p;
+    w->zs.avail_in = (uInt)n;
+    for (;;) {
+        if (w->len == w->cap) {
+            int rc = writer_drain(w, err);
+            if (rc < 0)
+                return rc;
+        }
+        w->zs.next_out = w->buf + w->len;
+        w->zs.avail_out = (uInt)(w->cap - w->len);
+        uInt before = w->zs.avail_out;
+        int zrc = deflate(&w->zs, flush);
+        w->len += before - w->zs.avail_out;
+        if (zrc == Z_STREAM_ERROR)
+            return sg_fail(err, SG_EIO, "deflate failed writing '%s'", w->name);
+        if (flush == Z_FINISH) {
+            if (zrc == Z_STREAM_END)
+                return 0;
+        } else if (w->zs.avail_in == 0 && w->zs.avail_out != 0) {
+            return 0;
+        }
+    }
+}
+
+int tfr_writer_open(TfrWriter **out, const char *path, TfrCompression comp, SgError *err)
+{
+    char resolved[TFR_PATH_MAX];
+    int rc = tfr_path_resolve(path, resolved, sizeof resolved, err);
+    if (rc < 0)
+        return rc;
+    TfrWriter *w = calloc(1, sizeof *w);
+    if (w == NULL || (w->name = strdup(resolved)) == NULL ||
+        (w->buf = malloc(TFR_WRITE_BUF)) == NULL) {
+        if (w)
+            free(w->name);
+        free(w);
+        return sg_fail(err, SG_ENOMEM, "out of memory opening '%s'", resolved);
+    }
+    w->cap = TFR_WRITE_BUF;
+    w->comp = comp;
+    w->fd = -1;
+    if (comp != TFR_NONE) {
+        int bits = comp == TFR_GZIP ? 15 + 16 : 15;
+        if (deflateInit2(&w->zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, bits, 8,
+                         Z_DEFAULT_STRATEGY) != Z_OK) {
+            tfr_writer_close(w, NULL);
+            return sg_fail(err, SG_ENOMEM, "deflateInit2 failed for '%s'", resolved);
+        }
+        w->z_ready = 1;
+    }
+    do
+        w->fd = open(resolved, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    while (w->fd < 0 && errno == EINTR);
+    if (w->fd < 0) {
+        int e = errno;
+        tfr_writer_close(w, NULL);
+        return sg_fail_errno(err, SG_EIO, e, "cannot create '%s'", resolved);
+    }
+    *out = w;
+    return 0;
+}
+
+int tfr_writer_write(TfrWriter *w, const uint8_t *data, size_t len, SgError *err)
+{
+    uint8_t header[TFR_HEADER_BYTES], footer[TFR_FOOTER_BYTES];
+    tfr_header_encode(header, len);
+    tfr_footer_encode(footer, data, len);
+    int rc = writer_put(w, header, sizeof header, Z_NO_FLUSH, err);
+    if (rc == 0)
+        rc = writer_put(w, data, len, Z_NO_FLUSH, err);
+    if (rc == 0)
+        rc = writer_put(w, footer, sizeof footer, Z_NO_FLUSH, err);
+    return rc;
+}
+
+int tfr_writer_flush(TfrWriter *w, SgError *err)
+{
+    int rc = 0;
+    if (w->comp != TFR_NONE)
+        rc = writer_put(w, NULL, 0, Z_SYNC_FLUSH, err);
+    if (rc == 0)
+        rc = writer_drain(w, err);
+    return rc;
+}
+
+int tfr_writer_close(TfrWriter *w, SgError *err)
+{
+    if (w == NULL)
+        return 0;
+    int rc = 0;
+    if (w->fd >= 0) {
+        if (w->comp != TFR_NONE)
+            rc = writer_put(w, NULL, 0, Z_FINISH, err);
+        if (rc == 0)
+            rc = writer_drain(w, err);
+        if (close(w->fd) != 0 && rc == 0)
+            rc = sg_fail_errno(err, SG_EIO, errno, "closing '%s'", w->name);
+    }
+    if (w->z_ready)
+        deflateEnd(&w->zs);
+    free(w->buf);
+    free(w->name);
+    free(w);
+    return rc;
+}

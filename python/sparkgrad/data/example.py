@@ -1,0 +1,236 @@
+"""tf.train.Example: encoding, decoding, and schema-driven batch parsing.
+
+Encoding takes a dict ``name -> value`` where a value is
+
+- ``bytes`` / ``str`` (one bytes value) or a list of them -> BytesList;
+- an integer NumPy array or a list of ints (``bool`` too) -> Int64List;
+- a floating NumPy array or a list of floats -> FloatList;
+- an explicit ``(kind, values)`` pair with kind ``"bytes"|"float"|"int64"``
+  (needed for an empty Python list, whose type cannot be guessed).
+
+Parsing follows TensorFlow's ``parse_example``; the schema is a dict
+``name -> FixedLenFeature | VarLenFeature | RawBytesFeature`` compiled once
+(``Schema``) and run in C:
+
+- ``FixedLenFeature(shape, dtype, default=None)``: exactly ``prod(shape)``
+  values of ``dtype`` (``"int64"``, ``"float32"``, ``"bytes"``) per record,
+  batched to ``[N, *shape]``; a missing feature takes ``default`` or raises
+  SchemaError.
+- ``VarLenFeature(dtype)``: any number of values -> ``Ragged(values, row_splits)``.
+- ``RawBytesFeature(shape, dtype="float32", scale=1.0, raw_dtype="uint8")``:
+  one bytes value holding ``prod(shape)`` raw ``raw_dtype`` values, decoded to
+  ``dtype`` times ``scale`` (``image_raw`` -> ``float32[784] * (1/255)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sparkgrad import _core
+from sparkgrad.errors import InvalidArgumentError, SchemaError
+
+BYTES, FLOAT, INT64 = 1, 2, 3
+_KINDS = {"bytes": BYTES, "float": FLOAT, "float32": FLOAT, "int64": INT64}
+_DTYPE_CODES = {"int64": 0, "float32": 1, "uint8": 2, "bytes": 3}
+
+
+class Ragged(NamedTuple):
+    """Variable-length values of a batch: row i is values[row_splits[i]:row_splits[i+1]]."""
+
+    values: Any
+    row_splits: np.ndarray
+
+    def row(self, i: int):
+        return self.values[self.row_splits[i] : self.row_splits[i + 1]]
+
+
+def _dtype_name(dtype) -> str:
+    if dtype in (bytes, "bytes", "string", object):
+        return "bytes"
+    name = np.dtype(dtype).name
+    if name not in ("int64", "float32", "uint8"):
+        raise SchemaError(f"unsupported dtype {dtype!r}: use int64, float32, uint8 or bytes")
+    return name
+
+
+def _shape(shape) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise SchemaError(f"shape {shape} has a negative dimension")
+    return shape
+
+
+@dataclass(frozen=True)
+class FixedLenFeature:
+    shape: tuple[int, ...] | int
+    dtype: Any
+    default: Any = None
+
+    def _spec(self, name: str) -> tuple:
+        dtype = _dtype_name(self.dtype)
+        if dtype == "uint8":
+            raise SchemaError(f"feature {name!r}: FixedLenFeature dtype must be int64, float32 or bytes")
+        shape = _shape(self.shape)
+        default = self.default
+        if default is not None:
+            count = math.prod(shape)
+            if dtype == "bytes":
+                default = [default] * count if isinstance(default, (bytes, str)) else list(default)
+                default = [d.encode() if isinstance(d, str) else bytes(d) for d in default]
+            else:
+                arr = np.asarray(default, dtype=dtype)
+                default = np.broadcast_to(arr, shape).ravel() if arr.size == 1 else arr.ravel()
+        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
+        return (name, 0, wire, _DTYPE_CODES[dtype], shape, default, 2, 1.0)
+
+
+@dataclass(frozen=True)
+class VarLenFeature:
+    dtype: Any
+
+    def _spec(self, name: str) -> tuple:
+        dtype = _dtype_name(self.dtype)
+        if dtype == "uint8":
+            raise SchemaError(f"feature {name!r}: VarLenFeature dtype must be int64, float32 or bytes")
+        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
+        return (name, 1, wire, _DTYPE_CODES[dtype], (), None, 2, 1.0)
+
+
+@dataclass(frozen=True)
+class RawBytesFeature:
+    shape: tuple[int, ...] | int
+    dtype: Any = "float32"
+    scale: float = 1.0
+    raw_dtype: Any = "uint8"
+
+    def _spec(self, name: str) -> tuple:
+        dtype, raw = _dtype_name(self.dtype), _dtype_name(self.raw_dtype)
+        if dtype not in ("uint8", "float32") or raw not in ("uint8", "float32"):
+            raise SchemaError(f"feature {name!r}: RawBytesFeature decodes uint8/float32 bytes to uint8/float32")
+        if dtype == "uint8" and (raw != "uint8" or self.scale != 1.0):
+            raise SchemaError(f"feature {name!r}: a uint8 output needs uint8 raw data and scale 1")
+        return (name, 2, BYTES, _DTYPE_CODES[dtype], _shape(self.shape), None, _DTYPE_CODES[raw], float(self.scale))
+
+
+FeatureSpec = FixedLenFeature | VarLenFeature | RawBytesFeature
+
+
+class Schema:
+    """A parsing schema compiled once to C; reusable and thread-safe to share."""
+
+    def __init__(self, features: Mapping[str, FeatureSpec]):
+        if isinstance(features, Schema):
+            features = features.features
+        if not features:
+            raise SchemaError("a schema needs at least one feature")
+        for name, spec in features.items():
+            if not isinstance(spec, (FixedLenFeature, VarLenFeature, RawBytesFeature)):
+                raise SchemaError(f"feature {name!r}: {spec!r} is not a FixedLen/VarLen/RawBytes feature")
+        self.features = dict(features)
+        self._compiled = _core.Schema([spec._spec(name) for name, spec in self.features.items()])
+
+    def __repr__(self) -> str:
+        return f"Schema({self.features!r})"
+
+
+def as_schema(schema: Schema | Mapping[str, FeatureSpec]) -> Schema:
+    return schema if isinstance(schema, Schema) else Schema(schema)
+
+
+def _wrap(out: dict, schema: Schema) -> dict:
+    for name, spec in schema.features.items():
+        if isinstance(spec, VarLenFeature):
+            out[name] = Ragged(*out[name])
+    return out
+
+
+def parse_examples(records: Sequence[bytes], schema, name: str | None = None) -> dict:
+    """Parses serialized Examples into a dict of batched NumPy arrays."""
+    schema = as_schema(schema)
+    return _wrap(_core.parse_examples(schema._compiled, records, name), schema)
+
+
+def parse_example(record: bytes, schema) -> dict:
+    """One Example: like parse_examples, with the batch dimension removed."""
+    schema = as_schema(schema)
+    out = parse_examples([record], schema)
+    return {k: (v.values if isinstance(v, Ragged) else v[0]) for k, v in out.items()}
+
+
+def _item(key: str, value) -> tuple[str, int, Any]:
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"feature keys must be str, not {type(key).__name__}")
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and value[0] in _KINDS:
+        kind = _KINDS[value[0]]
+        return (key, kind, list(value[1]) if kind == BYTES else value[1])
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return (key, BYTES, [bytes(value) if not isinstance(value, str) else value])
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "iub":
+            return (key, INT64, value)
+        if value.dtype.kind == "f":
+            return (key, FLOAT, value)
+        if value.dtype.kind in "SO":
+            return (key, BYTES, [bytes(v) if not isinstance(v, str) else v for v in value.ravel()])
+        raise InvalidArgumentError(f"feature {key!r}: cannot encode dtype {value.dtype}")
+    if isinstance(value, (bool, int, np.integer)):
+        return (key, INT64, [int(value)])
+    if isinstance(value, (float, np.floating)):
+        return (key, FLOAT, [float(value)])
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise InvalidArgumentError(
+                f"feature {key!r}: an empty list has no type; pass ('int64'|'float'|'bytes', []) "
+                "or an empty NumPy array"
+            )
+        first = value[0]
+        if isinstance(first, (bytes, bytearray, str)):
+            return (key, BYTES, value)
+        if all(isinstance(v, (bool, int, np.integer)) for v in value):
+            return (key, INT64, np.asarray(value, dtype=np.int64))
+        return (key, FLOAT, np.asarray(value, dtype=np.float32))
+    raise InvalidArgumentError(f"feature {key!r}: cannot encode {type(value).__name__}")
+
+
+def encode_example(features: Mapping[str, Any]) -> bytes:
+    """Serializes a dict of values as a tf.train.Example (see the module doc)."""
+    return _core.encode_example([_item(k, v) for k, v in features.items()])
+
+
+def decode_example(data: bytes) -> dict:
+    """Every feature of a serialized Example: int64 -> int64 ndarray, float ->
+    float32 ndarray, bytes -> list of bytes, a Feature without a list -> None."""
+    return _core.decode_example(data)
+
+
+def encode_sequence_example(context: Mapping[str, Any], feature_lists: Mapping[str, Sequence[Any]]) -> bytes:
+    """Serializes a tf.train.SequenceExample; each feature list is a sequence of
+    values of one kind (given explicitly as ``(kind, steps)`` or inferred)."""
+    ctx = [_item(k, v) for k, v in context.items()]
+    lists = []
+    for key, steps in feature_lists.items():
+        if isinstance(steps, tuple) and len(steps) == 2 and isinstance(steps[0], str) and steps[0] in _KINDS:
+            kind, steps = _KINDS[steps[0]], steps[1]
+        else:
+            if not steps:
+                raise InvalidArgumentError(f"feature list {key!r}: empty; pass (kind, [])")
+            kind = _item(key, steps[0])[1]
+        lists.append((key, kind, [_item(key, (_kind_name(kind), s))[2] for s in steps]))
+    return _core.encode_sequence_example(ctx, lists)
+
+
+def _kind_name(kind: int) -> str:
+    return {BYTES: "bytes", FLOAT: "float", INT64: "int64"}[kind]
+
+
+def decode_sequence_example(data: bytes) -> tuple[dict, dict]:
+    """(context, feature_lists) of a serialized SequenceExample; each feature
+    list is a list of per-step values decoded as in decode_example."""
+    return _core.decode_sequence_example(data)

@@ -1,0 +1,47 @@
+"""sparkgrad.nn: Keras-shaped models trained in C on oneDNN.
+
+    from sparkgrad.nn import Sequential, Dense
+    model = Sequential([Dense(128, activation="relu", input_shape=(784,)),
+                        Dense(64, activation="relu"), Dense(10)], seed=1)
+    model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x, y, batch_size=100, epochs=5)
+"""
+
+from sparkgrad.nn import optimizers
+from sparkgrad.nn.layers import (
+    AveragePooling2D,
+    AvgPool2D,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    MaxPool2D,
+    MaxPooling2D,
+)
+from sparkgrad.nn.model import History, ParamTensor, Sequential
+from sparkgrad.nn.optimizers import SGD, Adadelta, Adam, AdamW, RMSprop
+from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_threads
+
+__all__ = [
+    "Sequential",
+    "History",
+    "ParamTensor",
+    "Dense",
+    "Conv2D",
+    "MaxPool2D",
+    "MaxPooling2D",
+    "AveragePooling2D",
+    "AvgPool2D",
+    "Dropout",
+    "Flatten",
+    "optimizers",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "RMSprop",
+    "Adadelta",
+    "set_num_threads",
+    "get_num_threads",
+    "configure_threads",
+]

@@ -1,0 +1,239 @@
+"""Keras-named layer declarations for sparkgrad.nn.Sequential.
+
+Each layer is a frozen description; the C core (csrc/nn/nn_model.h) builds the
+oneDNN kernels from it. Activations are NHWC (Keras' channels_last), kernels
+use Keras' layouts (Dense [in, out], Conv2D [kh, kw, in, out]), so weights move
+between Keras and sparkgrad unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(enum.IntEnum):
+    """LayerKind of csrc/nn/nn_model.h."""
+
+    DENSE = 0
+    CONV2D = 1
+    MAXPOOL = 2
+    AVGPOOL = 3
+    DROPOUT = 4
+    FLATTEN = 5
+
+
+class Act(enum.IntEnum):
+    """NnAct of csrc/nn/nn_ref.h."""
+
+    NONE = 0
+    RELU = 1
+    TANH = 2
+    SIGMOID = 3
+    SOFTMAX = 4
+
+
+class Init(enum.IntEnum):
+    """NnInit of csrc/nn/nn_model.h."""
+
+    GLOROT_UNIFORM = 0
+    TRUNCATED_NORMAL = 1
+    HE_NORMAL = 2
+    HE_UNIFORM = 3
+    ZEROS = 4
+
+
+_ACTS = {None: Act.NONE, "linear": Act.NONE, "relu": Act.RELU, "tanh": Act.TANH, "sigmoid": Act.SIGMOID}
+_ACTS["softmax"] = Act.SOFTMAX
+_INITS = {
+    "glorot_uniform": Init.GLOROT_UNIFORM,
+    "truncated_normal": Init.TRUNCATED_NORMAL,
+    "he_normal": Init.HE_NORMAL,
+    "he_uniform": Init.HE_UNIFORM,
+    "zeros": Init.ZEROS,
+}
+
+
+def _act(name: str | None) -> Act:
+    if name not in _ACTS:
+        raise ValueError(f"unknown activation {name!r}; one of {sorted(k for k in _ACTS if k)}")
+    return _ACTS[name]
+
+
+def _init(name: str) -> Init:
+    if name not in _INITS:
+        raise ValueError(f"unknown kernel_initializer {name!r}; one of {sorted(_INITS)}")
+    return _INITS[name]
+
+
+def _pair(v: int | tuple[int, int], what: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    if len(v) != 2:
+        raise ValueError(f"{what} must be an int or a pair, not {v!r}")
+    return (int(v[0]), int(v[1]))
+
+
+def _padding(p: str) -> int:
+    if p not in ("valid", "same"):
+        raise ValueError(f"padding must be 'valid' or 'same', not {p!r}")
+    return int(p == "same")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Base of the layer declarations; ``input_shape`` only on the first layer."""
+
+    input_shape: tuple[int, ...] | None = None
+    name: str | None = None
+
+    def spec(self) -> tuple:
+        """The (kind, units, kh, kw, stride, same, act, rate, init) tuple of the C core."""
+        raise NotImplementedError
+
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class Dense(Layer):
+    """Fully connected: out = activation(in @ kernel + bias), fused on oneDNN."""
+
+    units: int = 0
+    activation: str | None = None
+    kernel_initializer: str = "glorot_uniform"
+
+    def __init__(self, units, activation=None, input_shape=None, kernel_initializer="glorot_uniform", name=None):
+        object.__setattr__(self, "units", int(units))
+        object.__setattr__(self, "activation", activation)
+        object.__setattr__(self, "kernel_initializer", kernel_initializer)
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        _act(activation), _init(kernel_initializer)
+
+    def spec(self) -> tuple:
+        return (Kind.DENSE, self.units, 0, 0, 0, 0, _act(self.activation), 0.0, _init(self.kernel_initializer))
+
+
+@dataclass(frozen=True)
+class Conv2D(Layer):
+    """2-D convolution over NHWC input, kernel [kh, kw, in, filters]."""
+
+    filters: int = 0
+    kernel_size: tuple[int, int] = (3, 3)
+    strides: int = 1
+    padding: str = "valid"
+    activation: str | None = None
+    kernel_initializer: str = "glorot_uniform"
+
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=1,
+        padding="valid",
+        activation=None,
+        input_shape=None,
+        kernel_initializer="glorot_uniform",
+        name=None,
+    ):
+        s = _pair(strides, "strides")
+        if s[0] != s[1]:
+            raise ValueError(f"Conv2D: only equal strides are supported, not {strides!r}")
+        object.__setattr__(self, "filters", int(filters))
+        object.__setattr__(self, "kernel_size", _pair(kernel_size, "kernel_size"))
+        object.__setattr__(self, "strides", s[0])
+        object.__setattr__(self, "padding", padding)
+        object.__setattr__(self, "activation", activation)
+        object.__setattr__(self, "kernel_initializer", kernel_initializer)
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        _act(activation), _init(kernel_initializer), _padding(padding)
+
+    def spec(self) -> tuple:
+        kh, kw = self.kernel_size
+        return (
+            Kind.CONV2D,
+            self.filters,
+            kh,
+            kw,
+            self.strides,
+            _padding(self.padding),
+            _act(self.activation),
+            0.0,
+            _init(self.kernel_initializer),
+        )
+
+
+@dataclass(frozen=True)
+class _Pool(Layer):
+    pool_size: tuple[int, int] = (2, 2)
+    strides: int | None = None
+    padding: str = "valid"
+
+    def __init__(self, pool_size=2, strides=None, padding="valid", input_shape=None, name=None):
+        ps = _pair(pool_size, "pool_size")
+        if strides is not None:
+            s = _pair(strides, "strides")
+            if s[0] != s[1]:
+                raise ValueError(f"{type(self).__name__}: only equal strides are supported")
+            strides = s[0]
+        object.__setattr__(self, "pool_size", ps)
+        object.__setattr__(self, "strides", strides)
+        object.__setattr__(self, "padding", padding)
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        _padding(padding)
+
+    _kind = Kind.MAXPOOL
+
+    def spec(self) -> tuple:
+        kh, kw = self.pool_size
+        stride = self.strides if self.strides is not None else kh
+        return (self._kind, 0, kh, kw, stride, _padding(self.padding), Act.NONE, 0.0, 0)
+
+
+class MaxPool2D(_Pool):
+    """Max pooling (oneDNN, with a workspace for the backward pass)."""
+
+    _kind = Kind.MAXPOOL
+
+
+class AveragePooling2D(_Pool):
+    """Average pooling; padded cells are excluded from the mean (as Keras)."""
+
+    _kind = Kind.AVGPOOL
+
+
+MaxPooling2D = MaxPool2D
+AvgPool2D = AveragePooling2D
+
+
+@dataclass(frozen=True)
+class Dropout(Layer):
+    """Inverted dropout in training, identity in inference; masks from the model's seeded RNG."""
+
+    rate: float = 0.0
+
+    def __init__(self, rate, input_shape=None, name=None):
+        object.__setattr__(self, "rate", float(rate))
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        if not 0.0 <= self.rate < 1.0:
+            raise ValueError(f"Dropout rate must be in [0, 1), not {rate!r}")
+
+    def spec(self) -> tuple:
+        return (Kind.DROPOUT, 0, 0, 0, 0, 0, Act.NONE, self.rate, 0)
+
+
+@dataclass(frozen=True)
+class Flatten(Layer):
+    """[B, H, W, C] -> [B, H*W*C] (NHWC order, as Keras); no copy."""
+
+    def __init__(self, input_shape=None, name=None):
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+
+    def spec(self) -> tuple:
+        return (Kind.FLATTEN, 0, 0, 0, 0, 0, Act.NONE, 0.0, 0)

@@ -1,0 +1,303 @@
+/*
+ * test_nn_kernels.c - every oneDNN kernel of the model plan against its naive
+ * C reference (nn_ref.h), layer by layer, forward and backward: each layer's
+ * reference runs on the plan's own input/upstream gradient, so a mismatch
+ * names the kernel. Also the loss kernels, error reporting through the
+ * oneDNN checking macro, and model declaration errors. Exits non-zero on
+ * the first failing check.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/nn_model_impl.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
+            failures++;                                                                \
+        }                                                                              \
+    } while (0)
+
+/* max |a-b| / max(max |b|, 1e-6) over n */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double d = 0.0, s = 1e-6;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        d = e > d ? e : d;
+        s = fabs(b[i]) > s ? fabs(b[i]) : s;
+    }
+    return d / s;
+}
+
+static void expect_close(const char *what, int layer, const float *got, const float *want, size_t n)
+{
+    double e = rel_err(got, want, n);
+    if (!(e < 2e-5)) {
+        fprintf(stderr, "layer %d %s: relative error %.3g\n", layer, what, e);
+        failures++;
+    }
+}
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void check_model(const char *name, int h, int w, int c, const LayerSpec *specs, int L, int B,
+                        int sparse)
+{
+    SgError err = {0};
+    Model *m = NULL;
+    if (model_create(&m, h, w, c, specs, L, &err) < 0) {
+        fprintf(stderr, "%s: model_create: %s\n", name, err.msg);
+        failures++;
+        return;
+    }
+    model_init_params(m, 7);
+    for (size_t i = 0; i < m->nparams; i++) /* non-zero biases exercise the bias path */
+        if (m->params[i] == 0.0f)
+            m->params[i] = 0.05f * (float)((i % 7) - 3);
+    const size_t row = model_input_size(m), K = (size_t)m->classes;
+    float *x = malloc(sizeof(float) * B * row), *onehot = calloc((size_t)B * K, sizeof(float));
+    int32_t *labels = malloc(sizeof(int32_t) * B);
+    uint64_t s = 42;
+    for (size_t i = 0; i < (size_t)B * row; i++)
+        x[i] = frand(&s);
+    for (int b = 0; b < B; b++) {
+        labels[b] = (int32_t)((b * 7 + 3) % K);
+        onehot[(size_t)b * K + labels[b]] = 1.0f;
+    }
+    NnData d = {x, sparse ? labels : NULL, sparse ? NULL : onehot, (size_t)B, row};
+    NnStats st = {0};
+    if (model_train_batch(m, NULL, &d, NULL, 0, B, &st, &err) < 0) {
+        fprintf(stderr, "%s: model_train_batch: %s\n", name, err.msg);
+        failures++;
+        goto done;
+    }
+    Plan *p = NULL;
+    CHECK(model_plan(m, B, &p, &err) == 0);
+    size_t maxn = (size_t)B * row;
+    for (int l = 0; l < L; l++) {
+        const LayerShape *sh = &m->shapes[l];
+        size_t o = (size_t)B * sh->oh * sh->ow * sh->oc;
+        maxn = o > maxn ? o : maxn;
+    }
+    float *want = malloc(sizeof(float) * maxn), *pre = malloc(sizeof(float) * maxn),
+          *dpre = malloc(sizeof(float) * maxn), *gw = malloc(sizeof(float) * m->nparams);
+
+    /* loss kernels */
+    float *lp = malloc(sizeof(float) * B * K), *dl = malloc(sizeof(float) * B * K);
+    log_softmax_forward_ref(lp, p->act[L], B, (int)K);
+    expect_close("log-softmax (oneDNN softmax_log)", L, p->logprob, lp, (size_t)B * K);
+    xent_backward(dl, lp, d.labels, d.onehot, B, (int)K);
+    expect_close("cross-entropy gradient", L, p->dact[L], dl, (size_t)B * K);
+    double loss = xent_forward(lp, d.labels, d.onehot, B, (int)K, NULL);
+    CHECK(fabs(loss * B - st.loss_sum) < 1e-4 * fabs(st.loss_sum));
+
+    for (int l = 0; l < L; l++) {
+        const LayerSpec *sp = &m->specs[l];
+        const LayerShape *sh = &m->shapes[l];
+        const size_t o = (size_t)B * sh->oh * sh->ow * sh->oc, in = (size_t)B * sh->h * sh->w * sh->c;
+        const float *X = p->act[l], *Y = p->act[l + 1], *DY = p->dact[l + 1];
+        float *DX = p->dact[l];
+        NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
+        switch (sp->kind) {
+        case LAYER_DENSE:
+        case LAYER_CONV2D: {
+            const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
+            const float *W = m->params + kt->offset, *bias = m->params + bt->offset;
+            if (sp->kind == LAYER_DENSE)
+                dense_forward_ref(pre, X, W, bias, B, sh->c, sh->oc);
+            else
+                conv2d_forward_ref(pre, X, W, bias, B, sh->h, sh->w, sh->c, sh->oc, sp->kh, sp->kw,
+                                   sp->stride, sh->pt, sh->pl, sh->oh, sh->ow);
+            act_forward_ref(want, pre, o, act);
+            expect_close(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y, want, o);
+            act_backward_ref(dpre, DY, Y, o, act);
+            float *dx = l > 0 ? want : NULL;
+            if (sp->kind == LAYER_DENSE)
+                dense_backward_ref(dx, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->c, sh->oc);
+            else
+                conv2d_backward_ref(dx, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->h, sh->w,
+                                    sh->c, sh->oc, sp->kh, sp->kw, sp->stride, sh->pt, sh->pl,
+                                    sh->oh, sh->ow);
+            expect_close("weight gradient", l, m->grads + kt->offset, gw + kt->offset, kt->size);
+            expect_close("bias gradient", l, m->grads + bt->offset, gw + bt->offset, bt->size);
+            if (l > 0)
+                expect_close("data gradient", l, DX, want, in);
+            break;
+        }
+        case LAYER_MAXPOOL:
+        case LAYER_AVGPOOL: {
+            int mx = sp->kind == LAYER_MAXPOOL;
+            (mx ? maxpool_forward_ref : avgpool_forward_ref)(want, X, B, sh->h, sh->w, sh->c, sp->kh,
+                                                             sp->kw, sp->stride, sh->pt, sh->pl,
+                                                             sh->oh, sh->ow);
+            expect_close(mx ? "maxpool forward" : "avgpool forward", l, Y, want, o);
+            if (l > 0) {
+                if (mx)
+                    maxpool_backward_ref(want, DY, X, B, sh->h, sh->w, sh->c, sp->kh, sp->kw,
+                                         sp->stride, sh->pt, sh->pl, sh->oh, sh->ow);
+                else
+                    avgpool_backward_ref(want, DY, B, sh->h, sh->w, sh->c, sp->kh, sp->kw, sp->stride,
+                                         sh->pt, sh->pl, sh->oh, sh->ow);
+                expect_close(mx ? "maxpool backward" : "avgpool backward", l, DX, want, in);
+            }
+            break;
+        }
+        case LAYER_DROPOUT: {
+            size_t zeros = 0;
+            for (size_t i = 0; i < o; i++) {
+                want[i] = X[i] * p->lp[l].mask[i];
+                zeros += p->lp[l].mask[i] == 0.0f;
+            }
+            expect_close("dropout forward", l, Y, want, o);
+            /* the drop fraction is within 4 binomial standard deviations of the rate */
+            double sd = sqrt(sp->rate * (1.0 - sp->rate) / (double)o);
+            if (!(fabs((double)zeros / o - sp->rate) < 4.0 * sd + 1e-3)) {
+                fprintf(stderr, "layer %d dropout: %zu of %zu dropped at rate %g\n", l, zeros, o,
+                        sp->rate);
+                failures++;
+            }
+            if (l > 0) {
+                dropout_backward(want, DY, p->lp[l].mask, o);
+                expect_close("dropout backward", l, DX, want, o);
+            }
+            break;
+        }
+        case LAYER_FLATTEN:
+            CHECK(Y == X && DY == DX);
+            break;
+        }
+    }
+    /* inference mode: dropout is the identity, results are deterministic */
+    NnStats e1 = {0}, e2 = {0};
+    CHECK(model_evaluate(m, &d, B, &e1, &err) == 0);
+    CHECK(model_evaluate(m, &d, B, &e2, &err) == 0);
+    CHECK(e1.loss_sum == e2.loss_sum && e1.seen == B);
+    free(want);
+    free(pre);
+    free(dpre);
+    free(gw);
+    free(lp);
+    free(dl);
+done:
+    free(x);
+    free(onehot);
+    free(labels);
+    model_free(m);
+}
+
+static void test_mlp_kernels(void)
+{
+    LayerSpec specs[] = {
+        {LAYER_DENSE, 16, 0, 0, 0, 0, NN_ACT_RELU, 0, INIT_TRUNCATED_NORMAL},
+        {LAYER_DENSE, 12, 0, 0, 0, 0, NN_ACT_TANH, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DENSE, 9, 0, 0, 0, 0, NN_ACT_SIGMOID, 0, INIT_HE_NORMAL},
+        {LAYER_DENSE, 5, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_HE_UNIFORM},
+    };
+    check_model("mlp", 1, 1, 20, specs, 4, 6, 1);
+}
+
+static void test_cnn_kernels(void)
+{
+    LayerSpec specs[] = {
+        {LAYER_CONV2D, 4, 3, 3, 1, 1, NN_ACT_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_MAXPOOL, 0, 2, 2, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_CONV2D, 5, 3, 3, 2, 1, NN_ACT_TANH, 0, INIT_HE_NORMAL},
+        {LAYER_AVGPOOL, 0, 2, 2, 1, 1, NN_ACT_NONE, 0, 0},
+        {LAYER_CONV2D, 3, 2, 2, 1, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 0.3f, 0},
+        {LAYER_FLATTEN, 0, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_DENSE, 7, 0, 0, 0, 0, NN_ACT_SIGMOID, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, INIT_GLOROT_UNIFORM},
+    };
+    check_model("cnn", 9, 8, 3, specs, 9, 5, 0);
+}
+
+static void test_keras_cnn_shapes_and_kernels(void)
+{
+    /* model (b) at a reduced size: valid 3x3 convs, 2x2 max pool, dropout */
+    LayerSpec specs[] = {
+        {LAYER_CONV2D, 8, 3, 3, 1, 0, NN_ACT_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_CONV2D, 16, 3, 3, 1, 0, NN_ACT_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_MAXPOOL, 0, 2, 2, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 0.25f, 0},
+        {LAYER_FLATTEN, 0, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_DENSE, 32, 0, 0, 0, 0, NN_ACT_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 0.5f, 0},
+        {LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, INIT_GLOROT_UNIFORM},
+    };
+    check_model("keras-cnn", 12, 12, 1, specs, 8, 4, 0);
+}
+
+static void test_dnnl_errors_name_the_call(void)
+{
+    SgError err = {0};
+    dnnl_memory_desc_t md = NULL;
+    dnnl_dims_t dims = {-5, 3};
+    int rc = nn_md(&md, 2, dims, dnnl_ab, &err);
+    CHECK(rc == SG_EDNNL);
+    CHECK(err.code == SG_EDNNL);
+    CHECK(strstr(err.msg, "dnnl_memory_desc_create_with_tag") != NULL);
+    CHECK(strstr(err.msg, "invalid arguments") != NULL);
+}
+
+static void test_model_declaration_errors(void)
+{
+    SgError err = {0};
+    Model *m = NULL;
+    LayerSpec no_flatten[] = {
+        {LAYER_CONV2D, 4, 3, 3, 1, 0, NN_ACT_RELU, 0, 0},
+        {LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+    };
+    CHECK(model_create(&m, 8, 8, 1, no_flatten, 2, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "Flatten") != NULL);
+    LayerSpec relu_last[] = {{LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_RELU, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 4, relu_last, 1, &err) == SG_EMODEL);
+    CHECK(strstr(err.msg, "last layer") != NULL);
+    LayerSpec too_big[] = {
+        {LAYER_CONV2D, 4, 5, 5, 1, 0, NN_ACT_RELU, 0, 0},
+        {LAYER_FLATTEN, 0, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_DENSE, 2, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+    };
+    CHECK(model_create(&m, 3, 3, 1, too_big, 3, &err) == SG_EMODEL);
+    CHECK(strstr(err.msg, "does not fit") != NULL);
+    LayerSpec bad_rate[] = {
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 1.0f, 0},
+        {LAYER_DENSE, 2, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+    };
+    CHECK(model_create(&m, 1, 1, 3, bad_rate, 2, &err) == SG_EMODEL);
+    /* a label outside [0, K) is reported with its row */
+    LayerSpec ok[] = {{LAYER_DENSE, 3, 0, 0, 0, 0, NN_ACT_NONE, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 2, ok, 1, &err) == 0);
+    float x[4] = {0};
+    int32_t y[2] = {1, 3};
+    NnData d = {x, y, NULL, 2, 2};
+    NnStats st = {0};
+    CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, &st, &err) == SG_EINVAL);
+    CHECK(strstr(err.msg, "label 3 of row 1") != NULL);
+    model_free(m);
+}
+
+int main(void)
+{
+    test_mlp_kernels();
+    test_cnn_kernels();
+    test_keras_cnn_shapes_and_kernels();
+    test_dnnl_errors_name_the_call();
+    test_model_declaration_errors();
+    if (failures) {
+        fprintf(stderr, "test_nn_kernels: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_nn_kernels: ok\n");
+    return 0;
+}

@@ -1,0 +1,91 @@
+"""Accuracy on real data: Debian's Fashion-MNIST (train 60k, test 10k).
+
+Model (a), the TensorFlowOnSpark walkthrough MLP: 784-128-64-10 ReLU, truncated
+normal stddev 1/sqrt(fan_in), zero biases, sparse softmax cross-entropy, SGD
+lr 0.07, batch 100, 5 epochs. Model (b), the HorovodRunner Keras CNN (slow).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
+from sparkgrad.nn import SGD, Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")),
+    reason=f"Fashion-MNIST not installed in {FASHION_MNIST_DIR}",
+)
+
+
+def load(flat: bool):
+    x, y = fashion_mnist("train")
+    xt, yt = fashion_mnist("test")
+    shape = (-1, 784) if flat else (-1, 28, 28, 1)
+    return (x.reshape(shape).astype(np.float32) / 255, y, xt.reshape(shape).astype(np.float32) / 255, yt)
+
+
+def model_a(seed: int) -> Sequential:
+    init = "truncated_normal"
+    m = Sequential(
+        [
+            Dense(128, activation="relu", input_shape=(784,), kernel_initializer=init),
+            Dense(64, activation="relu", kernel_initializer=init),
+            Dense(10, kernel_initializer=init),
+        ],
+        seed=seed,
+    )
+    m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def test_model_a_reaches_087_on_fashion_mnist_in_5_epochs():
+    x, y, xt, yt = load(flat=True)
+    # Per-pixel standardisation with training-set statistics. With pixels only
+    # scaled to [0, 1] this recipe ends at about 0.85 after 5 epochs, in
+    # PyTorch as well as here (printed below for the record).
+    mu, sd = x.mean(0), x.std(0) + 0.05
+    started = time.monotonic()
+    m = model_a(seed=1)
+    m.fit((x - mu) / sd, y, batch_size=100, epochs=5, verbose=0)
+    elapsed = time.monotonic() - started
+    loss, acc = m.evaluate((xt - mu) / sd, yt)
+    raw = model_a(seed=1)
+    raw.fit(x, y, batch_size=100, epochs=5, verbose=0)
+    raw_acc = raw.evaluate(xt, yt)[1]
+    print(
+        f"\nmodel (a) Fashion-MNIST test accuracy after 5 epochs: {acc:.4f} (loss {loss:.4f}, "
+        f"{elapsed:.1f} s); pixels in [0, 1] without standardisation: {raw_acc:.4f}"
+    )
+    assert m.step == 5 * 600
+    assert acc >= 0.87
+
+
+@pytest.mark.slow
+def test_model_b_keras_cnn_reaches_090_in_3_epochs():
+    x, y, xt, yt = load(flat=False)
+    m = Sequential(
+        [
+            Conv2D(32, (3, 3), activation="relu", input_shape=(28, 28, 1)),
+            Conv2D(64, (3, 3), activation="relu"),
+            MaxPool2D(pool_size=(2, 2)),
+            Dropout(0.25),
+            Flatten(),
+            Dense(128, activation="relu"),
+            Dropout(0.5),
+            Dense(10, activation="softmax"),
+        ],
+        seed=1,
+    )
+    m.compile(optimizer=Adadelta(learning_rate=0.1), loss="categorical_crossentropy", metrics=["accuracy"])
+    onehot = np.eye(10, dtype=np.float32)
+    started = time.monotonic()
+    m.fit(x, onehot[y], batch_size=128, epochs=3, verbose=0)
+    elapsed = time.monotonic() - started
+    loss, acc = m.evaluate(xt, onehot[yt])
+    print(f"\nmodel (b) Fashion-MNIST test accuracy after 3 epochs: {acc:.4f} (loss {loss:.4f}, {elapsed:.0f} s)")
+    assert acc >= 0.90

@@ -1,0 +1,150 @@
+"""TFRecordDataset: the C input pipeline (files, shards, shuffle, epochs, batches)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkgrad.data import (
+    FixedLenFeature,
+    RawBytesFeature,
+    TFRecordDataset,
+    VarLenFeature,
+    encode_example,
+    write_records,
+)
+from sparkgrad.errors import CorruptRecordError, SchemaError, SparkgradIOError, SparkgradTimeout
+
+SCHEMA = {"x": FixedLenFeature([], "int64"), "v": VarLenFeature("int64")}
+
+
+@pytest.fixture
+def files(tmp_path):
+    """3 files x 10 records; x = 100 * file + i, v = range(i % 3)."""
+    paths = []
+    for f in range(3):
+        p = tmp_path / f"part-{f:05d}"
+        write_records(p, [encode_example({"x": 100 * f + i, "v": np.arange(i % 3)}) for i in range(10)])
+        paths.append(str(p))
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    return paths
+
+
+ALL = sorted(100 * f + i for f in range(3) for i in range(10))
+
+
+def xs(ds) -> list[int]:
+    return [int(x) for b in ds for x in b["x"]]
+
+
+def test_batches_in_file_order_with_remainder(files, tmp_path):
+    batches = list(TFRecordDataset(str(tmp_path), SCHEMA, 4))
+    assert [len(b["x"]) for b in batches] == [4] * 7 + [2]
+    assert xs(batches) == ALL
+    assert batches[0]["v"].row_splits.tolist() == [0, 0, 1, 3, 3]
+    assert batches[0]["v"].values.tolist() == [0, 0, 1]
+    assert batches[0]["v"].row(2).tolist() == [0, 1]
+    assert [len(b["x"]) for b in TFRecordDataset(files, SCHEMA, 4, drop_remainder=True)] == [4] * 7
+
+
+def test_globs_and_file_urls(files, tmp_path):
+    assert xs(TFRecordDataset(str(tmp_path / "part-*"), SCHEMA, 8)) == ALL
+    assert xs(TFRecordDataset([f"file://{files[1]}"], SCHEMA, 8)) == list(range(100, 110))
+    with pytest.raises(SparkgradIOError, match="no files match"):
+        TFRecordDataset(str(tmp_path / "nothing-*"), SCHEMA, 8)
+
+
+def test_epochs_repeat_and_batches_span_epochs(files):
+    got = xs(TFRecordDataset(files[:1], SCHEMA, 3, epochs=3))
+    assert got == list(range(10)) * 3
+    first = next(iter(TFRecordDataset(files[:1], SCHEMA, 4, epochs=None)))
+    assert first["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_shuffle_is_seeded_and_complete(files):
+    a = xs(TFRecordDataset(files, SCHEMA, 7, shuffle_buffer=8, seed=42, epochs=2))
+    b = xs(TFRecordDataset(files, SCHEMA, 7, shuffle_buffer=8, seed=42, epochs=2))
+    c = xs(TFRecordDataset(files, SCHEMA, 7, shuffle_buffer=8, seed=43, epochs=2))
+    assert a == b and a != c
+    assert sorted(a) == sorted(ALL * 2)
+    assert a != sorted(a)
+
+
+@pytest.mark.parametrize("num_shards", [2, 3, 5])
+def test_shards_partition_the_data(files, num_shards):
+    shards = [xs(TFRecordDataset(files, SCHEMA, 4, shard_index=i, num_shards=num_shards)) for i in range(num_shards)]
+    assert sorted(sum(shards, [])) == ALL
+    if num_shards <= len(files):  # by file: shard i reads files i, i+n, ...
+        assert shards[0][:10] == list(range(10))
+        assert TFRecordDataset(files, SCHEMA, 4, shard_index=1, num_shards=2).shard_files == [files[1]]
+    else:  # by record index
+        assert shards[1][:2] == [1, 6]
+
+
+def test_prefetch_modes_agree_and_gzip(files, tmp_path):
+    expect = xs(TFRecordDataset(files, SCHEMA, 5, prefetch=0))
+    assert xs(TFRecordDataset(files, SCHEMA, 5, prefetch=4)) == expect
+    gz = tmp_path / "g.tfrecord.gz"
+    write_records(gz, [encode_example({"x": i, "v": np.arange(1)}) for i in range(25)], compression="GZIP")
+    assert xs(TFRecordDataset(gz, SCHEMA, 10, compression="GZIP")) == list(range(25))
+
+
+def test_raw_image_batches(tmp_path):
+    img = np.arange(784, dtype=np.int64) % 256
+    write_records(
+        tmp_path / "m", [encode_example({"image_raw": img.astype(np.uint8).tobytes(), "label": i}) for i in range(5)]
+    )
+    schema = {"image_raw": RawBytesFeature([784], scale=1 / 255), "label": FixedLenFeature([], "int64")}
+    (batch,) = list(TFRecordDataset(tmp_path / "m", schema, 8))
+    assert batch["image_raw"].shape == (5, 784) and batch["image_raw"].dtype == np.float32
+    np.testing.assert_allclose(batch["image_raw"][0], img / 255, rtol=1e-6)
+    assert batch["label"].tolist() == list(range(5))
+
+
+def test_schema_error_names_file_record_and_offset(files, tmp_path):
+    bad = tmp_path / "bad"
+    good = encode_example({"x": 1, "v": np.arange(1)})
+    write_records(bad, [good, good, encode_example({"x": 1.5})])
+    with pytest.raises(SchemaError) as info:
+        list(TFRecordDataset([files[0], str(bad)], SCHEMA, 2))
+    msg = str(info.value)
+    assert str(bad) in msg and "record 2 at byte" in msg and "'x'" in msg and "float" in msg
+
+
+def test_corrupt_file_raises_during_iteration(files, tmp_path):
+    data = bytearray(open(files[0], "rb").read())
+    data[40] ^= 0xFF
+    (tmp_path / "c").write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        list(TFRecordDataset(tmp_path / "c", SCHEMA, 4))
+
+
+def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ds = TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=0.5)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set() and len(ticks) < 10_000:
+            ticks.append(1)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    it = iter(ds)
+    start = time.monotonic()
+    with pytest.raises(SparkgradTimeout, match="waited 0.5 s for the next batch"):
+        next(it)
+    stop.set()
+    t.join(timeout=5)
+    assert 0.4 < time.monotonic() - start < 5
+    assert len(ticks) >= 5  # the other Python thread ran while we waited
+    with open(fifo, "wb"):  # unblock the reader thread: EOF
+        pass
+    it.close()
