@@ -1,35 +1,39 @@
 """Shared fixtures. Spark fixtures start real local Spark (no mocks)."""
 
-import os as _os  # noqa: E402
-import sys as _sys  # noqa: E402
+import os
+import sys
 
-import pytest as _pytest  # noqa: E402
+import pytest
 
 
-@_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def spark():
-    """A real local SparkSession (master local[2], loopback only) for the whole session.
+    """One real local SparkSession shared by every Spark test of the session.
 
-    Reuses a session another fixture already started (and then leaves stopping
-    it to that fixture)."""
-    _pytest.importorskip("pyspark")
+    Barrier stages need a slot per node, so the master is local[4]; the driver
+    and its executors bind 127.0.0.1 only.
+    """
+    pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active
-        return
-    _os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    _os.environ.setdefault("PYSPARK_PYTHON", _sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors need this venv's sparkgrad deps
     session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkgrad-records-tests")
+        SparkSession.builder.master("local[4]")
+        .appName("sparkgrad-tests")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.task.killTimeout", "2s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_context(spark):
+    """The SparkContext of the shared session."""
+    return spark.sparkContext

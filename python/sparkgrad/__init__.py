@@ -21,6 +21,8 @@ from sparkgrad.errors import (
     SparkgradError,
     TruncatedRecordError,
 )
+from sparkgrad import TFCluster, TFNode, local
+from sparkgrad.cluster.roles import InputMode
 
 
 def build_info() -> dict:
@@ -35,6 +37,10 @@ _preload_onednn()
 __all__ = [
     "__version__",
     "build_info",
+    "TFCluster",
+    "TFNode",
+    "InputMode",
+    "local",
     "SparkgradError",
     "RecordError",
     "CorruptRecordError",

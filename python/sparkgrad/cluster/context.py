@@ -1,0 +1,190 @@
+"""The node context (``ctx``) that map_fun receives, and the cluster spec.
+
+``ctx`` carries TensorFlowOnSpark's fields (executor_id, worker_num, job_name,
+task_index, cluster_spec, num_workers, defaultFS, working_dir,
+absolute_path()) plus sparkgrad's own: the node's listening socket (bound
+before registration and kept open), the registered nodes, a stop event set
+when the driver says stop, and a metric() channel to the driver. The cluster
+spec is built from the registration list the driver sends, never guessed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkgrad.cluster.roles import EVALUATOR, ROLE_ORDER, TRAINING_ROLES, InputMode
+from sparkgrad.errors import ClusterError, SparkgradTimeout
+
+logger = logging.getLogger(__name__)
+
+# Schemes of Hadoop-compatible file systems (plus Databricks' and the clouds'):
+# paths that start with one are already absolute and are returned unchanged.
+FS_SCHEMES = (
+    "abfs://",
+    "abfss://",
+    "adl://",
+    "dbfs:/",
+    "file://",
+    "gs://",
+    "hdfs://",
+    "oss://",
+    "s3://",
+    "s3a://",
+    "s3n://",
+    "swift://",
+    "viewfs://",
+    "wasb://",
+    "wasbs://",
+)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One registered node, as the rendezvous reports it."""
+
+    executor_id: int
+    role: str
+    index: int
+    host: str
+    port: int
+    pid: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NodeInfo:
+        return cls(
+            executor_id=int(d["executor_id"]),
+            role=str(d["role"]),
+            index=int(d["index"]),
+            host=str(d["host"]),
+            port=int(d["port"]),
+            pid=int(d["pid"]),
+        )
+
+
+def cluster_spec(nodes: Sequence[NodeInfo]) -> dict[str, list[str]]:
+    """``{"ps": ["host:port"], "worker": [...]}``: addresses by role, each list in task_index order."""
+    spec: dict[str, list[str]] = {}
+    for role in ROLE_ORDER:
+        members = sorted((n for n in nodes if n.role == role), key=lambda n: n.index)
+        if members:
+            spec[role] = [n.address for n in members]
+    return spec
+
+
+def tf_config(spec: dict[str, list[str]], job_name: str, task_index: int) -> str:
+    """The TF_CONFIG JSON of one node.
+
+    The evaluator is left out of "cluster": TensorFlow's estimator and
+    multi-worker strategies reject a cluster that contains it (the evaluator
+    only reads checkpoints); its own TF_CONFIG still names it as the task.
+    """
+    cluster = {role: list(addrs) for role, addrs in spec.items() if role != EVALUATOR}
+    return json.dumps(
+        {"cluster": cluster, "task": {"type": job_name, "index": task_index}, "environment": "cloud"},
+        sort_keys=True,
+    )
+
+
+def hdfs_path(ctx: Any, path: str) -> str:
+    """An absolute, scheme-qualified path for ``path`` (TensorFlowOnSpark's semantics).
+
+    A path with a file-system scheme is returned as is; an absolute path gets
+    ctx.defaultFS prepended; a relative path goes under /user/<user> on
+    hdfs:// and viewfs://, under ctx.working_dir on file://, and directly under
+    defaultFS otherwise.
+    """
+    if path.startswith(FS_SCHEMES):
+        return path
+    default_fs = ctx.defaultFS
+    while default_fs.endswith("/") and not default_fs.endswith("://"):  # "file:///" -> "file://"
+        default_fs = default_fs[:-1]
+    if path.startswith("/"):
+        return default_fs + path
+    if default_fs.startswith(("hdfs://", "viewfs://")):
+        return f"{default_fs}/user/{getpass.getuser()}/{path}"
+    if default_fs.startswith("file://"):
+        return f"{default_fs}/{ctx.working_dir.lstrip('/')}/{path}"
+    logger.warning("relative path %r on file system %r with no known home: placed at its root", path, default_fs)
+    return f"{default_fs}/{path}"
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What map_fun(args, ctx) knows about its node and the cluster."""
+
+    executor_id: int
+    job_name: str
+    task_index: int
+    cluster_spec: dict[str, list[str]]
+    defaultFS: str
+    working_dir: str
+    nodes: tuple[NodeInfo, ...] = ()
+    input_mode: InputMode = InputMode.TENSORFLOW
+    host: str = "127.0.0.1"
+    port: int = 0
+    listener: Any = None  # sparkgrad._core.Listener, bound since before registration
+    secret: bytes = field(default=b"", repr=False)  # authenticates peers of this cluster
+    log_dir: str | None = None
+    mgr: Any = None  # the node's FeedServer on training nodes under InputMode.SPARK (for TFNode.DataFeed)
+    stop_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _metric_sink: Callable[[str, float, int], None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def worker_num(self) -> int:
+        """TensorFlowOnSpark's older name for executor_id."""
+        return self.executor_id
+
+    @property
+    def num_workers(self) -> int:
+        """Number of training nodes: chief, master and workers (not ps, not evaluator)."""
+        return sum(len(self.cluster_spec.get(role, ())) for role in TRAINING_ROLES)
+
+    @property
+    def tf_config(self) -> str:
+        return tf_config(self.cluster_spec, self.job_name, self.task_index)
+
+    @property
+    def is_chief(self) -> bool:
+        """chief:0 / master:0, or worker:0 when the cluster has neither (TensorFlow's convention)."""
+        if self.job_name in ("chief", "master"):
+            return self.task_index == 0
+        has_chief = "chief" in self.cluster_spec or "master" in self.cluster_spec
+        return self.job_name == "worker" and self.task_index == 0 and not has_chief
+
+    def absolute_path(self, path: str) -> str:
+        return hdfs_path(self, path)
+
+    def nodes_of(self, role: str) -> tuple[NodeInfo, ...]:
+        return tuple(sorted((n for n in self.nodes if n.role == role), key=lambda n: n.index))
+
+    def should_stop(self) -> bool:
+        """True once the driver has asked this node to stop (or the driver is gone)."""
+        return self.stop_event.is_set()
+
+    def wait_for_stop(self, timeout: float | None = None) -> None:
+        """Blocks until the driver says stop; raises SparkgradTimeout after ``timeout`` seconds."""
+        if not self.stop_event.wait(timeout):
+            raise SparkgradTimeout(
+                f"{self.job_name}:{self.task_index} waited {timeout} s for the driver's stop message",
+                node=f"{self.job_name}:{self.task_index}",
+            )
+
+    def metric(self, name: str, value: float, step: int = 0) -> None:
+        """Streams one scalar to the driver, which prints it prefixed with role:index."""
+        if self._metric_sink is None:
+            raise ClusterError(f"{self.job_name}:{self.task_index} has no connection to the driver for metrics")
+        self._metric_sink(name, float(value), int(step))

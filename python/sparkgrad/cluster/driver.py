@@ -1,0 +1,408 @@
+"""The driver side of a cluster: rendezvous, live node output, failures, shutdown.
+
+Cluster.start() starts the launchers (a Spark barrier job, local processes,
+or both), waits for every node to register with the RendezvousServer, and
+then keeps a pump thread reading the nodes' events: log lines and metrics are
+printed live prefixed with role:index; "error" and "lost" become a
+NodeFailure, after which every other node is told to stop and the launchers
+cancel what is left (Spark job group, local processes). The main thread sees
+the failure at its next call (run, shutdown, train) and raises it.
+
+Launchers only start and stop nodes; this module decides what an event means.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparkgrad.cluster.context import NodeInfo, cluster_spec
+from sparkgrad.cluster.feed import DEFAULT_INPUT, PartitionFeeder
+from sparkgrad.cluster.roles import SERVING_ROLES, ClusterTemplate, InputMode
+from sparkgrad.errors import (
+    ClusterError,
+    InvalidArgumentError,
+    NodeFailure,
+    RendezvousTimeout,
+    SparkgradError,
+    SparkgradTimeout,
+)
+
+# How long the driver keeps reading events after a launcher reports a failure,
+# so the node's own report (traceback, "lost") wins over the launcher's summary.
+LAUNCHER_FAILURE_GRACE = 3.0
+EVENT_POLL_SECONDS = 0.5
+# Seconds registered-but-idle nodes get to end after a failed formation.
+FORMATION_CANCEL_GRACE = 1.0
+
+
+class Launcher(Protocol):
+    """Starts and stops a set of nodes; knows nothing about the rendezvous."""
+
+    executor_ids: tuple[int, ...]
+
+    def start(self) -> None: ...
+
+    def failure(self) -> str | None:
+        """A failure the launcher saw itself (job failed, process died), or None."""
+
+    def finished(self) -> bool: ...
+
+    def cancel(self, grace: float) -> None:
+        """Gives nodes ``grace`` seconds to end, then ends them; returns when they are gone (bounded)."""
+
+    def join(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` s for every node to end; True if they did."""
+
+    def missing_hint(self) -> str:
+        """Why nodes of this launcher usually fail to register."""
+
+
+def default_output(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+@dataclass(frozen=True)
+class Metric:
+    role: str
+    index: int
+    name: str
+    value: float
+    step: int
+
+
+def new_secret() -> bytes:
+    """A random per-cluster secret for the HMAC handshake (32 bytes)."""
+    return secrets.token_bytes(32)
+
+
+class Cluster:
+    """A running cluster (TensorFlowOnSpark's TFCluster): created by run(), ended by shutdown()."""
+
+    def __init__(
+        self,
+        *,
+        template: ClusterTemplate,
+        server: Any,
+        launchers: Sequence[Launcher],
+        input_mode: InputMode,
+        stop_grace: float,
+        output: Callable[[str], None] = default_output,
+        tensorboard: Any = None,
+        sc: Any = None,
+        secret: bytes = b"",
+    ) -> None:
+        self._sc = sc
+        self._secret = secret
+        self.rows_fed = 0
+        self.template = template
+        self.input_mode = input_mode
+        self.nodes: tuple[NodeInfo, ...] = ()
+        self.cluster_spec: dict[str, list[str]] = {}
+        self.metrics: list[Metric] = []
+        self.results: dict[int, Any] = {}
+        self._server = server
+        self._launchers = tuple(launchers)
+        self._stop_grace = stop_grace
+        self._output = output
+        self._tensorboard = tensorboard
+        self._cond = threading.Condition()
+        self._failure: BaseException | None = None
+        self._finished: set[int] = set()
+        self._closed = threading.Event()
+        self._pump: threading.Thread | None = None
+        self._aborted = threading.Event()  # set once a failure's stop/cancel has completed
+        self._launcher_failed_at: float | None = None
+
+    # -- formation ---------------------------------------------------------
+
+    def start(self, reservation_timeout: float) -> None:
+        """Starts the nodes and waits until all registered; raises on timeout or failure."""
+        try:
+            for launcher in self._launchers:
+                launcher.start()
+            spec = self._await_registration(reservation_timeout)
+        except BaseException as exc:
+            # No map_fun runs yet: drop the registrations at once, then end the tasks.
+            self._broadcast_stop(f"cluster formation failed: {type(exc).__name__}")
+            self._close()
+            for launcher in self._launchers:
+                launcher.cancel(FORMATION_CANCEL_GRACE)
+            raise
+        self.nodes = tuple(NodeInfo.from_dict(d) for d in spec)
+        self.cluster_spec = cluster_spec(self.nodes)
+        self._output(f"sparkgrad: cluster formed: {json.dumps(self.cluster_spec, sort_keys=True)}")
+        self._pump = threading.Thread(target=self._pump_events, name="sparkgrad-events", daemon=True)
+        self._pump.start()
+
+    def _await_registration(self, timeout: float) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._server.wait(max(0.05, min(1.0, left)))
+            except RendezvousTimeout as exc:
+                failure = self._launcher_failure()
+                if failure is not None:
+                    raise ClusterError(f"a node failed before the cluster formed: {failure}") from None
+                if deadline - time.monotonic() <= 0:
+                    raise self._rendezvous_timeout(timeout, str(exc)) from None
+
+    def _rendezvous_timeout(self, timeout: float, detail: str) -> RendezvousTimeout:
+        hints = "; ".join(h for h in (launcher.missing_hint() for launcher in self._launchers) if h)
+        return RendezvousTimeout(
+            f"waited {timeout:g} s for {self.template.num_nodes} nodes to register with the driver "
+            f"({self._server.host}:{self._server.port}): {detail}. Usual reasons: {hints}",
+            timeout=timeout,
+        )
+
+    def _launcher_failure(self) -> str | None:
+        for launcher in self._launchers:
+            failure = launcher.failure()
+            if failure is not None:
+                return failure
+        return None
+
+    # -- events --------------------------------------------------------------
+
+    def _pump_events(self) -> None:
+        while not self._closed.is_set():
+            event = self._server.next_event(EVENT_POLL_SECONDS)
+            if event is not None:
+                self._handle(event)
+            self._check_launchers()
+
+    def _handle(self, ev: dict) -> None:
+        kind, name = ev.get("type"), f"{ev.get('role')}:{ev.get('index')}"
+        if kind == "log":
+            self._output(f"{name} {ev['line']}")
+        elif kind == "metric":
+            metric = Metric(ev["role"], int(ev["index"]), ev["name"], float(ev["value"]), int(ev["step"]))
+            with self._cond:
+                self.metrics.append(metric)
+            self._output(f"{name} metric {metric.name}={metric.value:g} step={metric.step}")
+        elif kind == "done":
+            with self._cond:
+                self._finished.add(int(ev["executor_id"]))
+                self.results[int(ev["executor_id"])] = json.loads(ev.get("result") or "null")
+                self._cond.notify_all()
+        elif kind == "error":
+            tb = ev.get("traceback", "")
+            self._fail(
+                NodeFailure(
+                    f"{name} (executor {ev['executor_id']}) on {ev.get('host')} raised {ev.get('message')}\n"
+                    f"--- traceback on {name} ---\n{tb}",
+                    role=ev["role"],
+                    index=int(ev["index"]),
+                    host=ev.get("host"),
+                    executor_id=int(ev["executor_id"]),
+                    remote_traceback=tb,
+                )
+            )
+        elif kind == "lost":
+            if self._closed.is_set() or self._failure is not None:
+                return
+            self._fail(
+                NodeFailure(
+                    f"{name} (executor {ev['executor_id']}) on {ev.get('host')} was lost: {ev.get('reason')}. "
+                    "Its process died without reporting (killed, out of memory, or its executor was removed)",
+                    role=ev["role"],
+                    index=int(ev["index"]),
+                    host=ev.get("host"),
+                    executor_id=int(ev["executor_id"]),
+                    remote_traceback="",
+                )
+            )
+
+    def _check_launchers(self) -> None:
+        if self._failure is not None:
+            return
+        failure = self._launcher_failure()
+        if failure is None:
+            return
+        now = time.monotonic()
+        if self._launcher_failed_at is None:
+            self._launcher_failed_at = now
+        elif now - self._launcher_failed_at >= LAUNCHER_FAILURE_GRACE:
+            self._fail(ClusterError(f"the cluster's job failed: {failure}"))
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._failure is not None:
+                return
+            self._failure = exc
+            self._cond.notify_all()
+        self._output(f"sparkgrad: {exc}".splitlines()[0] + " - stopping every node")
+        reason = f"another node failed: {str(exc).splitlines()[0]}"
+        threading.Thread(target=self._abort_then_signal, args=(reason,), name="sparkgrad-abort", daemon=True).start()
+
+    def _abort_then_signal(self, reason: str) -> None:
+        try:
+            self._abort(reason)
+        finally:
+            self._aborted.set()
+
+    def _stop_node(self, executor_id: int, reason: str) -> None:
+        self._send_quietly(executor_id, {"type": "stop", "reason": reason})
+
+    def _send_quietly(self, executor_id: int, message: dict) -> None:
+        try:
+            self._server.send(executor_id, message)
+        except ClusterError:
+            pass  # it finished (and disconnected) since we looked: its "done" is on its way
+
+    def _broadcast_stop(self, reason: str) -> None:
+        try:
+            self._server.broadcast({"type": "stop", "reason": reason})
+        except SparkgradError:  # best effort: nodes also stop when the driver's socket closes
+            pass
+
+    def _abort(self, reason: str) -> None:
+        """Tells every node to stop, then has the launchers end whatever is left."""
+        self._broadcast_stop(reason)
+        for launcher in self._launchers:
+            launcher.cancel(self._stop_grace)
+
+    def _raise_failure(self) -> None:
+        if self._failure is None:
+            return
+        self._aborted.wait(self._stop_grace + 40.0)
+        self._close()
+        raise self._failure
+
+    # -- user API --------------------------------------------------------------
+
+    def _training_ids(self) -> set[int]:
+        return {n.executor_id for n in self.template.nodes if n.role not in SERVING_ROLES}
+
+    def _wait_finished(self, ids: set[int], deadline: float | None, what: str) -> None:
+        with self._cond:
+            while not ids <= self._finished and self._failure is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    missing = sorted(self.template.node(i).name for i in ids - self._finished)
+                    raise SparkgradTimeout(f"shutdown: timed out waiting for {what}: {', '.join(missing)}")
+                self._cond.wait(1.0 if left is None else min(left, 1.0))
+
+    def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Waits for the training nodes to finish, then stops ps/evaluator nodes and ends the job.
+
+        ``timeout`` (seconds, -1 for none) bounds the whole call; on expiry the
+        nodes are stopped and SparkgradTimeout is raised. A node failure is
+        raised as NodeFailure once the other nodes are stopped.
+        """
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        try:
+            if self.input_mode == InputMode.SPARK:  # no more data: every input of every worker ends
+                for eid in self._training_ids() - self._finished:
+                    self._send_quietly(eid, {"type": "feed_end", "input": None})
+            self._wait_finished(self._training_ids(), deadline, "training nodes")
+            self._raise_failure()
+            if grace_secs > 0:
+                self._closed.wait(grace_secs)
+            for node in self.template.nodes:
+                if node.is_serving and node.executor_id not in self._finished:
+                    self._stop_node(node.executor_id, "training finished")
+            everyone = {n.executor_id for n in self.template.nodes}
+            self._wait_finished(everyone, deadline, "ps/evaluator nodes to stop")
+            self._raise_failure()
+            for launcher in self._launchers:
+                left = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
+                if not launcher.join(min(left, 30.0)):
+                    launcher.cancel(self._stop_grace)
+            self._raise_failure()
+        except (KeyboardInterrupt, SparkgradTimeout):
+            self._abort(
+                "the driver was interrupted" if sys.exc_info()[0] is KeyboardInterrupt else "shutdown timed out"
+            )
+            self._close()
+            raise
+        self._close()
+
+    def train(self, data_rdd: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> None:
+        """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.
+
+        Returns once every row is queued on its worker and each worker was told
+        that input ``qname`` ended (DataFeed.should_stop() turns true once it
+        has taken the rest). A node failure during feeding is raised as
+        NodeFailure; a failed feeding job as ClusterError.
+        """
+        self._check_feedable("train")
+        training = [n for n in self.nodes if n.role not in SERVING_ROLES]
+        feeder = PartitionFeeder(
+            targets=self._feed_targets(),
+            secret=self._secret,
+            input=qname,
+            timeout=float(feed_timeout),
+        )
+        rdd = data_rdd if num_epochs <= 1 else self._sc.union([data_rdd] * int(num_epochs))
+        from sparkgrad.cluster.spark import SparkJob
+
+        job = SparkJob(self._sc, f"sparkgrad feed of {num_epochs} epoch(s) to {len(training)} nodes")
+        job.start(lambda: rdd.mapPartitionsWithIndex(feeder).sum())
+        try:
+            while not job.wait(EVENT_POLL_SECONDS):
+                if self._failure is not None:
+                    job.cancel()
+                    self._raise_failure()
+        except KeyboardInterrupt:
+            job.cancel()
+            self._abort("the driver was interrupted")
+            self._close()
+            raise
+        if job.error is not None:
+            # a feeding task fails when its worker dies: prefer the node's own report
+            self._closed.wait(LAUNCHER_FAILURE_GRACE) if self._failure is None else None
+            self._raise_failure()
+            raise ClusterError(f"feeding {qname!r} failed: {job.error}")
+        for node in training:
+            self._server.send(node.executor_id, {"type": "feed_end", "input": qname})
+        self.rows_fed = int(job.result or 0)
+
+    def inference(self, data_rdd: Any, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> Any:
+        """InputMode.SPARK: an RDD of map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
+
+        Each partition is fed to one training node, whose map_fun reads it with
+        DataFeed(ctx.mgr, train_mode=False) and answers with batch_results();
+        call shutdown() after using the results to end the nodes' input.
+        """
+        self._check_feedable("inference")
+        feeder = PartitionFeeder(
+            targets=self._feed_targets(),
+            secret=self._secret,
+            input=qname,
+            timeout=float(feed_timeout),
+            want_results=True,
+        )
+        return data_rdd.mapPartitionsWithIndex(feeder, preservesPartitioning=True)
+
+    def _check_feedable(self, what: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise InvalidArgumentError(
+                f"cluster.{what}(rdd) feeds InputMode.SPARK clusters; this one reads its own data"
+            )
+        if self._sc is None:
+            raise InvalidArgumentError(f"cluster.{what}(rdd) needs a cluster started with a SparkContext")
+        self._raise_failure()
+
+    def _feed_targets(self) -> tuple[tuple[str, int], ...]:
+        return tuple((n.host, n.port) for n in self.nodes if n.role not in SERVING_ROLES)
+
+    def tensorboard_url(self) -> str | None:
+        return None if self._tensorboard is None else self._tensorboard.url
+
+    def _close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._pump is not None and self._pump is not threading.current_thread():
+            self._pump.join(EVENT_POLL_SECONDS * 4)
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        self._server.close()

@@ -1,0 +1,310 @@
+"""The node side: what runs in a Spark task (or a local process) for one executor.
+
+run_node() is the one code path of every launcher: it binds the node's
+listening socket first (kept open until the node ends: no bind-close-rebind
+race), registers with the driver's rendezvous through an authenticated
+ControlClient, builds ctx from the spec the driver sends, exports TF_CONFIG,
+forwards the node's log records and stdout/stderr lines to the driver, runs
+map_fun(args, ctx), and reports "done" or the exception with its traceback.
+A watcher thread listens for the driver's "stop" (or the loss of the driver)
+and stops the node; sockets are always closed on the way out.
+
+What it does not do: choose roles (roles.py), talk to Spark's scheduler
+(spark.py), or decide what a failure means for the cluster (driver.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
+from sparkgrad.cluster.roles import TRAINING_ROLES, ClusterTemplate, InputMode
+from sparkgrad.cluster.transport import net
+from sparkgrad.errors import CancelledError, ClusterError, SparkgradError
+
+logger = logging.getLogger(__name__)
+
+MapFun = Callable[[Any, NodeContext], Any]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node needs from the driver; shipped in the task closure."""
+
+    driver_host: str
+    driver_port: int
+    secret: bytes = field(repr=False)
+    template: ClusterTemplate
+    default_fs: str = "file://"
+    working_dir: str = "."
+    input_mode: InputMode = InputMode.TENSORFLOW
+    log_dir: str | None = None
+    register_timeout: float = 600.0  # seconds a node waits for the whole cluster to register
+    stop_grace: float = 5.0  # seconds map_fun gets to return after "stop" before it is interrupted
+    feed_capacity_bytes: int = 256 << 20  # per input, on each training node (InputMode.SPARK)
+    # Test hook: executor ids that never register (they wait register_timeout, then fail).
+    hold_registration: frozenset[int] = frozenset()
+
+
+class NodeStopped(CancelledError):
+    """Raised inside map_fun when it did not return within stop_grace of the driver's stop."""
+
+
+@dataclass
+class _Outcome:
+    status: str  # "done", "error" or "stopped"
+    result: str  # JSON text
+
+
+def _json_result(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return json.dumps(repr(value))
+
+
+class _LineForwarder(io.TextIOBase):
+    """A text stream that keeps writing to ``original`` and sends each complete line to the driver."""
+
+    def __init__(self, send: Callable[[str], None], original: Any) -> None:
+        super().__init__()
+        self._send = send
+        self._original = original
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self._original is not None:
+            self._original.write(text)
+        with self._lock:
+            self._partial += text
+            *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            self._send(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._original is not None:
+            self._original.flush()
+
+    def drain(self) -> None:
+        with self._lock:
+            rest, self._partial = self._partial, ""
+        if rest:
+            self._send(rest)
+
+
+class _ForwardHandler(logging.Handler):
+    """Sends formatted log records to the driver."""
+
+    def __init__(self, send: Callable[[str], None]) -> None:
+        super().__init__()
+        self._send = send
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._send(self.format(record))
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _forward_output(send: Callable[[str], None], echo: bool) -> Iterator[None]:
+    out = _LineForwarder(send, sys.stdout if echo else None)
+    err = _LineForwarder(send, sys.stderr if echo else None)
+    handler = _ForwardHandler(send)
+    saved = sys.stdout, sys.stderr
+    root = logging.getLogger()
+    root.addHandler(handler)
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+        root.removeHandler(handler)
+        out.drain()
+        err.drain()
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
+    """Asks the interpreter to raise exc_type in another thread at its next bytecode."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type))
+
+
+class _StopWatcher:
+    """Listens for the driver's messages while map_fun runs; "stop" (or a lost driver) stops the node."""
+
+    POLL_SECONDS = 0.5  # recv timeout; bounds how long the watcher outlives map_fun
+
+    def __init__(
+        self,
+        client: Any,
+        stop_event: threading.Event,
+        grace: float,
+        name: str,
+        on_message: Callable[[dict], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._on_message = on_message
+        self._on_stop = on_stop
+        self._stop_event = stop_event
+        self._grace = grace
+        self._name = name
+        self._finished = threading.Event()
+        self._target = threading.get_ident()
+        self.reason = ""
+        self._thread = threading.Thread(target=self._run, name=f"sparkgrad-stop-{name}", daemon=True)
+
+    def __enter__(self) -> _StopWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._finished.set()
+        self._thread.join(self.POLL_SECONDS * 4)
+
+    def _run(self) -> None:
+        while not self._finished.is_set():
+            try:
+                msg = self._client.recv(self.POLL_SECONDS)
+            except SparkgradError as exc:
+                msg = {"type": "stop", "reason": f"lost the driver's control connection ({exc})"}
+            if msg is None:
+                continue
+            if msg.get("type") != "stop":
+                if self._on_message is not None:
+                    self._on_message(msg)
+                continue
+            self.reason = str(msg.get("reason", "the driver asked to stop"))
+            logger.info("%s: stopping: %s", self._name, self.reason)
+            self._stop_event.set()
+            if self._on_stop is not None:
+                self._on_stop()
+            if not self._finished.wait(self._grace):
+                _raise_in_thread(self._target, NodeStopped)
+            return
+
+
+def _register(cfg: NodeConfig, executor_id: int, host: str, port: int) -> Any:
+    role = cfg.template.node(executor_id)
+    if executor_id in cfg.hold_registration:
+        threading.Event().wait(cfg.register_timeout)
+        raise ClusterError(f"{role.name} (executor {executor_id}) held back from registering by the test hook")
+    node = {
+        "host": host,
+        "port": port,
+        "role": role.role,
+        "index": role.index,
+        "executor_id": executor_id,
+        "pid": os.getpid(),
+    }
+    return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
+
+
+def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
+    """The driver's feed control messages for this node's FeedServer ("feed_end": an input ended)."""
+    feed = ctx.mgr
+    if feed is None:
+        return None
+
+    def handle(msg: dict) -> None:
+        if msg.get("type") == "feed_end":
+            feed.finish(msg.get("input"))
+
+    return handle
+
+
+def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool) -> _Outcome:
+    name = f"{ctx.job_name}:{ctx.task_index}"
+    with _forward_output(client.log, echo), _env("TF_CONFIG", ctx.tf_config):
+        # On stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError).
+        on_stop = ctx.mgr.close if ctx.mgr is not None else None
+        watcher = _StopWatcher(client, ctx.stop_event, cfg.stop_grace, name, _feed_messages(ctx), on_stop)
+        try:
+            with watcher:
+                value = map_fun(tf_args, ctx)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver, which raises it
+            if ctx.stop_event.is_set():
+                return _Outcome("stopped", json.dumps({"stopped": watcher.reason or str(exc)}))
+            client.error(f"{type(exc).__name__}: {exc}", traceback.format_exc(), ctx.host)
+            return _Outcome("error", json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    return _Outcome("done", _json_result(value))
+
+
+def run_node(cfg: NodeConfig, executor_id: int, host: str, map_fun: MapFun, tf_args: Any, echo: bool = True) -> str:
+    """Runs one node to its end; returns a JSON status ({"executor_id", "status", "result"}).
+
+    ``echo`` keeps the node's output on its own stdout/stderr too (executor
+    logs); local processes share the driver's terminal and do not echo.
+
+    A map_fun exception is reported to the driver (which raises NodeFailure)
+    and returned as status "error"; failures to reach the driver raise.
+    """
+    role = cfg.template.node(executor_id)
+    bind_host = os.environ.get("SPARKGRAD_NODE_BIND", host)
+    listener = net().Listener(bind_host, 0)
+    try:
+        client = _register(cfg, executor_id, host, listener.port)
+        try:
+            nodes = tuple(sorted((NodeInfo.from_dict(d) for d in client.spec), key=lambda n: n.executor_id))
+            feed = None
+            if cfg.input_mode == InputMode.SPARK and role.role in TRAINING_ROLES:
+                feed = net().FeedServer(listener, cfg.secret, capacity_bytes=cfg.feed_capacity_bytes)
+            ctx = NodeContext(
+                executor_id=executor_id,
+                job_name=role.role,
+                task_index=role.index,
+                cluster_spec=cluster_spec(nodes),
+                defaultFS=cfg.default_fs,
+                working_dir=cfg.working_dir,
+                nodes=nodes,
+                input_mode=cfg.input_mode,
+                host=host,
+                port=listener.port,
+                listener=listener,
+                secret=cfg.secret,
+                log_dir=cfg.log_dir,
+                mgr=feed,
+                _metric_sink=client.metric,
+            )
+            try:
+                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo)
+            finally:
+                if feed is not None:
+                    feed.close()
+            if outcome.status != "error":
+                client.done(outcome.result)
+        finally:
+            client.close()
+    finally:
+        listener.close()
+    return json.dumps({"executor_id": executor_id, "status": outcome.status, "result": json.loads(outcome.result)})

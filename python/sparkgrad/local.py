@@ -1,0 +1,22 @@
+"""Run a cluster's map_fun as processes on this machine, without Spark.
+
+``sparkgrad.local.run(map_fun, args, num_executors, num_ps)`` is
+``TFCluster.run(None, ...)``: the step between a single process and Spark in
+TensorFlowOnSpark's conversion guide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkgrad.cluster.driver import Cluster
+from sparkgrad.cluster.launch import run as _run
+from sparkgrad.cluster.node import MapFun
+
+
+def run(map_fun: MapFun, tf_args: Any, num_executors: int, num_ps: int = 0, **kwargs: Any) -> Cluster:
+    """Starts map_fun on num_executors local processes; keyword arguments as TFCluster.run."""
+    return _run(None, map_fun, tf_args, num_executors, num_ps, **kwargs)
+
+
+__all__ = ["run"]

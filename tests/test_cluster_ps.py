@@ -1,0 +1,103 @@
+"""Training with parameter servers through the cluster layer (local processes and Spark)."""
+
+from __future__ import annotations
+
+import cluster_nodes
+import numpy as np
+import pytest
+import sparkgrad
+from sparkgrad import TFCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def test_softmax_model_gradient_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    params = rng.normal(0, 0.1, cluster_nodes.NUM_PARAMS).astype(np.float64)
+    x, y = cluster_nodes._blobs(rng, 16)
+    _, grads = cluster_nodes.softmax_loss_grads(params, x.astype(np.float64), y)
+    for i in (0, 7, cluster_nodes.NUM_PARAMS - 1):
+        e = np.zeros_like(params)
+        e[i] = 1e-5
+        up, _ = cluster_nodes.softmax_loss_grads(params + e, x.astype(np.float64), y)
+        down, _ = cluster_nodes.softmax_loss_grads(params - e, x.astype(np.float64), y)
+        assert abs((up - down) / 2e-5 - grads[i]) < 1e-3
+
+
+def test_sync_training_with_two_ps_steps_once_per_round_and_learns(tmp_path):
+    args = {"mode": "sync", "steps": 40}
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=_quiet)
+    cluster.shutdown(timeout=90)
+    workers = [cluster.results[i] for i in (2, 3)]
+    assert sorted(w["worker_id"] for w in workers) == [0, 1]
+    for w in workers:
+        # synchronous: both workers see the same global step sequence 1..steps
+        assert w["steps"] == list(range(1, 41))
+        assert w["accuracy"] > 0.9
+    assert cluster.results[0] == cluster.results[1] == "done"  # both ps exit once the workers are done
+    assert any(m.name == "loss" for m in cluster.metrics)
+
+
+def test_async_training_advances_one_step_per_push(tmp_path):
+    args = {"mode": "async", "steps": 30}
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 3, 1, output=_quiet)
+    cluster.shutdown(timeout=90)
+    steps = sorted(cluster.results[1]["steps"] + cluster.results[2]["steps"])
+    assert steps == list(range(1, 61))  # every push is applied on its own
+    assert min(cluster.results[i]["accuracy"] for i in (1, 2)) > 0.9
+
+
+@pytest.mark.spark
+def test_sync_training_on_spark(spark_context):
+    import pathlib
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    args = {"mode": "sync", "steps": 30}
+    cluster = TFCluster.run(spark_context, cluster_nodes.train_softmax, args, 3, 1, output=_quiet)
+    cluster.shutdown(timeout=90)
+    assert cluster.results[0] == "done"
+    assert all(cluster.results[i]["steps"] == list(range(1, 31)) for i in (1, 2))
+    assert min(cluster.results[i]["accuracy"] for i in (1, 2)) > 0.9
+
+
+@pytest.mark.spark
+def test_spark_input_mode_feeds_every_row_of_every_epoch_and_trains(spark_context):
+    import pathlib
+
+    from sparkgrad import InputMode
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
+    rows = [(x[i].tolist(), int(y[i])) for i in range(len(y))]
+    rdd = spark_context.parallelize(rows, 5)  # 3 epochs x 5 partitions over 2 workers: 8 and 7, uneven on purpose
+    cluster = TFCluster.run(
+        spark_context, cluster_nodes.train_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+    )
+    cluster.train(rdd, num_epochs=3, feed_timeout=60)
+    cluster.shutdown(timeout=90)
+    workers = [cluster.results[i] for i in (1, 2)]
+    assert cluster.rows_fed == 3000
+    assert sorted(w["rows"] for w in workers) == [1400, 1600]
+    assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
+    assert min(w["accuracy"] for w in workers) > 0.9
+
+
+@pytest.mark.spark
+def test_spark_inference_returns_results_in_input_order(spark_context):
+    import pathlib
+
+    from sparkgrad import InputMode
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    rows = [(i, [float(i), 1.0]) for i in range(500)]
+    cluster = TFCluster.run(
+        spark_context, cluster_nodes.infer_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+    )
+    results = cluster.inference(spark_context.parallelize(rows, 4), feed_timeout=60).collect()
+    cluster.shutdown(timeout=90)
+    assert results == [3 * i + 1 for i in range(500)]
+    assert cluster.results[1]["rows"] + cluster.results[2]["rows"] == 500

@@ -1,0 +1,172 @@
+"""TFCluster.run on a real local Spark (local[4], barrier mode): formation, ctx, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import time
+
+import cluster_nodes
+import pytest
+from sparkgrad import TFCluster
+from sparkgrad.errors import ClusterError, InsufficientSlotsError, NodeFailure, RendezvousTimeout
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def sc(spark_context):
+    spark_context.addPyFile(str(HERE / "cluster_nodes.py"))
+    return spark_context
+
+
+class Lines:
+    """Collects the driver's printed node lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
+    out = Lines()
+    started = time.monotonic()
+    cluster = TFCluster.run(
+        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=out, reservation_timeout=60
+    )
+    formed = time.monotonic() - started
+    cluster.shutdown(timeout=60)
+    ctxs = {i: json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)}
+    spec = ctxs[0]["cluster_spec"]
+    assert set(spec) == {"ps", "worker"} and len(spec["ps"]) == 1 and len(spec["worker"]) == 2
+    assert spec == cluster.cluster_spec
+    assert [(c["job_name"], c["task_index"]) for c in ctxs.values()] == [("ps", 0), ("worker", 0), ("worker", 1)]
+    for i, c in ctxs.items():
+        assert c["executor_id"] == c["worker_num"] == i
+        assert c["num_workers"] == 2
+        assert c["defaultFS"].startswith("file://")
+        assert c["tf_config"]["cluster"] == spec
+        assert c["tf_config"]["task"] == {"type": c["job_name"], "index": c["task_index"]}
+        # the port in the spec is the node's own listening socket, bound before registration
+        assert spec[c["job_name"]][c["task_index"]] == f"127.0.0.1:{c['listener_port']}"
+        assert _port_closed(c["listener_port"])
+    assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
+    assert any(line.startswith("worker:1 ") and "stdout line from worker:1" in line for line in out.lines)
+    assert any(line.startswith("ps:0 ") and "node ps:0 up on" in line for line in out.lines)
+    assert sorted((m.role, m.index, m.name, m.value) for m in cluster.metrics) == [
+        ("worker", 0, "loss", 1.0),
+        ("worker", 1, "loss", 0.5),
+    ]
+    assert formed < 30
+
+
+def test_driver_ps_nodes_run_the_ps_on_the_driver(sc, tmp_path):
+    cluster = TFCluster.run(
+        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=Lines()
+    )
+    cluster.shutdown(timeout=60)
+    ctxs = [json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)]
+    assert ctxs[0]["job_name"] == "ps" and ctxs[0]["parent_pid"] == os.getpid()  # a process of the driver
+    assert all(c["parent_pid"] != os.getpid() for c in ctxs[1:])  # Spark's Python workers
+    assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
+
+
+def test_exception_in_map_fun_raises_node_failure_with_remote_traceback(sc, tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:1"}
+    cluster = TFCluster.run(sc, cluster_nodes.raise_on_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    exc = info.value
+    assert (exc.role, exc.index, exc.host, exc.executor_id) == ("worker", 1, "127.0.0.1", 2)
+    assert "ValueError: boom from worker:1" in str(exc)
+    assert "raise_on_target" in exc.remote_traceback
+    # the other nodes were told to stop and ended
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-1.json"]
+
+
+def test_sigkill_of_a_worker_raises_node_failure_and_stops_the_rest(sc, tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:0"}
+    cluster = TFCluster.run(sc, cluster_nodes.kill_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    started = time.monotonic()
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert time.monotonic() - started < 30
+    assert (info.value.role, info.value.index) == ("worker", 0)
+    assert "lost" in str(info.value)
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-2.json"]
+    for marker in tmp_path.glob("started-*.json"):
+        assert _port_closed(json.loads(marker.read_text())["port"])
+    assert all(launcher.finished() for launcher in cluster._launchers)
+
+
+def test_sigkill_of_the_ps_raises_node_failure(sc, tmp_path):
+    args = {"dir": str(tmp_path), "target": "ps:0"}
+    cluster = TFCluster.run(sc, cluster_nodes.kill_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert (info.value.role, info.value.index) == ("ps", 0)
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-1.json", "stopped-2.json"]
+    assert all(launcher.finished() for launcher in cluster._launchers)
+
+
+def test_node_that_ignores_stop_is_interrupted(sc, tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:1"}
+    # worker:1 raises; worker:0 spins without looking at should_stop() and must still end
+    cluster = TFCluster.run(
+        sc, cluster_nodes.raise_on_target, args, 2, 0, output=Lines(), reservation_timeout=60, stop_grace=1.0
+    )
+    with pytest.raises(NodeFailure):
+        cluster.shutdown(timeout=60)
+    cluster = TFCluster.run(
+        sc, cluster_nodes.busy_until_interrupted, args, 2, 0, output=Lines(), reservation_timeout=60, stop_grace=1.0
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        cluster.shutdown(timeout=2)
+    assert all(launcher.finished() for launcher in cluster._launchers)
+    assert time.monotonic() - started < 30
+
+
+def test_more_nodes_than_slots_fails_fast(sc, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(InsufficientSlotsError, match=r"needs 5 task slots \(5 nodes.* Spark has 4"):
+        TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 5, 1, output=Lines())
+    assert time.monotonic() - started < 5
+
+
+def test_dynamic_allocation_is_refused_with_the_reason(sc, tmp_path):
+    sc._conf.set("spark.dynamicAllocation.enabled", "true")
+    try:
+        with pytest.raises(ClusterError, match="barrier stage"):
+            TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, output=Lines())
+    finally:
+        sc._conf.set("spark.dynamicAllocation.enabled", "false")
+
+
+def test_reservation_timeout_names_the_missing_node(sc, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "2")
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout) as info:
+        TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=Lines(), reservation_timeout=4)
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "missing" in message and "2" in message
+    assert "slots" in message and "firewall" in message
+    # the cluster's job is gone: a new cluster gets every slot at once
+    monkeypatch.delenv("SPARKGRAD_TEST_HOLD_REGISTRATION")
+    cluster = TFCluster.run(
+        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 4, 1, output=Lines(), reservation_timeout=60
+    )
+    cluster.shutdown(timeout=60)

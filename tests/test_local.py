@@ -1,0 +1,103 @@
+"""The local launcher (sparkgrad.local.run / TFCluster.run(None, ...)): same node path, same failures."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import threading
+import time
+
+import cluster_nodes
+import pytest
+import sparkgrad
+from sparkgrad import TFCluster
+from sparkgrad.errors import NodeFailure, RendezvousTimeout
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids(cluster) -> list[int]:
+    return [n.pid for n in cluster.nodes]
+
+
+def _assert_all_gone(cluster) -> None:
+    assert cluster.nodes, "the cluster never formed"
+    assert not [pid for pid in _pids(cluster) if _alive(pid)]
+
+
+def test_local_run_gives_each_process_its_role_and_the_spec(tmp_path):
+    lines: list[str] = []
+    cluster = sparkgrad.local.run(cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 4, 1, output=lines.append)
+    cluster.shutdown(timeout=60)
+    ctxs = [json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(4)]
+    assert [(c["job_name"], c["task_index"]) for c in ctxs] == [("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
+    assert len({c["pid"] for c in ctxs} | {os.getpid()}) == 5  # one process per node, none is the driver
+    spec = cluster.cluster_spec
+    assert all(c["cluster_spec"] == spec and c["tf_config"]["cluster"] == spec for c in ctxs)
+    assert all(addr.startswith("127.0.0.1:") for addrs in spec.values() for addr in addrs)
+    assert ctxs[0]["defaultFS"] == "file://" and ctxs[0]["working_dir"] == os.getcwd()
+    assert cluster.results[0] == "ps stopped" and cluster.results[3] == {"task_index": 2}
+    assert "worker:2 stdout line from worker:2" in lines
+    _assert_all_gone(cluster)
+
+
+def test_tfcluster_run_without_spark_is_the_local_launcher(tmp_path):
+    cluster = TFCluster.run(
+        None, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, master_node="chief", output=_quiet
+    )
+    cluster.shutdown(timeout=60)
+    assert cluster.cluster_spec.keys() == {"chief", "worker"}
+    assert json.loads((tmp_path / "ctx-0.json").read_text())["tf_config"]["task"] == {"type": "chief", "index": 0}
+
+
+def test_local_exception_raises_node_failure(tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:0"}
+    cluster = sparkgrad.local.run(cluster_nodes.raise_on_target, args, 3, 1, output=_quiet)
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert (info.value.role, info.value.index, info.value.host) == ("worker", 0, "127.0.0.1")
+    assert "ValueError: boom from worker:0" in info.value.remote_traceback
+    _assert_all_gone(cluster)
+
+
+@pytest.mark.parametrize("target", ["worker:1", "ps:0"])
+def test_local_sigkill_raises_node_failure_and_ends_every_process(tmp_path, target):
+    args = {"dir": str(tmp_path), "target": target}
+    cluster = sparkgrad.local.run(cluster_nodes.kill_target, args, 3, 1, output=_quiet)
+    started = time.monotonic()
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert time.monotonic() - started < 20
+    assert f"{info.value.role}:{info.value.index}" == target
+    assert len(list(tmp_path.glob("stopped-*.json"))) == 2
+    _assert_all_gone(cluster)
+
+
+def test_driver_interrupt_stops_every_node(tmp_path):
+    args = {"dir": str(tmp_path), "target": "none"}
+    cluster = sparkgrad.local.run(cluster_nodes.busy_until_interrupted, args, 2, 0, output=_quiet, stop_grace=1.0)
+    timer = threading.Timer(0.5, _thread.interrupt_main)  # what a notebook's interrupt button does
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.shutdown(timeout=60)
+    timer.join()
+    _assert_all_gone(cluster)
+
+
+def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "1")
+    with pytest.raises(RendezvousTimeout, match=r"missing.*1"):
+        sparkgrad.local.run(cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, output=_quiet, reservation_timeout=2)
