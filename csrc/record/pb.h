@@ -54,13 +54,22 @@ static inline int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgEr
 
 static inline int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err)
 {
-    if (r->p < r->end && *r->p < 0x80 && (size_t)*r->p <= (size_t)(r->end - r->p - 1)) {
-        *n = *r->p++;
-        *data = r->p;
-        r->p += *n;
-        return 0;
+    size_t left = (size_t)(r->end - r->p), len, used;
+    if (left >= 1 && r->p[0] < 0x80) {
+        len = r->p[0];
+        used = 1;
+    } else if (left >= 2 && r->p[1] < 0x80) { /* 128 .. 16383 bytes */
+        len = (size_t)(r->p[0] & 0x7f) | ((size_t)r->p[1] << 7);
+        used = 2;
+    } else {
+        return pb_read_len_slow(r, data, n, err);
     }
-    return pb_read_len_slow(r, data, n, err);
+    if (len > left - used)
+        return pb_read_len_slow(r, data, n, err); /* reports the error */
+    *n = len;
+    *data = r->p + used;
+    r->p += used + len;
+    return 0;
 }
 
 /* Fast inline varint for data already validated (no bounds checks beyond end). */
