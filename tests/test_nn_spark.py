@@ -11,7 +11,6 @@ pytestmark = pytest.mark.spark
 
 def _train_in_task(_):
     import numpy as np
-
     from sparkgrad.nn import SGD, Dense, Sequential, get_num_threads
     from sparkgrad.nn.threads import spark_task_cpus
 
