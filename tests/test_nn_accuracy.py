@@ -65,6 +65,7 @@ def test_model_a_reaches_087_on_fashion_mnist_in_5_epochs():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 180k CNN samples: 3-5 minutes on this shared 2-core machine
 def test_model_b_keras_cnn_learns_fashion_mnist_in_3_epochs():
     """The HorovodRunner recipe as specified (Adadelta lr 0.1, rho 0.95, eps 1e-7,
     batch 128, 3 epochs). Issue 4 asks for 0.90; this recipe ends near 0.85 here and

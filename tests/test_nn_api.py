@@ -300,3 +300,17 @@ def test_fit_on_a_spark_executor_uses_spark_task_cpus(monkeypatch):
         assert get_num_threads() == 1
     finally:
         set_num_threads(old)
+
+
+def test_dropout_is_identity_in_inference_and_random_in_training():
+    x, y = toy(64)
+    with_drop = Sequential([Dense(32, activation="relu", input_shape=(20,)), Dropout(0.5), Dense(4)], seed=3)
+    plain = Sequential([Dense(32, activation="relu", input_shape=(20,)), Dense(4)], seed=3)
+    plain.set_weights(with_drop.get_weights())
+    np.testing.assert_array_equal(with_drop.predict(x), plain.predict(x))
+    for m in (with_drop, plain):
+        m.compile(optimizer=SGD(0.1), loss="sparse_categorical_crossentropy")
+    a = with_drop.compute_gradients(x, y)[0]
+    b = with_drop.compute_gradients(x, y)[0]
+    assert a != b  # a fresh mask each training step
+    assert plain.compute_gradients(x, y)[0] == plain.compute_gradients(x, y)[0]
