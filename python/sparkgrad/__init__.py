@@ -5,8 +5,10 @@ runs the cluster transport; this package is its Python face, shaped like
 TensorFlowOnSpark (``TFCluster``, ``TFNode``, ``ctx``, ``DataFeed``).
 """
 
+from sparkgrad import TFCluster, TFNode, local
 from sparkgrad._native import preload_onednn as _preload_onednn
 from sparkgrad._version import __version__
+from sparkgrad.cluster.roles import InputMode
 from sparkgrad.errors import (
     AuthError,
     ClusterError,
@@ -21,8 +23,6 @@ from sparkgrad.errors import (
     SparkgradError,
     TruncatedRecordError,
 )
-from sparkgrad import TFCluster, TFNode, local
-from sparkgrad.cluster.roles import InputMode
 
 
 def build_info() -> dict:

@@ -146,10 +146,8 @@ def map_fun(args: Args, ctx) -> dict:
         elapsed = time.monotonic() - started
         if not chief:
             return {"rank": rank, "samples": samples, "seconds": elapsed}
-        # As with TensorFlow's asynchronous training, the chief's final state
-        # holds every update pushed so far; a slower worker may still push a
-        # few more steps after this pull.
-        step = ps.pull(model.params)
+        # The chief's last checkpoint and evaluation see every worker's updates.
+        step = ps.wait_for_workers(model.params)
     model.step = step
     os.makedirs(args.model_dir, exist_ok=True)
     model.save(_checkpoint(args.model_dir))
