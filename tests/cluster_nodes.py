@@ -199,3 +199,12 @@ def infer_from_feed(args, ctx):
         rows += len(cols["0"])
         feed.batch_results(cols["0"] * 3 + 1 + 0 * np.asarray(cols["1"]).sum(axis=1).astype(np.int64))
     return {"rows": rows}
+
+
+def exit_with(args, ctx):
+    """map_fun that ends with sys.exit(code) on the target node (TensorFlowOnSpark users do this)."""
+    import sys
+
+    if _name(ctx) == args["target"]:
+        sys.exit(args["code"])
+    return "returned"

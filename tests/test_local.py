@@ -101,3 +101,29 @@ def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch)
     monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "1")
     with pytest.raises(RendezvousTimeout, match=r"missing.*1"):
         sparkgrad.local.run(cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, output=_quiet, reservation_timeout=2)
+
+
+def test_tensorboard_serves_the_log_dir_until_shutdown(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
+    import urllib.request
+
+    cluster = sparkgrad.local.run(
+        cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 1, 0, tensorboard=True, log_dir=str(tmp_path), output=_quiet
+    )
+    url = cluster.tensorboard_url()
+    assert url and url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(url + "/data/logdir", timeout=30) as resp:
+        assert str(tmp_path) in resp.read().decode()
+    cluster.shutdown(timeout=60)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
+
+
+def test_sys_exit_zero_is_success_and_nonzero_a_failure(tmp_path):
+    cluster = sparkgrad.local.run(cluster_nodes.exit_with, {"target": "worker:0", "code": 0}, 2, 0, output=_quiet)
+    cluster.shutdown(timeout=60)
+    assert cluster.results == {0: None, 1: "returned"}
+    cluster = sparkgrad.local.run(cluster_nodes.exit_with, {"target": "worker:1", "code": 3}, 2, 0, output=_quiet)
+    with pytest.raises(NodeFailure, match="exited with code 3") as info:
+        cluster.shutdown(timeout=60)
+    assert (info.value.role, info.value.index) == ("worker", 1)

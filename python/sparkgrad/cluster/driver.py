@@ -173,10 +173,15 @@ class Cluster:
 
     def _pump_events(self) -> None:
         while not self._closed.is_set():
-            event = self._server.next_event(EVENT_POLL_SECONDS)
-            if event is not None:
-                self._handle(event)
-            self._check_launchers()
+            try:
+                event = self._server.next_event(EVENT_POLL_SECONDS)
+                if event is not None:
+                    self._handle(event)
+                self._check_launchers()
+            except Exception as exc:  # noqa: BLE001 - a dead event loop would leave shutdown() waiting blind
+                if not self._closed.is_set():
+                    self._fail(ClusterError(f"the driver's event loop failed: {type(exc).__name__}: {exc}"))
+                return
 
     def _handle(self, ev: dict) -> None:
         kind, name = ev.get("type"), f"{ev.get('role')}:{ev.get('index')}"
@@ -394,7 +399,22 @@ class Cluster:
     def _feed_targets(self) -> tuple[tuple[str, int], ...]:
         return tuple((n.host, n.port) for n in self.nodes if n.role not in SERVING_ROLES)
 
+    def start_tensorboard(self, log_dir: str, host: str) -> None:
+        """Serves log_dir with TensorBoard on the driver if it is installed (else says so)."""
+        from sparkgrad.cluster import tensorboard
+
+        if not tensorboard.installed():
+            self._output(f"sparkgrad: tensorboard is not installed; event files go to {log_dir}")
+            return
+        try:
+            self._tensorboard = tensorboard.TensorBoard(log_dir, host)
+        except ClusterError as exc:
+            self._output(f"sparkgrad: {exc}")
+            return
+        self._output(f"sparkgrad: TensorBoard at {self._tensorboard.url} (log_dir {log_dir})")
+
     def tensorboard_url(self) -> str | None:
+        """The URL of the TensorBoard started by tensorboard=True, or None."""
         return None if self._tensorboard is None else self._tensorboard.url
 
     def _close(self) -> None:

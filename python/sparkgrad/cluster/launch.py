@@ -87,6 +87,8 @@ def run(
         check_spark(sc, len(spark_ids), slots_timeout, feed_slots)
         host, bind = driver_address(sc)
 
+    if tensorboard and log_dir is None:  # TensorFlowOnSpark's default: a fixed path under the working directory
+        log_dir = os.path.join(os.getcwd(), "tensorboard")
     secret = new_secret()
     server = net().RendezvousServer(secret, num_executors, bind, 0)
     try:
@@ -125,4 +127,6 @@ def run(
         secret=secret,
     )
     cluster.start(float(reservation_timeout))
+    if tensorboard:
+        cluster.start_tensorboard(cfg.log_dir or "", host)
     return cluster

@@ -252,6 +252,11 @@ def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun
         try:
             with watcher:
                 value = map_fun(tf_args, ctx)
+        except SystemExit as exc:  # map_fun ended its "process": success if the code says so
+            if exc.code in (None, 0):
+                return _Outcome("done", "null")
+            client.error(f"SystemExit: map_fun exited with code {exc.code!r}", traceback.format_exc(), ctx.host)
+            return _Outcome("error", json.dumps({"error": f"SystemExit({exc.code!r})"}))
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, which raises it
             if ctx.stop_event.is_set():
                 return _Outcome("stopped", json.dumps({"stopped": watcher.reason or str(exc)}))
