@@ -9,7 +9,8 @@ pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.spark
 
 
-def test_fit_in_a_spark_task_uses_spark_task_cpus():
+def test_fit_in_a_spark_task_uses_spark_task_cpus(spark_context):
+    """The shared session runs with the default spark.task.cpus = 1."""
     # defined here so that cloudpickle ships it by value (the executor cannot import tests/)
     def _train_in_task(_):
         import numpy as np
@@ -22,18 +23,6 @@ def test_fit_in_a_spark_task_uses_spark_task_cpus():
         h = m.fit(x, (x[:, 0] > 0).astype(np.int64), batch_size=16, epochs=2, verbose=0)
         return [(spark_task_cpus(), get_num_threads(), len(h.history["loss"]))]
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkgrad-nn-threads")
-        .config("spark.task.cpus", "1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.executorEnv.OMP_NUM_THREADS", "")
-        .getOrCreate()
-    )
-    try:
-        out = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_train_in_task).collect()
-    finally:
-        spark.stop()
+    assert spark_context.getConf().get("spark.task.cpus", "1") == "1"
+    out = spark_context.parallelize(range(2), 2).mapPartitions(_train_in_task).collect()
     assert out == [(1, 1, 2), (1, 1, 2)]
