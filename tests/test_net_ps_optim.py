@@ -214,3 +214,21 @@ def test_global_norm_clipping_on_a_single_ps_matches_local():
         optimizers.SGD(0.1, momentum=0.9, global_clipnorm=0.5), cl.init, [grads_for(0, t) * 10 for t in range(4)]
     )
     np.testing.assert_allclose(p, want, rtol=0, atol=1e-6)
+
+
+def test_async_applies_each_workers_gradient_individually():
+    """Two workers in async mode, pushing in a known order: the ps steps Adam once per push."""
+    cl = Cluster(TOTAL, 2, 2, "async", optimizer=optimizers.Adam(0.02))
+    try:
+        c0, c1 = cl.client(0), cl.client(1)
+        order = [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2)]
+        p = np.empty(TOTAL, np.float32)
+        for n, (w, t) in enumerate(order, 1):
+            assert (c0 if w == 0 else c1).push_pull(grads_for(w, t), p) == n
+        c0.done()
+        c1.done()
+        assert cl.join() == ["done", "done"]
+    finally:
+        cl.close()
+    want = local_reference(optimizers.Adam(0.02), cl.init, [grads_for(w, t) for w, t in order])
+    np.testing.assert_allclose(p, want, rtol=0, atol=1e-6)
