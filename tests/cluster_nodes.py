@@ -208,3 +208,11 @@ def exit_with(args, ctx):
     if _name(ctx) == args["target"]:
         sys.exit(args["code"])
     return "returned"
+
+
+def freeze_target(args, ctx):
+    """The target node stops its own process (SIGSTOP: alive, but silent); the others wait for stop."""
+    _mark(args, ctx, "started")
+    if _name(ctx) == args["target"]:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    _wait_then_mark(args, ctx)
