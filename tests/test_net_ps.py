@@ -17,7 +17,9 @@ pytestmark = pytest.mark.timeout(60)
 class Cluster:
     """num_ps shards serving in background threads on loopback."""
 
-    def __init__(self, total: int, num_ps: int, num_workers: int, mode: str, lr: float = 0.1, init=True):
+    def __init__(
+        self, total: int, num_ps: int, num_workers: int, mode: str, lr: float = 0.1, init=True, optimizer=None
+    ):
         self.secret = os.urandom(32)
         self.total = total
         self.init = np.linspace(-1, 1, total, dtype=np.float32)
@@ -26,8 +28,9 @@ class Cluster:
         for i, lis in enumerate(self.listeners):
             off, cnt = _core.ps_shard_range(total, num_ps, i)
             params = self.init[off : off + cnt].copy() if init else None
+            how = {"lr": lr} if optimizer is None else {"optimizer": optimizer}
             self.servers.append(
-                _core.PsServer(lis, self.secret, off, cnt, total, num_workers, mode=mode, lr=lr, params=params)
+                _core.PsServer(lis, self.secret, off, cnt, total, num_workers, mode=mode, params=params, **how)
             )
         self.results: list[str | BaseException] = [None] * num_ps
         self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(num_ps)]
@@ -237,9 +240,11 @@ def test_state_for_checkpoints_and_init_by_the_first_worker():
         assert c1.pull(got) == 0
         np.testing.assert_array_equal(got, params)
         c0.set_state(params * 2, 41)
-        state, step = cl.servers[1].get_state()
+        state, step, opt = cl.servers[1].get_state()
         off, cnt = _core.ps_shard_range(total, 2, 1)
-        assert step == 41 and np.array_equal(state, params[off : off + cnt] * 2)
+        assert step == 41 and np.array_equal(state, params[off : off + cnt] * 2) and opt is None
+        whole, step, opts = c1.get_state()
+        assert step == 41 and np.array_equal(whole, params * 2) and opts == [None, None]
         cl.servers[0].set_state(np.full(cl.servers[0].shard[1], 7, dtype=np.float32), 50)
         assert c1.pull(got) == 50 and got[0] == 7
     finally:

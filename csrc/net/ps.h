@@ -11,7 +11,11 @@
  *   PUSH       count floats (gradients)              -> a=step after apply
  *   PUSH_PULL  count floats (gradients)              -> a=step, count floats (params after apply)
  *   INIT       count floats                          -> a=step b=1 if this call initialized
- *   SET_STATE  a=step, count floats                  -> a=step
+ *   SET_STATE  a=step b=optimizer step c=k d=has_optimizer_state,
+ *              count + k floats (params, then the optimizer state;
+ *              d = 0 leaves the optimizer as it is)  -> a=step
+ *   GET_STATE  -                                     -> a=step b=optimizer step c=k
+ *                                                       d=has_optimizer, count + k floats
  *   DONE       -                                     -> a=step
  *   any        -> ERROR a=status code (int64), data = message text
  * Floats travel in host order: sparkgrad supports little-endian hosts only.
@@ -21,6 +25,14 @@
  * average, bumps the step and only then answers those pushes; a worker that
  * says DONE stops being waited for, one that disconnects without DONE breaks
  * the step for everyone (SG_ENODE naming it) instead of hanging them.
+ *
+ * Optimizer state lives on the ps: a shard configured with an Optimizer
+ * (nn/nn_optim.h, created for `count` values) applies every gradient (async)
+ * or every step's average (sync) with it, under the shard lock, and its state
+ * and step travel with the parameters in GET_STATE / SET_STATE. Clipping by
+ * global norm needs the norm of the whole gradient, which one shard of several
+ * cannot see: ps_server_new refuses it unless the shard holds every
+ * parameter (num_ps = 1).
  */
 #ifndef NET_PS_H
 #define NET_PS_H
@@ -29,6 +41,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "nn/nn_optim.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the parameter-server wire format sends float32 in host order: little-endian hosts only"
@@ -42,6 +55,7 @@ typedef enum PsOp {
     PS_OP_INIT = 5,
     PS_OP_SET_STATE = 6,
     PS_OP_DONE = 7,
+    PS_OP_GET_STATE = 8,
     PS_OP_REPLY = 100,
     PS_OP_ERROR = 101,
 } PsOp;
@@ -74,9 +88,13 @@ typedef struct PsServerConfig {
     uint64_t total, offset, count; /* this shard: [offset, offset + count) of total */
     int num_workers;
     PsMode mode;
-    PsApplyFn apply; /* NULL: ps_apply_sgd with lr */
+    PsApplyFn apply; /* NULL: optim if set, else ps_apply_sgd with lr */
     void *apply_ctx;
     float lr;
+    /* Optional optimizer for `count` values (not owned: keep it alive until
+     * ps_server_free; the server alone steps it, under the shard lock). Its
+     * state and step are part of get_state/set_state. */
+    Optimizer *optim;
     const float *init; /* count initial values, or NULL: wait for a worker's INIT */
     uint64_t step;
 } PsServerConfig;
@@ -94,9 +112,28 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err);
 /* Thread-safe, idempotent: makes serve return promptly. */
 void ps_server_stop(PsServer *s);
 
-/* Copies the shard into params (count values) and its step. */
-int ps_server_get_state(PsServer *s, float *params, uint64_t *step, SgError *err);
-int ps_server_set_state(PsServer *s, const float *params, uint64_t step, SgError *err);
+/* One shard's optimizer state: its step and len floats (state may be NULL
+ * when len is 0, e.g. SGD without momentum, whose step still matters for
+ * learning-rate schedules). */
+typedef struct PsOptState {
+    int64_t step;
+    float *state;
+    size_t len;
+    int present; /* client side: this shard has an optimizer / restore it */
+} PsOptState;
+
+/* Floats of optimizer state (0 without an optimizer or with a stateless one). */
+size_t ps_server_optim_state_size(const PsServer *s);
+
+/* Copies the shard into params (count values), its step and, if opt_state is
+ * not NULL, the optimizer's state (ps_server_optim_state_size floats) and
+ * step (*opt_step; 0 without an optimizer), all under one lock. */
+int ps_server_get_state(PsServer *s, float *params, uint64_t *step, float *opt_state,
+                        int64_t *opt_step, SgError *err);
+/* Overwrites params and step; opt (len must equal ps_server_optim_state_size)
+ * restores the optimizer, or NULL leaves it as it is. */
+int ps_server_set_state(PsServer *s, const float *params, uint64_t step, const PsOptState *opt,
+                        SgError *err);
 uint64_t ps_server_step(PsServer *s);
 void ps_server_free(PsServer *s);
 
@@ -117,7 +154,18 @@ int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t
                         SgError *err);
 /* Sets the parameters if no worker did yet; *initialized = 1 if this call did. */
 int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err);
-int ps_client_set_state(PsClient *c, const float *params, uint64_t step, SgError *err);
+int ps_client_num_ps(const PsClient *c);
+/* Restores every shard: params (total floats), the global step and, if opt
+ * is not NULL, each shard's optimizer state (opt[num_ps]; present = 0 leaves
+ * that shard's optimizer as it is). */
+int ps_client_set_state(PsClient *c, const float *params, uint64_t step, const PsOptState *opt,
+                        SgError *err);
+/* Reads every shard: params (total floats), the global step (shard 0) and
+ * each shard's optimizer state into opt[num_ps] (present = 0 for a shard
+ * without optimizer; state malloc'd, NULL when len is 0; release with
+ * ps_opt_states_free). */
+int ps_client_get_state(PsClient *c, float *params, uint64_t *step, PsOptState *opt, SgError *err);
+void ps_opt_states_free(PsOptState *opt, int n);
 int ps_client_done(PsClient *c, SgError *err);
 /* Closes every shard connection (later calls fail with SG_ESTATE);
  * thread-safe. ps_client_free closes and frees. */

@@ -34,26 +34,37 @@ struct PsClient {
     SgError broken_err;
 };
 
+/* Sends op with header v, this shard's slice of data (if any) and extra
+ * (len2 floats, e.g. optimizer state). */
 static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *data,
-                    double deadline, SgError *err)
+                    const float *extra, size_t len2, double deadline, SgError *err)
 {
     size_t len = data != NULL ? (size_t)sh->count * sizeof(float) : 0;
+    len2 *= sizeof(float);
+    if (PS_OP_HEADER + len + len2 > UINT32_MAX)
+        return sg_fail(err, SG_EINVAL, "ps request of %zu bytes for %s does not fit one frame",
+                       len + len2, sh->peer);
     uint8_t hdr[NET_FRAME_HEADER_SIZE], oph[PS_OP_HEADER];
-    net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len));
+    net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len + len2));
     ps_op_encode(oph, v[0], v[1], v[2], v[3]);
-    struct iovec iov[3] = {{hdr, sizeof hdr},
+    struct iovec iov[4] = {{hdr, sizeof hdr},
                            {oph, sizeof oph},
-                           {(void *)(data != NULL ? data + sh->offset : NULL), len}};
-    return net_writev_all(sh->fd, iov, 3, deadline, sh->peer, "a ps request", err);
+                           {(void *)(data != NULL ? data + sh->offset : NULL), len},
+                           {(void *)extra, len2}};
+    return net_writev_all(sh->fd, iov, 4, deadline, sh->peer, "a ps request", err);
 }
 
-/* Reads one reply; parameters (if any) land in dest + offset. Returns 0, a
- * server-reported status (*remote = 1) or a transport/protocol status. */
-static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, double deadline,
-                      int *remote, SgError *err)
+/* Reads one reply; parameters (if any) land in dest + offset; with opt, the
+ * reply also carries v[2] floats of optimizer state (malloc'd into opt).
+ * Returns 0, a server-reported status (*remote = 1) or a transport/protocol
+ * status. */
+static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, PsOptState *opt,
+                      double deadline, int *remote, SgError *err)
 {
     size_t bytes = (size_t)sh->count * sizeof(float);
     size_t cap = PS_OP_HEADER + (bytes > SG_ERROR_MAX ? bytes : SG_ERROR_MAX);
+    if (opt != NULL) /* parameters plus at most 3 optimizer slots (nn_optim.h) */
+        cap = PS_OP_HEADER + 4 * bytes > UINT32_MAX ? UINT32_MAX : PS_OP_HEADER + 4 * bytes;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     *remote = 0;
@@ -86,17 +97,36 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, do
         return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s",
                        shard, sh->peer, msg);
     }
-    if (data != (dest != NULL ? bytes : 0))
+    size_t extra =
+        opt != NULL && v[2] <= (UINT32_MAX / sizeof(float)) ? (size_t)v[2] * sizeof(float) : 0;
+    if (data != (dest != NULL ? bytes + extra : 0))
         return sg_fail(err, SG_EPROTO, "ps shard %d (%s) replied with %zu data bytes, expected %zu",
-                       shard, sh->peer, data, dest != NULL ? bytes : (size_t)0);
-    if (data > 0)
-        rc = net_read_exact(sh->fd, dest + sh->offset, data, deadline, sh->peer, "parameters", err);
+                       shard, sh->peer, data, dest != NULL ? bytes + extra : (size_t)0);
+    if (bytes > 0 && dest != NULL &&
+        (rc = net_read_exact(sh->fd, dest + sh->offset, bytes, deadline, sh->peer, "parameters",
+                             err)) < 0)
+        return rc;
+    if (opt != NULL) {
+        opt->step = (int64_t)v[1];
+        opt->len = extra / sizeof(float);
+        opt->present = v[3] != 0;
+        opt->state = NULL;
+        if (extra > 0 && (opt->state = malloc(extra)) == NULL)
+            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
+                           sh->peer);
+        if (extra > 0)
+            rc = net_read_exact(sh->fd, opt->state, extra, deadline, sh->peer, "optimizer state",
+                                err);
+    }
     return rc;
 }
 
-/* One op on every shard: send all, then read all replies. */
-static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
-                    uint64_t out[4], SgError *err)
+/* One op on every shard: send all, then read all replies. opt_in: per-shard
+ * optimizer state sent after data (SET_STATE); opt_out: per-shard optimizer
+ * state received after the parameters (GET_STATE). */
+static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
+                        const PsOptState *opt_in, PsOptState *opt_out, uint64_t out[4],
+                        SgError *err)
 {
     pthread_mutex_lock(&c->mu);
     if (c->broken) {
@@ -107,14 +137,24 @@ static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data,
     }
     double deadline = net_now() + c->timeout;
     int rc = SG_OK, sent = 0, transport = 0;
-    for (int i = 0; i < c->num_ps && rc == 0; i++, sent++)
-        rc = send_req(&c->shards[i], op, v, data, deadline, err);
+    for (int i = 0; i < c->num_ps && rc == 0; i++, sent++) {
+        if (opt_in != NULL) {
+            const PsOptState *o = &opt_in[i];
+            uint64_t vi[4] = {v[0], (uint64_t)o->step, o->present ? o->len : 0,
+                              (uint64_t)(o->present != 0)};
+            rc = send_req(&c->shards[i], op, vi, data, o->present ? o->state : NULL,
+                          o->present ? o->len : 0, deadline, err);
+        } else {
+            rc = send_req(&c->shards[i], op, v, data, NULL, 0, deadline, err);
+        }
+    }
     transport = rc < 0;
     for (int i = 0; i < sent && !transport; i++) {
         SgError e;
         uint64_t r[4];
         int remote = 0;
-        int x = recv_reply(&c->shards[i], i, r, dest, deadline, &remote, &e);
+        int x = recv_reply(&c->shards[i], i, r, dest, opt_out != NULL ? &opt_out[i] : NULL,
+                           deadline, &remote, &e);
         if (x < 0 && !remote)
             transport = 1;
         if (x < 0 && rc == 0) {
@@ -130,6 +170,12 @@ static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data,
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
+                    uint64_t out[4], SgError *err)
+{
+    return call_all_opt(c, op, v, data, dest, NULL, NULL, out, err);
 }
 
 int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
@@ -165,10 +211,36 @@ int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *
     return rc;
 }
 
-int ps_client_set_state(PsClient *c, const float *params, uint64_t step, SgError *err)
+int ps_client_num_ps(const PsClient *c)
+{
+    return c->num_ps;
+}
+
+int ps_client_set_state(PsClient *c, const float *params, uint64_t step, const PsOptState *opt,
+                        SgError *err)
 {
     uint64_t v[4] = {step, 0, 0, 0}, r[4];
-    return call_all(c, PS_OP_SET_STATE, v, params, NULL, r, err);
+    return call_all_opt(c, PS_OP_SET_STATE, v, params, NULL, opt, NULL, r, err);
+}
+
+int ps_client_get_state(PsClient *c, float *params, uint64_t *step, PsOptState *opt, SgError *err)
+{
+    uint64_t v[4] = {0}, r[4] = {0};
+    memset(opt, 0, (size_t)c->num_ps * sizeof *opt);
+    int rc = call_all_opt(c, PS_OP_GET_STATE, v, NULL, params, NULL, opt, r, err);
+    if (rc < 0)
+        ps_opt_states_free(opt, c->num_ps);
+    *step = r[0];
+    return rc;
+}
+
+void ps_opt_states_free(PsOptState *opt, int n)
+{
+    for (int i = 0; opt != NULL && i < n; i++) {
+        free(opt[i].state);
+        opt[i].state = NULL;
+        opt[i].len = 0;
+    }
 }
 
 int ps_client_done(PsClient *c, SgError *err)
@@ -210,8 +282,8 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
             break;
         uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
         int remote;
-        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, deadline, err)) < 0 ||
-            (rc = recv_reply(sh, i, r, NULL, deadline, &remote, err)) < 0)
+        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, NULL, 0, deadline, err)) < 0 ||
+            (rc = recv_reply(sh, i, r, NULL, NULL, deadline, &remote, err)) < 0)
             break;
     }
     if (rc < 0) {

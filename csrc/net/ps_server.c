@@ -35,6 +35,8 @@ typedef struct PsConn {
     int said_done;
     int first_done; /* this connection marked its worker done: ack it, then count */
     float *buf;     /* count floats: gradients in, parameters out */
+    float *extra;   /* SET_STATE / GET_STATE: optimizer state (malloc'd per request) */
+    size_t extra_len;
 } PsConn;
 
 struct PsServer {
@@ -43,6 +45,7 @@ struct PsServer {
     size_t secret_len;
     PsServerConfig cfg;
     float lr;
+    size_t opt_floats; /* optimizer state size (fixed) */
     int wake[2];
 
     pthread_mutex_t mu;
@@ -179,14 +182,53 @@ static int mark_done(PsServer *s, PsConn *c, SgError *err)
 
 /* ---- one request ------------------------------------------------------------ */
 
-static int reply(PsConn *c, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, const void *data,
-                 size_t len, SgError *err)
+static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
+                 size_t len2, SgError *err)
 {
     uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
-    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_REPLY, (uint32_t)(PS_OP_HEADER + len));
-    ps_op_encode(op, a, b, cc, d);
-    struct iovec iov[3] = {{hdr, sizeof hdr}, {op, sizeof op}, {(void *)data, len}};
-    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_REPLY, (uint32_t)(PS_OP_HEADER + len + len2));
+    ps_op_encode(op, r[0], r[1], r[2], r[3]);
+    struct iovec iov[4] = {
+        {hdr, sizeof hdr}, {op, sizeof op}, {(void *)data, len}, {(void *)data2, len2}};
+    return net_writev_all(c->fd, iov, 4, net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+}
+
+/* (s->mu held) */
+static size_t optim_floats(const PsServer *s)
+{
+    return s->cfg.optim != NULL ? optim_state_size(s->cfg.optim) : 0;
+}
+
+/* (s->mu held) Restores params, step and, if opt, the optimizer. */
+static int set_state_locked(PsServer *s, const float *params, uint64_t step, const PsOptState *opt,
+                            SgError *err)
+{
+    if (opt != NULL) {
+        if (s->cfg.optim == NULL)
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer state (%zu floats, step %lld) for ps shard [%llu, +%llu), "
+                           "which has no optimizer (plain SGD with lr; the checkpoint was written "
+                           "with optimizer=...?)",
+                           opt->len, (long long)opt->step, (unsigned long long)s->cfg.offset,
+                           (unsigned long long)s->cfg.count);
+        if (opt->len != optim_floats(s))
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer state has %zu floats, the optimizer of ps shard [%llu, "
+                           "+%llu) holds %zu (optimizer or num_ps differ from the checkpoint's?)",
+                           opt->len, (unsigned long long)s->cfg.offset,
+                           (unsigned long long)s->cfg.count, optim_floats(s));
+        if (opt->step < 0)
+            return sg_fail(err, SG_EINVAL, "optimizer step must be >= 0, not %lld",
+                           (long long)opt->step);
+        int rc = optim_set_state(s->cfg.optim, opt->step, opt->state, opt->len, err);
+        if (rc < 0)
+            return rc;
+    }
+    memcpy(s->params, params, (size_t)s->cfg.count * sizeof(float));
+    s->step = step;
+    s->initialized = 1;
+    pthread_cond_broadcast(&s->cv);
+    return SG_OK;
 }
 
 static int reply_error(PsConn *c, const SgError *e)
@@ -206,8 +248,9 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     PsServer *s = c->s;
     const PsServerConfig *cfg = &s->cfg;
     size_t bytes = (size_t)cfg->count * sizeof(float);
-    uint64_t step = 0, flag = 0;
-    int rc = SG_OK, send_params = 0;
+    uint64_t flag = 0, r[4];
+    int rc = SG_OK, send_params = 0, send_extra = 0;
+    int64_t opt_step = 0;
     if (op != PS_OP_HELLO && c->worker_id < 0)
         return sg_fail(err, SG_EPROTO, "%s sent ps op %d before HELLO", c->peer, op);
     pthread_mutex_lock(&s->mu);
@@ -243,11 +286,27 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
             pthread_cond_broadcast(&s->cv);
         }
         break;
-    case PS_OP_SET_STATE:
-        memcpy(s->params, c->buf, bytes);
-        s->step = v[0];
-        s->initialized = 1;
-        pthread_cond_broadcast(&s->cv);
+    case PS_OP_SET_STATE: {
+        PsOptState o = {.step = (int64_t)v[1], .state = c->extra, .len = c->extra_len};
+        rc = set_state_locked(s, c->buf, v[0], v[3] ? &o : NULL, err);
+    } break;
+    case PS_OP_GET_STATE:
+        if (!s->initialized) {
+            rc = sg_fail(err, SG_ESTATE, "ps shard [%llu, +%llu) is not initialized yet",
+                         (unsigned long long)cfg->offset, (unsigned long long)cfg->count);
+            break;
+        }
+        send_params = send_extra = 1;
+        c->extra_len = optim_floats(s);
+        free(c->extra);
+        c->extra = c->extra_len > 0 ? malloc(c->extra_len * sizeof(float)) : NULL;
+        if (c->extra_len > 0 && c->extra == NULL) {
+            rc = sg_fail(err, SG_ENOMEM, "copying %zu floats of optimizer state", c->extra_len);
+            break;
+        }
+        if (c->extra_len > 0)
+            memcpy(c->extra, optim_state(cfg->optim), c->extra_len * sizeof(float));
+        opt_step = cfg->optim != NULL ? optim_get_step(cfg->optim) : 0;
         break;
     case PS_OP_DONE:
         rc = mark_done(s, c, err);
@@ -255,14 +314,17 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     default:
         rc = sg_fail(err, SG_EPROTO, "%s sent unknown ps op %d", c->peer, op);
     }
-    step = s->step;
+    r[0] = s->step;
+    r[1] = flag, r[2] = (uint64_t)cfg->num_workers, r[3] = (uint64_t)cfg->mode;
+    if (send_extra)
+        r[1] = (uint64_t)opt_step, r[2] = c->extra_len, r[3] = cfg->optim != NULL;
     if (rc == 0 && send_params)
         memcpy(c->buf, s->params, bytes);
     pthread_mutex_unlock(&s->mu);
     if (rc < 0)
         return rc;
-    rc = reply(c, step, flag, (uint64_t)cfg->num_workers, (uint64_t)cfg->mode,
-               send_params ? c->buf : NULL, send_params ? bytes : 0, err);
+    rc = reply(c, r, send_params ? c->buf : NULL, send_params ? bytes : 0,
+               send_extra ? c->extra : NULL, send_extra ? c->extra_len * sizeof(float) : 0, err);
     if (op == PS_OP_DONE && c->first_done) {
         /* Counted only once acknowledged, so serve's exit cannot cut this reply. */
         pthread_mutex_lock(&s->mu);
@@ -293,12 +355,13 @@ static int serve_one(PsConn *c, SgError *err)
             break;
     }
     size_t bytes = (size_t)s->cfg.count * sizeof(float);
+    size_t opt_bytes = s->opt_floats * sizeof(float); /* fixed after construction */
     double deadline = net_now() + PS_IO_TIMEOUT;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc =
-        net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes), deadline, c->peer, &h, err);
+    int rc = net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes), deadline,
+                                   c->peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
@@ -310,13 +373,34 @@ static int serve_one(PsConn *c, SgError *err)
     size_t data = h.length - PS_OP_HEADER;
     int carries = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL || h.flags == PS_OP_INIT ||
                   h.flags == PS_OP_SET_STATE;
-    if (data != (carries ? bytes : 0))
+    size_t extra =
+        h.flags == PS_OP_SET_STATE && v[2] <= s->opt_floats ? (size_t)v[2] * sizeof(float) : 0;
+    if (h.flags == PS_OP_SET_STATE && v[2] > s->opt_floats)
+        return sg_fail(err, SG_EPROTO,
+                       "SET_STATE from %s carries %llu floats of optimizer state, this ps shard's "
+                       "optimizer holds %zu",
+                       c->peer, (unsigned long long)v[2], s->opt_floats);
+    if (data != (carries ? bytes + extra : 0))
         return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu",
-                       h.flags, c->peer, data, carries ? bytes : (size_t)0);
-    if (data > 0 &&
-        (rc = net_read_exact(c->fd, c->buf, data, deadline, c->peer, "ps data", err)) < 0)
+                       h.flags, c->peer, data, carries ? bytes + extra : (size_t)0);
+    if (carries &&
+        (rc = net_read_exact(c->fd, c->buf, bytes, deadline, c->peer, "ps data", err)) < 0)
         return rc;
+    free(c->extra);
+    c->extra = NULL;
+    c->extra_len = extra / sizeof(float);
+    if (extra > 0) {
+        if ((c->extra = malloc(extra)) == NULL)
+            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
+                           c->peer);
+        if ((rc = net_read_exact(c->fd, c->extra, extra, deadline, c->peer, "optimizer state",
+                                 err)) < 0)
+            return rc;
+    }
     rc = handle(c, h.flags, v, err);
+    free(c->extra);
+    c->extra = NULL;
+    c->extra_len = 0;
     if (rc < 0 && rc != SG_EPROTO && rc != SG_EPEER && rc != SG_EIO && rc != SG_ETIMEOUT) {
         reply_error(c, err); /* a refused request: the connection stays usable */
         return SG_OK;
@@ -389,6 +473,7 @@ static void close_conns(PsServer *s)
         pthread_join(s->conns[i]->thread, NULL);
         net_close(&s->conns[i]->fd);
         free(s->conns[i]->buf);
+        free(s->conns[i]->extra);
         free(s->conns[i]);
     }
     s->nconns = 0;
@@ -449,6 +534,11 @@ void ps_server_stop(PsServer *s)
 
 /* ---- construction and state ------------------------------------------------- */
 
+static int ps_apply_optim(void *ctx, float *params, const float *grads, size_t n, SgError *err)
+{
+    return optim_step((Optimizer *)ctx, params, grads, n, err);
+}
+
 int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg,
                   PsServer **out, SgError *err)
 {
@@ -465,9 +555,30 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
                        (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
                        (unsigned long long)cfg->total, cfg->num_workers, (int)cfg->mode,
                        (size_t)((UINT32_MAX - PS_OP_HEADER) / sizeof(float)));
+    size_t opt_floats = cfg->optim != NULL ? optim_state_size(cfg->optim) : 0;
+    if (cfg->optim != NULL) {
+        const OptimConfig *oc = optim_config(cfg->optim);
+        if (cfg->apply != NULL)
+            return sg_fail(err, SG_EINVAL,
+                           "ps shard: give an apply function or an optimizer, not both");
+        if (oc->clip_norm > 0.0f && cfg->count != cfg->total)
+            return sg_fail(
+                err, SG_EINVAL,
+                "clipping by global norm (clip_norm=%g) needs the norm of the whole gradient, but "
+                "this ps shard holds only [%llu, +%llu) of %llu parameters: use num_ps=1, clip by "
+                "value (clipvalue), or clip on the workers before pushing",
+                oc->clip_norm, (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
+                (unsigned long long)cfg->total);
+        if (opt_floats > (UINT32_MAX - PS_OP_HEADER) / sizeof(float) - cfg->count)
+            return sg_fail(err, SG_EINVAL,
+                           "ps shard of %llu floats with %zu floats of optimizer state does not "
+                           "fit one frame: use more ps shards",
+                           (unsigned long long)cfg->count, opt_floats);
+    }
     PsServer *s = calloc(1, sizeof *s);
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a ps shard");
+    s->opt_floats = opt_floats;
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
@@ -490,7 +601,10 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     s->cfg = *cfg;
     s->cfg.init = NULL;
     s->lr = cfg->lr;
-    if (s->cfg.apply == NULL) {
+    if (s->cfg.apply == NULL && s->cfg.optim != NULL) {
+        s->cfg.apply = ps_apply_optim;
+        s->cfg.apply_ctx = s->cfg.optim;
+    } else if (s->cfg.apply == NULL) {
         s->cfg.apply = ps_apply_sgd;
         s->cfg.apply_ctx = &s->lr;
     }
@@ -507,28 +621,35 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     return SG_OK;
 }
 
-int ps_server_get_state(PsServer *s, float *params, uint64_t *step, SgError *err)
+size_t ps_server_optim_state_size(const PsServer *s)
+{
+    return s->opt_floats;
+}
+
+int ps_server_get_state(PsServer *s, float *params, uint64_t *step, float *opt_state,
+                        int64_t *opt_step, SgError *err)
 {
     pthread_mutex_lock(&s->mu);
     int rc = s->initialized ? SG_OK : sg_fail(err, SG_ESTATE, "ps shard is not initialized yet");
     if (rc == 0) {
         memcpy(params, s->params, (size_t)s->cfg.count * sizeof(float));
         *step = s->step;
+        if (opt_state != NULL && s->opt_floats > 0)
+            memcpy(opt_state, optim_state(s->cfg.optim), s->opt_floats * sizeof(float));
+        if (opt_step != NULL)
+            *opt_step = s->cfg.optim != NULL ? optim_get_step(s->cfg.optim) : 0;
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
-int ps_server_set_state(PsServer *s, const float *params, uint64_t step, SgError *err)
+int ps_server_set_state(PsServer *s, const float *params, uint64_t step, const PsOptState *opt,
+                        SgError *err)
 {
-    (void)err;
     pthread_mutex_lock(&s->mu);
-    memcpy(s->params, params, (size_t)s->cfg.count * sizeof(float));
-    s->step = step;
-    s->initialized = 1;
-    pthread_cond_broadcast(&s->cv);
+    int rc = set_state_locked(s, params, step, opt, err);
     pthread_mutex_unlock(&s->mu);
-    return SG_OK;
+    return rc;
 }
 
 uint64_t ps_server_step(PsServer *s)

@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
 #include "net/ps.h"
 #include "py/py_net.h"
+#include "py/py_nn.h"
 
 /* A C-contiguous float32 array of exactly n values (writable if asked);
  * returns its data or NULL with an exception set. */
@@ -53,32 +56,132 @@ typedef struct {
     PyObject_HEAD
     PsServer *srv;
     PyObject *listener;
+    PyObject *optimizer; /* a private _core.Optimizer for this shard, or NULL */
     uint64_t offset, count, total;
     int serving;
 } PsServerObject;
 
+/* A new _core.Optimizer of n values from `spec`: a name ("adam", Keras
+ * defaults through sparkgrad.nn.optimizers.get), a sparkgrad.nn.optimizers
+ * Optimizer (its kind and config; its own state is not used), or a dict
+ * {"kind": ..., **_core.Optimizer keywords}. */
+static PyObject *shard_optimizer(PyObject *spec, uint64_t n)
+{
+    PyObject *inst = NULL, *kind = NULL, *config = NULL, *out = NULL;
+    if (PyUnicode_Check(spec)) {
+        PyObject *mod = PyImport_ImportModule("sparkgrad.nn.optimizers");
+        if (mod == NULL)
+            return NULL;
+        inst = PyObject_CallMethod(mod, "get", "O", spec);
+        Py_DECREF(mod);
+        if (inst == NULL)
+            return NULL;
+        spec = inst;
+    }
+    if (PyDict_Check(spec)) {
+        config = PyDict_Copy(spec);
+        kind = config != NULL ? PyDict_GetItemString(config, "kind") : NULL;
+        if (config != NULL && kind == NULL)
+            sg_raise_code(SG_EINVAL, "optimizer dict needs a \"kind\" (sgd, adam, adamw, rmsprop, "
+                                     "adadelta) besides the _core.Optimizer keywords");
+        Py_XINCREF(kind);
+        if (kind != NULL && PyDict_DelItemString(config, "kind") < 0)
+            Py_CLEAR(kind);
+    } else if (PyObject_HasAttrString(spec, "kind") && PyObject_HasAttrString(spec, "config") &&
+               !PyObject_TypeCheck(spec, &OptimizerType)) {
+        kind = PyObject_GetAttrString(spec, "kind");
+        PyObject *c = kind != NULL ? PyObject_GetAttrString(spec, "config") : NULL;
+        if (c != NULL && !PyDict_Check(c))
+            sg_raise_code(SG_EINVAL, "optimizer.config must be a dict, got %s",
+                          Py_TYPE(c)->tp_name);
+        else if (c != NULL)
+            config = PyDict_Copy(c);
+        Py_XDECREF(c);
+    } else {
+        sg_raise_code(SG_EINVAL,
+                      "optimizer must be a name (\"adam\"), a sparkgrad.nn.optimizers.Optimizer or "
+                      "a dict {\"kind\": ..., **_core.Optimizer keywords}, got %s",
+                      Py_TYPE(spec)->tp_name);
+    }
+    if (kind != NULL && config != NULL) {
+        PyObject *args = Py_BuildValue("(OK)", kind, (unsigned long long)n);
+        if (args != NULL)
+            out = PyObject_Call((PyObject *)&OptimizerType, args, config);
+        Py_XDECREF(args);
+    }
+    Py_XDECREF(kind);
+    Py_XDECREF(config);
+    Py_XDECREF(inst);
+    return out;
+}
+
+/* (opt_step, state array) from a C shard state; takes ownership of nothing. */
+static PyObject *opt_state_tuple(int64_t step, const float *state, size_t len)
+{
+    npy_intp dims[1] = {(npy_intp)len};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (arr == NULL)
+        return NULL;
+    if (len > 0)
+        memcpy(PyArray_DATA((PyArrayObject *)arr), state, len * sizeof(float));
+    return Py_BuildValue("(LN)", (long long)step, arr);
+}
+
+/* Parses (opt_step, state) into o (state borrowed from the array, kept alive
+ * by *keep). Returns 0 or -1 with an exception. */
+static int parse_opt_state(PyObject *obj, PsOptState *o, PyObject **keep, const char *what)
+{
+    long long step;
+    PyObject *arr;
+    *keep = NULL;
+    if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "LO", &step, &arr)) {
+        PyErr_Clear();
+        sg_raise_code(SG_EINVAL, "%s must be (optimizer_step: int, state: float32 array), got %s",
+                      what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *a =
+        PyArray_FROMANY(arr, NPY_FLOAT32, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (a == NULL)
+        return -1;
+    *keep = a;
+    o->step = step;
+    o->state = (float *)PyArray_DATA((PyArrayObject *)a);
+    o->len = (size_t)PyArray_SIZE((PyArrayObject *)a);
+    o->present = 1;
+    return 0;
+}
+
 static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret", "offset", "count", "total", "num_workers",
-                             "mode",     "lr",     "params", "step",  NULL};
-    PyObject *listener, *params = Py_None;
+    static char *kwlist[] = {"listener", "secret", "offset", "count", "total",     "num_workers",
+                             "mode",     "lr",     "params", "step",  "optimizer", NULL};
+    PyObject *listener, *params = Py_None, *optspec = Py_None, *optimizer = NULL;
     Py_buffer secret;
     unsigned long long offset, count, total, step = 0;
     int num_workers;
     const char *mode = "async";
-    float lr = 0.01f;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOK:PsServer", kwlist, &listener, &secret,
+    float lr = NAN;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKO:PsServer", kwlist, &listener, &secret,
                                      &offset, &count, &total, &num_workers, &mode, &lr, &params,
-                                     &step))
+                                     &step, &optspec))
         return -1;
     int fd = py_listener_fd(listener);
+    int ok = fd >= 0;
+    if (ok && optspec != Py_None && !isnan(lr)) {
+        sg_raise_code(SG_EINVAL, "PsServer takes lr= (plain SGD) or optimizer=, not both (give the "
+                                 "learning rate to the optimizer)");
+        ok = 0;
+    }
+    if (ok && optspec != Py_None && (optimizer = shard_optimizer(optspec, count)) == NULL)
+        ok = 0;
     PsServerConfig cfg = {.total = total,
                           .offset = offset,
                           .count = count,
                           .num_workers = num_workers,
-                          .lr = lr,
-                          .step = step};
-    int ok = fd >= 0;
+                          .lr = isnan(lr) ? 0.01f : lr,
+                          .step = step,
+                          .optim = optimizer != NULL ? ((OptimizerObject *)optimizer)->opt : NULL};
     if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
         sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
         ok = 0;
@@ -96,8 +199,13 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
         ok = 0;
     }
     PyBuffer_Release(&secret);
-    if (!ok)
+    if (!ok) {
+        Py_XDECREF(optimizer);
         return -1;
+    }
+    if (optimizer != NULL)
+        ((OptimizerObject *)optimizer)->busy = 1; /* stepped only by the shard */
+    self->optimizer = optimizer;
     Py_INCREF(listener);
     self->listener = listener;
     self->offset = offset, self->count = count, self->total = total;
@@ -112,6 +220,7 @@ static void PsServer_dealloc(PsServerObject *self)
         Py_END_ALLOW_THREADS
     }
     Py_XDECREF(self->listener);
+    Py_XDECREF(self->optimizer);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -166,38 +275,53 @@ static PyObject *PsServer_get_state(PsServerObject *self, PyObject *noargs)
     if (ps_live(self) == NULL)
         return NULL;
     npy_intp dims[1] = {(npy_intp)self->count};
+    npy_intp odims[1] = {(npy_intp)ps_server_optim_state_size(self->srv)};
     PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
-    if (arr == NULL)
+    PyObject *oarr =
+        arr != NULL && self->optimizer != NULL ? PyArray_SimpleNew(1, odims, NPY_FLOAT32) : NULL;
+    if (arr == NULL || (self->optimizer != NULL && oarr == NULL)) {
+        Py_XDECREF(arr);
         return NULL;
+    }
     uint64_t step = 0;
+    int64_t opt_step = 0;
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ps_server_get_state(self->srv, PyArray_DATA((PyArrayObject *)arr), &step, &err);
+    rc = ps_server_get_state(self->srv, PyArray_DATA((PyArrayObject *)arr), &step,
+                             oarr != NULL ? PyArray_DATA((PyArrayObject *)oarr) : NULL, &opt_step,
+                             &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         Py_DECREF(arr);
+        Py_XDECREF(oarr);
         return sg_raise(&err);
     }
-    return Py_BuildValue("(NK)", arr, (unsigned long long)step);
+    if (oarr == NULL)
+        return Py_BuildValue("(NKO)", arr, (unsigned long long)step, Py_None);
+    return Py_BuildValue("(NK(LN))", arr, (unsigned long long)step, (long long)opt_step, oarr);
 }
 
 static PyObject *PsServer_set_state(PsServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"params", "step", NULL};
-    PyObject *params;
+    static char *kwlist[] = {"params", "step", "optimizer_state", NULL};
+    PyObject *params, *ostate = Py_None, *keep = NULL;
     unsigned long long step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|O:set_state", kwlist, &params, &step, &ostate) ||
         ps_live(self) == NULL)
         return NULL;
     const float *p = float_array(params, self->count, 0, "params");
     if (p == NULL)
         return NULL;
+    PsOptState o = {0};
+    if (ostate != Py_None && parse_opt_state(ostate, &o, &keep, "optimizer_state") < 0)
+        return NULL;
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ps_server_set_state(self->srv, p, step, &err);
+    rc = ps_server_set_state(self->srv, p, step, ostate != Py_None ? &o : NULL, &err);
     Py_END_ALLOW_THREADS
+    Py_XDECREF(keep);
     if (rc < 0)
         return sg_raise(&err);
     Py_RETURN_NONE;
@@ -222,9 +346,10 @@ static PyMethodDef PsServer_methods[] = {
     {"stop", (PyCFunction)PsServer_stop, METH_NOARGS,
      "stop(): make serve() return promptly (thread-safe)."},
     {"get_state", (PyCFunction)PsServer_get_state, METH_NOARGS,
-     "get_state() -> (params copy, step)"},
+     "get_state() -> (params copy, step, optimizer_state): optimizer_state is "
+     "(optimizer_step, float32 slots) or None without an optimizer."},
     {"set_state", (PyCFunction)(void (*)(void))PsServer_set_state, METH_VARARGS | METH_KEYWORDS,
-     "set_state(params, step)"},
+     "set_state(params, step, optimizer_state=None): None leaves the optimizer as it is."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -239,8 +364,9 @@ static PyTypeObject PsServer_Type = {
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
-              "lr=0.01, params=None, "
-              "step=0): one parameter-server shard.",
+              "lr=0.01, params=None, step=0, optimizer=None): one parameter-server shard; "
+              "optimizer (a name, a sparkgrad.nn.optimizers.Optimizer or a dict with 'kind') "
+              "replaces plain SGD with lr and keeps its state on the shard.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PsServer_init,
     .tp_dealloc = (destructor)PsServer_dealloc,
@@ -382,23 +508,102 @@ static PyObject *PsClient_init_params(PsClientObject *self, PyObject *args)
 
 static PyObject *PsClient_set_state(PsClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"params", "step", NULL};
-    PyObject *params;
+    static char *kwlist[] = {"params", "step", "optimizer_state", NULL};
+    PyObject *params, *ostate = Py_None;
     unsigned long long step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK:set_state", kwlist, &params, &step) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|O:set_state", kwlist, &params, &step, &ostate) ||
         cli_live(self) == NULL)
         return NULL;
     const float *p = float_array(params, self->total, 0, "params");
     if (p == NULL)
         return NULL;
+    int n = ps_client_num_ps(self->cli);
+    PsOptState *opt = NULL;
+    PyObject **keep = NULL, *seq = NULL;
+    int ok = 1;
+    if (ostate != Py_None) {
+        seq = PySequence_Fast(ostate, "optimizer_state must be a list with one entry per ps shard");
+        ok = seq != NULL;
+        if (ok && PySequence_Fast_GET_SIZE(seq) != n) {
+            sg_raise_code(SG_EINVAL,
+                          "optimizer_state has %zd entries, the client talks to %d ps shards",
+                          PySequence_Fast_GET_SIZE(seq), n);
+            ok = 0;
+        }
+        if (ok) {
+            opt = calloc((size_t)n, sizeof *opt);
+            keep = calloc((size_t)n, sizeof *keep);
+            if (opt == NULL || keep == NULL) {
+                PyErr_NoMemory();
+                ok = 0;
+            }
+        }
+        for (int i = 0; ok && i < n; i++) {
+            PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
+            char what[64];
+            snprintf(what, sizeof what, "optimizer_state[%d]", i);
+            if (e != Py_None && parse_opt_state(e, &opt[i], &keep[i], what) < 0)
+                ok = 0;
+        }
+    }
     SgError err;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ps_client_set_state(self->cli, p, step, &err);
-    Py_END_ALLOW_THREADS
+    int rc = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ps_client_set_state(self->cli, p, step, opt, &err);
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 0; keep != NULL && i < n; i++)
+        Py_XDECREF(keep[i]);
+    free(keep);
+    free(opt);
+    Py_XDECREF(seq);
+    if (!ok)
+        return NULL;
     if (rc < 0)
         return sg_raise(&err);
     Py_RETURN_NONE;
+}
+
+static PyObject *PsClient_get_state(PsClientObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (cli_live(self) == NULL)
+        return NULL;
+    int n = ps_client_num_ps(self->cli);
+    npy_intp dims[1] = {(npy_intp)self->total};
+    PyObject *arr = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    PsOptState *opt = arr != NULL ? calloc((size_t)n, sizeof *opt) : NULL;
+    if (opt == NULL) {
+        Py_XDECREF(arr);
+        return arr != NULL ? PyErr_NoMemory() : NULL;
+    }
+    uint64_t step = 0;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_client_get_state(self->cli, PyArray_DATA((PyArrayObject *)arr), &step, opt, &err);
+    Py_END_ALLOW_THREADS
+    PyObject *list = rc < 0 ? NULL : PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *e = opt[i].present ? opt_state_tuple(opt[i].step, opt[i].state, opt[i].len)
+                                     : Py_NewRef(Py_None);
+        if (e == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, e);
+    }
+    ps_opt_states_free(opt, n);
+    free(opt);
+    if (rc < 0) {
+        Py_DECREF(arr);
+        return sg_raise(&err);
+    }
+    if (list == NULL) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return Py_BuildValue("(NKN)", arr, (unsigned long long)step, list);
 }
 
 static PyObject *PsClient_done(PsClientObject *self, PyObject *noargs)
@@ -437,7 +642,12 @@ static PyMethodDef PsClient_methods[] = {
      "init(params) -> bool: set the parameters unless a worker already did (True if this call "
      "did)."},
     {"set_state", (PyCFunction)(void (*)(void))PsClient_set_state, METH_VARARGS | METH_KEYWORDS,
-     "set_state(params, step): overwrite every shard (restore from a checkpoint)."},
+     "set_state(params, step, optimizer_state=None): overwrite every shard (restore from a "
+     "checkpoint); optimizer_state: one (optimizer_step, slots) or None per shard, as "
+     "get_state returns it (None: leave that shard's optimizer as it is)."},
+    {"get_state", (PyCFunction)PsClient_get_state, METH_NOARGS,
+     "get_state() -> (params, step, optimizer_state): every shard's parameters, the global step "
+     "and per shard (optimizer_step, float32 slots) or None (no optimizer), for checkpoints."},
     {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
     {"close", (PyCFunction)PsClient_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
