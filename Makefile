@@ -66,7 +66,7 @@ $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 
 # The main job: run from the installed package, not from the tree.
 demo: deps $(INSTALL_STAMP)
-	cd /tmp && env -u PYTHONPATH $(CURDIR)/$(PY) -m sparkgrad.examples.demo
+	cd /tmp && env -u PYTHONPATH $(CURDIR)/$(PY) -m sparkgrad.examples.mnist_dist --mode tensorflow
 
 # ASan + UBSan: a separate copy of the package with an instrumented core, the
 # C tests rebuilt with the sanitizers, and pytest with libasan preloaded.

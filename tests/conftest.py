@@ -1,24 +1,24 @@
 """Shared fixtures. Spark fixtures start real local Spark (no mocks)."""
 
-import os  # noqa: E402
-import sys  # noqa: E402
+import os
+import sys
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
-def spark_context():
-    """One real local Spark (4 task slots, loopback only) shared by every Spark test of the session.
+def spark():
+    """One real local SparkSession shared by every Spark test of the session.
 
     Barrier stages need a slot per node, so the master is local[4]; the driver
     and its executors bind 127.0.0.1 only.
     """
-    pyspark = pytest.importorskip("pyspark")
+    pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors need this venv's sparkgrad deps
-    spark = (
+    session = (
         SparkSession.builder.master("local[4]")
         .appName("sparkgrad-tests")
         .config("spark.driver.host", "127.0.0.1")
@@ -28,7 +28,12 @@ def spark_context():
         .config("spark.python.task.killTimeout", "2s")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    assert pyspark.__version__
-    yield spark.sparkContext
-    spark.stop()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_context(spark):
+    """The SparkContext of the shared session."""
+    return spark.sparkContext

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from sparkgrad.nn import Conv2D, Dense, Dropout, Flatten
 from sparkgrad.nn.layers import AveragePooling2D, MaxPool2D
 
@@ -28,7 +27,7 @@ class TorchMirror:
         if flat:
             t = t.reshape(t.shape[0], -1)
         ti = 0
-        for layer, (_, _, (pt, pl, pb, pr)) in zip(m.layers, self.shapes):
+        for layer, (_, _, (pt, pl, pb, pr)) in zip(m.layers, self.shapes, strict=True):
             if isinstance(layer, Dense):
                 kernel, bias = self.tensors[ti], self.tensors[ti + 1]
                 ti += 2

@@ -332,3 +332,54 @@ def test_sync_worker_killed_with_sigkill_fails_the_others_with_node_failure():
         proc.kill()
         proc.wait(10)
         cl.close()
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_wait_others_returns_the_final_parameters_once_every_other_worker_is_done(num_ps):
+    total = 11
+    cl = Cluster(total, num_ps=num_ps, num_workers=3, mode="async", lr=1.0)
+    try:
+        chief = cl.client(0)
+        finished = threading.Event()
+        final = np.zeros(total, dtype=np.float32)
+        box: dict = {}
+
+        def wait() -> None:
+            try:
+                box["step"] = chief.wait_others(final, 20.0)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                box["error"] = exc
+            finished.set()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        for w in (1, 2):
+            c = cl.client(w)
+            c.push(np.ones(total, dtype=np.float32))
+            assert not finished.wait(0.3), "wait_others returned before every other worker was done"
+            c.done()
+            c.close()
+        waiter.join(10)
+        assert "error" not in box, box.get("error")
+        assert box["step"] == 2
+        np.testing.assert_allclose(final, cl.init - 2.0)  # both pushes applied with lr 1
+        chief.done()
+        chief.close()
+        assert cl.join() == ["done"] * num_ps
+    finally:
+        cl.close()
+
+
+def test_wait_others_times_out_naming_how_many_workers_finished():
+    cl = Cluster(5, num_ps=1, num_workers=3, mode="async")
+    try:
+        chief, other = cl.client(0), cl.client(1)
+        other.done()
+        start = time.monotonic()
+        with pytest.raises(errors.SparkgradTimeout, match="1 of 2 said done"):
+            chief.wait_others(np.zeros(5, dtype=np.float32), 1.0)
+        assert time.monotonic() - start < 5
+        chief.close()
+        other.close()
+    finally:
+        cl.close()

@@ -4,11 +4,11 @@ compute_gradients for parameter servers, determinism, threads, errors."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import pytest
-
 from sparkgrad import _core
 from sparkgrad.errors import InvalidArgumentError, ModelError, StateError
 from sparkgrad.nn import (
@@ -26,9 +26,7 @@ from sparkgrad.nn import (
 
 
 def mlp(seed=1):
-    m = Sequential(
-        [Dense(16, activation="relu", input_shape=(20,)), Dense(8, activation="relu"), Dense(4)], seed=seed
-    )
+    m = Sequential([Dense(16, activation="relu", input_shape=(20,)), Dense(8, activation="relu"), Dense(4)], seed=seed)
     m.compile(optimizer=SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return m
 
@@ -45,7 +43,11 @@ def toy(n=400, d=20, k=4, seed=0):
 def test_params_and_grads_are_views_of_the_flat_buffers():
     m = mlp()
     p, g = m.params, m.grads
-    assert p.dtype == np.float32 and p.flags.c_contiguous and p.size == m.num_params == 20 * 16 + 16 + 16 * 8 + 8 + 8 * 4 + 4
+    assert (
+        p.dtype == np.float32
+        and p.flags.c_contiguous
+        and p.size == m.num_params == 20 * 16 + 16 + 16 * 8 + 8 + 8 * 4 + 4
+    )
     assert np.shares_memory(p, m.params) and np.shares_memory(g, m.grads)
     x, y = toy(8)
     before = m.predict(x)
@@ -67,7 +69,7 @@ def test_param_table_slices_follow_keras_layouts():
     assert np.all(w[1] == 0) and np.all(w[3] == 0)  # zero biases
     w2 = [np.random.default_rng(1).standard_normal(a.shape).astype(np.float32) for a in w]
     m.set_weights(w2)
-    for a, b in zip(m.get_weights(), w2):
+    for a, b in zip(m.get_weights(), w2, strict=True):
         np.testing.assert_array_equal(a, b)
     kernel_view = m.layer_weights(0)[0]
     assert np.shares_memory(kernel_view, m.params)
@@ -96,7 +98,13 @@ def test_initialisers_are_seeded_and_scaled():
 
 def test_summary_lists_layers_shapes_and_counts():
     m = Sequential(
-        [Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)), MaxPool2D(2), Dropout(0.25), Flatten(), Dense(10, activation="softmax")],
+        [
+            Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)),
+            MaxPool2D(2),
+            Dropout(0.25),
+            Flatten(),
+            Dense(10, activation="softmax"),
+        ],
         seed=0,
     )
     text = m.summary(print_fn=None)
@@ -140,6 +148,12 @@ def test_fit_on_an_iterable_of_dict_batches():
     m2 = mlp()
     m2.fit(custom, epochs=5, x_key="pixels", y_key="y", verbose=0)
     assert m2.step == 4  # a one-shot generator ends training when exhausted
+    mapped = ({"pixels": x[i : i + 100], "y": y[i : i + 100]} for i in range(0, 400, 100))
+    m3 = mlp()
+    m3.fit(mapped, input_mapping={"pixels": "x", "y": "y"}, verbose=0)
+    assert m3.step == 4
+    with pytest.raises(InvalidArgumentError, match="input_mapping"):
+        m3.fit(Batches(), input_mapping={"pixels": "x"}, verbose=0)
     loss, acc = m.evaluate(Batches())
     assert 0 <= acc <= 1
     with pytest.raises(InvalidArgumentError, match=r"missing \['label'\]"):
@@ -259,3 +273,44 @@ def test_thread_count_can_be_set():
         set_num_threads(old)
     with pytest.raises(InvalidArgumentError):
         set_num_threads(0)
+
+
+def test_omp_num_threads_is_honoured():
+    import subprocess
+    import sys
+
+    code = "from sparkgrad.nn import get_num_threads, configure_threads; print(get_num_threads(), configure_threads())"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]
+
+
+def test_fit_on_a_spark_executor_uses_spark_task_cpus(monkeypatch):
+    from sparkgrad.nn import threads
+
+    old = get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "spark_task_cpus", lambda: 1)
+    try:
+        set_num_threads(2)
+        m = mlp()
+        x, y = toy(64)
+        m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        assert get_num_threads() == 1
+    finally:
+        set_num_threads(old)
+
+
+def test_dropout_is_identity_in_inference_and_random_in_training():
+    x, y = toy(64)
+    with_drop = Sequential([Dense(32, activation="relu", input_shape=(20,)), Dropout(0.5), Dense(4)], seed=3)
+    plain = Sequential([Dense(32, activation="relu", input_shape=(20,)), Dense(4)], seed=3)
+    plain.set_weights(with_drop.get_weights())
+    np.testing.assert_array_equal(with_drop.predict(x), plain.predict(x))
+    for m in (with_drop, plain):
+        m.compile(optimizer=SGD(0.1), loss="sparse_categorical_crossentropy")
+    a = with_drop.compute_gradients(x, y)[0]
+    b = with_drop.compute_gradients(x, y)[0]
+    assert a != b  # a fresh mask each training step
+    assert plain.compute_gradients(x, y)[0] == plain.compute_gradients(x, y)[0]

@@ -34,9 +34,7 @@ CASES = {
     "rmsprop": (lambda: RMSprop(0.01, epsilon=1e-8), lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-8)),
     "rmsprop_momentum_centered": (
         lambda: RMSprop(0.01, rho=0.95, momentum=0.5, centered=True, epsilon=1e-8, weight_decay=0.01),
-        lambda p: torch.optim.RMSprop(
-            p, lr=0.01, alpha=0.95, momentum=0.5, centered=True, eps=1e-8, weight_decay=0.01
-        ),
+        lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.95, momentum=0.5, centered=True, eps=1e-8, weight_decay=0.01),
     ),
     "adadelta": (
         lambda: Adadelta(1.0, rho=0.9, epsilon=1e-6),

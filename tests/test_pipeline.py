@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from sparkgrad.data import (
     FixedLenFeature,
     RawBytesFeature,
@@ -148,3 +147,67 @@ def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
     with open(fifo, "wb"):  # unblock the reader thread: EOF
         pass
     it.close()
+
+
+@pytest.mark.parametrize(
+    "garbage, pattern",
+    [
+        (b"\x0a\x05\x0a\x03", "runs past the end"),
+        (b"\x0a" + b"\xff" * 11, "overlong varint"),
+        (b"\x0d\x00\x00\x00\x00", "wrong wire type 5"),
+        (b"\x0a\x08\x0a\x06\x0a\x02\xc3\x28\x12\x00", "not valid UTF-8"),
+    ],
+)
+def test_garbage_records_in_a_file_name_file_record_and_offset(tmp_path, garbage, pattern):
+    from sparkgrad.errors import ExampleDecodeError
+
+    good = encode_example({"x": 1, "v": np.arange(2)})
+    path = tmp_path / "g.tfrecord"
+    write_records(path, [good, garbage])
+    with pytest.raises(ExampleDecodeError, match=pattern) as info:
+        list(TFRecordDataset(path, SCHEMA, 4))
+    offset = 12 + len(good) + 4
+    assert f"'{path}': record 1 at byte {offset}: " in str(info.value)
+
+
+def test_repeating_forever_over_no_records_ends(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    assert list(TFRecordDataset(tmp_path / "empty", SCHEMA, 4, epochs=None, timeout=10)) == []
+    # a shard that gets no records of a 1-record file also ends
+    write_records(tmp_path / "one", [encode_example({"x": 1, "v": np.arange(1)})])
+    assert xs(TFRecordDataset(tmp_path / "one", SCHEMA, 4, epochs=None, shard_index=1, num_shards=2, timeout=10)) == []
+
+
+def test_parse_threads_give_the_same_batches(tmp_path):
+    img = (np.arange(784) % 256).astype(np.uint8)
+    paths = []
+    for f in range(3):
+        paths.append(str(tmp_path / f"m{f}"))
+        write_records(
+            paths[-1],
+            [encode_example({"image_raw": np.roll(img, i).tobytes(), "label": 100 * f + i}) for i in range(45)],
+        )
+    schema = {"image_raw": RawBytesFeature([784], scale=1 / 255), "label": FixedLenFeature([], "int64")}
+    for kw in ({}, {"shuffle_buffer": 20, "seed": 9, "epochs": 2}, {"drop_remainder": True, "prefetch": 0}):
+        one = list(TFRecordDataset(paths, schema, 16, **kw))
+        two = list(TFRecordDataset(paths, schema, 16, parse_threads=2, **kw))
+        assert len(one) == len(two)
+        for a, b in zip(one, two, strict=True):
+            assert a["label"].tolist() == b["label"].tolist()
+            assert np.array_equal(a["image_raw"], b["image_raw"])
+
+
+def test_parse_threads_report_the_first_bad_record(tmp_path):
+    good = encode_example({"x": 1})
+    path = tmp_path / "b"
+    write_records(path, [good] * 5 + [encode_example({"x": 1.5})] + [encode_example({"y": 1})] * 5)
+    with pytest.raises(SchemaError, match="record 5 at byte") as info:
+        list(TFRecordDataset(path, {"x": FixedLenFeature([], "int64")}, 11, parse_threads=2))
+    assert "float" in str(info.value)
+    data = bytearray(path.read_bytes())
+    data[len(good) + 16 + 14] ^= 0x01  # inside record 1's data
+    (tmp_path / "c").write_bytes(bytes(data))
+    with pytest.raises(
+        CorruptRecordError, match=f"'{tmp_path / 'c'}': corrupted record at byte {len(good) + 16}: data CRC"
+    ):
+        list(TFRecordDataset(tmp_path / "c", {"x": FixedLenFeature([], "int64")}, 11, parse_threads=2))

@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from sparkgrad.data.example import (
     FixedLenFeature,
     RawBytesFeature,
@@ -149,7 +148,9 @@ def test_raw_bytes_feature_scales_to_float32():
     u8 = parse_examples([rec], {"image_raw": RawBytesFeature([28, 28], dtype="uint8")})["image_raw"]
     assert u8.shape == (1, 28, 28) and u8.dtype == np.uint8 and (u8.ravel() == img).all()
     f = np.array([0.5, 2.0], dtype=np.float32)
-    out = parse_examples([encode_example({"x": f.tobytes()})], {"x": RawBytesFeature(2, raw_dtype="float32", scale=2.0)})
+    out = parse_examples(
+        [encode_example({"x": f.tobytes()})], {"x": RawBytesFeature(2, raw_dtype="float32", scale=2.0)}
+    )
     assert out["x"].tolist() == [[1.0, 4.0]]
     with pytest.raises(SchemaError, match="expected 784 raw bytes .* found 4 bytes"):
         parse_examples([encode_example({"image_raw": b"abcd"})], {"image_raw": RawBytesFeature(784)})
@@ -177,6 +178,12 @@ def test_schema_errors_name_record_feature_expected_and_found():
         (b"\x0a\x05\x0a\x03", "runs past the end"),
         (b"\xff" * 12, "overlong varint"),
         (example(entry(b"k", ld(3, varint(1 << 3 | 0) + b"\x80" * 10 + b"\x01"))), "overlong varint"),
+        (example(entry(b"k", ld(3, ld(1, varint(5) + b"\x80" * 10 + b"\x01")))), "overlong varint"),
+        (
+            example(entry(b"k", ld(3, ld(1, varint(5) + b"\xff" * 9 + b"\x02")))),
+            r"overlong varint at byte \d+ \(above 64 bits\)",
+        ),
+        (example(entry(b"k", ld(3, ld(1, varint(5) + b"\x80")))), "truncated varint"),
         (example(entry(b"k", ld(3, varint(1 << 3 | 5) + b"\0\0\0\0"))), "wrong wire type 5"),
         (varint(1 << 3 | 0) + varint(3), "wrong wire type 0"),
         (example(entry(b"\xff\xfe", int64_unpacked(1))), "not valid UTF-8"),
@@ -205,3 +212,13 @@ def test_sequence_example_round_trip():
     assert lists["words"] == [[b"a"], []]
     with pytest.raises(ExampleDecodeError):
         decode_sequence_example(ld(2, ld(1, ld(1, b"k") + ld(2, ld(1, b"\x1a\x05")))))
+
+
+def test_feature_without_a_list_counts_as_missing_like_tensorflow():
+    data = example(entry(b"a", b""))
+    out = parse_examples([data], {"a": FixedLenFeature([], "int64", default=5), "v": VarLenFeature("int64")})
+    assert out["a"].tolist() == [5] and out["v"].row_splits.tolist() == [0, 0]
+    with pytest.raises(SchemaError, match="'a': required .* but missing"):
+        parse_examples([data], {"a": FixedLenFeature([], "int64")})
+    out = parse_examples([example(entry(b"v", b""))], {"v": VarLenFeature("int64")})
+    assert out["v"].values.tolist() == [] and out["v"].row_splits.tolist() == [0, 0]

@@ -7,7 +7,6 @@ import struct
 import zlib
 
 import pytest
-
 from sparkgrad import _core
 from sparkgrad.data import TFRecordWriter, read_records, tfrecord_iterator, write_records
 from sparkgrad.errors import CorruptRecordError, InvalidArgumentError, SparkgradIOError, TruncatedRecordError

@@ -17,6 +17,9 @@
  *   GET_STATE  -                                     -> a=step b=optimizer step c=k
  *                                                       d=has_optimizer, count + k floats
  *   DONE       -                                     -> a=step
+ *   WAIT_OTHERS a=timeout in ms                      -> a=step, count floats, once every
+ *              other worker said DONE (the final parameters, for the chief's last
+ *              checkpoint and evaluation); SG_ETIMEOUT / SG_ECANCELLED otherwise
  *   any        -> ERROR a=status code (int64), data = message text
  * Floats travel in host order: sparkgrad supports little-endian hosts only.
  *
@@ -56,6 +59,7 @@ typedef enum PsOp {
     PS_OP_SET_STATE = 6,
     PS_OP_DONE = 7,
     PS_OP_GET_STATE = 8,
+    PS_OP_WAIT_OTHERS = 9,
     PS_OP_REPLY = 100,
     PS_OP_ERROR = 101,
 } PsOp;
@@ -167,6 +171,10 @@ int ps_client_set_state(PsClient *c, const float *params, uint64_t step, const P
 int ps_client_get_state(PsClient *c, float *params, uint64_t *step, PsOptState *opt, SgError *err);
 void ps_opt_states_free(PsOptState *opt, int n);
 int ps_client_done(PsClient *c, SgError *err);
+/* Waits up to `timeout` seconds until every other worker said DONE, then
+ * fills params (total floats) with the final parameters. */
+int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout,
+                          SgError *err);
 /* Closes every shard connection (later calls fail with SG_ESTATE);
  * thread-safe. ps_client_free closes and frees. */
 void ps_client_close(PsClient *c);

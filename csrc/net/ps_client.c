@@ -126,7 +126,7 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
  * state received after the parameters (GET_STATE). */
 static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
                         const PsOptState *opt_in, PsOptState *opt_out, uint64_t out[4],
-                        SgError *err)
+                        double timeout, SgError *err)
 {
     pthread_mutex_lock(&c->mu);
     if (c->broken) {
@@ -135,7 +135,7 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
-    double deadline = net_now() + c->timeout;
+    double deadline = net_now() + timeout;
     int rc = SG_OK, sent = 0, transport = 0;
     for (int i = 0; i < c->num_ps && rc == 0; i++, sent++) {
         if (opt_in != NULL) {
@@ -175,7 +175,7 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
 static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
                     uint64_t out[4], SgError *err)
 {
-    return call_all_opt(c, op, v, data, dest, NULL, NULL, out, err);
+    return call_all_opt(c, op, v, data, dest, NULL, NULL, out, c->timeout, err);
 }
 
 int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
@@ -220,14 +220,14 @@ int ps_client_set_state(PsClient *c, const float *params, uint64_t step, const P
                         SgError *err)
 {
     uint64_t v[4] = {step, 0, 0, 0}, r[4];
-    return call_all_opt(c, PS_OP_SET_STATE, v, params, NULL, opt, NULL, r, err);
+    return call_all_opt(c, PS_OP_SET_STATE, v, params, NULL, opt, NULL, r, c->timeout, err);
 }
 
 int ps_client_get_state(PsClient *c, float *params, uint64_t *step, PsOptState *opt, SgError *err)
 {
     uint64_t v[4] = {0}, r[4] = {0};
     memset(opt, 0, (size_t)c->num_ps * sizeof *opt);
-    int rc = call_all_opt(c, PS_OP_GET_STATE, v, NULL, params, NULL, opt, r, err);
+    int rc = call_all_opt(c, PS_OP_GET_STATE, v, NULL, params, NULL, opt, r, c->timeout, err);
     if (rc < 0)
         ps_opt_states_free(opt, c->num_ps);
     *step = r[0];
@@ -247,6 +247,20 @@ int ps_client_done(PsClient *c, SgError *err)
 {
     uint64_t v[4] = {0}, r[4];
     return call_all(c, PS_OP_DONE, v, NULL, NULL, r, err);
+}
+
+int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout,
+                          SgError *err)
+{
+    if (!(timeout >= 0) || timeout > 1e9)
+        return sg_fail(err, SG_EINVAL, "wait_others timeout must be 0..1e9 seconds, not %g",
+                       timeout);
+    uint64_t v[4] = {(uint64_t)(timeout * 1000.0), 0, 0, 0}, r[4] = {0};
+    /* The servers answer once the wait is over: allow for the reply to cross. */
+    int rc = call_all_opt(c, PS_OP_WAIT_OTHERS, v, NULL, params, NULL, NULL, r,
+                          timeout + c->timeout, err);
+    *step = r[0];
+    return rc;
 }
 
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,

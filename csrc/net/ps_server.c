@@ -180,6 +180,32 @@ static int mark_done(PsServer *s, PsConn *c, SgError *err)
     return SG_OK;
 }
 
+/* Blocks (s->mu held) until every worker but c's said DONE, the deadline
+ * passes or the shard stops. */
+static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err)
+{
+    double deadline = net_now() + (double)timeout_ms / 1000.0;
+    int want = s->cfg.num_workers - 1;
+    for (;;) {
+        int others = s->n_done - (s->done[c->worker_id] ? 1 : 0);
+        if (others >= want)
+            return wait_initialized(s, c->peer, err);
+        if (s->broken)
+            return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
+        if (s->closing || s->stopping)
+            return sg_fail(err, SG_ECANCELLED,
+                           "ps shard stopped while worker %ld waited for the other workers "
+                           "(%d of %d had said done)",
+                           c->worker_id, others, want);
+        if (net_now() >= deadline)
+            return sg_fail(err, SG_ETIMEOUT,
+                           "worker %ld waited %.1f s for the other workers to finish: %d of %d "
+                           "said done",
+                           c->worker_id, (double)timeout_ms / 1000.0, others, want);
+        cond_wait_1s(s);
+    }
+}
+
 /* ---- one request ------------------------------------------------------------ */
 
 static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
@@ -310,6 +336,10 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         break;
     case PS_OP_DONE:
         rc = mark_done(s, c, err);
+        break;
+    case PS_OP_WAIT_OTHERS:
+        rc = wait_others(s, c, v[0], err);
+        send_params = 1;
         break;
     default:
         rc = sg_fail(err, SG_EPROTO, "%s sent unknown ps op %d", c->peer, op);

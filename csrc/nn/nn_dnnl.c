@@ -4,14 +4,22 @@
 static const char *status_name(dnnl_status_t s)
 {
     switch (s) {
-    case dnnl_success: return "success";
-    case dnnl_out_of_memory: return "out of memory";
-    case dnnl_invalid_arguments: return "invalid arguments";
-    case dnnl_unimplemented: return "unimplemented (no implementation for these shapes/formats)";
-    case dnnl_last_impl_reached: return "last implementation reached";
-    case dnnl_runtime_error: return "runtime error";
-    case dnnl_not_required: return "not required";
-    default: return "unknown status";
+    case dnnl_success:
+        return "success";
+    case dnnl_out_of_memory:
+        return "out of memory";
+    case dnnl_invalid_arguments:
+        return "invalid arguments";
+    case dnnl_unimplemented:
+        return "unimplemented (no implementation for these shapes/formats)";
+    case dnnl_last_impl_reached:
+        return "last implementation reached";
+    case dnnl_runtime_error:
+        return "runtime error";
+    case dnnl_not_required:
+        return "not required";
+    default:
+        return "unknown status";
     }
 }
 

@@ -39,8 +39,8 @@ static int out_dim(int in, int k, int s, int same, int *pad_lo, int *pad_hi)
 
 static const char *kind_name(LayerKind k)
 {
-    static const char *names[] = {"Dense", "Conv2D", "MaxPool2D", "AveragePooling2D", "Dropout",
-                                  "Flatten"};
+    static const char *names[] = {"Dense",   "Conv2D", "MaxPool2D", "AveragePooling2D",
+                                  "Dropout", "Flatten"};
     return (unsigned)k < 6 ? names[k] : "?";
 }
 
@@ -71,8 +71,8 @@ static int shape_layer(Model *m, int l, int h, int w, int c, SgError *err)
     case LAYER_DENSE: {
         if (h != 1 || w != 1)
             return sg_fail(err, SG_EMODEL,
-                           "layer %d (Dense): input is %dx%dx%d; add Flatten before a Dense layer", l,
-                           h, w, c);
+                           "layer %d (Dense): input is %dx%dx%d; add Flatten before a Dense layer",
+                           l, h, w, c);
         if (sp->units <= 0)
             return sg_fail(err, SG_EMODEL, "layer %d (Dense): units must be > 0, not %d", l,
                            sp->units);
@@ -97,9 +97,10 @@ static int shape_layer(Model *m, int l, int h, int w, int c, SgError *err)
         s->ow = out_dim(w, sp->kw, stride, sp->same, &s->pl, &s->pr);
         s->oc = conv ? sp->units : c;
         if (s->oh <= 0 || s->ow <= 0)
-            return sg_fail(err, SG_EMODEL,
-                           "layer %d (%s): window %dx%d does not fit the %dx%d input with valid padding",
-                           l, kind_name(sp->kind), sp->kh, sp->kw, h, w);
+            return sg_fail(
+                err, SG_EMODEL,
+                "layer %d (%s): window %dx%d does not fit the %dx%d input with valid padding", l,
+                kind_name(sp->kind), sp->kh, sp->kw, h, w);
         if (conv) {
             int ks[4] = {sp->kh, sp->kw, c, sp->units}, bs[1] = {sp->units};
             m->kernel_t[l] = add_tensor(m, l, 0, 4, ks);
@@ -134,8 +135,9 @@ int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int 
 {
     *out = NULL;
     if (nlayers <= 0 || h <= 0 || w <= 0 || c <= 0)
-        return sg_fail(err, SG_EMODEL, "model needs layers and a positive input shape (%dx%dx%d, %d layers)",
-                       h, w, c, nlayers);
+        return sg_fail(err, SG_EMODEL,
+                       "model needs layers and a positive input shape (%dx%dx%d, %d layers)", h, w,
+                       c, nlayers);
     Model *m = calloc(1, sizeof *m);
     if (m == NULL)
         return sg_fail(err, SG_ENOMEM, "model: out of memory");
@@ -209,10 +211,22 @@ void model_free(Model *m)
     free(m);
 }
 
-size_t model_num_params(const Model *m) { return m->nparams; }
-float *model_params(Model *m) { return m->params; }
-float *model_grads(Model *m) { return m->grads; }
-int model_num_tensors(const Model *m) { return m->ntensors; }
+size_t model_num_params(const Model *m)
+{
+    return m->nparams;
+}
+float *model_params(Model *m)
+{
+    return m->params;
+}
+float *model_grads(Model *m)
+{
+    return m->grads;
+}
+int model_num_tensors(const Model *m)
+{
+    return m->ntensors;
+}
 const ParamInfo *model_param_info(const Model *m, int i)
 {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
@@ -221,13 +235,22 @@ const LayerShape *model_layer_shape(const Model *m, int l)
 {
     return l >= 0 && l < m->nlayers ? &m->shapes[l] : NULL;
 }
-int model_num_layers(const Model *m) { return m->nlayers; }
+int model_num_layers(const Model *m)
+{
+    return m->nlayers;
+}
 const LayerSpec *model_layer_spec(const Model *m, int l)
 {
     return l >= 0 && l < m->nlayers ? &m->specs[l] : NULL;
 }
-int model_num_classes(const Model *m) { return m->classes; }
-size_t model_input_size(const Model *m) { return (size_t)m->in_h * m->in_w * m->in_c; }
+int model_num_classes(const Model *m)
+{
+    return m->classes;
+}
+size_t model_input_size(const Model *m)
+{
+    return (size_t)m->in_h * m->in_w * m->in_c;
+}
 
 void model_get_rng(const Model *m, uint64_t *seed, uint64_t *counter)
 {

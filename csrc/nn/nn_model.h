@@ -41,7 +41,7 @@ typedef enum LayerKind {
 } LayerKind;
 
 typedef enum NnInit {
-    INIT_GLOROT_UNIFORM = 0,  /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
+    INIT_GLOROT_UNIFORM = 0,   /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
     INIT_TRUNCATED_NORMAL = 1, /* N(0, 1/sqrt(fan_in)) redrawn beyond 2 stddev (TF walkthrough) */
     INIT_HE_NORMAL = 2,        /* truncated N(0, sqrt(2/fan_in)/0.8796) as Keras */
     INIT_HE_UNIFORM = 3,       /* U(-l, l), l = sqrt(6 / fan_in) */
@@ -123,8 +123,8 @@ void model_shuffle(Model *m, int64_t *order, size_t n);
 /* One training batch of rows order[start..start+B) (order NULL: contiguous):
  * forward, loss, backward into the gradient buffer, and, if opt is not
  * NULL, the optimizer update. Adds the batch's results into st. */
-int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order,
-                      size_t start, int B, NnStats *st, SgError *err);
+int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
+                      int B, NnStats *st, SgError *err);
 
 /* Up to nsteps batches of `batch` rows from position start (the last one may
  * be short), as model_train_batch. */

@@ -14,7 +14,8 @@
 typedef struct LayerPlan {
     NnExec fwd[2]; /* [weights reorder,] compute */
     int nfwd;
-    NnExec bwd[5]; /* [act bwd,] bwd weights, [diff weights reorder,] [weights reorder,] bwd data */
+    NnExec bwd[8]; /* [act bwd,] [src, diff_dst reorders,] bwd weights, [diff weights reorder,]
+                      [weights reorder,] bwd data */
     int nbwd;
     float *mask; /* Dropout [B, out] */
 } LayerPlan;
@@ -23,14 +24,14 @@ typedef struct LayerPlan {
 typedef struct Plan {
     int B;
     uint64_t last_use;
-    float *arena;     /* every buffer below */
-    float **act;      /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
-    float **dact;     /* [L+1]: gradient with respect to act[l] */
-    float *dpre;      /* [B, max out]: gradient before a fused activation */
-    float *logprob;   /* [B, K] */
-    int32_t *labels;  /* [B] */
-    float *onehot;    /* [B, K] */
-    LayerPlan *lp;    /* [L] */
+    float *arena;    /* every buffer below */
+    float **act;     /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
+    float **dact;    /* [L+1]: gradient with respect to act[l] */
+    float *dpre;     /* [B, max out]: gradient before a fused activation */
+    float *logprob;  /* [B, K] */
+    int32_t *labels; /* [B] */
+    float *onehot;   /* [B, K] */
+    LayerPlan *lp;   /* [L] */
     NnExec logsoftmax;
     dnnl_memory_t *mems;
     int nmems, capmems;

@@ -7,15 +7,16 @@
 #include "nn/nn_optim.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct Optimizer {
     OptimConfig cfg;
-    size_t n;      /* parameters */
-    int nslots;    /* state arrays of n floats */
-    int64_t step;  /* steps taken */
-    float *state;  /* [nslots, n] */
+    size_t n;     /* parameters */
+    int nslots;   /* state arrays of n floats */
+    int64_t step; /* steps taken */
+    float *state; /* [nslots, n] */
 };
 
 void optim_config_default(OptimConfig *cfg, OptimKind kind)
@@ -36,11 +37,14 @@ void optim_config_default(OptimConfig *cfg, OptimKind kind)
 static int slots_for(const OptimConfig *c)
 {
     switch (c->kind) {
-    case OPTIM_SGD: return c->momentum != 0.0f;
+    case OPTIM_SGD:
+        return c->momentum != 0.0f;
     case OPTIM_ADAM:
     case OPTIM_ADAMW:
-    case OPTIM_ADADELTA: return 2;
-    case OPTIM_RMSPROP: return 1 + (c->centered != 0) + (c->momentum != 0.0f);
+    case OPTIM_ADADELTA:
+        return 2;
+    case OPTIM_RMSPROP:
+        return 1 + (c->centered != 0) + (c->momentum != 0.0f);
     }
     return -1;
 }
@@ -52,16 +56,19 @@ static int check_config(const OptimConfig *c, SgError *err)
     if (!(c->lr >= 0.0f) || !isfinite(c->lr))
         return sg_fail(err, SG_EINVAL, "optimizer: learning rate must be >= 0, not %g", c->lr);
     if (!(c->momentum >= 0.0f && c->momentum < 1.0f))
-        return sg_fail(err, SG_EINVAL, "optimizer: momentum must be in [0, 1), not %g", c->momentum);
+        return sg_fail(err, SG_EINVAL, "optimizer: momentum must be in [0, 1), not %g",
+                       c->momentum);
     if (c->nesterov && (c->kind != OPTIM_SGD || c->momentum <= 0.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: nesterov needs SGD with momentum > 0");
     if (!(c->weight_decay >= 0.0f))
-        return sg_fail(err, SG_EINVAL, "optimizer: weight_decay must be >= 0, not %g", c->weight_decay);
+        return sg_fail(err, SG_EINVAL, "optimizer: weight_decay must be >= 0, not %g",
+                       c->weight_decay);
     if ((c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) &&
         !(c->beta1 >= 0.0f && c->beta1 < 1.0f && c->beta2 >= 0.0f && c->beta2 < 1.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: betas must be in [0, 1), not (%g, %g)", c->beta1,
                        c->beta2);
-    if ((c->kind == OPTIM_RMSPROP || c->kind == OPTIM_ADADELTA) && !(c->rho >= 0.0f && c->rho <= 1.0f))
+    if ((c->kind == OPTIM_RMSPROP || c->kind == OPTIM_ADADELTA) &&
+        !(c->rho >= 0.0f && c->rho <= 1.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: rho must be in [0, 1], not %g", c->rho);
     if (!(c->eps >= 0.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: eps must be >= 0, not %g", c->eps);
@@ -74,7 +81,8 @@ static int check_config(const OptimConfig *c, SgError *err)
     if ((int)c->schedule < 0 || c->schedule > LR_COSINE)
         return sg_fail(err, SG_EINVAL, "optimizer: unknown schedule %d", (int)c->schedule);
     if (c->warmup_steps < 0 || c->clip_norm < 0.0f || c->clip_value < 0.0f)
-        return sg_fail(err, SG_EINVAL, "optimizer: warmup_steps, clip_norm and clip_value must be >= 0");
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: warmup_steps, clip_norm and clip_value must be >= 0");
     return 0;
 }
 
@@ -118,18 +126,34 @@ static double lr_at(const OptimConfig *c, int64_t t)
         lr *= pow(c->gamma, (double)(t / c->step_size));
     else if (c->schedule == LR_COSINE) {
         double tt = (double)(t < c->total_steps ? t : c->total_steps);
-        lr = c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
+        lr =
+            c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
     }
     if (c->warmup_steps > 0 && t + 1 < c->warmup_steps)
         lr *= (double)(t + 1) / (double)c->warmup_steps;
     return lr;
 }
 
-float optim_current_lr(const Optimizer *o) { return (float)lr_at(&o->cfg, o->step); }
-int64_t optim_get_step(const Optimizer *o) { return o->step; }
-const OptimConfig *optim_config(const Optimizer *o) { return &o->cfg; }
-size_t optim_state_size(const Optimizer *o) { return (size_t)o->nslots * o->n; }
-float *optim_state(Optimizer *o) { return o->state; }
+float optim_current_lr(const Optimizer *o)
+{
+    return (float)lr_at(&o->cfg, o->step);
+}
+int64_t optim_get_step(const Optimizer *o)
+{
+    return o->step;
+}
+const OptimConfig *optim_config(const Optimizer *o)
+{
+    return &o->cfg;
+}
+size_t optim_state_size(const Optimizer *o)
+{
+    return (size_t)o->nslots * o->n;
+}
+float *optim_state(Optimizer *o)
+{
+    return o->state;
+}
 
 int optim_set_state(Optimizer *o, int64_t step, const float *state, size_t len, SgError *err)
 {
@@ -153,110 +177,144 @@ double optim_global_norm(const float *g, size_t n)
     return sqrt(s);
 }
 
-int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
+/* Everything one update needs, computed once per step. */
+typedef struct StepArgs {
+    OptimKind kind;
+    float lr, scale, clipv, wd, mom, b1, b2, eps, rho, step_size, bc2_sqrt;
+    int nesterov, centered, decoupled;
+} StepArgs;
+
+static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
 {
-    if (n != o->n)
-        return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
-    const OptimConfig *c = &o->cfg;
-    const float lr = (float)lr_at(c, o->step);
-    o->step++;
-    const int64_t t = o->step;
-    float scale = 1.0f;
-    if (c->clip_norm > 0.0f) {
-        double norm = optim_global_norm(grads, n);
-        double coef = c->clip_norm / (norm + 1e-6);
-        scale = coef < 1.0 ? (float)coef : 1.0f;
-    }
-    const float clipv = c->clip_value, wd = c->weight_decay, mom = c->momentum;
-    float *s0 = o->state, *s1 = o->state ? o->state + n : NULL,
-          *s2 = o->state ? o->state + 2 * n : NULL;
-    const ptrdiff_t N = (ptrdiff_t)n;
-    const int par = n > 16384;
+    float v = g[i] * scale;
+    if (clipv > 0.0f)
+        v = v > clipv ? clipv : (v < -clipv ? -clipv : v);
+    return v;
+}
 
-#define GRAD_AT(i)                                                   \
-    float g = grads[i] * scale;                                      \
-    if (clipv > 0.0f)                                                \
-        g = g > clipv ? clipv : (g < -clipv ? -clipv : g);
-
-    switch (c->kind) {
-    case OPTIM_SGD: {
-        const int nest = c->nesterov;
-#pragma omp parallel for simd schedule(static) if (par)
-        for (ptrdiff_t i = 0; i < N; i++) {
-            GRAD_AT(i)
-            if (wd != 0.0f)
-                g += wd * params[i];
-            if (mom != 0.0f) {
-                s0[i] = mom * s0[i] + g;
-                g = nest ? g + mom * s0[i] : s0[i];
+/* One update over a contiguous range; restrict pointers and loop-invariant
+ * locals let the compiler vectorise each loop. */
+static void step_range(const StepArgs *a, float *restrict p, const float *restrict g,
+                       float *restrict s0, float *restrict s1, float *restrict s2, ptrdiff_t n)
+{
+    const float lr = a->lr, scale = a->scale, clipv = a->clipv, wd = a->wd, mom = a->mom;
+    switch (a->kind) {
+    case OPTIM_SGD:
+        if (mom == 0.0f && wd == 0.0f && clipv == 0.0f) {
+            const float k = lr * scale;
+#pragma omp simd
+            for (ptrdiff_t i = 0; i < n; i++)
+                p[i] -= k * g[i];
+        } else if (mom == 0.0f) {
+#pragma omp simd
+            for (ptrdiff_t i = 0; i < n; i++)
+                p[i] -= lr * (grad_at(g, i, scale, clipv) + wd * p[i]);
+        } else {
+            const int nest = a->nesterov;
+#pragma omp simd
+            for (ptrdiff_t i = 0; i < n; i++) {
+                float gi = grad_at(g, i, scale, clipv) + wd * p[i];
+                s0[i] = mom * s0[i] + gi;
+                p[i] -= lr * (nest ? gi + mom * s0[i] : s0[i]);
             }
-            params[i] -= lr * g;
         }
         break;
-    }
     case OPTIM_ADAM:
     case OPTIM_ADAMW: {
-        const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
-        const float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
-        const float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
-        const int decoupled = c->kind == OPTIM_ADAMW;
-        const float decay = 1.0f - lr * wd;
-#pragma omp parallel for simd schedule(static) if (par)
-        for (ptrdiff_t i = 0; i < N; i++) {
-            GRAD_AT(i)
-            if (decoupled)
-                params[i] *= decay;
-            else if (wd != 0.0f)
-                g += wd * params[i];
-            s0[i] += (g - s0[i]) * (1.0f - b1);
-            s1[i] = b2 * s1[i] + (1.0f - b2) * g * g;
-            float denom = sqrtf(s1[i]) / bc2_sqrt + eps;
-            params[i] += -step_size * (s0[i] / denom);
+        const float b1 = a->b1, b2 = a->b2, eps = a->eps, ss = a->step_size, bc2s = a->bc2_sqrt;
+        const float decay = a->decoupled ? 1.0f - lr * wd : 1.0f, l2 = a->decoupled ? 0.0f : wd;
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) {
+            p[i] *= decay;
+            float gi = grad_at(g, i, scale, clipv) + l2 * p[i];
+            s0[i] += (gi - s0[i]) * (1.0f - b1);
+            s1[i] = b2 * s1[i] + (1.0f - b2) * gi * gi;
+            float denom = sqrtf(s1[i]) / bc2s + eps;
+            p[i] += -ss * (s0[i] / denom);
         }
         break;
     }
     case OPTIM_RMSPROP: {
-        const float a = c->rho, eps = c->eps;
-        const int centered = c->centered;
-        float *gavg = centered ? s1 : NULL;
-        float *buf = mom != 0.0f ? (centered ? s2 : s1) : NULL;
-#pragma omp parallel for simd schedule(static) if (par)
-        for (ptrdiff_t i = 0; i < N; i++) {
-            GRAD_AT(i)
-            if (wd != 0.0f)
-                g += wd * params[i];
-            s0[i] = a * s0[i] + (1.0f - a) * g * g;
+        const float al = a->rho, eps = a->eps;
+        float *restrict gavg = a->centered ? s1 : NULL;
+        float *restrict buf = mom != 0.0f ? (a->centered ? s2 : s1) : NULL;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            float gi = grad_at(g, i, scale, clipv) + wd * p[i];
+            s0[i] = al * s0[i] + (1.0f - al) * gi * gi;
             float avg;
             if (gavg) {
-                gavg[i] += (g - gavg[i]) * (1.0f - a);
+                gavg[i] += (gi - gavg[i]) * (1.0f - al);
                 avg = sqrtf(s0[i] - gavg[i] * gavg[i]) + eps;
             } else {
                 avg = sqrtf(s0[i]) + eps;
             }
             if (buf) {
-                buf[i] = mom * buf[i] + g / avg;
-                params[i] -= lr * buf[i];
+                buf[i] = mom * buf[i] + gi / avg;
+                p[i] -= lr * buf[i];
             } else {
-                params[i] -= lr * (g / avg);
+                p[i] -= lr * (gi / avg);
             }
         }
         break;
     }
     case OPTIM_ADADELTA: {
-        const float rho = c->rho, eps = c->eps;
-#pragma omp parallel for simd schedule(static) if (par)
-        for (ptrdiff_t i = 0; i < N; i++) {
-            GRAD_AT(i)
-            if (wd != 0.0f)
-                g += wd * params[i];
-            s0[i] = rho * s0[i] + (1.0f - rho) * g * g;
-            float delta = sqrtf(s1[i] + eps) / sqrtf(s0[i] + eps) * g;
+        const float rho = a->rho, eps = a->eps;
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) {
+            float gi = grad_at(g, i, scale, clipv) + wd * p[i];
+            s0[i] = rho * s0[i] + (1.0f - rho) * gi * gi;
+            float delta = sqrtf(s1[i] + eps) / sqrtf(s0[i] + eps) * gi;
             s1[i] = rho * s1[i] + (1.0f - rho) * delta * delta;
-            params[i] -= lr * delta;
+            p[i] -= lr * delta;
         }
         break;
     }
     }
-#undef GRAD_AT
+}
+
+int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
+{
+    if (n != o->n)
+        return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
+    const OptimConfig *c = &o->cfg;
+    StepArgs a = {c->kind,
+                  (float)lr_at(c, o->step),
+                  1.0f,
+                  c->clip_value,
+                  c->weight_decay,
+                  c->momentum,
+                  c->beta1,
+                  c->beta2,
+                  c->eps,
+                  c->rho,
+                  0.0f,
+                  1.0f,
+                  c->nesterov,
+                  c->centered,
+                  c->kind == OPTIM_ADAMW};
+    o->step++;
+    if (c->clip_norm > 0.0f) {
+        double coef = c->clip_norm / (optim_global_norm(grads, n) + 1e-6);
+        a.scale = coef < 1.0 ? (float)coef : 1.0f;
+    }
+    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) {
+        float t = (float)o->step;
+        a.step_size = a.lr / (1.0f - powf(c->beta1, t));
+        a.bc2_sqrt = sqrtf(1.0f - powf(c->beta2, t));
+    }
+    float *s0 = o->state, *s1 = o->state ? o->state + n : NULL,
+          *s2 = o->state && o->nslots > 2 ? o->state + 2 * n : NULL;
+    int nt = n >= 65536 ? omp_get_max_threads() : 1;
+    if (nt <= 1) {
+        step_range(&a, params, grads, s0, s1, s2, (ptrdiff_t)n);
+        return 0;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        size_t lo = n * t / T, hi = n * (t + 1) / T;
+        step_range(&a, params + lo, grads + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL,
+                   s2 ? s2 + lo : NULL, (ptrdiff_t)(hi - lo));
+    }
     return 0;
 }

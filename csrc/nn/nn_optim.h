@@ -48,10 +48,10 @@ typedef struct OptimConfig {
     int centered;       /* RMSprop */
     /* schedule: t is the number of steps taken before this one */
     LrSchedule schedule;
-    int64_t step_size; /* LR_STEP */
-    float gamma;       /* LR_STEP */
-    int64_t total_steps; /* LR_COSINE */
-    float lr_min;        /* LR_COSINE */
+    int64_t step_size;    /* LR_STEP */
+    float gamma;          /* LR_STEP */
+    int64_t total_steps;  /* LR_COSINE */
+    float lr_min;         /* LR_COSINE */
     int64_t warmup_steps; /* factor min(1, (t+1)/warmup_steps) on top of the schedule; 0 = none */
     /* clipping, applied to the gradient before everything else; 0 = off */
     float clip_norm;  /* scale g by min(1, clip_norm / ||g||_2) */

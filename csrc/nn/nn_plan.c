@@ -25,7 +25,8 @@ static int plan_mem(Model *m, Plan *p, dnnl_memory_t *out, const_dnnl_memory_des
                     SgError *err)
 {
     int rc;
-    if (p->nmems == p->capmems && (rc = grow((void **)&p->mems, &p->capmems, sizeof *p->mems, err)) < 0)
+    if (p->nmems == p->capmems &&
+        (rc = grow((void **)&p->mems, &p->capmems, sizeof *p->mems, err)) < 0)
         return rc;
     if ((rc = nn_mem(out, md, m->eng, data, err)) < 0)
         return rc;
@@ -72,7 +73,8 @@ static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_m
         (rc = DNNL(err, dnnl_memory_get_memory_desc, to, &tmd)) < 0)
         return rc;
     dnnl_primitive_desc_t pd = NULL;
-    if ((rc = DNNL(err, dnnl_reorder_primitive_desc_create, &pd, fmd, m->eng, tmd, m->eng, NULL)) < 0)
+    if ((rc = DNNL(err, dnnl_reorder_primitive_desc_create, &pd, fmd, m->eng, tmd, m->eng, NULL)) <
+        0)
         return rc;
     memset(e, 0, sizeof *e);
     rc = plan_prim(p, &e->prim, pd, err);
@@ -87,11 +89,14 @@ static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_m
 static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
 {
     switch (a) {
-    case NN_ACT_RELU: return use_dst ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_relu;
-    case NN_ACT_TANH: return use_dst ? dnnl_eltwise_tanh_use_dst_for_bwd : dnnl_eltwise_tanh;
+    case NN_ACT_RELU:
+        return use_dst ? dnnl_eltwise_relu_use_dst_for_bwd : dnnl_eltwise_relu;
+    case NN_ACT_TANH:
+        return use_dst ? dnnl_eltwise_tanh_use_dst_for_bwd : dnnl_eltwise_tanh;
     case NN_ACT_SIGMOID:
         return use_dst ? dnnl_eltwise_logistic_use_dst_for_bwd : dnnl_eltwise_logistic;
-    default: return dnnl_alg_kind_undef;
+    default:
+        return dnnl_alg_kind_undef;
     }
 }
 
@@ -103,11 +108,13 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     const int conv = sp->kind == LAYER_CONV2D, B = p->B;
     const int fused = act_alg(sp->act, 0) != dnnl_alg_kind_undef;
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
-    dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL;
-    dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL, bwd_pd = NULL;
+    dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL,
+                       src_any = NULL, dst_any = NULL;
+    dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL,
+                          bwd_pd = NULL;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
-    dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, dpre_m, tmp;
+    dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, tmp;
     const dnnl_dims_t strides = {sp->stride, sp->stride}, dil = {0, 0}, pl = {s->pt, s->pl},
                       pr = {s->pb, s->pr};
     int rc;
@@ -118,7 +125,9 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&w_md, 4, wd, dnnl_hwio, err)) < 0 ||
-            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0)
+            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md(&src_any, 4, sd, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md(&dst_any, 4, dd, dnnl_format_tag_any, err)) < 0)
             goto cleanup;
     } else {
         dnnl_dims_t sd = {B, s->c}, dd = {B, s->oc}, wd = {s->oc, s->c};
@@ -135,7 +144,8 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     }
     if (fused) {
         if ((rc = DNNL(err, dnnl_post_ops_create, &po)) < 0 ||
-            (rc = DNNL(err, dnnl_post_ops_append_eltwise, po, act_alg(sp->act, 0), 0.0f, 0.0f)) < 0 ||
+            (rc = DNNL(err, dnnl_post_ops_append_eltwise, po, act_alg(sp->act, 0), 0.0f, 0.0f)) <
+                0 ||
             (rc = DNNL(err, dnnl_primitive_attr_create, &attr)) < 0 ||
             (rc = DNNL(err, dnnl_primitive_attr_set_post_ops, attr, po)) < 0)
             goto cleanup;
@@ -181,19 +191,19 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
                        dnnl_forward_training, act_alg(sp->act, 1), dst_md, dst_md, 0.0f, 0.0f,
                        NULL)) < 0 ||
             (rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &ebwd_pd, m->eng,
-                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0 ||
-            (rc = plan_mem(m, p, &dpre_m, dst_md, p->dpre, err)) < 0)
+                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0)
             goto cleanup;
+        /* in place: the gradient before the activation overwrites dact[l+1] */
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, ebwd_pd, err)) < 0)
             goto cleanup;
         nn_exec_arg(e, DNNL_ARG_DST, dst_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
-        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dpre_m);
-        g_m = dpre_m;
+        nn_exec_arg(e, DNNL_ARG_DIFF_SRC, ddst_m);
     }
+    /* conv weight gradients: oneDNN may prefer blocked activations; reorder to them */
     rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
-                     dnnl_convolution_direct, src_md, w_any, b_md, dst_md, strides, dil, pl, pr,
+                     dnnl_convolution_direct, src_any, w_any, b_md, dst_any, strides, dil, pl, pr,
                      fwd_pd, NULL)
               : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
                      m->eng, src_md, w_any, b_md, dst_md, fwd_pd, NULL);
@@ -205,11 +215,22 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     if (!dnnl_memory_desc_equal(dw_md, w_md) &&
         (rc = plan_mem(m, p, &tmp, dw_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
         goto cleanup;
+    dnnl_memory_t wsrc_m = src_m, wdd_m = g_m;
+    const_dnnl_memory_desc_t q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_src_md, 0);
+    if (!dnnl_memory_desc_equal(q_md, src_md) &&
+        ((rc = plan_mem(m, p, &wsrc_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], src_m, wsrc_m, err)) < 0))
+        goto cleanup;
+    q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_dst_md, 0);
+    if (!dnnl_memory_desc_equal(q_md, dst_md) &&
+        ((rc = plan_mem(m, p, &wdd_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, wdd_m, err)) < 0))
+        goto cleanup;
     e = &lp->bwd[lp->nbwd++];
     if ((rc = plan_prim(p, &e->prim, bww_pd, err)) < 0)
         goto cleanup;
-    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
-    nn_exec_arg(e, DNNL_ARG_DIFF_DST, g_m);
+    nn_exec_arg(e, DNNL_ARG_SRC, wsrc_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_DST, wdd_m);
     nn_exec_arg(e, DNNL_ARG_DIFF_WEIGHTS, tmp);
     nn_exec_arg(e, DNNL_ARG_DIFF_BIAS, db_m);
     if (tmp != dw_m && (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], tmp, dw_m, err)) < 0)
@@ -258,6 +279,8 @@ cleanup:
     dnnl_memory_desc_destroy(w_md);
     dnnl_memory_desc_destroy(w_any);
     dnnl_memory_desc_destroy(b_md);
+    dnnl_memory_desc_destroy(src_any);
+    dnnl_memory_desc_destroy(dst_any);
     return rc;
 }
 
@@ -281,11 +304,13 @@ static int build_pool(Model *m, Plan *p, int l, SgError *err)
     if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
         (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
         (rc = DNNL(err, dnnl_pooling_forward_primitive_desc_create, &fwd_pd, m->eng,
-                   dnnl_forward_training, alg, src_md, dst_md, strides, kernel, dil, pl, pr, NULL)) < 0 ||
+                   dnnl_forward_training, alg, src_md, dst_md, strides, kernel, dil, pl, pr,
+                   NULL)) < 0 ||
         (rc = plan_mem(m, p, &src_m, src_md, p->act[l], err)) < 0 ||
         (rc = plan_mem(m, p, &dst_m, dst_md, p->act[l + 1], err)) < 0)
         goto cleanup;
-    const_dnnl_memory_desc_t ws_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_workspace_md, 0);
+    const_dnnl_memory_desc_t ws_md =
+        dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_workspace_md, 0);
     if (ws_md != NULL && dnnl_memory_desc_get_size(ws_md) > 0 &&
         (rc = plan_mem(m, p, &ws_m, ws_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
         goto cleanup;
@@ -345,7 +370,10 @@ cleanup:
 
 /* ---- the plan ----------------------------------------------------------- */
 
-static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t round16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
 
 static size_t layer_out(const Model *m, int l)
 {
@@ -382,7 +410,8 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
     total += round16(max_out) + 2 * bk + round16((size_t)B);
     p->arena = aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
     if (p->arena == NULL) {
-        rc = sg_fail(err, SG_ENOMEM, "model plan: cannot allocate %zu floats for batch %d", total, B);
+        rc = sg_fail(err, SG_ENOMEM, "model plan: cannot allocate %zu floats for batch %d", total,
+                     B);
         goto fail;
     }
     memset(p->arena, 0, total * sizeof(float));
@@ -410,10 +439,16 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
     for (int l = 0; l < L; l++) {
         switch (m->specs[l].kind) {
         case LAYER_DENSE:
-        case LAYER_CONV2D: rc = build_weighted(m, p, l, err); break;
+        case LAYER_CONV2D:
+            rc = build_weighted(m, p, l, err);
+            break;
         case LAYER_MAXPOOL:
-        case LAYER_AVGPOOL: rc = build_pool(m, p, l, err); break;
-        default: rc = 0; break;
+        case LAYER_AVGPOOL:
+            rc = build_pool(m, p, l, err);
+            break;
+        default:
+            rc = 0;
+            break;
         }
         if (rc < 0)
             goto fail;

@@ -48,10 +48,18 @@ void act_forward_ref(float *out, const float *inp, size_t n, NnAct act)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         switch (act) {
-        case NN_ACT_RELU: out[i] = x > 0.0f ? x : 0.0f; break;
-        case NN_ACT_TANH: out[i] = tanhf(x); break;
-        case NN_ACT_SIGMOID: out[i] = 1.0f / (1.0f + expf(-x)); break;
-        default: out[i] = x; break;
+        case NN_ACT_RELU:
+            out[i] = x > 0.0f ? x : 0.0f;
+            break;
+        case NN_ACT_TANH:
+            out[i] = tanhf(x);
+            break;
+        case NN_ACT_SIGMOID:
+            out[i] = 1.0f / (1.0f + expf(-x));
+            break;
+        default:
+            out[i] = x;
+            break;
         }
     }
 }
@@ -61,10 +69,18 @@ void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n
     for (size_t i = 0; i < n; i++) {
         float y = out[i], g = dout[i];
         switch (act) {
-        case NN_ACT_RELU: dinp[i] = y > 0.0f ? g : 0.0f; break;
-        case NN_ACT_TANH: dinp[i] = g * (1.0f - y * y); break;
-        case NN_ACT_SIGMOID: dinp[i] = g * y * (1.0f - y); break;
-        default: dinp[i] = g; break;
+        case NN_ACT_RELU:
+            dinp[i] = y > 0.0f ? g : 0.0f;
+            break;
+        case NN_ACT_TANH:
+            dinp[i] = g * (1.0f - y * y);
+            break;
+        case NN_ACT_SIGMOID:
+            dinp[i] = g * y * (1.0f - y);
+            break;
+        default:
+            dinp[i] = g;
+            break;
         }
     }
 }
@@ -109,8 +125,8 @@ double xent_forward(const float *logprob, const int32_t *labels, const float *on
     return total / B;
 }
 
-void xent_backward(float *dlogits, const float *logprob, const int32_t *labels,
-                   const float *onehot, int B, int K)
+void xent_backward(float *dlogits, const float *logprob, const int32_t *labels, const float *onehot,
+                   int B, int K)
 {
     float inv_b = 1.0f / (float)B;
     for (int b = 0; b < B; b++) {
@@ -144,7 +160,7 @@ int accuracy_count(const float *scores, const int32_t *labels, const float *oneh
 
 /* ---- convolution -------------------------------------------------------- */
 
-#define AT4(p, i0, i1, i2, i3, D1, D2, D3) \
+#define AT4(p, i0, i1, i2, i3, D1, D2, D3)                                                         \
     (p)[(((size_t)(i0) * (D1) + (i1)) * (D2) + (i2)) * (D3) + (i3)]
 
 void conv2d_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
@@ -308,8 +324,8 @@ uint64_t nn_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate,
-                     uint64_t seed, uint64_t counter)
+void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate, uint64_t seed,
+                     uint64_t counter)
 {
     float keep = 1.0f / (1.0f - rate);
 #pragma omp parallel for schedule(static) if (n > 65536)

@@ -48,8 +48,8 @@ void log_softmax_forward_ref(float *logprob, const float *logits, int B, int K);
 double xent_forward(const float *logprob, const int32_t *labels, const float *onehot, int B, int K,
                     int *bad);
 /* dlogits[B,K] = (softmax - target) / B */
-void xent_backward(float *dlogits, const float *logprob, const int32_t *labels,
-                   const float *onehot, int B, int K);
+void xent_backward(float *dlogits, const float *logprob, const int32_t *labels, const float *onehot,
+                   int B, int K);
 /* Number of rows whose argmax(scores) equals the label (argmax of onehot). */
 int accuracy_count(const float *scores, const int32_t *labels, const float *onehot, int B, int K);
 
@@ -76,8 +76,8 @@ void avgpool_backward_ref(float *dinp, const float *dout, int B, int H, int W, i
 /* Inverted dropout: mask[n] is 0 or 1/(1-rate), out = inp * mask. The mask
  * is drawn from the counter-based generator (seed, counter): the same pair
  * always gives the same mask. */
-void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate,
-                     uint64_t seed, uint64_t counter);
+void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate, uint64_t seed,
+                     uint64_t counter);
 void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n);
 
 /* splitmix64 finaliser: the hash under the counter-based generator. */

@@ -16,7 +16,10 @@ void nn_set_num_threads(int n)
         omp_set_num_threads(n);
 }
 
-int nn_get_num_threads(void) { return omp_get_max_threads(); }
+int nn_get_num_threads(void)
+{
+    return omp_get_max_threads();
+}
 
 /* Copies rows order[start..start+B) (or start..start+B) of d into the plan. */
 static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
@@ -26,7 +29,8 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
     for (int i = 0; i < B; i++) {
         int64_t r = order ? order[start + i] : (int64_t)(start + i);
         if (r < 0 || (size_t)r >= d->n)
-            return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r, d->n);
+            return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
+                           d->n);
         memcpy(p->act[0] + (size_t)i * row, d->x + (size_t)r * row, row * sizeof(float));
         if (d->labels) {
             int32_t y = d->labels[r];
@@ -74,8 +78,8 @@ static int batch_loss(Model *m, Plan *p, const NnData *d, int backward, NnStats 
     return 0;
 }
 
-int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order,
-                      size_t start, int B, NnStats *st, SgError *err)
+int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
+                      int B, NnStats *st, SgError *err)
 {
     Plan *p;
     int rc;
@@ -114,7 +118,8 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
     for (size_t start = 0; start < d->n; start += (size_t)batch) {
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
         Plan *p;
-        if ((rc = model_plan(m, B, &p, err)) < 0 || (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
+        if ((rc = model_plan(m, B, &p, err)) < 0 ||
+            (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, 0, st, err)) < 0)
             return sg_context(err, "evaluating rows from %zu", start);
     }
@@ -132,7 +137,8 @@ int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgE
     for (size_t start = 0; start < n; start += (size_t)batch) {
         int B = n - start < (size_t)batch ? (int)(n - start) : batch;
         Plan *p;
-        if ((rc = model_plan(m, B, &p, err)) < 0 || (rc = gather(m, p, &d, NULL, start, B, err)) < 0 ||
+        if ((rc = model_plan(m, B, &p, err)) < 0 ||
+            (rc = gather(m, p, &d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0)
             return sg_context(err, "predicting rows from %zu", start);
         float *dst = out + start * K;

@@ -506,6 +506,28 @@ static PyObject *PsClient_init_params(PsClientObject *self, PyObject *args)
     return ps_call(self, args, CALL_INIT);
 }
 
+/* wait_others(params, timeout) -> step: blocks (GIL released) until every
+ * other worker said done, then fills params with the final values. */
+static PyObject *PsClient_wait_others(PsClientObject *self, PyObject *args)
+{
+    PyObject *a;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Od:wait_others", &a, &timeout) || cli_live(self) == NULL)
+        return NULL;
+    float *params = float_array(a, self->total, 1, "params");
+    if (params == NULL)
+        return NULL;
+    SgError err;
+    uint64_t step = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_client_wait_others(self->cli, params, &step, timeout, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    return PyLong_FromUnsignedLongLong(step);
+}
+
 static PyObject *PsClient_set_state(PsClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"params", "step", "optimizer_state", NULL};
@@ -638,6 +660,9 @@ static PyMethodDef PsClient_methods[] = {
     {"push", (PyCFunction)PsClient_push, METH_VARARGS, "push(grads) -> step after the update."},
     {"push_pull", (PyCFunction)PsClient_push_pull, METH_VARARGS,
      "push_pull(grads, params) -> step: push, then fill params with the updated values."},
+    {"wait_others", (PyCFunction)PsClient_wait_others, METH_VARARGS,
+     "wait_others(params, timeout) -> step: wait until every other worker said done, then fill "
+     "params with the final parameters (the chief's last checkpoint and evaluation)."},
     {"init", (PyCFunction)PsClient_init_params, METH_VARARGS,
      "init(params) -> bool: set the parameters unless a worker already did (True if this call "
      "did)."},

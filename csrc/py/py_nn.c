@@ -112,8 +112,8 @@ static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
         PyObject *shape = PyTuple_New(p->ndim);
         for (int d = 0; shape && d < p->ndim; d++)
             PyTuple_SET_ITEM(shape, d, PyLong_FromLong(p->shape[d]));
-        PyObject *row = shape ? Py_BuildValue("(iinnN)", p->layer, p->is_bias, (Py_ssize_t)p->offset,
-                                              (Py_ssize_t)p->size, shape)
+        PyObject *row = shape ? Py_BuildValue("(iinnN)", p->layer, p->is_bias,
+                                              (Py_ssize_t)p->offset, (Py_ssize_t)p->size, shape)
                               : NULL;
         if (row == NULL) {
             Py_DECREF(out);
@@ -199,15 +199,18 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, 
     d->n = (size_t)PyArray_DIM(x, 0);
     d->row = model_input_size(self->model);
     if ((size_t)PyArray_SIZE(x) != d->n * d->row)
-        return sg_raise_code(SG_EINVAL, "x has %zd values for %zu rows; the model takes %zu per row",
-                             PyArray_SIZE(x), d->n, d->row), -1;
+        return sg_raise_code(SG_EINVAL,
+                             "x has %zd values for %zu rows; the model takes %zu per row",
+                             PyArray_SIZE(x), d->n, d->row),
+               -1;
     d->x = PyArray_DATA(x);
     if (lo != Py_None) {
         if (!PyArray_Check(lo) || PyArray_TYPE((PyArrayObject *)lo) != NPY_INT32 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)lo) ||
             (size_t)PyArray_SIZE((PyArrayObject *)lo) != d->n)
             return sg_raise_code(SG_EINVAL, "labels must be a contiguous int32 array of %zu rows",
-                                 d->n), -1;
+                                 d->n),
+                   -1;
         d->labels = PyArray_DATA((PyArrayObject *)lo);
     }
     if (oo != Py_None) {
@@ -238,7 +241,8 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args)
     Optimizer *opt = NULL;
     if (opto != Py_None) {
         if (!PyObject_TypeCheck(opto, &OptimizerType))
-            return sg_raise_code(SG_EINVAL, "optimizer must be a sparkgrad._core.Optimizer or None");
+            return sg_raise_code(SG_EINVAL,
+                                 "optimizer must be a sparkgrad._core.Optimizer or None");
         opt = ((OptimizerObject *)opto)->opt;
         if (((OptimizerObject *)opto)->n != model_num_params(self->model))
             return sg_raise_code(SG_EINVAL, "optimizer is for %zu parameters, the model has %zu",
@@ -254,7 +258,8 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args)
         if (!PyArray_Check(ordo) || PyArray_TYPE((PyArrayObject *)ordo) != NPY_INT64 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)ordo) ||
             (size_t)PyArray_SIZE((PyArrayObject *)ordo) != d.n)
-            return sg_raise_code(SG_EINVAL, "order must be a contiguous int64 array of %zu rows", d.n);
+            return sg_raise_code(SG_EINVAL, "order must be a contiguous int64 array of %zu rows",
+                                 d.n);
         order = PyArray_DATA((PyArrayObject *)ordo);
     }
     if (start < 0)

@@ -27,21 +27,21 @@ static int lookup(const char *const *names, const char *what, const char *v)
 
 static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"kind", "n", "lr", "momentum", "nesterov", "weight_decay", "beta1",
-                             "beta2", "eps", "rho", "centered", "schedule", "step_size", "gamma",
-                             "total_steps", "lr_min", "warmup_steps", "clip_norm", "clip_value",
-                             NULL};
+    static char *kwlist[] = {
+        "kind",       "n",     "lr",          "momentum", "nesterov",     "weight_decay",
+        "beta1",      "beta2", "eps",         "rho",      "centered",     "schedule",
+        "step_size",  "gamma", "total_steps", "lr_min",   "warmup_steps", "clip_norm",
+        "clip_value", NULL};
     const char *kind, *schedule = "constant";
     Py_ssize_t n;
     OptimConfig c;
     optim_config_default(&c, OPTIM_SGD);
     long long step_size = 1, total_steps = 1, warmup = 0;
     int nesterov = 0, centered = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|$ffpfffffpsLfLfLff:Optimizer", kwlist, &kind, &n,
-                                     &c.lr, &c.momentum, &nesterov, &c.weight_decay, &c.beta1,
-                                     &c.beta2, &c.eps, &c.rho, &centered, &schedule, &step_size,
-                                     &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm,
-                                     &c.clip_value))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "sn|$ffpfffffpsLfLfLff:Optimizer", kwlist, &kind, &n, &c.lr, &c.momentum,
+            &nesterov, &c.weight_decay, &c.beta1, &c.beta2, &c.eps, &c.rho, &centered, &schedule,
+            &step_size, &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm, &c.clip_value))
         return -1;
     int k = lookup(kind_names, "optimizer kind", kind);
     int s = k < 0 ? -1 : lookup(sched_names, "schedule", schedule);
@@ -136,7 +136,8 @@ static PyObject *optimizer_set_state(OptimizerObject *self, PyObject *args)
     if (state == NULL)
         return NULL;
     SgError err = {0};
-    if (optim_set_state(self->opt, step, state, (size_t)PyArray_SIZE((PyArrayObject *)so), &err) < 0)
+    if (optim_set_state(self->opt, step, state, (size_t)PyArray_SIZE((PyArrayObject *)so), &err) <
+        0)
         return sg_raise(&err);
     Py_RETURN_NONE;
 }

@@ -28,27 +28,29 @@ static double now_s(void)
 
 static PyObject *dataset_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"paths", "schema", "batch_size", "shuffle_buffer", "seed",
-                             "epochs", "shard_index", "num_shards", "drop_remainder",
-                             "compression", "prefetch", "verify_crc", "timeout", NULL};
+    static char *kwlist[] = {"paths",          "schema",        "batch_size",  "shuffle_buffer",
+                             "seed",           "epochs",        "shard_index", "num_shards",
+                             "drop_remainder", "compression",   "prefetch",    "verify_crc",
+                             "timeout",        "parse_threads", NULL};
     PyObject *paths;
     SchemaObject *schema;
     Py_ssize_t batch_size, shuffle = 0, shard_index = 0, num_shards = 1, prefetch = 2;
+    Py_ssize_t parse_threads = 1;
     unsigned long long seed = 0;
     long long epochs = 1;
     int drop = 0, verify = 1;
     double timeout = 600.0;
     DsConfig cfg = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!n|nKLnnpO&npd:Dataset", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!n|nKLnnpO&npdn:Dataset", kwlist, &paths,
                                      &SchemaType, &schema, &batch_size, &shuffle, &seed, &epochs,
-                                     &shard_index, &num_shards, &drop,
-                                     record_compression_converter, &cfg.comp, &prefetch, &verify,
-                                     &timeout))
+                                     &shard_index, &num_shards, &drop, record_compression_converter,
+                                     &cfg.comp, &prefetch, &verify, &timeout, &parse_threads))
         return NULL;
     if (batch_size < 1 || shuffle < 0 || shard_index < 0 || num_shards < 1 || prefetch < 0 ||
-        timeout <= 0)
+        timeout <= 0 || parse_threads < 1)
         return sg_raise_code(SG_EINVAL,
-                             "Dataset: batch_size (%zd) and num_shards (%zd) must be >= 1, "
+                             "Dataset: batch_size (%zd), num_shards (%zd) and parse_threads "
+                             "must be >= 1, "
                              "shuffle_buffer, shard_index and prefetch >= 0, timeout > 0",
                              batch_size, num_shards);
     PyObject *seq = PySequence_Fast(paths, "paths must be a list of file names");
@@ -79,6 +81,7 @@ static PyObject *dataset_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     cfg.num_shards = (size_t)num_shards;
     cfg.drop_remainder = drop;
     cfg.prefetch = (size_t)prefetch;
+    cfg.parse_threads = (size_t)parse_threads;
     self = (DatasetObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         goto done;
@@ -154,22 +157,27 @@ static PyObject *dataset_close(DatasetObject *self, PyObject *noargs)
         return sg_raise_code(SG_ESTATE, "Dataset closed while another thread iterates it");
     Dataset *ds = self->ds;
     self->ds = NULL;
+    int orphaned = 0;
     if (ds != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        ds_close(ds);
+        orphaned = ds_close(ds);
         Py_END_ALLOW_THREADS
     }
+    if (orphaned)
+        Py_INCREF(self->schema); /* the blocked thread still parses with it */
     Py_RETURN_NONE;
 }
 
 static void dataset_dealloc(DatasetObject *self)
 {
+    int orphaned = 0;
     if (self->ds != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        ds_close(self->ds);
+        orphaned = ds_close(self->ds);
         Py_END_ALLOW_THREADS
     }
-    Py_XDECREF(self->schema);
+    if (!orphaned) /* else the blocked thread still parses with it */
+        Py_XDECREF(self->schema);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

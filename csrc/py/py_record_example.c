@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "record/bufpool.h"
 #include "record/example.h"
 
 /* ---- encoding ---- */
@@ -26,8 +27,9 @@ static int put_value(PbBuf *b, const char *key, Py_ssize_t key_len, int kind, Py
 {
     if (kind == EX_INT64 || kind == EX_FLOAT) {
         int typenum = kind == EX_INT64 ? NPY_INT64 : NPY_FLOAT32;
-        PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(values, typenum, 0, 0,
-                                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+        PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(
+            values, typenum, 0, 0,
+            NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
         if (arr == NULL)
             return -1;
         size_t n = (size_t)PyArray_SIZE(arr);
@@ -152,15 +154,16 @@ static PyObject *py_encode_sequence_example(PyObject *self, PyObject *args)
     if (put_items(&b, context) < 0)
         goto fail;
     pb_end_message(&b, mark, 1);
-    PyObject *seq = PySequence_Fast(lists, "feature_lists must be a sequence of (key, kind, steps)");
+    PyObject *seq =
+        PySequence_Fast(lists, "feature_lists must be a sequence of (key, kind, steps)");
     if (seq == NULL)
         goto fail;
     size_t fls = pb_begin(&b);
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *key_obj, *steps;
         int kind;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO:feature_list", &key_obj,
-                              &kind, &steps))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO:feature_list", &key_obj, &kind,
+                              &steps))
             goto fail_seq;
         Py_ssize_t key_len;
         const char *key = PyUnicode_AsUTF8AndSize(key_obj, &key_len);
@@ -232,9 +235,9 @@ static PyObject *feature_to_python(const ExFeature *f)
 
 typedef struct DecodeCtx {
     const uint8_t *base;
-    PyObject *dict;     /* entries go here */
-    PyObject *lists;    /* SequenceExample feature lists */
-    PyObject *current;  /* list being filled by feature_list_cb */
+    PyObject *dict;    /* entries go here */
+    PyObject *lists;   /* SequenceExample feature lists */
+    PyObject *current; /* list being filled by feature_list_cb */
 } DecodeCtx;
 
 /* Python errors inside callbacks are reported as SG_ECANCELLED so the walk
@@ -382,9 +385,11 @@ static int spec_defaults(ExSpec *sp, PyObject *dflt)
         Py_DECREF(seq);
         return 0;
     }
-    int typenum = sp->out == EX_DT_INT64 ? NPY_INT64 : sp->out == EX_DT_FLOAT32 ? NPY_FLOAT32 : NPY_UINT8;
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(dflt, typenum, 0, 0,
-                                                          NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+    int typenum = sp->out == EX_DT_INT64     ? NPY_INT64
+                  : sp->out == EX_DT_FLOAT32 ? NPY_FLOAT32
+                                             : NPY_UINT8;
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROMANY(
+        dflt, typenum, 0, 0, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
     if (arr == NULL)
         return -1;
     size_t n = (size_t)PyArray_SIZE(arr);
@@ -448,8 +453,8 @@ static PyObject *schema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         }
         memcpy(sp->name, s, (size_t)name_len + 1);
         sp->name_len = (size_t)name_len;
-        if (kind < 0 || kind > 2 || wire < 1 || wire > 3 || out < 0 || out > 3 ||
-            raw_src < 0 || raw_src > 2) {
+        if (kind < 0 || kind > 2 || wire < 1 || wire > 3 || out < 0 || out > 3 || raw_src < 0 ||
+            raw_src > 2) {
             sg_raise_code(SG_EINVAL, "feature '%s': bad spec codes", sp->name);
             goto fail;
         }
@@ -500,22 +505,29 @@ static void capsule_free(PyObject *cap)
     free(PyCapsule_GetPointer(cap, "sparkgrad.buffer"));
 }
 
-/* Wraps malloc'ed memory (taken over) as an ndarray. */
-static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
+static void capsule_pool_put(PyObject *cap)
+{
+    bufpool_put(PyCapsule_GetPointer(cap, "sparkgrad.pooled"));
+}
+
+/* Wraps memory (taken over) as an ndarray: from malloc, or from bufpool_get
+ * when pooled. */
+static PyObject *array_take_from(void **data, int typenum, int nd, npy_intp *dims, int pooled)
 {
     void *p = *data;
     *data = NULL;
-    if (p == NULL && (p = malloc(1)) == NULL)
+    if (p == NULL && (p = pooled ? bufpool_get(1) : malloc(1)) == NULL)
         return PyErr_NoMemory();
     PyObject *arr = PyArray_SimpleNewFromData(nd, dims, typenum, p);
-    if (arr == NULL) {
-        free(p);
-        return NULL;
-    }
-    PyObject *cap = PyCapsule_New(p, "sparkgrad.buffer", capsule_free);
+    PyObject *cap = arr == NULL ? NULL
+                    : pooled    ? PyCapsule_New(p, "sparkgrad.pooled", capsule_pool_put)
+                                : PyCapsule_New(p, "sparkgrad.buffer", capsule_free);
     if (cap == NULL) {
-        Py_DECREF(arr);
-        free(p);
+        Py_XDECREF(arr);
+        if (pooled)
+            bufpool_put(p);
+        else
+            free(p);
         return NULL;
     }
     if (PyArray_SetBaseObject((PyArrayObject *)arr, cap) < 0) {
@@ -523,6 +535,11 @@ static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
         return NULL;
     }
     return arr;
+}
+
+static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
+{
+    return array_take_from(data, typenum, nd, dims, 0);
 }
 
 static PyObject *bytes_array(const ExColumn *c, int nd, npy_intp *dims)
@@ -565,8 +582,8 @@ PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch)
                                    ? bytes_array(c, 1, vdims)
                                    : array_take(&c->values, typenum_of(sp->out), 1, vdims);
             c->values_cap = sp->out == EX_DT_BYTES ? c->values_cap : 0;
-            PyObject *splits = values ? array_take((void **)&c->row_splits, NPY_INT64, 1, sdims)
-                                      : NULL;
+            PyObject *splits =
+                values ? array_take((void **)&c->row_splits, NPY_INT64, 1, sdims) : NULL;
             value = splits ? PyTuple_Pack(2, values, splits) : NULL;
             Py_XDECREF(values);
             Py_XDECREF(splits);
@@ -581,8 +598,9 @@ PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch)
             dims[0] = (npy_intp)batch->rows;
             for (int d = 1; d < nd; d++)
                 dims[d] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d - 1));
-            value = sp->out == EX_DT_BYTES ? bytes_array(c, nd, dims)
-                                           : array_take(&c->data, typenum_of(sp->out), nd, dims);
+            value = sp->out == EX_DT_BYTES
+                        ? bytes_array(c, nd, dims)
+                        : array_take_from(&c->data, typenum_of(sp->out), nd, dims, 1);
         }
         if (value == NULL ||
             PyDict_SetItem(out, PyList_GET_ITEM(schema->names, (Py_ssize_t)i), value) < 0) {
@@ -664,8 +682,7 @@ static PyMethodDef example_methods[] = {
      "encode_sequence_example(context_items, list_items) -> bytes"},
     {"decode_sequence_example", py_decode_sequence_example, METH_O,
      "decode_sequence_example(data) -> (context, feature_lists)"},
-    {"parse_examples", (PyCFunction)(void (*)(void))py_parse_examples,
-     METH_VARARGS | METH_KEYWORDS,
+    {"parse_examples", (PyCFunction)(void (*)(void))py_parse_examples, METH_VARARGS | METH_KEYWORDS,
      "parse_examples(schema, records, name=None) -> dict of batched arrays"},
     {NULL, NULL, 0, NULL},
 };

@@ -19,9 +19,9 @@
 typedef struct ShufSlot {
     uint8_t *data;
     size_t len, cap;
-    size_t file;      /* index into files */
-    uint64_t index;   /* record index within its file */
-    uint64_t offset;  /* byte offset within its file */
+    size_t file;     /* index into files */
+    uint64_t index;  /* record index within its file */
+    uint64_t offset; /* byte offset within its file */
 } ShufSlot;
 
 struct Dataset {
@@ -34,12 +34,28 @@ struct Dataset {
     size_t file_pos;
     long long epoch;
     TfrReader *reader;
-    uint64_t rec_in_file, rec_in_epoch;
+    uint64_t rec_in_file, rec_in_epoch, yielded_in_epoch;
     int src_done;
     uint64_t rng;
     ShufSlot *shuf;
     size_t shuf_n;
     ShufSlot cur; /* the current record when not shuffling (points into reader) */
+    /* parallel parsing: records of the batch being built, and thread scratch */
+    int threads;
+    struct Stashed *stashed;
+    uint8_t *arena, *scratch;
+    size_t arena_len, arena_cap;
+    ExBatch *job;
+    long *bad_row; /* per worker: first failing row or -1 */
+    int *bad_crc;
+    SgError *bad_err;
+    pthread_t *pool;
+    struct PoolArg *pool_args;
+    int pool_started;
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_go, pool_done;
+    uint64_t pool_gen;
+    int pool_pending, pool_stop;
     /* queue */
     pthread_mutex_t mu;
     pthread_cond_t ready_cv, free_cv;
@@ -54,8 +70,12 @@ struct Dataset {
     SgError error;
     int failed;
     int thread_started;
+    int exited;   /* producer_main returned */
+    int orphaned; /* ds_close gave up waiting: the thread frees the dataset */
     pthread_t thread;
 };
+
+static void ds_free(Dataset *ds);
 
 /* splitmix64: small, seedable, good enough for shuffling. */
 static uint64_t rng_next(uint64_t *s)
@@ -92,17 +112,22 @@ static int source_next(Dataset *ds, SgError *err)
     for (;;) {
         if (ds->reader == NULL) {
             if (ds->file_pos >= ds->nfiles) {
+                /* An epoch that gave this shard nothing ends the data, even
+                 * when repeating forever (else: a busy loop). */
+                if (ds->epoch >= 0 && ds->yielded_in_epoch == 0)
+                    return 0;
                 ds->epoch++;
                 if (ds->cfg.epochs >= 0 && ds->epoch >= ds->cfg.epochs)
                     return 0;
                 if (ds->nfiles == 0)
                     return 0;
+                ds->yielded_in_epoch = 0;
                 ds->file_pos = 0;
                 ds->rec_in_epoch = 0;
                 order_shuffle(ds);
             }
-            int rc = tfr_reader_open(&ds->reader, ds->files[ds->order[ds->file_pos]],
-                                     ds->cfg.comp, ds->cfg.verify_crc, err);
+            int rc = tfr_reader_open(&ds->reader, ds->files[ds->order[ds->file_pos]], ds->cfg.comp,
+                                     ds->cfg.verify_crc, err);
             if (rc < 0)
                 return rc;
             ds->rec_in_file = 0;
@@ -122,6 +147,7 @@ static int source_next(Dataset *ds, SgError *err)
         uint64_t index = ds->rec_in_file++;
         if (ds->record_shard && k % ds->cfg.num_shards != ds->cfg.shard_index)
             continue;
+        ds->yielded_in_epoch++;
         ds->cur.data = (uint8_t *)d;
         ds->cur.len = len;
         ds->cur.file = ds->order[ds->file_pos];
@@ -133,21 +159,26 @@ static int source_next(Dataset *ds, SgError *err)
 
 static int slot_store(ShufSlot *s, const ShufSlot *from, SgError *err)
 {
-    if (s->cap < from->len || s->data == NULL) {
-        size_t cap = from->len > 64 ? from->len : 64;
+    /* The 4-byte footer (data CRC) that follows the data is kept too. */
+    size_t need = from->len + TFR_FOOTER_BYTES;
+    if (s->cap < need || s->data == NULL) {
+        size_t cap = need > 64 ? need : 64;
         uint8_t *d = realloc(s->data, cap);
         if (d == NULL)
             return sg_fail(err, SG_ENOMEM, "out of memory for the shuffle buffer (%zu bytes)", cap);
         s->data = d;
         s->cap = cap;
     }
-    memcpy(s->data, from->data, from->len);
+    memcpy(s->data, from->data, need);
     s->len = from->len;
     s->file = from->file;
     s->index = from->index;
     s->offset = from->offset;
     return 0;
 }
+
+/* What to do with the next record: parse it, or stash it for the threads. */
+typedef int (*TakeFn)(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err);
 
 static int parse_into(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err)
 {
@@ -158,14 +189,14 @@ static int parse_into(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err)
     return rc;
 }
 
-/* Moves one record into the batch; 1 done, 0 no more records. */
-static int next_record(Dataset *ds, ExBatch *b, SgError *err)
+/* Hands the next record to take; 1 done, 0 no more records. */
+static int next_record(Dataset *ds, ExBatch *b, TakeFn take, SgError *err)
 {
     int rc;
     if (ds->cfg.shuffle_buffer == 0) {
         if ((rc = source_next(ds, err)) <= 0)
             return rc;
-        return parse_into(ds, b, &ds->cur, err) < 0 ? err->code : 1;
+        return take(ds, b, &ds->cur, err) < 0 ? err->code : 1;
     }
     while (!ds->src_done && ds->shuf_n < ds->cfg.shuffle_buffer) {
         if ((rc = source_next(ds, err)) < 0)
@@ -181,7 +212,7 @@ static int next_record(Dataset *ds, ExBatch *b, SgError *err)
     if (ds->shuf_n == 0)
         return 0;
     size_t i = rng_below(&ds->rng, ds->shuf_n);
-    if ((rc = parse_into(ds, b, &ds->shuf[i], err)) < 0)
+    if ((rc = take(ds, b, &ds->shuf[i], err)) < 0)
         return rc;
     /* Refill slot i from the source, or close the gap with the last slot. */
     if (!ds->src_done) {
@@ -198,18 +229,134 @@ static int next_record(Dataset *ds, ExBatch *b, SgError *err)
     return 1;
 }
 
+/* ---- parallel parsing (positional schemas, parse_threads > 1) ---- */
+
+static void deadline_in(struct timespec *ts, double seconds);
+
+typedef struct PoolArg {
+    Dataset *ds;
+    int t;
+} PoolArg;
+
+typedef struct Stashed {
+    size_t pos, len; /* data at arena + pos, its CRC footer after it */
+    size_t file;
+    uint64_t index, offset;
+} Stashed;
+
+/* Copies the record (and its footer) into the batch arena. */
+static int stash(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err)
+{
+    size_t need = s->len + TFR_FOOTER_BYTES;
+    if (ds->arena_len + need > ds->arena_cap) {
+        size_t cap = ds->arena_cap ? ds->arena_cap : (1u << 20);
+        while (cap < ds->arena_len + need)
+            cap *= 2;
+        uint8_t *a = realloc(ds->arena, cap);
+        if (a == NULL)
+            return sg_fail(err, SG_ENOMEM, "out of memory for a batch of records (%zu bytes)", cap);
+        ds->arena = a;
+        ds->arena_cap = cap;
+    }
+    memcpy(ds->arena + ds->arena_len, s->data, need);
+    ds->stashed[b->rows] = (Stashed){ds->arena_len, s->len, s->file, s->index, s->offset};
+    ds->arena_len += need;
+    b->rows++;
+    return 0;
+}
+
+/* Rows t, t + T, t + 2T, ... of the stashed batch, for worker t of T. */
+static void parse_rows(Dataset *ds, int t)
+{
+    ExBatch *b = ds->job;
+    uint8_t *mine = ds->scratch + ex_scratch_size(ds->cfg.schema) * (size_t)t;
+    ds->bad_row[t] = -1;
+    for (size_t r = (size_t)t; r < b->rows; r += (size_t)ds->threads) {
+        const Stashed *m = &ds->stashed[r];
+        const uint8_t *d = ds->arena + m->pos;
+        SgError *e = &ds->bad_err[t];
+        int crc_failed = ds->cfg.verify_crc && tfr_check_data_crc(d, m->len, m->offset, e) < 0;
+        if (crc_failed || ex_batch_parse_row(b, r, mine, d, m->len, e) < 0) {
+            ds->bad_row[t] = (long)r;
+            ds->bad_crc[t] = crc_failed;
+            return; /* later rows of this worker cannot be the first failure */
+        }
+    }
+}
+
+/* A helper of the parse pool: waits for a job (re-checking stop every
+ * 100 ms), parses its share, reports done. */
+static void *pool_main(void *arg)
+{
+    PoolArg *pa = arg;
+    Dataset *ds = pa->ds;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&ds->pool_mu);
+    for (;;) {
+        while (ds->pool_gen == seen && !ds->pool_stop) {
+            struct timespec ts;
+            deadline_in(&ts, 0.1);
+            pthread_cond_timedwait(&ds->pool_go, &ds->pool_mu, &ts);
+        }
+        if (ds->pool_stop)
+            break;
+        seen = ds->pool_gen;
+        pthread_mutex_unlock(&ds->pool_mu);
+        parse_rows(ds, pa->t);
+        pthread_mutex_lock(&ds->pool_mu);
+        if (--ds->pool_pending == 0)
+            pthread_cond_signal(&ds->pool_done);
+    }
+    pthread_mutex_unlock(&ds->pool_mu);
+    return NULL;
+}
+
+/* Checks the CRCs and parses the stashed rows on `threads` threads (this one
+ * and the pool); reports the failure of the lowest row, as a sequential pass
+ * would. */
+static int parse_stashed(Dataset *ds, ExBatch *b, SgError *err)
+{
+    pthread_mutex_lock(&ds->pool_mu);
+    ds->job = b;
+    ds->pool_pending = ds->threads - 1;
+    ds->pool_gen++;
+    pthread_cond_broadcast(&ds->pool_go);
+    pthread_mutex_unlock(&ds->pool_mu);
+    parse_rows(ds, 0);
+    pthread_mutex_lock(&ds->pool_mu);
+    while (ds->pool_pending > 0)
+        pthread_cond_wait(&ds->pool_done, &ds->pool_mu); /* helpers never block */
+    pthread_mutex_unlock(&ds->pool_mu);
+    int first = -1;
+    for (int t = 0; t < ds->threads; t++)
+        if (ds->bad_row[t] >= 0 && (first < 0 || ds->bad_row[t] < ds->bad_row[first]))
+            first = t;
+    if (first < 0)
+        return 0;
+    *err = ds->bad_err[first];
+    const Stashed *m = &ds->stashed[ds->bad_row[first]];
+    if (ds->bad_crc[first])
+        return sg_context(err, "'%s': ", ds->files[m->file]);
+    return sg_context(err, "'%s': record %llu at byte %llu: ", ds->files[m->file],
+                      (unsigned long long)m->index, (unsigned long long)m->offset);
+}
+
 /* Fills b; 1 a batch, 0 the end. */
 static int produce(Dataset *ds, ExBatch *b, SgError *err)
 {
     int rc = ex_batch_reset(b, err);
     if (rc < 0)
         return rc;
+    TakeFn take = ds->threads > 1 ? stash : parse_into;
+    ds->arena_len = 0;
     while (b->rows < ds->cfg.batch_size) {
-        if ((rc = next_record(ds, b, err)) < 0)
+        if ((rc = next_record(ds, b, take, err)) < 0)
             return rc;
         if (rc == 0)
             break;
     }
+    if (ds->threads > 1 && b->rows > 0 && (rc = parse_stashed(ds, b, err)) < 0)
+        return rc;
     if (b->rows == 0 || (b->rows < ds->cfg.batch_size && ds->cfg.drop_remainder))
         return 0;
     return 1;
@@ -229,9 +376,26 @@ static void deadline_in(struct timespec *ts, double seconds)
     }
 }
 
+static void producer_loop(Dataset *ds);
+
+/* Runs the loop, then either tells ds_close it is done or, when ds_close
+ * stopped waiting (a read blocked on slow storage), frees the dataset. */
 static void *producer_main(void *arg)
 {
     Dataset *ds = arg;
+    producer_loop(ds);
+    pthread_mutex_lock(&ds->mu);
+    ds->exited = 1;
+    int orphaned = ds->orphaned;
+    pthread_cond_broadcast(&ds->ready_cv);
+    pthread_mutex_unlock(&ds->mu);
+    if (orphaned)
+        ds_free(ds);
+    return NULL;
+}
+
+static void producer_loop(Dataset *ds)
+{
     SgError err;
     sg_error_clear(&err);
     for (;;) {
@@ -243,7 +407,7 @@ static void *producer_main(void *arg)
         }
         if (ds->stop) {
             pthread_mutex_unlock(&ds->mu);
-            return NULL;
+            return;
         }
         ExBatch *b = ds->free_list[--ds->free_n];
         pthread_mutex_unlock(&ds->mu);
@@ -264,7 +428,7 @@ static void *producer_main(void *arg)
         pthread_cond_broadcast(&ds->ready_cv);
         pthread_mutex_unlock(&ds->mu);
         if (rc != 1)
-            return NULL;
+            return;
     }
 }
 
@@ -283,6 +447,9 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     ds->epoch = -1;
     ds->rng = cfg->seed;
     pthread_mutex_init(&ds->mu, NULL);
+    pthread_mutex_init(&ds->pool_mu, NULL);
+    pthread_cond_init(&ds->pool_go, NULL);
+    pthread_cond_init(&ds->pool_done, NULL);
     pthread_cond_init(&ds->ready_cv, NULL);
     pthread_cond_init(&ds->free_cv, NULL);
     int rc = 0;
@@ -301,6 +468,31 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     if (cfg->shuffle_buffer > 0 &&
         (ds->shuf = calloc(cfg->shuffle_buffer, sizeof *ds->shuf)) == NULL)
         goto oom;
+    ds->threads = cfg->parse_threads > 1 && ex_schema_positional(cfg->schema)
+                      ? (int)(cfg->parse_threads > 64 ? 64 : cfg->parse_threads)
+                      : 1;
+    if (ds->threads > 1) {
+        size_t t = (size_t)ds->threads;
+        ds->stashed = calloc(cfg->batch_size, sizeof *ds->stashed);
+        ds->scratch = calloc(t, ex_scratch_size(cfg->schema));
+        ds->bad_row = calloc(t, sizeof *ds->bad_row);
+        ds->bad_crc = calloc(t, sizeof *ds->bad_crc);
+        ds->bad_err = calloc(t, sizeof *ds->bad_err);
+        ds->pool = calloc(t, sizeof *ds->pool);
+        ds->pool_args = calloc(t, sizeof *ds->pool_args);
+        if (ds->stashed == NULL || ds->scratch == NULL || ds->bad_row == NULL ||
+            ds->bad_crc == NULL || ds->bad_err == NULL || ds->pool == NULL || ds->pool_args == NULL)
+            goto oom;
+        for (int i = 1; i < ds->threads; i++) {
+            ds->pool_args[i] = (PoolArg){ds, i};
+            if ((rc = pthread_create(&ds->pool[i], NULL, pool_main, &ds->pool_args[i])) != 0) {
+                ds->threads = i; /* the helpers started so far get joined */
+                ds_close(ds);
+                return sg_fail_errno(err, SG_ESTATE, rc, "cannot start parse thread %d", i);
+            }
+            ds->pool_started = i;
+        }
+    }
     /* prefetch batches queued ahead plus the one the consumer holds; the
      * ring can hold all of them. */
     ds->nbatches = (cfg->prefetch ? cfg->prefetch : 1) + 1;
@@ -398,23 +590,63 @@ size_t ds_file_count(const Dataset *ds)
     return ds->nfiles;
 }
 
-void ds_close(Dataset *ds)
+int ds_close(Dataset *ds)
 {
     if (ds == NULL)
-        return;
+        return 0;
     if (ds->thread_started) {
+        /* The thread stops after its current record; a read blocked on
+         * storage can take longer, so wait at most 2 s, then leave the
+         * freeing to the thread. */
         pthread_mutex_lock(&ds->mu);
         ds->stop = 1;
         pthread_cond_broadcast(&ds->free_cv);
+        struct timespec ts;
+        deadline_in(&ts, 2.0);
+        while (!ds->exited)
+            if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT)
+                break;
+        int exited = ds->exited;
+        if (!exited)
+            ds->orphaned = 1;
         pthread_mutex_unlock(&ds->mu);
+        if (!exited) {
+            pthread_detach(ds->thread);
+            return 1;
+        }
         pthread_join(ds->thread, NULL);
     }
+    ds_free(ds);
+    return 0;
+}
+
+static void ds_free(Dataset *ds)
+{
     tfr_reader_close(ds->reader);
     if (ds->files)
         for (size_t i = 0; i < ds->nfiles; i++)
             free(ds->files[i]);
     free(ds->files);
     free(ds->order);
+    if (ds->pool_started > 0) {
+        pthread_mutex_lock(&ds->pool_mu);
+        ds->pool_stop = 1;
+        pthread_cond_broadcast(&ds->pool_go);
+        pthread_mutex_unlock(&ds->pool_mu);
+        for (int i = 1; i <= ds->pool_started; i++)
+            pthread_join(ds->pool[i], NULL);
+    }
+    pthread_mutex_destroy(&ds->pool_mu);
+    pthread_cond_destroy(&ds->pool_go);
+    pthread_cond_destroy(&ds->pool_done);
+    free(ds->stashed);
+    free(ds->arena);
+    free(ds->scratch);
+    free(ds->bad_row);
+    free(ds->bad_crc);
+    free(ds->bad_err);
+    free(ds->pool);
+    free(ds->pool_args);
     if (ds->shuf)
         for (size_t i = 0; i < ds->cfg.shuffle_buffer; i++)
             free(ds->shuf[i].data);

@@ -33,6 +33,11 @@ typedef struct DsConfig {
     size_t shard_index, num_shards;
     int drop_remainder;
     size_t prefetch; /* batches produced ahead by a background thread */
+    /* Threads that check data CRCs and parse each batch (the producing
+     * thread plus a pool of parse_threads - 1 helpers). Used when
+     * > 1 and every feature is fixed-size per row (FIXED numeric, RAW);
+     * otherwise parsing stays on the producing thread. */
+    size_t parse_threads;
 } DsConfig;
 
 typedef struct Dataset Dataset;
@@ -51,7 +56,10 @@ void ds_release(Dataset *ds, ExBatch *batch);
 /* The files this shard reads, for messages. */
 size_t ds_file_count(const Dataset *ds);
 
-/* Stops the thread (waiting for it to finish its current record) and frees. */
-void ds_close(Dataset *ds);
+/* Stops the thread and frees. Waits at most 2 s for the thread to finish its
+ * current read; if it is still blocked (slow storage), returns 1 and the
+ * thread frees the dataset when the read returns, so the schema given in
+ * DsConfig must then stay alive. Returns 0 when everything was freed. */
+int ds_close(Dataset *ds);
 
 #endif /* SG_DATASET_H */

@@ -176,6 +176,35 @@ int ex_feature_list_foreach(const uint8_t *base, const uint8_t *p, size_t n, ExE
     return 0;
 }
 
+/* Adds the number of varints in a packed run to *count, checking each ends
+ * within 10 bytes (the 10th holding at most the top bit) and the run ends on
+ * a varint boundary: one pass over the bytes, no decoding. */
+static int packed_varints_count(const uint8_t *base, const uint8_t *p, size_t n, size_t *count,
+                                SgError *err)
+{
+    size_t c = 0, run = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = p[i];
+        if (b & 0x80) {
+            if (++run >= 10)
+                return sg_fail(err, SG_EPROTOBUF,
+                               "overlong varint at byte %zu (more than 10 bytes)",
+                               (size_t)(p + i + 1 - run - base));
+            continue;
+        }
+        if (run == 9 && b > 1)
+            return sg_fail(err, SG_EPROTOBUF, "overlong varint at byte %zu (above 64 bits)",
+                           (size_t)(p + i - run - base));
+        run = 0;
+        c++;
+    }
+    if (run != 0)
+        return sg_fail(err, SG_EPROTOBUF, "truncated varint at byte %zu",
+                       (size_t)(p + n - run - base));
+    *count += c;
+    return 0;
+}
+
 /* Counts and validates the values of a *List body. */
 static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kind, size_t *count,
                      SgError *err)
@@ -210,9 +239,9 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
                 if ((rc = pb_read_len(&r, &d, &len, err)) < 0)
                     return rc;
                 if (len % 4 != 0)
-                    return sg_fail(err, SG_EPROTOBUF,
-                                   "packed FloatList at byte %zu has %zu bytes, not a multiple of 4",
-                                   at, len);
+                    return sg_fail(
+                        err, SG_EPROTOBUF,
+                        "packed FloatList at byte %zu has %zu bytes, not a multiple of 4", at, len);
                 c += len / 4;
             } else {
                 return wrong_wire(&r, "FloatList.value", field, wire, PB_FIXED32, err);
@@ -226,12 +255,8 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
             } else if (wire == PB_LEN) {
                 if ((rc = pb_read_len(&r, &d, &len, err)) < 0)
                     return rc;
-                PbReader in = {d, d + len, base};
-                while (in.p < in.end) {
-                    if ((rc = pb_read_varint(&in, &v, err)) < 0)
-                        return rc;
-                    c++;
-                }
+                if ((rc = packed_varints_count(base, d, len, &c, err)) < 0)
+                    return rc;
             } else {
                 return wrong_wire(&r, "Int64List.value", field, wire, PB_VARINT, err);
             }
@@ -241,8 +266,7 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
     return 0;
 }
 
-int ex_feature_decode(const uint8_t *base, const uint8_t *p, size_t n, ExFeature *out,
-                      SgError *err)
+int ex_feature_decode(const uint8_t *base, const uint8_t *p, size_t n, ExFeature *out, SgError *err)
 {
     PbReader r = {p, p + n, base};
     out->kind = EX_NONE;
@@ -292,6 +316,10 @@ void ex_values_int64(const ExFeature *f, int64_t *out)
             p = pb_varint_fast(p, &len);
             const uint8_t *stop = p + len;
             while (p < stop) {
+                if (*p < 0x80) { /* one-byte values: pixels, labels, small ids */
+                    *out++ = *p++;
+                    continue;
+                }
                 p = pb_varint_fast(p, &v);
                 *out++ = (int64_t)v;
             }

@@ -3,6 +3,8 @@
  */
 #include "record/example_parse.h"
 
+#include "record/bufpool.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +53,7 @@ static int column_alloc(ExColumn *c, const ExSpec *sp, size_t cap, SgError *err)
 {
     if (sp->kind != EX_SPEC_VARLEN && sp->out != EX_DT_BYTES && c->data == NULL) {
         size_t bytes = cap * sp->count * ex_dtype_size(sp->out);
-        c->data = malloc(bytes ? bytes : 1);
+        c->data = bufpool_get(bytes);
         if (c->data == NULL)
             return sg_fail(err, SG_ENOMEM, "out of memory for feature '%s' (%zu bytes)", sp->name,
                            bytes);
@@ -107,7 +109,7 @@ void ex_batch_free(ExBatch *b)
     if (b->cols)
         for (size_t i = 0; i < b->schema->n; i++) {
             ExColumn *c = &b->cols[i];
-            free(c->data);
+            bufpool_put(c->data);
             free(c->values);
             free(c->arena);
             free(c->ends);
@@ -151,17 +153,23 @@ static int bytes_append(ExColumn *c, const ExSpec *sp, const uint8_t *d, size_t 
 
 /* ---- one record ---- */
 
+typedef struct RowCtx {
+    ExBatch *b;
+    size_t row;
+    ExSlot *slots;
+} RowCtx;
+
 static int entry_cb(void *ctx, const ExEntry *e, SgError *err)
 {
-    ExBatch *b = ctx;
+    RowCtx *rc = ctx;
     (void)err;
-    const ExSchema *s = b->schema;
+    const ExSchema *s = rc->b->schema;
     for (size_t i = 0; i < s->n; i++) {
         const ExSpec *sp = &s->specs[i];
         if (sp->name_len == e->key_len && memcmp(sp->name, e->key, e->key_len) == 0) {
-            b->slots[i].value = e->value;
-            b->slots[i].value_len = e->value_len;
-            b->slots[i].seen = 1;
+            rc->slots[i].value = e->value;
+            rc->slots[i].value_len = e->value_len;
+            rc->slots[i].seen = 1;
             break;
         }
     }
@@ -200,18 +208,18 @@ static int append_bytes_list(ExColumn *c, const ExSpec *sp, const ExFeature *f, 
     return rc;
 }
 
-static int fill_default(ExBatch *b, size_t i, SgError *err)
+static int fill_default(ExBatch *b, size_t row, size_t i, SgError *err)
 {
     const ExSpec *sp = &b->schema->specs[i];
     ExColumn *c = &b->cols[i];
     if (sp->kind == EX_SPEC_VARLEN) {
-        c->row_splits[b->rows + 1] = (int64_t)c->nvalues;
+        c->row_splits[row + 1] = (int64_t)c->nvalues;
         return 0;
     }
     if (!sp->has_default)
         return sg_fail(err, SG_ESCHEMA,
-                       "feature '%s': required (%zu %s value%s, no default) but missing",
-                       sp->name, sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
+                       "feature '%s': required (%zu %s value%s, no default) but missing", sp->name,
+                       sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
     if (sp->out == EX_DT_BYTES) {
         for (size_t j = 0; j < sp->count; j++) {
             int rc = bytes_append(c, sp, sp->default_bytes[j], sp->default_lens[j], err);
@@ -221,8 +229,20 @@ static int fill_default(ExBatch *b, size_t i, SgError *err)
         return 0;
     }
     size_t sz = sp->count * ex_dtype_size(sp->out);
-    memcpy((uint8_t *)c->data + b->rows * sz, sp->defaults, sz);
+    memcpy((uint8_t *)c->data + row * sz, sp->defaults, sz);
     return 0;
+}
+
+/* uint8 -> float32 * scale, the hot loop of image decoding: compiled for
+ * AVX2 and for the baseline, picked at load time (GCC target_clones). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+u8_to_f32(float *restrict o, const uint8_t *restrict src, size_t n, float scale)
+{
+    for (size_t k = 0; k < n; k++)
+        o[k] = (float)src[k] * scale;
 }
 
 static void raw_convert(const ExSpec *sp, const uint8_t *src, void *dst)
@@ -231,9 +251,7 @@ static void raw_convert(const ExSpec *sp, const uint8_t *src, void *dst)
     if (sp->raw_src == EX_DT_UINT8 && sp->out == EX_DT_UINT8) {
         memcpy(dst, src, n);
     } else if (sp->raw_src == EX_DT_UINT8) {
-        float *o = dst, scale = sp->scale;
-        for (size_t k = 0; k < n; k++)
-            o[k] = (float)src[k] * scale;
+        u8_to_f32(dst, src, n, sp->scale);
     } else {
         float *o = dst, scale = sp->scale;
         memcpy(o, src, 4 * n);
@@ -243,14 +261,18 @@ static void raw_convert(const ExSpec *sp, const uint8_t *src, void *dst)
     }
 }
 
-static int fill_feature(ExBatch *b, size_t i, const uint8_t *rec, SgError *err)
+static int fill_feature(ExBatch *b, size_t row, ExSlot *slots, size_t i, const uint8_t *rec,
+                        SgError *err)
 {
     const ExSpec *sp = &b->schema->specs[i];
     ExColumn *c = &b->cols[i];
     ExFeature f;
-    int rc = ex_feature_decode(rec, b->slots[i].value, b->slots[i].value_len, &f, err);
+    int rc = ex_feature_decode(rec, slots[i].value, slots[i].value_len, &f, err);
     if (rc < 0)
         return sg_context(err, "feature '%s': ", sp->name);
+    /* A Feature without a list counts as missing (as in TF's parse_example). */
+    if (f.kind == EX_NONE && sp->kind != EX_SPEC_VARLEN)
+        return fill_default(b, row, i, err);
     if (f.kind != EX_NONE && f.kind != sp->wire)
         return mismatch(sp, &f, err);
     if (sp->kind == EX_SPEC_VARLEN) {
@@ -268,7 +290,7 @@ static int fill_feature(ExBatch *b, size_t i, const uint8_t *rec, SgError *err)
                 ex_values_float(&f, dst);
             c->nvalues += f.count;
         }
-        c->row_splits[b->rows + 1] = (int64_t)c->nvalues;
+        c->row_splits[row + 1] = (int64_t)c->nvalues;
         return 0;
     }
     if (sp->kind == EX_SPEC_RAW) {
@@ -281,49 +303,87 @@ static int fill_feature(ExBatch *b, size_t i, const uint8_t *rec, SgError *err)
         if (len != want)
             return sg_fail(err, SG_ESCHEMA,
                            "feature '%s': expected %zu raw bytes (%zu %s values), found %zu bytes",
-                           sp->name, want, sp->count, sp->raw_src == EX_DT_UINT8 ? "uint8" : "float32",
-                           len);
-        raw_convert(sp, d, (uint8_t *)c->data + b->rows * sp->count * ex_dtype_size(sp->out));
+                           sp->name, want, sp->count,
+                           sp->raw_src == EX_DT_UINT8 ? "uint8" : "float32", len);
+        raw_convert(sp, d, (uint8_t *)c->data + row * sp->count * ex_dtype_size(sp->out));
         return 0;
     }
     /* FIXED */
     if (f.count != sp->count)
         return mismatch(sp, &f, err);
     if (sp->wire == EX_INT64) {
-        ex_values_int64(&f, (int64_t *)c->data + b->rows * sp->count);
+        ex_values_int64(&f, (int64_t *)c->data + row * sp->count);
     } else if (sp->wire == EX_FLOAT) {
-        ex_values_float(&f, (float *)c->data + b->rows * sp->count);
+        ex_values_float(&f, (float *)c->data + row * sp->count);
     } else if ((rc = append_bytes_list(c, sp, &f, err)) < 0) {
         return rc;
     }
     return 0;
 }
 
-int ex_batch_add(ExBatch *b, const uint8_t *rec, size_t n, SgError *err)
+/* Parses rec into `row`; with rollback, a failing record leaves no partial
+ * values behind in the growable (VARLEN, bytes) columns. */
+static int parse_row(ExBatch *b, size_t row, ExSlot *slots, const uint8_t *rec, size_t n,
+                     int rollback, SgError *err)
 {
     const ExSchema *s = b->schema;
-    if (b->rows >= b->cap)
-        return sg_fail(err, SG_ESTATE, "batch is full (%zu rows)", b->cap);
     for (size_t i = 0; i < s->n; i++)
-        b->slots[i].seen = 0;
-    int rc = ex_example_foreach(rec, n, entry_cb, b, err);
+        slots[i].seen = 0;
+    RowCtx ctx = {b, row, slots};
+    int rc = ex_example_foreach(rec, n, entry_cb, &ctx, err);
     if (rc < 0)
         return rc;
-    for (size_t i = 0; i < s->n; i++) {
-        b->slots[i].nvalues = b->cols[i].nvalues;
-        b->slots[i].arena_len = b->cols[i].arena_len;
+    for (size_t i = 0; rollback && i < s->n; i++) {
+        slots[i].nvalues = b->cols[i].nvalues;
+        slots[i].arena_len = b->cols[i].arena_len;
     }
     for (size_t i = 0; i < s->n; i++) {
-        rc = b->slots[i].seen ? fill_feature(b, i, rec, err) : fill_default(b, i, err);
-        if (rc < 0) {
-            /* A failing record leaves no partial values behind. */
+        rc =
+            slots[i].seen ? fill_feature(b, row, slots, i, rec, err) : fill_default(b, row, i, err);
+        if (rc < 0 && rollback) {
             for (size_t j = 0; j < s->n; j++) {
-                b->cols[j].nvalues = b->slots[j].nvalues;
-                b->cols[j].arena_len = b->slots[j].arena_len;
+                b->cols[j].nvalues = slots[j].nvalues;
+                b->cols[j].arena_len = slots[j].arena_len;
             }
-            return rc;
         }
+        if (rc < 0)
+            return rc;
     }
+    return 0;
+}
+
+int ex_batch_add(ExBatch *b, const uint8_t *rec, size_t n, SgError *err)
+{
+    if (b->rows >= b->cap)
+        return sg_fail(err, SG_ESTATE, "batch is full (%zu rows)", b->cap);
+    int rc = parse_row(b, b->rows, b->slots, rec, n, 1, err);
+    if (rc < 0)
+        return rc;
     b->rows++;
     return 0;
+}
+
+int ex_schema_positional(const ExSchema *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->specs[i].kind == EX_SPEC_VARLEN || s->specs[i].out == EX_DT_BYTES)
+            return 0;
+    return 1;
+}
+
+size_t ex_scratch_size(const ExSchema *s)
+{
+    return (s->n ? s->n : 1) * sizeof(ExSlot);
+}
+
+int ex_batch_parse_row(ExBatch *b, size_t row, void *scratch, const uint8_t *rec, size_t n,
+                       SgError *err)
+{
+    if (row >= b->cap || !ex_schema_positional(b->schema))
+        return sg_fail(err, SG_ESTATE,
+                       "row %zu: parallel parsing needs a positional schema "
+                       "and a row below %zu",
+                       row, b->cap);
+    /* Positional columns have no shared counters: nothing to roll back. */
+    return parse_row(b, row, scratch, rec, n, 0, err);
 }

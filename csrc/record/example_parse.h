@@ -25,7 +25,12 @@
 typedef enum ExSpecKind { EX_SPEC_FIXED = 0, EX_SPEC_VARLEN = 1, EX_SPEC_RAW = 2 } ExSpecKind;
 
 /* Element types of outputs. */
-typedef enum ExDtype { EX_DT_INT64 = 0, EX_DT_FLOAT32 = 1, EX_DT_UINT8 = 2, EX_DT_BYTES = 3 } ExDtype;
+typedef enum ExDtype {
+    EX_DT_INT64 = 0,
+    EX_DT_FLOAT32 = 1,
+    EX_DT_UINT8 = 2,
+    EX_DT_BYTES = 3
+} ExDtype;
 
 typedef struct ExSpec {
     char *name;
@@ -53,7 +58,7 @@ size_t ex_dtype_size(ExDtype t);
 /* One output column of a batch. Every pointer is malloc'ed and can be taken
  * over (set to NULL here) by whoever hands it to NumPy. */
 typedef struct ExColumn {
-    void *data;          /* FIXED numeric / RAW: rows * count elements */
+    void *data;          /* FIXED numeric / RAW: rows * count elements (from bufpool_get) */
     void *values;        /* VARLEN numeric: nvalues elements */
     uint8_t *arena;      /* bytes values, concatenated */
     uint64_t *ends;      /* bytes values: end offset of each in arena */
@@ -73,6 +78,19 @@ int ex_batch_init(ExBatch *b, const ExSchema *schema, size_t cap, SgError *err);
 /* Parses one record into row b->rows (rows must be < cap), then rows++. On
  * failure the batch is unchanged as far as rows is concerned. */
 int ex_batch_add(ExBatch *b, const uint8_t *rec, size_t n, SgError *err);
+
+/* 1 when every output is fixed-size per row (FIXED numeric, RAW), so rows
+ * can be parsed independently, in any order and in parallel. */
+int ex_schema_positional(const ExSchema *s);
+
+/* Bytes of per-thread scratch ex_batch_parse_row needs. */
+size_t ex_scratch_size(const ExSchema *s);
+
+/* Parses rec into `row` of a positional schema's batch, with caller-owned
+ * scratch (one per thread); does not touch b->rows. Threads may parse
+ * different rows of one batch at the same time. */
+int ex_batch_parse_row(ExBatch *b, size_t row, void *scratch, const uint8_t *rec, size_t n,
+                       SgError *err);
 
 /* Forgets the rows (keeps allocations, re-allocating what was taken). */
 int ex_batch_reset(ExBatch *b, SgError *err);

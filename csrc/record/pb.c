@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int pb_read_varint(PbReader *r, uint64_t *v, SgError *err)
+int pb_read_varint_slow(PbReader *r, uint64_t *v, SgError *err)
 {
     const uint8_t *p = r->p;
     uint64_t x = 0;
@@ -28,7 +28,7 @@ int pb_read_varint(PbReader *r, uint64_t *v, SgError *err)
                    pb_offset(r));
 }
 
-int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err)
+int pb_read_tag_slow(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err)
 {
     size_t at = pb_offset(r);
     uint64_t t;
@@ -43,7 +43,7 @@ int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err)
     return 0;
 }
 
-int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err)
+int pb_read_len_slow(PbReader *r, const uint8_t **data, size_t *n, SgError *err)
 {
     size_t at = pb_offset(r);
     uint64_t len;
@@ -88,6 +88,8 @@ int pb_skip(PbReader *r, uint32_t wire, SgError *err)
 int pb_utf8_valid(const uint8_t *s, size_t n)
 {
     size_t i = 0;
+    while (i < n && s[i] < 0x80) /* ASCII fast path */
+        i++;
     while (i < n) {
         uint8_t c = s[i];
         if (c < 0x80) {

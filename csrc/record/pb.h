@@ -24,11 +24,53 @@ static inline size_t pb_offset(const PbReader *r)
     return (size_t)(r->p - r->base);
 }
 
-/* Each returns 0, or SG_EPROTOBUF with a message naming the byte offset. */
-int pb_read_varint(PbReader *r, uint64_t *v, SgError *err);
-int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err);
-int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err);
+/* Each returns 0, or SG_EPROTOBUF with a message naming the byte offset.
+ * The inline versions handle the common one-byte cases and fall back to the
+ * _slow functions for everything else (including every error). */
+int pb_read_varint_slow(PbReader *r, uint64_t *v, SgError *err);
+int pb_read_tag_slow(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err);
+int pb_read_len_slow(PbReader *r, const uint8_t **data, size_t *n, SgError *err);
 int pb_skip(PbReader *r, uint32_t wire, SgError *err);
+
+static inline int pb_read_varint(PbReader *r, uint64_t *v, SgError *err)
+{
+    if (r->p < r->end && *r->p < 0x80) {
+        *v = *r->p++;
+        return 0;
+    }
+    return pb_read_varint_slow(r, v, err);
+}
+
+static inline int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgError *err)
+{
+    if (r->p < r->end && *r->p < 0x80 && *r->p >= 8) {
+        *field = *r->p >> 3;
+        *wire = *r->p & 7;
+        r->p++;
+        return 0;
+    }
+    return pb_read_tag_slow(r, field, wire, err);
+}
+
+static inline int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err)
+{
+    size_t left = (size_t)(r->end - r->p), len, used;
+    if (left >= 1 && r->p[0] < 0x80) {
+        len = r->p[0];
+        used = 1;
+    } else if (left >= 2 && r->p[1] < 0x80) { /* 128 .. 16383 bytes */
+        len = (size_t)(r->p[0] & 0x7f) | ((size_t)r->p[1] << 7);
+        used = 2;
+    } else {
+        return pb_read_len_slow(r, data, n, err);
+    }
+    if (len > left - used)
+        return pb_read_len_slow(r, data, n, err); /* reports the error */
+    *n = len;
+    *data = r->p + used;
+    r->p += used + len;
+    return 0;
+}
 
 /* Fast inline varint for data already validated (no bounds checks beyond end). */
 static inline const uint8_t *pb_varint_fast(const uint8_t *p, uint64_t *v)

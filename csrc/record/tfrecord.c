@@ -21,8 +21,8 @@
 
 #include "record/crc32c.h"
 
-#define TFR_WINDOW (4u << 20)      /* plain-file read size */
-#define TFR_ZIN (256u << 10)       /* compressed input chunk */
+#define TFR_WINDOW    (4u << 20)   /* plain-file read size */
+#define TFR_ZIN       (256u << 10) /* compressed input chunk */
 #define TFR_WRITE_BUF (1u << 20)   /* writer buffer */
 
 static uint64_t load_u64(const uint8_t *p)
@@ -48,7 +48,8 @@ int tfr_compression_parse(const char *name, TfrCompression *out, SgError *err)
     else if (strcasecmp(name, "GZIP") == 0)
         *out = TFR_GZIP;
     else
-        return sg_fail(err, SG_EINVAL, "compression must be None, 'ZLIB' or 'GZIP', not '%s'", name);
+        return sg_fail(err, SG_EINVAL, "compression must be None, 'ZLIB' or 'GZIP', not '%s'",
+                       name);
     return 0;
 }
 
@@ -100,7 +101,7 @@ static int header_check(const uint8_t *p, uint64_t offset, int verify_crc, uint6
     return 0;
 }
 
-static int data_check(const uint8_t *data, size_t len, uint64_t offset, SgError *err)
+int tfr_check_data_crc(const uint8_t *data, size_t len, uint64_t offset, SgError *err)
 {
     uint32_t want = load_u32(data + len), got = crc32c_mask(crc32c(data, len));
     if (want != got)
@@ -142,7 +143,7 @@ int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_cr
     if (rest < TFR_FOOTER_BYTES || length > rest - TFR_FOOTER_BYTES)
         return truncated_data(offset, length, rest, err);
     const uint8_t *d = buf + TFR_HEADER_BYTES;
-    if (verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+    if (verify_crc && (rc = tfr_check_data_crc(d, (size_t)length, offset, err)) < 0)
         return rc;
     *data = d;
     *data_len = (size_t)length;
@@ -157,19 +158,20 @@ int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_cr
 struct TfrReader {
     char *name;
     int verify_crc;
+    int defer_data_crc; /* the caller checks data CRCs (tfr_check_data_crc) */
     TfrCompression comp;
-    int fd;                 /* -1 when reading memory */
-    const uint8_t *mem;     /* memory source (compressed or not) */
+    int fd;             /* -1 when reading memory */
+    const uint8_t *mem; /* memory source (compressed or not) */
     size_t mem_len, mem_pos;
-    uint64_t raw_left;      /* plain sources: undecoded bytes not yet in the window */
+    uint64_t raw_left; /* plain sources: undecoded bytes not yet in the window */
     z_stream zs;
     int z_ready, z_done;
-    uint8_t *zin;           /* compressed input from fd */
-    uint64_t z_consumed;    /* compressed bytes consumed so far, for messages */
-    uint8_t *buf;           /* decoded window; == mem for plain memory */
+    uint8_t *zin;        /* compressed input from fd */
+    uint64_t z_consumed; /* compressed bytes consumed so far, for messages */
+    uint8_t *buf;        /* decoded window; == mem for plain memory */
     int own_buf;
     size_t cap, pos, end;
-    uint64_t buf_offset;    /* stream offset of buf[0] */
+    uint64_t buf_offset; /* stream offset of buf[0] */
     int src_eof;
     uint64_t last_offset;
 };
@@ -223,6 +225,7 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
         close(fd);
         return rc;
     }
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: more read-ahead */
     r->fd = fd;
     r->raw_left = (uint64_t)st.st_size;
     r->own_buf = 1;
@@ -315,8 +318,7 @@ static int inflate_some(TfrReader *r, SgError *err)
             r->z_done = 1;
         } else if (zrc != Z_OK && zrc != Z_BUF_ERROR) {
             return sg_fail(err, SG_ECORRUPT, "corrupt %s data near compressed byte %llu: %s",
-                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB",
-                           (unsigned long long)r->z_consumed,
+                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB", (unsigned long long)r->z_consumed,
                            r->zs.msg ? r->zs.msg : "inflate failed");
         }
         if (out_before != r->zs.avail_out)
@@ -396,7 +398,8 @@ static int reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError 
     if (have < total)
         return truncated_data(offset, length, have - TFR_HEADER_BYTES, err);
     const uint8_t *d = r->buf + r->pos + TFR_HEADER_BYTES;
-    if (r->verify_crc && (rc = data_check(d, (size_t)length, offset, err)) < 0)
+    if (r->verify_crc && !r->defer_data_crc &&
+        (rc = tfr_check_data_crc(d, (size_t)length, offset, err)) < 0)
         return rc;
     r->pos += (size_t)total;
     r->last_offset = offset;
@@ -416,6 +419,11 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
 uint64_t tfr_reader_offset(const TfrReader *r)
 {
     return r->last_offset;
+}
+
+void tfr_reader_defer_data_crc(TfrReader *r, int defer)
+{
+    r->defer_data_crc = defer;
 }
 
 uint64_t tfr_reader_position(const TfrReader *r)
@@ -536,8 +544,8 @@ int tfr_writer_open(TfrWriter **out, const char *path, TfrCompression comp, SgEr
     w->fd = -1;
     if (comp != TFR_NONE) {
         int bits = comp == TFR_GZIP ? 15 + 16 : 15;
-        if (deflateInit2(&w->zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, bits, 8,
-                         Z_DEFAULT_STRATEGY) != Z_OK) {
+        if (deflateInit2(&w->zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, bits, 8, Z_DEFAULT_STRATEGY) !=
+            Z_OK) {
             tfr_writer_close(w, NULL);
             return sg_fail(err, SG_ENOMEM, "deflateInit2 failed for '%s'", resolved);
         }

@@ -16,7 +16,7 @@
 
 #define TFR_HEADER_BYTES 12
 #define TFR_FOOTER_BYTES 4
-#define TFR_PATH_MAX 4096
+#define TFR_PATH_MAX     4096
 
 typedef enum TfrCompression { TFR_NONE = 0, TFR_ZLIB = 1, TFR_GZIP = 2 } TfrCompression;
 
@@ -37,6 +37,10 @@ void tfr_footer_encode(uint8_t out[TFR_FOOTER_BYTES], const uint8_t *data, size_
 int tfr_parse_one(const uint8_t *buf, size_t len, uint64_t offset, int verify_crc,
                   const uint8_t **data, size_t *data_len, size_t *consumed, SgError *err);
 
+/* Checks the masked CRC32C stored in the 4 bytes after data[0..len);
+ * SG_ECORRUPT names `offset` (the record's) on a mismatch. */
+int tfr_check_data_crc(const uint8_t *data, size_t len, uint64_t offset, SgError *err);
+
 /* ---- reader ---- */
 
 typedef struct TfrReader TfrReader;
@@ -56,6 +60,11 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
 
 /* Stream offset of the record last returned by tfr_reader_next. */
 uint64_t tfr_reader_offset(const TfrReader *r);
+
+/* With defer set, tfr_reader_next still checks the length CRC but leaves the
+ * data CRC to the caller (tfr_check_data_crc on the returned data, whose
+ * footer follows it), e.g. to check it on another thread. */
+void tfr_reader_defer_data_crc(TfrReader *r, int defer);
 /* Stream offset of the next record (of the failing one after an error). */
 uint64_t tfr_reader_position(const TfrReader *r);
 const char *tfr_reader_name(const TfrReader *r);

@@ -6,8 +6,13 @@ TensorFlowOnSpark (``TFCluster``, ``TFNode``, ``ctx``, ``DataFeed``).
 """
 
 from sparkgrad._native import preload_onednn as _preload_onednn
-from sparkgrad._version import __version__
-from sparkgrad.errors import (
+
+_preload_onednn()  # first: anything below may load sparkgrad._core, which links libdnnl.so.3
+
+from sparkgrad import TFCluster, TFNode, local  # noqa: E402
+from sparkgrad._version import __version__  # noqa: E402
+from sparkgrad.cluster.roles import InputMode  # noqa: E402
+from sparkgrad.errors import (  # noqa: E402
     AuthError,
     ClusterError,
     CorruptRecordError,
@@ -21,8 +26,6 @@ from sparkgrad.errors import (
     SparkgradError,
     TruncatedRecordError,
 )
-from sparkgrad import TFCluster, TFNode, local
-from sparkgrad.cluster.roles import InputMode
 
 
 def build_info() -> dict:
@@ -31,8 +34,6 @@ def build_info() -> dict:
 
     return _core.build_info()
 
-
-_preload_onednn()
 
 __all__ = [
     "__version__",

@@ -32,8 +32,15 @@ def _add_info(sub: argparse._SubParsersAction) -> Handler:
     return run
 
 
+def _add_convert(sub: argparse._SubParsersAction) -> Handler:
+    from sparkgrad.data.convert import add_convert_command
+
+    return add_convert_command(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], Handler]] = {
     "info": _add_info,
+    "convert": _add_convert,
 }
 
 

@@ -10,12 +10,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-            failures++;                                                                   \
-        }                                                                                 \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static void test_crc_vectors(void)
@@ -43,6 +43,16 @@ static void test_crc_vectors(void)
     for (size_t off = 0; off < 8; off++)
         for (size_t n = 0; n < 300; n++)
             CHECK(crc32c_extend(5, buf + off, n) == crc32c_extend_portable(5, buf + off, n));
+    /* ... and on long buffers that take the three-stream path. */
+    size_t big_n = 3 * 4096 * 3 + 1000;
+    uint8_t *big = malloc(big_n);
+    for (size_t i = 0; i < big_n; i++)
+        big[i] = (uint8_t)((i * 2654435761u) >> 13);
+    for (size_t n = 380; n < big_n; n = n * 5 / 4 + 7)
+        for (size_t off = 0; off < 3; off++)
+            CHECK(crc32c_extend(9, big + off, n - off) ==
+                  crc32c_extend_portable(9, big + off, n - off));
+    free(big);
     /* Extending equals one pass. */
     CHECK(crc32c_extend(crc32c(digits, 4), digits + 4, 5) == 0xe3069283u);
     printf("crc32c hardware path: %s\n", crc32c_hardware() ? "sse4.2" : "table");
@@ -142,7 +152,8 @@ static void test_paths(void)
 {
     char out[64];
     SgError err;
-    CHECK(tfr_path_resolve("dbfs:/x/y", out, sizeof out, &err) == 0 && strcmp(out, "/dbfs/x/y") == 0);
+    CHECK(tfr_path_resolve("dbfs:/x/y", out, sizeof out, &err) == 0 &&
+          strcmp(out, "/dbfs/x/y") == 0);
     CHECK(tfr_path_resolve("file:///a/b", out, sizeof out, &err) == 0 && strcmp(out, "/a/b") == 0);
     CHECK(tfr_path_resolve("/dbfs/z", out, sizeof out, &err) == 0 && strcmp(out, "/dbfs/z") == 0);
     TfrReader *r;

@@ -35,9 +35,9 @@ def _dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj)
 
 
-def _local_node_main(cfg: NodeConfig, executor_id: int, host: str, payload: bytes) -> None:
+def _local_node_main(cfg: NodeConfig, executor_id: int, host: str, payload: bytes, threads: int) -> None:
     map_fun, tf_args = pickle.loads(payload)
-    run_node(cfg, executor_id, host, map_fun, tf_args, echo=False)
+    run_node(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
 
 
 def _exit_reason(code: int | None) -> str:
@@ -64,11 +64,12 @@ class LocalLauncher:
         self._cancelled = False
 
     def start(self) -> None:
+        threads = max(1, (os.cpu_count() or 1) // max(1, len(self.executor_ids)))  # each node's share of the cores
         for eid in self.executor_ids:
             role = self._cfg.template.node(eid)
             proc = self._mp.Process(
                 target=_local_node_main,
-                args=(self._cfg, eid, self._host, self._payload),
+                args=(self._cfg, eid, self._host, self._payload, threads),
                 name=f"sparkgrad-{role.role}-{role.index}",
                 daemon=False,
             )

@@ -265,15 +265,30 @@ def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun
     return _Outcome("done", _json_result(value))
 
 
-def run_node(cfg: NodeConfig, executor_id: int, host: str, map_fun: MapFun, tf_args: Any, echo: bool = True) -> str:
+def run_node(
+    cfg: NodeConfig,
+    executor_id: int,
+    host: str,
+    map_fun: MapFun,
+    tf_args: Any,
+    echo: bool = True,
+    threads: int | None = None,
+) -> str:
     """Runs one node to its end; returns a JSON status ({"executor_id", "status", "result"}).
 
     ``echo`` keeps the node's output on its own stdout/stderr too (executor
     logs); local processes share the driver's terminal and do not echo.
+    The C core's thread count comes from OMP_NUM_THREADS, else the Spark
+    task's spark.task.cpus, else ``threads``: nodes sharing a machine must not
+    each start one OpenMP thread per core (oversubscribed OpenMP threads spin
+    against each other and training slows down tenfold).
 
     A map_fun exception is reported to the driver (which raises NodeFailure)
     and returned as status "error"; failures to reach the driver raise.
     """
+    from sparkgrad.nn.threads import configure_threads
+
+    configure_threads(threads)
     role = cfg.template.node(executor_id)
     bind_host = os.environ.get("SPARKGRAD_NODE_BIND", host)
     listener = net().Listener(bind_host, 0)

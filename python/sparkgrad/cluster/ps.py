@@ -108,6 +108,13 @@ class ParameterClient:
     def push_pull(self, grads: np.ndarray, params: np.ndarray) -> int:
         return self._client.push_pull(grads, params)
 
+    def wait_for_workers(self, params: np.ndarray, timeout: float = 600.0) -> int:
+        """Waits until every other training node said done, then fills ``params``
+        with the final parameters and returns the global step: how the chief
+        takes its last checkpoint and evaluates the finished model.
+        Raises SparkgradTimeout after ``timeout`` seconds."""
+        return self._client.wait_others(params, float(timeout))
+
     def get_state(self) -> tuple[np.ndarray, int, list[Any]]:
         """(params, step, optimizer state per shard) for a checkpoint."""
         return self._client.get_state()

@@ -14,6 +14,7 @@ from sparkgrad.data.example import (
     parse_example,
     parse_examples,
 )
+from sparkgrad.data.spark import load_tfrecords, save_as_tfrecords, spark_schema
 from sparkgrad.data.tfrecord import (
     TFRecordWriter,
     crc32c,
@@ -25,6 +26,9 @@ from sparkgrad.data.tfrecord import (
 
 __all__ = [
     "TFRecordDataset",
+    "load_tfrecords",
+    "save_as_tfrecords",
+    "spark_schema",
     "expand_paths",
     "FixedLenFeature",
     "Ragged",

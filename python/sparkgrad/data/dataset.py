@@ -82,6 +82,9 @@ class TFRecordDataset:
         prefetch: batches produced ahead by the background thread (0: none).
         verify_crc: check each record's CRC32C.
         timeout: seconds to wait for one batch before SparkgradTimeout.
+        parse_threads: threads that check CRCs and parse each batch;
+            used when every feature is fixed-size per row (FixedLen int64/
+            float32, RawBytes), otherwise parsing stays on one thread.
 
     Iterating yields dicts name -> NumPy array ``[batch, *shape]`` (FixedLen,
     RawBytes) or ``Ragged(values, row_splits)`` (VarLen). Each iteration
@@ -104,6 +107,7 @@ class TFRecordDataset:
         prefetch: int = 2,
         verify_crc: bool = True,
         timeout: float = 600.0,
+        parse_threads: int = 1,
     ):
         self.files = expand_paths(paths)
         self.schema = as_schema(schema)
@@ -119,6 +123,7 @@ class TFRecordDataset:
         self.prefetch = int(prefetch)
         self.verify_crc = bool(verify_crc)
         self.timeout = float(timeout)
+        self.parse_threads = int(parse_threads)
         self._varlen = [n for n, s in self.schema.features.items() if isinstance(s, VarLenFeature)]
         self._open: list = []
 
@@ -137,6 +142,7 @@ class TFRecordDataset:
             prefetch=self.prefetch,
             verify_crc=self.verify_crc,
             timeout=self.timeout,
+            parse_threads=self.parse_threads,
         )
 
     def __iter__(self) -> Iterator[dict]:

@@ -139,6 +139,10 @@ class Schema:
     def __repr__(self) -> str:
         return f"Schema({self.features!r})"
 
+    def __reduce__(self):
+        # The compiled C schema is rebuilt on unpickling (e.g. on Spark executors).
+        return (Schema, (self.features,))
+
 
 def as_schema(schema: Schema | Mapping[str, FeatureSpec]) -> Schema:
     return schema if isinstance(schema, Schema) else Schema(schema)

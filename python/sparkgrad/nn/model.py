@@ -88,7 +88,7 @@ class Sequential:
         self.seed = int(seed) & (2**64 - 1)
         self._core.init_params(self.seed)
         self._core.set_rng(self.seed ^ 0x5DEECE66D, 0)
-        self.param_table = [ParamTensor(l, bool(b), o, s, tuple(sh)) for l, b, o, s, sh in self._core.param_table()]
+        self.param_table = [ParamTensor(i, bool(b), o, s, tuple(sh)) for i, b, o, s, sh in self._core.param_table()]
         self.optimizer: _optimizers.Optimizer | None = None
         self.loss: str | None = None
         self.metrics: list[str] = []
@@ -127,10 +127,12 @@ class Sequential:
         if len(weights) != len(self.param_table):
             raise InvalidArgumentError(f"set_weights: got {len(weights)} arrays, the model has {len(self.param_table)}")
         p = self.params
-        for i, (t, w) in enumerate(zip(self.param_table, weights)):
+        for i, (t, w) in enumerate(zip(self.param_table, weights, strict=True)):
             w = np.asarray(w, dtype=np.float32)
             if w.shape != t.shape:
-                raise InvalidArgumentError(f"set_weights: array {i} has shape {w.shape}, layer {t.layer} needs {t.shape}")
+                raise InvalidArgumentError(
+                    f"set_weights: array {i} has shape {w.shape}, layer {t.layer} needs {t.shape}"
+                )
             p[t.offset : t.offset + t.size] = w.reshape(-1)
 
     def layer_weights(self, layer: int) -> list[np.ndarray]:
@@ -145,7 +147,7 @@ class Sequential:
         for t in self.param_table:
             counts[t.layer] += t.size
         rows = [("Layer (type)", "Output Shape", "Param #")]
-        for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes)):
+        for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
             shape = f"(None, {oc})" if oh == 1 and ow == 1 else f"(None, {oh}, {ow}, {oc})"
             name = layer.name or f"{layer.type_name.lower()}_{i}"
@@ -180,6 +182,10 @@ class Sequential:
                 raise ValueError(f"unsupported metric {m!r}: only 'accuracy'")
         self.optimizer = _optimizers.get(optimizer)
         self.optimizer.bind(self.num_params)
+        pending = getattr(self, "_pending_opt_state", None)
+        if pending is not None and pending[0] == self.optimizer.kind:
+            self.optimizer.set_state(pending[1], pending[2])
+        self._pending_opt_state = None
         self.loss = loss
         self.metrics = list(metrics)
 
@@ -200,7 +206,9 @@ class Sequential:
         k = self.output_classes
         if self.loss == "categorical_crossentropy":
             if y.ndim != 2 or y.shape[1] != k:
-                raise InvalidArgumentError(f"categorical_crossentropy needs one-hot y of shape ({n}, {k}), not {y.shape}")
+                raise InvalidArgumentError(
+                    f"categorical_crossentropy needs one-hot y of shape ({n}, {k}), not {y.shape}"
+                )
             return None, np.ascontiguousarray(y, dtype=np.float32)
         y = y.reshape(n, -1)
         if y.shape[1] != 1:
@@ -260,16 +268,20 @@ class Sequential:
         x_key: str = "image_raw",
         y_key: str = "label",
         initial_epoch: int | None = None,
+        input_mapping: Mapping[str, str] | None = None,
         **options: object,
     ) -> History:
         """Trains for ``epochs`` epochs or until ``max_steps`` optimizer steps,
         whichever comes first. ``x`` is an array (with ``y``) or an iterable of
         dicts of arrays (keys ``x_key``/``y_key``, one batch per dict; re-iterated
-        each epoch when it is a re-iterable). See sparkgrad.nn.training for the
-        checkpoint, sync and plotting options."""
+        each epoch when it is a re-iterable); ``input_mapping`` ({"image_raw": "x",
+        "label": "y"}, as TFoS' input_mapping) may name the keys instead. Arrays are
+        converted to float32 as they are (scale images yourself). See
+        sparkgrad.nn.training for the checkpoint, sync and plotting options."""
         from sparkgrad.nn.training import Trainer
 
         self._require_compiled()
+        x_key, y_key = _keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
         return trainer.run(
             x,
@@ -295,10 +307,14 @@ class Sequential:
         y_key: str = "label",
         verbose: int = 0,
         return_dict: bool = False,
+        input_mapping: Mapping[str, str] | None = None,
     ) -> list[float] | dict[str, float]:
         """[loss, accuracy] over the data in inference mode (dropout off)."""
         self._require_compiled()
-        if y is None and not isinstance(x, np.ndarray):
+        x_key, y_key = _keys(input_mapping, x_key, y_key)
+        if y is None and isinstance(x, np.ndarray):
+            raise InvalidArgumentError("evaluate: y is required when x is an array")
+        if y is None:
             totals = np.zeros(3)
             for batch in x:
                 xb, yb = _batch_arrays(batch, x_key, y_key)
@@ -339,19 +355,27 @@ class Sequential:
     def export_npz(self, path: str | os.PathLike) -> None:
         """Writes the weights as .npz (layer<i>_kernel / layer<i>_bias, Keras layouts)."""
         arrays = {}
-        for t, w in zip(self.param_table, self.get_weights()):
+        for t, w in zip(self.param_table, self.get_weights(), strict=True):
             arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w
         with open(os.fspath(path), "wb") as f:
             np.savez(f, **arrays)
+
+
+def _keys(input_mapping: Mapping[str, str] | None, x_key: str, y_key: str) -> tuple[str, str]:
+    """(x_key, y_key) from a TFoS-style mapping {dataset key: "x" | "y"}."""
+    if input_mapping is None:
+        return x_key, y_key
+    roles = {role: key for key, role in input_mapping.items()}
+    if set(roles) != {"x", "y"} or len(input_mapping) != 2:
+        raise InvalidArgumentError(f"input_mapping must map one key to 'x' and one to 'y', not {dict(input_mapping)}")
+    return roles["x"], roles["y"]
 
 
 def _batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(batch, Mapping):
         missing = [k for k in (x_key, y_key) if k not in batch]
         if missing:
-            raise InvalidArgumentError(
-                f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)"
-            )
+            raise InvalidArgumentError(f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)")
         return np.asarray(batch[x_key]), np.asarray(batch[y_key])
     if isinstance(batch, tuple) and len(batch) == 2:
         return np.asarray(batch[0]), np.asarray(batch[1])

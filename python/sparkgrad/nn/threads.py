@@ -38,14 +38,15 @@ def spark_task_cpus() -> int | None:
     return int(value) if value else None
 
 
-def configure_threads() -> int:
+def configure_threads(default: int | None = None) -> int:
     """OMP_NUM_THREADS if set, else spark.task.cpus inside a Spark task, else
-    OpenMP's default; applies it and returns the count."""
+    ``default`` (the local launcher passes each node its share of the cores),
+    else OpenMP's default; applies it and returns the count."""
     env = os.environ.get("OMP_NUM_THREADS")
     if env:
         n = int(env.split(",")[0])
     else:
-        n = spark_task_cpus() or 0
+        n = spark_task_cpus() or default or 0
     if n > 0:
         set_num_threads(n)
     return get_num_threads()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -71,6 +71,10 @@ class Trainer:
         tensorboard_dir: scalars through sparkgrad.summary.EventWriter when available."""
         if log_every <= 0:
             raise InvalidArgumentError(f"log_every must be > 0, not {log_every}")
+        from sparkgrad.nn.threads import configure_threads, spark_task_cpus
+
+        if spark_task_cpus() is not None:
+            configure_threads()  # on an executor: OMP_NUM_THREADS, else spark.task.cpus
         self.model = model
         self.verbose = int(verbose)
         self.log_every = int(log_every)
@@ -185,10 +189,11 @@ class Trainer:
                 started = time.monotonic()
                 totals = _Totals()
                 if arrays:
-                    m._epoch_rng = m._core.get_rng()
-                    order = m._core.shuffle(n) if shuffle else None
                     if resume_pos:
                         order = self.checkpoints.resume_order(m, n, shuffle)
+                    else:
+                        m._epoch_rng = m._core.get_rng()
+                        order = m._core.shuffle(n) if shuffle else None
                     pos, resume_pos = resume_pos, 0
                     while pos < n and not m.stop_training:
                         k = min(self.log_every, math.ceil((n - pos) / batch_size))
@@ -268,7 +273,7 @@ def plot_history(history, path: str) -> None:
         raise InvalidArgumentError(f"plot_path needs matplotlib (pip install matplotlib): {exc}") from exc
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [s["step"] for s in history.steps]
-    for ax, key in zip(axes, ("loss", "accuracy")):
+    for ax, key in zip(axes, ("loss", "accuracy"), strict=True):
         ax.plot(steps, [s[key] for s in history.steps], label=f"train {key} (per interval)", alpha=0.6)
         if f"val_{key}" in history.history:
             ends = _epoch_end_steps(history)
@@ -287,7 +292,3 @@ def _epoch_end_steps(history) -> list[int]:
         return list(range(n))
     last = history.steps[-1]["step"]
     return [round(last * (i + 1) / n) for i in range(n)]
-
-
-def _mapping_keys(batch: Mapping) -> list[str]:
-    return sorted(batch)

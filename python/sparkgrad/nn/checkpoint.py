@@ -1,0 +1,309 @@
+"""Checkpoints of sparkgrad.nn models: one binary file per checkpoint, written
+atomically (temporary file, fsync, rename, directory fsync), the last N kept,
+an optional best-only copy on a monitored metric, and ``sync_dir`` mirroring
+to a second location (e.g. /dbfs/...) one whole file at a time.
+
+File format (``.sgck``), all integers little-endian:
+
+    offset  size  field
+         0     8  magic  b"SGCKPT\\0\\1"
+         8     4  u32 format version (1)
+        12     4  u32 header length in bytes (128)
+        16     8  u64 number of parameters P
+        24     8  u64 optimizer state length S (float32 values)
+        32     8  i64 optimizer steps taken
+        40     8  i64 model step (optimizer steps taken by fit)
+        48     8  i64 completed epochs
+        56     8  i64 rows of the current epoch already trained (0 at an epoch end)
+        64     8  u64 RNG seed            72  8  u64 RNG counter (now)
+        80     8  u64 RNG seed            88  8  u64 RNG counter (at the start of the epoch,
+                                                  to redraw its permutation on resume)
+        96     4  u32 CRC-32 of the architecture string (input shape + layer specs)
+       100     8  optimizer kind, ASCII, NUL padded ("sgd", "adam", ...; "" if none)
+       108     8  f64 monitored metric value (NaN if none)
+       116    12  reserved (zero)
+       128   4*P  parameters, float32 (the model's flat buffer)
+     128+4P  4*S  optimizer state, float32 (its slot arrays)
+        end     4  u32 CRC-32 (zlib) of every preceding byte
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import struct
+import time
+import zlib
+
+import numpy as np
+
+from sparkgrad.errors import CheckpointError
+
+MAGIC = b"SGCKPT\x00\x01"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQQqqqqQQQQI8sd12x")
+assert HEADER.size == 128
+CKPT_RE = re.compile(r"^ckpt-(\d{10})\.sgck$")
+BEST = "best.sgck"
+
+
+def architecture_crc(model) -> int:
+    text = repr(
+        (
+            tuple(model.input_shape),
+            [tuple(int(v) if not isinstance(v, float) else v for v in layer.spec()) for layer in model.layers],
+        )
+    )
+    return zlib.crc32(text.encode())
+
+
+def encode(model) -> bytes:
+    """The checkpoint bytes of the model's current state."""
+    opt = model.optimizer
+    steps, state = opt.get_state() if opt is not None else (0, np.zeros(0, np.float32))
+    seed, counter = model._core.get_rng()
+    eseed, ecounter = getattr(model, "_epoch_rng", (seed, counter))
+    kind = (opt.kind if opt is not None else "").encode()
+    metric = getattr(model, "_ckpt_metric", float("nan"))
+    header = HEADER.pack(
+        MAGIC,
+        VERSION,
+        HEADER.size,
+        model.num_params,
+        state.size,
+        steps,
+        model.step,
+        model.epoch,
+        getattr(model, "_epoch_pos", 0),
+        seed,
+        counter,
+        eseed,
+        ecounter,
+        architecture_crc(model),
+        kind,
+        metric,
+    )
+    body = header + model.params.tobytes() + np.ascontiguousarray(state, np.float32).tobytes()
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode(data: bytes, path: str) -> dict:
+    """Parses and verifies checkpoint bytes; errors name the file and offset."""
+    if len(data) < HEADER.size + 4:
+        raise CheckpointError(
+            f"{path}: truncated checkpoint ({len(data)} bytes, header needs {HEADER.size + 4})", path=path
+        )
+    fields = HEADER.unpack_from(data, 0)
+    magic, version, hlen, nparams, nstate = fields[:5]
+    if magic != MAGIC:
+        raise CheckpointError(f"{path}: not a sparkgrad checkpoint (bad magic at byte 0)", path=path, offset=0)
+    if version != VERSION or hlen != HEADER.size:
+        raise CheckpointError(
+            f"{path}: unsupported checkpoint version {version} (header {hlen} bytes)", path=path, offset=8
+        )
+    need = HEADER.size + 4 * (nparams + nstate) + 4
+    if len(data) != need:
+        raise CheckpointError(
+            f"{path}: checkpoint is {len(data)} bytes, its header announces {need}", path=path, offset=16
+        )
+    (crc,) = struct.unpack_from("<I", data, need - 4)
+    if zlib.crc32(data[: need - 4]) != crc:
+        raise CheckpointError(
+            f"{path}: CRC mismatch (stored at byte {need - 4}): the file is corrupted", path=path, offset=need - 4
+        )
+    params = np.frombuffer(data, np.float32, nparams, HEADER.size)
+    state = np.frombuffer(data, np.float32, nstate, HEADER.size + 4 * nparams)
+    return dict(
+        params=params,
+        state=state,
+        opt_steps=fields[5],
+        step=fields[6],
+        epoch=fields[7],
+        epoch_pos=fields[8],
+        rng=(fields[9], fields[10]),
+        epoch_rng=(fields[11], fields[12]),
+        arch_crc=fields[13],
+        kind=fields[14].rstrip(b"\0").decode(),
+        metric=fields[15],
+    )
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Writes path as a whole: temporary file in the same directory, fsync, rename, directory fsync."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise CheckpointError(f"{path}: cannot write checkpoint: {exc}", path=path) from exc
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # some filesystems (FUSE mounts) refuse directory fsync
+
+
+def save(model, path) -> None:
+    write_atomic(os.fspath(path), encode(model))
+
+
+def load(model, path) -> dict:
+    """Restores parameters, optimizer state, step, epoch and RNG state from path."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint: {exc}", path=path) from exc
+    ck = decode(data, path)
+    if ck["arch_crc"] != architecture_crc(model) or ck["params"].size != model.num_params:
+        raise CheckpointError(
+            f"{path}: checkpoint is for a different architecture ({ck['params'].size} parameters, "
+            f"architecture CRC {ck['arch_crc']:08x}; this model has {model.num_params}, {architecture_crc(model):08x})",
+            path=path,
+        )
+    opt = model.optimizer
+    if ck["state"].size or ck["kind"]:
+        if opt is None:
+            model._pending_opt_state = (ck["kind"], ck["opt_steps"], ck["state"].copy())
+        elif opt.kind != ck["kind"]:
+            raise CheckpointError(
+                f"{path}: checkpoint holds {ck['kind']!r} optimizer state, the model uses {opt.kind!r}", path=path
+            )
+        else:
+            opt.bind(model.num_params)
+            opt.set_state(ck["opt_steps"], ck["state"])
+    model.params[:] = ck["params"]
+    model.step = int(ck["step"])
+    model.epoch = int(ck["epoch"])
+    model._epoch_pos = int(ck["epoch_pos"])
+    model._core.set_rng(*ck["rng"])
+    model._epoch_rng = ck["epoch_rng"]
+    model._resume_rng = ck["rng"]
+    model._resume_epoch_rng = ck["epoch_rng"]
+    return ck
+
+
+def _better(monitor: str, new: float, best: float | None) -> bool:
+    if best is None or math.isnan(best):
+        return True
+    return new > best if "acc" in monitor else new < best
+
+
+class CheckpointManager:
+    """Checkpoints of one training run in ``directory`` (see Trainer for the options)."""
+
+    def __init__(
+        self, directory, keep_last=3, save_best_only=False, monitor="val_loss", sync_dir=None, sync_every_secs=60.0
+    ):
+        if keep_last < 1:
+            raise CheckpointError(f"keep_last must be >= 1, not {keep_last}")
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+        self.keep_last = int(keep_last)
+        self.save_best_only = bool(save_best_only)
+        self.monitor = monitor
+        self.sync_dir = os.fspath(sync_dir) if sync_dir is not None else None
+        if self.sync_dir:
+            os.makedirs(self.sync_dir, exist_ok=True)
+        self.sync_every_secs = float(sync_every_secs)
+        self._last_sync = time.monotonic()
+        self.best: float | None = None
+        best_path = os.path.join(self.directory, BEST)
+        if os.path.exists(best_path):
+            with open(best_path, "rb") as f:
+                self.best = decode(f.read(), best_path)["metric"]
+
+    def checkpoints(self, directory: str | None = None) -> list[str]:
+        """Regular checkpoint paths in a directory, oldest first."""
+        directory = directory or self.directory
+        names = sorted(n for n in os.listdir(directory) if CKPT_RE.match(n))
+        return [os.path.join(directory, n) for n in names]
+
+    def save(self, model, logs: dict | None) -> str:
+        metric = float("nan")
+        if logs is not None and self.monitor in logs:
+            metric = float(logs[self.monitor])
+        model._ckpt_metric = metric
+        data = encode(model)
+        path = os.path.join(self.directory, f"ckpt-{model.step:010d}.sgck")
+        write_atomic(path, data)
+        for old in self.checkpoints()[: -self.keep_last]:
+            os.unlink(old)
+        if self.save_best_only and not math.isnan(metric) and _better(self.monitor, metric, self.best):
+            self.best = metric
+            write_atomic(os.path.join(self.directory, BEST), data)
+        if self.sync_dir and time.monotonic() - self._last_sync >= self.sync_every_secs:
+            self.sync()
+        return path
+
+    def sync(self) -> list[str]:
+        """Copies finished checkpoints missing or changed in sync_dir, whole files
+        (temporary name then rename), and drops ones pruned locally."""
+        if not self.sync_dir:
+            return []
+        copied = []
+        local = self.checkpoints()
+        best = os.path.join(self.directory, BEST)
+        for src in local + ([best] if os.path.exists(best) else []):
+            dst = os.path.join(self.sync_dir, os.path.basename(src))
+            st = os.stat(src)
+            if os.path.exists(dst):
+                dt = os.stat(dst)
+                if dt.st_size == st.st_size and dt.st_mtime >= st.st_mtime:
+                    continue
+            tmp = dst + f".tmp-{os.getpid()}"
+            try:
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
+            except OSError as exc:
+                raise CheckpointError(f"sync of {src} to {self.sync_dir} failed: {exc}", path=src) from exc
+            copied.append(dst)
+        keep = {os.path.basename(p) for p in local}
+        for remote in self.checkpoints(self.sync_dir):
+            if os.path.basename(remote) not in keep:
+                os.unlink(remote)
+        self._last_sync = time.monotonic()
+        return copied
+
+    def finish(self) -> None:
+        self.sync()
+
+    def latest(self) -> str | None:
+        """The newest checkpoint in the directory or, if newer, in sync_dir."""
+        cands = self.checkpoints() + (self.checkpoints(self.sync_dir) if self.sync_dir else [])
+        if not cands:
+            return None
+        return max(cands, key=lambda p: int(CKPT_RE.match(os.path.basename(p)).group(1)))
+
+    def restore_latest(self, model) -> int:
+        """Loads the newest checkpoint if any; returns the rows already trained in its epoch."""
+        path = self.latest()
+        if path is None:
+            return 0
+        load(model, path)
+        return model._epoch_pos
+
+    def resume_order(self, model, n: int, shuffle: bool):
+        """The permutation of the interrupted epoch, redrawn from its starting RNG state."""
+        now, start = model._resume_rng, model._resume_epoch_rng
+        model._epoch_rng = start
+        if not shuffle:
+            return None
+        model._core.set_rng(*start)
+        order = model._core.shuffle(n)
+        model._core.set_rng(*now)
+        return order

@@ -1,0 +1,49 @@
+"""Writes the seed corpora of the libFuzzer harnesses (run from the repo root:
+PYTHONPATH=python python tests/fuzz/make_corpus.py)."""
+
+import gzip
+import os
+import zlib
+
+import numpy as np
+from sparkgrad.data import encode_example, encode_sequence_example
+from sparkgrad.data.tfrecord import write_records
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def frames(records):
+    path = os.path.join(HERE, ".tmp.tfrecord")
+    write_records(path, records)
+    data = open(path, "rb").read()
+    os.remove(path)
+    return data
+
+
+examples = {
+    "every_kind": encode_example(
+        {
+            "i": np.array([1, -2], dtype=np.int64),
+            "f": [0.5],
+            "b": [b"x"],
+            "v": [1, 2, 3],
+            "w": [b"a", b""],
+            "r": bytes([1, 2, 3, 4]),
+        }
+    ),
+    "empty": encode_example({}),
+    "empty_lists": encode_example({"v": ("int64", []), "w": ("bytes", []), "f": ("float", [])}),
+    "sequence": encode_sequence_example({"c": 1}, {"s": [[1], [2, 3]], "t": [[b"x"]]}),
+}
+for name, data in examples.items():
+    open(os.path.join(HERE, "corpus/fuzz_example", name), "wb").write(data)
+
+plain = frames(list(examples.values()))
+for name, data in {
+    "plain": plain,
+    "zero_length": frames([b"", b""]),
+    "zlib": zlib.compress(plain),
+    "gzip": gzip.compress(plain) + gzip.compress(frames([b"more"])),
+    "truncated": plain[:-3],
+}.items():
+    open(os.path.join(HERE, "corpus/fuzz_tfrecord", name), "wb").write(data)

@@ -1,0 +1,62 @@
+"""The shipped examples run end to end, as users run them (a subprocess each)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def mnist_records(tmp_path_factory):
+    """Fashion-MNIST TFRecords written once by the example's own converter."""
+    from sparkgrad.examples.mnist_dist import prepare_data
+
+    out = tmp_path_factory.mktemp("fashion-mnist")
+    prepare_data(str(out), "/usr/share/datasets/fashion-mnist", shards=4)
+    return out
+
+
+def run_example(*args: str, timeout: float = 600) -> str:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkgrad.examples.mnist_dist", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def accuracy(out: str) -> float:
+    match = re.search(r"^test accuracy: ([0-9.]+)$", out, re.M)
+    assert match, out[-2000:]
+    return float(match.group(1))
+
+
+def test_mnist_dist_on_spark_trains_the_walkthrough_mlp(mnist_records, tmp_path):
+    """1 ps + 2 workers on real local Spark, TFRecords read by the workers, 2 epochs.
+
+    Measured 0.852-0.856 over five runs (asynchronous updates make it vary a
+    little); the guard sits just below that range.
+    """
+    out = run_example("--mode", "tensorflow", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path))
+    assert "1 ps + 2 workers" in out and "global step 2400" in out
+    assert accuracy(out) >= 0.845
+    assert (tmp_path / "model.sgckpt").exists()
+
+
+def test_mnist_dist_rerun_resumes_from_the_last_checkpoint(mnist_records, tmp_path):
+    common = ["--local", "--epochs", "1", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path)]
+    first = run_example(*common)
+    assert "global step 1200" in first and "resumed" not in first
+    second = run_example(*common)
+    assert re.search(r"resumed from .*model\.sgckpt at step 1200", second), second[-2000:]
+    assert "global step 2400" in second
