@@ -133,6 +133,8 @@ def train_softmax(args, ctx):
     if ctx.job_name == "ps":
         server = TFNode.start_cluster_server(ctx)
         init = np.zeros(NUM_PARAMS, dtype=np.float32)
+        if args.get("optimizer"):
+            return server.serve_parameters(NUM_PARAMS, mode=args["mode"], init=init, optimizer=args["optimizer"])
         return server.serve_parameters(NUM_PARAMS, mode=args["mode"], lr=args.get("lr", 0.5), init=init)
     rng = np.random.default_rng(100 + ctx.task_index)
     params = np.zeros(NUM_PARAMS, dtype=np.float32)
@@ -146,8 +148,14 @@ def train_softmax(args, ctx):
             if i % 10 == 0:
                 ctx.metric("loss", loss, steps[-1])
         ps.pull(params)
+        _, _, optimizer_state = ps.get_state()
     x, y = _blobs(np.random.default_rng(7), 2000)
-    return {"accuracy": accuracy(params, x, y), "steps": steps, "worker_id": ps.worker_id}
+    return {
+        "accuracy": accuracy(params, x, y),
+        "steps": steps,
+        "worker_id": ps.worker_id,
+        "optimizer_state_shards": [s is not None for s in optimizer_state],
+    }
 
 
 def train_from_feed(args, ctx):
@@ -208,3 +216,11 @@ def exit_with(args, ctx):
     if _name(ctx) == args["target"]:
         sys.exit(args["code"])
     return "returned"
+
+
+def freeze_target(args, ctx):
+    """The target node stops its own process (SIGSTOP: alive, but silent); the others wait for stop."""
+    _mark(args, ctx, "started")
+    if _name(ctx) == args["target"]:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    _wait_then_mark(args, ctx)

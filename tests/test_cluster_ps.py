@@ -51,6 +51,15 @@ def test_async_training_advances_one_step_per_push(tmp_path):
     assert min(cluster.results[i]["accuracy"] for i in (1, 2)) > 0.9
 
 
+def test_adam_on_two_ps_keeps_its_state_on_each_shard(tmp_path):
+    args = {"mode": "sync", "steps": 40, "optimizer": {"kind": "adam", "lr": 0.05}}
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=_quiet)
+    cluster.shutdown(timeout=90)
+    for i in (2, 3):
+        assert cluster.results[i]["optimizer_state_shards"] == [True, True]
+        assert cluster.results[i]["accuracy"] > 0.9
+
+
 @pytest.mark.spark
 def test_sync_training_on_spark(spark_context):
     import pathlib

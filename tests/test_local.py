@@ -127,3 +127,16 @@ def test_sys_exit_zero_is_success_and_nonzero_a_failure(tmp_path):
     with pytest.raises(NodeFailure, match="exited with code 3") as info:
         cluster.shutdown(timeout=60)
     assert (info.value.role, info.value.index) == ("worker", 1)
+
+
+def test_a_frozen_node_is_lost_after_heartbeat_timeout_and_killed(tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:1"}
+    cluster = sparkgrad.local.run(
+        cluster_nodes.freeze_target, args, 3, 1, output=_quiet, heartbeat_timeout=2.0, stop_grace=1.0
+    )
+    started = time.monotonic()
+    with pytest.raises(NodeFailure, match="lost") as info:
+        cluster.shutdown(timeout=60)
+    assert (info.value.role, info.value.index) == ("worker", 1)
+    assert time.monotonic() - started < 15  # 2 s of silence, then stop, terminate (and kill if need be)
+    _assert_all_gone(cluster)

@@ -38,10 +38,16 @@ class ClusterServer:
             raise SparkgradTimeout(f"{self.target}: {exc}") from None
 
     def serve_parameters(
-        self, total: int, mode: str = "async", lr: float = 0.01, init: Any = None, timeout: float | None = None
+        self,
+        total: int,
+        mode: str = "async",
+        lr: float | None = 0.01,
+        init: Any = None,
+        timeout: float | None = None,
+        optimizer: Any = None,
     ) -> str:
         """On a ps node: serves its shard of the flat parameter buffer (see sparkgrad.cluster.ps)."""
-        return serve_parameters(self.ctx, total, mode=mode, lr=lr, init=init, timeout=timeout)
+        return serve_parameters(self.ctx, total, mode=mode, lr=lr, init=init, timeout=timeout, optimizer=optimizer)
 
     def __iter__(self) -> Iterator[Any]:
         """``cluster_spec, server = start_cluster_server(ctx)`` as in TensorFlowOnSpark."""

@@ -10,6 +10,7 @@ pickled on a network socket.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -111,6 +112,8 @@ class LocalLauncher:
         for proc in self._procs.values():
             if proc.exitcode is None:
                 proc.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP) node acts on SIGTERM only once resumed
         if self.join(KILL_WAIT_SECONDS):
             return
         for proc in self._procs.values():

@@ -41,15 +41,18 @@ def serve_parameters(
     ctx: NodeContext,
     total: int,
     mode: str = "async",
-    lr: float = 0.01,
+    lr: float | None = 0.01,
     init: np.ndarray | None = None,
     timeout: float | None = None,
+    optimizer: Any = None,
 ) -> str:
     """Serves this ps node's shard of ``total`` parameters; returns "done", "stopped" or "timeout".
 
     "done": every training node called done(); "stopped": the driver stopped
     the cluster. ``init`` (the whole flat buffer) seeds the shard; otherwise
-    the first worker's PsClient.init() does.
+    the first worker's PsClient.init() does. ``optimizer`` (a name, a
+    sparkgrad.nn optimizer or a config dict) replaces plain SGD with ``lr``;
+    its state then lives on the ps.
     """
     if ctx.job_name != PS:
         raise ClusterError(f"serve_parameters runs on ps nodes; this is {ctx.job_name}:{ctx.task_index}")
@@ -60,8 +63,9 @@ def serve_parameters(
     if init is not None:
         flat = np.ascontiguousarray(init, dtype=np.float32).reshape(-1)
         params = flat[offset : offset + count].copy()
+    update: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"lr": float(lr or 0.01)}
     server = core.PsServer(
-        ctx.listener, ctx.secret, offset, count, int(total), ctx.num_workers, mode=mode, lr=float(lr), params=params
+        ctx.listener, ctx.secret, offset, count, int(total), ctx.num_workers, mode=mode, params=params, **update
     )
     served = threading.Event()
 
@@ -111,8 +115,13 @@ class ParameterClient:
         Raises SparkgradTimeout after ``timeout`` seconds."""
         return self._client.wait_others(params, float(timeout))
 
-    def set_state(self, params: np.ndarray, step: int) -> None:
-        self._client.set_state(params, step)
+    def get_state(self) -> tuple[np.ndarray, int, list[Any]]:
+        """(params, step, optimizer state per shard) for a checkpoint."""
+        return self._client.get_state()
+
+    def set_state(self, params: np.ndarray, step: int, optimizer_state: Any = None) -> None:
+        """Restores a checkpoint into every shard."""
+        self._client.set_state(params, step, optimizer_state)
 
     def done(self) -> None:
         if not self._done:
