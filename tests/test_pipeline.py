@@ -144,8 +144,15 @@ def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
     t.join(timeout=5)
     assert 0.4 < time.monotonic() - start < 5
     assert len(ticks) >= 5  # the other Python thread ran while we waited
-    with open(fifo, "wb"):  # unblock the reader thread: EOF
-        pass
+    # Unblock the reader thread, waiting in open() for a writer: a writer that
+    # closes at once is EOF. O_NONBLOCK never waits (ENXIO while no reader).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            break
+        except OSError:
+            time.sleep(0.05)
     it.close()
 
 
