@@ -5,18 +5,10 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "check.h"
 #include "net/feed.h"
 #include "net/ps.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static FeedBatch in, out;
 
@@ -97,10 +89,5 @@ int main(void)
 {
     test_feed_batch_round_trip();
     test_ps_shards_and_op_header();
-    if (failures) {
-        fprintf(stderr, "test_net_codec: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_net_codec: ok\n");
-    return 0;
+    return check_report("test_net_codec");
 }

@@ -9,19 +9,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/sock.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void test_header_layout_is_little_endian(void)
 {
@@ -175,10 +167,5 @@ int main(void)
     test_parser_refuses_oversize_before_payload();
     test_hmac_matches_reference_vectors();
     test_handshake_is_mutual();
-    if (failures) {
-        fprintf(stderr, "test_net_frame: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_net_frame: ok\n");
-    return 0;
+    return check_report("test_net_frame");
 }

@@ -7,19 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "net/ps.h"
 #include "net/sock.h"
 #include "nn/nn_optim.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 #define TOTAL 37
 #define NPS   2
@@ -156,10 +148,5 @@ int main(void)
 {
     test_construction_rules();
     test_adam_on_two_shards();
-    if (failures) {
-        fprintf(stderr, "test_net_ps_optim: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_net_ps_optim: ok\n");
-    return 0;
+    return check_report("test_net_ps_optim");
 }

@@ -11,17 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "nn/nn_model_impl.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* max |a-b| / max(max |b|, 1e-6) over n */
 static double rel_err(const float *a, const float *b, size_t n)
@@ -336,10 +328,5 @@ int main(void)
     test_keras_cnn_shapes_and_kernels();
     test_dnnl_errors_name_the_call();
     test_model_declaration_errors();
-    if (failures) {
-        fprintf(stderr, "test_nn_kernels: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_nn_kernels: ok\n");
-    return 0;
+    return check_report("test_nn_kernels");
 }

@@ -5,20 +5,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "record/dataset.h"
 #include "record/example.h"
 #include "record/example_parse.h"
 #include "record/tfrecord.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* An Example {label: [label], img: raw 4 bytes, tags: (label mod 3) values}. */
 static PbBuf make_example(int64_t label)
@@ -180,10 +172,5 @@ int main(void)
 {
     test_codec_and_batch();
     test_dataset();
-    if (failures) {
-        fprintf(stderr, "test_record_example: %d failed\n", failures);
-        return 1;
-    }
-    printf("test_record_example: ok\n");
-    return 0;
+    return check_report("test_record_example");
 }

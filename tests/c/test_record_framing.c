@@ -5,18 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "record/crc32c.h"
 #include "record/tfrecord.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void test_crc_vectors(void)
 {
@@ -169,10 +161,5 @@ int main(void)
     roundtrip_file(TFR_GZIP);
     roundtrip_file(TFR_ZLIB);
     test_paths();
-    if (failures) {
-        fprintf(stderr, "test_record_framing: %d failed\n", failures);
-        return 1;
-    }
-    printf("test_record_framing: ok\n");
-    return 0;
+    return check_report("test_record_framing");
 }

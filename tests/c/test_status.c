@@ -3,17 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "common/sg_status.h"
 
-static int failures = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void test_fail_formats_message_and_returns_code(void)
 {
@@ -73,10 +65,5 @@ int main(void)
     test_long_messages_are_truncated_not_overflowed();
     test_status_names();
     test_null_error_is_allowed();
-    if (failures) {
-        fprintf(stderr, "test_status: %d failed\n", failures);
-        return 1;
-    }
-    printf("test_status: ok\n");
-    return 0;
+    return check_report("test_status");
 }
