@@ -11,6 +11,7 @@ pytestmark = pytest.mark.spark
 
 def test_fit_in_a_spark_task_uses_spark_task_cpus(spark_context):
     """The shared session runs with the default spark.task.cpus = 1."""
+
     # defined here so that cloudpickle ships it by value (the executor cannot import tests/)
     def _train_in_task(_):
         import numpy as np

@@ -173,8 +173,7 @@ void ps_opt_states_free(PsOptState *opt, int n);
 int ps_client_done(PsClient *c, SgError *err);
 /* Waits up to `timeout` seconds until every other worker said DONE, then
  * fills params (total floats) with the final parameters. */
-int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout,
-                          SgError *err);
+int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err);
 /* Closes every shard connection (later calls fail with SG_ESTATE);
  * thread-safe. ps_client_free closes and frees. */
 void ps_client_close(PsClient *c);

@@ -249,8 +249,7 @@ int ps_client_done(PsClient *c, SgError *err)
     return call_all(c, PS_OP_DONE, v, NULL, NULL, r, err);
 }
 
-int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout,
-                          SgError *err)
+int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err)
 {
     if (!(timeout >= 0) || timeout > 1e9)
         return sg_fail(err, SG_EINVAL, "wait_others timeout must be 0..1e9 seconds, not %g",

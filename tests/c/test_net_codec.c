@@ -9,7 +9,6 @@
 #include "net/feed.h"
 #include "net/ps.h"
 
-
 static FeedBatch in, out;
 
 /* Flattens the iovecs of an encoded batch into one buffer. */

@@ -14,7 +14,6 @@
 #include "net/frame.h"
 #include "net/sock.h"
 
-
 static void test_header_layout_is_little_endian(void)
 {
     uint8_t h[NET_FRAME_HEADER_SIZE];

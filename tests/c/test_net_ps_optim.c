@@ -12,7 +12,6 @@
 #include "net/sock.h"
 #include "nn/nn_optim.h"
 
-
 #define TOTAL 37
 #define NPS   2
 #define STEPS 5

@@ -14,7 +14,6 @@
 #include "check.h"
 #include "nn/nn_model_impl.h"
 
-
 /* max |a-b| / max(max |b|, 1e-6) over n */
 static double rel_err(const float *a, const float *b, size_t n)
 {

@@ -11,7 +11,6 @@
 #include "record/example_parse.h"
 #include "record/tfrecord.h"
 
-
 /* An Example {label: [label], img: raw 4 bytes, tags: (label mod 3) values}. */
 static PbBuf make_example(int64_t label)
 {

@@ -9,7 +9,6 @@
 #include "record/crc32c.h"
 #include "record/tfrecord.h"
 
-
 static void test_crc_vectors(void)
 {
     const uint8_t *digits = (const uint8_t *)"123456789";

@@ -6,7 +6,6 @@
 #include "check.h"
 #include "common/sg_status.h"
 
-
 static void test_fail_formats_message_and_returns_code(void)
 {
     SgError err;
