@@ -170,3 +170,23 @@ def test_reservation_timeout_names_the_missing_node(sc, tmp_path, monkeypatch):
         sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 4, 1, output=Lines(), reservation_timeout=60
     )
     cluster.shutdown(timeout=60)
+
+
+def test_driver_interrupt_cancels_the_spark_job(sc, tmp_path):
+    import _thread
+    import threading
+
+    args = {"dir": str(tmp_path), "target": "none"}
+    cluster = TFCluster.run(
+        sc, cluster_nodes.busy_until_interrupted, args, 2, 0, output=Lines(), reservation_timeout=60, stop_grace=1.0
+    )
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # a notebook's interrupt button
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.shutdown(timeout=60)
+    timer.join()
+    assert all(launcher.finished() for launcher in cluster._launchers)
+    assert time.monotonic() - started < 40
+    for marker in tmp_path.glob("started-*.json"):
+        assert _port_closed(json.loads(marker.read_text())["port"])

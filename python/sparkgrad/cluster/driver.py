@@ -38,6 +38,9 @@ from sparkgrad.errors import (
 # so the node's own report (traceback, "lost") wins over the launcher's summary.
 LAUNCHER_FAILURE_GRACE = 3.0
 EVENT_POLL_SECONDS = 0.5
+# Seconds beyond stop_grace the driver waits for every node to end after a failure
+# (Spark kills a cancelled task's Python worker after spark.python.task.killTimeout).
+ABORT_WAIT_SECONDS = 15.0
 # Seconds registered-but-idle nodes get to end after a failed formation.
 FORMATION_CANCEL_GRACE = 1.0
 
@@ -115,6 +118,7 @@ class Cluster:
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
         self._finished: set[int] = set()
+        self._gone: set[int] = set()  # nodes that ended: done, error or lost
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
         self._aborted = threading.Event()  # set once a failure's stop/cancel has completed
@@ -185,6 +189,10 @@ class Cluster:
 
     def _handle(self, ev: dict) -> None:
         kind, name = ev.get("type"), f"{ev.get('role')}:{ev.get('index')}"
+        if kind in ("done", "error", "lost"):
+            with self._cond:
+                self._gone.add(int(ev["executor_id"]))
+                self._cond.notify_all()
         if kind == "log":
             self._output(f"{name} {ev['line']}")
         elif kind == "metric":
@@ -273,11 +281,25 @@ class Cluster:
         self._broadcast_stop(reason)
         for launcher in self._launchers:
             launcher.cancel(self._stop_grace)
+        self._wait_gone(self._stop_grace + ABORT_WAIT_SECONDS)
+
+    def _wait_gone(self, timeout: float) -> None:
+        """Waits (bounded) until every node has ended, so no node outlives the raised error."""
+        if self._pump is None or not self._pump.is_alive():
+            return
+        everyone = {n.executor_id for n in self.template.nodes}
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not everyone <= self._gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, EVENT_POLL_SECONDS))
 
     def _raise_failure(self) -> None:
         if self._failure is None:
             return
-        self._aborted.wait(self._stop_grace + 40.0)
+        self._aborted.wait(2 * self._stop_grace + ABORT_WAIT_SECONDS + 45.0)  # cancel + wait_gone, bounded
         self._close()
         raise self._failure
 
