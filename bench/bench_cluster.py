@@ -4,9 +4,9 @@ The same job for every system, on this machine, on local Spark: the
 walkthrough MLP (784-128-64-10 ReLU, SGD 0.07, batch 100 per worker) on
 Fashion-MNIST TFRecords made by ``sparkgrad convert`` (4 train files), 2
 workers, 1 epoch of the 60,000 training samples shared between them
-(``--quick``: 20,000 samples). Each worker uses one compute thread
-(OMP_NUM_THREADS=1 and the framework's own thread setting): 2 workers on 2
-cores.
+(``--quick``: 20,000 samples, warm context only). Each worker uses one
+compute thread (OMP_NUM_THREADS=1 and the framework's own thread setting):
+2 workers on 2 cores.
 
 - sparkgrad async / sync: sparkgrad.examples.mnist_dist's map_fun (1 ps + 2
   workers, TFRecords read by each worker for its shard of the files,
@@ -23,11 +23,13 @@ started its first training step, wall clock on this one machine), total wall
 time (run() -> the cluster is shut down and run()/shutdown() returned),
 samples/s over that wall time, and the chief's final test accuracy on the
 10,000 test images. Spark's own start (SparkSession) is before run() and is
-reported apart. Each system runs in its own process group with a timeout; a
-system that cannot run is reported as not measured with the reason, never a
-figure.
+reported apart. Every system runs on a warm SparkContext (one that has
+already run a Python job, as in a notebook) and on a cold one (run() is its
+first job, so Spark starts its Python workers inside it), each in its own
+process group with a timeout; a system that cannot run is reported as not
+measured with the reason, never a figure.
 
-    python bench/bench_cluster.py [--quick] [--systems sparkgrad_async,sparkgrad_sync,tfos,torch]
+    python bench/bench_cluster.py [--quick] [--systems sparkgrad_async,...,tfos,torch] [--contexts warm,cold]
 
 Prints the table and writes bench/results/cluster.json (rows system, metric, value, unit).
 """
@@ -35,7 +37,6 @@ Prints the table and writes bench/results/cluster.json (rows system, metric, val
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import pathlib
@@ -99,9 +100,8 @@ def sparkgrad_map_fun(bench_args, ctx):
     return result
 
 
-def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str) -> int:
+def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str, cold: bool) -> int:
     from pyspark.sql import SparkSession
-
     from sparkgrad import TFCluster
     from sparkgrad.cluster.roles import InputMode
     from sparkgrad.examples.mnist_dist import Args
@@ -127,6 +127,8 @@ def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    if not cold:  # a context that has run a Python job already, as in a notebook
+        spark.sparkContext.parallelize(range(NUM_WORKERS + 1), NUM_WORKERS + 1).map(lambda x: x).count()
     spark_seconds = time.time() - t_spark
     try:
         t0 = time.time()
@@ -224,23 +226,32 @@ UNITS = {
 }
 
 
+CONTEXTS = {
+    "warm": "a SparkContext that has already run a Python job (as in a notebook)",
+    "cold": "the first job of a fresh SparkContext (Spark starts its Python workers inside run())",
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="20,000 samples instead of 60,000 (a run of 1-2 minutes)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--contexts", default=None, help="warm and/or cold, comma-separated (default: both; --quick: warm)")
     ap.add_argument("--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sparkgrad", "fashion-mnist"))
-    ap.add_argument("--timeout", type=float, default=None, help="seconds per system (default 300 quick, 900 full)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default 300 quick, 900 full)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child_sparkgrad(args.child == "sparkgrad_sync", args.samples, args.data_dir, args.out)
+        return child_sparkgrad(args.child == "sparkgrad_sync", args.samples, args.data_dir, args.out, args.cold)
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
+    contexts = [c.strip() for c in (args.contexts or ("warm" if args.quick else "warm,cold")).split(",") if c.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS] + [c for c in contexts if c not in CONTEXTS]
     if unknown:
-        ap.error(f"unknown system(s) {unknown}; choose from {SYSTEMS}")
+        ap.error(f"unknown system(s)/context(s) {unknown}; choose from {SYSTEMS} and {tuple(CONTEXTS)}")
     samples = 20_000 if args.quick else 60_000
     timeout = args.timeout or (300 if args.quick else 900)
     prepare_data(args.data_dir)
@@ -256,91 +267,100 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
     row("machine", "training_samples", samples, "samples (1 epoch = 60,000)")
-    summary: dict[str, dict | None] = {}
-    reasons: dict[str, str] = {}
+    summary: dict[tuple[str, str], dict | None] = {}
+    reasons: dict[tuple[str, str], str] = {}
     versions: dict[str, dict] = {}
-    for system in systems:
-        log = work / f"{system}.log"
-        nodes_dir = work / f"{system}-nodes"
-        if system.startswith("sparkgrad"):
-            cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples), "--data-dir", args.data_dir]
-            env = sg_env
-        elif system == "tfos":
-            if not os.path.exists(TF_PYTHON):
-                summary[system], reasons[system] = None, f"no TensorFlow interpreter at {TF_PYTHON}"
-                continue
-            cmd = [TF_PYTHON, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir]
-            cmd += ["--samples", str(samples), "--out-dir", str(nodes_dir), "--cluster-size", str(NUM_WORKERS)]
-            env = dict(base_env, TF_USE_LEGACY_KERAS="1")
-            env.pop("PYTHONPATH", None)
-        else:
-            cmd = [sys.executable, str(BENCH / "cluster_torch.py"), "--samples", str(samples)]
-            cmd += ["--out-dir", str(nodes_dir), "--num-processes", str(NUM_WORKERS)]
-            env = sg_env
-        print(f"running {LABELS[system]} ({samples} samples, timeout {timeout:.0f} s)...", flush=True)
-        res, why = run_child(system, cmd, env, timeout, log)
-        if res is not None:
-            try:
-                summary[system] = summarize(res)
-                versions[system] = res.get("versions", {})
-            except (KeyError, ValueError) as e:
-                summary[system], why = None, f"incomplete result ({e}; log {log})"
-        else:
-            summary[system] = None
-        if summary[system] is None:
-            reasons[system] = why
-            print(f"  {LABELS[system]}: not measured: {why}", flush=True)
-        else:
-            s = summary[system]
-            print(
-                f"  formation {s['formation_s']:.2f} s, wall {s['wall_s']:.1f} s, "
-                f"{s['samples_per_s']:,.0f} samples/s, test accuracy {s['test_accuracy']:.4f}",
-                flush=True,
-            )
+    for context in contexts:
+        for system in systems:
+            key = (system, context)
+            log = work / f"{system}-{context}.log"
+            nodes_dir = work / f"{system}-{context}-nodes"
+            cold = ["--cold"] if context == "cold" else []
+            if system.startswith("sparkgrad"):
+                cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples)]
+                cmd += ["--data-dir", args.data_dir, *cold]
+                env = sg_env
+            elif system == "tfos":
+                if not os.path.exists(TF_PYTHON):
+                    summary[key], reasons[key] = None, f"no TensorFlow interpreter at {TF_PYTHON}"
+                    continue
+                cmd = [TF_PYTHON, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir, *cold]
+                cmd += ["--samples", str(samples), "--out-dir", str(nodes_dir), "--cluster-size", str(NUM_WORKERS)]
+                env = dict(base_env, TF_USE_LEGACY_KERAS="1")
+                env.pop("PYTHONPATH", None)
+            else:
+                cmd = [sys.executable, str(BENCH / "cluster_torch.py"), "--samples", str(samples), *cold]
+                cmd += ["--out-dir", str(nodes_dir), "--num-processes", str(NUM_WORKERS)]
+                env = sg_env
+            print(f"running {LABELS[system]}, {context} context ({samples} samples, timeout {timeout:.0f} s)...")
+            sys.stdout.flush()
+            res, why = run_child(system, cmd, env, timeout, log)
+            if res is not None:
+                try:
+                    summary[key] = summarize(res)
+                    versions[system] = res.get("versions", {})
+                except (KeyError, ValueError) as e:
+                    summary[key], why = None, f"incomplete result ({e}; log {log})"
+            else:
+                summary[key] = None
+            if summary[key] is None:
+                reasons[key] = why
+                print(f"  not measured: {why}", flush=True)
+            else:
+                s = summary[key]
+                print(
+                    f"  formation {s['formation_s']:.2f} s, wall {s['wall_s']:.1f} s, "
+                    f"{s['samples_per_s']:,.0f} samples/s, test accuracy {s['test_accuracy']:.4f}",
+                    flush=True,
+                )
 
-    for system in systems:
-        s = summary.get(system)
-        if s is None:
-            row(LABELS[system], "not_measured", 1, reasons.get(system, "not run"))
-            continue
-        for metric in ("formation_s", "wall_s", "samples", "samples_per_s", "samples_per_s_after_formation"):
-            row(LABELS[system], metric, round(s[metric], 3 if metric == "formation_s" else 1), UNITS[metric])
-        row(LABELS[system], "test_accuracy", round(s["test_accuracy"], 4), UNITS["test_accuracy"])
-        row(LABELS[system], "spark_start_s", round(s["spark_start_s"], 2), UNITS["spark_start_s"])
     ratio_lines = []
-    for ours in ("sparkgrad_async", "sparkgrad_sync"):
-        mine = summary.get(ours)
-        if mine is None:
-            continue
-        for anchor in ("tfos", "torch"):
-            theirs = summary.get(anchor)
-            if theirs is None:
+    for context in contexts:
+        sfx = "" if context == "warm" else "_cold_context"
+        for system in systems:
+            s = summary.get((system, context))
+            if s is None:
+                row(LABELS[system], f"not_measured{sfx}", 1, reasons.get((system, context), "not run"))
                 continue
-            f_ratio = theirs["formation_s"] / mine["formation_s"]
-            w_ratio = theirs["wall_s"] / mine["wall_s"]
-            acc_delta = mine["test_accuracy"] - theirs["test_accuracy"]
-            row(LABELS[ours], f"formation_speedup_vs_{anchor}", round(f_ratio, 2), "x (target >= 10 vs tfos)")
-            row(LABELS[ours], f"end_to_end_speedup_vs_{anchor}", round(w_ratio, 2), "x (target >= 5)")
-            row(LABELS[ours], f"accuracy_minus_{anchor}", round(acc_delta, 4), "fraction (target >= 0)")
-            ratio_lines.append(
-                f"{LABELS[ours]} vs {LABELS[anchor]}: formation {f_ratio:.1f}x faster, end to end "
-                f"{w_ratio:.1f}x faster, accuracy {acc_delta:+.4f}"
-            )
+            for metric in ("formation_s", "wall_s", "samples", "samples_per_s", "samples_per_s_after_formation"):
+                value = round(s[metric], 3 if metric == "formation_s" else 1)
+                row(LABELS[system], metric + sfx, value, UNITS[metric])
+            row(LABELS[system], "test_accuracy" + sfx, round(s["test_accuracy"], 4), UNITS["test_accuracy"])
+            row(LABELS[system], "spark_start_s" + sfx, round(s["spark_start_s"], 2), UNITS["spark_start_s"])
+        for ours in ("sparkgrad_async", "sparkgrad_sync"):
+            mine = summary.get((ours, context))
+            if mine is None:
+                continue
+            for anchor in ("tfos", "torch"):
+                theirs = summary.get((anchor, context))
+                if theirs is None:
+                    continue
+                f_ratio = theirs["formation_s"] / mine["formation_s"]
+                w_ratio = theirs["wall_s"] / mine["wall_s"]
+                acc_delta = mine["test_accuracy"] - theirs["test_accuracy"]
+                row(LABELS[ours], f"formation_speedup_vs_{anchor}{sfx}", round(f_ratio, 2), "x")
+                row(LABELS[ours], f"end_to_end_speedup_vs_{anchor}{sfx}", round(w_ratio, 2), "x")
+                row(LABELS[ours], f"accuracy_minus_{anchor}{sfx}", round(acc_delta, 4), "fraction")
+                ratio_lines.append(
+                    f"{context}: {LABELS[ours]} vs {LABELS[anchor]}: formation {f_ratio:.1f}x faster, "
+                    f"end to end {w_ratio:.1f}x faster, accuracy {acc_delta:+.4f}"
+                )
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
 
-    head = ("system", "formation s", "wall s", "samples", "samples/s", "test acc", "Spark start s")
+    head = ("context", "system", "formation s", "wall s", "samples", "samples/s", "test acc", "Spark start s")
     table = []
-    for system in systems:
-        s = summary.get(system)
-        if s is None:
-            table.append((LABELS[system], "not measured", "", "", "", "", ""))
-            continue
-        table.append(
-            (LABELS[system], f"{s['formation_s']:.2f}", f"{s['wall_s']:.1f}", str(s["samples"]),
-             f"{s['samples_per_s']:,.0f}", f"{s['test_accuracy']:.4f}", f"{s['spark_start_s']:.1f}")
-        )  # fmt: skip
+    for context in contexts:
+        for system in systems:
+            s = summary.get((system, context))
+            if s is None:
+                table.append((context, LABELS[system], "not measured", "", "", "", "", ""))
+                continue
+            table.append(
+                (context, LABELS[system], f"{s['formation_s']:.2f}", f"{s['wall_s']:.1f}", str(s["samples"]),
+                 f"{s['samples_per_s']:,.0f}", f"{s['test_accuracy']:.4f}", f"{s['spark_start_s']:.1f}")
+            )  # fmt: skip
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
     print()
     print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
@@ -349,11 +369,13 @@ def main() -> int:
     print()
     for line in ratio_lines:
         print(line)
-    for system, why in reasons.items():
-        print(f"{LABELS[system]}: not measured: {why}")
+    for (system, context), why in reasons.items():
+        print(f"{LABELS[system]} ({context}): not measured: {why}")
+    for context in contexts:
+        print(f"{context} context: {CONTEXTS[context]}")
     for system, v in versions.items():
         print(f"{LABELS[system]}: {', '.join(f'{k} {x}' for k, x in v.items())}")
-    print(f"targets: formation < 2 s and >= 10x faster than TensorFlowOnSpark; end to end >= 5x faster than both")
+    print("targets: formation < 2 s and >= 10x faster than TensorFlowOnSpark; end to end >= 5x faster than both")
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
     print(f"wrote {RESULTS}")
     return 0

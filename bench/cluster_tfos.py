@@ -121,6 +121,7 @@ def main() -> int:
     p.add_argument("--learning-rate", type=float, default=0.07)
     p.add_argument("--cluster-size", type=int, default=2)
     p.add_argument("--reservation-timeout", type=int, default=300)
+    p.add_argument("--cold", action="store_true", help="no Python job on the SparkContext before run()")
     args = p.parse_args()
 
     import importlib.metadata
@@ -141,6 +142,8 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    if not args.cold:  # a context that has run a Python job already, as in a notebook
+        spark.sparkContext.parallelize(range(args.cluster_size), args.cluster_size).map(lambda x: x).count()
     spark_seconds = time.time() - t_spark
     t0 = time.time()
     cluster = TFCluster.run(

@@ -34,11 +34,10 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
     import numpy as np
     import torch
     import torch.distributed as dist
+    from sparkgrad.data.idx import fashion_mnist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    from sparkgrad.data.idx import fashion_mnist
 
     torch.set_num_threads(1)  # one compute thread per process, as every system in the benchmark
     dist.init_process_group("gloo")
@@ -108,6 +107,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--learning-rate", type=float, default=0.07)
     p.add_argument("--num-processes", type=int, default=2)
+    p.add_argument("--cold", action="store_true", help="no Python job on the SparkContext before run()")
     args = p.parse_args()
 
     import importlib.metadata
@@ -125,6 +125,8 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    if not args.cold:  # a context that has run a Python job already, as in a notebook
+        spark.sparkContext.parallelize(range(args.num_processes), args.num_processes).map(lambda x: x).count()
     spark_seconds = time.time() - t_spark
     t0 = time.time()
     TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(
