@@ -12,7 +12,9 @@ compute thread (OMP_NUM_THREADS=1 and the framework's own thread setting):
   workers, TFRecords read by each worker for its shard of the files,
   InputMode.TENSORFLOW) through sparkgrad.TFCluster.run on local[3].
 - TensorFlowOnSpark 2.2.5 + tensorflow-cpu: bench/cluster_tfos.py in the
-  TensorFlow interpreter ($SPARKGRAD_TF_PYTHON, default /work/tfvenv/bin/python),
+  first interpreter with tensorflow, tf_keras and tensorflowonspark among
+  $SPARKGRAD_TF_PYTHON, /work/tfvenv/bin/python and this one (`make bench`
+  installs the `anchors` extra into .venv),
   the Keras MultiWorkerMirroredStrategy path of its examples/mnist (chief +
   worker, InputMode.TENSORFLOW) on local[2].
 - TorchDistributor: bench/cluster_torch.py, DDP over gloo, local_mode=True,
@@ -50,7 +52,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results" / "cluster.json"
-TF_PYTHON = os.environ.get("SPARKGRAD_TF_PYTHON", "/work/tfvenv/bin/python")
+TF_PYTHONS = [os.environ.get("SPARKGRAD_TF_PYTHON", ""), "/work/tfvenv/bin/python", sys.executable]
 SOURCE = "/usr/share/datasets/fashion-mnist"
 SYSTEMS = ("sparkgrad_async", "sparkgrad_sync", "tfos", "torch")
 LABELS = {
@@ -173,6 +175,25 @@ def prepare_data(data_dir: str) -> None:
     convert(data_dir, SOURCE, shards=4)
 
 
+def tfos_python() -> tuple[str | None, str]:
+    """The first interpreter that has tensorflow, tf_keras and tensorflowonspark; (path, why not)."""
+    tried = []
+    for python in dict.fromkeys(p for p in TF_PYTHONS if p):
+        if not os.path.exists(python):
+            tried.append(f"{python}: absent")
+            continue
+        probe = "import tensorflow, tf_keras, tensorflowonspark, pyspark"
+        try:
+            r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            tried.append(f"{python}: importing tensorflow took over 300 s")
+            continue
+        if r.returncode == 0:
+            return python, ""
+        tried.append(f"{python}: {(r.stderr.strip().splitlines() or ['import failed'])[-1]}")
+    return None, "no interpreter with tensorflow, tf_keras, tensorflowonspark and pyspark (" + "; ".join(tried) + ")"
+
+
 def run_child(system: str, cmd: list[str], env: dict, timeout: float, log: pathlib.Path) -> tuple[dict | None, str]:
     """Runs one system in its own process group; (result, reason it failed)."""
     out = log.with_suffix(".json")
@@ -270,6 +291,7 @@ def main() -> int:
     summary: dict[tuple[str, str], dict | None] = {}
     reasons: dict[tuple[str, str], str] = {}
     versions: dict[str, dict] = {}
+    tf_python, tf_missing, tf_probed = None, "", False
     for context in contexts:
         for system in systems:
             key = (system, context)
@@ -281,10 +303,13 @@ def main() -> int:
                 cmd += ["--data-dir", args.data_dir, *cold]
                 env = sg_env
             elif system == "tfos":
-                if not os.path.exists(TF_PYTHON):
-                    summary[key], reasons[key] = None, f"no TensorFlow interpreter at {TF_PYTHON}"
+                if not tf_probed:
+                    (tf_python, tf_missing), tf_probed = tfos_python(), True
+                if not tf_python:
+                    summary[key], reasons[key] = None, tf_missing
+                    print(f"{LABELS[system]}: not measured: {tf_missing}", flush=True)
                     continue
-                cmd = [TF_PYTHON, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir, *cold]
+                cmd = [tf_python, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir, *cold]
                 cmd += ["--samples", str(samples), "--out-dir", str(nodes_dir), "--cluster-size", str(NUM_WORKERS)]
                 env = dict(base_env, TF_USE_LEGACY_KERAS="1")
                 env.pop("PYTHONPATH", None)
