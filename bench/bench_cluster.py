@@ -200,7 +200,10 @@ def run_child(system: str, cmd: list[str], env: dict, timeout: float, log: pathl
     out.unlink(missing_ok=True)
     cmd = [*cmd, "--out", str(out)]
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        # cwd: the log's directory (TensorFlowOnSpark writes an executor_id file into the working directory)
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=log.parent, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
