@@ -28,8 +28,9 @@ samples/s over that wall time, and the chief's final test accuracy on the
 reported apart. Every system runs on a warm SparkContext (one that has
 already run a Python job, as in a notebook) and on a cold one (run() is its
 first job, so Spark starts its Python workers inside it), each in its own
-process group with a timeout; a system that cannot run is reported as not
-measured with the reason, never a figure.
+process group with a timeout, ``--repeat`` times (default 3, round-robin
+over the systems; the figures are medians); a system that cannot run is
+reported as not measured with the reason, never a figure.
 
     python bench/bench_cluster.py [--quick] [--systems sparkgrad_async,...,tfos,torch] [--contexts warm,cold]
 
@@ -44,6 +45,7 @@ import os
 import pathlib
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -263,6 +265,7 @@ def main() -> int:
     ap.add_argument("--contexts", default=None, help="warm and/or cold, comma-separated (default: both; --quick: warm)")
     ap.add_argument("--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sparkgrad", "fashion-mnist"))
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default 300 quick, 900 full)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per system and context (default 3, quick 1)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
@@ -277,6 +280,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown system(s)/context(s) {unknown}; choose from {SYSTEMS} and {tuple(CONTEXTS)}")
     samples = 20_000 if args.quick else 60_000
+    args.repeat = args.repeat or (1 if args.quick else 3)
     timeout = args.timeout or (300 if args.quick else 900)
     prepare_data(args.data_dir)
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-cluster-"))
@@ -291,56 +295,70 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
     row("machine", "training_samples", samples, "samples (1 epoch = 60,000)")
+    row("machine", "runs_per_system", args.repeat, "runs (figures are medians)")
     summary: dict[tuple[str, str], dict | None] = {}
     reasons: dict[tuple[str, str], str] = {}
     versions: dict[str, dict] = {}
     tf_python, tf_missing, tf_probed = None, "", False
+    runs: dict[tuple[str, str], list[dict]] = {}
+    # Round-robin over the repeats, so that a change of load on the shared
+    # machine falls on every system alike.
+    for rep in range(args.repeat):
+        for context in contexts:
+            for system in systems:
+                key = (system, context)
+                tag = f"{system}-{context}-{rep}"
+                log = work / f"{tag}.log"
+                nodes_dir = work / f"{tag}-nodes"
+                cold = ["--cold"] if context == "cold" else []
+                if system.startswith("sparkgrad"):
+                    cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples)]
+                    cmd += ["--data-dir", args.data_dir, *cold]
+                    env = sg_env
+                elif system == "tfos":
+                    if not tf_probed:
+                        (tf_python, tf_missing), tf_probed = tfos_python(), True
+                    if not tf_python:
+                        reasons[key] = tf_missing
+                        continue
+                    cmd = [tf_python, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir, *cold]
+                    cmd += ["--samples", str(samples), "--out-dir", str(nodes_dir)]
+                    cmd += ["--cluster-size", str(NUM_WORKERS)]
+                    env = dict(base_env, TF_USE_LEGACY_KERAS="1")
+                    env.pop("PYTHONPATH", None)
+                else:
+                    cmd = [sys.executable, str(BENCH / "cluster_torch.py"), "--samples", str(samples), *cold]
+                    cmd += ["--out-dir", str(nodes_dir), "--num-processes", str(NUM_WORKERS)]
+                    env = sg_env
+                print(f"run {rep + 1}/{args.repeat}: {LABELS[system]}, {context} context...", flush=True)
+                res, why = run_child(system, cmd, env, timeout, log)
+                one = None
+                if res is not None:
+                    try:
+                        one = summarize(res)
+                        versions[system] = res.get("versions", {})
+                    except (KeyError, ValueError) as e:
+                        why = f"incomplete result ({e}; log {log})"
+                if one is None:
+                    reasons[key] = why
+                    print(f"  not measured: {why}", flush=True)
+                    continue
+                runs.setdefault(key, []).append(one)
+                print(
+                    f"  formation {one['formation_s']:.2f} s, wall {one['wall_s']:.1f} s, "
+                    f"{one['samples_per_s']:,.0f} samples/s, test accuracy {one['test_accuracy']:.4f}",
+                    flush=True,
+                )
     for context in contexts:
         for system in systems:
             key = (system, context)
-            log = work / f"{system}-{context}.log"
-            nodes_dir = work / f"{system}-{context}-nodes"
-            cold = ["--cold"] if context == "cold" else []
-            if system.startswith("sparkgrad"):
-                cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples)]
-                cmd += ["--data-dir", args.data_dir, *cold]
-                env = sg_env
-            elif system == "tfos":
-                if not tf_probed:
-                    (tf_python, tf_missing), tf_probed = tfos_python(), True
-                if not tf_python:
-                    summary[key], reasons[key] = None, tf_missing
-                    print(f"{LABELS[system]}: not measured: {tf_missing}", flush=True)
-                    continue
-                cmd = [tf_python, str(BENCH / "cluster_tfos.py"), "--data-dir", args.data_dir, *cold]
-                cmd += ["--samples", str(samples), "--out-dir", str(nodes_dir), "--cluster-size", str(NUM_WORKERS)]
-                env = dict(base_env, TF_USE_LEGACY_KERAS="1")
-                env.pop("PYTHONPATH", None)
-            else:
-                cmd = [sys.executable, str(BENCH / "cluster_torch.py"), "--samples", str(samples), *cold]
-                cmd += ["--out-dir", str(nodes_dir), "--num-processes", str(NUM_WORKERS)]
-                env = sg_env
-            print(f"running {LABELS[system]}, {context} context ({samples} samples, timeout {timeout:.0f} s)...")
-            sys.stdout.flush()
-            res, why = run_child(system, cmd, env, timeout, log)
-            if res is not None:
-                try:
-                    summary[key] = summarize(res)
-                    versions[system] = res.get("versions", {})
-                except (KeyError, ValueError) as e:
-                    summary[key], why = None, f"incomplete result ({e}; log {log})"
-            else:
+            done = runs.get(key, [])
+            if len(done) < args.repeat:  # a system that failed once is reported as failed, not as its lucky runs
                 summary[key] = None
-            if summary[key] is None:
-                reasons[key] = why
-                print(f"  not measured: {why}", flush=True)
-            else:
-                s = summary[key]
-                print(
-                    f"  formation {s['formation_s']:.2f} s, wall {s['wall_s']:.1f} s, "
-                    f"{s['samples_per_s']:,.0f} samples/s, test accuracy {s['test_accuracy']:.4f}",
-                    flush=True,
-                )
+                reasons.setdefault(key, "not run")
+                continue
+            summary[key] = {m: statistics.median(r[m] for r in done) for m in done[0]}
+            reasons.pop(key, None)
 
     ratio_lines = []
     for context in contexts:
@@ -386,7 +404,7 @@ def main() -> int:
                 table.append((context, LABELS[system], "not measured", "", "", "", "", ""))
                 continue
             table.append(
-                (context, LABELS[system], f"{s['formation_s']:.2f}", f"{s['wall_s']:.1f}", str(s["samples"]),
+                (context, LABELS[system], f"{s['formation_s']:.2f}", f"{s['wall_s']:.1f}", str(int(s["samples"])),
                  f"{s['samples_per_s']:,.0f}", f"{s['test_accuracy']:.4f}", f"{s['spark_start_s']:.1f}")
             )  # fmt: skip
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
