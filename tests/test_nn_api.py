@@ -314,3 +314,15 @@ def test_dropout_is_identity_in_inference_and_random_in_training():
     b = with_drop.compute_gradients(x, y)[0]
     assert a != b  # a fresh mask each training step
     assert plain.compute_gradients(x, y)[0] == plain.compute_gradients(x, y)[0]
+
+
+def test_each_fit_call_trains_its_epochs_as_keras_does():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    m = Sequential([Dense(16, activation="relu", input_shape=(8,)), Dense(2)], seed=1)
+    m.compile(optimizer=SGD(0.1), loss="sparse_categorical_crossentropy")
+    losses = [m.fit(x, y, batch_size=32, epochs=1, verbose=0).history["loss"] for _ in range(3)]
+    assert [len(h) for h in losses] == [1, 1, 1]
+    assert m.step == 3 * 8
+    assert losses[2][0] < losses[0][0]

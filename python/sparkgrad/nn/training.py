@@ -160,10 +160,14 @@ class Trainer:
             raise InvalidArgumentError(f"max_steps must be >= 0, not {max_steps}")
         copt = m.optimizer.bind(m.num_params)
         resume_pos = 0
+        restored = False
         if self.checkpoints is not None and self.resume:
+            restored = self.checkpoints.latest() is not None
             resume_pos = self.checkpoints.restore_latest(m)
         if initial_epoch is not None:
             m.epoch = int(initial_epoch)
+        elif not restored:
+            m.epoch = 0  # as Keras: each call trains `epochs` epochs unless it resumes a checkpoint
         arrays = y is not None or isinstance(x, np.ndarray)
         if arrays:
             xa = m._x(x)
