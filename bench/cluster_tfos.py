@@ -19,17 +19,17 @@ driver writes ``--out`` (JSON) with the run() -> shutdown() wall time.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import sys
 import time
 
+import anchor_driver
+
 
 def main_fun(args, ctx):
     """Runs on every TensorFlowOnSpark node (chief and worker)."""
-    import json
     import math
     import os
     import time
@@ -112,39 +112,18 @@ def main_fun(args, ctx):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = anchor_driver.parser(__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)
-    p.add_argument("--out-dir", required=True, help="where the nodes write their results")
-    p.add_argument("--out", required=True, help="the driver's result (JSON)")
-    p.add_argument("--samples", type=int, default=60000)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--learning-rate", type=float, default=0.07)
     p.add_argument("--cluster-size", type=int, default=2)
     p.add_argument("--reservation-timeout", type=int, default=300)
-    p.add_argument("--cold", action="store_true", help="no Python job on the SparkContext before run()")
     args = p.parse_args()
 
-    import importlib.metadata
-
-    from pyspark.sql import SparkSession
     from tensorflowonspark import TFCluster
 
     os.makedirs(args.out_dir, exist_ok=True)
-    # The executors' Python workers run this interpreter (the one with tensorflow).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    t_spark = time.time()
-    spark = (
-        SparkSession.builder.master(f"local[{args.cluster_size}]")
-        .appName("bench_cluster-tfos")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executorEnv.OMP_NUM_THREADS", "1")
-        .getOrCreate()
+    spark, spark_seconds = anchor_driver.start_spark(
+        "bench_cluster-tfos", args.cluster_size, args.cold, {"spark.executorEnv.OMP_NUM_THREADS": "1"}
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    if not args.cold:  # a context that has run a Python job already, as in a notebook
-        spark.sparkContext.parallelize(range(args.cluster_size), args.cluster_size).map(lambda x: x).count()
-    spark_seconds = time.time() - t_spark
     t0 = time.time()
     cluster = TFCluster.run(
         spark.sparkContext,
@@ -161,19 +140,10 @@ def main() -> int:
     cluster.shutdown()
     t_end = time.time()
     spark.stop()
-    nodes = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(args.out_dir, "tfos-*.json")))]
-    out = {
-        "t0": t0,
-        "run_returned": t_run,
-        "end": t_end,
-        "spark_start_seconds": spark_seconds,
-        "nodes": nodes,
-        "versions": {m: importlib.metadata.version(m) for m in ("tensorflowonspark", "tensorflow-cpu", "pyspark")},
-    }
-    with open(args.out, "w") as f:
-        json.dump(out, f)
-    print(json.dumps(out))
-    return 0
+    timings = {"t0": t0, "run_returned": t_run, "end": t_end}
+    return anchor_driver.write_result(
+        args, "tfos", timings, spark_seconds, ("tensorflowonspark", "tensorflow-cpu", "pyspark")
+    )
 
 
 if __name__ == "__main__":

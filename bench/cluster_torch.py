@@ -16,17 +16,16 @@ test set. The driver writes ``--out`` (JSON) with the run() wall time.
 
 from __future__ import annotations
 
-import argparse
-import glob
 import json
 import os
 import sys
 import time
 
+import anchor_driver
+
 
 def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) -> dict:
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
-    import json
     import math
     import os
     import time
@@ -100,52 +99,21 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out-dir", required=True, help="where the processes write their results")
-    p.add_argument("--out", required=True, help="the driver's result (JSON)")
-    p.add_argument("--samples", type=int, default=60000)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--learning-rate", type=float, default=0.07)
+    p = anchor_driver.parser(__doc__.splitlines()[0])
     p.add_argument("--num-processes", type=int, default=2)
-    p.add_argument("--cold", action="store_true", help="no Python job on the SparkContext before run()")
     args = p.parse_args()
 
-    import importlib.metadata
-
     from pyspark.ml.torch.distributor import TorchDistributor
-    from pyspark.sql import SparkSession
 
     os.makedirs(args.out_dir, exist_ok=True)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    t_spark = time.time()
-    spark = (
-        SparkSession.builder.master(f"local[{args.num_processes}]")
-        .appName("bench_cluster-torch")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    if not args.cold:  # a context that has run a Python job already, as in a notebook
-        spark.sparkContext.parallelize(range(args.num_processes), args.num_processes).map(lambda x: x).count()
-    spark_seconds = time.time() - t_spark
+    spark, spark_seconds = anchor_driver.start_spark("bench_cluster-torch", args.num_processes, args.cold)
     t0 = time.time()
     TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(
         train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
     )
     t_end = time.time()
     spark.stop()
-    nodes = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(args.out_dir, "torch-*.json")))]
-    out = {
-        "t0": t0,
-        "end": t_end,
-        "spark_start_seconds": spark_seconds,
-        "nodes": nodes,
-        "versions": {m: importlib.metadata.version(m) for m in ("torch", "pyspark")},
-    }
-    with open(args.out, "w") as f:
-        json.dump(out, f)
-    print(json.dumps(out))
-    return 0
+    return anchor_driver.write_result(args, "torch", {"t0": t0, "end": t_end}, spark_seconds, ("torch", "pyspark"))
 
 
 if __name__ == "__main__":
