@@ -72,18 +72,11 @@ static int map_foreach(const uint8_t *base, const uint8_t *p, size_t n, uint32_t
                        const char *what, ExEntryFn fn, void *ctx, SgError *err)
 {
     PbReader r = {p, p + n, base};
-    while (r.p < r.end) {
-        uint32_t field, wire;
-        int rc = pb_read_tag(&r, &field, &wire, err);
-        if (rc < 0)
-            return rc;
-        if (field != field_no) {
-            if ((rc = pb_skip(&r, wire, err)) < 0)
-                return rc;
-            continue;
-        }
+    uint32_t wire;
+    int rc;
+    while ((rc = pb_next_field(&r, field_no, &wire, err)) == 1) {
         if (wire != PB_LEN)
-            return wrong_wire(&r, what, field, wire, PB_LEN, err);
+            return wrong_wire(&r, what, field_no, wire, PB_LEN, err);
         size_t at = pb_offset(&r);
         const uint8_t *d;
         size_t len;
@@ -95,7 +88,7 @@ static int map_foreach(const uint8_t *base, const uint8_t *p, size_t n, uint32_t
         if ((rc = fn(ctx, &e, err)) != 0)
             return rc;
     }
-    return 0;
+    return rc;
 }
 
 int ex_features_foreach(const uint8_t *base, const uint8_t *p, size_t n, ExEntryFn fn, void *ctx,
@@ -111,28 +104,19 @@ static int message_fields(const uint8_t *rec, size_t n, uint32_t field_no, const
                           SgError *err)
 {
     PbReader r = {rec, rec + n, rec};
-    while (r.p < r.end) {
-        uint32_t field, wire;
-        int rc = pb_read_tag(&r, &field, &wire, err);
-        if (rc < 0)
-            return rc;
-        if (field != field_no || fn == NULL) {
-            if (field == field_no && wire != PB_LEN)
-                return wrong_wire(&r, what, field, wire, PB_LEN, err);
-            if ((rc = pb_skip(&r, wire, err)) < 0)
-                return rc;
-            continue;
-        }
+    uint32_t wire;
+    int rc;
+    while ((rc = pb_next_field(&r, field_no, &wire, err)) == 1) {
         if (wire != PB_LEN)
-            return wrong_wire(&r, what, field, wire, PB_LEN, err);
+            return wrong_wire(&r, what, field_no, wire, PB_LEN, err);
         const uint8_t *d;
         size_t len;
         if ((rc = pb_read_len(&r, &d, &len, err)) < 0)
             return rc;
-        if ((rc = map_foreach(rec, d, len, map_field, map_what, fn, ctx, err)) != 0)
+        if (fn != NULL && (rc = map_foreach(rec, d, len, map_field, map_what, fn, ctx, err)) != 0)
             return rc;
     }
-    return 0;
+    return rc;
 }
 
 int ex_example_foreach(const uint8_t *rec, size_t n, ExEntryFn fn, void *ctx, SgError *err)
@@ -155,25 +139,18 @@ int ex_feature_list_foreach(const uint8_t *base, const uint8_t *p, size_t n, ExE
                             void *ctx, SgError *err)
 {
     PbReader r = {p, p + n, base};
-    while (r.p < r.end) {
-        uint32_t field, wire;
-        int rc = pb_read_tag(&r, &field, &wire, err);
-        if (rc < 0)
-            return rc;
-        if (field != 1) {
-            if ((rc = pb_skip(&r, wire, err)) < 0)
-                return rc;
-            continue;
-        }
+    uint32_t wire;
+    int rc;
+    while ((rc = pb_next_field(&r, 1, &wire, err)) == 1) {
         if (wire != PB_LEN)
-            return wrong_wire(&r, "FeatureList.feature", field, wire, PB_LEN, err);
+            return wrong_wire(&r, "FeatureList.feature", 1, wire, PB_LEN, err);
         ExEntry e = {NULL, 0, NULL, 0, pb_offset(&r)};
         if ((rc = pb_read_len(&r, &e.value, &e.value_len, err)) < 0)
             return rc;
         if ((rc = fn(ctx, &e, err)) != 0)
             return rc;
     }
-    return 0;
+    return rc;
 }
 
 /* Adds the number of varints in a packed run to *count, checking each ends
@@ -211,16 +188,9 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
 {
     PbReader r = {p, p + n, base};
     size_t c = 0;
-    while (r.p < r.end) {
-        uint32_t field, wire;
-        int rc = pb_read_tag(&r, &field, &wire, err);
-        if (rc < 0)
-            return rc;
-        if (field != 1) {
-            if ((rc = pb_skip(&r, wire, err)) < 0)
-                return rc;
-            continue;
-        }
+    uint32_t wire, field = 1;
+    int rc;
+    while ((rc = pb_next_field(&r, field, &wire, err)) == 1) {
         const uint8_t *d;
         size_t len;
         if (kind == EX_BYTES) {
@@ -262,6 +232,8 @@ static int list_scan(const uint8_t *base, const uint8_t *p, size_t n, ExKind kin
             }
         }
     }
+    if (rc < 0)
+        return rc;
     *count = c;
     return 0;
 }

@@ -52,6 +52,24 @@ static inline int pb_read_tag(PbReader *r, uint32_t *field, uint32_t *wire, SgEr
     return pb_read_tag_slow(r, field, wire, err);
 }
 
+/* Advances to the next occurrence of field `want`, skipping every other
+ * field. Returns 1 with *wire set just after its tag, 0 at the end of the
+ * message, or a negative status. */
+static inline int pb_next_field(PbReader *r, uint32_t want, uint32_t *wire, SgError *err)
+{
+    while (r->p < r->end) {
+        uint32_t field;
+        int rc = pb_read_tag(r, &field, wire, err);
+        if (rc < 0)
+            return rc;
+        if (field == want)
+            return 1;
+        if ((rc = pb_skip(r, *wire, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static inline int pb_read_len(PbReader *r, const uint8_t **data, size_t *n, SgError *err)
 {
     size_t left = (size_t)(r->end - r->p), len, used;
