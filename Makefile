@@ -91,7 +91,7 @@ build/fuzz/%: tests/fuzz/%.c $(CSRC) $(DEPS_STAMP)
 	  -o $@ $< $(CORE_SRC) $$($(PY) .ci/buildcfg.py libs) -fopenmp=libgomp
 
 fuzz: deps
-	@bash .ci/install-system-deps clang libclang-rt-14-dev
+	@bash .ci/install-system-deps clang libclang-rt-14-dev libomp-14-dev
 	@$(MAKE) --no-print-directory $(FUZZERS)
 	@set -e; if [ -z "$(FUZZERS)" ]; then echo "fuzz: no harnesses under tests/fuzz"; fi; \
 	for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p build/fuzz/work/$$n tests/fuzz/artifacts; \
