@@ -18,6 +18,7 @@ from sparkgrad.nn import (  # noqa: E402
     AveragePooling2D,
     Conv2D,
     Dense,
+    Dropout,
     Flatten,
     MaxPool2D,
     RMSprop,
@@ -205,3 +206,64 @@ def test_conv_pool_gradients_match_finite_differences():
     model.compile(loss="sparse_categorical_crossentropy")
     x, y = batches((5, 7, 7, 2), 1, 5, onehot=False, seed=6)[0]
     _fd_check(model, x * 2 - 1, y)
+
+
+def test_fit_with_plain_sgd_folds_the_update_into_the_gemm_and_matches_pytorch():
+    """fit on a Dense stack with plain SGD applies W -= lr * X^T dY inside the
+    weight-gradient GEMM (no gradient buffer, no optimizer pass): parameters
+    after 3 steps still match torch.optim.SGD from the same weights, with a
+    step schedule changing the learning rate between steps."""
+    model = Sequential(
+        [
+            Dense(32, activation="relu", input_shape=(40,), kernel_initializer="truncated_normal"),
+            Dense(16, activation="tanh"),
+            Dense(8, activation="sigmoid"),
+            Dense(5),
+        ],
+        seed=11,
+    )
+    model.compile(optimizer=SGD(0.3, schedule="step", step_size=2, gamma=0.5), loss="sparse_categorical_crossentropy")
+    mirror = TorchMirror(model)
+    topt = torch_optimizer("sgd", mirror.tensors, lr=0.3)
+    sched = torch.optim.lr_scheduler.StepLR(topt, step_size=2, gamma=0.5)
+    data = batches((20, 40), 3, 5, onehot=False, seed=4)
+    model.grads[:] = 0.0
+    for x, y in data:
+        topt.zero_grad()
+        mirror.loss(x, y).backward()
+        topt.step()
+        sched.step()
+    x = np.concatenate([b[0] for b in data])
+    y = np.concatenate([b[1] for b in data])
+    model.fit(x, y, batch_size=20, epochs=1, shuffle=False, verbose=0)
+    assert model.step == 3
+    assert not model.grads.any(), "the fused path writes no gradient buffer"
+    assert rel_err(model.params, mirror.flat_params()) < 1e-5
+
+
+def test_fused_sgd_with_dropout_matches_gradient_then_update():
+    """The folded SGD update through Dropout layers equals compute_gradients
+    followed by apply_gradients (same seed, so the same dropout masks)."""
+
+    def make() -> Sequential:
+        m = Sequential(
+            [
+                Flatten(input_shape=(6, 5, 1)),
+                Dropout(0.2),
+                Dense(24, activation="relu"),
+                Dropout(0.5),
+                Dense(7, activation="softmax"),
+            ],
+            seed=21,
+        )
+        m.compile(optimizer=SGD(0.2), loss="categorical_crossentropy")
+        return m
+
+    fused, reference = make(), make()
+    for x, y in batches((16, 6, 5, 1), 3, 7, onehot=True, seed=8):
+        fused.train_on_batch(x, y)
+        reference.compute_gradients(x, y)
+        reference.apply_gradients()
+    assert not fused.grads.any()
+    assert rel_err(fused.params, reference.params) < 1e-5
+    assert fused.step == reference.step == 3

@@ -18,6 +18,9 @@ typedef struct LayerPlan {
                       [weights reorder,] bwd data */
     int nbwd;
     float *mask; /* Dropout [B, out] */
+    /* Dense and Conv2D: bwd[iww .. iww+nww) compute the weight gradients
+     * (the weights backward and its reorder); model_backward_sgd skips them */
+    int iww, nww;
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
@@ -27,7 +30,7 @@ typedef struct Plan {
     float *arena;    /* every buffer below */
     float **act;     /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
     float **dact;    /* [L+1]: gradient with respect to act[l] */
-    float *dpre;     /* [B, max out]: gradient before a fused activation */
+    float *dpre;     /* [B, max out]: scratch (bias gradient sums of model_backward_sgd) */
     float *logprob;  /* [B, K] */
     int32_t *labels; /* [B] */
     float *onehot;   /* [B, K] */
@@ -67,5 +70,12 @@ int model_forward(Model *m, Plan *p, int training, SgError *err);
 int model_logprob(Model *m, Plan *p, SgError *err);
 /* Backward from p->dact[L] (the logits gradient) into m->grads. */
 int model_backward(Model *m, Plan *p, SgError *err);
+/* 1 if every layer is Dense, Dropout or Flatten: model_backward_sgd applies. */
+int model_dense_only(const Model *m);
+/* Backward from p->dact[L] with plain SGD folded in: per Dense layer the
+ * activation and data backward as model_backward, then
+ * W -= lr * src^T @ dY in one GEMM (beta 1) and b -= lr * colsum(dY).
+ * m->grads is not written. Needs model_dense_only(m). */
+int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err);
 
 #endif /* NN_MODEL_IMPL_H */

@@ -272,6 +272,17 @@ static void step_range(const StepArgs *a, float *restrict p, const float *restri
     }
 }
 
+int optim_take_plain_sgd_step(Optimizer *o, float *lr)
+{
+    const OptimConfig *c = &o->cfg;
+    if (c->kind != OPTIM_SGD || c->momentum != 0.0f || c->weight_decay != 0.0f ||
+        c->clip_norm > 0.0f || c->clip_value > 0.0f)
+        return 0;
+    *lr = (float)lr_at(c, o->step);
+    o->step++;
+    return 1;
+}
+
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
 {
     if (n != o->n)

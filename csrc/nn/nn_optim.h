@@ -71,6 +71,13 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
 
 void optim_free(Optimizer *o);
 
+/* Plain SGD (no momentum, weight decay or clipping) is params -= lr * grads,
+ * which a caller may fold into the computation of the gradient itself (the
+ * model's fit loop does, inside the weight-gradient GEMM). If o is plain
+ * SGD: counts the step as optim_step would, sets *lr to this step's learning
+ * rate and returns 1; otherwise returns 0 and changes nothing. */
+int optim_take_plain_sgd_step(Optimizer *o, float *lr);
+
 /* The learning rate the next step will use. */
 float optim_current_lr(const Optimizer *o);
 /* Steps taken so far. */

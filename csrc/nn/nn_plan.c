@@ -226,6 +226,7 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         ((rc = plan_mem(m, p, &wdd_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
          (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, wdd_m, err)) < 0))
         goto cleanup;
+    lp->iww = lp->nbwd;
     e = &lp->bwd[lp->nbwd++];
     if ((rc = plan_prim(p, &e->prim, bww_pd, err)) < 0)
         goto cleanup;
@@ -235,6 +236,7 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     nn_exec_arg(e, DNNL_ARG_DIFF_BIAS, db_m);
     if (tmp != dw_m && (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], tmp, dw_m, err)) < 0)
         goto cleanup;
+    lp->nww = lp->nbwd - lp->iww;
 
     if (l > 0) {
         rc = conv ? DNNL(err, dnnl_convolution_backward_data_primitive_desc_create, &bwd_pd, m->eng,
@@ -549,4 +551,74 @@ int model_backward(Model *m, Plan *p, SgError *err)
                 return sg_context(err, "backward of layer %d", l);
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
+}
+
+/* ---- backward with plain SGD folded in ---------------------------------- */
+
+int model_dense_only(const Model *m)
+{
+    for (int l = 0; l < m->nlayers; l++) {
+        LayerKind k = m->specs[l].kind;
+        if (k != LAYER_DENSE && k != LAYER_DROPOUT && k != LAYER_FLATTEN)
+            return 0;
+    }
+    return 1;
+}
+
+/* W[C,OC] -= lr * src[B,C]^T @ dY[B,OC]; b[OC] -= lr * sum_b dY[b,:]
+ * (colsum[OC] is scratch). Row-major GEMM with beta 1: the update is the
+ * weight-gradient product itself, so no gradient buffer is written or read. */
+static int dense_sgd_update(float *W, float *bias, float *colsum, const float *src,
+                            const float *dy, int B, int C, int OC, float lr, SgError *err)
+{
+    int rc = DNNL(err, dnnl_sgemm, 'T', 'N', (dnnl_dim_t)C, (dnnl_dim_t)OC, (dnnl_dim_t)B, -lr,
+                  src, (dnnl_dim_t)C, dy, (dnnl_dim_t)OC, 1.0f, W, (dnnl_dim_t)OC);
+    if (rc < 0)
+        return rc;
+    memcpy(colsum, dy, (size_t)OC * sizeof(float));
+    for (int b = 1; b < B; b++) {
+        const float *row = dy + (size_t)b * OC;
+#pragma omp simd
+        for (int j = 0; j < OC; j++)
+            colsum[j] += row[j];
+    }
+#pragma omp simd
+    for (int j = 0; j < OC; j++)
+        bias[j] -= lr * colsum[j];
+    return 0;
+}
+
+int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
+{
+    int rc;
+    for (int l = m->nlayers - 1; l >= 0; l--) {
+        const LayerSpec *sp = &m->specs[l];
+        LayerPlan *lp = &p->lp[l];
+        if (sp->kind == LAYER_FLATTEN)
+            continue;
+        if (sp->kind == LAYER_DROPOUT) {
+            if (l == 0)
+                continue;
+            size_t n = (size_t)p->B * layer_out(m, l);
+            if (sp->rate > 0.0f)
+                dropout_backward(p->dact[l], p->dact[l + 1], lp->mask, n);
+            else
+                memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+            continue;
+        }
+        /* Dense: activation and data backward first (the data gradient needs
+         * the weights before their update) */
+        for (int i = 0; i < lp->nbwd; i++)
+            if ((i < lp->iww || i >= lp->iww + lp->nww) &&
+                (rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
+                return sg_context(err, "backward of layer %d", l);
+        if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+            return rc;
+        const LayerShape *s = &m->shapes[l];
+        const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
+        if ((rc = dense_sgd_update(m->params + kt->offset, m->params + bt->offset, p->dpre,
+                                   p->act[l], p->dact[l + 1], p->B, s->c, s->oc, lr, err)) < 0)
+            return sg_context(err, "SGD update of layer %d", l);
+    }
+    return 0;
 }

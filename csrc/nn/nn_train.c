@@ -4,6 +4,7 @@
  * prediction, and the OpenMP thread count. Pure C: the Python binding calls
  * these with the GIL released.
  */
+#include "nn/nn_loss.h"
 #include "nn/nn_model_impl.h"
 
 #include <math.h>
@@ -55,9 +56,9 @@ static int check_data(const Model *m, const NnData *d, int need_targets, SgError
     return 0;
 }
 
-/* Loss and accuracy of the batch in the plan; the logits gradient too when
- * backward is set. */
-static int batch_loss(Model *m, Plan *p, const NnData *d, int backward, NnStats *st, SgError *err)
+/* Loss and accuracy of the batch in the plan (evaluation), through the
+ * oneDNN log-softmax. */
+static int batch_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *err)
 {
     int rc = model_logprob(m, p, err);
     if (rc < 0)
@@ -73,8 +74,23 @@ static int batch_loss(Model *m, Plan *p, const NnData *d, int backward, NnStats 
     st->correct += accuracy_count(p->logprob, labels, onehot, B, K);
     st->seen += B;
     st->steps += 1;
-    if (backward)
-        xent_backward(p->dact[m->nlayers], p->logprob, labels, onehot, B, K);
+    return 0;
+}
+
+/* Training loss of the batch in the plan, from the logits in one pass
+ * (nn_loss.h): the logits gradient into dact[L], loss and hits into st. */
+static int train_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *err)
+{
+    const int B = p->B, K = m->classes, L = m->nlayers;
+    double loss_sum;
+    int correct, bad = -1;
+    if (softmax_xent_train(p->dact[L], &loss_sum, &correct, p->act[L], d->labels ? p->labels : NULL,
+                           d->labels ? NULL : p->onehot, B, K, &bad) < 0)
+        return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
+    st->loss_sum += loss_sum;
+    st->correct += correct;
+    st->seen += B;
+    st->steps += 1;
     return 0;
 }
 
@@ -82,11 +98,17 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
                       int B, NnStats *st, SgError *err)
 {
     Plan *p;
+    float lr;
     int rc;
     if ((rc = check_data(m, d, 1, err)) < 0 || (rc = model_plan(m, B, &p, err)) < 0 ||
         (rc = gather(m, p, d, order, start, B, err)) < 0 ||
-        (rc = model_forward(m, p, 1, err)) < 0 || (rc = batch_loss(m, p, d, 1, st, err)) < 0 ||
-        (rc = model_backward(m, p, err)) < 0)
+        (rc = model_forward(m, p, 1, err)) < 0 || (rc = train_loss(m, p, d, st, err)) < 0)
+        return rc;
+    /* plain SGD on a Dense stack: the update happens inside the weight-gradient
+     * GEMMs, with no gradient buffer pass and no optimizer pass */
+    if (opt && model_dense_only(m) && optim_take_plain_sgd_step(opt, &lr))
+        return model_backward_sgd(m, p, lr, err);
+    if ((rc = model_backward(m, p, err)) < 0)
         return rc;
     if (opt)
         return optim_step(opt, m->params, m->grads, m->nparams, err);
@@ -120,7 +142,7 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
         Plan *p;
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
-            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, 0, st, err)) < 0)
+            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, st, err)) < 0)
             return sg_context(err, "evaluating rows from %zu", start);
     }
     return 0;

@@ -83,8 +83,10 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     float *want = malloc(sizeof(float) * maxn), *pre = malloc(sizeof(float) * maxn),
           *dpre = malloc(sizeof(float) * maxn), *gw = malloc(sizeof(float) * m->nparams);
 
-    /* loss kernels */
+    /* loss kernels: training ran the one-pass loss (nn_loss.c); evaluation's
+     * oneDNN log-softmax runs here on the same logits */
     float *lp = malloc(sizeof(float) * B * K), *dl = malloc(sizeof(float) * B * K);
+    CHECK(model_logprob(m, p, &err) == 0);
     log_softmax_forward_ref(lp, p->act[L], B, (int)K);
     expect_close("log-softmax (oneDNN softmax_log)", L, p->logprob, lp, (size_t)B * K);
     xent_backward(dl, lp, d.labels, d.onehot, B, (int)K);
