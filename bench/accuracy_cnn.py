@@ -139,7 +139,9 @@ def spawn(data: str, system: str, recipe: str, epochs: int, rows: int | None, ti
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"  {system} {recipe}: timed out after {timeout:.0f} s (waiting for the lock and training)", file=sys.stderr)
+        print(
+            f"  {system} {recipe}: timed out after {timeout:.0f} s (waiting for the lock and training)", file=sys.stderr
+        )
         return None
     if out.returncode != 0:
         print(f"  {system} {recipe} failed:\n{out.stderr[-2000:]}", file=sys.stderr)

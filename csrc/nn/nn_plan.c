@@ -568,11 +568,11 @@ int model_dense_only(const Model *m)
 /* W[C,OC] -= lr * src[B,C]^T @ dY[B,OC]; b[OC] -= lr * sum_b dY[b,:]
  * (colsum[OC] is scratch). Row-major GEMM with beta 1: the update is the
  * weight-gradient product itself, so no gradient buffer is written or read. */
-static int dense_sgd_update(float *W, float *bias, float *colsum, const float *src,
-                            const float *dy, int B, int C, int OC, float lr, SgError *err)
+static int dense_sgd_update(float *W, float *bias, float *colsum, const float *src, const float *dy,
+                            int B, int C, int OC, float lr, SgError *err)
 {
-    int rc = DNNL(err, dnnl_sgemm, 'T', 'N', (dnnl_dim_t)C, (dnnl_dim_t)OC, (dnnl_dim_t)B, -lr,
-                  src, (dnnl_dim_t)C, dy, (dnnl_dim_t)OC, 1.0f, W, (dnnl_dim_t)OC);
+    int rc = DNNL(err, dnnl_sgemm, 'T', 'N', (dnnl_dim_t)C, (dnnl_dim_t)OC, (dnnl_dim_t)B, -lr, src,
+                  (dnnl_dim_t)C, dy, (dnnl_dim_t)OC, 1.0f, W, (dnnl_dim_t)OC);
     if (rc < 0)
         return rc;
     memcpy(colsum, dy, (size_t)OC * sizeof(float));
