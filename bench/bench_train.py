@@ -280,10 +280,17 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
     row("machine", f"omp_wait_policy_{WAIT_POLICY}", 1, "flag")
+    for model in ("mlp", "cnn"):
+        row("machine", f"{model}_flops_per_training_sample", flops[model], "FLOP")
+    bounds: dict[str, float] = {}
     for t in threads:
         g = spawn(sys.executable, ["gemm", str(t)], t, 300)
         peak = g["gflops"] if g else float("nan")
         row("machine", f"fp32_gemm_peak_t{t}", round(peak, 1), "GFLOP/s")
+        for model in ("mlp", "cnn"):
+            # no system can train faster than the measured GEMM peak over the FLOPs of one sample
+            bounds[f"{model}_t{t}"] = peak * 1e9 / flops[model]
+            row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s")
         for model in ("mlp", "cnn"):
             res = {}
             for system in ("sparkgrad", "torch", "keras"):
@@ -310,6 +317,8 @@ def main() -> int:
                     (tag, system, f"{r['samples_per_s']:,.0f}", f"{ratio:.2f}x" if system != "sparkgrad" else "",
                      f"{100 * share:.1f}%", f"{r['peak_rss_mb']:.0f}")
                 )  # fmt: skip
+    load_after = os.getloadavg()[0]
+    row("machine", "load_average_1min_at_end", round(load_after, 2), "runnable tasks (2 cores)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
     head = ("config", "system", "samples/s", "sparkgrad ratio", "% GEMM peak", "peak RSS MB")
@@ -319,10 +328,13 @@ def main() -> int:
         print("".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
     for t in threads:
         peak_t = next(r["value"] for r in rows if r["metric"] == f"fp32_gemm_peak_t{t}")
-        print(f"fp32 GEMM peak, {t} thread(s): {peak_t} GFLOP/s")
+        print(
+            f"fp32 GEMM peak, {t} thread(s): {peak_t} GFLOP/s; compute bound (peak / FLOPs per sample): "
+            f"MLP {bounds[f'mlp_t{t}']:,.0f} samples/s, CNN {bounds[f'cnn_t{t}']:,.0f} samples/s"
+        )
     keras_note = "measured" if has_keras else f"not measured (no tensorflow at {TF_PYTHON})"
     print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {keras_note}")
-    print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}: other work on the")
+    print(f"load average (1 min) at start {load_before:.2f}, at end {load_after:.2f}: other work on the")
     print(f"machine takes cores from multi-threaded runs; OMP_WAIT_POLICY={WAIT_POLICY} for every system")
     print(f"wrote {RESULTS}")
     return 0

@@ -52,7 +52,10 @@ def render() -> str:
     parts = []
     for path in files:
         day = datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
-        parts.append(f"**{path.stem}** (`bench/bench_{path.stem}.py`, {day})\n")
+        script = f"bench_{path.stem}.py"
+        if not (ROOT / "bench" / script).exists():
+            script = f"{path.stem}.py"  # e.g. bench/accuracy_cnn.py: a measurement, not a speed benchmark
+        parts.append(f"**{path.stem}** (`bench/{script}`, {day})\n")
         parts.append("| system | metric | value | unit |\n|---|---|---:|---|")
         for row in load_rows(path):
             parts.append(f"| {row['system']} | {row['metric']} | {_fmt(row['value'])} | {row['unit']} |")
