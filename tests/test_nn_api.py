@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 from sparkgrad import _core
-from sparkgrad.errors import InvalidArgumentError, ModelError, StateError
+from sparkgrad.errors import InvalidArgumentError, ModelError, SparkgradTimeout, StateError
 from sparkgrad.nn import (
     SGD,
     Adam,
@@ -158,6 +158,77 @@ def test_fit_on_an_iterable_of_dict_batches():
     assert 0 <= acc <= 1
     with pytest.raises(InvalidArgumentError, match=r"missing \['label'\]"):
         mlp().fit(iter([{"image_raw": x[:10]}]), verbose=0)
+
+
+def _prefetch_threads():
+    return [t for t in threading.enumerate() if t.name == "sparkgrad-fit-prefetch"]
+
+
+def test_fit_prefetches_iterable_batches_on_a_background_thread():
+    """Batches of an iterable are pulled and converted on a helper thread while
+    the C step runs; training is the same as without prefetching."""
+    x, y = toy()
+    pulled_on: list[str] = []
+
+    class Batches:
+        def __iter__(self):
+            for i in range(0, len(x), 40):
+                pulled_on.append(threading.current_thread().name)
+                yield {"image_raw": x[i : i + 40].astype(np.float64), "label": y[i : i + 40]}
+
+    ahead, inline = mlp(), mlp()
+    ahead.fit(Batches(), epochs=2, verbose=0)
+    assert set(pulled_on) == {"sparkgrad-fit-prefetch"}
+    pulled_on.clear()
+    inline.fit(Batches(), epochs=2, verbose=0, prefetch=0)
+    assert set(pulled_on) == {threading.current_thread().name}
+    assert ahead.step == inline.step == 20
+    np.testing.assert_array_equal(ahead.params, inline.params)
+    assert not _prefetch_threads()
+
+
+def test_fit_prefetch_stops_at_max_steps_and_reraises_iterator_errors():
+    x, y = toy()
+
+    def forever():
+        i = 0
+        while True:  # bounded by fit's max_steps
+            yield {"image_raw": x[i % 10 : i % 10 + 10], "label": y[i % 10 : i % 10 + 10]}
+            i += 1
+
+    m = mlp()
+    m.fit(forever(), epochs=1, max_steps=7, verbose=0)
+    assert m.step == 7
+    assert not _prefetch_threads()
+
+    def broken():
+        yield {"image_raw": x[:10], "label": y[:10]}
+        raise RuntimeError("the feed broke at batch 2")
+
+    with pytest.raises(RuntimeError, match="feed broke at batch 2"):
+        mlp().fit(broken(), verbose=0)
+    with pytest.raises(InvalidArgumentError, match=r"missing \['label'\]"):
+        mlp().fit(iter([{"image_raw": x[:10]}] * 3), verbose=0)  # a conversion error, raised in order
+    assert not _prefetch_threads()
+
+
+def test_fit_prefetch_times_out_naming_the_iterator():
+    x, y = toy()
+    release = threading.Event()
+
+    def stalled():
+        yield {"image_raw": x[:10], "label": y[:10]}
+        release.wait(timeout=10)  # the feed stalls until the test is done
+
+    m = mlp()
+    try:
+        with pytest.raises(SparkgradTimeout, match="next batch from the dataset iterator"):
+            m.fit(stalled(), verbose=0, prefetch_timeout=0.3)
+    finally:
+        release.set()
+    assert m.step == 1
+    with pytest.raises(InvalidArgumentError, match="prefetch"):
+        m.fit(stalled(), verbose=0, prefetch=-1)
 
 
 def test_compute_gradients_fills_grads_without_updating_params():

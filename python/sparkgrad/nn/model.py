@@ -89,6 +89,8 @@ class Sequential:
         self._core.init_params(self.seed)
         self._core.set_rng(self.seed ^ 0x5DEECE66D, 0)
         self.param_table = [ParamTensor(i, bool(b), o, s, tuple(sh)) for i, b, o, s, sh in self._core.param_table()]
+        # read once: fit's prefetch thread converts batches while the C core is busy
+        self._classes = int(self._core.classes)
         self.optimizer: _optimizers.Optimizer | None = None
         self.loss: str | None = None
         self.metrics: list[str] = []
@@ -114,7 +116,7 @@ class Sequential:
 
     @property
     def output_classes(self) -> int:
-        return int(self._core.classes)
+        return self._classes
 
     def get_weights(self) -> list[np.ndarray]:
         """Copies of every tensor in Keras order and layout (kernel, bias per layer)."""

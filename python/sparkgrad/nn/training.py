@@ -5,7 +5,12 @@ calls the C loop (``_core.Model.train_steps``, GIL released) for up to
 ``log_every`` steps at a time; between calls Python updates the progress bar
 (tqdm, ``verbose=1``; one line per epoch with ``verbose=2``; silent with 0),
 records step metrics, runs callbacks and writes checkpoints.
-Iterables of dict batches: one C call per batch.
+Iterables of dict batches: one C call per batch; a background thread
+(``prefetch`` batches ahead, 0: none) pulls the next batches from the iterable
+and converts them to the C layout while the C step runs with the GIL released,
+the overlap TFRecordDataset's C reader gives. Like Keras' prefetching, it may
+take up to ``prefetch`` batches beyond the last step from a one-shot iterator
+when training stops at ``max_steps``.
 
 Callbacks: objects with any of ``on_step_end(step, logs)``,
 ``on_epoch_end(epoch, logs)``, ``on_train_end(logs)``, or plain callables
@@ -16,12 +21,14 @@ called as ``fn(step, logs)`` at each log interval. Setting
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout
 
 
 class _Totals:
@@ -40,6 +47,65 @@ class _Totals:
         if self.seen == 0:
             return {}
         return {"loss": self.loss_sum / self.seen, "accuracy": self.correct / self.seen}
+
+
+_END = object()  # the producer's last item when the iterable is exhausted
+
+
+class _Prefetcher:
+    """Pulls batches from an iterator on a daemon thread, ``depth`` ahead, each
+    converted by ``convert``; the consumer iterates over the converted batches.
+    Exceptions from the iterator or the conversion are re-raised in the
+    consumer, in order. ``close`` stops the thread (it is also called at the
+    end of iteration)."""
+
+    def __init__(self, it: Iterator, convert, depth: int, timeout: float) -> None:
+        self._it, self._convert, self._timeout = it, convert, timeout
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="sparkgrad-fit-prefetch", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = (self._convert(next(self._it)), None)
+            except StopIteration:
+                item = (_END, None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                item = (None, exc)
+            self._q.put(item)  # unblocked by close(), which drains the queue
+            if item[0] is _END or item[1] is not None:
+                return
+
+    def __iter__(self):
+        try:
+            while True:
+                try:
+                    value, exc = self._q.get(timeout=self._timeout)
+                except queue.Empty:
+                    raise SparkgradTimeout(
+                        f"fit: waited {self._timeout:g} s for the next batch from the dataset iterator"
+                    ) from None
+                if exc is not None:
+                    raise exc
+                if value is _END:
+                    return
+                yield value
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the producer: after the drain below its pending put (at most one)
+        finds room, and it sees the stop flag before pulling another batch. A
+        producer still inside the user's next() exits when that returns."""
+        self._stop.set()
+        try:
+            while True:
+                self._q.get_nowait()
+        except queue.Empty:
+            pass
+        self._thread.join(timeout=1.0)
 
 
 class Trainer:
@@ -61,6 +127,8 @@ class Trainer:
         plot_path: str | None = None,
         tensorboard_dir: str | None = None,
         resume: bool = True,
+        prefetch: int = 2,
+        prefetch_timeout: float = 600.0,
     ) -> None:
         """checkpoint_dir: write ``ckpt-<step>.sgck`` there at each epoch end (and every
         ``checkpoint_every`` steps), keeping the last ``keep_last``; resume from the newest
@@ -68,9 +136,17 @@ class Trainer:
         (``val_loss``/``loss`` lower is better, ``*accuracy`` higher). sync_dir: copy each
         finished checkpoint there, whole files, at most every ``sync_every_secs`` and at
         the end. plot_path: a PNG of the loss/accuracy curves (needs matplotlib).
-        tensorboard_dir: scalars through sparkgrad.summary.EventWriter when available."""
+        tensorboard_dir: scalars through sparkgrad.summary.EventWriter when available.
+        prefetch: batches of an iterable dataset prepared ahead on a background thread
+        (0: none), waiting at most ``prefetch_timeout`` seconds for each."""
         if log_every <= 0:
             raise InvalidArgumentError(f"log_every must be > 0, not {log_every}")
+        if prefetch < 0 or not prefetch_timeout > 0:
+            raise InvalidArgumentError(
+                f"prefetch must be >= 0 and prefetch_timeout > 0 (got {prefetch}, {prefetch_timeout})"
+            )
+        self.prefetch = int(prefetch)
+        self.prefetch_timeout = float(prefetch_timeout)
         from sparkgrad.nn.threads import configure_threads, spark_task_cpus
 
         if spark_task_cpus() is not None:
@@ -223,22 +299,31 @@ class Trainer:
                         break
                 else:
                     interval = _Totals()
-                    it = iter(x)
-                    for batch in it:
-                        if max_steps is not None and m.step >= max_steps:
-                            break
+
+                    def convert(batch):
                         xb, yb = _batch_arrays(batch, x_key, y_key)
                         xb = m._x(xb)
-                        lb, ob = m._targets(yb, xb.shape[0])
-                        r = m._core.train_steps(copt, xb, lb, ob, None, 0, xb.shape[0], 1)
-                        m.step += r[3]
-                        interval.add(r)
-                        totals.add(r)
-                        if interval.steps >= self.log_every:
-                            self._step_logs(history, interval)
-                            interval = _Totals()
-                        if m.stop_training:
-                            break
+                        return (xb, *m._targets(yb, xb.shape[0]))
+
+                    if max_steps is not None and m.step >= max_steps:
+                        break
+                    prefetcher = None
+                    if self.prefetch:
+                        prefetcher = _Prefetcher(iter(x), convert, self.prefetch, self.prefetch_timeout)
+                    try:
+                        for xb, lb, ob in prefetcher if prefetcher is not None else map(convert, x):
+                            r = m._core.train_steps(copt, xb, lb, ob, None, 0, xb.shape[0], 1)
+                            m.step += r[3]
+                            interval.add(r)
+                            totals.add(r)
+                            if interval.steps >= self.log_every:
+                                self._step_logs(history, interval)
+                                interval = _Totals()
+                            if m.stop_training or (max_steps is not None and m.step >= max_steps):
+                                break
+                    finally:
+                        if prefetcher is not None:
+                            prefetcher.close()
                     if interval.steps:
                         self._step_logs(history, interval)
                     if totals.seen == 0:
