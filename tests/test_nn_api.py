@@ -96,6 +96,29 @@ def test_initialisers_are_seeded_and_scaled():
     assert not np.array_equal(g, c)
 
 
+def test_model_b_kernels_use_keras_glorot_uniform_fans_and_zero_biases():
+    """Keras' default glorot_uniform: limit sqrt(6 / (fan_in + fan_out)) with the
+    receptive field in both fans for Conv2D (fan_in = KH*KW*C, fan_out = KH*KW*OC)."""
+    m = Sequential(
+        [
+            Conv2D(32, 3, activation="relu", input_shape=(28, 28, 1)),
+            Conv2D(64, 3, activation="relu"),
+            MaxPool2D(2),
+            Flatten(),
+            Dense(128, activation="relu"),
+            Dense(10, activation="softmax"),
+        ],
+        seed=1,
+    )
+    fans = [(9 * 1, 9 * 32), (9 * 32, 9 * 64), (9216, 128), (128, 10)]
+    weights = m.get_weights()
+    for (fan_in, fan_out), kernel, bias in zip(fans, weights[0::2], weights[1::2], strict=True):
+        limit = np.sqrt(6 / (fan_in + fan_out))
+        assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.95 * limit
+        assert abs(kernel.std() - limit / np.sqrt(3)) < 0.1 * limit
+        assert not bias.any()
+
+
 def test_summary_lists_layers_shapes_and_counts():
     m = Sequential(
         [

@@ -202,3 +202,49 @@ def test_apply_works_on_any_float32_array_shape():
     SGD(0.5).apply(p, np.full((4, 5), 2.0, np.float32))
     np.testing.assert_allclose(p, 0.0)
     assert math.isclose(SGD(0.5).learning_rate, 0.5)
+
+
+KERAS_ADADELTA = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+p0, grads, lr = json.loads(sys.argv[1])
+var = tf.Variable(np.asarray(p0, np.float32))
+opt = tf.keras.optimizers.Adadelta(learning_rate=lr, rho=0.95, epsilon=1e-7)
+for g in grads:
+    opt.apply_gradients([(tf.constant(np.asarray(g, np.float32)), var)])
+print(json.dumps(var.numpy().astype(float).tolist()))
+"""
+
+
+@pytest.mark.parametrize("lr", [0.1, 1.0])
+def test_adadelta_matches_keras_after_three_steps(lr):
+    """Model (b)'s optimizer against Keras itself (TensorFlow's Keras 3): the
+    learning rate scales the Adadelta update, rho 0.95, epsilon 1e-7 inside both
+    square roots. Runs where TensorFlow is importable or SPARKGRAD_TF_PYTHON
+    names an interpreter that has it (e.g. /work/tfvenv/bin/python)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    python = os.environ.get("SPARKGRAD_TF_PYTHON")
+    if not python:
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
+        python = sys.executable
+    rng = np.random.default_rng(9)
+    p = np.zeros(300, np.float32)  # the update does not depend on p: start at 0 to compare the steps themselves
+    grads = [rng.standard_normal(300).astype(np.float32) * s for s in (1.0, 0.01, 3.0)]
+    arg = json.dumps([p.tolist(), [g.tolist() for g in grads], lr])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([python, "-c", KERAS_ADADELTA, arg], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    keras_p = np.asarray(json.loads(out.stdout.strip().splitlines()[-1]), np.float32)
+    opt = Adadelta(lr)  # Keras' defaults: rho 0.95, epsilon 1e-7
+    for g in grads:
+        opt.apply(p, g)
+    assert np.abs(keras_p).min() > 0
+    assert np.abs(p - keras_p).max() <= 1e-5 * np.abs(keras_p).max()
