@@ -12,8 +12,10 @@
  *   MaxPool  pooling fwd training with workspace, pooling bwd
  *   AvgPool  pooling (padding excluded from the average)
  *   Dropout  C (counter-based RNG, nn_ref.c); Flatten: an alias, no copy
- *   Loss     oneDNN log-softmax; cross-entropy, its gradient and accuracy in C
- * The training loops are in nn_train.c.
+ *   Loss     training: softmax cross-entropy, its gradient and the hits in one
+ *            C pass (nn_loss.c); evaluation: oneDNN log-softmax, then C
+ * Plain SGD on a Dense stack is folded into the weight-gradient GEMMs
+ * (model_backward_sgd in nn_plan.c). The training loops are in nn_train.c.
  */
 #include "nn/nn_model_impl.h"
 

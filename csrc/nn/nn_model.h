@@ -122,7 +122,10 @@ void model_shuffle(Model *m, int64_t *order, size_t n);
 
 /* One training batch of rows order[start..start+B) (order NULL: contiguous):
  * forward, loss, backward into the gradient buffer, and, if opt is not
- * NULL, the optimizer update. Adds the batch's results into st. */
+ * NULL, the optimizer update. When opt is plain SGD (optim_take_plain_sgd_step)
+ * and every layer is Dense, Dropout or Flatten, the update is folded into the
+ * weight-gradient GEMMs and the gradient buffer is not written. Adds the
+ * batch's results into st. */
 int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
                       int B, NnStats *st, SgError *err);
 

@@ -1,8 +1,8 @@
 /*
  * nn_train.c - the loops over in-memory data: one training batch (gather ->
- * forward -> loss -> backward -> optimizer), runs of steps, evaluation and
- * prediction, and the OpenMP thread count. Pure C: the Python binding calls
- * these with the GIL released.
+ * forward -> loss -> backward -> optimizer, or backward with plain SGD folded
+ * in), runs of steps, evaluation and prediction, and the OpenMP thread
+ * count. Pure C: the Python binding calls these with the GIL released.
  */
 #include "nn/nn_loss.h"
 #include "nn/nn_model_impl.h"
