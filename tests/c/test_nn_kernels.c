@@ -322,6 +322,62 @@ static void test_model_declaration_errors(void)
     model_free(m);
 }
 
+/* Plain SGD folded into the weight-gradient GEMMs (model_backward_sgd) against
+ * the gradient buffer followed by params -= lr * grads, over 3 steps of a
+ * Dense stack with Dropout (the same seed gives the same masks). */
+static void test_folded_sgd_matches_gradient_then_update(void)
+{
+    LayerSpec specs[] = {
+        {LAYER_DENSE, 16, 0, 0, 0, 0, NN_ACT_RELU, 0, INIT_TRUNCATED_NORMAL},
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 0.25f, 0},
+        {LAYER_DENSE, 8, 0, 0, 0, 0, NN_ACT_TANH, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DENSE, 5, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+    };
+    const int B = 7, C = 12, STEPS = 3;
+    const float lr = 0.3f;
+    SgError err = {0};
+    Model *fused = NULL, *plain = NULL;
+    Optimizer *opt = NULL;
+    OptimConfig cfg;
+    optim_config_default(&cfg, OPTIM_SGD);
+    cfg.lr = lr;
+    CHECK(model_create(&fused, 1, 1, C, specs, 4, &err) == 0);
+    CHECK(model_create(&plain, 1, 1, C, specs, 4, &err) == 0);
+    if (!fused || !plain)
+        goto done;
+    CHECK(model_dense_only(fused));
+    CHECK(optim_create(&opt, &cfg, fused->nparams, &err) == 0);
+    model_init_params(fused, 3);
+    model_init_params(plain, 3);
+    model_set_rng(fused, 9, 0);
+    model_set_rng(plain, 9, 0);
+    float x[7 * 12];
+    int32_t labels[7];
+    uint64_t s = 17;
+    for (int i = 0; i < B * C; i++)
+        x[i] = frand(&s);
+    for (int b = 0; b < B; b++)
+        labels[b] = (b * 3 + 1) % 5;
+    NnData d = {x, labels, NULL, (size_t)B, (size_t)C};
+    NnStats st1 = {0}, st2 = {0};
+    for (int step = 0; step < STEPS; step++) {
+        CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, &st1, &err) == 0);
+        CHECK(model_train_batch(plain, NULL, &d, NULL, 0, B, &st2, &err) == 0);
+        for (size_t i = 0; i < plain->nparams; i++)
+            plain->params[i] -= lr * plain->grads[i];
+    }
+    CHECK(optim_get_step(opt) == STEPS);
+    CHECK(fabs(st1.loss_sum - st2.loss_sum) <= 1e-5 * fabs(st2.loss_sum));
+    expect_close("folded SGD parameters after 3 steps", -1, fused->params, plain->params,
+                 plain->nparams);
+    for (size_t i = 0; i < fused->nparams; i++)
+        CHECK(fused->grads[i] == 0.0f); /* the folded path writes no gradient */
+done:
+    optim_free(opt);
+    model_free(fused);
+    model_free(plain);
+}
+
 int main(void)
 {
     test_mlp_kernels();
@@ -329,5 +385,6 @@ int main(void)
     test_keras_cnn_shapes_and_kernels();
     test_dnnl_errors_name_the_call();
     test_model_declaration_errors();
+    test_folded_sgd_matches_gradient_then_update();
     return check_report("test_nn_kernels");
 }
