@@ -133,13 +133,13 @@ static PyObject *out_to_dict(FeedOut *out)
 
 static PyObject *FeedServer_next_batch(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"n", "timeout", "input", "with_source", NULL};
+    static char *kwlist[] = {"n", "timeout", "input", "with_source", "partial", NULL};
     unsigned long long n;
     double timeout;
     const char *input = "train";
-    int with_source = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|sp:next_batch", kwlist, &n, &timeout, &input,
-                                     &with_source) ||
+    int with_source = 0, partial = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|spp:next_batch", kwlist, &n, &timeout, &input,
+                                     &with_source, &partial) ||
         feed_live(self) == NULL)
         return NULL;
     FeedOut *out = calloc(1, sizeof *out);
@@ -149,7 +149,7 @@ static PyObject *FeedServer_next_batch(FeedServerObject *self, PyObject *args, P
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = feed_server_next(self->srv, input, n, timeout, out, &err);
+    rc = feed_server_next(self->srv, input, n, partial && n > 0 ? 1 : n, timeout, out, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         free(out);
@@ -258,8 +258,9 @@ static PyObject *FeedServer_close(FeedServerObject *self, PyObject *noargs)
 
 static PyMethodDef FeedServer_methods[] = {
     {"next_batch", (PyCFunction)(void (*)(void))FeedServer_next_batch, METH_VARARGS | METH_KEYWORDS,
-     "next_batch(n, timeout, input='train') -> dict[str, ndarray]: n rows, fewer (or none) once "
-     "the input ended."},
+     "next_batch(n, timeout, input='train', with_source=False, partial=False) -> dict[str, "
+     "ndarray]: n rows, fewer (or none) once the input ended; partial=True: whatever is queued "
+     "(up to n) as soon as there is a row."},
     {"send_results", (PyCFunction)(void (*)(void))FeedServer_send_results,
      METH_VARARGS | METH_KEYWORDS,
      "send_results(source, columns, timeout=60.0): result columns back to the feeder `source`."},
