@@ -223,10 +223,36 @@ def run_child(system: str, cmd: list[str], env: dict, timeout: float, log: pathl
             os.killpg(proc.pid, signal.SIGKILL)  # the child's own group: its JVM and Python workers too
             proc.wait(timeout=30)
             return None, f"timed out after {timeout:.0f} s (log {log})"
+    _end_group(proc.pid)
     if rc != 0 or not out.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         return None, f"exit status {rc} (log {log}): {' / '.join(tail)[-300:]}"
     return json.loads(out.read_text()), ""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end_group(pgid: int, wait: float = 15.0) -> None:
+    """Ends what a finished run left in its process group (a JVM still shutting down, a
+    framework's helper processes), so that nothing of one system runs during the next."""
+    deadline = time.monotonic() + wait
+    sig = signal.SIGTERM
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            if sig == signal.SIGKILL:
+                return
+            sig, deadline = signal.SIGKILL, time.monotonic() + 5.0
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)  # bounded above by the two deadlines; waiting on processes we cannot wait() for
 
 
 def summarize(res: dict) -> dict:
