@@ -141,6 +141,19 @@ def test_cluster_server_join_returns_on_stop_and_times_out_otherwise():
     assert ctx.should_stop()
 
 
+def test_stop_hooks_run_once_on_stop_and_at_once_after_it():
+    ctx = _ctx()
+    calls: list[str] = []
+    ctx.on_stop(lambda: calls.append("a"))
+    unhook = ctx.on_stop(lambda: calls.append("dropped"))
+    unhook()
+    ctx.signal_stop()
+    ctx.signal_stop()
+    assert calls == ["a"] and ctx.should_stop()
+    ctx.on_stop(lambda: calls.append("late"))
+    assert calls == ["a", "late"]
+
+
 def test_public_names_match_tensorflowonspark():
     assert TFCluster.InputMode is InputMode
     assert InputMode.TENSORFLOW == 0 and InputMode.SPARK == 1

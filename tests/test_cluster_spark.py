@@ -72,6 +72,19 @@ def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
     assert formed < 30
 
 
+def test_nodes_echo_to_executor_logs_only_off_a_local_master(sc):
+    from types import SimpleNamespace
+
+    from sparkgrad.cluster.spark import SparkLauncher
+
+    def echo(master_sc) -> bool:
+        return SparkLauncher(master_sc, None, (0,), cluster_nodes.write_ctx, None)._task.echo
+
+    assert not echo(sc)  # local[...]: the driver's prefixed copy is the only one
+    assert echo(SimpleNamespace(master="local-cluster[2,1,1024]"))
+    assert echo(SimpleNamespace(master="spark://host:7077"))
+
+
 def test_driver_ps_nodes_run_the_ps_on_the_driver(sc, tmp_path):
     cluster = TFCluster.run(
         sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=Lines()

@@ -83,6 +83,21 @@ def test_next_batch_timeout_says_what_it_waited_for(feed):
     assert not srv.drained()
 
 
+def test_partial_next_batch_returns_what_is_queued_without_waiting_for_a_full_batch(feed):
+    srv, port, secret = feed()
+    with pytest.raises(errors.SparkgradTimeout, match="1 rows of input 'train': 0 queued"):
+        srv.next_batch(100, 0.2, partial=True)  # nothing queued: waits for one row, bounded
+    feeder(port, secret, 0, [7])
+    t0 = time.monotonic()
+    cols, sources = srv.next_batch(100, 20.0, with_source=True, partial=True)
+    assert time.monotonic() - t0 < 1.0  # did not wait for 100 rows or the end of the input
+    assert cols["y"].tolist() == list(range(7)) and len(sources) == 7
+    feeder(port, secret, 7, [5])
+    assert srv.next_batch(3, 20.0, partial=True)["y"].tolist() == [7, 8, 9]  # at most n
+    assert srv.next_batch(3, 20.0, partial=True)["y"].tolist() == [10, 11]
+    assert not srv.drained()
+
+
 def test_finish_releases_a_waiting_consumer_with_a_short_batch(feed):
     srv, port, secret = feed()
     out: list = []

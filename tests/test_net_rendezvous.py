@@ -377,3 +377,41 @@ def test_driver_heartbeats_keep_an_idle_node_connected(secret):
         c.log("alive")
         assert srv.next_event(2.0)["line"] == "alive"
         c.close()
+
+
+def test_interrupt_wakes_a_waiting_recv_and_keeps_queued_messages(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        c = _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 5.0)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append((c.recv(30.0), time.monotonic())))
+        t.start()
+        time.sleep(0.2)
+        asked = time.monotonic()
+        c.interrupt()
+        t.join(10)
+        assert not t.is_alive() and got[0][0] is None
+        assert got[0][1] - asked < 1.0  # woken, not timed out
+        c.interrupt()  # before a recv: the next one returns at once, then it is spent
+        srv.send(0, {"type": "ping"})
+        assert c.recv(5.0) is None
+        assert c.recv(5.0) == {"type": "ping"}
+        c.close()
+
+
+def test_closing_the_server_wakes_a_waiting_next_event(secret):
+    srv = _core.RendezvousServer(secret, 1, "127.0.0.1", 0)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            srv.next_event(30.0)
+        except errors.SparkgradError as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.2)
+    asked = time.monotonic()
+    srv.close()
+    t.join(10)
+    assert not t.is_alive() and raised and time.monotonic() - asked < 2.0

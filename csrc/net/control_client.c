@@ -44,6 +44,7 @@ struct CtlClient {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stopping, stopped;
+    int interrupted; /* ctl_client_interrupt() since the last recv returned */
     SgError io_err; /* code != 0 once the connection broke */
     int acked, registered, num_nodes;
     cJSON *spec;     /* the spec array, as received */
@@ -424,10 +425,12 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && c->io_err.code == 0 && !c->stopped &&
+    while (c->head == NULL && c->io_err.code == 0 && !c->stopped && !c->interrupted &&
            wait_until(c, deadline) != ETIMEDOUT)
         ;
-    if (c->head != NULL) {
+    if (c->interrupted) {
+        c->interrupted = 0; /* returns no message; a queued one stays for the next recv */
+    } else if (c->head != NULL) {
         CtlMsg *m = c->head;
         c->head = m->next;
         if (c->head == NULL)
@@ -441,6 +444,14 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+void ctl_client_interrupt(CtlClient *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->interrupted = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 void ctl_client_stop(CtlClient *c)

@@ -45,6 +45,11 @@ int ctl_client_error(CtlClient *c, const char *message, const char *traceback, c
  * (SG_EPEER naming the driver). */
 int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err);
 
+/* Makes a recv that is waiting (or the next one) return at once with no
+ * message, so a thread that polls recv can be told to look at its own state
+ * without waiting out its timeout. */
+void ctl_client_interrupt(CtlClient *c);
+
 /* Stops the heartbeat thread and closes the connection (idempotent);
  * ctl_client_free stops if needed and frees. */
 void ctl_client_stop(CtlClient *c);

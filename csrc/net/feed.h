@@ -115,11 +115,14 @@ typedef struct FeedStats {
 int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t capacity_bytes,
                       int expected_feeders, uint32_t max_frame, FeedServer **out, SgError *err);
 
-/* Up to n rows of input; waits until n rows are queued or the input is
- * finished (then fewer, possibly 0). SG_ETIMEOUT says what was queued and
- * how many feeders came and ended. *out columns are malloc'd. */
-int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeout, FeedOut *out,
-                     SgError *err);
+/* Up to n rows of input; waits until min_rows (0..n; n: a full batch, 0: no
+ * wait) rows are queued, then takes min(n, queued) - or until the input is
+ * finished (then what is left, possibly 0). min_rows 1 returns whatever is
+ * queued as soon as there is a row (inference: a partition's last rows must not wait
+ * for a full batch). SG_ETIMEOUT says what was queued and how many feeders
+ * came and ended. *out columns are malloc'd. */
+int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_rows,
+                     double timeout, FeedOut *out, SgError *err);
 
 /* Marks input (NULL: every input, including ones not seen yet) finished. */
 void feed_server_finish(FeedServer *s, const char *input);

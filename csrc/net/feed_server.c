@@ -441,13 +441,16 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
     return SG_OK;
 }
 
-int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeout, FeedOut *out,
-                     SgError *err)
+int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_rows,
+                     double timeout, FeedOut *out, SgError *err)
 {
     double deadline;
     int rc = net_deadline(timeout, "FeedServer.next_batch", &deadline, err);
     if (rc < 0)
         return rc;
+    if (min_rows > n)
+        return sg_fail(err, SG_EINVAL, "FeedServer.next_batch: min_rows %llu must be in 0..n (%llu)",
+                       (unsigned long long)min_rows, (unsigned long long)n);
     int want_sources = out->want_sources;
     memset(out, 0, sizeof *out);
     out->want_sources = want_sources;
@@ -457,9 +460,9 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeou
         pthread_mutex_unlock(&s->mu);
         return sg_fail(err, SG_EINVAL, "more than %d named inputs", FEED_MAX_INPUTS);
     }
-    while (in->rows < n && !input_finished(s, in) && !s->stopping && net_now() < deadline)
+    while (in->rows < min_rows && !input_finished(s, in) && !s->stopping && net_now() < deadline)
         wait_until(s, deadline);
-    if (in->rows >= n || input_finished(s, in))
+    if (in->rows >= min_rows || input_finished(s, in))
         rc = take_rows(s, in, in->rows < n ? in->rows : n, out, err);
     else if (s->stopping)
         rc = sg_fail(err, SG_ECANCELLED, "feed server stopped while waiting for rows of input '%s'",
@@ -471,7 +474,7 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, double timeou
                      "%d sent END for this input, end of data not signalled (the driver calls "
                      "finish when every "
                      "partition is fed)",
-                     timeout, (unsigned long long)n, input, (unsigned long long)in->rows,
+                     timeout, (unsigned long long)min_rows, input, (unsigned long long)in->rows,
                      s->stats.feeders, in->ended);
     pthread_mutex_unlock(&s->mu);
     return rc;

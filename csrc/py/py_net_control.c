@@ -167,6 +167,13 @@ static PyObject *Ctl_recv(CtlObject *self, PyObject *args, PyObject *kw)
     return out;
 }
 
+static PyObject *Ctl_interrupt(CtlObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    ctl_client_interrupt(self->cli); /* takes only the client's mutex, never held for long */
+    Py_RETURN_NONE;
+}
+
 static PyObject *Ctl_close(CtlObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -220,6 +227,8 @@ static PyMethodDef Ctl_methods[] = {
      "error(message, traceback, host='')"},
     {"recv", (PyCFunction)(void (*)(void))Ctl_recv, METH_VARARGS | METH_KEYWORDS,
      "recv(timeout) -> dict | None: next message from the driver."},
+    {"interrupt", (PyCFunction)Ctl_interrupt, METH_NOARGS,
+     "interrupt(): a waiting (or the next) recv returns None at once."},
     {"close", (PyCFunction)Ctl_close, METH_NOARGS,
      "close(): stop heartbeats, close the connection."},
     {"__enter__", (PyCFunction)Ctl_enter, METH_NOARGS, NULL},

@@ -133,13 +133,13 @@ static PyObject *out_to_dict(FeedOut *out)
 
 static PyObject *FeedServer_next_batch(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"n", "timeout", "input", "with_source", NULL};
+    static char *kwlist[] = {"n", "timeout", "input", "with_source", "partial", NULL};
     unsigned long long n;
     double timeout;
     const char *input = "train";
-    int with_source = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|sp:next_batch", kwlist, &n, &timeout, &input,
-                                     &with_source) ||
+    int with_source = 0, partial = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kd|spp:next_batch", kwlist, &n, &timeout, &input,
+                                     &with_source, &partial) ||
         feed_live(self) == NULL)
         return NULL;
     FeedOut *out = calloc(1, sizeof *out);
@@ -149,7 +149,7 @@ static PyObject *FeedServer_next_batch(FeedServerObject *self, PyObject *args, P
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = feed_server_next(self->srv, input, n, timeout, out, &err);
+    rc = feed_server_next(self->srv, input, n, partial && n > 0 ? 1 : n, timeout, out, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         free(out);
@@ -258,8 +258,9 @@ static PyObject *FeedServer_close(FeedServerObject *self, PyObject *noargs)
 
 static PyMethodDef FeedServer_methods[] = {
     {"next_batch", (PyCFunction)(void (*)(void))FeedServer_next_batch, METH_VARARGS | METH_KEYWORDS,
-     "next_batch(n, timeout, input='train') -> dict[str, ndarray]: n rows, fewer (or none) once "
-     "the input ended."},
+     "next_batch(n, timeout, input='train', with_source=False, partial=False) -> dict[str, "
+     "ndarray]: n rows, fewer (or none) once the input ended; partial=True: whatever is queued "
+     "(up to n) as soon as there is a row."},
     {"send_results", (PyCFunction)(void (*)(void))FeedServer_send_results,
      METH_VARARGS | METH_KEYWORDS,
      "send_results(source, columns, timeout=60.0): result columns back to the feeder `source`."},
@@ -542,7 +543,67 @@ static PyObject *py_feed_send(PyObject *self, PyObject *args, PyObject *kw)
     return r;
 }
 
+/* pack_binary(values, width=-1) -> uint8[n, width]: the byte strings of a
+ * binary column (Spark BinaryType rows) copied row by row into one array,
+ * so a feeder never makes a Python object per byte. Every value must hold
+ * width bytes (the first value's length when width is -1). */
+static PyObject *py_pack_binary(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"values", "width", NULL};
+    PyObject *values, *seq, *arr = NULL;
+    Py_ssize_t width = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n:pack_binary", kwlist, &values, &width))
+        return NULL;
+    seq = PySequence_Fast(values, "pack_binary: values must be a sequence of bytes-like objects");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer view = {0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(items[i], &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            sg_raise_code(SG_EINVAL, "pack_binary: row %zd is %s, not bytes", i,
+                          Py_TYPE(items[i])->tp_name);
+            goto cleanup;
+        }
+        if (width < 0)
+            width = view.len;
+        if (view.len != width) {
+            sg_raise_code(SG_EINVAL,
+                          "pack_binary: row %zd holds %zd bytes, expected %zd (every value of a "
+                          "binary column must have the same length)",
+                          i, view.len, width);
+            goto cleanup;
+        }
+        if (arr == NULL) {
+            npy_intp dims[2] = {(npy_intp)n, (npy_intp)width};
+            arr = PyArray_SimpleNew(2, dims, NPY_UINT8);
+            if (arr == NULL)
+                goto cleanup;
+        }
+        memcpy((uint8_t *)PyArray_DATA((PyArrayObject *)arr) + (size_t)i * (size_t)width, view.buf,
+               (size_t)width);
+        PyBuffer_Release(&view);
+    }
+    if (arr == NULL) { /* no rows */
+        npy_intp dims[2] = {0, width < 0 ? 0 : (npy_intp)width};
+        arr = PyArray_SimpleNew(2, dims, NPY_UINT8);
+    }
+    Py_DECREF(seq);
+    return arr;
+cleanup:
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    Py_XDECREF(arr);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef feed_functions[] = {
+    {"pack_binary", (PyCFunction)(void (*)(void))py_pack_binary, METH_VARARGS | METH_KEYWORDS,
+     "pack_binary(values, width=-1) -> uint8[n, width]: equal-length byte strings as one array."},
     {"feed_send", (PyCFunction)(void (*)(void))py_feed_send, METH_VARARGS | METH_KEYWORDS,
      "feed_send(host, port, secret, columns, timeout=60.0, input='train'): send one batch and "
      "END."},

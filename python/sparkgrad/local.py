@@ -7,15 +7,17 @@ TensorFlowOnSpark's conversion guide.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkgrad.cluster.driver import Cluster
-from sparkgrad.cluster.launch import run as _run
-from sparkgrad.cluster.node import MapFun
+if TYPE_CHECKING:
+    from sparkgrad.cluster.driver import Cluster
+    from sparkgrad.cluster.node import MapFun
 
 
 def run(map_fun: MapFun, tf_args: Any, num_executors: int, num_ps: int = 0, **kwargs: Any) -> Cluster:
     """Starts map_fun on num_executors local processes; keyword arguments as TFCluster.run."""
+    from sparkgrad.cluster.launch import run as _run  # the driver's code loads when a driver runs
+
     return _run(None, map_fun, tf_args, num_executors, num_ps, **kwargs)
 
 

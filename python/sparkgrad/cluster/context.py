@@ -142,6 +142,8 @@ class NodeContext:
     mgr: Any = None  # the node's FeedServer on training nodes under InputMode.SPARK (for TFNode.DataFeed)
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _metric_sink: Callable[[str, float, int], None] | None = field(default=None, repr=False, compare=False)
+    _stop_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
+    _stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def worker_num(self) -> int:
@@ -182,6 +184,33 @@ class NodeContext:
                 f"{self.job_name}:{self.task_index} waited {timeout} s for the driver's stop message",
                 node=f"{self.job_name}:{self.task_index}",
             )
+
+    def on_stop(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``hook()`` once when the driver says stop (at once if it already has).
+
+        Returns a function that unregisters the hook; how a blocking call
+        (a ps serving, a feed being read) is woken by the stop without polling.
+        """
+        with self._stop_lock:
+            if not self.stop_event.is_set():
+                self._stop_hooks.append(hook)
+                return lambda: self._drop_hook(hook)
+        hook()
+        return lambda: None
+
+    def _drop_hook(self, hook: Callable[[], None]) -> None:
+        with self._stop_lock:
+            if hook in self._stop_hooks:
+                self._stop_hooks.remove(hook)
+
+    def signal_stop(self) -> None:
+        """Sets stop_event and runs the on_stop hooks (the node's stop watcher calls this)."""
+        with self._stop_lock:
+            self.stop_event.set()
+            hooks = list(self._stop_hooks)
+            self._stop_hooks.clear()
+        for hook in hooks:
+            hook()
 
     def metric(self, name: str, value: float, step: int = 0) -> None:
         """Streams one scalar to the driver, which prints it prefixed with role:index."""

@@ -443,8 +443,8 @@ class Cluster:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._server.close()  # also wakes the pump from next_event at once
         if self._pump is not None and self._pump is not threading.current_thread():
             self._pump.join(EVENT_POLL_SECONDS * 4)
         if self._tensorboard is not None:
             self._tensorboard.close()
-        self._server.close()

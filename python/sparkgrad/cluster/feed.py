@@ -12,6 +12,10 @@ partitions.
 
 Rows become columns: a Row or tuple of k fields gives columns named by the
 Row's fields or "0".."k-1"; a bare value gives column "0". Nothing is pickled.
+A binary field (Spark BinaryType: bytes of equal length per row, such as raw
+image pixels) becomes a uint8[rows, length] column packed in C
+(_core.pack_binary): the fast way to feed images, with no Python object per
+pixel. Numbers and arrays of numbers go through NumPy.
 
 Inference (cluster.inference): the feeding task then waits for the worker's
 results (DataFeed.batch_results sends them back on the feeder's connection,
@@ -50,6 +54,12 @@ def rows_to_columns(rows: list[Any]) -> dict[str, np.ndarray]:
         rows = [(r,) for r in rows]
     columns: dict[str, np.ndarray] = {}
     for j, name in enumerate(names):
+        if isinstance(rows[0][j], (bytes, bytearray, memoryview)):
+            try:
+                columns[name] = net().pack_binary([r[j] for r in rows])
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"column {name!r}: {exc}", column=name) from None
+            continue
         try:
             col = np.asarray([r[j] for r in rows])
         except (ValueError, IndexError) as exc:
@@ -163,29 +173,14 @@ class DataFeed:
         if self.train_mode:
             cols = self.mgr.next_batch(int(batch_size), self.timeout, self.qname_in)
         else:  # inference: remember which feeder each row came from, for batch_results
-            cols, self._sources = self._next_available(int(batch_size))
+            # a partition's last rows must not wait for a full batch: take what is queued
+            cols, self._sources = self.mgr.next_batch(
+                int(batch_size), self.timeout, self.qname_in, with_source=True, partial=True
+            )
         rows = len(next(iter(cols.values()))) if cols else 0
         if rows < batch_size and self.mgr.drained(self.qname_in):
             self.done_feeding = True
         return cols
-
-    def _next_available(self, n: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Up to n rows, without waiting for a full batch (a partition's last rows must not wait).
-
-        Waits for one row, then takes what is already queued (the feed's
-        rows_in - rows_out: exact with one input, and only a lower bound on
-        waiting when several inputs are fed at once).
-        """
-        cols, sources = self.mgr.next_batch(1, self.timeout, self.qname_in, with_source=True)
-        stats = self.mgr.stats()
-        queued = int(stats["rows_in"]) - int(stats["rows_out"])
-        if not cols or len(sources) == 0 or n <= 1 or queued <= 0:
-            return cols, sources
-        more, more_sources = self.mgr.next_batch(min(n - 1, queued), self.timeout, self.qname_in, with_source=True)
-        if not more:
-            return cols, sources
-        merged = {k: np.concatenate([cols[k], more[k]]) for k in cols}
-        return merged, np.concatenate([sources, more_sources])
 
     def next_batch(self, batch_size: int) -> Any:
         cols = self.next_batch_columns(batch_size)

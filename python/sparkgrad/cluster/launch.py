@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 from sparkgrad.cluster.driver import Cluster, default_output, new_secret
-from sparkgrad.cluster.local import LocalLauncher
 from sparkgrad.cluster.node import MapFun, NodeConfig
 from sparkgrad.cluster.roles import PS, InputMode, build_template
 from sparkgrad.cluster.transport import net
@@ -108,6 +107,8 @@ def run(
         )
         launchers: list[Any] = []
         if local_ids:
+            from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
+
             launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host))
         if spark_ids:
             from sparkgrad.cluster.spark import SparkLauncher

@@ -162,21 +162,19 @@ def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
 class _StopWatcher:
     """Listens for the driver's messages while map_fun runs; "stop" (or a lost driver) stops the node."""
 
-    POLL_SECONDS = 0.5  # recv timeout; bounds how long the watcher outlives map_fun
+    POLL_SECONDS = 5.0  # recv timeout; __exit__ interrupts the wait, so this is only a safety net
 
     def __init__(
         self,
         client: Any,
-        stop_event: threading.Event,
+        stop: Callable[[], None],
         grace: float,
         name: str,
         on_message: Callable[[dict], None] | None = None,
-        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self._client = client
         self._on_message = on_message
-        self._on_stop = on_stop
-        self._stop_event = stop_event
+        self._stop = stop
         self._grace = grace
         self._name = name
         self._finished = threading.Event()
@@ -190,7 +188,8 @@ class _StopWatcher:
 
     def __exit__(self, *exc: object) -> None:
         self._finished.set()
-        self._thread.join(self.POLL_SECONDS * 4)
+        self._client.interrupt()  # its recv returns now and sees _finished
+        self._thread.join(self.POLL_SECONDS * 2)
 
     def _run(self) -> None:
         while not self._finished.is_set():
@@ -206,9 +205,7 @@ class _StopWatcher:
                 continue
             self.reason = str(msg.get("reason", "the driver asked to stop"))
             logger.info("%s: stopping: %s", self._name, self.reason)
-            self._stop_event.set()
-            if self._on_stop is not None:
-                self._on_stop()
+            self._stop()
             if not self._finished.wait(self._grace):
                 _raise_in_thread(self._target, NodeStopped)
             return
@@ -246,9 +243,9 @@ def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
 def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
     with _forward_output(client.log, echo), _env("TF_CONFIG", ctx.tf_config):
-        # On stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError).
-        on_stop = ctx.mgr.close if ctx.mgr is not None else None
-        watcher = _StopWatcher(client, ctx.stop_event, cfg.stop_grace, name, _feed_messages(ctx), on_stop)
+        if ctx.mgr is not None:  # on stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError)
+            ctx.on_stop(ctx.mgr.close)
+        watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
         try:
             with watcher:
                 value = map_fun(tf_args, ctx)

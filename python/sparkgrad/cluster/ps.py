@@ -17,7 +17,6 @@ What it does not do: define a model or an optimizer other than the ps's SGD.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -67,21 +66,11 @@ def serve_parameters(
     server = core.PsServer(
         ctx.listener, ctx.secret, offset, count, int(total), ctx.num_workers, mode=mode, params=params, **update
     )
-    served = threading.Event()
-
-    def stop_on_driver_stop() -> None:
-        while not served.is_set():
-            if ctx.stop_event.wait(0.5):
-                server.stop()
-                return
-
-    watcher = threading.Thread(target=stop_on_driver_stop, name="sparkgrad-ps-stop", daemon=True)
-    watcher.start()
+    unhook = ctx.on_stop(server.stop)  # the driver's stop ends serve() at once
     try:
         return server.serve(timeout)
     finally:
-        served.set()
-        watcher.join(2.0)
+        unhook()
 
 
 class ParameterClient:

@@ -105,12 +105,19 @@ def check_spark(sc: Any, num_nodes: int, slots_timeout: float, feed_slots: int =
 
 @dataclass(frozen=True)
 class SparkNodeTask:
-    """The barrier-partition function: partition i runs the node of executor_ids[i]."""
+    """The barrier-partition function: partition i runs the node of executor_ids[i].
+
+    ``echo``: also write the node's output to the executor's own stdout/stderr
+    (its executor log). Off on a local master, whose Python workers share the
+    driver's terminal: there the driver's role:index-prefixed copy is the one
+    line shown.
+    """
 
     cfg: NodeConfig
     executor_ids: tuple[int, ...]
     map_fun: MapFun
     tf_args: Any
+    echo: bool = True
 
     def __call__(self, _rows: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
@@ -118,7 +125,7 @@ class SparkNodeTask:
         task = BarrierTaskContext.get()
         part = task.partitionId()
         host = os.environ.get("SPARKGRAD_NODE_HOST") or task_host(task.getTaskInfos()[part].address)
-        yield run_node(self.cfg, self.executor_ids[part], host, self.map_fun, self.tf_args)
+        yield run_node(self.cfg, self.executor_ids[part], host, self.map_fun, self.tf_args, echo=self.echo)
 
 
 def _spark_error(exc: BaseException) -> str:
@@ -185,7 +192,7 @@ class SparkLauncher:
     def __init__(self, sc: Any, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any):
         self.executor_ids = executor_ids
         self._sc = sc
-        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args)
+        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args, echo=not is_local_master(sc))
         self._job = SparkJob(sc, f"sparkgrad cluster of {len(executor_ids)} nodes")
 
     def start(self) -> None:
