@@ -12,9 +12,12 @@ driver converts Debian's Fashion-MNIST to TFRecords with the same code as
 them, compute gradients in the C core and push them back, and the chief
 (worker 0) writes checkpoints to ``--model-dir`` (a re-run resumes from the
 last one) and finally reports the test accuracy, which the driver prints.
-``--standardize`` feeds the network per-pixel standardised images ((x - mean)
-/ std with the training set's statistics, computed once by the driver and
-shipped in ``args``): a preprocessing choice that lifts this MLP markedly.
+By default the network is fed per-pixel standardised images ((x - mean) / std
+with the training set's statistics, computed once by the driver and shipped
+in ``args``): a preprocessing choice that lifts this MLP markedly (in Spark
+mode, where each row reaches one worker once per epoch, from about 0.835 to
+0.86 after 2 epochs). ``--no-standardize`` feeds the walkthrough's raw [0, 1]
+pixels.
 
 What changed from the TensorFlowOnSpark version: imports, and the model code
 (sparkgrad.nn instead of tf.Variable/tf.train); TFCluster.run, ctx, TFNode
@@ -274,9 +277,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--standardize",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="standardise each pixel with the training set's per-pixel mean and std (pixel_stats.npz beside "
-        "the TFRecords; default: raw [0, 1] pixels, as the walkthrough)",
+        "the TFRecords; the default). --no-standardize feeds raw [0, 1] pixels, as the walkthrough did",
     )
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between the chief's checkpoints")
     p.add_argument("--reservation-timeout", type=float, default=120)
