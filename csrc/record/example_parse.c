@@ -236,7 +236,7 @@ static int fill_default(ExBatch *b, size_t row, size_t i, SgError *err)
 /* uint8 -> float32 * scale, the hot loop of image decoding: compiled for
  * AVX2 and for the baseline, picked at load time (GCC target_clones). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 static void
 u8_to_f32(float *restrict o, const uint8_t *restrict src, size_t n, float scale)
