@@ -29,6 +29,8 @@
 #include <string.h>
 #include <time.h>
 
+#define PREFETCH_ROWS 8 /* stashed records read ahead while parsing */
+
 typedef struct ShufSlot {
     uint8_t *data;
     size_t len, cap;
@@ -370,6 +372,12 @@ static int parse_records(Dataset *ds, Worker *w, ExBatch *b, int src_rc, SgError
     for (size_t r = 0; r < w->n && rc >= 0; r++) {
         const Stashed *m = &w->stashed[r];
         const uint8_t *d = m->data ? m->data : w->arena + m->pos;
+        if (r + PREFETCH_ROWS < w->n) { /* the hardware prefetcher stops at pages */
+            const Stashed *a = &w->stashed[r + PREFETCH_ROWS];
+            const uint8_t *ad = a->data ? a->data : w->arena + a->pos;
+            for (size_t k = 0; k < a->len + TFR_FOOTER_BYTES; k += 64)
+                __builtin_prefetch(ad + k);
+        }
         if (ds->cfg.verify_crc && (rc = tfr_check_data_crc(d, m->len, m->offset, err)) < 0)
             sg_context(err, "'%s': ", ds->files[m->file]);
         else if ((rc = ex_batch_add(b, d, m->len, err)) < 0)

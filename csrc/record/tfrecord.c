@@ -32,6 +32,7 @@
 #define TFR_WINDOW    (4u << 20)   /* plain-file read size */
 #define TFR_ZIN       (256u << 10) /* compressed input chunk */
 #define TFR_WRITE_BUF (1u << 20)   /* writer buffer */
+#define TFR_AHEAD     (8u << 10)   /* read-ahead distance of software prefetch */
 
 static uint64_t load_u64(const uint8_t *p)
 {
@@ -426,11 +427,13 @@ static int reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError 
         return rc;
     r->pos += (size_t)total;
     r->last_offset = offset;
-    /* Records are read in order: ask for the next one's first lines while
-     * this one is checked and parsed (hardware prefetch stops at pages). */
-    if (r->end - r->pos >= 4 * 64)
-        for (int k = 0; k < 4; k++)
-            __builtin_prefetch(r->buf + r->pos + 64 * k);
+    /* Records are read in order, and the hardware prefetcher stops at page
+     * boundaries: ask for the bytes TFR_AHEAD further on, as many as this
+     * record has, while it is checked and parsed. (With the data CRC
+     * deferred, another thread reads the data: it prefetches instead.) */
+    if (!r->defer_data_crc && r->end - r->pos > TFR_AHEAD + total)
+        for (uint64_t k = 0; k < total; k += 64)
+            __builtin_prefetch(r->buf + r->pos + TFR_AHEAD + k);
     *data = d;
     *len = (size_t)length;
     return 1;
