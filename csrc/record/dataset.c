@@ -10,11 +10,13 @@
  *      records from the source (pointers into mapped files, else copies;
  *      data CRCs deferred);
  *   3. without locks: check the data CRCs and parse into the batch;
- *   4. publish in sequence order (waits for the batch before it), so the
- *      output is the same as the synchronous pipeline's, errors included.
+ *   4. publish in sequence order: a batch finished early waits in a reorder
+ *      slot while its worker goes on, so a preempted worker stalls nobody
+ *      but the consumer. The output is the synchronous pipeline's, errors
+ *      included.
  *
- * A worker holds its batch before it takes a sequence number, so the batch
- * every earlier number waits for is always being worked on: no deadlock.
+ * A worker holds its batch before it takes a sequence number, so every
+ * unpublished number is being worked on: no deadlock.
  * Batches are whole units of work (one lock round per batch, no per-row
  * handoff), each worker writes only its own batch (no shared cache lines).
  * Every wait is bounded: workers re-check the stop flag each 100 ms, the
@@ -53,6 +55,13 @@ typedef struct Stashed {
     size_t file;
     uint64_t index, offset;
 } Stashed;
+
+/* A batch's outcome waiting for its turn to be published. */
+typedef struct Done {
+    ExBatch *batch;
+    int rc, filled;
+    SgError err;
+} Done;
 
 typedef struct Worker {
     struct Dataset *ds;
@@ -93,7 +102,7 @@ struct Dataset {
     int started; /* threads running */
     /* queue (mu) */
     pthread_mutex_t mu;
-    pthread_cond_t ready_cv, free_cv, turn_cv;
+    pthread_cond_t ready_cv, free_cv;
     ExBatch *batches;
     size_t nbatches;
     ExBatch **ready; /* ring of nbatches */
@@ -101,6 +110,7 @@ struct Dataset {
     ExBatch **free_list;
     size_t free_n;
     uint64_t publish_seq; /* the next sequence number to publish */
+    Done *done;           /* reorder slots, by seq % nbatches */
     int finished;         /* every batch is published (or it failed) */
     int stop;
     SgError error;
@@ -396,29 +406,35 @@ static int parse_records(Dataset *ds, Worker *w, ExBatch *b, int src_rc, SgError
     return 1;
 }
 
-/* Step 4: waits for seq's turn, then queues b (rc 1), gives it back (rc 0,
- * or after a failure or stop), or records the failure (rc < 0). */
+/* Step 4: files the outcome of seq (a batch, rc 1; nothing, rc 0; a
+ * failure, rc < 0) in the reorder slots, then moves every outcome that is
+ * next in order to the ready ring. Never waits: a worker whose batch is
+ * early goes on with the next one. */
 static void publish(Dataset *ds, uint64_t seq, ExBatch *b, int rc, const SgError *err)
 {
     pthread_mutex_lock(&ds->mu);
-    while (ds->publish_seq != seq && !ds->stop) {
-        struct timespec ts;
-        deadline_in(&ts, 0.1);
-        pthread_cond_timedwait(&ds->turn_cv, &ds->mu, &ts);
-    }
-    if (rc == 1 && !ds->failed && !ds->stop) {
-        ds->ready[(ds->ready_head + ds->ready_n++) % ds->ready_cap] = b;
-    } else {
-        ds->free_list[ds->free_n++] = b;
-        if (rc < 0 && !ds->failed && !ds->stop) {
+    Done *d = &ds->done[seq % ds->nbatches]; /* at most nbatches in flight */
+    d->batch = b;
+    d->rc = rc;
+    d->filled = 1;
+    if (rc < 0)
+        d->err = *err;
+    while ((d = &ds->done[ds->publish_seq % ds->nbatches])->filled) {
+        d->filled = 0;
+        ds->publish_seq++;
+        if (d->rc == 1 && !ds->failed && !ds->stop) {
+            ds->ready[(ds->ready_head + ds->ready_n++) % ds->ready_cap] = d->batch;
+            continue;
+        }
+        ds->free_list[ds->free_n++] = d->batch;
+        if (d->rc < 0 && !ds->failed && !ds->stop) {
             ds->failed = 1;
             ds->finished = 1;
-            ds->error = *err;
+            ds->error = d->err;
         }
     }
-    ds->publish_seq++;
-    pthread_cond_broadcast(&ds->turn_cv);
     pthread_cond_broadcast(&ds->ready_cv);
+    pthread_cond_signal(&ds->free_cv);
     pthread_mutex_unlock(&ds->mu);
 }
 
@@ -507,7 +523,6 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     pthread_mutex_init(&ds->src_mu, NULL);
     pthread_cond_init(&ds->ready_cv, NULL);
     pthread_cond_init(&ds->free_cv, NULL);
-    pthread_cond_init(&ds->turn_cv, NULL);
     int rc = 0;
     ds->record_shard = cfg->npaths < cfg->num_shards;
     ds->files = calloc(cfg->npaths + 1, sizeof *ds->files);
@@ -539,8 +554,10 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     ds->batches = calloc(ds->nbatches, sizeof *ds->batches);
     ds->ready = calloc(ds->ready_cap, sizeof *ds->ready);
     ds->free_list = calloc(ds->nbatches, sizeof *ds->free_list);
+    ds->done = calloc(ds->nbatches, sizeof *ds->done);
     ds->workers = calloc((size_t)ds->nworkers + 1, sizeof *ds->workers);
-    if (ds->batches == NULL || ds->ready == NULL || ds->free_list == NULL || ds->workers == NULL)
+    if (ds->batches == NULL || ds->ready == NULL || ds->free_list == NULL || ds->done == NULL ||
+        ds->workers == NULL)
         goto oom;
     for (int i = 0; i <= ds->nworkers && !ds->direct; i++) {
         Worker *w = &ds->workers[i];
@@ -647,7 +664,6 @@ int ds_close(Dataset *ds)
          * the last worker. */
         ds->stop = 1;
         pthread_cond_broadcast(&ds->free_cv);
-        pthread_cond_broadcast(&ds->turn_cv);
         struct timespec ts;
         deadline_in(&ts, 2.0);
         while (ds->nexited < started)
@@ -696,10 +712,10 @@ static void ds_free(Dataset *ds)
     free(ds->batches);
     free(ds->ready);
     free(ds->free_list);
+    free(ds->done);
     pthread_mutex_destroy(&ds->mu);
     pthread_mutex_destroy(&ds->src_mu);
     pthread_cond_destroy(&ds->ready_cv);
     pthread_cond_destroy(&ds->free_cv);
-    pthread_cond_destroy(&ds->turn_cv);
     free(ds);
 }
