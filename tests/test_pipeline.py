@@ -228,7 +228,10 @@ def test_parse_threads_keep_order_for_any_schema_across_many_small_files(tmp_pat
         paths.append(str(tmp_path / f"s{f:02d}"))
         write_records(
             paths[-1],
-            [encode_example({"x": 10 * f + i, "v": np.arange(i + f % 3), "s": ("bytes", [b"r%d" % i] * (i % 2))}) for i in range(f % 4)],
+            [
+                encode_example({"x": 10 * f + i, "v": np.arange(i + f % 3), "s": ("bytes", [b"r%d" % i] * (i % 2))})
+                for i in range(f % 4)
+            ],
         )
     schema = {"x": FixedLenFeature([], "int64"), "v": VarLenFeature("int64"), "s": VarLenFeature("bytes")}
     for kw in ({}, {"shuffle_buffer": 7, "seed": 3, "epochs": 3}, {"prefetch": 0}, {"drop_remainder": True}):

@@ -117,7 +117,9 @@ SEQ_NO_X = encode_sequence_example({}, {"v": [np.array([9])]})
 
 def test_missing_required_list_names_file_record_and_list():
     with pytest.raises(SchemaError, match=r"f\.tfrecord: record 1: feature list 'x': required .*but missing"):
-        parse_sequence_examples([SEQ_A, SEQ_NO_X], None, {"x": FixedLenSequenceFeature([2], "int64")}, name="f.tfrecord")
+        parse_sequence_examples(
+            [SEQ_A, SEQ_NO_X], None, {"x": FixedLenSequenceFeature([2], "int64")}, name="f.tfrecord"
+        )
     _, lists, lengths = parse_sequence_examples(
         [SEQ_A, SEQ_NO_X], None, {"x": FixedLenSequenceFeature([2], "int64", allow_missing=True)}
     )
@@ -149,7 +151,9 @@ def test_garbage_and_truncated_sequence_examples_raise_decode_errors():
 def test_an_example_is_a_sequence_example_without_lists():
     # same wire layout for the context: Example.features == SequenceExample.context
     rec = encode_example({"c": 5})
-    context, lists, _ = parse_sequence_examples([rec], {"c": FixedLenFeature([], "int64")}, {"v": VarLenFeature("int64")})
+    context, lists, _ = parse_sequence_examples(
+        [rec], {"c": FixedLenFeature([], "int64")}, {"v": VarLenFeature("int64")}
+    )
     assert context["c"].tolist() == [5]
     assert lists["v"].row_splits.tolist() == [0, 0] and lists["v"].values.tolist() == []
 

@@ -113,7 +113,8 @@ static PyObject *ragged_list(const ExSpec *sp, const SeqColumn *c, size_t rows)
     npy_intp dims[1] = {(npy_intp)c->nvalues};
     PyObject *values = sp->wire == EX_BYTES ? new_array(sp, 1, dims)
                                             : PyArray_SimpleNew(1, dims, typenum_of(sp->out));
-    if (values == NULL || put_values(sp, c, 0, c->nvalues, PyArray_DATA((PyArrayObject *)values)) < 0) {
+    if (values == NULL ||
+        put_values(sp, c, 0, c->nvalues, PyArray_DATA((PyArrayObject *)values)) < 0) {
         Py_XDECREF(values);
         return NULL;
     }
@@ -190,7 +191,8 @@ static PyObject *py_parse_sequence_examples(PyObject *self, PyObject *args, PyOb
     ExSchema empty = {0, NULL};
     const ExSchema *lists = list_schema ? &list_schema->schema : &empty;
     PyObject *seq = PySequence_Fast(records, "records must be a sequence of bytes");
-    PyObject *allow_seq = seq ? PySequence_Fast(allow_obj, "allow_missing must be a sequence") : NULL;
+    PyObject *allow_seq =
+        seq ? PySequence_Fast(allow_obj, "allow_missing must be a sequence") : NULL;
     if (allow_seq == NULL) {
         Py_XDECREF(seq);
         return NULL;

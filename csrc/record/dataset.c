@@ -117,7 +117,7 @@ struct Dataset {
     int failed;
     int nexited;       /* workers that returned */
     int consumer_done; /* a helping consumer found the source over (or never helps) */
-    int orphaned; /* ds_close gave up waiting: the last worker frees the dataset */
+    int orphaned;      /* ds_close gave up waiting: the last worker frees the dataset */
 };
 
 static void ds_free(Dataset *ds);
@@ -260,8 +260,7 @@ static int next_record(Dataset *ds, void *ctx, TakeFn take, SgError *err)
     if (ds->cfg.shuffle_buffer == 0) {
         if ((rc = source_next(ds, err)) <= 0)
             return rc;
-        return take(ds, ctx, &ds->cur, tfr_reader_stable(ds->src->reader), err) < 0 ? err->code
-                                                                                      : 1;
+        return take(ds, ctx, &ds->cur, tfr_reader_stable(ds->src->reader), err) < 0 ? err->code : 1;
     }
     while (!ds->src_done && ds->shuf_n < ds->cfg.shuffle_buffer) {
         if ((rc = source_next(ds, err)) < 0)
@@ -579,7 +578,8 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     pthread_mutex_lock(&ds->mu);
     for (int i = 0; i < ds->nworkers; i++) {
         ds->workers[i].ds = ds;
-        if ((rc = pthread_create(&ds->workers[i].thread, NULL, worker_main, &ds->workers[i])) != 0) {
+        if ((rc = pthread_create(&ds->workers[i].thread, NULL, worker_main, &ds->workers[i])) !=
+            0) {
             pthread_mutex_unlock(&ds->mu);
             ds_close(ds);
             return sg_fail_errno(err, SG_ESTATE, rc, "cannot start reader thread %d", i);

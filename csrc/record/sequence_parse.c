@@ -47,8 +47,8 @@ int seq_batch_init(SeqBatch *b, const ExSchema *lists, const int *allow_missing,
     for (size_t i = 0; i < lists->n; i++) {
         SeqColumn *c = &b->cols[i];
         c->row_splits = calloc(cap + 1, sizeof *c->row_splits);
-        if (c->row_splits == NULL || grow((void **)&c->step_splits, &c->steps_cap, 1,
-                                          sizeof *c->step_splits) < 0)
+        if (c->row_splits == NULL ||
+            grow((void **)&c->step_splits, &c->steps_cap, 1, sizeof *c->step_splits) < 0)
             goto oom;
         c->step_splits[0] = 0;
     }
@@ -106,8 +106,7 @@ static int step_mismatch(const ExSpec *sp, size_t step, const ExFeature *f, SgEr
         snprintf(want, sizeof want, "%zu %s value%s", sp->count, ex_kind_name(sp->wire),
                  sp->count == 1 ? "" : "s");
     return sg_fail(err, SG_ESCHEMA, "feature list '%s' step %zu: expected %s, found %zu %s value%s",
-                   sp->name, step, want, f->count, ex_kind_name(f->kind),
-                   f->count == 1 ? "" : "s");
+                   sp->name, step, want, f->count, ex_kind_name(f->kind), f->count == 1 ? "" : "s");
 }
 
 /* One step (a Feature) of list i: checked, then its values appended. */
@@ -185,11 +184,11 @@ int seq_batch_add(SeqBatch *b, const uint8_t *rec, size_t n, SgError *err)
         const ExSpec *sp = &s->specs[i];
         if (!b->slots[i].seen) {
             if (sp->kind == EX_SPEC_FIXED && !b->allow_missing[i]) {
-                rc = sg_fail(err, SG_ESCHEMA,
-                             "feature list '%s': required (steps of %zu %s value%s, "
-                             "allow_missing not set) but missing",
-                             sp->name, sp->count, ex_kind_name(sp->wire),
-                             sp->count == 1 ? "" : "s");
+                rc =
+                    sg_fail(err, SG_ESCHEMA,
+                            "feature list '%s': required (steps of %zu %s value%s, "
+                            "allow_missing not set) but missing",
+                            sp->name, sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
                 break;
             }
             continue;

@@ -26,14 +26,14 @@
 
 /* One feature list of a batch. Records' steps are concatenated. */
 typedef struct SeqColumn {
-    void *values;          /* numeric: nvalues elements of the spec's dtype */
-    uint8_t *arena;        /* bytes values, concatenated */
-    uint64_t *ends;        /* bytes values: end offset of each in arena */
+    void *values;   /* numeric: nvalues elements of the spec's dtype */
+    uint8_t *arena; /* bytes values, concatenated */
+    uint64_t *ends; /* bytes values: end offset of each in arena */
     size_t nvalues, values_cap, arena_len, arena_cap;
-    int64_t *step_splits;  /* nsteps + 1: values before each step */
+    int64_t *step_splits; /* nsteps + 1: values before each step */
     size_t nsteps, steps_cap;
-    int64_t *row_splits;   /* rows + 1: steps before each record */
-    size_t max_steps;      /* the longest list so far */
+    int64_t *row_splits; /* rows + 1: steps before each record */
+    size_t max_steps;    /* the longest list so far */
 } SeqColumn;
 
 typedef struct SeqBatch {

@@ -102,8 +102,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * missing), "v" (VarLen int64), "w" (VarLen bytes) */
     static char n_s[] = "s", n_t[] = "t";
     ExSpec lists[4] = {
-        {.name = n_s, .name_len = 1, .kind = EX_SPEC_FIXED, .wire = EX_INT64, .out = EX_DT_INT64, .count = 2},
-        {.name = n_t, .name_len = 1, .kind = EX_SPEC_FIXED, .wire = EX_BYTES, .out = EX_DT_BYTES, .count = 1},
+        {.name = n_s,
+         .name_len = 1,
+         .kind = EX_SPEC_FIXED,
+         .wire = EX_INT64,
+         .out = EX_DT_INT64,
+         .count = 2},
+        {.name = n_t,
+         .name_len = 1,
+         .kind = EX_SPEC_FIXED,
+         .wire = EX_BYTES,
+         .out = EX_DT_BYTES,
+         .count = 1},
         {.name = n_v, .name_len = 1, .kind = EX_SPEC_VARLEN, .wire = EX_INT64, .out = EX_DT_INT64},
         {.name = n_w, .name_len = 1, .kind = EX_SPEC_VARLEN, .wire = EX_BYTES, .out = EX_DT_BYTES},
     };
