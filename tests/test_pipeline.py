@@ -122,10 +122,13 @@ def test_corrupt_file_raises_during_iteration(files, tmp_path):
         list(TFRecordDataset(tmp_path / "c", SCHEMA, 4))
 
 
-def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
+@pytest.mark.parametrize("parse_threads", [1, 2])
+def test_waiting_is_bounded_and_releases_the_gil(tmp_path, parse_threads):
+    # with 2, the caller that would make a batch itself waits for the source
+    # (held by the thread blocked in open()) no longer than for a batch
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    ds = TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=0.5)
+    ds = TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=0.5, parse_threads=parse_threads)
     ticks = []
     stop = threading.Event()
 

@@ -32,6 +32,7 @@
 #include <time.h>
 
 #define PREFETCH_ROWS 8 /* stashed records read ahead while parsing */
+#define NEED_OPEN     2 /* source_next: a file must be opened (no_open set) */
 
 typedef struct ShufSlot {
     uint8_t *data;
@@ -87,7 +88,10 @@ struct Dataset {
     long long epoch;
     SrcFile *src;
     uint64_t rec_in_file, rec_in_epoch, yielded_in_epoch;
-    int src_done; /* the shuffle buffer's source ended */
+    int src_done;         /* the shuffle buffer's source ended */
+    int no_open;          /* source_next returns NEED_OPEN instead of opening */
+    struct Worker *carry; /* the caller's unfinished batch (see work_step) */
+    uint64_t carry_seq;
     int src_over; /* no more batches: the data ended, failed, or stop */
     uint64_t next_seq;
     uint64_t rng;
@@ -159,10 +163,13 @@ static void order_shuffle(Dataset *ds)
 }
 
 /* Next record of this shard across files and epochs. Returns 1 with
- * ds->cur filled (data pointing into the reader), 0 at the end. */
+ * ds->cur filled (data pointing into the reader), 0 at the end, NEED_OPEN
+ * when a file must be opened and no_open is set. */
 static int source_next(Dataset *ds, SgError *err)
 {
     for (;;) {
+        if (ds->src == NULL && ds->no_open)
+            return NEED_OPEN; /* nothing changed: a worker opens it */
         if (ds->src == NULL) {
             if (ds->file_pos >= ds->nfiles) {
                 /* An epoch that gave this shard nothing ends the data, even
@@ -258,7 +265,7 @@ static int next_record(Dataset *ds, void *ctx, TakeFn take, SgError *err)
 {
     int rc;
     if (ds->cfg.shuffle_buffer == 0) {
-        if ((rc = source_next(ds, err)) <= 0)
+        if ((rc = source_next(ds, err)) != 1)
             return rc;
         return take(ds, ctx, &ds->cur, tfr_reader_stable(ds->src->reader), err) < 0 ? err->code : 1;
     }
@@ -362,14 +369,21 @@ static int stash(Dataset *ds, void *ctx, const ShufSlot *s, int stable, SgError 
  * status (0 its end, < 0 its error); either ends the data for every worker. */
 static int take_records(Dataset *ds, Worker *w, SgError *err)
 {
-    w->n = 0;
-    w->arena_len = 0;
     int rc = 1;
     while (w->n < ds->cfg.batch_size && (rc = next_record(ds, w, stash, err)) == 1)
         ;
     if (rc <= 0)
         ds->src_over = 1;
     return rc;
+}
+
+static void stash_swap(Worker *a, Worker *b)
+{
+    Worker t = *a;
+    a->stashed = b->stashed, a->n = b->n, a->holds = b->holds, a->nholds = b->nholds;
+    a->arena = b->arena, a->arena_len = b->arena_len, a->arena_cap = b->arena_cap;
+    b->stashed = t.stashed, b->n = t.n, b->holds = t.holds, b->nholds = t.nholds;
+    b->arena = t.arena, b->arena_len = t.arena_len, b->arena_cap = t.arena_cap;
 }
 
 /* Step 3: CRCs and parsing, row by row, the first failure reported as the
@@ -437,27 +451,65 @@ static void publish(Dataset *ds, uint64_t seq, ExBatch *b, int rc, const SgError
     pthread_mutex_unlock(&ds->mu);
 }
 
-/* Steps 2-4 for batch b (taken from the free list). Returns 0 when the
- * source was already over (b is given back), 1 after publishing. */
-static int work_step(Dataset *ds, Worker *w, ExBatch *b)
+/* Steps 2-4 for batch b (taken from the free list). Returns 1 after
+ * publishing, 0 when the source was already over, -1 when another thread
+ * held the source past `deadline`, -2 when the helping caller stopped short
+ * of I/O that can block (b is given back in the last three cases).
+ *
+ * The caller (`helper`) never opens a file when there are worker threads
+ * (an open can block without bound, e.g. on a FIFO or a hung mount): it
+ * helps only while the current file is mapped and unshuffled, and if its
+ * batch reaches the end of that file it leaves the records it took, and its
+ * sequence number, for the next worker to carry on with. */
+static int work_step(Dataset *ds, Worker *w, ExBatch *b, const struct timespec *deadline,
+                     int helper)
 {
-    pthread_mutex_lock(&ds->src_mu);
-    if (ds->src_over) {
-        pthread_mutex_unlock(&ds->src_mu);
+    int busy =
+        deadline ? pthread_mutex_timedlock(&ds->src_mu, deadline) : pthread_mutex_lock(&ds->src_mu);
+    int rc = busy != 0 ? -1 : 0;
+    if (busy == 0 && !ds->src_over && helper &&
+        (ds->src == NULL || ds->cfg.shuffle_buffer > 0 || !tfr_reader_stable(ds->src->reader) ||
+         ds->carry != NULL))
+        rc = -2;
+    if (busy != 0 || ds->src_over || rc == -2) {
+        if (busy == 0)
+            pthread_mutex_unlock(&ds->src_mu);
         pthread_mutex_lock(&ds->mu);
         ds->free_list[ds->free_n++] = b;
+        pthread_cond_signal(&ds->free_cv);
         pthread_mutex_unlock(&ds->mu);
-        return 0;
+        return rc;
     }
-    uint64_t seq = ds->next_seq++;
-    int rc;
+    uint64_t seq;
     if (ds->direct) { /* the only producer: parse as we go */
+        seq = ds->next_seq++;
         rc = produce(ds, b, &w->err);
         if (rc <= 0)
             ds->src_over = 1;
         pthread_mutex_unlock(&ds->src_mu);
     } else {
+        if (ds->carry != NULL) { /* the caller's unfinished batch */
+            stash_swap(w, ds->carry);
+            seq = ds->carry_seq;
+            ds->carry = NULL;
+        } else {
+            seq = ds->next_seq++;
+            w->n = 0;
+            w->arena_len = 0;
+        }
+        ds->no_open = helper;
         int src_rc = take_records(ds, w, &w->err);
+        ds->no_open = 0;
+        if (src_rc == NEED_OPEN) {
+            ds->carry = w;
+            ds->carry_seq = seq;
+            pthread_mutex_unlock(&ds->src_mu);
+            pthread_mutex_lock(&ds->mu);
+            ds->free_list[ds->free_n++] = b;
+            pthread_cond_signal(&ds->free_cv);
+            pthread_mutex_unlock(&ds->mu);
+            return -2;
+        }
         pthread_mutex_unlock(&ds->src_mu);
         /* 3. CRCs and parsing, in parallel with the other workers */
         rc = parse_records(ds, w, b, src_rc, &w->err);
@@ -489,7 +541,7 @@ static void *worker_main(void *arg)
         }
         ExBatch *b = ds->free_list[--ds->free_n];
         pthread_mutex_unlock(&ds->mu);
-        if (work_step(ds, w, b) == 0)
+        if (work_step(ds, w, b, NULL, 0) == 0)
             break;
     }
     pthread_mutex_lock(&ds->mu);
@@ -599,7 +651,7 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
     pthread_mutex_lock(&ds->mu);
     struct timespec ts;
     deadline_in(&ts, wait_s);
-    int rc;
+    int rc, helped_out = 0;
     for (;;) {
         if (ds->ready_n > 0) {
             *batch = ds->ready[ds->ready_head];
@@ -614,19 +666,30 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
             rc = ds->failed ? err->code : 0;
             break;
         }
-        if (ds->helps && !ds->consumer_done && ds->free_n > 0) {
+        if (ds->helps && !ds->consumer_done && ds->free_n > 0 && !helped_out) {
             /* Nothing ready: make a batch here rather than wait. */
             ExBatch *b = ds->free_list[--ds->free_n];
             pthread_mutex_unlock(&ds->mu);
-            int more = work_step(ds, &ds->workers[ds->nworkers], b);
+            /* A worker reading slow storage holds the source: wait for it
+             * no longer than for a batch. */
+            int more = work_step(ds, &ds->workers[ds->nworkers], b, &ts, ds->nworkers > 0);
             pthread_mutex_lock(&ds->mu);
-            if (!more) {
+            if (more == -2)
+                helped_out = 1; /* wait for a worker's batch now */
+            if (more == -1 && ds->ready_n == 0 && !ds->finished) {
+                pthread_mutex_unlock(&ds->mu);
+                return sg_fail(err, SG_ETIMEOUT,
+                               "no batch from the reader threads within %.1f s (%zu files)", wait_s,
+                               ds->nfiles);
+            }
+            if (more == 0) {
                 ds->consumer_done = 1;
                 if (ds->nexited == ds->started)
                     ds->finished = 1;
             }
             continue;
         }
+        helped_out = 0;
         if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT && ds->ready_n == 0 &&
             !ds->finished) {
             pthread_mutex_unlock(&ds->mu);
