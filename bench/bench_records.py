@@ -7,7 +7,9 @@ thing: float32 image batches [100, 784] scaled by 1/255 and int64 labels.
 
   sparkgrad            TFRecordDataset(prefetch=0): one thread, pinned to one core
   sparkgrad+prefetch   TFRecordDataset(prefetch=2): parsing on the C thread
-  sparkgrad+2 parse threads   the same with parse_threads=2
+  sparkgrad+2 parse threads   prefetch=2, parse_threads=2: a C thread and the
+                       caller each read, check and parse whole batches,
+                       delivered in order (both cores, as TF's AUTOTUNE)
   tf.data map->batch   TFRecordDataset -> map(parse_single_example, AUTOTUNE) -> batch(100)
   tf.data batch->map   TFRecordDataset -> batch(100) -> map(parse_example, AUTOTUNE)
   tfrecord (PyPI)      tfrecord.reader.tfrecord_loader + NumPy batching

@@ -122,10 +122,13 @@ def test_corrupt_file_raises_during_iteration(files, tmp_path):
         list(TFRecordDataset(tmp_path / "c", SCHEMA, 4))
 
 
-def test_waiting_is_bounded_and_releases_the_gil(tmp_path):
+@pytest.mark.parametrize("parse_threads", [1, 2])
+def test_waiting_is_bounded_and_releases_the_gil(tmp_path, parse_threads):
+    # with 2, the caller that would make a batch itself waits for the source
+    # (held by the thread blocked in open()) no longer than for a batch
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    ds = TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=0.5)
+    ds = TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=0.5, parse_threads=parse_threads)
     ticks = []
     stop = threading.Event()
 
@@ -218,3 +221,38 @@ def test_parse_threads_report_the_first_bad_record(tmp_path):
         CorruptRecordError, match=f"'{tmp_path / 'c'}': corrupted record at byte {len(good) + 16}: data CRC"
     ):
         list(TFRecordDataset(tmp_path / "c", {"x": FixedLenFeature([], "int64")}, 11, parse_threads=2))
+
+
+def test_parse_threads_keep_order_for_any_schema_across_many_small_files(tmp_path):
+    # VarLen and bytes outputs parse in parallel too (whole batches per
+    # thread); batches that span many mapped files keep each file alive.
+    paths = []
+    for f in range(12):
+        paths.append(str(tmp_path / f"s{f:02d}"))
+        write_records(
+            paths[-1],
+            [
+                encode_example({"x": 10 * f + i, "v": np.arange(i + f % 3), "s": ("bytes", [b"r%d" % i] * (i % 2))})
+                for i in range(f % 4)
+            ],
+        )
+    schema = {"x": FixedLenFeature([], "int64"), "v": VarLenFeature("int64"), "s": VarLenFeature("bytes")}
+    for kw in ({}, {"shuffle_buffer": 7, "seed": 3, "epochs": 3}, {"prefetch": 0}, {"drop_remainder": True}):
+        one = list(TFRecordDataset(paths, schema, 5, **kw))
+        for threads in (2, 3):
+            many = list(TFRecordDataset(paths, schema, 5, parse_threads=threads, **kw))
+            assert len(one) == len(many)
+            for a, b in zip(one, many, strict=True):
+                assert a["x"].tolist() == b["x"].tolist()
+                assert a["v"].values.tolist() == b["v"].values.tolist()
+                assert a["v"].row_splits.tolist() == b["v"].row_splits.tolist()
+                assert list(a["s"].values) == list(b["s"].values)
+
+
+def test_parse_threads_stop_cleanly_when_closed_early(tmp_path):
+    path = tmp_path / "many"
+    write_records(path, [encode_example({"x": i, "v": np.arange(2)}) for i in range(2000)])
+    for _ in range(5):
+        it = iter(TFRecordDataset(path, SCHEMA, 10, parse_threads=2, epochs=None))
+        assert next(it)["x"].tolist() == list(range(10))
+        it.close()

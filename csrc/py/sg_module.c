@@ -120,6 +120,7 @@ static const ModuleInit module_inits[] = {
     record_module_init,
     record_example_module_init,
     record_dataset_module_init,
+    record_sequence_module_init,
     nn_optim_module_init,
     nn_module_init,
     net_module_init,

@@ -33,6 +33,7 @@ int info_module_init(PyObject *mod);
 int record_module_init(PyObject *mod);
 int record_example_module_init(PyObject *mod);
 int record_dataset_module_init(PyObject *mod);
+int record_sequence_module_init(PyObject *mod);
 int nn_module_init(PyObject *mod);
 int nn_optim_module_init(PyObject *mod);
 int net_module_init(PyObject *mod);

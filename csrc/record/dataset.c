@@ -1,11 +1,26 @@
 /*
  * dataset.c - the input pipeline behind sparkgrad.data.TFRecordDataset.
  *
- * One producer (the background thread, or the caller when prefetch is 0)
- * runs source -> shuffle -> parse -> batch; batches travel through a ring of
- * `prefetch` ready slots and a free list, guarded by one mutex and two
- * condition variables. Every wait is bounded: the producer re-checks the stop
- * flag each 100 ms, the consumer waits at most the time it was given.
+ * Synchronous mode (prefetch 0, one parse thread) runs source -> shuffle ->
+ * parse -> batch in the caller's thread. Otherwise `parse_threads` workers
+ * each produce whole batches:
+ *
+ *   1. take a free batch (waits for the consumer to give one back);
+ *   2. under src_mu: take the next sequence number and the next batch_size
+ *      records from the source (pointers into mapped files, else copies;
+ *      data CRCs deferred);
+ *   3. without locks: check the data CRCs and parse into the batch;
+ *   4. publish in sequence order: a batch finished early waits in a reorder
+ *      slot while its worker goes on, so a preempted worker stalls nobody
+ *      but the consumer. The output is the synchronous pipeline's, errors
+ *      included.
+ *
+ * A worker holds its batch before it takes a sequence number, so every
+ * unpublished number is being worked on: no deadlock.
+ * Batches are whole units of work (one lock round per batch, no per-row
+ * handoff), each worker writes only its own batch (no shared cache lines).
+ * Every wait is bounded: workers re-check the stop flag each 100 ms, the
+ * consumer waits at most the time it was given.
  */
 #include "record/dataset.h"
 
@@ -16,6 +31,9 @@
 #include <string.h>
 #include <time.h>
 
+#define PREFETCH_ROWS 8 /* stashed records read ahead while parsing */
+#define NEED_OPEN     2 /* source_next: a file must be opened (no_open set) */
+
 typedef struct ShufSlot {
     uint8_t *data;
     size_t len, cap;
@@ -24,58 +42,97 @@ typedef struct ShufSlot {
     uint64_t offset; /* byte offset within its file */
 } ShufSlot;
 
+/* An open file; counted references keep a mapped file alive while batches
+ * still point into it. */
+typedef struct SrcFile {
+    TfrReader *reader;
+    int refs; /* atomic */
+} SrcFile;
+
+/* A record taken for a batch: in place (stable sources) or in the arena. */
+typedef struct Stashed {
+    const uint8_t *data; /* NULL: at arena + pos */
+    size_t pos, len;     /* the CRC footer follows the data */
+    size_t file;
+    uint64_t index, offset;
+} Stashed;
+
+/* A batch's outcome waiting for its turn to be published. */
+typedef struct Done {
+    ExBatch *batch;
+    int rc, filled;
+    SgError err;
+} Done;
+
+typedef struct Worker {
+    struct Dataset *ds;
+    pthread_t thread;
+    Stashed *stashed; /* batch_size */
+    size_t n;
+    uint8_t *arena;
+    size_t arena_len, arena_cap;
+    SrcFile **holds; /* files this batch points into (batch_size + 1) */
+    size_t nholds;
+    SgError err;
+} Worker;
+
 struct Dataset {
     DsConfig cfg;
     char **files; /* this shard's files */
     size_t nfiles;
     int record_shard; /* shard by record index (fewer files than shards) */
-    /* producer state */
+    /* source state (src_mu in threaded mode) */
+    pthread_mutex_t src_mu;
     size_t *order;
     size_t file_pos;
     long long epoch;
-    TfrReader *reader;
+    SrcFile *src;
     uint64_t rec_in_file, rec_in_epoch, yielded_in_epoch;
-    int src_done;
+    int src_done;         /* the shuffle buffer's source ended */
+    int no_open;          /* source_next returns NEED_OPEN instead of opening */
+    struct Worker *carry; /* the caller's unfinished batch (see work_step) */
+    uint64_t carry_seq;
+    int src_over; /* no more batches: the data ended, failed, or stop */
+    uint64_t next_seq;
     uint64_t rng;
     ShufSlot *shuf;
     size_t shuf_n;
     ShufSlot cur; /* the current record when not shuffling (points into reader) */
-    /* parallel parsing: records of the batch being built, and thread scratch */
-    int threads;
-    struct Stashed *stashed;
-    uint8_t *arena, *scratch;
-    size_t arena_len, arena_cap;
-    ExBatch *job;
-    long *bad_row; /* per worker: first failing row or -1 */
-    int *bad_crc;
-    SgError *bad_err;
-    pthread_t *pool;
-    struct PoolArg *pool_args;
-    int pool_started;
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_go, pool_done;
-    uint64_t pool_gen;
-    int pool_pending, pool_stop;
-    /* queue */
+    /* workers */
+    int direct;   /* one producer: it parses as it reads (no stash, no deferred CRC) */
+    int helps;    /* ds_next makes batches when none is ready */
+    int nworkers; /* background threads; workers[nworkers] is the consumer's */
+    Worker *workers;
+    int started; /* threads running */
+    /* queue (mu) */
     pthread_mutex_t mu;
     pthread_cond_t ready_cv, free_cv;
-    ExBatch *batches; /* prefetch + 1 (+1 when synchronous) */
+    ExBatch *batches;
     size_t nbatches;
-    ExBatch **ready; /* ring of prefetch */
+    ExBatch **ready; /* ring of nbatches */
     size_t ready_head, ready_n, ready_cap;
     ExBatch **free_list;
     size_t free_n;
-    int finished; /* producer reached the end (or failed) */
+    uint64_t publish_seq; /* the next sequence number to publish */
+    Done *done;           /* reorder slots, by seq % nbatches */
+    int finished;         /* every batch is published (or it failed) */
     int stop;
     SgError error;
     int failed;
-    int thread_started;
-    int exited;   /* producer_main returned */
-    int orphaned; /* ds_close gave up waiting: the thread frees the dataset */
-    pthread_t thread;
+    int nexited;       /* workers that returned */
+    int consumer_done; /* a helping consumer found the source over (or never helps) */
+    int orphaned;      /* ds_close gave up waiting: the last worker frees the dataset */
 };
 
 static void ds_free(Dataset *ds);
+
+static void src_unref(SrcFile *f)
+{
+    if (f != NULL && __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        tfr_reader_close(f->reader);
+        free(f);
+    }
+}
 
 /* splitmix64: small, seedable, good enough for shuffling. */
 static uint64_t rng_next(uint64_t *s)
@@ -106,11 +163,14 @@ static void order_shuffle(Dataset *ds)
 }
 
 /* Next record of this shard across files and epochs. Returns 1 with
- * ds->cur filled (data pointing into the reader), 0 at the end. */
+ * ds->cur filled (data pointing into the reader), 0 at the end, NEED_OPEN
+ * when a file must be opened and no_open is set. */
 static int source_next(Dataset *ds, SgError *err)
 {
     for (;;) {
-        if (ds->reader == NULL) {
+        if (ds->src == NULL && ds->no_open)
+            return NEED_OPEN; /* nothing changed: a worker opens it */
+        if (ds->src == NULL) {
             if (ds->file_pos >= ds->nfiles) {
                 /* An epoch that gave this shard nothing ends the data, even
                  * when repeating forever (else: a busy loop). */
@@ -126,20 +186,29 @@ static int source_next(Dataset *ds, SgError *err)
                 ds->rec_in_epoch = 0;
                 order_shuffle(ds);
             }
-            int rc = tfr_reader_open(&ds->reader, ds->files[ds->order[ds->file_pos]], ds->cfg.comp,
+            SrcFile *f = calloc(1, sizeof *f);
+            if (f == NULL)
+                return sg_fail(err, SG_ENOMEM, "out of memory opening a file");
+            int rc = tfr_reader_open(&f->reader, ds->files[ds->order[ds->file_pos]], ds->cfg.comp,
                                      ds->cfg.verify_crc, err);
-            if (rc < 0)
+            if (rc < 0) {
+                free(f);
                 return rc;
+            }
+            f->refs = 1;
+            /* Workers check data CRCs beside parsing. */
+            tfr_reader_defer_data_crc(f->reader, !ds->direct);
+            ds->src = f;
             ds->rec_in_file = 0;
         }
         const uint8_t *d;
         size_t len;
-        int rc = tfr_reader_next(ds->reader, &d, &len, err);
+        int rc = tfr_reader_next(ds->src->reader, &d, &len, err);
         if (rc < 0)
             return rc;
         if (rc == 0) {
-            tfr_reader_close(ds->reader);
-            ds->reader = NULL;
+            src_unref(ds->src);
+            ds->src = NULL;
             ds->file_pos++;
             continue;
         }
@@ -152,7 +221,7 @@ static int source_next(Dataset *ds, SgError *err)
         ds->cur.len = len;
         ds->cur.file = ds->order[ds->file_pos];
         ds->cur.index = index;
-        ds->cur.offset = tfr_reader_offset(ds->reader);
+        ds->cur.offset = tfr_reader_offset(ds->src->reader);
         return 1;
     }
 }
@@ -177,26 +246,28 @@ static int slot_store(ShufSlot *s, const ShufSlot *from, SgError *err)
     return 0;
 }
 
-/* What to do with the next record: parse it, or stash it for the threads. */
-typedef int (*TakeFn)(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err);
+/* What to do with the next record: parse it, or stash it for a worker. */
+typedef int (*TakeFn)(Dataset *ds, void *ctx, const ShufSlot *s, int stable, SgError *err);
 
-static int parse_into(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err)
+static int parse_into(Dataset *ds, void *ctx, const ShufSlot *s, int stable, SgError *err)
 {
-    int rc = ex_batch_add(b, s->data, s->len, err);
+    (void)stable;
+    int rc = ex_batch_add(ctx, s->data, s->len, err);
     if (rc < 0)
         sg_context(err, "'%s': record %llu at byte %llu: ", ds->files[s->file],
                    (unsigned long long)s->index, (unsigned long long)s->offset);
     return rc;
 }
 
-/* Hands the next record to take; 1 done, 0 no more records. */
-static int next_record(Dataset *ds, ExBatch *b, TakeFn take, SgError *err)
+/* Hands the next record to take (with whether it stays valid until its
+ * file is released); 1 done, 0 no more records. */
+static int next_record(Dataset *ds, void *ctx, TakeFn take, SgError *err)
 {
     int rc;
     if (ds->cfg.shuffle_buffer == 0) {
-        if ((rc = source_next(ds, err)) <= 0)
+        if ((rc = source_next(ds, err)) != 1)
             return rc;
-        return take(ds, b, &ds->cur, err) < 0 ? err->code : 1;
+        return take(ds, ctx, &ds->cur, tfr_reader_stable(ds->src->reader), err) < 0 ? err->code : 1;
     }
     while (!ds->src_done && ds->shuf_n < ds->cfg.shuffle_buffer) {
         if ((rc = source_next(ds, err)) < 0)
@@ -212,7 +283,7 @@ static int next_record(Dataset *ds, ExBatch *b, TakeFn take, SgError *err)
     if (ds->shuf_n == 0)
         return 0;
     size_t i = rng_below(&ds->rng, ds->shuf_n);
-    if ((rc = take(ds, b, &ds->shuf[i], err)) < 0)
+    if ((rc = take(ds, ctx, &ds->shuf[i], 0, err)) < 0)
         return rc;
     /* Refill slot i from the source, or close the gap with the last slot. */
     if (!ds->src_done) {
@@ -229,140 +300,24 @@ static int next_record(Dataset *ds, ExBatch *b, TakeFn take, SgError *err)
     return 1;
 }
 
-/* ---- parallel parsing (positional schemas, parse_threads > 1) ---- */
-
-static void deadline_in(struct timespec *ts, double seconds);
-
-typedef struct PoolArg {
-    Dataset *ds;
-    int t;
-} PoolArg;
-
-typedef struct Stashed {
-    size_t pos, len; /* data at arena + pos, its CRC footer after it */
-    size_t file;
-    uint64_t index, offset;
-} Stashed;
-
-/* Copies the record (and its footer) into the batch arena. */
-static int stash(Dataset *ds, ExBatch *b, const ShufSlot *s, SgError *err)
-{
-    size_t need = s->len + TFR_FOOTER_BYTES;
-    if (ds->arena_len + need > ds->arena_cap) {
-        size_t cap = ds->arena_cap ? ds->arena_cap : (1u << 20);
-        while (cap < ds->arena_len + need)
-            cap *= 2;
-        uint8_t *a = realloc(ds->arena, cap);
-        if (a == NULL)
-            return sg_fail(err, SG_ENOMEM, "out of memory for a batch of records (%zu bytes)", cap);
-        ds->arena = a;
-        ds->arena_cap = cap;
-    }
-    memcpy(ds->arena + ds->arena_len, s->data, need);
-    ds->stashed[b->rows] = (Stashed){ds->arena_len, s->len, s->file, s->index, s->offset};
-    ds->arena_len += need;
-    b->rows++;
-    return 0;
-}
-
-/* Rows t, t + T, t + 2T, ... of the stashed batch, for worker t of T. */
-static void parse_rows(Dataset *ds, int t)
-{
-    ExBatch *b = ds->job;
-    uint8_t *mine = ds->scratch + ex_scratch_size(ds->cfg.schema) * (size_t)t;
-    ds->bad_row[t] = -1;
-    for (size_t r = (size_t)t; r < b->rows; r += (size_t)ds->threads) {
-        const Stashed *m = &ds->stashed[r];
-        const uint8_t *d = ds->arena + m->pos;
-        SgError *e = &ds->bad_err[t];
-        int crc_failed = ds->cfg.verify_crc && tfr_check_data_crc(d, m->len, m->offset, e) < 0;
-        if (crc_failed || ex_batch_parse_row(b, r, mine, d, m->len, e) < 0) {
-            ds->bad_row[t] = (long)r;
-            ds->bad_crc[t] = crc_failed;
-            return; /* later rows of this worker cannot be the first failure */
-        }
-    }
-}
-
-/* A helper of the parse pool: waits for a job (re-checking stop every
- * 100 ms), parses its share, reports done. */
-static void *pool_main(void *arg)
-{
-    PoolArg *pa = arg;
-    Dataset *ds = pa->ds;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&ds->pool_mu);
-    for (;;) {
-        while (ds->pool_gen == seen && !ds->pool_stop) {
-            struct timespec ts;
-            deadline_in(&ts, 0.1);
-            pthread_cond_timedwait(&ds->pool_go, &ds->pool_mu, &ts);
-        }
-        if (ds->pool_stop)
-            break;
-        seen = ds->pool_gen;
-        pthread_mutex_unlock(&ds->pool_mu);
-        parse_rows(ds, pa->t);
-        pthread_mutex_lock(&ds->pool_mu);
-        if (--ds->pool_pending == 0)
-            pthread_cond_signal(&ds->pool_done);
-    }
-    pthread_mutex_unlock(&ds->pool_mu);
-    return NULL;
-}
-
-/* Checks the CRCs and parses the stashed rows on `threads` threads (this one
- * and the pool); reports the failure of the lowest row, as a sequential pass
- * would. */
-static int parse_stashed(Dataset *ds, ExBatch *b, SgError *err)
-{
-    pthread_mutex_lock(&ds->pool_mu);
-    ds->job = b;
-    ds->pool_pending = ds->threads - 1;
-    ds->pool_gen++;
-    pthread_cond_broadcast(&ds->pool_go);
-    pthread_mutex_unlock(&ds->pool_mu);
-    parse_rows(ds, 0);
-    pthread_mutex_lock(&ds->pool_mu);
-    while (ds->pool_pending > 0)
-        pthread_cond_wait(&ds->pool_done, &ds->pool_mu); /* helpers never block */
-    pthread_mutex_unlock(&ds->pool_mu);
-    int first = -1;
-    for (int t = 0; t < ds->threads; t++)
-        if (ds->bad_row[t] >= 0 && (first < 0 || ds->bad_row[t] < ds->bad_row[first]))
-            first = t;
-    if (first < 0)
-        return 0;
-    *err = ds->bad_err[first];
-    const Stashed *m = &ds->stashed[ds->bad_row[first]];
-    if (ds->bad_crc[first])
-        return sg_context(err, "'%s': ", ds->files[m->file]);
-    return sg_context(err, "'%s': record %llu at byte %llu: ", ds->files[m->file],
-                      (unsigned long long)m->index, (unsigned long long)m->offset);
-}
-
-/* Fills b; 1 a batch, 0 the end. */
+/* Synchronous: fills b; 1 a batch, 0 the end. */
 static int produce(Dataset *ds, ExBatch *b, SgError *err)
 {
     int rc = ex_batch_reset(b, err);
     if (rc < 0)
         return rc;
-    TakeFn take = ds->threads > 1 ? stash : parse_into;
-    ds->arena_len = 0;
     while (b->rows < ds->cfg.batch_size) {
-        if ((rc = next_record(ds, b, take, err)) < 0)
+        if ((rc = next_record(ds, b, parse_into, err)) < 0)
             return rc;
         if (rc == 0)
             break;
     }
-    if (ds->threads > 1 && b->rows > 0 && (rc = parse_stashed(ds, b, err)) < 0)
-        return rc;
     if (b->rows == 0 || (b->rows < ds->cfg.batch_size && ds->cfg.drop_remainder))
         return 0;
     return 1;
 }
 
-/* ---- the queue ---- */
+/* ---- workers ---- */
 
 static void deadline_in(struct timespec *ts, double seconds)
 {
@@ -376,60 +331,229 @@ static void deadline_in(struct timespec *ts, double seconds)
     }
 }
 
-static void producer_loop(Dataset *ds);
-
-/* Runs the loop, then either tells ds_close it is done or, when ds_close
- * stopped waiting (a read blocked on slow storage), frees the dataset. */
-static void *producer_main(void *arg)
+/* Takes a record for the worker's batch: a pointer when the source keeps it
+ * valid (holding a reference to its file), else a copy (with its footer). */
+static int stash(Dataset *ds, void *ctx, const ShufSlot *s, int stable, SgError *err)
 {
-    Dataset *ds = arg;
-    producer_loop(ds);
-    pthread_mutex_lock(&ds->mu);
-    ds->exited = 1;
-    int orphaned = ds->orphaned;
-    pthread_cond_broadcast(&ds->ready_cv);
-    pthread_mutex_unlock(&ds->mu);
-    if (orphaned)
-        ds_free(ds);
-    return NULL;
+    Worker *w = ctx;
+    Stashed *m = &w->stashed[w->n];
+    *m = (Stashed){NULL, 0, s->len, s->file, s->index, s->offset};
+    if (stable) {
+        if (w->nholds == 0 || w->holds[w->nholds - 1] != ds->src) {
+            __atomic_add_fetch(&ds->src->refs, 1, __ATOMIC_RELAXED);
+            w->holds[w->nholds++] = ds->src;
+        }
+        m->data = s->data;
+        w->n++;
+        return 0;
+    }
+    size_t need = s->len + TFR_FOOTER_BYTES;
+    if (w->arena_len + need > w->arena_cap) {
+        size_t cap = w->arena_cap ? w->arena_cap : (1u << 20);
+        while (cap < w->arena_len + need)
+            cap *= 2;
+        uint8_t *a = realloc(w->arena, cap);
+        if (a == NULL)
+            return sg_fail(err, SG_ENOMEM, "out of memory for a batch of records (%zu bytes)", cap);
+        w->arena = a;
+        w->arena_cap = cap;
+    }
+    memcpy(w->arena + w->arena_len, s->data, need);
+    m->pos = w->arena_len;
+    w->arena_len += need;
+    w->n++;
+    return 0;
 }
 
-static void producer_loop(Dataset *ds)
+/* Step 2, under src_mu: the worker's share of records. Returns the source's
+ * status (0 its end, < 0 its error); either ends the data for every worker. */
+static int take_records(Dataset *ds, Worker *w, SgError *err)
 {
-    SgError err;
-    sg_error_clear(&err);
-    for (;;) {
+    int rc = 1;
+    while (w->n < ds->cfg.batch_size && (rc = next_record(ds, w, stash, err)) == 1)
+        ;
+    if (rc <= 0)
+        ds->src_over = 1;
+    return rc;
+}
+
+static void stash_swap(Worker *a, Worker *b)
+{
+    Worker t = *a;
+    a->stashed = b->stashed, a->n = b->n, a->holds = b->holds, a->nholds = b->nholds;
+    a->arena = b->arena, a->arena_len = b->arena_len, a->arena_cap = b->arena_cap;
+    b->stashed = t.stashed, b->n = t.n, b->holds = t.holds, b->nholds = t.nholds;
+    b->arena = t.arena, b->arena_len = t.arena_len, b->arena_cap = t.arena_cap;
+}
+
+/* Step 3: CRCs and parsing, row by row, the first failure reported as the
+ * synchronous pipeline would. src_rc is what the source said after the
+ * last stashed record. Returns 1 a batch, 0 nothing to publish, < 0. */
+static int parse_records(Dataset *ds, Worker *w, ExBatch *b, int src_rc, SgError *err)
+{
+    int rc = ex_batch_reset(b, err);
+    for (size_t r = 0; r < w->n && rc >= 0; r++) {
+        const Stashed *m = &w->stashed[r];
+        const uint8_t *d = m->data ? m->data : w->arena + m->pos;
+        if (r + PREFETCH_ROWS < w->n) { /* the hardware prefetcher stops at pages */
+            const Stashed *a = &w->stashed[r + PREFETCH_ROWS];
+            const uint8_t *ad = a->data ? a->data : w->arena + a->pos;
+            for (size_t k = 0; k < a->len + TFR_FOOTER_BYTES; k += 64)
+                __builtin_prefetch(ad + k);
+        }
+        if (ds->cfg.verify_crc && (rc = tfr_check_data_crc(d, m->len, m->offset, err)) < 0)
+            sg_context(err, "'%s': ", ds->files[m->file]);
+        else if ((rc = ex_batch_add(b, d, m->len, err)) < 0)
+            sg_context(err, "'%s': record %llu at byte %llu: ", ds->files[m->file],
+                       (unsigned long long)m->index, (unsigned long long)m->offset);
+    }
+    for (size_t i = 0; i < w->nholds; i++)
+        src_unref(w->holds[i]);
+    w->nholds = 0;
+    if (rc < 0)
+        return rc;
+    if (src_rc < 0)
+        return src_rc; /* err still holds the source's message */
+    if (b->rows == 0 || (b->rows < ds->cfg.batch_size && ds->cfg.drop_remainder))
+        return 0;
+    return 1;
+}
+
+/* Step 4: files the outcome of seq (a batch, rc 1; nothing, rc 0; a
+ * failure, rc < 0) in the reorder slots, then moves every outcome that is
+ * next in order to the ready ring. Never waits: a worker whose batch is
+ * early goes on with the next one. */
+static void publish(Dataset *ds, uint64_t seq, ExBatch *b, int rc, const SgError *err)
+{
+    pthread_mutex_lock(&ds->mu);
+    Done *d = &ds->done[seq % ds->nbatches]; /* at most nbatches in flight */
+    d->batch = b;
+    d->rc = rc;
+    d->filled = 1;
+    if (rc < 0)
+        d->err = *err;
+    while ((d = &ds->done[ds->publish_seq % ds->nbatches])->filled) {
+        d->filled = 0;
+        ds->publish_seq++;
+        if (d->rc == 1 && !ds->failed && !ds->stop) {
+            ds->ready[(ds->ready_head + ds->ready_n++) % ds->ready_cap] = d->batch;
+            continue;
+        }
+        ds->free_list[ds->free_n++] = d->batch;
+        if (d->rc < 0 && !ds->failed && !ds->stop) {
+            ds->failed = 1;
+            ds->finished = 1;
+            ds->error = d->err;
+        }
+    }
+    pthread_cond_broadcast(&ds->ready_cv);
+    pthread_cond_signal(&ds->free_cv);
+    pthread_mutex_unlock(&ds->mu);
+}
+
+/* Steps 2-4 for batch b (taken from the free list). Returns 1 after
+ * publishing, 0 when the source was already over, -1 when another thread
+ * held the source past `deadline`, -2 when the helping caller stopped short
+ * of I/O that can block (b is given back in the last three cases).
+ *
+ * The caller (`helper`) never opens a file when there are worker threads
+ * (an open can block without bound, e.g. on a FIFO or a hung mount): it
+ * helps only while the current file is mapped and unshuffled, and if its
+ * batch reaches the end of that file it leaves the records it took, and its
+ * sequence number, for the next worker to carry on with. */
+static int work_step(Dataset *ds, Worker *w, ExBatch *b, const struct timespec *deadline,
+                     int helper)
+{
+    int busy =
+        deadline ? pthread_mutex_timedlock(&ds->src_mu, deadline) : pthread_mutex_lock(&ds->src_mu);
+    int rc = busy != 0 ? -1 : 0;
+    if (busy == 0 && !ds->src_over && helper &&
+        (ds->src == NULL || ds->cfg.shuffle_buffer > 0 || !tfr_reader_stable(ds->src->reader) ||
+         ds->carry != NULL))
+        rc = -2;
+    if (busy != 0 || ds->src_over || rc == -2) {
+        if (busy == 0)
+            pthread_mutex_unlock(&ds->src_mu);
         pthread_mutex_lock(&ds->mu);
-        while (ds->free_n == 0 && !ds->stop) {
+        ds->free_list[ds->free_n++] = b;
+        pthread_cond_signal(&ds->free_cv);
+        pthread_mutex_unlock(&ds->mu);
+        return rc;
+    }
+    uint64_t seq;
+    if (ds->direct) { /* the only producer: parse as we go */
+        seq = ds->next_seq++;
+        rc = produce(ds, b, &w->err);
+        if (rc <= 0)
+            ds->src_over = 1;
+        pthread_mutex_unlock(&ds->src_mu);
+    } else {
+        if (ds->carry != NULL) { /* the caller's unfinished batch */
+            stash_swap(w, ds->carry);
+            seq = ds->carry_seq;
+            ds->carry = NULL;
+        } else {
+            seq = ds->next_seq++;
+            w->n = 0;
+            w->arena_len = 0;
+        }
+        ds->no_open = helper;
+        int src_rc = take_records(ds, w, &w->err);
+        ds->no_open = 0;
+        if (src_rc == NEED_OPEN) {
+            ds->carry = w;
+            ds->carry_seq = seq;
+            pthread_mutex_unlock(&ds->src_mu);
+            pthread_mutex_lock(&ds->mu);
+            ds->free_list[ds->free_n++] = b;
+            pthread_cond_signal(&ds->free_cv);
+            pthread_mutex_unlock(&ds->mu);
+            return -2;
+        }
+        pthread_mutex_unlock(&ds->src_mu);
+        /* 3. CRCs and parsing, in parallel with the other workers */
+        rc = parse_records(ds, w, b, src_rc, &w->err);
+        if (rc < 0) {
+            pthread_mutex_lock(&ds->src_mu);
+            ds->src_over = 1; /* later batches are not needed */
+            pthread_mutex_unlock(&ds->src_mu);
+        }
+    }
+    publish(ds, seq, b, rc, &w->err); /* 4. in order */
+    return 1;
+}
+
+static void *worker_main(void *arg)
+{
+    Worker *w = arg;
+    Dataset *ds = w->ds;
+    for (;;) {
+        /* 1. a free batch */
+        pthread_mutex_lock(&ds->mu);
+        while (ds->free_n == 0 && !ds->stop && !ds->failed) {
             struct timespec ts;
             deadline_in(&ts, 0.1); /* re-check stop every 100 ms */
             pthread_cond_timedwait(&ds->free_cv, &ds->mu, &ts);
         }
-        if (ds->stop) {
+        if (ds->stop || ds->failed) {
             pthread_mutex_unlock(&ds->mu);
-            return;
+            break;
         }
         ExBatch *b = ds->free_list[--ds->free_n];
         pthread_mutex_unlock(&ds->mu);
-
-        int rc = produce(ds, b, &err);
-
-        pthread_mutex_lock(&ds->mu);
-        if (rc == 1) {
-            ds->ready[(ds->ready_head + ds->ready_n++) % ds->ready_cap] = b;
-        } else {
-            ds->free_list[ds->free_n++] = b;
-            ds->finished = 1;
-            if (rc < 0) {
-                ds->failed = 1;
-                ds->error = err;
-            }
-        }
-        pthread_cond_broadcast(&ds->ready_cv);
-        pthread_mutex_unlock(&ds->mu);
-        if (rc != 1)
-            return;
+        if (work_step(ds, w, b, NULL, 0) == 0)
+            break;
     }
+    pthread_mutex_lock(&ds->mu);
+    int last = ++ds->nexited == ds->started;
+    if (last && ds->consumer_done)
+        ds->finished = 1;
+    int orphaned = ds->orphaned;
+    pthread_cond_broadcast(&ds->ready_cv);
+    pthread_mutex_unlock(&ds->mu);
+    if (last && orphaned)
+        ds_free(ds);
+    return NULL;
 }
 
 int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
@@ -447,9 +571,7 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     ds->epoch = -1;
     ds->rng = cfg->seed;
     pthread_mutex_init(&ds->mu, NULL);
-    pthread_mutex_init(&ds->pool_mu, NULL);
-    pthread_cond_init(&ds->pool_go, NULL);
-    pthread_cond_init(&ds->pool_done, NULL);
+    pthread_mutex_init(&ds->src_mu, NULL);
     pthread_cond_init(&ds->ready_cv, NULL);
     pthread_cond_init(&ds->free_cv, NULL);
     int rc = 0;
@@ -468,40 +590,33 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     if (cfg->shuffle_buffer > 0 &&
         (ds->shuf = calloc(cfg->shuffle_buffer, sizeof *ds->shuf)) == NULL)
         goto oom;
-    ds->threads = cfg->parse_threads > 1 && ex_schema_positional(cfg->schema)
-                      ? (int)(cfg->parse_threads > 64 ? 64 : cfg->parse_threads)
-                      : 1;
-    if (ds->threads > 1) {
-        size_t t = (size_t)ds->threads;
-        ds->stashed = calloc(cfg->batch_size, sizeof *ds->stashed);
-        ds->scratch = calloc(t, ex_scratch_size(cfg->schema));
-        ds->bad_row = calloc(t, sizeof *ds->bad_row);
-        ds->bad_crc = calloc(t, sizeof *ds->bad_crc);
-        ds->bad_err = calloc(t, sizeof *ds->bad_err);
-        ds->pool = calloc(t, sizeof *ds->pool);
-        ds->pool_args = calloc(t, sizeof *ds->pool_args);
-        if (ds->stashed == NULL || ds->scratch == NULL || ds->bad_row == NULL ||
-            ds->bad_crc == NULL || ds->bad_err == NULL || ds->pool == NULL || ds->pool_args == NULL)
-            goto oom;
-        for (int i = 1; i < ds->threads; i++) {
-            ds->pool_args[i] = (PoolArg){ds, i};
-            if ((rc = pthread_create(&ds->pool[i], NULL, pool_main, &ds->pool_args[i])) != 0) {
-                ds->threads = i; /* the helpers started so far get joined */
-                ds_close(ds);
-                return sg_fail_errno(err, SG_ESTATE, rc, "cannot start parse thread %d", i);
-            }
-            ds->pool_started = i;
-        }
-    }
-    /* prefetch batches queued ahead plus the one the consumer holds; the
-     * ring can hold all of them. */
-    ds->nbatches = (cfg->prefetch ? cfg->prefetch : 1) + 1;
+    /* parse_threads 1: one producer, the caller (prefetch 0) or a background
+     * thread. More: parse_threads - 1 background workers, and the caller
+     * makes batches too whenever none is ready. */
+    size_t threads = cfg->parse_threads < 1 ? 1 : cfg->parse_threads > 64 ? 64 : cfg->parse_threads;
+    ds->direct = threads == 1;
+    ds->helps = threads > 1 || cfg->prefetch == 0;
+    ds->consumer_done = !ds->helps;
+    ds->nworkers = threads > 1 ? (int)threads - 1 : cfg->prefetch > 0 ? 1 : 0;
+    /* Batches: queued ahead (prefetch), one per producer (workers and the
+     * caller), the one the caller holds; the ring can hold all of them. */
+    ds->nbatches = (cfg->prefetch ? cfg->prefetch : 1) + (size_t)ds->nworkers + 1;
     ds->ready_cap = ds->nbatches;
     ds->batches = calloc(ds->nbatches, sizeof *ds->batches);
     ds->ready = calloc(ds->ready_cap, sizeof *ds->ready);
     ds->free_list = calloc(ds->nbatches, sizeof *ds->free_list);
-    if (ds->batches == NULL || ds->ready == NULL || ds->free_list == NULL)
+    ds->done = calloc(ds->nbatches, sizeof *ds->done);
+    ds->workers = calloc((size_t)ds->nworkers + 1, sizeof *ds->workers);
+    if (ds->batches == NULL || ds->ready == NULL || ds->free_list == NULL || ds->done == NULL ||
+        ds->workers == NULL)
         goto oom;
+    for (int i = 0; i <= ds->nworkers && !ds->direct; i++) {
+        Worker *w = &ds->workers[i];
+        w->stashed = calloc(cfg->batch_size, sizeof *w->stashed);
+        w->holds = calloc(cfg->batch_size + 1, sizeof *w->holds);
+        if (w->stashed == NULL || w->holds == NULL)
+            goto oom;
+    }
     for (size_t i = 0; i < ds->nbatches; i++) {
         if ((rc = ex_batch_init(&ds->batches[i], cfg->schema, cfg->batch_size, err)) < 0) {
             ds->nbatches = i;
@@ -510,13 +625,20 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
         }
         ds->free_list[ds->free_n++] = &ds->batches[i];
     }
-    if (cfg->prefetch > 0) {
-        if ((rc = pthread_create(&ds->thread, NULL, producer_main, ds)) != 0) {
+    /* Workers wait for mu before their first step, so `started` is final
+     * before any of them can count itself out. */
+    pthread_mutex_lock(&ds->mu);
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds->workers[i].ds = ds;
+        if ((rc = pthread_create(&ds->workers[i].thread, NULL, worker_main, &ds->workers[i])) !=
+            0) {
+            pthread_mutex_unlock(&ds->mu);
             ds_close(ds);
-            return sg_fail_errno(err, SG_ESTATE, rc, "cannot start the prefetch thread");
+            return sg_fail_errno(err, SG_ESTATE, rc, "cannot start reader thread %d", i);
         }
-        ds->thread_started = 1;
+        ds->started++;
     }
+    pthread_mutex_unlock(&ds->mu);
     *out = ds;
     return 0;
 oom:
@@ -526,50 +648,55 @@ oom:
 
 int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
 {
-    if (!ds->thread_started) {
-        /* Synchronous: the spare batch is produced here. */
-        if (ds->failed) {
-            *err = ds->error;
-            return err->code;
-        }
-        if (ds->finished)
-            return 0;
-        ExBatch *b = &ds->batches[ds->nbatches - 1];
-        int rc = produce(ds, b, err);
-        if (rc <= 0) {
-            ds->finished = 1;
-            if (rc < 0) {
-                ds->failed = 1;
-                ds->error = *err;
-            }
-            return rc;
-        }
-        *batch = b;
-        return 1;
-    }
     pthread_mutex_lock(&ds->mu);
     struct timespec ts;
     deadline_in(&ts, wait_s);
-    while (ds->ready_n == 0 && !ds->finished) {
-        int rc = pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts);
-        if (rc == ETIMEDOUT && ds->ready_n == 0 && !ds->finished) {
+    int rc, helped_out = 0;
+    for (;;) {
+        if (ds->ready_n > 0) {
+            *batch = ds->ready[ds->ready_head];
+            ds->ready_head = (ds->ready_head + 1) % ds->ready_cap;
+            ds->ready_n--;
+            rc = 1;
+            break;
+        }
+        if (ds->finished) {
+            if (ds->failed)
+                *err = ds->error;
+            rc = ds->failed ? err->code : 0;
+            break;
+        }
+        if (ds->helps && !ds->consumer_done && ds->free_n > 0 && !helped_out) {
+            /* Nothing ready: make a batch here rather than wait. */
+            ExBatch *b = ds->free_list[--ds->free_n];
+            pthread_mutex_unlock(&ds->mu);
+            /* A worker reading slow storage holds the source: wait for it
+             * no longer than for a batch. */
+            int more = work_step(ds, &ds->workers[ds->nworkers], b, &ts, ds->nworkers > 0);
+            pthread_mutex_lock(&ds->mu);
+            if (more == -2)
+                helped_out = 1; /* wait for a worker's batch now */
+            if (more == -1 && ds->ready_n == 0 && !ds->finished) {
+                pthread_mutex_unlock(&ds->mu);
+                return sg_fail(err, SG_ETIMEOUT,
+                               "no batch from the reader threads within %.1f s (%zu files)", wait_s,
+                               ds->nfiles);
+            }
+            if (more == 0) {
+                ds->consumer_done = 1;
+                if (ds->nexited == ds->started)
+                    ds->finished = 1;
+            }
+            continue;
+        }
+        helped_out = 0;
+        if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT && ds->ready_n == 0 &&
+            !ds->finished) {
             pthread_mutex_unlock(&ds->mu);
             return sg_fail(err, SG_ETIMEOUT,
-                           "no batch from the reader thread within %.1f s (%zu files)", wait_s,
+                           "no batch from the reader threads within %.1f s (%zu files)", wait_s,
                            ds->nfiles);
         }
-    }
-    int rc;
-    if (ds->ready_n > 0) {
-        *batch = ds->ready[ds->ready_head];
-        ds->ready_head = (ds->ready_head + 1) % ds->ready_cap;
-        ds->ready_n--;
-        rc = 1;
-    } else if (ds->failed) {
-        *err = ds->error;
-        rc = err->code;
-    } else {
-        rc = 0;
     }
     pthread_mutex_unlock(&ds->mu);
     return rc;
@@ -577,8 +704,6 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
 
 void ds_release(Dataset *ds, ExBatch *batch)
 {
-    if (!ds->thread_started)
-        return;
     pthread_mutex_lock(&ds->mu);
     ds->free_list[ds->free_n++] = batch;
     pthread_cond_signal(&ds->free_cv);
@@ -594,59 +719,52 @@ int ds_close(Dataset *ds)
 {
     if (ds == NULL)
         return 0;
-    if (ds->thread_started) {
-        /* The thread stops after its current record; a read blocked on
-         * storage can take longer, so wait at most 2 s, then leave the
-         * freeing to the thread. */
-        pthread_mutex_lock(&ds->mu);
+    pthread_mutex_lock(&ds->mu);
+    int started = ds->started;
+    if (started > 0) {
+        /* Workers stop after their current batch; a read blocked on storage
+         * can take longer, so wait at most 2 s, then leave the freeing to
+         * the last worker. */
         ds->stop = 1;
         pthread_cond_broadcast(&ds->free_cv);
         struct timespec ts;
         deadline_in(&ts, 2.0);
-        while (!ds->exited)
+        while (ds->nexited < started)
             if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT)
                 break;
-        int exited = ds->exited;
-        if (!exited)
+        if (ds->nexited < started) {
             ds->orphaned = 1;
-        pthread_mutex_unlock(&ds->mu);
-        if (!exited) {
-            pthread_detach(ds->thread);
+            pthread_mutex_unlock(&ds->mu);
+            for (int i = 0; i < started; i++)
+                pthread_detach(ds->workers[i].thread);
             return 1;
         }
-        pthread_join(ds->thread, NULL);
     }
+    pthread_mutex_unlock(&ds->mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(ds->workers[i].thread, NULL);
     ds_free(ds);
     return 0;
 }
 
 static void ds_free(Dataset *ds)
 {
-    tfr_reader_close(ds->reader);
+    src_unref(ds->src);
     if (ds->files)
         for (size_t i = 0; i < ds->nfiles; i++)
             free(ds->files[i]);
     free(ds->files);
     free(ds->order);
-    if (ds->pool_started > 0) {
-        pthread_mutex_lock(&ds->pool_mu);
-        ds->pool_stop = 1;
-        pthread_cond_broadcast(&ds->pool_go);
-        pthread_mutex_unlock(&ds->pool_mu);
-        for (int i = 1; i <= ds->pool_started; i++)
-            pthread_join(ds->pool[i], NULL);
-    }
-    pthread_mutex_destroy(&ds->pool_mu);
-    pthread_cond_destroy(&ds->pool_go);
-    pthread_cond_destroy(&ds->pool_done);
-    free(ds->stashed);
-    free(ds->arena);
-    free(ds->scratch);
-    free(ds->bad_row);
-    free(ds->bad_crc);
-    free(ds->bad_err);
-    free(ds->pool);
-    free(ds->pool_args);
+    if (ds->workers)
+        for (int i = 0; i <= ds->nworkers; i++) {
+            Worker *w = &ds->workers[i];
+            for (size_t k = 0; k < w->nholds; k++)
+                src_unref(w->holds[k]);
+            free(w->stashed);
+            free(w->holds);
+            free(w->arena);
+        }
+    free(ds->workers);
     if (ds->shuf)
         for (size_t i = 0; i < ds->cfg.shuffle_buffer; i++)
             free(ds->shuf[i].data);
@@ -657,7 +775,9 @@ static void ds_free(Dataset *ds)
     free(ds->batches);
     free(ds->ready);
     free(ds->free_list);
+    free(ds->done);
     pthread_mutex_destroy(&ds->mu);
+    pthread_mutex_destroy(&ds->src_mu);
     pthread_cond_destroy(&ds->ready_cv);
     pthread_cond_destroy(&ds->free_cv);
     free(ds);

@@ -4,8 +4,9 @@
  *   files (this shard's) -> records (sharded by index when there are fewer
  *   files than shards) -> repeat `epochs` times -> shuffle buffer (seeded) ->
  *   parse with the schema -> batches of batch_size (the last one kept unless
- *   drop_remainder) -> a queue of `prefetch` batches filled by a background
- *   thread (prefetch 0: produced in the caller's thread).
+ *   drop_remainder) -> a queue of `prefetch` batches filled by
+ *   `parse_threads` background threads (prefetch 0 and one parse thread:
+ *   produced in the caller's thread).
  *
  * Epochs are concatenated before batching (TF's repeat().shuffle().batch()),
  * so with a shuffle buffer records of neighbouring epochs can mix.
@@ -33,10 +34,9 @@ typedef struct DsConfig {
     size_t shard_index, num_shards;
     int drop_remainder;
     size_t prefetch; /* batches produced ahead by a background thread */
-    /* Threads that check data CRCs and parse each batch (the producing
-     * thread plus a pool of parse_threads - 1 helpers). Used when
-     * > 1 and every feature is fixed-size per row (FIXED numeric, RAW);
-     * otherwise parsing stays on the producing thread. */
+    /* Threads that each read, check and parse whole batches, published in
+     * order (any schema). With 1 and prefetch 0 everything runs in the
+     * caller's thread. */
     size_t parse_threads;
 } DsConfig;
 

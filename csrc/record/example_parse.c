@@ -236,7 +236,7 @@ static int fill_default(ExBatch *b, size_t row, size_t i, SgError *err)
 /* uint8 -> float32 * scale, the hot loop of image decoding: compiled for
  * AVX2 and for the baseline, picked at load time (GCC target_clones). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 static void
 u8_to_f32(float *restrict o, const uint8_t *restrict src, size_t n, float scale)
@@ -321,10 +321,10 @@ static int fill_feature(ExBatch *b, size_t row, ExSlot *slots, size_t i, const u
     return 0;
 }
 
-/* Parses rec into `row`; with rollback, a failing record leaves no partial
- * values behind in the growable (VARLEN, bytes) columns. */
+/* Parses rec into `row`; a failing record leaves no partial values behind
+ * in the growable (VARLEN, bytes) columns. */
 static int parse_row(ExBatch *b, size_t row, ExSlot *slots, const uint8_t *rec, size_t n,
-                     int rollback, SgError *err)
+                     SgError *err)
 {
     const ExSchema *s = b->schema;
     for (size_t i = 0; i < s->n; i++)
@@ -333,14 +333,14 @@ static int parse_row(ExBatch *b, size_t row, ExSlot *slots, const uint8_t *rec, 
     int rc = ex_example_foreach(rec, n, entry_cb, &ctx, err);
     if (rc < 0)
         return rc;
-    for (size_t i = 0; rollback && i < s->n; i++) {
+    for (size_t i = 0; i < s->n; i++) {
         slots[i].nvalues = b->cols[i].nvalues;
         slots[i].arena_len = b->cols[i].arena_len;
     }
     for (size_t i = 0; i < s->n; i++) {
         rc =
             slots[i].seen ? fill_feature(b, row, slots, i, rec, err) : fill_default(b, row, i, err);
-        if (rc < 0 && rollback) {
+        if (rc < 0) {
             for (size_t j = 0; j < s->n; j++) {
                 b->cols[j].nvalues = slots[j].nvalues;
                 b->cols[j].arena_len = slots[j].arena_len;
@@ -356,34 +356,9 @@ int ex_batch_add(ExBatch *b, const uint8_t *rec, size_t n, SgError *err)
 {
     if (b->rows >= b->cap)
         return sg_fail(err, SG_ESTATE, "batch is full (%zu rows)", b->cap);
-    int rc = parse_row(b, b->rows, b->slots, rec, n, 1, err);
+    int rc = parse_row(b, b->rows, b->slots, rec, n, err);
     if (rc < 0)
         return rc;
     b->rows++;
     return 0;
-}
-
-int ex_schema_positional(const ExSchema *s)
-{
-    for (size_t i = 0; i < s->n; i++)
-        if (s->specs[i].kind == EX_SPEC_VARLEN || s->specs[i].out == EX_DT_BYTES)
-            return 0;
-    return 1;
-}
-
-size_t ex_scratch_size(const ExSchema *s)
-{
-    return (s->n ? s->n : 1) * sizeof(ExSlot);
-}
-
-int ex_batch_parse_row(ExBatch *b, size_t row, void *scratch, const uint8_t *rec, size_t n,
-                       SgError *err)
-{
-    if (row >= b->cap || !ex_schema_positional(b->schema))
-        return sg_fail(err, SG_ESTATE,
-                       "row %zu: parallel parsing needs a positional schema "
-                       "and a row below %zu",
-                       row, b->cap);
-    /* Positional columns have no shared counters: nothing to roll back. */
-    return parse_row(b, row, scratch, rec, n, 0, err);
 }

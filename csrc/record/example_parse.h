@@ -79,19 +79,6 @@ int ex_batch_init(ExBatch *b, const ExSchema *schema, size_t cap, SgError *err);
  * failure the batch is unchanged as far as rows is concerned. */
 int ex_batch_add(ExBatch *b, const uint8_t *rec, size_t n, SgError *err);
 
-/* 1 when every output is fixed-size per row (FIXED numeric, RAW), so rows
- * can be parsed independently, in any order and in parallel. */
-int ex_schema_positional(const ExSchema *s);
-
-/* Bytes of per-thread scratch ex_batch_parse_row needs. */
-size_t ex_scratch_size(const ExSchema *s);
-
-/* Parses rec into `row` of a positional schema's batch, with caller-owned
- * scratch (one per thread); does not touch b->rows. Threads may parse
- * different rows of one batch at the same time. */
-int ex_batch_parse_row(ExBatch *b, size_t row, void *scratch, const uint8_t *rec, size_t n,
-                       SgError *err);
-
 /* Forgets the rows (keeps allocations, re-allocating what was taken). */
 int ex_batch_reset(ExBatch *b, SgError *err);
 void ex_batch_free(ExBatch *b);

@@ -61,6 +61,10 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
 /* Stream offset of the record last returned by tfr_reader_next. */
 uint64_t tfr_reader_offset(const TfrReader *r);
 
+/* 1 when the records tfr_reader_next returns stay valid (with their footer)
+ * until the reader closes: plain memory and mapped plain files. */
+int tfr_reader_stable(const TfrReader *r);
+
 /* With defer set, tfr_reader_next still checks the length CRC but leaves the
  * data CRC to the caller (tfr_check_data_crc on the returned data, whose
  * footer follows it), e.g. to check it on another thread. */

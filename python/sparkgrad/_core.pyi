@@ -110,6 +110,13 @@ class Schema:
     def __init__(self, specs: Sequence[tuple]) -> None: ...
 
 def parse_examples(schema: Schema, records: Sequence[bytes], name: str | None = None) -> dict[str, Any]: ...
+def parse_sequence_examples(
+    context: Schema | None,
+    lists: Schema | None,
+    allow_missing: Sequence[bool],
+    records: Sequence[bytes],
+    name: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]: ...
 
 class Dataset(Iterator[dict[str, Any]]):
     def __init__(

@@ -1,6 +1,7 @@
 /* fuzz_example.c - libFuzzer harness for tf.train.Example decoding: the input
  * is walked as an Example (every feature decoded and copied out), as a
- * SequenceExample, and parsed with a schema holding every feature kind. */
+ * SequenceExample, parsed with a schema holding every feature kind, and its
+ * feature lists parsed as FixedLenSequence / VarLen lists. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "record/example.h"
 #include "record/example_parse.h"
+#include "record/sequence_parse.h"
 
 static const uint8_t *g_base;
 
@@ -95,6 +97,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ex_batch_add(&batch, data, size, &err);
         ex_batch_add(&batch, data, size, &err);
         ex_batch_free(&batch);
+    }
+    /* feature lists "s" (2 int64 per step), "t" (bytes, 1 per step, may be
+     * missing), "v" (VarLen int64), "w" (VarLen bytes) */
+    static char n_s[] = "s", n_t[] = "t";
+    ExSpec lists[4] = {
+        {.name = n_s,
+         .name_len = 1,
+         .kind = EX_SPEC_FIXED,
+         .wire = EX_INT64,
+         .out = EX_DT_INT64,
+         .count = 2},
+        {.name = n_t,
+         .name_len = 1,
+         .kind = EX_SPEC_FIXED,
+         .wire = EX_BYTES,
+         .out = EX_DT_BYTES,
+         .count = 1},
+        {.name = n_v, .name_len = 1, .kind = EX_SPEC_VARLEN, .wire = EX_INT64, .out = EX_DT_INT64},
+        {.name = n_w, .name_len = 1, .kind = EX_SPEC_VARLEN, .wire = EX_BYTES, .out = EX_DT_BYTES},
+    };
+    int allow[4] = {1, 1, 0, 0};
+    ExSchema list_schema = {4, lists};
+    SeqBatch seq;
+    if (seq_batch_init(&seq, &list_schema, allow, 2, &err) == 0) {
+        seq_batch_add(&seq, data, size, &err);
+        seq_batch_add(&seq, data, size, &err);
+        seq_batch_free(&seq);
     }
     return 0;
 }

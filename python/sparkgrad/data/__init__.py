@@ -3,7 +3,9 @@
 from sparkgrad.data.dataset import TFRecordDataset, expand_paths
 from sparkgrad.data.example import (
     FixedLenFeature,
+    FixedLenSequenceFeature,
     Ragged,
+    RaggedSequence,
     RawBytesFeature,
     Schema,
     VarLenFeature,
@@ -13,6 +15,7 @@ from sparkgrad.data.example import (
     encode_sequence_example,
     parse_example,
     parse_examples,
+    parse_sequence_examples,
 )
 from sparkgrad.data.spark import load_tfrecords, save_as_tfrecords, spark_schema
 from sparkgrad.data.tfrecord import (
@@ -25,6 +28,9 @@ from sparkgrad.data.tfrecord import (
 )
 
 __all__ = [
+    "FixedLenSequenceFeature",
+    "RaggedSequence",
+    "parse_sequence_examples",
     "TFRecordDataset",
     "load_tfrecords",
     "save_as_tfrecords",

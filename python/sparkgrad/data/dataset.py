@@ -82,9 +82,10 @@ class TFRecordDataset:
         prefetch: batches produced ahead by the background thread (0: none).
         verify_crc: check each record's CRC32C.
         timeout: seconds to wait for one batch before SparkgradTimeout.
-        parse_threads: threads that check CRCs and parse each batch;
-            used when every feature is fixed-size per row (FixedLen int64/
-            float32, RawBytes), otherwise parsing stays on one thread.
+        parse_threads: threads that read, check and parse whole batches
+            (any schema), delivered in the same order as with one thread:
+            ``parse_threads - 1`` C threads plus the caller, which makes a
+            batch itself whenever none is ready instead of waiting.
 
     Iterating yields dicts name -> NumPy array ``[batch, *shape]`` (FixedLen,
     RawBytes) or ``Ragged(values, row_splits)`` (VarLen). Each iteration

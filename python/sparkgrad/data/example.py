@@ -161,6 +161,75 @@ def parse_examples(records: Sequence[bytes], schema, name: str | None = None) ->
     return _wrap(_core.parse_examples(schema._compiled, records, name), schema)
 
 
+@dataclass(frozen=True)
+class FixedLenSequenceFeature:
+    """A feature list whose every step holds ``prod(shape)`` values of dtype
+    (``int64``, ``float32``, ``bytes``); batched to ``[N, max_steps, *shape]``
+    padded with zeros (``b""``), step counts in the lengths dict. A record
+    without the list is an error unless ``allow_missing`` (then 0 steps)."""
+
+    shape: tuple[int, ...] | int
+    dtype: Any
+    allow_missing: bool = False
+
+    def _spec(self, name: str) -> tuple:
+        dtype = _dtype_name(self.dtype)
+        if dtype == "uint8":
+            raise SchemaError(f"feature list {name!r}: dtype must be int64, float32 or bytes")
+        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
+        return (name, 0, wire, _DTYPE_CODES[dtype], _shape(self.shape), None, 2, 1.0)
+
+
+class RaggedSequence(NamedTuple):
+    """A VarLen feature list of a batch: record i has steps
+    ``step_splits[row_splits[i]:row_splits[i+1]+1]`` into values."""
+
+    values: Any
+    step_splits: np.ndarray
+    row_splits: np.ndarray
+
+    def row(self, i: int) -> list:
+        """The steps of record i, each an array (or list) of values."""
+        s = self.step_splits
+        return [self.values[s[k] : s[k + 1]] for k in range(self.row_splits[i], self.row_splits[i + 1])]
+
+
+def parse_sequence_examples(
+    records: Sequence[bytes],
+    context_features: Mapping[str, FeatureSpec] | None = None,
+    sequence_features: Mapping[str, FixedLenSequenceFeature | VarLenFeature] | None = None,
+    name: str | None = None,
+) -> tuple[dict, dict, dict]:
+    """Parses serialized SequenceExamples as ``tf.io.parse_sequence_example``
+    does, into ``(context, feature_lists, lengths)``:
+
+    - context: as ``parse_examples`` with ``context_features``;
+    - feature_lists: ``FixedLenSequenceFeature`` -> ``[N, max_steps, *shape]``
+      arrays, ``VarLenFeature`` -> ``RaggedSequence(values, step_splits, row_splits)``;
+    - lengths: the step count of each record, per FixedLenSequence list.
+
+    Bad input raises SchemaError naming ``name``, the record index, the
+    feature (list and step), what was expected and what was found.
+    """
+    context_features = dict(context_features or {})
+    sequence_features = dict(sequence_features or {})
+    ctx = Schema(context_features) if context_features else None
+    for key, spec in sequence_features.items():
+        if not isinstance(spec, (FixedLenSequenceFeature, VarLenFeature)):
+            raise SchemaError(f"feature list {key!r}: {spec!r} is not a FixedLenSequence/VarLen feature")
+    lists = _core.Schema([s._spec(k) for k, s in sequence_features.items()]) if sequence_features else None
+    allow = [bool(getattr(s, "allow_missing", False)) for s in sequence_features.values()]
+    context, feature_lists, lengths = _core.parse_sequence_examples(
+        ctx._compiled if ctx else None, lists, allow, records, name
+    )
+    if ctx is not None:
+        _wrap(context, ctx)
+    for key, value in feature_lists.items():
+        if isinstance(value, tuple):
+            feature_lists[key] = RaggedSequence(*value)
+    return context, feature_lists, lengths
+
+
 def parse_example(record: bytes, schema) -> dict:
     """One Example: like parse_examples, with the batch dimension removed."""
     schema = as_schema(schema)
