@@ -48,7 +48,9 @@ def test_mnist_dist_on_spark_trains_the_walkthrough_mlp(mnist_records, tmp_path)
     0.852-0.856 over five runs (asynchronous updates make it vary a little);
     the guard sits just below that range.
     """
-    out = run_example("--mode", "tensorflow", "--no-standardize", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path))
+    out = run_example(
+        "--mode", "tensorflow", "--no-standardize", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path)
+    )
     assert "1 ps + 2 workers" in out and "global step 2400" in out
     assert accuracy(out) >= 0.845
     assert (tmp_path / "model.sgckpt").exists()
@@ -70,9 +72,7 @@ def test_mnist_dist_spark_mode_feeds_binary_rows_and_trains(mnist_records, tmp_p
     per-pixel standardised inputs (the example's default) it ends at about
     0.86 (raw pixels, --no-standardize: 0.84).
     """
-    out = run_example(
-        "--mode", "spark", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path), both=True
-    )
+    out = run_example("--mode", "spark", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path), both=True)
     # On local Spark the executors share the driver's terminal: each node line shows once, prefixed.
     assert len(re.findall(r"chief: step \d+, test loss", out)) == 1
     assert re.search(r"^worker:0 chief: step", out, re.M)

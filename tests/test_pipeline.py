@@ -256,3 +256,26 @@ def test_parse_threads_stop_cleanly_when_closed_early(tmp_path):
         it = iter(TFRecordDataset(path, SCHEMA, 10, parse_threads=2, epochs=None))
         assert next(it)["x"].tolist() == list(range(10))
         it.close()
+
+
+@pytest.mark.parametrize("parse_threads", [1, 2])
+def test_unmapped_plain_stream_reads_every_record_through_read(files, tmp_path, parse_threads):
+    """A FIFO cannot be mapped (nor can FUSE or NFS files): the read() path gives the same batches."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    data = b"".join(open(f, "rb").read() for f in files)
+
+    def writer():
+        # open() blocks until the dataset opens the other end; bounded by the reader's test timeout
+        with open(fifo, "wb") as out:
+            for i in range(0, len(data), 7):  # small writes: records arrive split across reads
+                out.write(data[i : i + 7])
+                out.flush()
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    got = list(TFRecordDataset([str(fifo)], SCHEMA, 4, timeout=10, parse_threads=parse_threads))
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert xs(got) == ALL
+    assert [b["v"].row_splits.tolist() for b in got][:1] == [[0, 0, 1, 3, 3]]

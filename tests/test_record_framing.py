@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
+import threading
 import zlib
 
 import pytest
@@ -173,6 +175,15 @@ def test_absurd_length_is_not_allocated(tmp_path):
         read_records(gzip.compress(data), compression="GZIP")
     with pytest.raises(TruncatedRecordError):
         read_records(data)
+    # From a FIFO, whose size is unknown, the window grows only as bytes arrive.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(data), daemon=True)
+    writer.start()
+    with pytest.raises(TruncatedRecordError, match="1152921504606846976"):
+        list(tfrecord_iterator(str(fifo)))
+    writer.join(timeout=10)
+    assert not writer.is_alive()
 
 
 def test_corrupt_and_truncated_gzip(tmp_path):

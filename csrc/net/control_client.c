@@ -45,7 +45,7 @@ struct CtlClient {
     pthread_cond_t cv;
     int stopping, stopped;
     int interrupted; /* ctl_client_interrupt() since the last recv returned */
-    SgError io_err; /* code != 0 once the connection broke */
+    SgError io_err;  /* code != 0 once the connection broke */
     int acked, registered, num_nodes;
     cJSON *spec;     /* the spec array, as received */
     char *spec_json; /* its text, printed on first ctl_client_spec() */

@@ -449,7 +449,8 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_
     if (rc < 0)
         return rc;
     if (min_rows > n)
-        return sg_fail(err, SG_EINVAL, "FeedServer.next_batch: min_rows %llu must be in 0..n (%llu)",
+        return sg_fail(err, SG_EINVAL,
+                       "FeedServer.next_batch: min_rows %llu must be in 0..n (%llu)",
                        (unsigned long long)min_rows, (unsigned long long)n);
     int want_sources = out->want_sources;
     memset(out, 0, sizeof *out);

@@ -12,7 +12,10 @@
  * stay valid until the reader closes (tfr_reader_stable). The size is fixed
  * at open, so bounds are checked as for memory; a file truncated by another
  * process while it is being read is the one case this does not survive
- * (SIGBUS), as with any mapped reader. read() remains the fallback.
+ * (SIGBUS), as with any mapped reader. Only files on local disk and memory
+ * file systems are mapped: on FUSE (/dbfs), NFS or SMB a failed page-in would
+ * also arrive as SIGBUS instead of an error naming the file, so those are
+ * read(). read() is also the fallback when mapping fails.
  */
 #include "record/tfrecord.h"
 
@@ -24,6 +27,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -184,6 +188,7 @@ struct TfrReader {
     size_t cap, pos, end;
     uint64_t buf_offset; /* stream offset of buf[0] */
     int src_eof;
+    int size_known; /* plain source whose length is known up front (memory, regular file) */
     uint64_t last_offset;
 };
 
@@ -209,6 +214,30 @@ static int reader_alloc(TfrReader **out, const char *name, TfrCompression comp, 
         r->z_ready = 1;
     }
     *out = r;
+    return 0;
+}
+
+/* Local block-device and memory file systems (statfs f_type magic numbers of
+ * linux/magic.h), where reading a mapped page can only fail the way read()
+ * would not if the file shrinks underneath. */
+static int mappable_fs(int fd)
+{
+    static const unsigned long local[] = {
+        0xEF53UL,     /* ext2/3/4 */
+        0x58465342UL, /* xfs */
+        0x9123683EUL, /* btrfs */
+        0x01021994UL, /* tmpfs */
+        0x858458F6UL, /* ramfs */
+        0x794C7630UL, /* overlayfs (containers) */
+        0x2FC12FC1UL, /* zfs */
+        0xF2F52010UL, /* f2fs */
+    };
+    struct statfs fs;
+    if (fstatfs(fd, &fs) != 0)
+        return 0;
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
+        if ((unsigned long)fs.f_type == local[i])
+            return 1;
     return 0;
 }
 
@@ -239,9 +268,10 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: more read-ahead */
     r->fd = fd;
     r->raw_left = (uint64_t)st.st_size;
+    r->size_known = S_ISREG(st.st_mode); /* a FIFO or device: only EOF tells the end */
     r->own_buf = 1;
     if (comp == TFR_NONE && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        (uint64_t)st.st_size <= (uint64_t)SIZE_MAX) {
+        (uint64_t)st.st_size <= (uint64_t)SIZE_MAX && mappable_fs(fd)) {
         void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m != MAP_FAILED) {
             r->map = m;
@@ -274,6 +304,7 @@ int tfr_reader_open_memory(TfrReader **out, const uint8_t *buf, size_t len, TfrC
         r->buf = (uint8_t *)buf; /* never written: plain memory is read in place */
         r->cap = r->end = len;
         r->src_eof = 1;
+        r->size_known = 1;
     } else {
         r->own_buf = 1;
     }
@@ -363,7 +394,9 @@ static int reader_fill(TfrReader *r, size_t need, SgError *err)
             r->pos = 0;
         }
         if (r->end == r->cap) {
-            size_t want = r->comp == TFR_NONE ? need : r->cap * 2;
+            /* Grow straight to `need` only where the length was checked
+             * against the source's size; otherwise double as bytes arrive. */
+            size_t want = r->comp == TFR_NONE && r->size_known ? need : r->cap * 2;
             if (want < TFR_WINDOW / 4)
                 want = TFR_WINDOW / 4;
             if (r->comp == TFR_NONE && want < TFR_WINDOW)
@@ -413,7 +446,7 @@ static int reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError 
         uint64_t left = have + r->raw_left - TFR_HEADER_BYTES;
         if (r->fd < 0)
             left = have - TFR_HEADER_BYTES;
-        if (total - TFR_HEADER_BYTES > left)
+        if (r->size_known && total - TFR_HEADER_BYTES > left)
             return truncated_data(offset, length, left, err);
     }
     if ((rc = reader_fill(r, (size_t)total, err)) < 0)

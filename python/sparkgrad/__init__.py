@@ -28,7 +28,6 @@ from sparkgrad.errors import (  # noqa: E402
 )
 
 
-
 def build_info() -> dict:
     """Versions of sparkgrad and of the libraries its C core runs on."""
     from sparkgrad import _core
