@@ -74,23 +74,12 @@ def load(data: str, rows: int | None):
 
 
 def worker_sparkgrad(data: str, lr: float, batch: int, epochs: int, rows: int | None) -> dict:
-    from sparkgrad.nn import Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential, set_num_threads
+    from sparkgrad.nn import Adadelta, set_num_threads
+    from sparkgrad.nn.models import horovod_cnn
 
     set_num_threads(1)
     x, y, xt, yt = load(data, rows)
-    m = Sequential(
-        [
-            Conv2D(32, (3, 3), activation="relu", input_shape=(28, 28, 1)),
-            Conv2D(64, (3, 3), activation="relu"),
-            MaxPool2D(pool_size=(2, 2)),
-            Dropout(0.25),
-            Flatten(),
-            Dense(128, activation="relu"),
-            Dropout(0.5),
-            Dense(10, activation="softmax"),
-        ],
-        seed=1,
-    )
+    m = horovod_cnn(seed=1)
     m.compile(optimizer=Adadelta(learning_rate=lr, rho=0.95, epsilon=1e-7), loss="categorical_crossentropy")
     t = time.perf_counter()
     m.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)

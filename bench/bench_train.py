@@ -85,36 +85,17 @@ def summarise(rates: list[float]) -> dict:
 
 def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int) -> dict:
     import numpy as np
-    from sparkgrad.nn import SGD, Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential, set_num_threads
+    from sparkgrad.nn import SGD, Adadelta, set_num_threads
+    from sparkgrad.nn.models import horovod_cnn, walkthrough_mlp
 
     set_num_threads(threads)
     x, y = load_data(model)
     if model == "mlp":
-        init = "truncated_normal"
-        m = Sequential(
-            [
-                Dense(128, activation="relu", input_shape=(784,), kernel_initializer=init),
-                Dense(64, activation="relu", kernel_initializer=init),
-                Dense(10, kernel_initializer=init),
-            ],
-            seed=1,
-        )
+        m = walkthrough_mlp(seed=1)
         m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy")
         target = y
     else:
-        m = Sequential(
-            [
-                Conv2D(32, 3, activation="relu", input_shape=(28, 28, 1)),
-                Conv2D(64, 3, activation="relu"),
-                MaxPool2D(2),
-                Dropout(0.25),
-                Flatten(),
-                Dense(128, activation="relu"),
-                Dropout(0.5),
-                Dense(10, activation="softmax"),
-            ],
-            seed=1,
-        )
+        m = horovod_cnn(seed=1)
         m.compile(optimizer=Adadelta(0.1), loss="categorical_crossentropy")
         target = np.eye(10, dtype=np.float32)[y]
     b = BATCH[model]

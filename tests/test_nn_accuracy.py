@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
-from sparkgrad.nn import SGD, Adadelta, Conv2D, Dense, Dropout, Flatten, MaxPool2D, Sequential
+from sparkgrad.nn import SGD, Adadelta, Sequential
+from sparkgrad.nn.models import horovod_cnn, walkthrough_mlp
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")),
@@ -29,15 +30,7 @@ def load(flat: bool):
 
 
 def model_a(seed: int) -> Sequential:
-    init = "truncated_normal"
-    m = Sequential(
-        [
-            Dense(128, activation="relu", input_shape=(784,), kernel_initializer=init),
-            Dense(64, activation="relu", kernel_initializer=init),
-            Dense(10, kernel_initializer=init),
-        ],
-        seed=seed,
-    )
+    m = walkthrough_mlp(seed=seed)
     m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return m
 
@@ -74,19 +67,7 @@ def test_model_b_keras_cnn_learns_fashion_mnist_in_3_epochs():
     while every step matches PyTorch to 1e-5 (test_nn_torch.py). The bound below
     catches a broken network, the printed figure is the one reported."""
     x, y, xt, yt = load(flat=False)
-    m = Sequential(
-        [
-            Conv2D(32, (3, 3), activation="relu", input_shape=(28, 28, 1)),
-            Conv2D(64, (3, 3), activation="relu"),
-            MaxPool2D(pool_size=(2, 2)),
-            Dropout(0.25),
-            Flatten(),
-            Dense(128, activation="relu"),
-            Dropout(0.5),
-            Dense(10, activation="softmax"),
-        ],
-        seed=1,
-    )
+    m = horovod_cnn(seed=1)
     m.compile(optimizer=Adadelta(learning_rate=0.1), loss="categorical_crossentropy", metrics=["accuracy"])
     onehot = np.eye(10, dtype=np.float32)
     started = time.monotonic()

@@ -24,6 +24,7 @@ from sparkgrad.nn import (  # noqa: E402
     RMSprop,
     Sequential,
 )
+from sparkgrad.nn.models import walkthrough_mlp  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -55,14 +56,7 @@ NORMALISING = {"adam", "adamw", "rmsprop"}
 
 
 def mlp(seed: int = 3) -> Sequential:
-    return Sequential(
-        [
-            Dense(128, activation="relu", input_shape=(784,), kernel_initializer="truncated_normal"),
-            Dense(64, activation="relu", kernel_initializer="truncated_normal"),
-            Dense(10, kernel_initializer="truncated_normal"),
-        ],
-        seed=seed,
-    )
+    return walkthrough_mlp(seed=seed)
 
 
 def small_cnn(seed: int = 5) -> Sequential:

@@ -10,20 +10,21 @@ the driver's code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sparkgrad.cluster import load_driver_name
 from sparkgrad.cluster.roles import InputMode
+
+if TYPE_CHECKING:
+    from sparkgrad.cluster.driver import Cluster as TFCluster
+    from sparkgrad.cluster.launch import run
+
+_DRIVER_NAMES = {"TFCluster": "Cluster", "run": "run"}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "run":
-        from sparkgrad.cluster.launch import run
-
-        return run
-    if name == "TFCluster":
-        from sparkgrad.cluster.driver import Cluster
-
-        return Cluster
+    if name in _DRIVER_NAMES:
+        return load_driver_name(_DRIVER_NAMES[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

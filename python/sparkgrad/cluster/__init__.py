@@ -8,13 +8,18 @@ node side.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkgrad.cluster.context import NodeContext, NodeInfo, hdfs_path
 from sparkgrad.cluster.roles import ClusterTemplate, InputMode, NodeRole, build_template
 
+if TYPE_CHECKING:
+    from sparkgrad.cluster.driver import Cluster
+    from sparkgrad.cluster.launch import run
 
-def __getattr__(name: str) -> Any:
+
+def load_driver_name(name: str) -> Any:
+    """``Cluster`` or ``run``, importing the driver's modules on first use."""
     if name == "Cluster":
         from sparkgrad.cluster.driver import Cluster
 
@@ -24,6 +29,10 @@ def __getattr__(name: str) -> Any:
 
         return run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return load_driver_name(name)
 
 
 __all__ = [

@@ -63,17 +63,9 @@ class Args:
 
 
 def build_model():
-    from sparkgrad import nn
+    from sparkgrad.nn.models import walkthrough_mlp
 
-    model = nn.Sequential(
-        [
-            nn.Dense(128, activation="relu", input_shape=(784,), kernel_initializer="truncated_normal"),
-            nn.Dense(64, activation="relu", kernel_initializer="truncated_normal"),
-            nn.Dense(10, kernel_initializer="truncated_normal"),
-        ],
-        seed=SEED,
-    )
-    return model
+    return walkthrough_mlp(seed=SEED)
 
 
 def _schema():

@@ -8,7 +8,7 @@ model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy",
 model.fit(x, y, batch_size=100, epochs=5)
 """
 
-from sparkgrad.nn import optimizers
+from sparkgrad.nn import models, optimizers
 from sparkgrad.nn.layers import (
     AveragePooling2D,
     AvgPool2D,
@@ -35,6 +35,7 @@ __all__ = [
     "AvgPool2D",
     "Dropout",
     "Flatten",
+    "models",
     "optimizers",
     "SGD",
     "Adam",
