@@ -4,10 +4,7 @@ TensorFlow's tf.io.parse_sequence_example on fixtures TensorFlow wrote
 
 from __future__ import annotations
 
-import base64
 import json
-import math
-import pathlib
 
 import numpy as np
 import pytest
@@ -23,27 +20,9 @@ from sparkgrad.data import (
     tfrecord_iterator,
 )
 from sparkgrad.errors import ExampleDecodeError, SchemaError
+from tf_fixtures import FIXTURES, plain, same
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())["sequence_batch"]
-
-
-def plain(x):
-    if isinstance(x, dict) and "b64" in x:
-        return base64.b64decode(x["b64"])
-    if isinstance(x, dict) and "float" in x:
-        return float(x["float"])
-    if isinstance(x, list):
-        return [plain(v) for v in x]
-    return x
-
-
-def same(a, b) -> bool:
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return float(a) == float(b) and math.copysign(1, float(a)) == math.copysign(1, float(b))
-    return a == b
 
 
 def spec(s):

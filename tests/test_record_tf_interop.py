@@ -11,11 +11,8 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
@@ -33,30 +30,10 @@ from sparkgrad.data import (
     tfrecord_iterator,
     write_records,
 )
+from tf_fixtures import FIXTURES, plain, same
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 KIND = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
-
-
-def plain(x):
-    """expected.json's encoding (bytes as b64, non-finite floats as repr) back to Python."""
-    if isinstance(x, dict) and "b64" in x:
-        return base64.b64decode(x["b64"])
-    if isinstance(x, dict) and "float" in x:
-        return float(x["float"])
-    if isinstance(x, list):
-        return [plain(v) for v in x]
-    return x
-
-
-def same(a, b) -> bool:
-    """Exact equality, including -0.0 vs 0.0 and inf."""
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return float(a) == float(b) and math.copysign(1, float(a)) == math.copysign(1, float(b))
-    return a == b
 
 
 def as_list(v):
