@@ -526,6 +526,20 @@ int model_logprob(Model *m, Plan *p, SgError *err)
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
 
+/* Dropout's backward, in C (oneDNN 3.2 has none): the gradient of layer l's
+ * input from its output's, through the layer's mask. The first layer's input
+ * gradient is never needed. */
+static void dropout_layer_backward(Model *m, Plan *p, int l)
+{
+    if (l == 0)
+        return;
+    size_t n = (size_t)p->B * layer_out(m, l);
+    if (m->specs[l].rate > 0.0f)
+        dropout_backward(p->dact[l], p->dact[l + 1], p->lp[l].mask, n);
+    else
+        memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+}
+
 int model_backward(Model *m, Plan *p, SgError *err)
 {
     int rc;
@@ -535,15 +549,10 @@ int model_backward(Model *m, Plan *p, SgError *err)
         if (sp->kind == LAYER_FLATTEN)
             continue;
         if (sp->kind == LAYER_DROPOUT) {
-            if (l == 0)
-                continue;
-            size_t n = (size_t)p->B * layer_out(m, l);
+            /* the CPU reads what the preceding primitives wrote */
             if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
                 return rc;
-            if (sp->rate > 0.0f)
-                dropout_backward(p->dact[l], p->dact[l + 1], lp->mask, n);
-            else
-                memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+            dropout_layer_backward(m, p, l);
             continue;
         }
         for (int i = 0; i < lp->nbwd; i++)
@@ -597,13 +606,7 @@ int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
         if (sp->kind == LAYER_FLATTEN)
             continue;
         if (sp->kind == LAYER_DROPOUT) {
-            if (l == 0)
-                continue;
-            size_t n = (size_t)p->B * layer_out(m, l);
-            if (sp->rate > 0.0f)
-                dropout_backward(p->dact[l], p->dact[l + 1], lp->mask, n);
-            else
-                memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+            dropout_layer_backward(m, p, l);
             continue;
         }
         /* Dense: activation and data backward first (the data gradient needs
