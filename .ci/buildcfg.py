@@ -22,7 +22,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONEDNN_RUNTIME = "onednn-cpu-gomp"
 ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
-SYSTEM_LIBS = ["curl", "cjson", "crypto", "z", "m", "pthread"]
+# libcurl is not linked: csrc/rest opens it with dlopen when it is first used.
+SYSTEM_LIBS = ["cjson", "crypto", "z", "m", "pthread", "dl"]
 
 
 def _pyproject() -> dict:

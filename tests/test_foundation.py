@@ -111,3 +111,40 @@ def test_core_imports_under_numpy_1_and_2(tmp_path, numpy_spec):
     assert out.returncode == 0, out.stderr
     version = out.stdout.split()[0]
     assert version.startswith("1.") if numpy_spec.startswith("numpy==1") else version.startswith("2.")
+
+
+def test_import_on_an_executor_path_stays_light(tmp_path):
+    """What every Spark task of a cluster pays before its node registers.
+
+    Spark's Python workers start with pyspark.zip, py4j's zip and a Spark jar
+    on sys.path; finding oneDNN through importlib.metadata listed every member
+    of those archives (0.1-0.2 s per node). libcurl, needed only for REST
+    calls, is opened when first used rather than at import.
+    """
+    archive = tmp_path / "spark-core.jar"
+    import zipfile
+
+    with zipfile.ZipFile(archive, "w") as z:
+        for i in range(3000):
+            z.writestr(f"org/apache/spark/C{i}.class", b"")
+    code = (
+        "import sys, sparkgrad, sparkgrad._core as c\n"
+        "from sparkgrad._native import _onednn_path\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print('metadata' if 'importlib.metadata' in sys.modules else 'no-metadata')\n"
+        "print('curl-at-import' if 'libcurl' in maps else 'no-curl-at-import')\n"
+        "print(_onednn_path())\n"
+        "print(c.build_info()['libcurl'])\n"
+        "print('curl-after' if 'libcurl' in open('/proc/self/maps').read() else 'no-curl-after')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{archive}{os.pathsep}{ROOT / 'python'}")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    metadata, curl_at_import, onednn, curl_version, curl_after = out.stdout.split("\n")[:5]
+    assert metadata == "no-metadata"
+    assert curl_at_import == "no-curl-at-import"
+    assert re.match(r"\d+\.\d+\.\d+", curl_version) and curl_after == "curl-after"
+    import importlib.metadata
+
+    recorded = [f for f in importlib.metadata.distribution("onednn-cpu-gomp").files or [] if f.name == "libdnnl.so.3"]
+    assert recorded and onednn == os.path.realpath(recorded[0].locate())

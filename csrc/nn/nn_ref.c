@@ -316,14 +316,6 @@ void avgpool_backward_ref(float *dinp, const float *dout, int B, int H, int W, i
 
 /* ---- dropout ------------------------------------------------------------ */
 
-uint64_t nn_mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate, uint64_t seed,
                      uint64_t counter)
 {

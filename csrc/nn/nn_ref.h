@@ -80,8 +80,15 @@ void dropout_forward(float *out, float *mask, const float *inp, size_t n, float 
                      uint64_t counter);
 void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n);
 
-/* splitmix64 finaliser: the hash under the counter-based generator. */
-uint64_t nn_mix64(uint64_t x);
+/* splitmix64 finaliser: the hash under the counter-based generator (inline:
+ * parameter initialisation calls it four times per value). */
+static inline uint64_t nn_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
 /* Uniform in [0,1) from (seed, counter). */
 static inline double nn_uniform(uint64_t seed, uint64_t counter)
 {

@@ -10,7 +10,6 @@ spec is built from the registration list the driver sends, never guessed.
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import threading
@@ -115,6 +114,8 @@ def hdfs_path(ctx: Any, path: str) -> str:
     if path.startswith("/"):
         return default_fs + path
     if default_fs.startswith(("hdfs://", "viewfs://")):
+        import getpass  # here: it loads termios and pwd, which no other path needs
+
         return f"{default_fs}/user/{getpass.getuser()}/{path}"
     if default_fs.startswith("file://"):
         return f"{default_fs}/{ctx.working_dir.lstrip('/')}/{path}"

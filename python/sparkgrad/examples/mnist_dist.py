@@ -26,14 +26,17 @@ and DataFeed are used the same way.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import argparse
 
 SEED = 42
 CHECKPOINT = "model.sgckpt"
@@ -248,6 +251,8 @@ def _spark_train_rdd(spark, data_dir: str, partitions: int):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    import argparse  # here, not at the top: the executors import this module for map_fun
+
     p = argparse.ArgumentParser(prog="python -m sparkgrad.examples.mnist_dist", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("tensorflow", "spark"), default="tensorflow", help="input mode")
     p.add_argument("--local", action="store_true", help="run the nodes as local processes, without Spark")
