@@ -148,3 +148,20 @@ def test_import_on_an_executor_path_stays_light(tmp_path):
 
     recorded = [f for f in importlib.metadata.distribution("onednn-cpu-gomp").files or [] if f.name == "libdnnl.so.3"]
     assert recorded and onednn == os.path.realpath(recorded[0].locate())
+
+
+@pytest.mark.parametrize(
+    ("info_dir", "ours"),
+    [
+        ("onednn_cpu_gomp-2023.2.0.dist-info", True),
+        ("onednn-cpu-gomp-2023.2.0.dist-info", True),  # older installers kept the hyphens
+        ("OneDNN_CPU_GOMP-2023.2.0.dist-info", True),
+        ("onednn_devel_cpu_gomp-2023.2.0.dist-info", False),  # the headers' wheel: no library
+        ("onednn_cpu_gomp-2023.2.0.egg-info", False),
+        ("onednn_cpu_gomp_extra-1.0.dist-info", False),
+    ],
+)
+def test_onednn_distribution_is_recognised_by_its_normalised_name(info_dir, ours):
+    from sparkgrad._native import _is_distribution
+
+    assert _is_distribution(info_dir) is ours

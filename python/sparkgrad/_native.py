@@ -40,8 +40,15 @@ def _recorded_library(site_dir: str, info_dir: str) -> str | None:
     return None
 
 
+def _is_distribution(info_dir: str) -> bool:
+    """Whether a "<name>-<version>.dist-info" directory belongs to DISTRIBUTION (name normalised as PEP 503)."""
+    if not info_dir.endswith(".dist-info"):
+        return False
+    name = info_dir[: -len(".dist-info")].rpartition("-")[0]
+    return name.lower().replace("-", "_").replace(".", "_") == DISTRIBUTION
+
+
 def _onednn_path() -> str | None:
-    prefix = DISTRIBUTION + "-"
     for entry in sys.path:
         site_dir = entry or os.getcwd()
         try:
@@ -49,7 +56,7 @@ def _onednn_path() -> str | None:
         except OSError:
             continue
         for name in names:
-            if name.startswith(prefix) and name.endswith(".dist-info"):
+            if _is_distribution(name):
                 found = _recorded_library(site_dir, name)
                 if found is not None:
                     return found
