@@ -306,6 +306,7 @@ def main() -> int:
                 res[system] = spawn(python, [system, model, str(t), str(steps[model]), str(warmup[model])], t, 1800)
             tag = f"{model}_b{BATCH[model]}_t{t}"
             ours = res["sparkgrad"]["samples_per_s"] if res["sparkgrad"] else float("nan")
+            ours_med = res["sparkgrad"]["samples_per_s_median"] if res["sparkgrad"] else float("nan")
             for system, r in res.items():
                 if r is None:
                     row(system, f"{tag}_samples_per_s", None, "not measured" if system == "keras" else "failed")
@@ -320,9 +321,7 @@ def main() -> int:
                 med = float("nan")
                 if system != "sparkgrad":
                     row("sparkgrad", f"{tag}_ratio_vs_{system}", round(ratio, 2), "x")
-                    med = (
-                        res["sparkgrad"]["samples_per_s_median"] / r["samples_per_s_median"] if res["sparkgrad"] else 0
-                    )
+                    med = ours_med / r["samples_per_s_median"]
                     row("sparkgrad", f"{tag}_ratio_vs_{system}_of_medians", round(med, 2), "x")
                 table.append(
                     (tag, system, f"{r['samples_per_s']:,.0f}", f"{ratio:.2f}x" if system != "sparkgrad" else "",

@@ -13,6 +13,7 @@ from sparkgrad.data import (
     FixedLenSequenceFeature,
     Ragged,
     RaggedSequence,
+    Schema,
     VarLenFeature,
     encode_example,
     encode_sequence_example,
@@ -119,6 +120,13 @@ def test_context_errors_follow_parse_example():
         parse_sequence_examples([SEQ_A, SEQ_NO_X], {"c": FixedLenFeature([], "int64")}, None, name="f")
     context, lists, lengths = parse_sequence_examples([SEQ_A, SEQ_NO_X], {"c": FixedLenFeature([], "int64", -1)})
     assert context["c"].tolist() == [1, -1] and lists == {} and lengths == {}
+
+
+def test_context_schema_may_be_compiled_once_and_reused():
+    schema = Schema({"c": FixedLenFeature([], "int64", -1)})
+    by_dict = parse_sequence_examples([SEQ_A, SEQ_NO_X], {"c": FixedLenFeature([], "int64", -1)})[0]
+    for _ in range(2):
+        assert parse_sequence_examples([SEQ_A, SEQ_NO_X], schema)[0]["c"].tolist() == by_dict["c"].tolist()
 
 
 def test_garbage_and_truncated_sequence_examples_raise_decode_errors():

@@ -1,6 +1,8 @@
 /* nn_loss.c - softmax cross-entropy, gradient and hits in one pass (see nn_loss.h). */
 #include "nn/nn_loss.h"
 
+#include "nn/nn_ref.h"
+
 #include <math.h>
 #include <stddef.h>
 
@@ -21,15 +23,9 @@ int softmax_xent_train(float *dlogits, double *loss_sum, int *correct, const flo
                 return -1;
             }
         } else {
-            want = 0;
-            for (int k = 1; k < K; k++)
-                if (t[k] > t[want])
-                    want = k;
+            want = nn_argmax(t, K);
         }
-        int best = 0;
-        for (int k = 1; k < K; k++)
-            if (x[k] > x[best])
-                best = k;
+        int best = nn_argmax(x, K);
         hits += best == want;
         const float mx = x[best];
         float sum = 0.0f;

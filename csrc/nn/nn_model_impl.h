@@ -30,7 +30,7 @@ typedef struct Plan {
     float *arena;    /* every buffer below */
     float **act;     /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
     float **dact;    /* [L+1]: gradient with respect to act[l] */
-    float *dpre;     /* [B, max out]: scratch (bias gradient sums of model_backward_sgd) */
+    float *dpre;     /* [widest layer]: scratch (bias gradient sums of model_backward_sgd) */
     float *logprob;  /* [B, K] */
     int32_t *labels; /* [B] */
     float *onehot;   /* [B, K] */

@@ -272,8 +272,10 @@ static void step_range(const StepArgs *a, float *restrict p, const float *restri
     }
 }
 
-int optim_take_plain_sgd_step(Optimizer *o, float *lr)
+int optim_take_plain_sgd_step(Optimizer *o, size_t n, float *lr, SgError *err)
 {
+    if (n != o->n)
+        return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
     const OptimConfig *c = &o->cfg;
     if (c->kind != OPTIM_SGD || c->momentum != 0.0f || c->weight_decay != 0.0f ||
         c->clip_norm > 0.0f || c->clip_value > 0.0f)

@@ -75,8 +75,9 @@ void optim_free(Optimizer *o);
  * which a caller may fold into the computation of the gradient itself (the
  * model's fit loop does, inside the weight-gradient GEMM). If o is plain
  * SGD: counts the step as optim_step would, sets *lr to this step's learning
- * rate and returns 1; otherwise returns 0 and changes nothing. */
-int optim_take_plain_sgd_step(Optimizer *o, float *lr);
+ * rate and returns 1; otherwise returns 0 and changes nothing. n is the
+ * parameter count, checked as optim_step checks it (< 0 with err set). */
+int optim_take_plain_sgd_step(Optimizer *o, size_t n, float *lr, SgError *err);
 
 /* The learning rate the next step will use. */
 float optim_current_lr(const Optimizer *o);

@@ -399,17 +399,17 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
         goto fail;
     }
     /* arena: act/dact per distinct buffer, masks, dpre, logprob, onehot, labels */
-    size_t total = 2 * round16((size_t)B * model_input_size(m)), max_out = 0;
+    size_t total = 2 * round16((size_t)B * model_input_size(m)), max_width = 0;
     for (int l = 0; l < L; l++) {
         size_t o = (size_t)B * layer_out(m, l);
-        max_out = o > max_out ? o : max_out;
+        max_width = layer_out(m, l) > max_width ? layer_out(m, l) : max_width;
         if (m->specs[l].kind != LAYER_FLATTEN)
             total += 2 * round16(o);
         if (m->specs[l].kind == LAYER_DROPOUT)
             total += round16(o);
     }
     size_t bk = round16((size_t)B * m->classes);
-    total += round16(max_out) + 2 * bk + round16((size_t)B);
+    total += round16(max_width) + 2 * bk + round16((size_t)B);
     p->arena = aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
     if (p->arena == NULL) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: cannot allocate %zu floats for batch %d", total,
@@ -433,7 +433,7 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
         if (m->specs[l].kind == LAYER_DROPOUT)
             p->lp[l].mask = cur, cur += o;
     }
-    p->dpre = cur, cur += round16(max_out);
+    p->dpre = cur, cur += round16(max_width);
     p->logprob = cur, cur += bk;
     p->onehot = cur, cur += bk;
     p->labels = (int32_t *)cur;
@@ -540,28 +540,6 @@ static void dropout_layer_backward(Model *m, Plan *p, int l)
         memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
 }
 
-int model_backward(Model *m, Plan *p, SgError *err)
-{
-    int rc;
-    for (int l = m->nlayers - 1; l >= 0; l--) {
-        const LayerSpec *sp = &m->specs[l];
-        LayerPlan *lp = &p->lp[l];
-        if (sp->kind == LAYER_FLATTEN)
-            continue;
-        if (sp->kind == LAYER_DROPOUT) {
-            /* the CPU reads what the preceding primitives wrote */
-            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
-                return rc;
-            dropout_layer_backward(m, p, l);
-            continue;
-        }
-        for (int i = 0; i < lp->nbwd; i++)
-            if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
-                return sg_context(err, "backward of layer %d", l);
-    }
-    return DNNL(err, dnnl_stream_wait, m->stream);
-}
-
 /* ---- backward with plain SGD folded in ---------------------------------- */
 
 int model_dense_only(const Model *m)
@@ -597,7 +575,11 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
     return 0;
 }
 
-int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
+/* One walk backward over the layers. With ``sgd_lr`` (plain SGD on a
+ * model_dense_only model) each Dense layer skips its weight-gradient
+ * primitives and applies the update in one GEMM instead, after its data
+ * gradient, which needs the weights before their update. */
+static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
 {
     int rc;
     for (int l = m->nlayers - 1; l >= 0; l--) {
@@ -606,22 +588,37 @@ int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
         if (sp->kind == LAYER_FLATTEN)
             continue;
         if (sp->kind == LAYER_DROPOUT) {
+            /* the CPU reads what the preceding primitives wrote */
+            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                return rc;
             dropout_layer_backward(m, p, l);
             continue;
         }
-        /* Dense: activation and data backward first (the data gradient needs
-         * the weights before their update) */
-        for (int i = 0; i < lp->nbwd; i++)
-            if ((i < lp->iww || i >= lp->iww + lp->nww) &&
-                (rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
+        for (int i = 0; i < lp->nbwd; i++) {
+            if (sgd_lr != NULL && i >= lp->iww && i < lp->iww + lp->nww)
+                continue;
+            if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
                 return sg_context(err, "backward of layer %d", l);
+        }
+        if (sgd_lr == NULL)
+            continue;
         if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
             return rc;
         const LayerShape *s = &m->shapes[l];
         const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
         if ((rc = dense_sgd_update(m->params + kt->offset, m->params + bt->offset, p->dpre,
-                                   p->act[l], p->dact[l + 1], p->B, s->c, s->oc, lr, err)) < 0)
+                                   p->act[l], p->dact[l + 1], p->B, s->c, s->oc, *sgd_lr, err)) < 0)
             return sg_context(err, "SGD update of layer %d", l);
     }
-    return 0;
+    return DNNL(err, dnnl_stream_wait, m->stream);
+}
+
+int model_backward(Model *m, Plan *p, SgError *err)
+{
+    return backward_pass(m, p, NULL, err);
+}
+
+int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
+{
+    return backward_pass(m, p, &lr, err);
 }

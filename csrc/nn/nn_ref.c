@@ -139,21 +139,12 @@ void xent_backward(float *dlogits, const float *logprob, const int32_t *labels, 
     }
 }
 
-static int argmax(const float *x, int K)
-{
-    int best = 0;
-    for (int k = 1; k < K; k++)
-        if (x[k] > x[best])
-            best = k;
-    return best;
-}
-
 int accuracy_count(const float *scores, const int32_t *labels, const float *onehot, int B, int K)
 {
     int correct = 0;
     for (int b = 0; b < B; b++) {
-        int want = labels ? labels[b] : argmax(onehot + (size_t)b * K, K);
-        correct += argmax(scores + (size_t)b * K, K) == want;
+        int want = labels ? labels[b] : nn_argmax(onehot + (size_t)b * K, K);
+        correct += nn_argmax(scores + (size_t)b * K, K) == want;
     }
     return correct;
 }

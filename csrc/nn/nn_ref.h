@@ -80,6 +80,16 @@ void dropout_forward(float *out, float *mask, const float *inp, size_t n, float 
                      uint64_t counter);
 void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n);
 
+/* Index of the largest of x[0..K) (the first, on ties). */
+static inline int nn_argmax(const float *x, int K)
+{
+    int best = 0;
+    for (int k = 1; k < K; k++)
+        if (x[k] > x[best])
+            best = k;
+    return best;
+}
+
 /* splitmix64 finaliser: the hash under the counter-based generator (inline:
  * parameter initialisation calls it four times per value). */
 static inline uint64_t nn_mix64(uint64_t x)

@@ -106,8 +106,12 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
         return rc;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
      * GEMMs, with no gradient buffer pass and no optimizer pass */
-    if (opt && model_dense_only(m) && optim_take_plain_sgd_step(opt, &lr))
-        return model_backward_sgd(m, p, lr, err);
+    if (opt && model_dense_only(m)) {
+        if ((rc = optim_take_plain_sgd_step(opt, m->nparams, &lr, err)) < 0)
+            return rc;
+        if (rc == 1)
+            return model_backward_sgd(m, p, lr, err);
+    }
     if ((rc = model_backward(m, p, err)) < 0)
         return rc;
     if (opt)

@@ -474,10 +474,7 @@ static int work_step(Dataset *ds, Worker *w, ExBatch *b, const struct timespec *
     if (busy != 0 || ds->src_over || rc == -2) {
         if (busy == 0)
             pthread_mutex_unlock(&ds->src_mu);
-        pthread_mutex_lock(&ds->mu);
-        ds->free_list[ds->free_n++] = b;
-        pthread_cond_signal(&ds->free_cv);
-        pthread_mutex_unlock(&ds->mu);
+        ds_release(ds, b);
         return rc;
     }
     uint64_t seq;
@@ -504,10 +501,7 @@ static int work_step(Dataset *ds, Worker *w, ExBatch *b, const struct timespec *
             ds->carry = w;
             ds->carry_seq = seq;
             pthread_mutex_unlock(&ds->src_mu);
-            pthread_mutex_lock(&ds->mu);
-            ds->free_list[ds->free_n++] = b;
-            pthread_cond_signal(&ds->free_cv);
-            pthread_mutex_unlock(&ds->mu);
+            ds_release(ds, b);
             return -2;
         }
         pthread_mutex_unlock(&ds->src_mu);
@@ -646,6 +640,14 @@ oom:
     return sg_fail(err, SG_ENOMEM, "out of memory opening a dataset of %zu files", cfg->npaths);
 }
 
+/* Called with ds->mu held: releases it and reports the wait that ran out. */
+static int no_batch_in_time(Dataset *ds, double wait_s, SgError *err)
+{
+    pthread_mutex_unlock(&ds->mu);
+    return sg_fail(err, SG_ETIMEOUT, "no batch from the reader threads within %.1f s (%zu files)",
+                   wait_s, ds->nfiles);
+}
+
 int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
 {
     pthread_mutex_lock(&ds->mu);
@@ -676,12 +678,8 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
             pthread_mutex_lock(&ds->mu);
             if (more == -2)
                 helped_out = 1; /* wait for a worker's batch now */
-            if (more == -1 && ds->ready_n == 0 && !ds->finished) {
-                pthread_mutex_unlock(&ds->mu);
-                return sg_fail(err, SG_ETIMEOUT,
-                               "no batch from the reader threads within %.1f s (%zu files)", wait_s,
-                               ds->nfiles);
-            }
+            if (more == -1 && ds->ready_n == 0 && !ds->finished)
+                return no_batch_in_time(ds, wait_s, err);
             if (more == 0) {
                 ds->consumer_done = 1;
                 if (ds->nexited == ds->started)
@@ -691,12 +689,8 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
         }
         helped_out = 0;
         if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT && ds->ready_n == 0 &&
-            !ds->finished) {
-            pthread_mutex_unlock(&ds->mu);
-            return sg_fail(err, SG_ETIMEOUT,
-                           "no batch from the reader threads within %.1f s (%zu files)", wait_s,
-                           ds->nfiles);
-        }
+            !ds->finished)
+            return no_batch_in_time(ds, wait_s, err);
     }
     pthread_mutex_unlock(&ds->mu);
     return rc;

@@ -17,7 +17,7 @@
 typedef curl_version_info_data *(*curl_version_info_fn)(CURLversion);
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static const char *loaded_curl_version = "unavailable (libcurl.so.4 not loadable)";
+static const char *loaded_curl_version = "unavailable (" REST_CURL_SONAME " not loadable)";
 
 static void load_curl_version(void)
 {

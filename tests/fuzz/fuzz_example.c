@@ -51,6 +51,20 @@ static int list_cb(void *ctx, const ExEntry *e, SgError *err)
 
 static char n_i[] = "i", n_f[] = "f", n_b[] = "b", n_v[] = "v", n_w[] = "w", n_r[] = "r";
 
+/* What a SeqBatch promises after any add, kept or rolled back: every
+ * record's steps and every step's values are accounted for, and a bytes
+ * list's arena holds exactly its values. */
+static void check_sequence_batch(const SeqBatch *b)
+{
+    for (size_t j = 0; j < b->lists->n; j++) {
+        const SeqColumn *c = &b->cols[j];
+        if ((size_t)c->row_splits[b->rows] != c->nsteps || (size_t)c->step_splits[c->nsteps] != c->nvalues)
+            abort();
+        if (b->lists->specs[j].out == EX_DT_BYTES && c->arena_len != (c->nvalues ? c->ends[c->nvalues - 1] : 0))
+            abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     SgError err;
@@ -118,11 +132,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {.name = n_w, .name_len = 1, .kind = EX_SPEC_VARLEN, .wire = EX_BYTES, .out = EX_DT_BYTES},
     };
     int allow[4] = {1, 1, 0, 0};
-    ExSchema list_schema = {4, lists};
     SeqBatch seq;
-    if (seq_batch_init(&seq, &list_schema, allow, 2, &err) == 0) {
-        seq_batch_add(&seq, data, size, &err);
-        seq_batch_add(&seq, data, size, &err);
+    /* all four lists, then "s" alone and required (the missing-list error) */
+    static const int allow_none[1] = {0};
+    const ExSchema list_schemas[2] = {{4, lists}, {1, lists}};
+    const int *allows[2] = {allow, allow_none};
+    for (int k = 0; k < 2; k++) {
+        if (seq_batch_init(&seq, &list_schemas[k], allows[k], 2, &err) != 0)
+            continue;
+        for (int rep = 0; rep < 2; rep++) {
+            seq_batch_add(&seq, data, size, &err);
+            check_sequence_batch(&seq); /* added or refused, the columns stay consistent */
+        }
         seq_batch_free(&seq);
     }
     return 0;

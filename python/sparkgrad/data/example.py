@@ -87,8 +87,7 @@ class FixedLenFeature:
             else:
                 arr = np.asarray(default, dtype=dtype)
                 default = np.broadcast_to(arr, shape).ravel() if arr.size == 1 else arr.ravel()
-        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
-        return (name, 0, wire, _DTYPE_CODES[dtype], shape, default, 2, 1.0)
+        return (name, 0, _KINDS[dtype], _DTYPE_CODES[dtype], shape, default, 2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,7 @@ class VarLenFeature:
         dtype = _dtype_name(self.dtype)
         if dtype == "uint8":
             raise SchemaError(f"feature {name!r}: VarLenFeature dtype must be int64, float32 or bytes")
-        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
-        return (name, 1, wire, _DTYPE_CODES[dtype], (), None, 2, 1.0)
+        return (name, 1, _KINDS[dtype], _DTYPE_CODES[dtype], (), None, 2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -176,8 +174,7 @@ class FixedLenSequenceFeature:
         dtype = _dtype_name(self.dtype)
         if dtype == "uint8":
             raise SchemaError(f"feature list {name!r}: dtype must be int64, float32 or bytes")
-        wire = {"bytes": BYTES, "float32": FLOAT, "int64": INT64}[dtype]
-        return (name, 0, wire, _DTYPE_CODES[dtype], _shape(self.shape), None, 2, 1.0)
+        return (name, 0, _KINDS[dtype], _DTYPE_CODES[dtype], _shape(self.shape), None, 2, 1.0)
 
 
 class RaggedSequence(NamedTuple):
@@ -196,7 +193,7 @@ class RaggedSequence(NamedTuple):
 
 def parse_sequence_examples(
     records: Sequence[bytes],
-    context_features: Mapping[str, FeatureSpec] | None = None,
+    context_features: Schema | Mapping[str, FeatureSpec] | None = None,
     sequence_features: Mapping[str, FixedLenSequenceFeature | VarLenFeature] | None = None,
     name: str | None = None,
 ) -> tuple[dict, dict, dict]:
@@ -211,9 +208,8 @@ def parse_sequence_examples(
     Bad input raises SchemaError naming ``name``, the record index, the
     feature (list and step), what was expected and what was found.
     """
-    context_features = dict(context_features or {})
     sequence_features = dict(sequence_features or {})
-    ctx = Schema(context_features) if context_features else None
+    ctx = as_schema(context_features) if context_features else None
     for key, spec in sequence_features.items():
         if not isinstance(spec, (FixedLenSequenceFeature, VarLenFeature)):
             raise SchemaError(f"feature list {key!r}: {spec!r} is not a FixedLenSequence/VarLen feature")

@@ -107,7 +107,13 @@ class Sequential:
 
     @property
     def grads(self) -> np.ndarray:
-        """The flat float32 gradient buffer of the last backward pass (a view)."""
+        """The flat float32 gradient buffer (a view), as the last pass that wrote it left it.
+
+        compute_gradients writes it, and so do training steps with any
+        optimizer except plain SGD on a model of Dense, Dropout and Flatten
+        layers: that update is folded into the weight-gradient products and
+        leaves this buffer untouched.
+        """
         return self._core.grads
 
     @property

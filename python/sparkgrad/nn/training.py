@@ -305,8 +305,6 @@ class Trainer:
                         xb = m._x(xb)
                         return (xb, *m._targets(yb, xb.shape[0]))
 
-                    if max_steps is not None and m.step >= max_steps:
-                        break
                     prefetcher = None
                     if self.prefetch:
                         prefetcher = _Prefetcher(iter(x), convert, self.prefetch, self.prefetch_timeout)
