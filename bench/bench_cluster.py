@@ -11,7 +11,10 @@ compute thread (OMP_NUM_THREADS=1 and the framework's own thread setting):
 - sparkgrad async / sync (from the source tree, its bytecode compiled first
   as a wheel install would): sparkgrad.examples.mnist_dist's map_fun (1 ps + 2
   workers, TFRecords read by each worker for its shard of the files,
-  InputMode.TENSORFLOW) through sparkgrad.TFCluster.run on local[3]. The
+  InputMode.TENSORFLOW) through sparkgrad.TFCluster.run. Two placements of
+  the ps: a thread of the driver (driver_ps_nodes=True) with the 2 workers
+  as Spark tasks on local[2], the same 2 task slots TensorFlowOnSpark uses;
+  and the ps as a third Spark task on local[3] ("ps as a task"). The
   one difference from the walkthrough's model code: the images are
   standardised per pixel ((x - mean) / std with the training set's per-pixel
   statistics; mnist_dist --standardize), a preprocessing choice that lifts
@@ -63,10 +66,13 @@ BENCH = ROOT / "bench"
 RESULTS = BENCH / "results" / "cluster.json"
 TF_PYTHONS = [os.environ.get("SPARKGRAD_TF_PYTHON", ""), "/work/tfvenv/bin/python", sys.executable]
 SOURCE = "/usr/share/datasets/fashion-mnist"
-SYSTEMS = ("sparkgrad_async", "sparkgrad_sync", "tfos", "torch")
+SYSTEMS = ("sparkgrad_async", "sparkgrad_sync", "sparkgrad_async_ps_task", "sparkgrad_sync_ps_task", "tfos", "torch")
+OURS = tuple(s for s in SYSTEMS if s.startswith("sparkgrad"))
 LABELS = {
     "sparkgrad_async": "sparkgrad async ps",
     "sparkgrad_sync": "sparkgrad sync",
+    "sparkgrad_async_ps_task": "sparkgrad async ps, ps as a task",
+    "sparkgrad_sync_ps_task": "sparkgrad sync, ps as a task",
     "tfos": "TensorFlowOnSpark 2.2.5",
     "torch": "TorchDistributor (DDP gloo)",
 }
@@ -90,6 +96,7 @@ def sparkgrad_map_fun(bench_args, ctx):
     from sparkgrad.examples import mnist_dist as ex
 
     args, max_steps = bench_args
+    entered = time.time()
     first: list[float] = []
     original = ex._train_batches
 
@@ -108,16 +115,20 @@ def sparkgrad_map_fun(bench_args, ctx):
         ex._train_batches = original
     if isinstance(result, dict) and "rank" in result:
         result["first_step_wall"] = first[0] if first else None
+        result["map_fun_wall"] = entered
     return result
 
 
-def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str, cold: bool) -> int:
+def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bool) -> int:
     from pyspark.sql import SparkSession
     from sparkgrad import TFCluster
     from sparkgrad.cluster.roles import InputMode
     from sparkgrad.examples.mnist_dist import Args, pixel_stats
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    sync = system.startswith("sparkgrad_sync")
+    ps_in_driver = not system.endswith("_ps_task")
+    slots = NUM_WORKERS if ps_in_driver else NUM_WORKERS + 1
     model_dir = tempfile.mkdtemp(prefix="bench-cluster-sg-")
     mean, std = pixel_stats(data_dir)  # made by prepare_data() before any run: a file read here
     args = Args(
@@ -135,14 +146,14 @@ def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str, cold: boo
     )
     t_spark = time.time()
     spark = (
-        SparkSession.builder.master(f"local[{NUM_WORKERS + 1}]")
+        SparkSession.builder.master(f"local[{slots}]")
         .appName("bench_cluster-sparkgrad")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     if not cold:  # a context that has run a Python job already, as in a notebook
-        spark.sparkContext.parallelize(range(NUM_WORKERS + 1), NUM_WORKERS + 1).map(lambda x: x).count()
+        spark.sparkContext.parallelize(range(slots), slots).map(lambda x: x).count()
     spark_seconds = time.time() - t_spark
     try:
         t0 = time.time()
@@ -153,6 +164,7 @@ def child_sparkgrad(sync: bool, samples: int, data_dir: str, out: str, cold: boo
             num_executors=NUM_WORKERS + 1,
             num_ps=1,
             input_mode=InputMode.TENSORFLOW,
+            driver_ps_nodes=ps_in_driver,
             reservation_timeout=120,
         )
         t_run = time.time()
@@ -282,7 +294,10 @@ def summarize(res: dict) -> dict:
     wall = res["end"] - res["t0"]
     formation = max(firsts) - res["t0"]
     samples = sum(int(n["samples"]) for n in nodes)
+    entered = [n["map_fun_wall"] for n in nodes if n.get("map_fun_wall")]
+    extra = {"map_fun_start_s": max(entered) - res["t0"]} if len(entered) == len(firsts) else {}
     return {
+        **extra,
         "formation_s": formation,
         "wall_s": wall,
         "samples": samples,
@@ -295,6 +310,7 @@ def summarize(res: dict) -> dict:
 
 UNITS = {
     "formation_s": "s (run() -> every worker's first step)",
+    "map_fun_start_s": "s (run() -> every worker's map_fun called: Spark's part of formation)",
     "wall_s": "s (run() -> shut down)",
     "samples": "samples",
     "samples_per_s": "samples/s (end to end)",
@@ -324,7 +340,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child_sparkgrad(args.child == "sparkgrad_sync", args.samples, args.data_dir, args.out, args.cold)
+        return child_sparkgrad(args.child, args.samples, args.data_dir, args.out, args.cold)
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     contexts = [c.strip() for c in (args.contexts or ("warm" if args.quick else "warm,cold")).split(",") if c.strip()]
@@ -398,7 +414,9 @@ def main() -> int:
                     continue
                 runs.setdefault(key, []).append(one)
                 print(
-                    f"  formation {one['formation_s']:.2f} s, wall {one['wall_s']:.1f} s, "
+                    f"  formation {one['formation_s']:.2f} s"
+                    + (f" (map_fun called at {one['map_fun_start_s']:.2f} s)" if "map_fun_start_s" in one else "")
+                    + f", wall {one['wall_s']:.1f} s, "
                     f"{one['samples_per_s']:,.0f} samples/s, test accuracy {one['test_accuracy']:.4f}",
                     flush=True,
                 )
@@ -421,12 +439,15 @@ def main() -> int:
             if s is None:
                 row(LABELS[system], f"not_measured{sfx}", 1, reasons.get((system, context), "not run"))
                 continue
-            for metric in ("formation_s", "wall_s", "samples", "samples_per_s", "samples_per_s_after_formation"):
-                value = round(s[metric], 3 if metric == "formation_s" else 1)
+            for metric in ("formation_s", "map_fun_start_s", "wall_s", "samples", "samples_per_s",
+                           "samples_per_s_after_formation"):
+                if metric not in s:  # map_fun_start_s: sparkgrad's runs only
+                    continue
+                value = round(s[metric], 3 if metric.endswith("start_s") or metric == "formation_s" else 1)
                 row(LABELS[system], metric + sfx, value, UNITS[metric])
             row(LABELS[system], "test_accuracy" + sfx, round(s["test_accuracy"], 4), UNITS["test_accuracy"])
             row(LABELS[system], "spark_start_s" + sfx, round(s["spark_start_s"], 2), UNITS["spark_start_s"])
-        for ours in ("sparkgrad_async", "sparkgrad_sync"):
+        for ours in OURS:
             mine = summary.get((ours, context))
             if mine is None:
                 continue

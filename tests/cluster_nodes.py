@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import threading
 
 from sparkgrad import TFNode
 
@@ -46,7 +47,9 @@ def write_ctx(args, ctx):
         "num_workers": ctx.num_workers,
         "defaultFS": ctx.defaultFS,
         "working_dir": ctx.working_dir,
-        "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "tf_config": json.loads(os.environ.get("TF_CONFIG", "null")),  # not exported by a node in a driver thread
+        "ctx_tf_config": json.loads(ctx.tf_config),
+        "thread": threading.current_thread().name,
         "listener_port": server.listener.port,
         "pid": os.getpid(),
         "parent_pid": os.getppid(),

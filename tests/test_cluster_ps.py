@@ -61,12 +61,15 @@ def test_adam_on_two_ps_keeps_its_state_on_each_shard(tmp_path):
 
 
 @pytest.mark.spark
-def test_sync_training_on_spark(spark_context):
+@pytest.mark.parametrize("driver_ps_nodes", [False, True], ids=["ps_task", "ps_in_driver"])
+def test_sync_training_on_spark(spark_context, driver_ps_nodes):
     import pathlib
 
     spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
     args = {"mode": "sync", "steps": 30}
-    cluster = TFCluster.run(spark_context, cluster_nodes.train_softmax, args, 3, 1, output=_quiet)
+    cluster = TFCluster.run(
+        spark_context, cluster_nodes.train_softmax, args, 3, 1, driver_ps_nodes=driver_ps_nodes, output=_quiet
+    )
     cluster.shutdown(timeout=90)
     assert cluster.results[0] == "done"
     assert all(cluster.results[i]["steps"] == list(range(1, 31)) for i in (1, 2))

@@ -92,15 +92,47 @@ def test_nodes_echo_to_executor_logs_only_off_a_local_master(sc):
     assert echo(SimpleNamespace(master="spark://host:7077"))
 
 
-def test_driver_ps_nodes_run_the_ps_on_the_driver(sc, tmp_path):
-    cluster = TFCluster.run(
-        sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=Lines()
-    )
+def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, capsys):
+    import sys
+    import threading
+
+    out = Lines()
+    stdout_before = sys.stdout
+    cluster = TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=out)
+    print("the driver's own line")  # while the ps thread runs: stays on the driver's stdout, not forwarded
     cluster.shutdown(timeout=60)
     ctxs = [json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)]
-    assert ctxs[0]["job_name"] == "ps" and ctxs[0]["parent_pid"] == os.getpid()  # a process of the driver
-    assert all(c["parent_pid"] != os.getpid() for c in ctxs[1:])  # Spark's Python workers
+    ps = ctxs[0]
+    assert ps["job_name"] == "ps" and ps["pid"] == os.getpid() and ps["thread"] == "sparkgrad-ps-0"
+    assert all(c["pid"] != os.getpid() for c in ctxs[1:])  # Spark's Python workers
     assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
+    # the driver's environment gets no TF_CONFIG; ctx has it, and the executors' environments too
+    assert ps["tf_config"] is None and "TF_CONFIG" not in os.environ
+    assert ps["ctx_tf_config"]["task"] == {"type": "ps", "index": 0}
+    assert all(c["tf_config"] == c["ctx_tf_config"] for c in ctxs[1:])
+    # the ps thread's print and log lines reach the driver prefixed, once; the driver's own do not
+    assert sum(line == "ps:0 stdout line from ps:0" for line in out.lines) == 1
+    assert any(line.startswith("ps:0 ") and "node ps:0 up on" in line for line in out.lines)
+    assert not any("the driver's own line" in line for line in out.lines)
+    assert "the driver's own line" in capsys.readouterr().out
+    assert sys.stdout is stdout_before  # the per-thread routing is gone with the node
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("sparkgrad-ps")]
+    assert _port_closed(ps["listener_port"])
+
+
+def test_exception_in_a_driver_ps_thread_raises_node_failure_and_stops_the_workers(sc, tmp_path):
+    import threading
+
+    args = {"dir": str(tmp_path), "target": "ps:0"}
+    cluster = TFCluster.run(
+        sc, cluster_nodes.raise_on_target, args, 3, 1, driver_ps_nodes=True, output=Lines(), reservation_timeout=60
+    )
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert (info.value.role, info.value.index, info.value.executor_id) == ("ps", 0, 0)
+    assert "ValueError: boom from ps:0" in str(info.value) and "raise_on_target" in info.value.remote_traceback
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-1.json", "stopped-2.json"]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("sparkgrad-ps")]
 
 
 def test_exception_in_map_fun_raises_node_failure_with_remote_traceback(sc, tmp_path):

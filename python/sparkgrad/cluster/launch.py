@@ -1,7 +1,7 @@
 """TFCluster.run: builds the template, the secret and the rendezvous, then starts the nodes.
 
 With a SparkContext the nodes run on executors (a barrier stage; with
-driver_ps_nodes the ps nodes run as local processes on the driver); with
+driver_ps_nodes the ps nodes run as threads of the driver); with
 ``sc=None`` every node is a local process (the local launcher), through the
 same node code path.
 """
@@ -106,14 +106,18 @@ def run(
             hold_registration=_held_executors(),
         )
         launchers: list[Any] = []
-        if local_ids:
-            from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
-
-            launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host))
-        if spark_ids:
+        if spark_ids:  # first: Spark's barrier job is the slow part to start
             from sparkgrad.cluster.spark import SparkLauncher
 
             launchers.append(SparkLauncher(sc, cfg, spark_ids, map_fun, tf_args))
+        if local_ids and sc is None:
+            from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
+
+            launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host))
+        elif local_ids:
+            from sparkgrad.cluster.local import DriverThreadLauncher
+
+            launchers.append(DriverThreadLauncher(cfg, local_ids, map_fun, tf_args, host=host))
     except BaseException:
         server.close()
         raise

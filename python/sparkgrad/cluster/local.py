@@ -1,11 +1,18 @@
-"""Running nodes as processes on this machine, without Spark.
+"""Running nodes on this machine, outside Spark's executors.
 
-The same node code path as on Spark (node.run_node): each node is a
-``multiprocessing`` "spawn" process that registers with the driver's
-rendezvous over loopback, so failures, logs and stop behave exactly as on a
-cluster. map_fun and its args reach the child through the process start
-pipe (cloudpickle when available, so closures work as on Spark); nothing is
-pickled on a network socket.
+The same node code path as on Spark (node.run_node), registering with the
+driver's rendezvous like any other node, so failures, logs and stop behave
+as on a cluster.
+
+- LocalLauncher (the local launcher, ``sc=None``): each node is a
+  ``multiprocessing`` "spawn" process. map_fun and its args reach the child
+  through the process start pipe (cloudpickle when available, so closures
+  work as on Spark); nothing is pickled on a network socket.
+- DriverThreadLauncher (``driver_ps_nodes=True`` on Spark): each ps node is a
+  thread of the driver, as in TensorFlowOnSpark. It starts at once (a spawned
+  process re-imports everything first, about 0.4 s beside Spark's tasks), and
+  the ps loop runs in C with the GIL released, so the driver's own Python
+  keeps running.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -123,3 +131,65 @@ class LocalLauncher:
 
     def missing_hint(self) -> str:
         return "a local node process could not start or import map_fun (see its output above)"
+
+
+class DriverThreadLauncher:
+    """Runs nodes as daemon threads of the driver process (driver_ps_nodes=True on Spark).
+
+    A thread cannot be killed: it ends on the driver's stop (serve_parameters
+    and server.join() return at once), and map_fun gets NodeStopped raised
+    stop_grace seconds later if it has not returned; one blocked where no
+    exception reaches it stays a daemon thread after cancel() has waited.
+    """
+
+    def __init__(
+        self, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any, host: str
+    ) -> None:
+        self.executor_ids = executor_ids
+        self._cfg = cfg
+        self._host = host
+        self._map_fun = map_fun
+        self._tf_args = tf_args
+        self._threads: dict[int, threading.Thread] = {}
+        self._errors: dict[int, str] = {}
+        self._cancelled = False
+
+    def start(self) -> None:
+        for eid in self.executor_ids:
+            role = self._cfg.template.node(eid)
+            thread = threading.Thread(
+                target=self._run, args=(eid,), name=f"sparkgrad-{role.role}-{role.index}", daemon=True
+            )
+            thread.start()
+            self._threads[eid] = thread
+
+    def _run(self, eid: int) -> None:
+        try:
+            # one OpenMP thread: applies to this thread only, and a ps must not take the workers' cores
+            run_node(self._cfg, eid, self._host, self._map_fun, self._tf_args, echo=False, threads=1, in_driver=True)
+        except BaseException as exc:  # noqa: BLE001 - a thread's exception would only reach stderr
+            self._errors[eid] = f"{type(exc).__name__}: {exc}"
+
+    def failure(self) -> str | None:
+        if self._cancelled:
+            return None
+        for eid, error in self._errors.items():
+            return f"{self._cfg.template.node(eid).name} (a thread of the driver) could not run: {error}"
+        return None
+
+    def finished(self) -> bool:
+        return not any(t.is_alive() for t in self._threads.values())
+
+    def join(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return self.finished()
+
+    def cancel(self, grace: float) -> None:
+        self._cancelled = True
+        # the driver's stop went out first; NodeStopped follows stop_grace later
+        self.join(grace + self._cfg.stop_grace + KILL_WAIT_SECONDS)
+
+    def missing_hint(self) -> str:
+        return "a ps thread of the driver could not register (see its error above)"

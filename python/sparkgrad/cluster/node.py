@@ -123,6 +123,65 @@ class _ForwardHandler(logging.Handler):
             self.handleError(record)
 
 
+class _ThreadRouter(io.TextIOBase):
+    """sys.stdout or sys.stderr while nodes run as threads of the driver.
+
+    A node thread's writes go to its node's forwarder; every other thread's
+    (the driver's own, the notebook's) go to the stream this one replaced.
+    """
+
+    def __init__(self, original: Any) -> None:
+        super().__init__()
+        self.original = original
+        self.routes: dict[int, _LineForwarder] = {}
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return self.routes.get(threading.get_ident(), self.original).write(text)
+
+    def flush(self) -> None:
+        self.original.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, buffer...: the replaced stream's
+        return getattr(self.original, name)
+
+
+_routing_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
+    """Sends this thread's prints and log records to the driver, leaving every other thread's output alone."""
+    me = threading.get_ident()
+    forwarders = {"stdout": _LineForwarder(send, None), "stderr": _LineForwarder(send, None)}
+    handler = _ForwardHandler(send)
+    handler.addFilter(lambda record: record.thread == me)
+    routers: dict[str, _ThreadRouter] = {}
+    with _routing_lock:
+        for name, forwarder in forwarders.items():
+            router = getattr(sys, name)
+            if not isinstance(router, _ThreadRouter):
+                router = _ThreadRouter(router)
+                setattr(sys, name, router)
+            router.routes[me] = forwarder
+            routers[name] = router
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        with _routing_lock:
+            for name, router in routers.items():
+                router.routes.pop(me, None)
+                if not router.routes and getattr(sys, name) is router:  # else someone wrapped it since: stays inert
+                    setattr(sys, name, router.original)
+        for forwarder in forwarders.values():
+            forwarder.drain()
+
+
 @contextlib.contextmanager
 def _forward_output(send: Callable[[str], None], echo: bool) -> Iterator[None]:
     out = _LineForwarder(send, sys.stdout if echo else None)
@@ -240,9 +299,14 @@ def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
     return handle
 
 
-def _run_map_fun(cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool) -> _Outcome:
+def _run_map_fun(
+    cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool, in_driver: bool
+) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
-    with _forward_output(client.log, echo), _env("TF_CONFIG", ctx.tf_config):
+    # A node in a thread of the driver shares the driver's process: only its own thread's output is
+    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it).
+    output = _route_thread_output(client.log) if in_driver else _forward_output(client.log, echo)
+    with output, contextlib.nullcontext() if in_driver else _env("TF_CONFIG", ctx.tf_config):
         if ctx.mgr is not None:  # on stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError)
             ctx.on_stop(ctx.mgr.close)
         watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
@@ -270,6 +334,7 @@ def run_node(
     tf_args: Any,
     echo: bool = True,
     threads: int | None = None,
+    in_driver: bool = False,
 ) -> str:
     """Runs one node to its end; returns a JSON status ({"executor_id", "status", "result"}).
 
@@ -279,6 +344,10 @@ def run_node(
     task's spark.task.cpus, else ``threads``: nodes sharing a machine must not
     each start one OpenMP thread per core (oversubscribed OpenMP threads spin
     against each other and training slows down tenfold).
+
+    ``in_driver``: the node is a thread of the driver process
+    (driver_ps_nodes): its output is told apart by thread and TF_CONFIG is
+    not exported (see _run_map_fun).
 
     A map_fun exception is reported to the driver (which raises NodeFailure)
     and returned as status "error"; failures to reach the driver raise.
@@ -314,7 +383,7 @@ def run_node(
                 _metric_sink=client.metric,
             )
             try:
-                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo)
+                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo, in_driver)
             finally:
                 if feed is not None:
                     feed.close()
