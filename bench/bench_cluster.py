@@ -439,8 +439,14 @@ def main() -> int:
             if s is None:
                 row(LABELS[system], f"not_measured{sfx}", 1, reasons.get((system, context), "not run"))
                 continue
-            for metric in ("formation_s", "map_fun_start_s", "wall_s", "samples", "samples_per_s",
-                           "samples_per_s_after_formation"):
+            for metric in (
+                "formation_s",
+                "map_fun_start_s",
+                "wall_s",
+                "samples",
+                "samples_per_s",
+                "samples_per_s_after_formation",
+            ):
                 if metric not in s:  # map_fun_start_s: sparkgrad's runs only
                     continue
                 value = round(s[metric], 3 if metric.endswith("start_s") or metric == "formation_s" else 1)

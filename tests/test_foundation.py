@@ -119,7 +119,10 @@ def test_import_on_an_executor_path_stays_light(tmp_path):
     Spark's Python workers start with pyspark.zip, py4j's zip and a Spark jar
     on sys.path; finding oneDNN through importlib.metadata listed every member
     of those archives (0.1-0.2 s per node). libcurl, needed only for REST
-    calls, is opened when first used rather than at import.
+    calls, is opened when first used rather than at import. A node sets its
+    thread count before it registers without importing sparkgrad.nn (a ps
+    thread of the driver would hold the GIL for it while Spark's job is
+    submitted).
     """
     archive = tmp_path / "spark-core.jar"
     import zipfile
@@ -136,11 +139,15 @@ def test_import_on_an_executor_path_stays_light(tmp_path):
         "print(_onednn_path())\n"
         "print(c.build_info()['libcurl'])\n"
         "print('curl-after' if 'libcurl' in open('/proc/self/maps').read() else 'no-curl-after')\n"
+        "import sparkgrad.cluster.node, sparkgrad._threads as t\n"
+        "t.configure_threads(1)\n"
+        "print('nn' if 'sparkgrad.nn' in sys.modules else 'no-nn')\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{archive}{os.pathsep}{ROOT / 'python'}")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    metadata, curl_at_import, onednn, curl_version, curl_after = out.stdout.split("\n")[:5]
+    metadata, curl_at_import, onednn, curl_version, curl_after, nn = out.stdout.split("\n")[:6]
+    assert nn == "no-nn"  # a node sets its thread count and registers without the network code
     assert metadata == "no-metadata"
     assert curl_at_import == "no-curl-at-import"
     assert re.match(r"\d+\.\d+\.\d+", curl_version) and curl_after == "curl-after"

@@ -381,7 +381,7 @@ def test_omp_num_threads_is_honoured():
 
 
 def test_fit_on_a_spark_executor_uses_spark_task_cpus(monkeypatch):
-    from sparkgrad.nn import threads
+    from sparkgrad import _threads as threads  # where configure_threads looks it up
 
     old = get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -352,7 +352,7 @@ def run_node(
     A map_fun exception is reported to the driver (which raises NodeFailure)
     and returned as status "error"; failures to reach the driver raise.
     """
-    from sparkgrad.nn.threads import configure_threads
+    from sparkgrad._threads import configure_threads  # not via sparkgrad.nn: that imports the whole network code
 
     configure_threads(threads)
     role = cfg.template.node(executor_id)

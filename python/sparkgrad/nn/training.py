@@ -147,7 +147,7 @@ class Trainer:
             )
         self.prefetch = int(prefetch)
         self.prefetch_timeout = float(prefetch_timeout)
-        from sparkgrad.nn.threads import configure_threads, spark_task_cpus
+        from sparkgrad._threads import configure_threads, spark_task_cpus
 
         if spark_task_cpus() is not None:
             configure_threads()  # on an executor: OMP_NUM_THREADS, else spark.task.cpus

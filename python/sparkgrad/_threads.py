@@ -1,0 +1,52 @@
+"""Thread count of the C core (oneDNN and the C loops run on OpenMP).
+
+OpenMP itself honours OMP_NUM_THREADS. On a Spark executor the task's share
+is ``spark.task.cpus`` (TaskContext.cpus()); ``configure_threads()`` applies it
+when OMP_NUM_THREADS is not set. ``set_num_threads`` applies to the calling
+thread's later C calls (fit runs in the calling thread).
+"""
+
+from __future__ import annotations
+
+import os
+
+from sparkgrad import _core
+
+
+def set_num_threads(n: int) -> None:
+    """Use n OpenMP threads for oneDNN kernels and the C loops."""
+    _core.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return int(_core.get_num_threads())
+
+
+def spark_task_cpus() -> int | None:
+    """``spark.task.cpus`` of the running Spark task, or None outside a task."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return None
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    cpus = getattr(ctx, "cpus", None)
+    if callable(cpus):
+        return int(cpus())
+    value = ctx.getLocalProperty("spark.task.cpus")
+    return int(value) if value else None
+
+
+def configure_threads(default: int | None = None) -> int:
+    """OMP_NUM_THREADS if set, else spark.task.cpus inside a Spark task, else
+    ``default`` (the local launcher passes each node its share of the cores),
+    else OpenMP's default; applies it and returns the count."""
+    env = os.environ.get("OMP_NUM_THREADS")
+    if env:
+        n = int(env.split(",")[0])
+    else:
+        n = spark_task_cpus() or default or 0
+    if n > 0:
+        set_num_threads(n)
+    return get_num_threads()
