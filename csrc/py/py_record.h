@@ -25,6 +25,12 @@ typedef struct {
 
 extern PyTypeObject SchemaType;
 
+/* The NumPy type number of a numeric output dtype. */
+int record_typenum(ExDtype t);
+
+/* Bytes value k of concatenated values, as a new bytes object. */
+PyObject *record_bytes_value(const ExValues *v, size_t k);
+
 /* Turns the batch's columns into a dict name -> ndarray (FIXED, RAW) or
  * (values, row_splits) (VARLEN), taking over the column buffers; the batch is
  * reset for reuse. Needs the GIL. */

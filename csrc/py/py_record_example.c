@@ -542,27 +542,31 @@ static PyObject *array_take(void **data, int typenum, int nd, npy_intp *dims)
     return array_take_from(data, typenum, nd, dims, 0);
 }
 
-static PyObject *bytes_array(const ExColumn *c, int nd, npy_intp *dims)
+PyObject *record_bytes_value(const ExValues *v, size_t k)
+{
+    uint64_t start = k ? v->ends[k - 1] : 0;
+    return PyBytes_FromStringAndSize((const char *)v->arena + start,
+                                     (Py_ssize_t)(v->ends[k] - start));
+}
+
+static PyObject *bytes_array(const ExValues *vals, int nd, npy_intp *dims)
 {
     PyObject *arr = PyArray_SimpleNew(nd, dims, NPY_OBJECT);
     if (arr == NULL)
         return NULL;
     PyObject **items = PyArray_DATA((PyArrayObject *)arr);
-    uint64_t start = 0;
-    for (size_t i = 0; i < c->nvalues; i++) {
-        PyObject *v = PyBytes_FromStringAndSize((const char *)c->arena + start,
-                                                (Py_ssize_t)(c->ends[i] - start));
+    for (size_t i = 0; i < vals->nvalues; i++) {
+        PyObject *v = record_bytes_value(vals, i);
         if (v == NULL) {
             Py_DECREF(arr);
             return NULL;
         }
         Py_XSETREF(items[i], v);
-        start = c->ends[i];
     }
     return arr;
 }
 
-static int typenum_of(ExDtype t)
+int record_typenum(ExDtype t)
 {
     return t == EX_DT_INT64 ? NPY_INT64 : t == EX_DT_FLOAT32 ? NPY_FLOAT32 : NPY_UINT8;
 }
@@ -577,11 +581,11 @@ PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch)
         ExColumn *c = &batch->cols[i];
         PyObject *value = NULL;
         if (sp->kind == EX_SPEC_VARLEN) {
-            npy_intp vdims[1] = {(npy_intp)c->nvalues}, sdims[1] = {(npy_intp)batch->rows + 1};
+            npy_intp vdims[1] = {(npy_intp)c->v.nvalues}, sdims[1] = {(npy_intp)batch->rows + 1};
             PyObject *values = sp->out == EX_DT_BYTES
-                                   ? bytes_array(c, 1, vdims)
-                                   : array_take(&c->values, typenum_of(sp->out), 1, vdims);
-            c->values_cap = sp->out == EX_DT_BYTES ? c->values_cap : 0;
+                                   ? bytes_array(&c->v, 1, vdims)
+                                   : array_take(&c->v.values, record_typenum(sp->out), 1, vdims);
+            c->v.values_cap = sp->out == EX_DT_BYTES ? c->v.values_cap : 0;
             PyObject *splits =
                 values ? array_take((void **)&c->row_splits, NPY_INT64, 1, sdims) : NULL;
             value = splits ? PyTuple_Pack(2, values, splits) : NULL;
@@ -599,8 +603,8 @@ PyObject *record_batch_to_dict(SchemaObject *schema, ExBatch *batch)
             for (int d = 1; d < nd; d++)
                 dims[d] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d - 1));
             value = sp->out == EX_DT_BYTES
-                        ? bytes_array(c, nd, dims)
-                        : array_take_from(&c->data, typenum_of(sp->out), nd, dims, 1);
+                        ? bytes_array(&c->v, nd, dims)
+                        : array_take_from(&c->data, record_typenum(sp->out), nd, dims, 1);
         }
         if (value == NULL ||
             PyDict_SetItem(out, PyList_GET_ITEM(schema->names, (Py_ssize_t)i), value) < 0) {

@@ -18,11 +18,6 @@
 
 #include "record/sequence_parse.h"
 
-static int typenum_of(ExDtype t)
-{
-    return t == EX_DT_INT64 ? NPY_INT64 : t == EX_DT_FLOAT32 ? NPY_FLOAT32 : NPY_UINT8;
-}
-
 static PyObject *int64_array(const int64_t *v, size_t n)
 {
     npy_intp dims[1] = {(npy_intp)n};
@@ -32,14 +27,6 @@ static PyObject *int64_array(const int64_t *v, size_t n)
     return arr;
 }
 
-/* Bytes value k of a column. */
-static PyObject *bytes_value(const SeqColumn *c, size_t k)
-{
-    uint64_t start = k ? c->ends[k - 1] : 0;
-    return PyBytes_FromStringAndSize((const char *)c->arena + start,
-                                     (Py_ssize_t)(c->ends[k] - start));
-}
-
 /* Values [from, to) of a column into dst (an array's data, of the column's
  * dtype; object arrays hold a reference per item). */
 static int put_values(const ExSpec *sp, const SeqColumn *c, size_t from, size_t to, void *dst)
@@ -47,12 +34,12 @@ static int put_values(const ExSpec *sp, const SeqColumn *c, size_t from, size_t 
     if (sp->wire != EX_BYTES) {
         size_t el = ex_dtype_size(sp->out);
         if (to > from)
-            memcpy(dst, (const uint8_t *)c->values + from * el, (to - from) * el);
+            memcpy(dst, (const uint8_t *)c->v.values + from * el, (to - from) * el);
         return 0;
     }
     PyObject **items = dst;
     for (size_t k = from; k < to; k++) {
-        PyObject *v = bytes_value(c, k);
+        PyObject *v = record_bytes_value(&c->v, k);
         if (v == NULL)
             return -1;
         Py_XSETREF(items[k - from], v);
@@ -63,7 +50,7 @@ static int put_values(const ExSpec *sp, const SeqColumn *c, size_t from, size_t 
 static PyObject *new_array(const ExSpec *sp, int nd, npy_intp *dims)
 {
     if (sp->wire != EX_BYTES)
-        return PyArray_ZEROS(nd, dims, typenum_of(sp->out), 0);
+        return PyArray_ZEROS(nd, dims, record_typenum(sp->out), 0);
     PyObject *arr = PyArray_SimpleNew(nd, dims, NPY_OBJECT);
     if (arr == NULL)
         return NULL;
@@ -110,11 +97,11 @@ static PyObject *dense_list(const ExSpec *sp, PyObject *shape, const SeqColumn *
 
 static PyObject *ragged_list(const ExSpec *sp, const SeqColumn *c, size_t rows)
 {
-    npy_intp dims[1] = {(npy_intp)c->nvalues};
+    npy_intp dims[1] = {(npy_intp)c->v.nvalues};
     PyObject *values = sp->wire == EX_BYTES ? new_array(sp, 1, dims)
-                                            : PyArray_SimpleNew(1, dims, typenum_of(sp->out));
+                                            : PyArray_SimpleNew(1, dims, record_typenum(sp->out));
     if (values == NULL ||
-        put_values(sp, c, 0, c->nvalues, PyArray_DATA((PyArrayObject *)values)) < 0) {
+        put_values(sp, c, 0, c->v.nvalues, PyArray_DATA((PyArrayObject *)values)) < 0) {
         Py_XDECREF(values);
         return NULL;
     }

@@ -93,8 +93,8 @@ int ex_batch_reset(ExBatch *b, SgError *err)
     b->rows = 0;
     for (size_t i = 0; i < b->schema->n; i++) {
         ExColumn *c = &b->cols[i];
-        c->nvalues = 0;
-        c->arena_len = 0;
+        c->v.nvalues = 0;
+        c->v.arena_len = 0;
         int rc = column_alloc(c, &b->schema->specs[i], b->cap, err);
         if (rc < 0)
             return rc;
@@ -110,9 +110,7 @@ void ex_batch_free(ExBatch *b)
         for (size_t i = 0; i < b->schema->n; i++) {
             ExColumn *c = &b->cols[i];
             bufpool_put(c->data);
-            free(c->values);
-            free(c->arena);
-            free(c->ends);
+            ex_values_free(&c->v);
             free(c->row_splits);
         }
     free(b->cols);
@@ -121,9 +119,17 @@ void ex_batch_free(ExBatch *b)
     b->slots = NULL;
 }
 
-/* ---- growth of variable-size outputs ---- */
+ptrdiff_t ex_schema_find(const ExSchema *s, const uint8_t *key, size_t key_len)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->specs[i].name_len == key_len && memcmp(s->specs[i].name, key, key_len) == 0)
+            return (ptrdiff_t)i;
+    return -1;
+}
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+/* ---- variable-size outputs ---- */
+
+int ex_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap && *p != NULL)
         return 0;
@@ -138,17 +144,58 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-static int bytes_append(ExColumn *c, const ExSpec *sp, const uint8_t *d, size_t len, SgError *err)
+int ex_values_append_bytes(ExValues *v, const ExSpec *sp, const uint8_t *d, size_t len,
+                           SgError *err)
 {
-    size_t vcap = c->values_cap;
-    if (grow((void **)&c->ends, &vcap, c->nvalues + 1, sizeof *c->ends) < 0 ||
-        grow((void **)&c->arena, &c->arena_cap, c->arena_len + len, 1) < 0)
+    size_t vcap = v->values_cap;
+    if (ex_grow((void **)&v->ends, &vcap, v->nvalues + 1, sizeof *v->ends) < 0 ||
+        ex_grow((void **)&v->arena, &v->arena_cap, v->arena_len + len, 1) < 0)
         return sg_fail(err, SG_ENOMEM, "out of memory for bytes of feature '%s'", sp->name);
-    c->values_cap = vcap;
-    memcpy(c->arena + c->arena_len, d, len);
-    c->arena_len += len;
-    c->ends[c->nvalues++] = c->arena_len;
+    v->values_cap = vcap;
+    memcpy(v->arena + v->arena_len, d, len);
+    v->arena_len += len;
+    v->ends[v->nvalues++] = v->arena_len;
     return 0;
+}
+
+int ex_values_append(ExValues *v, const ExSpec *sp, const ExFeature *f, SgError *err)
+{
+    if (f->count == 0)
+        return 0;
+    if (sp->wire == EX_BYTES) {
+        const uint8_t **ptrs = malloc(f->count * sizeof *ptrs);
+        size_t *lens = malloc(f->count * sizeof *lens);
+        int rc = 0;
+        if (ptrs == NULL || lens == NULL)
+            rc = sg_fail(err, SG_ENOMEM, "out of memory for feature '%s'", sp->name);
+        else
+            ex_values_bytes(f, ptrs, lens);
+        for (size_t k = 0; k < f->count && rc == 0; k++)
+            rc = ex_values_append_bytes(v, sp, ptrs[k], lens[k], err);
+        free(ptrs);
+        free(lens);
+        return rc;
+    }
+    size_t el = ex_dtype_size(sp->out);
+    if (ex_grow(&v->values, &v->values_cap, v->nvalues + f->count, el) < 0)
+        return sg_fail(err, SG_ENOMEM, "out of memory for feature '%s'", sp->name);
+    void *dst = (uint8_t *)v->values + v->nvalues * el;
+    if (sp->wire == EX_INT64)
+        ex_values_int64(f, dst);
+    else
+        ex_values_float(f, dst);
+    v->nvalues += f->count;
+    return 0;
+}
+
+void ex_values_free(ExValues *v)
+{
+    free(v->values);
+    free(v->arena);
+    free(v->ends);
+    v->values = NULL;
+    v->arena = NULL;
+    v->ends = NULL;
 }
 
 /* ---- one record ---- */
@@ -163,15 +210,11 @@ static int entry_cb(void *ctx, const ExEntry *e, SgError *err)
 {
     RowCtx *rc = ctx;
     (void)err;
-    const ExSchema *s = rc->b->schema;
-    for (size_t i = 0; i < s->n; i++) {
-        const ExSpec *sp = &s->specs[i];
-        if (sp->name_len == e->key_len && memcmp(sp->name, e->key, e->key_len) == 0) {
-            rc->slots[i].value = e->value;
-            rc->slots[i].value_len = e->value_len;
-            rc->slots[i].seen = 1;
-            break;
-        }
+    ptrdiff_t i = ex_schema_find(rc->b->schema, e->key, e->key_len);
+    if (i >= 0) {
+        rc->slots[i].value = e->value;
+        rc->slots[i].value_len = e->value_len;
+        rc->slots[i].seen = 1;
     }
     return 0;
 }
@@ -190,30 +233,12 @@ static int mismatch(const ExSpec *sp, const ExFeature *f, SgError *err)
                    want, f->count, ex_kind_name(f->kind), f->count == 1 ? "" : "s");
 }
 
-static int append_bytes_list(ExColumn *c, const ExSpec *sp, const ExFeature *f, SgError *err)
-{
-    if (f->count == 0)
-        return 0;
-    const uint8_t **ptrs = malloc(f->count * sizeof *ptrs);
-    size_t *lens = malloc(f->count * sizeof *lens);
-    int rc = 0;
-    if (ptrs == NULL || lens == NULL)
-        rc = sg_fail(err, SG_ENOMEM, "out of memory for feature '%s'", sp->name);
-    else
-        ex_values_bytes(f, ptrs, lens);
-    for (size_t k = 0; k < f->count && rc == 0; k++)
-        rc = bytes_append(c, sp, ptrs[k], lens[k], err);
-    free(ptrs);
-    free(lens);
-    return rc;
-}
-
 static int fill_default(ExBatch *b, size_t row, size_t i, SgError *err)
 {
     const ExSpec *sp = &b->schema->specs[i];
     ExColumn *c = &b->cols[i];
     if (sp->kind == EX_SPEC_VARLEN) {
-        c->row_splits[row + 1] = (int64_t)c->nvalues;
+        c->row_splits[row + 1] = (int64_t)c->v.nvalues;
         return 0;
     }
     if (!sp->has_default)
@@ -222,7 +247,8 @@ static int fill_default(ExBatch *b, size_t row, size_t i, SgError *err)
                        sp->count, ex_kind_name(sp->wire), sp->count == 1 ? "" : "s");
     if (sp->out == EX_DT_BYTES) {
         for (size_t j = 0; j < sp->count; j++) {
-            int rc = bytes_append(c, sp, sp->default_bytes[j], sp->default_lens[j], err);
+            int rc =
+                ex_values_append_bytes(&c->v, sp, sp->default_bytes[j], sp->default_lens[j], err);
             if (rc < 0)
                 return rc;
         }
@@ -276,21 +302,9 @@ static int fill_feature(ExBatch *b, size_t row, ExSlot *slots, size_t i, const u
     if (f.kind != EX_NONE && f.kind != sp->wire)
         return mismatch(sp, &f, err);
     if (sp->kind == EX_SPEC_VARLEN) {
-        if (sp->wire == EX_BYTES) {
-            if ((rc = append_bytes_list(c, sp, &f, err)) < 0)
-                return rc;
-        } else {
-            size_t el = ex_dtype_size(sp->out);
-            if (grow(&c->values, &c->values_cap, c->nvalues + f.count, el) < 0)
-                return sg_fail(err, SG_ENOMEM, "out of memory for feature '%s'", sp->name);
-            void *dst = (uint8_t *)c->values + c->nvalues * el;
-            if (sp->wire == EX_INT64)
-                ex_values_int64(&f, dst);
-            else
-                ex_values_float(&f, dst);
-            c->nvalues += f.count;
-        }
-        c->row_splits[row + 1] = (int64_t)c->nvalues;
+        if ((rc = ex_values_append(&c->v, sp, &f, err)) < 0)
+            return rc;
+        c->row_splits[row + 1] = (int64_t)c->v.nvalues;
         return 0;
     }
     if (sp->kind == EX_SPEC_RAW) {
@@ -315,7 +329,7 @@ static int fill_feature(ExBatch *b, size_t row, ExSlot *slots, size_t i, const u
         ex_values_int64(&f, (int64_t *)c->data + row * sp->count);
     } else if (sp->wire == EX_FLOAT) {
         ex_values_float(&f, (float *)c->data + row * sp->count);
-    } else if ((rc = append_bytes_list(c, sp, &f, err)) < 0) {
+    } else if ((rc = ex_values_append(&c->v, sp, &f, err)) < 0) {
         return rc;
     }
     return 0;
@@ -334,16 +348,16 @@ static int parse_row(ExBatch *b, size_t row, ExSlot *slots, const uint8_t *rec, 
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < s->n; i++) {
-        slots[i].nvalues = b->cols[i].nvalues;
-        slots[i].arena_len = b->cols[i].arena_len;
+        slots[i].nvalues = b->cols[i].v.nvalues;
+        slots[i].arena_len = b->cols[i].v.arena_len;
     }
     for (size_t i = 0; i < s->n; i++) {
         rc =
             slots[i].seen ? fill_feature(b, row, slots, i, rec, err) : fill_default(b, row, i, err);
         if (rc < 0) {
             for (size_t j = 0; j < s->n; j++) {
-                b->cols[j].nvalues = slots[j].nvalues;
-                b->cols[j].arena_len = slots[j].arena_len;
+                b->cols[j].v.nvalues = slots[j].nvalues;
+                b->cols[j].v.arena_len = slots[j].arena_len;
             }
         }
         if (rc < 0)

@@ -55,15 +55,38 @@ typedef struct ExSchema {
 void ex_schema_free(ExSchema *s);
 size_t ex_dtype_size(ExDtype t);
 
-/* One output column of a batch. Every pointer is malloc'ed and can be taken
- * over (set to NULL here) by whoever hands it to NumPy. */
+/* The spec named key (the first, as schemas have unique names), or -1. */
+ptrdiff_t ex_schema_find(const ExSchema *s, const uint8_t *key, size_t key_len);
+
+/* Grows *p to hold `need` elements of `elem` bytes (doubling from 64);
+ * -1 when out of memory, *p then unchanged. */
+int ex_grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/* Values of one output concatenated over records (VARLEN lists, bytes, the
+ * steps of feature lists): numbers of the output dtype, or bytes values in an
+ * arena with each one's end offset (values_cap then counts ends). Every
+ * pointer is malloc'ed and can be taken over (set to NULL) by whoever hands
+ * it to NumPy. */
+typedef struct ExValues {
+    void *values;   /* numeric: nvalues elements */
+    uint8_t *arena; /* bytes values, concatenated */
+    uint64_t *ends; /* bytes values: end offset of each in arena */
+    size_t nvalues, values_cap, arena_len, arena_cap;
+} ExValues;
+
+/* Appends every value of f, whose list kind is sp->wire (checked by the
+ * caller), converted to sp->out. */
+int ex_values_append(ExValues *v, const ExSpec *sp, const ExFeature *f, SgError *err);
+/* Appends one bytes value. */
+int ex_values_append_bytes(ExValues *v, const ExSpec *sp, const uint8_t *d, size_t len,
+                           SgError *err);
+void ex_values_free(ExValues *v);
+
+/* One output column of a batch. */
 typedef struct ExColumn {
     void *data;          /* FIXED numeric / RAW: rows * count elements (from bufpool_get) */
-    void *values;        /* VARLEN numeric: nvalues elements */
-    uint8_t *arena;      /* bytes values, concatenated */
-    uint64_t *ends;      /* bytes values: end offset of each in arena */
+    ExValues v;          /* VARLEN and bytes outputs */
     int64_t *row_splits; /* VARLEN: rows + 1 */
-    size_t nvalues, values_cap, arena_len, arena_cap;
 } ExColumn;
 
 typedef struct ExBatch {

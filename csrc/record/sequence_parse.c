@@ -17,21 +17,6 @@ typedef struct SeqSlot {
     int seen;
 } SeqSlot;
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap && *p != NULL)
-        return 0;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 int seq_batch_init(SeqBatch *b, const ExSchema *lists, const int *allow_missing, size_t cap,
                    SgError *err)
 {
@@ -48,7 +33,7 @@ int seq_batch_init(SeqBatch *b, const ExSchema *lists, const int *allow_missing,
         SeqColumn *c = &b->cols[i];
         c->row_splits = calloc(cap + 1, sizeof *c->row_splits);
         if (c->row_splits == NULL ||
-            grow((void **)&c->step_splits, &c->steps_cap, 1, sizeof *c->step_splits) < 0)
+            ex_grow((void **)&c->step_splits, &c->steps_cap, 1, sizeof *c->step_splits) < 0)
             goto oom;
         c->step_splits[0] = 0;
     }
@@ -63,9 +48,7 @@ void seq_batch_free(SeqBatch *b)
     if (b->cols)
         for (size_t i = 0; i < b->lists->n; i++) {
             SeqColumn *c = &b->cols[i];
-            free(c->values);
-            free(c->arena);
-            free(c->ends);
+            ex_values_free(&c->v);
             free(c->step_splits);
             free(c->row_splits);
         }
@@ -79,14 +62,11 @@ static int list_cb(void *ctx, const ExEntry *e, SgError *err)
 {
     SeqBatch *b = ctx;
     (void)err;
-    for (size_t i = 0; i < b->lists->n; i++) {
-        const ExSpec *sp = &b->lists->specs[i];
-        if (sp->name_len == e->key_len && memcmp(sp->name, e->key, e->key_len) == 0) {
-            b->slots[i].value = e->value;
-            b->slots[i].value_len = e->value_len;
-            b->slots[i].seen = 1;
-            break;
-        }
+    ptrdiff_t i = ex_schema_find(b->lists, e->key, e->key_len);
+    if (i >= 0) {
+        b->slots[i].value = e->value;
+        b->slots[i].value_len = e->value_len;
+        b->slots[i].seen = 1;
     }
     return 0;
 }
@@ -124,49 +104,12 @@ static int step_cb(void *vctx, const ExEntry *e, SgError *err)
     if ((f.kind != EX_NONE && f.kind != sp->wire) ||
         (sp->kind == EX_SPEC_FIXED && f.count != sp->count))
         return step_mismatch(sp, step, &f, err);
-    if (f.count > 0 && sp->wire == EX_BYTES) {
-        size_t vcap = c->values_cap;
-        if (grow((void **)&c->ends, &vcap, c->nvalues + f.count, sizeof *c->ends) < 0)
-            goto oom;
-        c->values_cap = vcap;
-        const uint8_t **ptrs = malloc(f.count * sizeof *ptrs);
-        size_t *lens = malloc(f.count * sizeof *lens);
-        if (ptrs == NULL || lens == NULL) {
-            free(ptrs);
-            free(lens);
-            goto oom;
-        }
-        ex_values_bytes(&f, ptrs, lens);
-        for (size_t k = 0; k < f.count && rc == 0; k++) {
-            if (grow((void **)&c->arena, &c->arena_cap, c->arena_len + lens[k], 1) < 0) {
-                rc = -1;
-                break;
-            }
-            memcpy(c->arena + c->arena_len, ptrs[k], lens[k]);
-            c->arena_len += lens[k];
-            c->ends[c->nvalues++] = c->arena_len;
-        }
-        free(ptrs);
-        free(lens);
-        if (rc < 0)
-            goto oom;
-    } else if (f.count > 0) {
-        size_t el = ex_dtype_size(sp->out);
-        if (grow(&c->values, &c->values_cap, c->nvalues + f.count, el) < 0)
-            goto oom;
-        void *dst = (uint8_t *)c->values + c->nvalues * el;
-        if (sp->wire == EX_INT64)
-            ex_values_int64(&f, dst);
-        else
-            ex_values_float(&f, dst);
-        c->nvalues += f.count;
-    }
-    if (grow((void **)&c->step_splits, &c->steps_cap, c->nsteps + 2, sizeof *c->step_splits) < 0)
-        goto oom;
-    c->step_splits[++c->nsteps] = (int64_t)c->nvalues;
+    if (ex_values_append(&c->v, sp, &f, err) < 0)
+        return sg_context(err, "feature list '%s' step %zu: ", sp->name, step);
+    if (ex_grow((void **)&c->step_splits, &c->steps_cap, c->nsteps + 2, sizeof *c->step_splits) < 0)
+        return sg_fail(err, SG_ENOMEM, "out of memory for feature list '%s'", sp->name);
+    c->step_splits[++c->nsteps] = (int64_t)c->v.nvalues;
     return 0;
-oom:
-    return sg_fail(err, SG_ENOMEM, "out of memory for feature list '%s'", sp->name);
 }
 
 int seq_batch_add(SeqBatch *b, const uint8_t *rec, size_t n, SgError *err)
@@ -202,9 +145,10 @@ int seq_batch_add(SeqBatch *b, const uint8_t *rec, size_t n, SgError *err)
     for (size_t j = 0; j < s->n; j++) {
         SeqColumn *c = &b->cols[j];
         if (rc < 0) { /* roll back to the end of the previous record */
+            ExValues *v = &c->v;
             c->nsteps = (size_t)c->row_splits[b->rows];
-            c->nvalues = (size_t)c->step_splits[c->nsteps];
-            c->arena_len = c->nvalues && s->specs[j].wire == EX_BYTES ? c->ends[c->nvalues - 1] : 0;
+            v->nvalues = (size_t)c->step_splits[c->nsteps];
+            v->arena_len = v->nvalues && s->specs[j].wire == EX_BYTES ? v->ends[v->nvalues - 1] : 0;
             continue;
         }
         c->row_splits[b->rows + 1] = (int64_t)c->nsteps;

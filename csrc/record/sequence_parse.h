@@ -26,10 +26,7 @@
 
 /* One feature list of a batch. Records' steps are concatenated. */
 typedef struct SeqColumn {
-    void *values;   /* numeric: nvalues elements of the spec's dtype */
-    uint8_t *arena; /* bytes values, concatenated */
-    uint64_t *ends; /* bytes values: end offset of each in arena */
-    size_t nvalues, values_cap, arena_len, arena_cap;
+    ExValues v;           /* every step's values, of the spec's dtype */
     int64_t *step_splits; /* nsteps + 1: values before each step */
     size_t nsteps, steps_cap;
     int64_t *row_splits; /* rows + 1: steps before each record */

@@ -95,8 +95,8 @@ static void test_codec_and_batch(void)
     float *img = batch.cols[1].data;
     CHECK(labels[0] == -7 && labels[1] == 5);
     CHECK(img[1] == 25.5f && img[7] == 2.5f);
-    int64_t *tags = batch.cols[2].values;
-    CHECK(batch.cols[2].nvalues == 4 && tags[0] == -1 && tags[1] == -7 && tags[3] == 5);
+    int64_t *tags = batch.cols[2].v.values;
+    CHECK(batch.cols[2].v.nvalues == 4 && tags[0] == -1 && tags[1] == -7 && tags[3] == 5);
     CHECK(batch.cols[2].row_splits[1] == 2 && batch.cols[2].row_splits[2] == 4);
 
     /* A failing record leaves no partial values behind. */
@@ -110,7 +110,7 @@ static void test_codec_and_batch(void)
     pb_end_message(&bad, f, 1);
     CHECK(ex_batch_add(&batch, bad.data, bad.len, &err) == SG_ESCHEMA);
     CHECK(strstr(err.msg, "feature 'label': expected 1 int64 value, found 2 int64 values") != NULL);
-    CHECK(batch.rows == 1 && batch.cols[2].nvalues == 2);
+    CHECK(batch.rows == 1 && batch.cols[2].v.nvalues == 2);
     ex_batch_free(&batch);
     pb_buf_free(&b);
     pb_buf_free(&b2);

@@ -59,10 +59,10 @@ static void check_sequence_batch(const SeqBatch *b)
     for (size_t j = 0; j < b->lists->n; j++) {
         const SeqColumn *c = &b->cols[j];
         if ((size_t)c->row_splits[b->rows] != c->nsteps ||
-            (size_t)c->step_splits[c->nsteps] != c->nvalues)
+            (size_t)c->step_splits[c->nsteps] != c->v.nvalues)
             abort();
         if (b->lists->specs[j].out == EX_DT_BYTES &&
-            c->arena_len != (c->nvalues ? c->ends[c->nvalues - 1] : 0))
+            c->v.arena_len != (c->v.nvalues ? c->v.ends[c->v.nvalues - 1] : 0))
             abort();
     }
 }

@@ -237,6 +237,9 @@ class _StopWatcher:
         self._grace = grace
         self._name = name
         self._finished = threading.Event()
+        # held while deciding to interrupt: once __exit__ has it, map_fun's thread is never
+        # interrupted (in a driver thread, the thread id could soon belong to another thread)
+        self._interrupt_lock = threading.Lock()
         self._target = threading.get_ident()
         self.reason = ""
         self._thread = threading.Thread(target=self._run, name=f"sparkgrad-stop-{name}", daemon=True)
@@ -246,7 +249,8 @@ class _StopWatcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._finished.set()
+        with self._interrupt_lock:
+            self._finished.set()
         self._client.interrupt()  # its recv returns now and sees _finished
         self._thread.join(self.POLL_SECONDS * 2)
 
@@ -266,7 +270,9 @@ class _StopWatcher:
             logger.info("%s: stopping: %s", self._name, self.reason)
             self._stop()
             if not self._finished.wait(self._grace):
-                _raise_in_thread(self._target, NodeStopped)
+                with self._interrupt_lock:
+                    if not self._finished.is_set():
+                        _raise_in_thread(self._target, NodeStopped)
             return
 
 
