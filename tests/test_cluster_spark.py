@@ -92,12 +92,14 @@ def test_nodes_echo_to_executor_logs_only_off_a_local_master(sc):
     assert echo(SimpleNamespace(master="spark://host:7077"))
 
 
-def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, capsys):
+def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, capsys, caplog):
+    import logging
     import sys
     import threading
 
     out = Lines()
-    stdout_before = sys.stdout
+    stdout_before, stderr_before = sys.stdout, sys.stderr
+    root_handlers = list(logging.getLogger().handlers)
     cluster = TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, driver_ps_nodes=True, output=out)
     print("the driver's own line")  # while the ps thread runs: stays on the driver's stdout, not forwarded
     cluster.shutdown(timeout=60)
@@ -110,12 +112,14 @@ def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, caps
     assert ps["tf_config"] is None and "TF_CONFIG" not in os.environ
     assert ps["ctx_tf_config"]["task"] == {"type": "ps", "index": 0}
     assert all(c["tf_config"] == c["ctx_tf_config"] for c in ctxs[1:])
-    # the ps thread's print and log lines reach the driver prefixed, once; the driver's own do not
+    # the ps thread's print reaches the driver prefixed, once; the driver's own output is not forwarded
     assert sum(line == "ps:0 stdout line from ps:0" for line in out.lines) == 1
-    assert any(line.startswith("ps:0 ") and "node ps:0 up on" in line for line in out.lines)
     assert not any("the driver's own line" in line for line in out.lines)
     assert "the driver's own line" in capsys.readouterr().out
-    assert sys.stdout is stdout_before  # the per-thread routing is gone with the node
+    # its log records are the driver's own, handled by the driver's logging (here pytest's)
+    assert any(r.threadName == "sparkgrad-ps-0" and "node ps:0 up on" in r.getMessage() for r in caplog.records)
+    assert (sys.stdout, sys.stderr) == (stdout_before, stderr_before)  # the per-thread routing is gone
+    assert logging.getLogger().handlers == root_handlers
     assert not [t.name for t in threading.enumerate() if t.name.startswith("sparkgrad-ps")]
     assert _port_closed(ps["listener_port"])
 

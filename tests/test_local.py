@@ -140,3 +140,61 @@ def test_a_frozen_node_is_lost_after_heartbeat_timeout_and_killed(tmp_path):
     assert (info.value.role, info.value.index) == ("worker", 1)
     assert time.monotonic() - started < 15  # 2 s of silence, then stop, terminate (and kill if need be)
     _assert_all_gone(cluster)
+
+
+def test_thread_output_routing_forwards_only_the_node_thread_and_passes_the_rest_through(capsys):
+    """What a ps thread of the driver (driver_ps_nodes) does to sys.stdout and sys.stderr."""
+    import sys
+
+    from sparkgrad.cluster.node import _route_thread_output
+
+    sent: list[str] = []
+    before = sys.stdout, sys.stderr
+    other_done = threading.Event()
+
+    def other_thread() -> None:
+        print("from another thread")
+        other_done.set()
+
+    with _route_thread_output(sent.append):
+        print("from the node thread")
+        print("to stderr", file=sys.stderr)
+        sys.stdout.writelines(["a", "b\n"])
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join(10)
+        assert other_done.is_set()
+        # everything but write goes to the real stream: encoding, fileno, isatty
+        assert sys.stdout.encoding == before[0].encoding
+        assert sys.stdout.isatty() == before[0].isatty()
+        # a second node thread shares the router; its end leaves this thread's route in place
+        second: list[str] = []
+
+        def second_node() -> None:
+            with _route_thread_output(second.append):
+                print("node two")
+
+        t = threading.Thread(target=second_node)
+        t.start()
+        t.join(10)
+        print("still routed")
+    assert (sys.stdout, sys.stderr) == before
+    assert sent == ["from the node thread", "to stderr", "ab", "still routed"]
+    assert second == ["node two"]
+    assert capsys.readouterr().out == "from another thread\n"
+
+
+def test_thread_output_routing_survives_a_missing_stream(monkeypatch):
+    import sys
+
+    from sparkgrad.cluster.node import _route_thread_output
+
+    monkeypatch.setattr(sys, "stdout", None)  # pythonw, some services: print() then writes nowhere
+    sent: list[str] = []
+    done: list[int] = []
+    with _route_thread_output(sent.append):
+        t = threading.Thread(target=lambda: done.append(sys.stdout.write("lost")))
+        t.start()
+        t.join(10)
+        print("kept")
+    assert sys.stdout is None and done == [4] and sent == ["kept"]

@@ -22,8 +22,10 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -167,13 +169,15 @@ class DriverThreadLauncher:
         try:
             # one OpenMP thread: applies to this thread only, and a ps must not take the workers' cores
             run_node(self._cfg, eid, self._host, self._map_fun, self._tf_args, echo=False, threads=1, in_driver=True)
-        except BaseException as exc:  # noqa: BLE001 - a thread's exception would only reach stderr
+        except BaseException as exc:  # noqa: BLE001 - kept for failure(), and shown with its traceback
+            name = self._cfg.template.node(eid).name
             self._errors[eid] = f"{type(exc).__name__}: {exc}"
+            print(f"sparkgrad: {name} (a thread of the driver) failed:\n{traceback.format_exc()}", file=sys.stderr)
 
     def failure(self) -> str | None:
         if self._cancelled:
             return None
-        for eid, error in self._errors.items():
+        for eid, error in list(self._errors.items()):  # a copy: other ps threads may add theirs meanwhile
             return f"{self._cfg.template.node(eid).name} (a thread of the driver) could not run: {error}"
         return None
 

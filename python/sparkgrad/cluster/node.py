@@ -123,28 +123,33 @@ class _ForwardHandler(logging.Handler):
             self.handleError(record)
 
 
-class _ThreadRouter(io.TextIOBase):
+class _ThreadRouter:
     """sys.stdout or sys.stderr while nodes run as threads of the driver.
 
     A node thread's writes go to its node's forwarder; every other thread's
-    (the driver's own, the notebook's) go to the stream this one replaced.
+    (the driver's own, the notebook's) go to the stream this one replaced,
+    which answers everything else (fileno, encoding, isatty, buffer...): with
+    no route left, the router is a plain pass-through, so one left inside a
+    redirection the user made meanwhile changes nothing.
     """
 
     def __init__(self, original: Any) -> None:
-        super().__init__()
         self.original = original
         self.routes: dict[int, _LineForwarder] = {}
 
-    def writable(self) -> bool:
-        return True
-
     def write(self, text: str) -> int:
-        return self.routes.get(threading.get_ident(), self.original).write(text)
+        target = self.routes.get(threading.get_ident(), self.original)
+        return len(text) if target is None else target.write(text)  # None: print() to no stream does nothing
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
-        self.original.flush()
+        if self.original is not None:
+            self.original.flush()
 
-    def __getattr__(self, name: str) -> Any:  # fileno, isatty, buffer...: the replaced stream's
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.original, name)
 
 
@@ -153,11 +158,15 @@ _routing_lock = threading.Lock()
 
 @contextlib.contextmanager
 def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
-    """Sends this thread's prints and log records to the driver, leaving every other thread's output alone."""
+    """Sends this thread's prints to the driver, leaving every other thread's output alone.
+
+    Its log records are the driver process's own and follow the driver's
+    logging set-up (with none, Python's last-resort handler writes them to
+    sys.stderr, which routes them here); a handler on the root logger would
+    change how the driver's other threads log.
+    """
     me = threading.get_ident()
     forwarders = {"stdout": _LineForwarder(send, None), "stderr": _LineForwarder(send, None)}
-    handler = _ForwardHandler(send)
-    handler.addFilter(lambda record: record.thread == me)
     routers: dict[str, _ThreadRouter] = {}
     with _routing_lock:
         for name, forwarder in forwarders.items():
@@ -167,16 +176,13 @@ def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
                 setattr(sys, name, router)
             router.routes[me] = forwarder
             routers[name] = router
-    root = logging.getLogger()
-    root.addHandler(handler)
     try:
         yield
     finally:
-        root.removeHandler(handler)
         with _routing_lock:
             for name, router in routers.items():
                 router.routes.pop(me, None)
-                if not router.routes and getattr(sys, name) is router:  # else someone wrapped it since: stays inert
+                if not router.routes and getattr(sys, name) is router:  # else wrapped since: stays, inert
                     setattr(sys, name, router.original)
         for forwarder in forwarders.values():
             forwarder.drain()
