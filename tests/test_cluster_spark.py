@@ -152,9 +152,19 @@ def test_exception_in_map_fun_raises_node_failure_with_remote_traceback(sc, tmp_
     assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-1.json"]
 
 
-def test_sigkill_of_a_worker_raises_node_failure_and_stops_the_rest(sc, tmp_path):
+@pytest.mark.parametrize("driver_ps_nodes", [False, True], ids=["ps_task", "ps_in_driver"])
+def test_sigkill_of_a_worker_raises_node_failure_and_stops_the_rest(sc, tmp_path, driver_ps_nodes):
     args = {"dir": str(tmp_path), "target": "worker:0"}
-    cluster = TFCluster.run(sc, cluster_nodes.kill_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    cluster = TFCluster.run(
+        sc,
+        cluster_nodes.kill_target,
+        args,
+        3,
+        1,
+        driver_ps_nodes=driver_ps_nodes,
+        output=Lines(),
+        reservation_timeout=60,
+    )
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         cluster.shutdown(timeout=60)
@@ -164,7 +174,7 @@ def test_sigkill_of_a_worker_raises_node_failure_and_stops_the_rest(sc, tmp_path
     assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-2.json"]
     for marker in tmp_path.glob("started-*.json"):
         assert _port_closed(json.loads(marker.read_text())["port"])
-    assert all(launcher.finished() for launcher in cluster._launchers)
+    assert all(launcher.finished() for launcher in cluster._launchers)  # the ps thread too, when in the driver
 
 
 def test_sigkill_of_the_ps_raises_node_failure(sc, tmp_path):
