@@ -4,8 +4,10 @@
     python bench/report.py --check    exit 1 if README.md is out of date
 
 Each results file is a list of rows {"system", "metric", "value", "unit"};
-the table shows them grouped by benchmark, in file order, with the file's
-modification date, so figures in the README are always the measured ones.
+the table shows them grouped by benchmark, in file order, with the date the
+figures were measured, so figures in the README are always the measured ones.
+That date is the file's last commit when git has it unchanged (a fresh clone
+gives every file today's modification time), else its modification time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,13 +48,39 @@ def load_rows(path: pathlib.Path) -> list[dict]:
     return rows
 
 
+def measured_on(path: pathlib.Path) -> str:
+    """The committed date of an unchanged results file, else its modification date."""
+    try:
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        committed = subprocess.run(
+            ["git", "log", "-1", "--format=%cs", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no git, or not a checkout: the file's own date
+        changed = committed = None
+    if changed is not None and committed is not None and changed.returncode == 0 and not changed.stdout.strip():
+        day = committed.stdout.strip()
+        if committed.returncode == 0 and day:
+            return day
+    return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+
+
 def render() -> str:
     files = sorted(RESULTS.glob("*.json"))
     if not files:
         return "No benchmark has been run yet (`make bench`)."
     parts = []
     for path in files:
-        day = datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+        day = measured_on(path)
         script = f"bench_{path.stem}.py"
         if not (ROOT / "bench" / script).exists():
             script = f"{path.stem}.py"  # e.g. bench/accuracy_cnn.py: a measurement, not a speed benchmark

@@ -172,3 +172,15 @@ def test_onednn_distribution_is_recognised_by_its_normalised_name(info_dir, ours
     from sparkgrad._native import _is_distribution
 
     assert _is_distribution(info_dir) is ours
+
+
+def test_readme_performance_tables_render_the_committed_results():
+    """README's tables are bench/report.py's rendering of bench/results/*.json, dated by commit,
+    so a fresh clone (every file modified today) agrees with what was measured."""
+    inside = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--git-dir"], capture_output=True, timeout=30)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout: the results' dates are unknown")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "report.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, "README.md differs from bench/results: run `python bench/report.py`"
