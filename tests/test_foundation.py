@@ -175,12 +175,21 @@ def test_onednn_distribution_is_recognised_by_its_normalised_name(info_dir, ours
 
 
 def test_readme_performance_tables_render_the_committed_results():
-    """README's tables are bench/report.py's rendering of bench/results/*.json, dated by commit,
-    so a fresh clone (every file modified today) agrees with what was measured."""
-    inside = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--git-dir"], capture_output=True, timeout=30)
-    if inside.returncode != 0:
-        pytest.skip("not a git checkout: the results' dates are unknown")
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "report.py"), "--check"], capture_output=True, text=True, timeout=120
+    """README's tables are bench/report.py's rendering of bench/results/*.json.
+
+    The dates are left out of the comparison: they come from git history,
+    which a shallow clone does not have."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split(report.START, 1)[1].split(report.END, 1)[0].strip()
+
+    def undated(text: str) -> str:
+        return re.sub(r", \d{4}-\d{2}-\d{2}\)", ", DATE)", text)
+
+    assert undated(shown) == undated(report.render()), (
+        "README.md differs from bench/results: run `python bench/report.py`"
     )
-    assert out.returncode == 0, "README.md differs from bench/results: run `python bench/report.py`"
