@@ -310,7 +310,9 @@ def summarize(res: dict) -> dict:
 
 UNITS = {
     "formation_s": "s (run() -> every worker's first step)",
-    "map_fun_start_s": "s (run() -> every worker's map_fun called: Spark's part of formation)",
+    "map_fun_start_s": (
+        "s (run() -> every worker's map_fun called: Spark's task start, then sparkgrad's import and registration)"
+    ),
     "wall_s": "s (run() -> shut down)",
     "samples": "samples",
     "samples_per_s": "samples/s (end to end)",
