@@ -14,6 +14,9 @@ PYTEST_ARGS ?=
 DEPS_STAMP := $(VENV)/.sparkgrad-deps
 INSTALL_STAMP := $(VENV)/.sparkgrad-installed
 ANCHORS_STAMP := $(VENV)/.sparkgrad-anchors
+RELEASE_STAMP := $(VENV)/.sparkgrad-release
+WHEEL_PYTHONS ?= 3.10 3.11 3.12
+EGG_PYTHONS ?= 3.10 3.11
 CSRC := $(shell find csrc -name '*.c' -o -name '*.h')
 CORE_SRC := $(shell find csrc -name '*.c' -not -path 'csrc/py/*')
 PYSRC := $(shell find python -name '*.py' -o -name '*.pyi')
@@ -112,20 +115,30 @@ C_FORMAT_FILES = $(shell find csrc tests/c tests/fuzz -name '*.c' -o -name '*.h'
 format: deps
 	@bash .ci/install-system-deps clang-format
 	clang-format -i $(C_FORMAT_FILES)
-	$(VENV)/bin/ruff format python tests bench setup.py .ci/buildcfg.py
-	$(VENV)/bin/ruff check --fix python tests bench setup.py .ci/buildcfg.py
+	$(VENV)/bin/ruff format python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff check --fix python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
 
 lint: deps
 	@bash .ci/install-system-deps clang-format
 	clang-format --dry-run -Werror $(C_FORMAT_FILES)
-	$(VENV)/bin/ruff check python tests bench setup.py .ci/buildcfg.py
-	$(VENV)/bin/ruff format --check python tests bench setup.py .ci/buildcfg.py
+	$(VENV)/bin/ruff check python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff format --check python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
 
-wheel: deps
-	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+$(RELEASE_STAMP): pyproject.toml $(DEPS_STAMP)
+	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements release)
+	touch $@
 
-egg: deps
-	$(PY) setup.py -q bdist_egg -d dist
+# One manylinux wheel per CPython in WHEEL_PYTHONS, each built in its own venv
+# under build/release/ and repaired by auditwheel (oneDNN, OpenMP, cJSON and
+# libcrypto vendored); then `auditwheel show` of each. See .ci/wheels.py.
+wheel: deps $(RELEASE_STAMP)
+	env -u PYTHONPATH $(PY) .ci/wheels.py wheels --out dist $(WHEEL_PYTHONS)
+	env -u PYTHONPATH $(PY) .ci/wheels.py show dist
+
+# Eggs for the runtimes that attach them (Databricks 13.3 LTS and older), made
+# from the repaired wheels: they import with nothing but NumPy installed.
+egg: wheel
+	env -u PYTHONPATH $(PY) .ci/wheels.py eggs --out dist $(EGG_PYTHONS)
 
 $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)

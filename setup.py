@@ -1,8 +1,10 @@
 """Builds sparkgrad._core from csrc/ (metadata lives in pyproject.toml).
 
 Environment knobs:
-  SPARKGRAD_SANITIZE=1   build with ASan + UBSan (make asan)
-  SPARKGRAD_DEBUG=1      -O0 -g
+  SPARKGRAD_SANITIZE=1       build with ASan + UBSan (make asan)
+  SPARKGRAD_DEBUG=1          -O0 -g
+  SPARKGRAD_BUNDLED_LIBS=1   a release wheel (make wheel): auditwheel repair then
+                             vendors oneDNN, so it is not declared a dependency
 """
 
 import os
@@ -67,4 +69,5 @@ core = Extension(
     extra_link_args=link_args(),
 )
 
-setup(ext_modules=[core])
+bundled = os.environ.get("SPARKGRAD_BUNDLED_LIBS", "") not in ("", "0")
+setup(ext_modules=[core], install_requires=buildcfg.install_requires(bundled))

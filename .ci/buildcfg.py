@@ -11,6 +11,12 @@ oneDNN comes from PyPI (onednn-cpu-gomp / onednn-devel-cpu-gomp 2023.2.0,
 oneDNN 3.2 on the GNU OpenMP runtime); its wheels put headers and libdnnl.so.3
 under the installing environment's prefix, found here through the installed
 distributions' file lists.
+
+The runtime dependencies are listed here once (pyproject.toml declares them
+dynamic): a build from source also declares ONEDNN_REQUIREMENT, while a wheel
+built for release (``make wheel``, SPARKGRAD_BUNDLED_LIBS=1) carries oneDNN in
+``sparkgrad.libs`` after ``auditwheel repair`` and must not pull in a second
+copy of it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONEDNN_RUNTIME = "onednn-cpu-gomp"
 ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
+ONEDNN_REQUIREMENT = f"{ONEDNN_RUNTIME}==2023.2.0"
+RUNTIME_DEPENDENCIES = ["numpy>=1.22", "tqdm>=4.60"]
 # libcurl is not linked: csrc/rest opens it with dlopen when it is first used.
 SYSTEM_LIBS = ["cjson", "crypto", "z", "m", "pthread", "dl"]
 
@@ -41,12 +49,17 @@ def requirements(extras: list[str]) -> list[str]:
         if extra == "build":
             out += project["build-system"]["requires"]
         elif extra == "runtime":
-            out += project["project"]["dependencies"]
+            out += install_requires(bundled=False)
         elif extra in optional:
             out += optional[extra]
         else:
             raise SystemExit(f"buildcfg: unknown extra {extra!r} (pyproject.toml has {sorted(optional)})")
     return out
+
+
+def install_requires(bundled: bool) -> list[str]:
+    """What the built package declares: oneDNN too unless the wheel carries it (``bundled``)."""
+    return RUNTIME_DEPENDENCIES + ([] if bundled else [ONEDNN_REQUIREMENT])
 
 
 def _locate(dist: str, suffix: str) -> pathlib.Path:

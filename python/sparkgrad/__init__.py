@@ -5,9 +5,9 @@ runs the cluster transport; this package is its Python face, shaped like
 TensorFlowOnSpark (``TFCluster``, ``TFNode``, ``ctx``, ``DataFeed``).
 """
 
-from sparkgrad._native import preload_onednn as _preload_onednn
+from sparkgrad._native import load_core as _load_core
 
-_preload_onednn()  # first: anything below may load sparkgrad._core, which links libdnnl.so.3
+_load_core()  # first: anything below may use sparkgrad._core; a failure names the library and the fix
 
 from sparkgrad import TFCluster, TFNode, local  # noqa: E402
 from sparkgrad._version import __version__  # noqa: E402
@@ -17,6 +17,7 @@ from sparkgrad.errors import (  # noqa: E402
     ClusterError,
     CorruptRecordError,
     InsufficientSlotsError,
+    NativeLibraryError,
     NodeFailure,
     ProtocolError,
     RecordError,
@@ -29,10 +30,20 @@ from sparkgrad.errors import (  # noqa: E402
 
 
 def build_info() -> dict:
-    """Versions of sparkgrad and of the libraries its C core runs on."""
-    from sparkgrad import _core
+    """Versions of sparkgrad and of the libraries its C core runs on, and where those were loaded from.
 
-    return _core.build_info()
+    ``layout`` is how this copy carries its native code ("wheel": vendored in
+    sparkgrad.libs; "egg": extracted from the egg; "source": a local build
+    linking the onednn-cpu-gomp wheel); ``libraries`` maps each native
+    library the process has mapped (oneDNN, OpenMP, cJSON, libcrypto,
+    libcurl once used) to its path.
+    """
+    from sparkgrad import _core, _native
+
+    info = _core.build_info()
+    info["layout"] = _native.layout()
+    info["libraries"] = _native.mapped_libraries()
+    return info
 
 
 __all__ = [
@@ -51,6 +62,7 @@ __all__ = [
     "RendezvousTimeout",
     "NodeFailure",
     "InsufficientSlotsError",
+    "NativeLibraryError",
     "ProtocolError",
     "AuthError",
     "RestError",

@@ -1,27 +1,86 @@
-"""Loads sparkgrad._core after making sure its oneDNN is reachable.
+"""Loads sparkgrad._core and the native libraries it needs, or says exactly why not.
 
-The extension needs libdnnl.so.3 from the onednn-cpu-gomp wheel, which pip puts
-under the environment's prefix (<prefix>/lib). The extension's RUNPATH covers a
-normal site-packages install; for in-tree builds, --user installs and
-Databricks' library paths the library is preloaded from the location the
-installed distribution records, so the dynamic linker resolves the extension's
-dependency by soname.
+sparkgrad arrives in one of three layouts, told apart by what lies beside
+the package:
 
-The distribution is looked up by reading its ``RECORD`` in the first sys.path
-directory that has it, which is what importlib.metadata would find, without
-importlib.metadata: on a Spark executor sys.path starts with pyspark.zip and
-py4j's zip, and importlib.metadata lists every member of those archives, which
-cost 0.1-0.2 s of every node's start.
+- **wheel** (``make wheel``, repaired by auditwheel): oneDNN, GNU OpenMP,
+  cJSON and libcrypto sit in ``site-packages/sparkgrad.libs`` under mangled
+  sonames, and the extension's RPATH finds them. Nothing is preloaded, so the
+  process maps exactly one OpenMP runtime: the one oneDNN and the extension
+  share.
+- **egg** (``make egg``, for Databricks runtimes that attach eggs): the
+  package is imported from a zip archive, from which no shared library can be
+  loaded. The extension and ``sparkgrad.libs`` are extracted once into a cache
+  directory named by their CRC-32s (so a changed egg gets a fresh copy and
+  concurrent Python workers share one), keeping the wheel's relative layout
+  so the same RPATH applies, and the extension is loaded from there.
+- **source** (in-tree builds, ``pip install .``): the extension links
+  ``libdnnl.so.3`` of the onednn-cpu-gomp wheel, which pip puts under the
+  environment's prefix. The extension's RUNPATH covers a plain site-packages
+  install; otherwise the library is preloaded from where the distribution's
+  RECORD puts it, read from the first sys.path directory that has it (what
+  importlib.metadata would find, without it: on a Spark executor sys.path
+  starts with pyspark.zip and py4j's zip, and importlib.metadata lists every
+  member of those archives, which cost 0.1-0.2 s of every node's start).
+
+Any failure to load becomes one NativeLibraryError naming the extension file,
+the library that could not be loaded and what to do about it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
 import os
+import re
 import sys
+import tempfile
+import zipimport
+from types import ModuleType
 
 DISTRIBUTION = "onednn_cpu_gomp"  # the wheel's dist-info prefix (name normalised as pip writes it)
 LIBRARY = "libdnnl.so.3"
+ONEDNN_REQUIREMENT = "onednn-cpu-gomp==2023.2.0"
+MODULE = "sparkgrad._core"
+LIBS_DIR = "sparkgrad.libs"  # where auditwheel repair puts the vendored libraries
+
+WHEEL, EGG, SOURCE = "wheel", "egg", "source"
+
+# What provides a library that a layout does not carry, and how to get it.
+_SYSTEM_PACKAGES = {
+    "libstdc++.so.6": "libstdc++6",
+    "libgcc_s.so.1": "libgcc-s1",
+    "libz.so.1": "zlib1g",
+    "libgomp.so.1": "libgomp1",
+    "libcjson.so.1": "libcjson1",
+    "libcrypto.so.3": "libssl3",
+}
+
+
+def _package_dir() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _egg_archive() -> str | None:
+    """The zip archive sparkgrad is imported from, if it is one."""
+    loader = globals().get("__loader__")
+    if isinstance(loader, zipimport.zipimporter):
+        return loader.archive
+    return None
+
+
+def layout() -> str:
+    """WHEEL, EGG or SOURCE: how this copy of sparkgrad carries its native code."""
+    if _egg_archive() is not None:
+        return EGG
+    if os.path.isdir(os.path.join(_package_dir(), os.pardir, LIBS_DIR)):
+        return WHEEL
+    return SOURCE
+
+
+# -- source builds: oneDNN from the onednn-cpu-gomp wheel --------------------------------
 
 
 def _recorded_library(site_dir: str, info_dir: str) -> str | None:
@@ -64,7 +123,187 @@ def _onednn_path() -> str | None:
 
 
 def preload_onednn() -> None:
-    """Make libdnnl.so.3 resolvable for sparkgrad._core (idempotent)."""
+    """Make libdnnl.so.3 resolvable for a source build of sparkgrad._core (idempotent)."""
     path = _onednn_path()
     if path is not None:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+# -- eggs: extract the extension and its libraries once ----------------------------------
+
+
+def _cache_root() -> str:
+    """SPARKGRAD_EXTRACT_DIR, else PYTHON_EGG_CACHE, else the user's cache directory (else the temp dir)."""
+    for var in ("SPARKGRAD_EXTRACT_DIR", "PYTHON_EGG_CACHE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = os.path.join(base, "sparkgrad", "native")
+    try:
+        os.makedirs(root, exist_ok=True)
+        if os.access(root, os.W_OK):
+            return root
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), f"sparkgrad-native-{os.getuid()}")
+
+
+def _extract_egg(archive: str) -> str:
+    """Extracts the extension for this interpreter and sparkgrad.libs; returns the extension's path."""
+    import zipfile  # only eggs need it
+
+    from sparkgrad.errors import NativeLibraryError
+
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    with zipfile.ZipFile(archive) as egg:
+        infos = egg.infolist()
+        exts = [i for i in infos if re.fullmatch(r"sparkgrad/_core\.[^/]*so", i.filename)]
+        ext = next((i for i in exts if any(i.filename.endswith("/_core" + s) for s in suffixes)), None)
+        if ext is None:
+            found = ", ".join(os.path.basename(i.filename) for i in exts) or "no extension at all"
+            raise NativeLibraryError(
+                f"{archive}: this egg holds {found}, none of which Python "
+                f"{sys.version_info.major}.{sys.version_info.minor} can load (it looks for _core{suffixes[0]}); "
+                f"attach the egg built for this Python (sparkgrad-<version>-py{sys.version_info.major}."
+                f"{sys.version_info.minor}-linux-x86_64.egg) or install the wheel",
+                path=archive,
+                library=f"_core{suffixes[0]}",
+            )
+        members = [ext] + [i for i in infos if i.filename.startswith(LIBS_DIR + "/") and not i.is_dir()]
+        key = hashlib.sha256(repr([(i.filename, i.CRC, i.file_size) for i in members]).encode()).hexdigest()[:16]
+        root = _cache_root()
+        target = os.path.join(root, f"{os.path.basename(archive)}-{key}")
+        if not os.path.isfile(os.path.join(target, ext.filename)):
+            try:
+                os.makedirs(root, exist_ok=True)
+                staging = tempfile.mkdtemp(prefix=".extract-", dir=root)
+                for info in members:
+                    egg.extract(info, staging)
+                try:
+                    os.rename(staging, target)  # atomic: another process may have won the race
+                except OSError:
+                    import shutil
+
+                    shutil.rmtree(staging, ignore_errors=True)
+                    if not os.path.isfile(os.path.join(target, ext.filename)):
+                        raise
+            except OSError as exc:
+                raise NativeLibraryError(
+                    f"{archive}: cannot extract the native extension into {root}: {exc}; "
+                    "set SPARKGRAD_EXTRACT_DIR to a writable directory on a file system that allows executables",
+                    path=archive,
+                    library=ext.filename,
+                ) from None
+    return os.path.join(target, ext.filename)
+
+
+def _load_extension(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[MODULE]
+        raise
+    return module
+
+
+# -- loading, and saying why it failed ----------------------------------------------------
+
+
+def _extension_file(where: str) -> str:
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    for suffix in suffixes:
+        path = os.path.join(where, "_core" + suffix)
+        if os.path.exists(path):
+            return path
+    return os.path.join(where, "_core" + suffixes[0])
+
+
+def _glibc() -> str:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or "unknown"
+    except (ValueError, OSError):
+        return "unknown"
+
+
+def _explain(exc: ImportError, kind: str, path: str) -> str:
+    text = str(exc)
+    where = os.path.dirname(path)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not os.path.exists(path):
+        names = os.listdir(where) if os.path.isdir(where) else []
+        built = sorted(n for n in names if n.startswith("_core.") and n.endswith(".so"))
+        return (
+            f"{path} does not exist: this sparkgrad was not built for Python {py}"
+            f"{f' (it has {built})' if built else ''}; install the wheel for cp{py.replace('.', '')} "
+            "(pip install sparkgrad) or build it for this interpreter (make build)"
+        )
+    missing = re.match(r"([^\s:]+\.so[.\d]*): cannot open shared object file", text)
+    version = re.search(r"version `([^']+)' not found \(required by ([^)]+)\)", text)
+    if version is not None:
+        return (
+            f"{path}: {version.group(2)} needs {version.group(1)}, which this system lacks "
+            f"(glibc {_glibc()}): sparkgrad's wheels need glibc 2.34 or newer (Ubuntu 22.04, Debian 12, "
+            "Databricks Runtime 13.3 LTS and later)"
+        )
+    if missing is None:
+        return f"{path} could not be loaded: {text}"
+    lib = missing.group(1)
+    if kind == SOURCE and lib == LIBRARY:
+        fix = f"pip install {ONEDNN_REQUIREMENT} (the oneDNN runtime this build links)"
+    elif lib in _SYSTEM_PACKAGES:
+        fix = f"install the system package that provides it (Debian/Ubuntu: apt-get install {_SYSTEM_PACKAGES[lib]})"
+        if kind != SOURCE:
+            fix += " or reinstall sparkgrad (pip install --force-reinstall sparkgrad)"
+    elif kind != SOURCE:
+        fix = f"the copy in {os.path.join(where, os.pardir, LIBS_DIR)} is missing or damaged: reinstall sparkgrad"
+    else:
+        fix = "install the library or rebuild sparkgrad (make build)"
+    return f"{path} could not be loaded: {lib} was not found ({text}); {fix}"
+
+
+def load_core() -> ModuleType:
+    """Loads sparkgrad._core for this layout (idempotent); raises NativeLibraryError if it cannot."""
+    if MODULE in sys.modules:
+        return sys.modules[MODULE]
+    from sparkgrad.errors import NativeLibraryError
+
+    kind = layout()
+    if kind == EGG:
+        archive = _egg_archive() or ""
+        path = _extract_egg(archive)
+        load = lambda: _load_extension(path)  # noqa: E731
+    else:
+        if kind == SOURCE:
+            preload_onednn()
+        path = _extension_file(_package_dir())
+        load = lambda: importlib.import_module(MODULE)  # noqa: E731
+    try:
+        return load()
+    except ImportError as exc:
+        library = re.match(r"([^\s:]+): cannot open shared object file", str(exc))
+        raise NativeLibraryError(
+            _explain(exc, kind, path), path=path, library=library.group(1) if library else None, layout=kind
+        ) from None
+
+
+def mapped_libraries() -> dict[str, str]:
+    """The native libraries this process has mapped that sparkgrad uses: {short name: path}."""
+    wanted = ("libdnnl", "libgomp", "libiomp", "libomp", "libcjson", "libcrypto", "libcurl")
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        path = fields[5] if len(fields) == 6 else ""
+        name = os.path.basename(path)
+        for stem in wanted:
+            if name.startswith(stem) and ".so" in name:
+                found.setdefault(name, path)
+    return found

@@ -7,6 +7,7 @@ names below are part of the C contract.
     SparkgradError
     ├── InvalidArgumentError (also ValueError)
     ├── SparkgradIOError (also OSError)
+    ├── NativeLibraryError (also ImportError)
     ├── SparkgradTimeout (also TimeoutError)
     ├── CancelledError
     ├── StateError
@@ -60,6 +61,15 @@ class InvalidArgumentError(SparkgradError, ValueError):
 
 class SparkgradIOError(SparkgradError, OSError):
     """A file or socket operation failed; the message names the path or peer."""
+
+
+class NativeLibraryError(SparkgradError, ImportError):
+    """sparkgrad's C extension or a library it needs could not be loaded.
+
+    Carries ``path`` (the extension, or the egg), ``library`` (what the
+    dynamic linker could not find, when it said) and ``layout`` (wheel, egg or
+    source); the message says what to do.
+    """
 
 
 class SparkgradTimeout(SparkgradError, TimeoutError):
