@@ -26,7 +26,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test demo asan fuzz format lint wheel egg bench clean
+.PHONY: all sysdeps deps build ctest test demo asan fuzz format lint wheel wheel-smoke egg bench clean
 
 all: build
 
@@ -123,6 +123,12 @@ lint: deps
 
 wheel: deps
 	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+
+# The wheel for a minimal Debian chroot's Python (no compiler, no libcjson, no
+# libgomp), installed there from a local wheelhouse and smoke-tested without
+# network; prints `auditwheel show` of every wheel in dist/. Needs root.
+wheel-smoke: wheel
+	PY=$(PY) bash .ci/wheel-smoke dist
 
 egg: deps
 	$(PY) setup.py -q bdist_egg -d dist
