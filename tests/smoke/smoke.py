@@ -190,7 +190,7 @@ def step_cluster() -> str:
     from sparkgrad import TFCluster
 
     cluster = TFCluster.run(None, cluster_map_fun, {"steps": CLUSTER_STEPS}, 3, 1, reservation_timeout=60)
-    cluster.shutdown(timeout=120)
+    cluster.shutdown(timeout=90)
     spec, results = cluster.cluster_spec, cluster.results
     check(sorted(spec) == ["ps", "worker"] and len(spec["ps"]) == 1 and len(spec["worker"]) == 2, f"spec {spec}")
     ps = [r for r in results.values() if "ps" in r]
