@@ -29,7 +29,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test demo asan fuzz format lint wheel egg bench clean
+.PHONY: all sysdeps deps build ctest test demo asan fuzz format lint wheel wheel-smoke egg bench clean
 
 all: build
 
@@ -139,6 +139,15 @@ wheel: deps $(RELEASE_STAMP)
 # from the repaired wheels: they import with nothing but NumPy installed.
 egg: wheel
 	env -u PYTHONPATH $(PY) .ci/wheels.py eggs --out dist $(EGG_PYTHONS)
+
+# The release artifacts as users get them: tests/test_packaging.py installs
+# each wheel and egg in fresh venvs (one OpenMP runtime, pip's refusals, the
+# import errors), then .ci/wheel-smoke installs the wheel for a minimal Debian
+# chroot's Python (no compiler, no libcjson, no libgomp) from a local
+# wheelhouse and smoke-tests it there without network. Needs root.
+wheel-smoke: egg
+	SPARKGRAD_DIST=$(CURDIR)/dist $(PY) -m pytest -q $(PYTEST_ARGS) tests/test_packaging.py
+	PY=$(PY) bash .ci/wheel-smoke dist
 
 $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)
