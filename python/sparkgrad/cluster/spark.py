@@ -206,7 +206,7 @@ def spark_session(obj: Any) -> SparkSessionKind:
         return obj
     if is_connect_session(obj):
         return ConnectSpark(obj)
-    if hasattr(obj, "_jsc") or hasattr(obj, "parallelize"):  # a SparkContext
+    if hasattr(obj, "parallelize"):  # a SparkContext (a SparkSession has _jsc too, but no parallelize)
         return ClassicSpark(obj)
     if hasattr(obj, "sparkContext"):  # a classic SparkSession
         return ClassicSpark(obj.sparkContext)
