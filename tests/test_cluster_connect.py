@@ -309,7 +309,7 @@ def _run_example(*args: str, timeout: float = 600) -> str:
 @pytest.mark.parametrize("mode", ["tensorflow", "spark"])
 def test_mnist_dist_example_runs_over_connect_in_both_input_modes(mnist_records, tmp_path, mode):
     out = _run_example("--mode", mode, "--epochs", "1", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path))
-    assert f"{mode} mode, 1 ps + 2 workers" in out
+    assert f"{mode} mode, 1 ps + 2 workers" in out and "(over Spark Connect)" in out
     # tensorflow mode: every worker reads every file (1,200 steps an epoch); spark mode: each row once (600)
     assert f"global step {1200 if mode == 'tensorflow' else 600}" in out
     assert re.search(r"^worker:0 chief: step \d+, test loss", out, re.M)  # streamed, prefixed
