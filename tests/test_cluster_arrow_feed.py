@@ -1,4 +1,4 @@
-"""Arrow record batches -> feed columns (cluster/arrow_feed.py), and Connect's slot count from its conf; no Spark."""
+"""Arrow record batches -> feed columns (cluster/arrow_feed.py); pyarrow only, no Spark."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from sparkgrad.cluster.arrow_feed import batch_to_columns, result_fields
 from sparkgrad.cluster.feed import rows_to_columns
-from sparkgrad.cluster.spark import slots_from_conf
 from sparkgrad.errors import InvalidArgumentError
 
 pa = pytest.importorskip("pyarrow")
@@ -101,28 +100,3 @@ def test_inference_schema_is_parsed_to_arrow_types_or_refused():
     ]
     with pytest.raises(InvalidArgumentError, match="'label string' is not 'name type' with a numeric type"):
         result_fields("id long, label string")
-
-
-@pytest.mark.parametrize(
-    ("master", "conf", "slots"),
-    [
-        ("local", {}, 1),
-        ("local[3]", {}, 3),
-        ("local[4, 2]", {}, 4),
-        ("local[4]", {"spark.task.cpus": "2"}, 2),
-        ("local-cluster[2,3,1024]", {}, 6),
-        ("spark://h:7077", {"spark.executor.instances": "3", "spark.executor.cores": "4", "spark.task.cpus": "2"}, 6),
-        ("yarn", {"spark.executor.instances": "3"}, None),
-        ("", {}, None),
-    ],
-)
-def test_connect_slot_count_comes_from_the_master_and_executor_conf(master, conf, slots):
-    count = slots_from_conf(master, conf.get)
-    assert count.slots == slots
-    assert master in count.source
-
-
-def test_local_star_counts_this_machines_cores():
-    import os
-
-    assert slots_from_conf("local[*]", {}.get).slots == os.cpu_count()

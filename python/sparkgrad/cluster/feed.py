@@ -10,6 +10,9 @@ that the input ended, so next_batch returns short batches and then empty
 ones instead of waiting: synchronous training never hangs on uneven
 partitions.
 
+A DataFrame takes another way into the same FeedTarget: cluster/arrow_feed.py
+turns its Arrow record batches into columns without Python rows.
+
 Rows become columns: a Row or tuple of k fields gives columns named by the
 Row's fields or "0".."k-1"; a bare value gives column "0". Nothing is pickled.
 A binary field (Spark BinaryType: bytes of equal length per row, such as raw

@@ -164,7 +164,13 @@ class ConnectSpark:
         return self.conf("spark.master") or ""
 
     def conf(self, key: str, default: str | None = None) -> str | None:
-        value = self.spark.conf.get(key, default)
+        """A conf key as the server exposes it; ``default`` where it is unset or withheld (serverless)."""
+        from pyspark.errors import PySparkException
+
+        try:
+            value = self.spark.conf.get(key, default)
+        except PySparkException:  # a key the server does not expose to clients
+            return default
         return None if value is None else str(value)
 
     def slot_count(self) -> SlotCount:
