@@ -247,6 +247,21 @@ def test_too_few_slots_on_connect_fail_before_any_stage_naming_the_numbers(conne
     assert time.monotonic() - started < 5
 
 
+def test_reservation_timeout_over_connect_says_where_the_driver_must_run(connect, tmp_path, monkeypatch):
+    from sparkgrad.errors import RendezvousTimeout
+
+    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "2")
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout) as info:
+        TFCluster.run(
+            connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=Lines(), reservation_timeout=4
+        )
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "missing" in message and "slots" in message
+    assert "Databricks Connect client on a laptop is not reachable from the executors" in message
+
+
 def test_train_feeds_a_dataframe_over_connect_through_arrow(connect):
     x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
     df = connect.createDataFrame(

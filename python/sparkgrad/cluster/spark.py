@@ -259,12 +259,6 @@ def task_host(address: str) -> str:
     return host.strip("[]") or address
 
 
-def available_slots(sc: Any) -> int:
-    """Task slots a classic SparkContext can run at once (what Spark's own barrier check counts)."""
-    slots = ClassicSpark(sc).slot_count().slots
-    return 0 if slots is None else slots
-
-
 def check_spark(
     session: SparkSessionKind,
     num_nodes: int,
