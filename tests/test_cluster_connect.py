@@ -229,6 +229,37 @@ def test_driver_interrupt_over_connect_interrupts_the_stage_and_frees_every_slot
     cluster.shutdown(timeout=60)
 
 
+def test_driver_interrupt_during_train_over_connect_interrupts_the_feeding_stage(connect, tmp_path):
+    """The feeding job's tag is interrupted too: no feeding task is left holding a slot."""
+    import _thread
+    import threading
+
+    args = {"dir": str(tmp_path), "target": "none"}
+    cluster = TFCluster.run(
+        connect,
+        cluster_nodes.busy_until_interrupted,  # never reads its feed: the feeders block once its queue is full
+        args,
+        3,
+        1,
+        input_mode=InputMode.SPARK,
+        output=Lines(),
+        reservation_timeout=60,
+        stop_grace=1.0,
+    )
+    timer = threading.Timer(3.0, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.train(connect.range(0, 10**9, numPartitions=1), feed_timeout=60)
+    timer.join()
+    assert time.monotonic() - started < 60
+    assert all(launcher.finished() for launcher in cluster._launchers)
+    cluster = TFCluster.run(
+        connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, SLOTS, 1, output=Lines(), reservation_timeout=30
+    )
+    cluster.shutdown(timeout=60)
+
+
 def test_too_few_slots_on_connect_fail_before_any_stage_naming_the_numbers(connect, tmp_path, monkeypatch):
     from sparkgrad.cluster.spark import ConnectSpark
 
