@@ -162,8 +162,13 @@ def train_softmax(args, ctx):
 
 
 def train_from_feed(args, ctx):
-    """InputMode.SPARK: workers train from DataFeed batches (rows: (features, label)) with a sync ps."""
+    """InputMode.SPARK: workers train from DataFeed batches (rows: (features, label)) with a sync ps.
+
+    args["columns"]: the (features, label) column names, "0" and "1" for an RDD of tuples.
+    """
     import numpy as np
+
+    xname, yname = args.get("columns", ("0", "1"))
 
     if ctx.job_name == "ps":
         server = TFNode.start_cluster_server(ctx)
@@ -181,9 +186,9 @@ def train_from_feed(args, ctx):
                 y = np.array([r[1] for r in batch])
             else:  # column arrays, no per-row copies
                 cols = feed.next_batch_columns(50)
-                if not cols or len(cols["1"]) == 0:
+                if not cols or len(cols[yname]) == 0:
                     continue
-                x, y = cols["0"], cols["1"]
+                x, y = cols[xname], cols[yname]
             rows += len(y)
             label_sum += int(y.sum())
             ps.pull(params)
@@ -195,8 +200,13 @@ def train_from_feed(args, ctx):
 
 
 def infer_from_feed(args, ctx):
-    """InputMode.SPARK inference: rows (id, features); the result of a row is 3 * id + 1."""
+    """InputMode.SPARK inference: rows (id, features); the result of a row is 3 * id + 1.
+
+    args["columns"]: the (id, features) column names, "0" and "1" for an RDD of tuples.
+    """
     import numpy as np
+
+    idname, xname = args.get("columns", ("0", "1"))
 
     if ctx.job_name == "ps":
         TFNode.start_cluster_server(ctx).join(WAIT)
@@ -205,10 +215,10 @@ def infer_from_feed(args, ctx):
     rows = 0
     while not feed.should_stop():
         cols = feed.next_batch_columns(37)
-        if not cols or len(cols["0"]) == 0:
+        if not cols or len(cols[idname]) == 0:
             continue
-        rows += len(cols["0"])
-        feed.batch_results(cols["0"] * 3 + 1 + 0 * np.asarray(cols["1"]).sum(axis=1).astype(np.int64))
+        rows += len(cols[idname])
+        feed.batch_results(cols[idname] * 3 + 1 + 0 * np.asarray(cols[xname]).sum(axis=1).astype(np.int64))
     return {"rows": rows}
 
 

@@ -113,3 +113,43 @@ def test_spark_inference_returns_results_in_input_order(spark_context):
     cluster.shutdown(timeout=90)
     assert results == [3 * i + 1 for i in range(500)]
     assert cluster.results[1]["rows"] + cluster.results[2]["rows"] == 500
+
+
+@pytest.mark.spark
+def test_spark_input_mode_feeds_a_dataframe_through_arrow_on_classic_spark(spark, spark_context):
+    """cluster.train(df): the DataFrame's Arrow batches reach the workers as the RDD's rows would."""
+    import pathlib
+
+    from sparkgrad import InputMode
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
+    df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
+    df = df.repartition(5)
+    args = {"columns": ("features", "label")}
+    cluster = TFCluster.run(spark, cluster_nodes.train_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet)
+    cluster.train(df, num_epochs=3, feed_timeout=60)
+    cluster.shutdown(timeout=90)
+    workers = [cluster.results[i] for i in (1, 2)]
+    assert cluster.rows_fed == 3000
+    assert sum(w["rows"] for w in workers) == 3000 and min(w["rows"] for w in workers) > 0
+    assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
+    assert min(w["accuracy"] for w in workers) > 0.9
+
+
+@pytest.mark.spark
+def test_spark_inference_over_a_dataframe_returns_a_dataframe_of_results(spark, spark_context):
+    import pathlib
+
+    from sparkgrad import InputMode
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
+    df = spark.createDataFrame([(i, [float(i), 1.0]) for i in range(500)], "id long, x array<double>").coalesce(4)
+    args = {"columns": ("id", "x")}
+    cluster = TFCluster.run(spark, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet)
+    results = cluster.inference(df, feed_timeout=60, schema="y long")
+    assert results.schema.simpleString() == "struct<y:bigint>"
+    values = [row.y for row in results.collect()]
+    cluster.shutdown(timeout=90)
+    assert values == [3 * i + 1 for i in range(500)]
+    assert cluster.results[1]["rows"] + cluster.results[2]["rows"] == 500

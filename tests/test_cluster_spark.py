@@ -82,10 +82,10 @@ def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
 def test_nodes_echo_to_executor_logs_only_off_a_local_master(sc):
     from types import SimpleNamespace
 
-    from sparkgrad.cluster.spark import SparkLauncher
+    from sparkgrad.cluster.spark import ClassicSpark, SparkLauncher
 
     def echo(master_sc) -> bool:
-        return SparkLauncher(master_sc, None, (0,), cluster_nodes.write_ctx, None)._task.echo
+        return SparkLauncher(ClassicSpark(master_sc), None, (0,), cluster_nodes.write_ctx, None)._task.echo
 
     assert not echo(sc)  # local[...]: the driver's prefixed copy is the only one
     assert echo(SimpleNamespace(master="local-cluster[2,1,1024]"))

@@ -13,6 +13,7 @@ Launchers only start and stop nodes; this module decides what an event means.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkgrad.cluster.context import NodeInfo, cluster_spec
-from sparkgrad.cluster.feed import DEFAULT_INPUT, PartitionFeeder
+from sparkgrad.cluster.feed import DEFAULT_INPUT, FeedTarget, PartitionFeeder
 from sparkgrad.cluster.roles import SERVING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.errors import (
     ClusterError,
@@ -80,6 +81,11 @@ class Metric:
     step: int
 
 
+def _is_dataframe(data: Any) -> bool:
+    """A DataFrame (classic or Connect) rather than an RDD: it is fed through mapInArrow."""
+    return hasattr(data, "mapInArrow")
+
+
 def new_secret() -> bytes:
     """A random per-cluster secret for the HMAC handshake (32 bytes)."""
     return secrets.token_bytes(32)
@@ -98,10 +104,10 @@ class Cluster:
         stop_grace: float,
         output: Callable[[str], None] = default_output,
         tensorboard: Any = None,
-        sc: Any = None,
+        spark: Any = None,
         secret: bytes = b"",
     ) -> None:
-        self._sc = sc
+        self._spark = spark  # spark.ClassicSpark or spark.ConnectSpark; None for a local cluster
         self._secret = secret
         self.rows_fed = 0
         self.template = template
@@ -355,24 +361,36 @@ class Cluster:
     def train(self, data_rdd: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> None:
         """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.
 
+        ``data_rdd``: an RDD (classic Spark), or a DataFrame (classic Spark or
+        Spark Connect), whose Arrow record batches reach the feed without a
+        Python object per row (cluster/arrow_feed.py says which column types).
         Returns once every row is queued on its worker and each worker was told
         that input ``qname`` ended (DataFeed.should_stop() turns true once it
         has taken the rest). A node failure during feeding is raised as
         NodeFailure; a failed feeding job as ClusterError.
         """
-        self._check_feedable("train")
+        self._check_feedable("train", data_rdd)
         training = [n for n in self.nodes if n.role not in SERVING_ROLES]
-        feeder = PartitionFeeder(
-            targets=self._feed_targets(),
-            secret=self._secret,
-            input=qname,
-            timeout=float(feed_timeout),
-        )
-        rdd = data_rdd if num_epochs <= 1 else self._sc.union([data_rdd] * int(num_epochs))
+        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout))
+        epochs = max(1, int(num_epochs))
+        if _is_dataframe(data_rdd):
+            from sparkgrad.cluster.arrow_feed import COUNT_SCHEMA, ArrowFeeder
+
+            df = functools.reduce(lambda a, b: a.union(b), [data_rdd] * epochs)
+
+            def action() -> int:
+                return sum(row.rows for row in df.mapInArrow(ArrowFeeder(target), COUNT_SCHEMA).collect())
+
+        else:
+            rdd = data_rdd if epochs == 1 else self._spark.sc.union([data_rdd] * epochs)
+
+            def action() -> int:
+                return rdd.mapPartitionsWithIndex(PartitionFeeder(target)).sum()
+
         from sparkgrad.cluster.spark import SparkJob
 
-        job = SparkJob(self._sc, f"sparkgrad feed of {num_epochs} epoch(s) to {len(training)} nodes")
-        job.start(lambda: rdd.mapPartitionsWithIndex(feeder).sum())
+        job = SparkJob(self._spark, f"sparkgrad feed of {num_epochs} epoch(s) to {len(training)} nodes")
+        job.start(action)
         try:
             while not job.wait(EVENT_POLL_SECONDS):
                 if self._failure is not None:
@@ -392,30 +410,44 @@ class Cluster:
             self._server.send(node.executor_id, {"type": "feed_end", "input": qname})
         self.rows_fed = int(job.result or 0)
 
-    def inference(self, data_rdd: Any, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> Any:
-        """InputMode.SPARK: an RDD of map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
+    def inference(
+        self, data_rdd: Any, feed_timeout: float = 600, qname: str = DEFAULT_INPUT, *, schema: str | None = None
+    ) -> Any:
+        """InputMode.SPARK: map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
 
         Each partition is fed to one training node, whose map_fun reads it with
         DataFeed(ctx.mgr, train_mode=False) and answers with batch_results();
         call shutdown() after using the results to end the nodes' input.
-        """
-        self._check_feedable("inference")
-        feeder = PartitionFeeder(
-            targets=self._feed_targets(),
-            secret=self._secret,
-            input=qname,
-            timeout=float(feed_timeout),
-            want_results=True,
-        )
-        return data_rdd.mapPartitionsWithIndex(feeder, preservesPartitioning=True)
 
-    def _check_feedable(self, what: str) -> None:
+        An RDD gives an RDD of results (a value a row, or a tuple for several
+        result columns). A DataFrame gives a DataFrame of ``schema``: Spark
+        DDL of numeric columns, one per result column in batch_results order
+        (a dict's columns by name, numbered ones first), each result cast to
+        its column's type; default "result double".
+        """
+        self._check_feedable("inference", data_rdd)
+        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True)
+        if _is_dataframe(data_rdd):
+            from sparkgrad.cluster.arrow_feed import DEFAULT_RESULT_SCHEMA, ArrowFeeder, result_fields
+
+            ddl = schema or DEFAULT_RESULT_SCHEMA
+            return data_rdd.mapInArrow(ArrowFeeder(target, result_fields(ddl)), ddl)
+        if schema is not None:
+            raise InvalidArgumentError("cluster.inference(rdd): schema= applies to a DataFrame only")
+        return data_rdd.mapPartitionsWithIndex(PartitionFeeder(target), preservesPartitioning=True)
+
+    def _check_feedable(self, what: str, data: Any) -> None:
         if self.input_mode != InputMode.SPARK:
             raise InvalidArgumentError(
-                f"cluster.{what}(rdd) feeds InputMode.SPARK clusters; this one reads its own data"
+                f"cluster.{what}(data) feeds InputMode.SPARK clusters; this one reads its own data"
             )
-        if self._sc is None:
-            raise InvalidArgumentError(f"cluster.{what}(rdd) needs a cluster started with a SparkContext")
+        if self._spark is None:
+            raise InvalidArgumentError(f"cluster.{what}(data) needs a cluster started with a Spark session")
+        if not _is_dataframe(data) and self._spark.connect:
+            raise InvalidArgumentError(
+                f"cluster.{what}(data) on Spark Connect takes a DataFrame (Connect has no RDDs), "
+                f"got {type(data).__name__}"
+            )
         self._raise_failure()
 
     def _feed_targets(self) -> tuple[tuple[str, int], ...]:

@@ -10,6 +10,9 @@ that the input ended, so next_batch returns short batches and then empty
 ones instead of waiting: synchronous training never hangs on uneven
 partitions.
 
+A DataFrame takes another way into the same FeedTarget: cluster/arrow_feed.py
+turns its Arrow record batches into columns without Python rows.
+
 Rows become columns: a Row or tuple of k fields gives columns named by the
 Row's fields or "0".."k-1"; a bare value gives column "0". Nothing is pickled.
 A binary field (Spark BinaryType: bytes of equal length per row, such as raw
@@ -76,47 +79,70 @@ def rows_to_columns(rows: list[Any]) -> dict[str, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class PartitionFeeder:
-    """Spark mapPartitionsWithIndex function: sends partition p to targets[p % len(targets)]."""
+class FeedTarget:
+    """Where and how one feeding task sends its partition (shared by the RDD and the Arrow feeders)."""
 
     targets: tuple[tuple[str, int], ...]
     secret: bytes = field(repr=False)
     input: str = DEFAULT_INPUT
     timeout: float = 600.0
     batch_rows: int = BATCH_ROWS
-    want_results: bool = False  # inference: yield the worker's results instead of a row count
+    want_results: bool = False  # inference: the worker's results instead of a row count
 
-    def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+    def feed(self, index: int, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[Any]:
+        """Sends column ``batches`` to targets[index % len(targets)].
+
+        Yields the number of rows sent, or with ``want_results`` the worker's
+        result frames (dicts of columns) in the order the rows were sent.
+        """
         host, port = self.targets[index % len(self.targets)]
         client = net().FeedClient(host, port, self.secret, self.timeout, self.input)
         try:
-            sent = _send_rows(client, rows, self.batch_rows)
+            sent = 0
+            for columns in batches:
+                client.send(columns)
+                sent += len(next(iter(columns.values()))) if columns else 0
             client.end()
             if self.want_results:
-                yield from _receive_results(client, sent, self.timeout, f"{host}:{port}")
+                yield from _result_frames(client, sent, self.timeout, f"{host}:{port}")
             else:
                 yield sent
         finally:
             client.close()
 
 
-def _send_rows(client: Any, rows: Iterable[Any], batch_rows: int) -> int:
-    sent = 0
+@dataclass(frozen=True)
+class PartitionFeeder:
+    """Spark mapPartitionsWithIndex function: sends partition p's rows to its target, as column batches."""
+
+    target: FeedTarget
+
+    def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        out = self.target.feed(index, _row_batches(rows, self.target.batch_rows))
+        if not self.target.want_results:
+            yield from out
+            return
+        for cols in out:  # one value per row for one column, else a tuple
+            names = ordered_columns(cols)
+            if len(names) == 1:
+                yield from cols[names[0]].tolist()
+            else:
+                yield from zip(*(cols[c].tolist() for c in names), strict=True)
+
+
+def _row_batches(rows: Iterable[Any], batch_rows: int) -> Iterator[dict[str, np.ndarray]]:
     chunk: list[Any] = []
     for row in rows:
         chunk.append(row)
         if len(chunk) == batch_rows:
-            client.send(rows_to_columns(chunk))
-            sent += len(chunk)
+            yield rows_to_columns(chunk)
             chunk = []
     if chunk:
-        client.send(rows_to_columns(chunk))
-        sent += len(chunk)
-    return sent
+        yield rows_to_columns(chunk)
 
 
-def _receive_results(client: Any, expected: int, timeout: float, peer: str) -> Iterator[Any]:
-    """Yields ``expected`` result rows (a value for one column, else a tuple) in the feeder's order."""
+def _result_frames(client: Any, expected: int, timeout: float, peer: str) -> Iterator[dict[str, np.ndarray]]:
+    """Yields result frames (columns) until ``expected`` rows arrived, in the feeder's order."""
     received = 0
     while received < expected:
         cols = client.recv_results(timeout)
@@ -125,16 +151,11 @@ def _receive_results(client: Any, expected: int, timeout: float, peer: str) -> I
                 f"inference: the worker at {peer} returned {received} of {expected} results within {timeout:g} s "
                 "(does map_fun call DataFeed.batch_results for every batch?)"
             )
-        names = _ordered(cols)
-        n = len(cols[names[0]]) if names else 0
-        received += n
-        if len(names) == 1:
-            yield from cols[names[0]].tolist()
-        else:
-            yield from zip(*(cols[c].tolist() for c in names), strict=True)
+        received += len(next(iter(cols.values()))) if cols else 0
+        yield cols
 
 
-def _ordered(cols: dict[str, np.ndarray]) -> list[str]:
+def ordered_columns(cols: dict[str, np.ndarray]) -> list[str]:
     """Column names, numbered ones ("0", "1", ...) in numeric order first."""
     return sorted(cols, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))
 
@@ -188,7 +209,7 @@ class DataFeed:
             return {tensor: cols[col] for col, tensor in sorted(self.input_mapping.items()) if col in cols}
         if not cols:
             return []
-        names = _ordered(cols)
+        names = ordered_columns(cols)
         if len(names) == 1:
             return list(cols[names[0]])
         return list(zip(*(cols[n] for n in names), strict=True))

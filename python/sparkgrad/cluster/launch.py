@@ -1,9 +1,9 @@
 """TFCluster.run: builds the template, the secret and the rendezvous, then starts the nodes.
 
-With a SparkContext the nodes run on executors (a barrier stage; with
-driver_ps_nodes the ps nodes run as threads of the driver); with
-``sc=None`` every node is a local process (the local launcher), through the
-same node code path.
+With a SparkContext, a SparkSession or a Spark Connect session the nodes run
+on executors (a barrier stage; with driver_ps_nodes the ps nodes run as
+threads of the driver); with ``sc=None`` every node is a local process (the
+local launcher), through the same node code path.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sparkgrad.cluster.driver import Cluster, default_output, new_secret
 from sparkgrad.cluster.node import MapFun, NodeConfig
 from sparkgrad.cluster.roles import PS, InputMode, build_template
 from sparkgrad.cluster.transport import net
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import ClusterError, InvalidArgumentError, SparkgradError
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -26,13 +26,29 @@ def _held_executors() -> frozenset[int]:
     return frozenset(int(x) for x in raw.split(",") if x.strip())
 
 
-def _default_fs(sc: Any) -> str:
-    if sc is None:
+def _default_fs(session: Any) -> str:
+    if session is None:
         return "file://"
-    fs = str(sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
+    fs = session.default_fs()
     while fs.endswith("/") and not fs.endswith("://"):  # "file:///" -> "file://", as TensorFlowOnSpark
         fs = fs[:-1]
     return fs
+
+
+def _rendezvous_server(secret: bytes, num_nodes: int, bind: str, session: Any) -> Any:
+    """The driver's RendezvousServer on ``bind`` (port 0: the port bound is the one reported)."""
+    try:
+        return net().RendezvousServer(secret, num_nodes, bind, 0)
+    except SparkgradError as exc:
+        if session is None or not session.connect:
+            raise
+        raise ClusterError(
+            f"cannot listen on {bind}, the Spark Connect server's driver address ({exc}): the rendezvous runs in "
+            "this Python process, which must run where the executors can reach it (a notebook on the cluster's "
+            "driver node); a Databricks Connect client on a laptop is not reachable from the executors. Set "
+            "SPARKGRAD_DRIVER_HOST (and spark.sparkgrad.driver.bindAddress) to an address of this machine that "
+            "the executors reach"
+        ) from None
 
 
 def run(
@@ -58,7 +74,10 @@ def run(
 ) -> Cluster:
     """Starts map_fun(tf_args, ctx) on num_executors nodes and returns once all registered.
 
-    sc=None runs the nodes as local processes. ``queues`` and ``release_port``
+    ``sc``: a SparkContext, a SparkSession (a classic one runs through its
+    SparkContext), a Spark Connect session (no SparkContext: the nodes run as
+    a barrier ``mapInArrow`` stage, see cluster/spark.py), or None to run the
+    nodes as local processes. ``queues`` and ``release_port``
     are accepted for TensorFlowOnSpark compatibility and have no effect: data
     moves over the C feed, and every node's listening socket stays bound
     (ctx.listener) until the node ends. ``heartbeat_timeout`` (s) bounds how
@@ -75,21 +94,23 @@ def run(
     local_ids = tuple(range(num_executors)) if sc is None else (ps_ids if driver_ps_nodes else ())
     spark_ids = tuple(i for i in range(num_executors) if i not in local_ids)
 
+    session = None
     if sc is None:
         host = os.environ.get("SPARKGRAD_DRIVER_HOST", LOCAL_HOST)
         bind = host
     else:
-        from sparkgrad.cluster.spark import check_spark, driver_address
+        from sparkgrad.cluster.spark import check_spark, driver_address, spark_session
 
+        session = spark_session(sc)
         # InputMode.SPARK: the feeding tasks need a slot beside the nodes' barrier tasks
         feed_slots = 1 if InputMode(input_mode) == InputMode.SPARK else 0
-        check_spark(sc, len(spark_ids), slots_timeout, feed_slots)
-        host, bind = driver_address(sc)
+        check_spark(session, len(spark_ids), slots_timeout, feed_slots, warn=output)
+        host, bind = driver_address(session)
 
     if tensorboard and log_dir is None:  # TensorFlowOnSpark's default: a fixed path under the working directory
         log_dir = os.path.join(os.getcwd(), "tensorboard")
     secret = new_secret()
-    server = net().RendezvousServer(secret, num_executors, bind, 0)
+    server = _rendezvous_server(secret, num_executors, bind, session)
     try:
         server.heartbeat_timeout = float(heartbeat_timeout)
         cfg = NodeConfig(
@@ -97,7 +118,7 @@ def run(
             driver_port=server.port,
             secret=secret,
             template=template,
-            default_fs=_default_fs(sc),
+            default_fs=_default_fs(session),
             working_dir=os.getcwd(),
             input_mode=InputMode(input_mode),
             log_dir=log_dir,
@@ -109,7 +130,7 @@ def run(
         if spark_ids:  # first: Spark's barrier job is the slow part to start
             from sparkgrad.cluster.spark import SparkLauncher
 
-            launchers.append(SparkLauncher(sc, cfg, spark_ids, map_fun, tf_args))
+            launchers.append(SparkLauncher(session, cfg, spark_ids, map_fun, tf_args))
         if local_ids and sc is None:
             from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
 
@@ -128,7 +149,7 @@ def run(
         input_mode=InputMode(input_mode),
         stop_grace=float(stop_grace),
         output=output,
-        sc=sc,
+        spark=session,
         secret=secret,
     )
     cluster.start(float(reservation_timeout))

@@ -1,20 +1,32 @@
-"""Running nodes on Spark executors: pre-flight checks, addresses, the barrier job.
+"""Running nodes on Spark executors: the session kinds, pre-flight checks, addresses, the barrier job.
 
-The node job is one barrier stage (``rdd.barrier().mapPartitions``) of one
-partition per node, so Spark starts every node at once or not at all, and
-fails the stage as a whole. Before submitting it the driver checks that
-dynamic allocation is off and that enough task slots exist, so a cluster that
-cannot form fails at once with a reason instead of waiting for reservations.
-The job runs in a background thread under its own job group, which is what
-cancel() cancels.
+Two kinds of Spark session reach TFCluster.run: a classic SparkContext (or a
+classic SparkSession, whose context is used) and a Spark Connect session,
+which has no SparkContext and no RDDs (Databricks Standard access mode,
+serverless, Databricks Connect). ClassicSpark and ConnectSpark give the rest
+of sparkgrad the same few things: configuration keys, the master, the task
+slots, the default filesystem, one barrier stage, and cancelling the jobs a
+thread started (job groups on classic Spark, tags on Connect).
+
+The node job is one barrier stage of one partition per node
+(``rdd.barrier().mapPartitions`` on classic Spark, ``mapInArrow(...,
+barrier=True)`` on Connect), so Spark starts every node at once or not at
+all, and fails the stage as a whole. Before submitting it the driver checks
+that dynamic allocation is off and that enough task slots exist, so a cluster
+that cannot form fails at once with a reason instead of waiting for
+reservations. The job runs in a background thread under its own job group or
+tag, which is what cancel() cancels.
 
 Addresses come from Spark's own configuration and task info, never from
-connecting to a public address.
+connecting to a public address. What this module does not do: decide what a
+node's failure means (driver.py) or run the node (node.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -25,7 +37,14 @@ from typing import Any
 from sparkgrad.cluster.node import MapFun, NodeConfig, run_node
 from sparkgrad.errors import ClusterError, InsufficientSlotsError
 
+logger = logging.getLogger(__name__)
+
 SLOT_POLL_SECONDS = 0.5
+STATUS_SCHEMA = "status string"  # the Connect node stage's output: one row per node, its JSON status
+
+# Masters whose slots the master string alone tells: local, local[N], local[*], local[N,F], local-cluster[n,c,m]
+_LOCAL_MASTER = re.compile(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?")
+_LOCAL_CLUSTER_MASTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 
 
 def spark_conf(sc: Any) -> Any:
@@ -39,24 +58,198 @@ def spark_conf(sc: Any) -> Any:
     return conf if conf is not None else sc.getConf()
 
 
-def driver_address(sc: Any) -> tuple[str, str]:
+def is_local_master(master: str) -> bool:
+    return str(master).startswith("local[") or str(master) == "local"
+
+
+def _task_cpus(value: str | None) -> int:
+    try:
+        return max(1, int(value or "1"))
+    except ValueError:
+        return 1
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    """Task slots Spark can run at once (None: unknown) and where the number came from."""
+
+    slots: int | None
+    source: str
+
+
+def slots_from_conf(master: str, conf: Callable[[str], str | None]) -> SlotCount:
+    """The task slots a master string and configuration promise, for sessions that cannot ask the scheduler.
+
+    local[N] / local-cluster[n,c,m] tell it directly (local[*]: this
+    machine's cores, right when the server runs here); other masters count
+    spark.executor.instances x spark.executor.cores when both are set. Every
+    count is divided by spark.task.cpus. None when nothing tells.
+    """
+    cpus = _task_cpus(conf("spark.task.cpus"))
+    local = _LOCAL_MASTER.fullmatch(master)
+    if local:
+        cores = (os.cpu_count() or 1) if local.group(1) == "*" else int(local.group(1) or "1")
+        return SlotCount(cores // cpus, f"master {master}, spark.task.cpus={cpus}")
+    cluster = _LOCAL_CLUSTER_MASTER.fullmatch(master)
+    if cluster:
+        cores = int(cluster.group(1)) * int(cluster.group(2))
+        return SlotCount(cores // cpus, f"master {master}, spark.task.cpus={cpus}")
+    instances, cores = conf("spark.executor.instances"), conf("spark.executor.cores")
+    if instances and cores and instances.isdigit() and cores.isdigit():
+        return SlotCount(
+            int(instances) * int(cores) // cpus,
+            f"master {master}, spark.executor.instances={instances} x spark.executor.cores={cores} / "
+            f"spark.task.cpus={cpus}",
+        )
+    return SlotCount(None, f"master {master or '(not exposed)'}")
+
+
+class ClassicSpark:
+    """A classic SparkContext: RDDs, job groups, the scheduler's own slot count."""
+
+    connect = False
+
+    def __init__(self, sc: Any) -> None:
+        self.sc = sc
+
+    @property
+    def master(self) -> str:
+        return str(self.sc.master)
+
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        return spark_conf(self.sc).get(key, default)
+
+    def slot_count(self) -> SlotCount:
+        jsc = self.sc._jsc.sc()
+        cpus = _task_cpus(self.conf("spark.task.cpus"))
+        source = f"master {self.master}, spark.task.cpus={cpus}"
+        try:
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            return SlotCount(int(jsc.maxNumConcurrentTasks(profile)), source)  # what Spark's barrier check counts
+        except Exception:  # noqa: BLE001 - py4j errors of older Sparks: fall back to the public estimate
+            return SlotCount(int(self.sc.defaultParallelism) // cpus, source)
+
+    @property
+    def executors_may_join(self) -> bool:
+        """Executors of a non-local master register asynchronously: worth waiting for."""
+        return not is_local_master(self.master)
+
+    def default_fs(self) -> str:
+        return str(self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://")
+
+    def tag_thread(self, tag: str, description: str) -> None:
+        self.sc.setJobGroup(tag, description, interruptOnCancel=True)
+
+    def untag_thread(self, tag: str) -> None:
+        pass  # a job group belongs to the thread, which ends with the job
+
+    def cancel_tag(self, tag: str) -> None:
+        self.sc.cancelJobGroup(tag)
+
+    def run_barrier(self, n: int, task: SparkNodeTask) -> list[str]:
+        return self.sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
+
+
+class ConnectSpark:
+    """A Spark Connect session: no SparkContext, no RDDs; DataFrames, tags and ``spark.conf`` only."""
+
+    connect = True
+    executors_may_join = False  # Connect exposes no executor count to wait on: the configuration is all there is
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    @property
+    def master(self) -> str:
+        return self.conf("spark.master") or ""
+
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        """A conf key as the server exposes it; ``default`` where it is unset or withheld (serverless)."""
+        from pyspark.errors import PySparkException
+
+        try:
+            value = self.spark.conf.get(key, default)
+        except PySparkException:  # a key the server does not expose to clients
+            return default
+        return None if value is None else str(value)
+
+    def slot_count(self) -> SlotCount:
+        return slots_from_conf(self.master, self.conf)
+
+    def default_fs(self) -> str:
+        return self.conf("spark.hadoop.fs.defaultFS") or self.conf("fs.defaultFS") or "file://"
+
+    def tag_thread(self, tag: str, description: str) -> None:
+        self.spark.addTag(tag)  # tags are the client thread's own, like job groups
+
+    def untag_thread(self, tag: str) -> None:
+        self.spark.removeTag(tag)
+
+    def cancel_tag(self, tag: str) -> None:
+        self.spark.interruptTag(tag)
+
+    def run_barrier(self, n: int, task: SparkNodeTask) -> list[str]:
+        df = self.spark.range(n, numPartitions=n).mapInArrow(ArrowNodeTask(task), STATUS_SCHEMA, barrier=True)
+        return [row.status for row in df.collect()]  # collect(): barrier stages refuse show()/take()
+
+
+SparkSessionKind = ClassicSpark | ConnectSpark
+
+
+def is_connect_session(obj: Any) -> bool:
+    """True for a Spark Connect SparkSession (its class lives under pyspark.sql.connect)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_session(obj: Any) -> SparkSessionKind:
+    """The session kind behind what the user passed: a SparkContext, a SparkSession, or a Connect session.
+
+    Told apart by the object's class, not by pyspark's process-wide
+    "connect mode" flag: a process may hold both kinds (a notebook with a
+    classic session that also connects somewhere).
+    """
+    if isinstance(obj, (ClassicSpark, ConnectSpark)):
+        return obj
+    if is_connect_session(obj):
+        return ConnectSpark(obj)
+    if hasattr(obj, "parallelize"):  # a SparkContext (a SparkSession has _jsc too, but no parallelize)
+        return ClassicSpark(obj)
+    if hasattr(obj, "sparkContext"):  # a classic SparkSession
+        return ClassicSpark(obj.sparkContext)
+    raise ClusterError(
+        f"TFCluster.run needs a SparkContext, a SparkSession or a Spark Connect session, got {type(obj).__name__}"
+    )
+
+
+def driver_address(session: SparkSessionKind) -> tuple[str, str]:
     """(advertised host, bind host) of the driver's rendezvous server.
 
     Advertised: env SPARKGRAD_DRIVER_HOST, else Spark conf
     spark.sparkgrad.driver.host, else spark.driver.host (the address executors
     already use to reach the driver). Bound: spark.sparkgrad.driver.bindAddress,
     else the override, else spark.driver.bindAddress, else the advertised host.
+
+    On Spark Connect, spark.driver.host is the Connect server's driver: right
+    where this Python process runs on that machine (a Databricks notebook in
+    Standard access mode runs on the driver node). A Connect client elsewhere
+    (Databricks Connect on a laptop) is not reachable from the executors at
+    all: its rendezvous cannot bind the server's address, and no override
+    makes the executors reach a laptop behind a NAT.
     """
-    conf = spark_conf(sc)
-    override = os.environ.get("SPARKGRAD_DRIVER_HOST") or conf.get("spark.sparkgrad.driver.host")
-    spark_host = conf.get("spark.driver.host")
+    override = os.environ.get("SPARKGRAD_DRIVER_HOST") or session.conf("spark.sparkgrad.driver.host")
+    spark_host = session.conf("spark.driver.host")
     host = override or spark_host
     if not host:
         raise ClusterError(
             "cannot tell the executors where the driver is: spark.driver.host is not set; "
             "set SPARKGRAD_DRIVER_HOST or spark.sparkgrad.driver.host"
         )
-    bind = conf.get("spark.sparkgrad.driver.bindAddress") or override or conf.get("spark.driver.bindAddress") or host
+    bind = (
+        session.conf("spark.sparkgrad.driver.bindAddress")
+        or override
+        or session.conf("spark.driver.bindAddress")
+        or host
+    )
     return host, bind
 
 
@@ -66,51 +259,49 @@ def task_host(address: str) -> str:
     return host.strip("[]") or address
 
 
-def is_local_master(sc: Any) -> bool:
-    return str(sc.master).startswith("local[") or str(sc.master) == "local"
-
-
-def available_slots(sc: Any) -> int:
-    """Task slots Spark can run at once (what its own barrier check counts)."""
-    jsc = sc._jsc.sc()
-    try:
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # noqa: BLE001 - py4j errors of older Sparks: fall back to the public estimate
-        cpus = int(spark_conf(sc).get("spark.task.cpus", "1"))
-        return int(sc.defaultParallelism) // max(cpus, 1)
-
-
-def check_spark(sc: Any, num_nodes: int, slots_timeout: float, feed_slots: int = 0) -> None:
+def check_spark(
+    session: SparkSessionKind,
+    num_nodes: int,
+    slots_timeout: float,
+    feed_slots: int = 0,
+    warn: Callable[[str], None] = logger.warning,
+) -> None:
     """Refuses dynamic allocation and raises InsufficientSlotsError when Spark lacks slots.
 
-    On a non-local master, executors may still be registering: the check
-    re-reads the slot count until ``slots_timeout`` seconds have passed.
+    On a classic non-local master, executors may still be registering: the
+    check re-reads the slot count until ``slots_timeout`` seconds have
+    passed. A Connect session whose configuration does not tell the slots
+    gets ``warn``-ed that the check was skipped, and the stage is submitted.
     """
-    conf = spark_conf(sc)
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+    if (session.conf("spark.dynamicAllocation.enabled") or "false").strip().lower() == "true":
         raise ClusterError(
             "spark.dynamicAllocation.enabled=true: sparkgrad runs its nodes as one barrier stage that needs all "
             "executors at once for the whole training, and Spark neither runs barrier stages under dynamic "
             "allocation nor keeps executors that it may remove mid-training; disable dynamic allocation "
             "(and autoscaling on Databricks) for this cluster"
         )
-    deadline = time.monotonic() + (0.0 if is_local_master(sc) else slots_timeout)
     needed = num_nodes + feed_slots
-    slots = available_slots(sc)
-    while slots < needed and time.monotonic() < deadline:
+    deadline = time.monotonic() + (slots_timeout if session.executors_may_join else 0.0)
+    count = session.slot_count()
+    while count.slots is not None and count.slots < needed and time.monotonic() < deadline:
         threading.Event().wait(SLOT_POLL_SECONDS)  # executors register asynchronously; Spark has no callback
-        slots = available_slots(sc)
-    if slots < needed:
-        cpus = conf.get("spark.task.cpus", "1")
+        count = session.slot_count()
+    if count.slots is None:
+        warn(
+            f"sparkgrad: cannot check the task slots before starting {needed} barrier tasks: this Spark Connect "
+            f"session exposes no slot count ({count.source}; neither spark.executor.instances nor "
+            "spark.executor.cores is set); a cluster with too few slots fails when Spark refuses the stage"
+        )
+        return
+    if count.slots < needed:
+        waited = f", after waiting {slots_timeout:g} s for executors" if session.executors_may_join else ""
         raise InsufficientSlotsError(
             f"the cluster needs {needed} task slots ({num_nodes} nodes, one per task, all running at once in a "
             f"barrier stage{f', plus {feed_slots} for the feeding tasks of InputMode.SPARK' if feed_slots else ''}) "
-            f"but Spark has {slots} (master {sc.master}, spark.task.cpus={cpus}"
-            f"{'' if is_local_master(sc) else f', after waiting {slots_timeout:g} s for executors'}): "
+            f"but Spark has {count.slots} ({count.source}{waited}): "
             "add executors, lower num_executors, or lower spark.task.cpus",
             needed=needed,
-            available=slots,
+            available=count.slots,
         )
 
 
@@ -139,6 +330,23 @@ class SparkNodeTask:
         yield run_node(self.cfg, self.executor_ids[part], host, self.map_fun, self.tf_args, echo=self.echo)
 
 
+@dataclass(frozen=True)
+class ArrowNodeTask:
+    """The Connect node stage's mapInArrow function: runs the partition's node, yields its status as one batch.
+
+    Its input (the ids of ``spark.range``) is not read; the output is one
+    record batch of one row matching STATUS_SCHEMA.
+    """
+
+    task: SparkNodeTask
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for status in self.task(batches):
+            yield pa.RecordBatch.from_pydict({"status": [status]})
+
+
 def _spark_error(exc: BaseException) -> str:
     """Spark's failure without the JVM stack: its first line and any Python traceback inside it."""
     java = getattr(exc, "java_exception", None)
@@ -159,24 +367,27 @@ def _spark_error(exc: BaseException) -> str:
 
 
 class SparkJob:
-    """One Spark action run in a background thread under its own job group (so it can be cancelled)."""
+    """One Spark action run in a background thread under its own job group or tag (so it can be cancelled)."""
 
     CANCEL_WAIT_SECONDS = 30.0  # Spark kills a cancelled task's Python worker after spark.python.task.killTimeout
 
-    def __init__(self, sc: Any, description: str) -> None:
+    def __init__(self, session: SparkSessionKind, description: str) -> None:
         self.group = f"sparkgrad-{uuid.uuid4().hex[:12]}"
         self.description = description
         self.result: Any = None
         self.error: str | None = None
         self.cancelled = False
-        self._sc = sc
+        self._session = session
         self._ended = threading.Event()
 
     def start(self, action: Callable[[], Any]) -> None:
         def run() -> None:
             try:
-                self._sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
-                self.result = action()
+                self._session.tag_thread(self.group, self.description)
+                try:
+                    self.result = action()
+                finally:
+                    self._session.untag_thread(self.group)
             except BaseException as exc:  # noqa: BLE001 - kept for the caller in .error
                 self.error = _spark_error(exc)
             finally:
@@ -193,22 +404,23 @@ class SparkJob:
 
     def cancel(self) -> None:
         self.cancelled = True
-        self._sc.cancelJobGroup(self.group)
+        self._session.cancel_tag(self.group)
         self._ended.wait(self.CANCEL_WAIT_SECONDS)
 
 
 class SparkLauncher:
-    """Runs nodes as one barrier stage of a background SparkJob."""
+    """Runs nodes as one barrier stage of a background SparkJob (classic Spark or Connect)."""
 
-    def __init__(self, sc: Any, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any):
+    def __init__(
+        self, session: SparkSessionKind, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any
+    ):
         self.executor_ids = executor_ids
-        self._sc = sc
-        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args, echo=not is_local_master(sc))
-        self._job = SparkJob(sc, f"sparkgrad cluster of {len(executor_ids)} nodes")
+        self._session = session
+        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args, echo=not is_local_master(session.master))
+        self._job = SparkJob(session, f"sparkgrad cluster of {len(executor_ids)} nodes")
 
     def start(self) -> None:
-        n = len(self.executor_ids)
-        self._job.start(lambda: self._sc.parallelize(range(n), n).barrier().mapPartitions(self._task).collect())
+        self._job.start(lambda: self._session.run_barrier(len(self.executor_ids), self._task))
 
     @property
     def statuses(self) -> list[str]:
@@ -228,8 +440,15 @@ class SparkLauncher:
             self._job.cancel()
 
     def missing_hint(self) -> str:
-        return (
+        hint = (
             f"Spark could not start all {len(self.executor_ids)} barrier tasks at once (too few free task slots, "
             "or other jobs hold the executors), or executors cannot reach the driver's port (firewall, "
             "wrong spark.driver.host: set SPARKGRAD_DRIVER_HOST)"
         )
+        if self._session.connect:
+            hint += (
+                "; on Spark Connect the rendezvous runs in this Python process, so it must run where the "
+                "executors can reach it (a notebook on the cluster's driver node): a Databricks Connect client "
+                "on a laptop is not reachable from the executors"
+            )
+        return hint

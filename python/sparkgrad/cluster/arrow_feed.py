@@ -1,0 +1,199 @@
+"""InputMode.SPARK from a DataFrame: Arrow record batches into the C feed, with no Python row objects.
+
+cluster.train(df) / cluster.inference(df) run ``df.mapInArrow(ArrowFeeder)``
+(on Spark Connect, where there are no RDDs, and on classic Spark alike).
+Each task turns its pyarrow RecordBatches into dicts of NumPy columns and
+sends them through the same FeedTarget as the RDD path (feed.py), so a
+worker cannot tell the two apart. The columns are what the row path makes:
+
+- integer, floating and boolean columns: the Arrow buffer as a NumPy array
+  (no copy; booleans, bit-packed in Arrow, are unpacked); float64 becomes
+  float32, as on the row path (the engine is float32);
+- fixed-size lists and lists of one length per row, of numbers (nesting
+  allowed): the child array's values as [rows, width, ...];
+- binary (and fixed-size binary) values of one length per row, such as raw
+  image pixels: uint8[rows, length], read from the offsets and data buffers.
+
+Anything else (strings, ragged lists, binary values of different lengths,
+nulls, structs, maps, dates) is refused with an InvalidArgumentError naming
+the column and its Arrow type: convert it first. It does not do the
+transport (feed.py) or choose partitions (the DataFrame's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparkgrad.cluster.feed import FeedTarget, ordered_columns
+from sparkgrad.errors import InvalidArgumentError
+
+COUNT_SCHEMA = "rows long"  # the train feeding stage's output: rows sent by each task
+DEFAULT_RESULT_SCHEMA = "result double"  # cluster.inference(df): one numeric result per row
+
+# Spark SQL type names (DDL) of the numbers an inference result may be, and their Arrow type names.
+_RESULT_TYPES = {
+    "boolean": "bool",
+    "tinyint": "int8",
+    "byte": "int8",
+    "smallint": "int16",
+    "short": "int16",
+    "int": "int32",
+    "integer": "int32",
+    "bigint": "int64",
+    "long": "int64",
+    "float": "float32",
+    "real": "float32",
+    "double": "float64",
+}
+
+
+def _refuse(name: str, arr: Any, why: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"column {name!r} has Arrow type {arr.type}: {why}; only numbers, bools, lists of numbers of one length "
+        "per row and binary values of one length per row can be fed (convert it first)",
+        column=name,
+    )
+
+
+def _equal_lengths(name: str, arr: Any, offsets: np.ndarray, what: str) -> int:
+    """The one length of every row (offsets int32/int64[rows + 1]); refuses rows of different lengths."""
+    lengths = np.diff(offsets)
+    if len(lengths) and (lengths != lengths[0]).any():
+        row = int(np.flatnonzero(lengths != lengths[0])[0])
+        raise _refuse(name, arr, f"{what} differ in length (row 0: {lengths[0]}, row {row}: {lengths[row]})")
+    return int(lengths[0]) if len(lengths) else 0
+
+
+def _buffer(buf: Any, dtype: Any, start: int, stop: int) -> np.ndarray:
+    """Elements [start, stop) of an Arrow buffer viewed as ``dtype`` (no copy); Arrow may omit an empty buffer."""
+    if stop <= start or buf is None:
+        return np.empty(0, dtype)
+    return np.frombuffer(buf, dtype=dtype, count=stop)[start:]
+
+
+def _binary(name: str, arr: Any) -> np.ndarray:
+    """binary / large_binary / fixed_size_binary values of one length -> uint8[rows, length] (no copy)."""
+    import pyarrow as pa
+
+    rows = len(arr)
+    buffers = arr.buffers()
+    if pa.types.is_fixed_size_binary(arr.type):
+        width = arr.type.byte_width
+        data = _buffer(buffers[1], np.uint8, arr.offset * width, (arr.offset + rows) * width)
+        return data.reshape(rows, width)
+    offset_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = _buffer(buffers[1], offset_type, arr.offset, arr.offset + rows + 1)
+    width = _equal_lengths(name, arr, offsets, "binary values")
+    if rows == 0 or width == 0:
+        return np.empty((rows, width), np.uint8)
+    data = _buffer(buffers[2], np.uint8, int(offsets[0]), int(offsets[-1]))
+    return data.reshape(rows, width)
+
+
+def _values(name: str, arr: Any) -> np.ndarray:
+    """A non-null Arrow array of numbers or lists of numbers -> ndarray[rows, ...]."""
+    import pyarrow as pa
+
+    if arr.null_count:
+        raise _refuse(name, arr, f"{arr.null_count} of its values are null")
+    kind = arr.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return arr.to_numpy(zero_copy_only=True)
+    if pa.types.is_boolean(kind):
+        return arr.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: unpacked to one byte per value
+    if pa.types.is_fixed_size_list(kind):
+        child = _values(name, arr.flatten())  # flatten() honours the array's offset (a sliced batch)
+        return child.reshape(len(arr), kind.list_size, *child.shape[1:])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        offsets = arr.offsets.to_numpy()
+        width = _equal_lengths(name, arr, offsets, "lists")
+        child = _values(name, arr.flatten())
+        return child.reshape(len(arr), width, *child.shape[1:])
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return _binary(name, arr)
+    raise _refuse(name, arr, "not a number, a list of numbers or a binary value")
+
+
+def batch_to_columns(batch: Any) -> dict[str, np.ndarray]:
+    """A pyarrow RecordBatch -> {column name: ndarray[rows, ...]}, as the row path (feed.rows_to_columns) makes."""
+    columns: dict[str, np.ndarray] = {}
+    for name, arr in zip(batch.schema.names, batch.columns, strict=True):
+        col = _values(name, arr)
+        if col.dtype == np.float64:
+            col = col.astype(np.float32)  # the training engine is float32
+        columns[name] = col
+    return columns
+
+
+@dataclass(frozen=True)
+class ResultField:
+    name: str
+    arrow_type: str  # a pyarrow type name: "float64", "int64", ...
+
+
+def result_fields(schema: str) -> tuple[ResultField, ...]:
+    """Parses an inference result schema in Spark's DDL ("id long, score double"); numbers only.
+
+    Parsed here rather than by Spark: the feeding tasks need the Arrow types
+    to cast the worker's results to, and a Connect client has no JVM to parse
+    DDL with.
+    """
+    fields = []
+    for part in schema.split(","):
+        words = part.split()
+        if len(words) != 2 or words[1].lower() not in _RESULT_TYPES:
+            raise InvalidArgumentError(
+                f"inference schema {schema!r}: {part.strip()!r} is not 'name type' with a numeric type "
+                f"({', '.join(sorted(_RESULT_TYPES))})",
+                schema=schema,
+            )
+        fields.append(ResultField(words[0].strip("`"), _RESULT_TYPES[words[1].lower()]))
+    return tuple(fields)
+
+
+def _result_batch(cols: dict[str, np.ndarray], fields: tuple[ResultField, ...]) -> Any:
+    """A worker's result frame (columns in batch_results order) -> a RecordBatch of ``fields``."""
+    import pyarrow as pa
+
+    names = ordered_columns(cols)
+    if len(names) != len(fields):
+        raise InvalidArgumentError(
+            f"inference: the worker returned {len(names)} result column(s) ({', '.join(names)}) for a schema of "
+            f"{len(fields)} ({', '.join(f.name for f in fields)})"
+        )
+    arrays = [pa.array(cols[n]).cast(getattr(pa, f.arrow_type)()) for n, f in zip(names, fields, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, names=[f.name for f in fields])
+
+
+@dataclass(frozen=True)
+class ArrowFeeder:
+    """DataFrame.mapInArrow function: sends the task's record batches to targets[partition % len(targets)].
+
+    Yields one batch of COUNT_SCHEMA (the rows sent) when training, or the
+    worker's results as batches of ``result_fields`` for inference.
+    """
+
+    target: FeedTarget
+    result_fields: tuple[ResultField, ...] = ()
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
+        out = self.target.feed(index, self._columns(batches))
+        if not self.target.want_results:
+            yield pa.RecordBatch.from_pydict({"rows": pa.array([sum(out)], pa.int64())})
+            return
+        for cols in out:
+            yield _result_batch(cols, self.result_fields)
+
+    def _columns(self, batches: Iterator[Any]) -> Iterator[dict[str, np.ndarray]]:
+        step = self.target.batch_rows
+        for batch in batches:
+            for start in range(0, batch.num_rows, step):  # slices are views: frames stay bounded, nothing is copied
+                yield batch_to_columns(batch.slice(start, step))

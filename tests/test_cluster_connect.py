@@ -1,0 +1,363 @@
+"""TFCluster.run over Spark Connect: a real local Connect server (local[4]) and a Connect client, no SparkContext.
+
+The server runs in a process of its own (connect_server.py: what
+``SparkSession.builder.remote("local[4]")`` starts in-process), the client
+here talks to it over gRPC only, as a Databricks notebook in Standard access
+mode does. The nodes run as a barrier mapInArrow stage; the rendezvous,
+failures and log streaming are the classic path's (test_cluster_spark.py),
+and so are the node functions (cluster_nodes.py, shipped as an artifact).
+The example's own ``--connect`` (``remote("local[N]")`` in its process) runs
+at the end, in both input modes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pathlib
+import re
+import select
+import subprocess
+import sys
+import time
+
+import cluster_nodes
+import numpy as np
+import pytest
+from sparkgrad import InputMode, TFCluster
+from sparkgrad.errors import InsufficientSlotsError, NodeFailure
+
+pyspark = pytest.importorskip("pyspark")
+if int(pyspark.__version__.split(".")[0]) < 4:
+    pytest.skip(
+        f"pyspark {pyspark.__version__}: its pip package ships no Spark Connect server "
+        "(no jars/spark-connect_*.jar: SparkConnectPlugin is not found); Connect tests need pyspark >= 4.0",
+        allow_module_level=True,
+    )
+for _module in ("grpc", "grpc_status", "google.protobuf", "pyarrow", "pandas"):
+    pytest.importorskip(_module, reason=f"Spark Connect's client needs {_module} (pip install 'pyspark[connect]')")
+if not glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "spark-connect_*.jar")):
+    pytest.skip("this pyspark has no jars/spark-connect_*.jar to start a local Connect server", allow_module_level=True)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+
+HERE = pathlib.Path(__file__).resolve().parent
+SLOTS = 4
+SERVER_START_SECONDS = 120.0
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+class Lines:
+    """Collects the driver's printed node lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _server_port(proc: subprocess.Popen, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:  # the server died
+            break
+        if line.startswith("port "):
+            return int(line.split()[1])
+    proc.kill()
+    raise RuntimeError(f"the Connect server gave no port within {timeout:g} s:\n{proc.stderr.read()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def connect():
+    """A Connect client session on a local[4] Connect server started once for the module."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    python_dir = str(HERE.parent / "python")
+    env = dict(
+        os.environ,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join(p for p in (python_dir, os.environ.get("PYTHONPATH", "")) if p),
+    )
+    env.pop("SPARK_REMOTE", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "connect_server.py"), str(SLOTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        port = _server_port(proc, SERVER_START_SECONDS)
+        # Connect's own builder: the generic one refuses a Connect session beside a classic one in this process
+        spark = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        spark.addArtifacts(str(HERE / "cluster_nodes.py"), pyfile=True)
+        yield spark
+        spark.stop()
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _port_closed(port: int, within: float = 0.0) -> bool:
+    import socket
+
+    deadline = time.monotonic() + within
+    while True:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def test_connect_session_has_no_spark_context_and_is_told_apart_by_its_class(connect):
+    from pyspark.errors import PySparkAttributeError
+    from sparkgrad.cluster.spark import ConnectSpark, spark_session
+
+    with pytest.raises(PySparkAttributeError):
+        connect.sparkContext  # noqa: B018 - the attribute access is what raises
+    session = spark_session(connect)
+    assert isinstance(session, ConnectSpark)
+    assert session.master == f"local[{SLOTS}]" and session.slot_count().slots == SLOTS
+    assert session.default_fs() == "file://"
+
+
+def test_cluster_forms_over_connect_with_roles_spec_and_streamed_logs(connect, tmp_path):
+    out = Lines()
+    cluster = TFCluster.run(
+        connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=out, reservation_timeout=60
+    )
+    cluster.shutdown(timeout=60)
+    ctxs = {i: json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)}
+    spec = cluster.cluster_spec
+    assert set(spec) == {"ps", "worker"} and len(spec["ps"]) == 1 and len(spec["worker"]) == 2
+    for i, c in ctxs.items():
+        assert c["executor_id"] == i and c["cluster_spec"] == spec
+        assert c["tf_config"]["task"] == {"type": c["job_name"], "index": c["task_index"]}
+        assert spec[c["job_name"]][c["task_index"]] == f"127.0.0.1:{c['listener_port']}"
+        assert c["defaultFS"] == "file://"
+        assert c["pid"] != os.getpid()  # a Python worker of the Connect server
+        assert _port_closed(c["listener_port"])
+    assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
+    # log lines and prints stream to the driver prefixed with role:index, once each (no echo on a local master)
+    assert sum(line == "worker:1 stdout line from worker:1" for line in out.lines) == 1
+    assert any(line.startswith("ps:0 ") and "node ps:0 up on" in line for line in out.lines)
+    assert sorted((m.role, m.index, m.value) for m in cluster.metrics) == [("worker", 0, 1.0), ("worker", 1, 0.5)]
+    statuses = [json.loads(s) for s in cluster._launchers[0].statuses]  # one row of the mapInArrow stage per node
+    assert sorted((s["executor_id"], s["status"]) for s in statuses) == [(0, "done"), (1, "done"), (2, "done")]
+
+
+def test_cluster_trains_over_connect_with_a_sync_ps(connect):
+    cluster = TFCluster.run(connect, cluster_nodes.train_softmax, {"mode": "sync", "steps": 30}, 3, 1, output=_quiet)
+    cluster.shutdown(timeout=90)
+    assert cluster.results[0] == "done"
+    assert all(cluster.results[i]["steps"] == list(range(1, 31)) for i in (1, 2))
+    assert min(cluster.results[i]["accuracy"] for i in (1, 2)) > 0.9
+
+
+def test_exception_in_map_fun_over_connect_raises_node_failure_with_remote_traceback(connect, tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:1"}
+    cluster = TFCluster.run(connect, cluster_nodes.raise_on_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    exc = info.value
+    assert (exc.role, exc.index, exc.host, exc.executor_id) == ("worker", 1, "127.0.0.1", 2)
+    assert "ValueError: boom from worker:1" in str(exc) and "raise_on_target" in exc.remote_traceback
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-1.json"]
+
+
+def test_sigkill_of_a_node_over_connect_raises_node_failure_and_stops_the_rest(connect, tmp_path):
+    args = {"dir": str(tmp_path), "target": "worker:0"}
+    cluster = TFCluster.run(connect, cluster_nodes.kill_target, args, 3, 1, output=Lines(), reservation_timeout=60)
+    started = time.monotonic()
+    with pytest.raises(NodeFailure) as info:
+        cluster.shutdown(timeout=60)
+    assert time.monotonic() - started < 30
+    assert (info.value.role, info.value.index) == ("worker", 0) and "lost" in str(info.value)
+    assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-2.json"]
+    for marker in tmp_path.glob("started-*.json"):
+        assert _port_closed(json.loads(marker.read_text())["port"], within=10.0)
+    assert all(launcher.finished() for launcher in cluster._launchers)
+
+
+def test_driver_interrupt_over_connect_interrupts_the_stage_and_frees_every_slot(connect, tmp_path):
+    import _thread
+    import threading
+
+    args = {"dir": str(tmp_path), "target": "none"}
+    cluster = TFCluster.run(
+        connect,
+        cluster_nodes.busy_until_interrupted,
+        args,
+        2,
+        0,
+        output=Lines(),
+        reservation_timeout=60,
+        stop_grace=1.0,
+    )
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # a notebook's interrupt button
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.shutdown(timeout=60)
+    timer.join()
+    assert all(launcher.finished() for launcher in cluster._launchers)
+    assert time.monotonic() - started < 40
+    for marker in tmp_path.glob("started-*.json"):
+        assert _port_closed(json.loads(marker.read_text())["port"], within=10.0)
+    # no task of the interrupted stage holds a slot: a barrier stage of every slot starts at once
+    cluster = TFCluster.run(
+        connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, SLOTS, 1, output=Lines(), reservation_timeout=30
+    )
+    cluster.shutdown(timeout=60)
+
+
+def test_driver_interrupt_during_train_over_connect_interrupts_the_feeding_stage(connect, tmp_path):
+    """The feeding job's tag is interrupted too: no feeding task is left holding a slot."""
+    import _thread
+    import threading
+
+    args = {"dir": str(tmp_path), "target": "none"}
+    cluster = TFCluster.run(
+        connect,
+        cluster_nodes.busy_until_interrupted,  # never reads its feed: the feeders block once its queue is full
+        args,
+        3,
+        1,
+        input_mode=InputMode.SPARK,
+        output=Lines(),
+        reservation_timeout=60,
+        stop_grace=1.0,
+    )
+    timer = threading.Timer(3.0, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.train(connect.range(0, 10**9, numPartitions=1), feed_timeout=60)
+    timer.join()
+    assert time.monotonic() - started < 60
+    assert all(launcher.finished() for launcher in cluster._launchers)
+    cluster = TFCluster.run(
+        connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, SLOTS, 1, output=Lines(), reservation_timeout=30
+    )
+    cluster.shutdown(timeout=60)
+
+
+def test_too_few_slots_on_connect_fail_before_any_stage_naming_the_numbers(connect, tmp_path, monkeypatch):
+    from sparkgrad.cluster.spark import ConnectSpark
+
+    def no_stage(self, n, task):
+        raise AssertionError("a barrier stage was submitted although the slots could not suffice")
+
+    monkeypatch.setattr(ConnectSpark, "run_barrier", no_stage)
+    started = time.monotonic()
+    with pytest.raises(
+        InsufficientSlotsError, match=rf"needs 5 task slots \(5 nodes.* Spark has {SLOTS} \(master local"
+    ):
+        TFCluster.run(connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 5, 1, output=Lines())
+    # InputMode.SPARK needs a feeding slot beside the 4 nodes
+    with pytest.raises(InsufficientSlotsError, match=rf"needs 5 task slots \(4 nodes.*feeding.* Spark has {SLOTS}"):
+        TFCluster.run(connect, cluster_nodes.write_ctx, {}, 4, 1, input_mode=InputMode.SPARK, output=Lines())
+    assert time.monotonic() - started < 5
+
+
+def test_reservation_timeout_over_connect_says_where_the_driver_must_run(connect, tmp_path, monkeypatch):
+    from sparkgrad.errors import RendezvousTimeout
+
+    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "2")
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout) as info:
+        TFCluster.run(
+            connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 3, 1, output=Lines(), reservation_timeout=4
+        )
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "missing" in message and "slots" in message
+    assert "Databricks Connect client on a laptop is not reachable from the executors" in message
+
+
+def test_train_feeds_a_dataframe_over_connect_through_arrow(connect):
+    x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
+    df = connect.createDataFrame(
+        [(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long"
+    ).repartition(5)
+    args = {"columns": ("features", "label")}
+    cluster = TFCluster.run(
+        connect, cluster_nodes.train_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+    )
+    cluster.train(df, num_epochs=3, feed_timeout=60)
+    cluster.shutdown(timeout=90)
+    workers = [cluster.results[i] for i in (1, 2)]
+    assert cluster.rows_fed == 3000
+    assert sum(w["rows"] for w in workers) == 3000 and min(w["rows"] for w in workers) > 0
+    assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
+    assert min(w["accuracy"] for w in workers) > 0.9
+
+
+def test_inference_over_connect_returns_a_dataframe_of_results_in_input_order(connect):
+    df = connect.createDataFrame([(i, [float(i), 1.0]) for i in range(500)], "id long, x array<double>")
+    args = {"columns": ("id", "x")}
+    cluster = TFCluster.run(
+        connect, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+    )
+    results = cluster.inference(df.coalesce(4), feed_timeout=60)
+    values = [row.result for row in results.collect()]
+    cluster.shutdown(timeout=90)
+    assert values == [3.0 * i + 1 for i in range(500)]  # the default schema: "result double"
+    assert cluster.results[1]["rows"] + cluster.results[2]["rows"] == 500
+
+
+# -- the example through --connect: remote("local[N]") started by the example itself ------------------------
+
+
+@pytest.fixture(scope="module")
+def mnist_records(tmp_path_factory):
+    from sparkgrad.examples.mnist_dist import prepare_data
+
+    out = tmp_path_factory.mktemp("fashion-mnist")
+    prepare_data(str(out), "/usr/share/datasets/fashion-mnist", shards=4)
+    return out
+
+
+def _run_example(*args: str, timeout: float = 600) -> str:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env.pop("SPARK_REMOTE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkgrad.examples.mnist_dist", "--connect", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("mode", ["tensorflow", "spark"])
+def test_mnist_dist_example_runs_over_connect_in_both_input_modes(mnist_records, tmp_path, mode):
+    out = _run_example("--mode", mode, "--epochs", "1", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path))
+    assert f"{mode} mode, 1 ps + 2 workers" in out and "(over Spark Connect)" in out
+    # tensorflow mode: every worker reads every file (1,200 steps an epoch); spark mode: each row once (600)
+    assert f"global step {1200 if mode == 'tensorflow' else 600}" in out
+    assert re.search(r"^worker:0 chief: step \d+, test loss", out, re.M)  # streamed, prefixed
+    accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
+    assert accuracy >= 0.8
