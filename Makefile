@@ -85,7 +85,8 @@ MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_
 py312-spark40.python := $(PYENV_ROOT)/versions/3.12.1/bin/python
 py312-spark40.pyspark := pyspark[connect]==4.0.1
 py312-spark40.tests := $(wildcard tests/test_cluster_connect.py)
-# DBR 13.3 LTS: Spark 3.4.1, Python 3.10, and its preinstalled NumPy 1.21.5 at run time.
+# DBR 13.3 LTS: Spark 3.4.1 (the version it reports, and the oldest 3.4 a user meets, rather than the newest
+# 3.4.4), Python 3.10, and its preinstalled NumPy 1.21.5 at run time.
 py310-spark34.python := $(PYENV_ROOT)/versions/3.10.13/bin/python
 py310-spark34.pyspark := pyspark==3.4.1
 py310-spark34.numpy := numpy==1.21.5
