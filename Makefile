@@ -29,7 +29,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test demo asan fuzz format lint wheel wheel-smoke egg bench clean
+.PHONY: all sysdeps deps build ctest test test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench clean
 
 all: build
 
@@ -69,6 +69,73 @@ ctest: deps $(CTESTS)
 
 test: build ctest
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The Spark-facing tests again on the other Spark/Python pairs of the Databricks
+# LTS runtimes (README, section Runtimes): each leg is a venv of its own under
+# MATRIX_DIR with its own in-place build of sparkgrad._core (the .so name
+# carries the interpreter's tag, cpython-310 / -312, so the builds sit side by
+# side with the main leg's cpython-311 in python/sparkgrad/). No torch,
+# tensorflow or tensorboard here: the tests that need them skip.
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
+MATRIX_DIR ?= .venv-matrix
+MATRIX_LEGS := py312-spark40 py310-spark34
+MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_cluster_feed.py \
+  tests/test_cluster_ps.py tests/test_cluster_local_cluster.py tests/test_record_spark.py tests/test_nn_spark.py \
+  tests/test_examples.py
+# Each leg runs under one NumPy already (1.21.5 in py310-spark34): no venvs of other NumPys per leg.
+MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_numpy_1_and_2
+# DBR 17.3 LTS: Spark 4.0, Python 3.12; the connect extra brings pandas, pyarrow and grpcio for Spark Connect.
+py312-spark40.python := $(PYENV_ROOT)/versions/3.12.1/bin/python
+py312-spark40.pyspark := pyspark[connect]==4.0.1
+py312-spark40.tests := $(wildcard tests/test_cluster_connect.py)
+# DBR 13.3 LTS: Spark 3.4.1 (the version it reports, and the oldest 3.4 a user meets, rather than the newest
+# 3.4.4), Python 3.10, and its preinstalled NumPy 1.21.5 at run time.
+py310-spark34.python := $(PYENV_ROOT)/versions/3.10.13/bin/python
+py310-spark34.pyspark := pyspark==3.4.1
+py310-spark34.numpy := numpy==1.21.5
+# ... and its pandas and pyarrow, which DataFrame feeding (mapInArrow) needs on Spark 3.x.
+py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0
+# Under that NumPy, also the suites that hand arrays to and from the C core (30 s).
+py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
+  tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \
+  tests/test_net_ps_optim.py
+
+# $(1): the leg. Its venv holds the build, runtime and test requirements and
+# the leg's pyspark. A leg that names its .numpy runs under that NumPy but is
+# built, as the released wheels are, against the NumPy that [build-system]
+# requires: installed apart in <venv>/build-env, on PYTHONPATH for the build alone.
+define MATRIX_LEG
+$(MATRIX_DIR)/$(1)/.sparkgrad-deps: pyproject.toml .ci/buildcfg.py | sysdeps
+	@test -x $$($(1).python) || { echo "test-matrix: $$($(1).python) is missing (pyenv install it)" >&2; exit 1; }
+	test -x $(MATRIX_DIR)/$(1)/bin/python || $$($(1).python) -m venv $(MATRIX_DIR)/$(1)
+	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check "$$($(1).pyspark)" \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements build runtime | grep -v '^numpy') \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements test | grep '^pytest') \
+	  $$(or $$($(1).numpy),$$$$($(PYTHON) .ci/buildcfg.py requirements build | grep '^numpy')) $$($(1).extra)
+	$$(if $$($(1).numpy),$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check --upgrade \
+	  --target $(MATRIX_DIR)/$(1)/build-env $$$$($(PYTHON) .ci/buildcfg.py requirements build | grep '^numpy'))
+	touch $$@
+
+$(MATRIX_DIR)/$(1)/.sparkgrad-core: $(CSRC) setup.py $(MATRIX_DIR)/$(1)/.sparkgrad-deps
+	$$(if $$($(1).numpy),PYTHONPATH=$(CURDIR)/$(MATRIX_DIR)/$(1)/build-env) \
+	  $(MATRIX_DIR)/$(1)/bin/python setup.py -q build_ext --inplace -j 2
+	touch $$@
+
+$(MATRIX_DIR)/$(1)/.sparkgrad-bytecode: $(PYSRC) $(MATRIX_DIR)/$(1)/.sparkgrad-deps
+	$(MATRIX_DIR)/$(1)/bin/python -m compileall -q python/sparkgrad
+	touch $$@
+
+test-matrix-$(1): $(MATRIX_DIR)/$(1)/.sparkgrad-core $(MATRIX_DIR)/$(1)/.sparkgrad-bytecode
+	@echo "== test-matrix $(1): Python $$$$($(MATRIX_DIR)/$(1)/bin/python -V | cut -d' ' -f2)," \
+	  $$$$($(MATRIX_DIR)/$(1)/bin/python -m pip list 2>/dev/null | grep -iE '^(pyspark|numpy|pandas|pyarrow) ' | tr -s ' ')
+	PYSPARK_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python PYSPARK_DRIVER_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python \
+	  $(MATRIX_DIR)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_DESELECT) $(MATRIX_TESTS) \
+	  $$($(1).tests)
+endef
+$(foreach leg,$(MATRIX_LEGS),$(eval $(call MATRIX_LEG,$(leg))))
+
+test-matrix: sysdeps $(addprefix test-matrix-,$(MATRIX_LEGS))
 
 $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q --no-build-isolation --no-deps .
@@ -159,5 +226,5 @@ bench: build $(ANCHORS_STAMP)
 	$(PY) bench/report.py
 
 clean:
-	rm -rf build dist python/sparkgrad/_core*.so python/sparkgrad/*.stamp *.egg-info python/*.egg-info
+	rm -rf build dist $(MATRIX_DIR)/*/.sparkgrad-core python/sparkgrad/_core*.so python/sparkgrad/*.stamp *.egg-info python/*.egg-info
 	find python -name __pycache__ -type d -prune -exec rm -rf {} +

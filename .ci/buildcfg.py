@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONEDNN_RUNTIME = "onednn-cpu-gomp"
 ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
 ONEDNN_REQUIREMENT = f"{ONEDNN_RUNTIME}==2023.2.0"
-RUNTIME_DEPENDENCIES = ["numpy>=1.22", "tqdm>=4.60"]
+RUNTIME_DEPENDENCIES = ["numpy>=1.21", "tqdm>=4.60"]
 # libcurl is not linked: csrc/rest opens it with dlopen when it is first used.
 SYSTEM_LIBS = ["cjson", "crypto", "z", "m", "pthread", "dl"]
 

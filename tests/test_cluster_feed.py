@@ -47,7 +47,7 @@ def test_bare_values_are_one_column():
 def test_strings_and_ragged_rows_are_refused_naming_the_column():
     with pytest.raises(InvalidArgumentError, match="column '1' has dtype"):
         rows_to_columns([(1, "a"), (2, "b")])
-    with pytest.raises(InvalidArgumentError, match="column '0'"):
+    with pytest.raises(InvalidArgumentError, match="column '0': rows differ in shape or length"):
         rows_to_columns([([1, 2], 0), ([1], 0)])
 
 

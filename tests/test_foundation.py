@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import sparkgrad
-import tomllib
 from sparkgrad import _core, errors
 from sparkgrad.cli import main as cli_main
 
@@ -18,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_version_has_one_source():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     text = (ROOT / "python/sparkgrad/_version.py").read_text()
     assert f'__version__ = "{sparkgrad.__version__}"' in text
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -10,8 +10,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define NPY_NO_DEPRECATED_API  NPY_1_22_API_VERSION
-#define NPY_TARGET_VERSION     NPY_1_22_API_VERSION
+/* Built against NumPy 2 headers, loadable from NumPy 1.21 on: the NumPy of
+ * Databricks 13.3 LTS is 1.21.5 (C-API 0xe, shared by 1.20 and 1.21). */
+#define NPY_NO_DEPRECATED_API  NPY_1_21_API_VERSION
+#define NPY_TARGET_VERSION     NPY_1_21_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL sparkgrad_ARRAY_API
 #ifndef SG_PY_MODULE_MAIN
 #define NO_IMPORT_ARRAY

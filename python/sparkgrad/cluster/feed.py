@@ -28,6 +28,7 @@ input order.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +65,12 @@ def rows_to_columns(rows: list[Any]) -> dict[str, np.ndarray]:
                 raise InvalidArgumentError(f"column {name!r}: {exc}", column=name) from None
             continue
         try:
-            col = np.asarray([r[j] for r in rows])
-        except (ValueError, IndexError) as exc:
+            with warnings.catch_warnings():
+                # NumPy < 1.24 (1.21.5 on Databricks 13.3) turns ragged rows into an object array with a
+                # VisibleDeprecationWarning (a UserWarning) where later NumPys raise ValueError: refuse both alike.
+                warnings.simplefilter("error")
+                col = np.asarray([r[j] for r in rows])
+        except (ValueError, IndexError, UserWarning) as exc:
             raise InvalidArgumentError(f"column {name!r}: rows differ in shape or length ({exc})") from None
         if col.dtype == np.float64:
             col = col.astype(np.float32)  # the training engine is float32
