@@ -23,8 +23,14 @@ import sys
 import time
 
 import cluster_nodes
-import numpy as np
 import pytest
+from cluster_checks import (
+    Lines,
+    check_driver_interrupt_ends_every_node,
+    check_training_from_a_dataframe,
+    port_closed,
+    quiet,
+)
 from sparkgrad import InputMode, TFCluster
 from sparkgrad.errors import InsufficientSlotsError, NodeFailure
 
@@ -45,20 +51,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 HERE = pathlib.Path(__file__).resolve().parent
 SLOTS = 4
 SERVER_START_SECONDS = 120.0
-
-
-def _quiet(line: str) -> None:
-    pass
-
-
-class Lines:
-    """Collects the driver's printed node lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
 
 
 def _server_port(proc: subprocess.Popen, timeout: float) -> int:
@@ -113,20 +105,6 @@ def connect():
             proc.wait(10)
 
 
-def _port_closed(port: int, within: float = 0.0) -> bool:
-    import socket
-
-    deadline = time.monotonic() + within
-    while True:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
 def test_connect_session_has_no_spark_context_and_is_told_apart_by_its_class(connect):
     from pyspark.errors import PySparkAttributeError
     from sparkgrad.cluster.spark import ConnectSpark, spark_session
@@ -154,7 +132,7 @@ def test_cluster_forms_over_connect_with_roles_spec_and_streamed_logs(connect, t
         assert spec[c["job_name"]][c["task_index"]] == f"127.0.0.1:{c['listener_port']}"
         assert c["defaultFS"] == "file://"
         assert c["pid"] != os.getpid()  # a Python worker of the Connect server
-        assert _port_closed(c["listener_port"])
+        assert port_closed(c["listener_port"])
     assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
     # log lines and prints stream to the driver prefixed with role:index, once each (no echo on a local master)
     assert sum(line == "worker:1 stdout line from worker:1" for line in out.lines) == 1
@@ -165,7 +143,7 @@ def test_cluster_forms_over_connect_with_roles_spec_and_streamed_logs(connect, t
 
 
 def test_cluster_trains_over_connect_with_a_sync_ps(connect):
-    cluster = TFCluster.run(connect, cluster_nodes.train_softmax, {"mode": "sync", "steps": 30}, 3, 1, output=_quiet)
+    cluster = TFCluster.run(connect, cluster_nodes.train_softmax, {"mode": "sync", "steps": 30}, 3, 1, output=quiet)
     cluster.shutdown(timeout=90)
     assert cluster.results[0] == "done"
     assert all(cluster.results[i]["steps"] == list(range(1, 31)) for i in (1, 2))
@@ -193,35 +171,12 @@ def test_sigkill_of_a_node_over_connect_raises_node_failure_and_stops_the_rest(c
     assert (info.value.role, info.value.index) == ("worker", 0) and "lost" in str(info.value)
     assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-2.json"]
     for marker in tmp_path.glob("started-*.json"):
-        assert _port_closed(json.loads(marker.read_text())["port"], within=10.0)
+        assert port_closed(json.loads(marker.read_text())["port"], within=10.0)
     assert all(launcher.finished() for launcher in cluster._launchers)
 
 
 def test_driver_interrupt_over_connect_interrupts_the_stage_and_frees_every_slot(connect, tmp_path):
-    import _thread
-    import threading
-
-    args = {"dir": str(tmp_path), "target": "none"}
-    cluster = TFCluster.run(
-        connect,
-        cluster_nodes.busy_until_interrupted,
-        args,
-        2,
-        0,
-        output=Lines(),
-        reservation_timeout=60,
-        stop_grace=1.0,
-    )
-    timer = threading.Timer(1.0, _thread.interrupt_main)  # a notebook's interrupt button
-    timer.start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        cluster.shutdown(timeout=60)
-    timer.join()
-    assert all(launcher.finished() for launcher in cluster._launchers)
-    assert time.monotonic() - started < 40
-    for marker in tmp_path.glob("started-*.json"):
-        assert _port_closed(json.loads(marker.read_text())["port"], within=10.0)
+    check_driver_interrupt_ends_every_node(connect, tmp_path)
     # no task of the interrupted stage holds a slot: a barrier stage of every slot starts at once
     cluster = TFCluster.run(
         connect, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, SLOTS, 1, output=Lines(), reservation_timeout=30
@@ -294,28 +249,14 @@ def test_reservation_timeout_over_connect_says_where_the_driver_must_run(connect
 
 
 def test_train_feeds_a_dataframe_over_connect_through_arrow(connect):
-    x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
-    df = connect.createDataFrame(
-        [(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long"
-    ).repartition(5)
-    args = {"columns": ("features", "label")}
-    cluster = TFCluster.run(
-        connect, cluster_nodes.train_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet
-    )
-    cluster.train(df, num_epochs=3, feed_timeout=60)
-    cluster.shutdown(timeout=90)
-    workers = [cluster.results[i] for i in (1, 2)]
-    assert cluster.rows_fed == 3000
-    assert sum(w["rows"] for w in workers) == 3000 and min(w["rows"] for w in workers) > 0
-    assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
-    assert min(w["accuracy"] for w in workers) > 0.9
+    check_training_from_a_dataframe(connect)
 
 
 def test_inference_over_connect_returns_a_dataframe_of_results_in_input_order(connect):
     df = connect.createDataFrame([(i, [float(i), 1.0]) for i in range(500)], "id long, x array<double>")
     args = {"columns": ("id", "x")}
     cluster = TFCluster.run(
-        connect, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+        connect, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=quiet
     )
     results = cluster.inference(df.coalesce(4), feed_timeout=60)
     values = [row.result for row in results.collect()]

@@ -6,13 +6,10 @@ import cluster_nodes
 import numpy as np
 import pytest
 import sparkgrad
+from cluster_checks import check_training_from_a_dataframe, quiet
 from sparkgrad import TFCluster
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _quiet(line: str) -> None:
-    pass
 
 
 def test_softmax_model_gradient_matches_finite_differences():
@@ -30,7 +27,7 @@ def test_softmax_model_gradient_matches_finite_differences():
 
 def test_sync_training_with_two_ps_steps_once_per_round_and_learns(tmp_path):
     args = {"mode": "sync", "steps": 40}
-    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=_quiet)
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=quiet)
     cluster.shutdown(timeout=90)
     workers = [cluster.results[i] for i in (2, 3)]
     assert sorted(w["worker_id"] for w in workers) == [0, 1]
@@ -44,7 +41,7 @@ def test_sync_training_with_two_ps_steps_once_per_round_and_learns(tmp_path):
 
 def test_async_training_advances_one_step_per_push(tmp_path):
     args = {"mode": "async", "steps": 30}
-    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 3, 1, output=_quiet)
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 3, 1, output=quiet)
     cluster.shutdown(timeout=90)
     steps = sorted(cluster.results[1]["steps"] + cluster.results[2]["steps"])
     assert steps == list(range(1, 61))  # every push is applied on its own
@@ -53,7 +50,7 @@ def test_async_training_advances_one_step_per_push(tmp_path):
 
 def test_adam_on_two_ps_keeps_its_state_on_each_shard(tmp_path):
     args = {"mode": "sync", "steps": 40, "optimizer": {"kind": "adam", "lr": 0.05}}
-    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=_quiet)
+    cluster = sparkgrad.local.run(cluster_nodes.train_softmax, args, 4, 2, output=quiet)
     cluster.shutdown(timeout=90)
     for i in (2, 3):
         assert cluster.results[i]["optimizer_state_shards"] == [True, True]
@@ -68,7 +65,7 @@ def test_sync_training_on_spark(spark_context, driver_ps_nodes):
     spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
     args = {"mode": "sync", "steps": 30}
     cluster = TFCluster.run(
-        spark_context, cluster_nodes.train_softmax, args, 3, 1, driver_ps_nodes=driver_ps_nodes, output=_quiet
+        spark_context, cluster_nodes.train_softmax, args, 3, 1, driver_ps_nodes=driver_ps_nodes, output=quiet
     )
     cluster.shutdown(timeout=90)
     assert cluster.results[0] == "done"
@@ -87,7 +84,7 @@ def test_spark_input_mode_feeds_every_row_of_every_epoch_and_trains(spark_contex
     rows = [(x[i].tolist(), int(y[i])) for i in range(len(y))]
     rdd = spark_context.parallelize(rows, 5)  # 3 epochs x 5 partitions over 2 workers: 8 and 7, uneven on purpose
     cluster = TFCluster.run(
-        spark_context, cluster_nodes.train_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+        spark_context, cluster_nodes.train_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=quiet
     )
     cluster.train(rdd, num_epochs=3, feed_timeout=60)
     cluster.shutdown(timeout=90)
@@ -107,7 +104,7 @@ def test_spark_inference_returns_results_in_input_order(spark_context):
     spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
     rows = [(i, [float(i), 1.0]) for i in range(500)]
     cluster = TFCluster.run(
-        spark_context, cluster_nodes.infer_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=_quiet
+        spark_context, cluster_nodes.infer_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=quiet
     )
     results = cluster.inference(spark_context.parallelize(rows, 4), feed_timeout=60).collect()
     cluster.shutdown(timeout=90)
@@ -120,21 +117,8 @@ def test_spark_input_mode_feeds_a_dataframe_through_arrow_on_classic_spark(spark
     """cluster.train(df): the DataFrame's Arrow batches reach the workers as the RDD's rows would."""
     import pathlib
 
-    from sparkgrad import InputMode
-
     spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
-    x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
-    df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
-    df = df.repartition(5)
-    args = {"columns": ("features", "label")}
-    cluster = TFCluster.run(spark, cluster_nodes.train_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet)
-    cluster.train(df, num_epochs=3, feed_timeout=60)
-    cluster.shutdown(timeout=90)
-    workers = [cluster.results[i] for i in (1, 2)]
-    assert cluster.rows_fed == 3000
-    assert sum(w["rows"] for w in workers) == 3000 and min(w["rows"] for w in workers) > 0
-    assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
-    assert min(w["accuracy"] for w in workers) > 0.9
+    check_training_from_a_dataframe(spark)
 
 
 @pytest.mark.spark
@@ -146,7 +130,7 @@ def test_spark_inference_over_a_dataframe_returns_a_dataframe_of_results(spark, 
     spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "cluster_nodes.py"))
     df = spark.createDataFrame([(i, [float(i), 1.0]) for i in range(500)], "id long, x array<double>").coalesce(4)
     args = {"columns": ("id", "x")}
-    cluster = TFCluster.run(spark, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=_quiet)
+    cluster = TFCluster.run(spark, cluster_nodes.infer_from_feed, args, 3, 1, input_mode=InputMode.SPARK, output=quiet)
     results = cluster.inference(df, feed_timeout=60, schema="y long")
     assert results.schema.simpleString() == "struct<y:bigint>"
     values = [row.y for row in results.collect()]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import time
 
 import cluster_nodes
 import pytest
+from cluster_checks import Lines, check_driver_interrupt_ends_every_node, port_closed
 from sparkgrad import TFCluster
 from sparkgrad.errors import ClusterError, InsufficientSlotsError, NodeFailure, RendezvousTimeout
 
@@ -22,29 +22,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 def sc(spark_context):
     spark_context.addPyFile(str(HERE / "cluster_nodes.py"))
     return spark_context
-
-
-class Lines:
-    """Collects the driver's printed node lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
-
-
-def _port_closed(port: int, within: float = 0.0) -> bool:
-    """True once nothing accepts on the port, checked until `within` seconds have passed."""
-    deadline = time.monotonic() + within
-    while True:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
 
 
 def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
@@ -68,7 +45,7 @@ def test_cluster_forms_with_roles_spec_and_tf_config(sc, tmp_path):
         assert c["tf_config"]["task"] == {"type": c["job_name"], "index": c["task_index"]}
         # the port in the spec is the node's own listening socket, bound before registration
         assert spec[c["job_name"]][c["task_index"]] == f"127.0.0.1:{c['listener_port']}"
-        assert _port_closed(c["listener_port"])
+        assert port_closed(c["listener_port"])
     assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
     assert any(line.startswith("worker:1 ") and "stdout line from worker:1" in line for line in out.lines)
     assert any(line.startswith("ps:0 ") and "node ps:0 up on" in line for line in out.lines)
@@ -121,7 +98,7 @@ def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, caps
     assert (sys.stdout, sys.stderr) == (stdout_before, stderr_before)  # the per-thread routing is gone
     assert logging.getLogger().handlers == root_handlers
     assert not [t.name for t in threading.enumerate() if t.name.startswith("sparkgrad-ps")]
-    assert _port_closed(ps["listener_port"])
+    assert port_closed(ps["listener_port"])
 
 
 def test_exception_in_a_driver_ps_thread_raises_node_failure_and_stops_the_workers(sc, tmp_path):
@@ -173,7 +150,7 @@ def test_sigkill_of_a_worker_raises_node_failure_and_stops_the_rest(sc, tmp_path
     assert "lost" in str(info.value)
     assert sorted(p.name for p in tmp_path.glob("stopped-*.json")) == ["stopped-0.json", "stopped-2.json"]
     for marker in tmp_path.glob("started-*.json"):
-        assert _port_closed(json.loads(marker.read_text())["port"])
+        assert port_closed(json.loads(marker.read_text())["port"])
     assert all(launcher.finished() for launcher in cluster._launchers)  # the ps thread too, when in the driver
 
 
@@ -239,22 +216,4 @@ def test_reservation_timeout_names_the_missing_node(sc, tmp_path, monkeypatch):
 
 
 def test_driver_interrupt_cancels_the_spark_job(sc, tmp_path):
-    import _thread
-    import threading
-
-    args = {"dir": str(tmp_path), "target": "none"}
-    cluster = TFCluster.run(
-        sc, cluster_nodes.busy_until_interrupted, args, 2, 0, output=Lines(), reservation_timeout=60, stop_grace=1.0
-    )
-    timer = threading.Timer(1.0, _thread.interrupt_main)  # a notebook's interrupt button
-    timer.start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        cluster.shutdown(timeout=60)
-    timer.join()
-    assert all(launcher.finished() for launcher in cluster._launchers)
-    assert time.monotonic() - started < 40
-    # Spark reports the job cancelled before the executor's Python worker has
-    # finished exiting: the node's port must be released within seconds.
-    for marker in tmp_path.glob("started-*.json"):
-        assert _port_closed(json.loads(marker.read_text())["port"], within=10.0)
+    check_driver_interrupt_ends_every_node(sc, tmp_path)
