@@ -22,6 +22,7 @@ _EXPORTS = {
     "ipynb_text": "sparkgrad.databricks.notebook",
     "export_ipynb": "sparkgrad.databricks.notebook",
     "secret_variable": "sparkgrad.databricks.dbutils",
+    "fuse_path": "sparkgrad.databricks.dbutils",
 }
 
 

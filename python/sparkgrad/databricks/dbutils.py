@@ -266,3 +266,28 @@ class DBUtils:
     fs: FileSystem
     notebook: NotebookWorkflow
     secrets: Secrets
+
+
+def fuse_path(dbutils: object, path: str) -> str:
+    """The file path every node of the cluster (driver and executors) opens for a dbutils.fs path.
+
+    On Databricks: ``dbfs:/x`` and ``/x`` are ``/dbfs/x`` (the FUSE view on
+    every node), ``/dbfs/...`` and ``/Volumes/...`` stay as they are, and
+    ``file:/x`` is ``/x`` (the local disk of one machine). Under the local
+    runner (``dbutils`` is this module's), the same mapping as dbutils.fs:
+    the DBFS folder stands for ``/dbfs``. Read through it freely; write
+    locally and copy whole files to it.
+    """
+    fs = getattr(dbutils, "fs", None)
+    if isinstance(fs, FileSystem):
+        return fs.local_path(path)
+    _check_str("a path", path)
+    if path.startswith("file:"):
+        return os.path.normpath("/" + path[len("file:") :].lstrip("/"))
+    if path.startswith("dbfs:"):
+        return "/dbfs/" + path[len("dbfs:") :].lstrip("/")
+    if path.startswith(("/dbfs/", "/Volumes/")) or path == "/dbfs":
+        return path
+    if path.startswith("/"):
+        return "/dbfs" + path
+    raise InvalidArgumentError(f"{path!r}: expected an absolute path (dbfs:/..., /dbfs/..., /Volumes/..., file:/...)")

@@ -1,0 +1,83 @@
+"""The notebooks in notebooks/, each run through the local runner on a small part of Fashion-MNIST."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sparkgrad.data.idx import FASHION_MNIST_DIR
+
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+ROWS = "2000"  # training and test examples kept by 10_prep
+needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist not installed")
+pytestmark = [pytest.mark.spark, needs_data, pytest.mark.timeout(600)]
+
+
+def notebook(name: str) -> str:
+    return os.path.join(NOTEBOOKS, name + ".py")
+
+
+@pytest.fixture(scope="module")
+def dbfs(tmp_path_factory):
+    return tmp_path_factory.mktemp("dbfs")
+
+
+@pytest.fixture(scope="module")
+def run(spark, dbfs, tmp_path_factory):
+    from sparkgrad.databricks import run_notebook
+
+    def go(name, params, timeout=300, **kw):
+        run_dir = str(tmp_path_factory.mktemp(name))
+        return run_notebook(notebook(name), params, timeout, spark=spark, dbfs_root=str(dbfs), run_dir=run_dir, **kw)
+
+    return go
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    """10_prep's TFRecords of the first 2000 training and test examples, at dbfs:/data/records."""
+    result = run(
+        "10_prep",
+        {
+            "input_data": f"file:{FASHION_MNIST_DIR}",
+            "output_data": "dbfs:/data/records",
+            "max_rows": ROWS,
+            "shards": "2",
+        },
+    )
+    return json.loads(result.exit_value)
+
+
+def test_prep_writes_the_requested_rows_to_its_output_data(records, dbfs):
+    assert records["output_data"] == "dbfs:/data/records"
+    assert records["files"] == ["test.tfrecords", "train-00000-of-00002.tfrecords", "train-00001-of-00002.tfrecords"]
+    assert (records["train_rows"], records["test_rows"]) == (2000, 2000)
+    assert (dbfs / "data/records/test.tfrecords").is_file()
+
+
+def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "/dbfs/jobs/run1", "epochs": "1", "mode": "spark"}
+    summary = json.loads(run("02_scheduled_training_job", params).exit_value)
+    assert set(summary) == {
+        "output_path",
+        "model",
+        "checkpoints",
+        "metrics",
+        "mode",
+        "epochs",
+        "global_step",
+        "test_accuracy",
+        "seconds",
+    }
+    assert summary["mode"] == "spark" and summary["global_step"] == 20  # 2000 rows, batch 100, each row fed once
+    assert summary["test_accuracy"] > 0.5
+    for path in (
+        "jobs/run1/model/model.sgckpt",
+        "jobs/run1/model/pixel_stats.npz",
+        "jobs/run1/checkpoints/model.sgckpt",
+    ):
+        assert (dbfs / path).is_file(), path
+    metrics = json.loads((dbfs / "jobs/run1/metrics.json").read_text())
+    assert metrics["test_accuracy"] == summary["test_accuracy"] and metrics["samples"] == 2000
