@@ -15,7 +15,7 @@
 # MAGIC | widget | default | meaning |
 # MAGIC |---|---|---|
 # MAGIC | `data_path` | `dbfs:/FileStore/sparkgrad/fashion-mnist` | folder of `train*.tfrecords` and `test*.tfrecords` |
-# MAGIC | `output_path` | `dbfs:/FileStore/sparkgrad/jobs/fashion-mnist` | gets `model/`, `checkpoints/`, `metrics.json` |
+# MAGIC | `output_path` | `dbfs:/FileStore/sparkgrad/jobs/fashion-mnist` | `model/`, `checkpoints/`, `metrics.json` |
 # MAGIC | `epochs` | `2` | passes over the training set |
 # MAGIC | `learning_rate` | `0.07` | SGD step on the parameter servers |
 # MAGIC | `num_executors` | `3` | nodes: parameter servers + workers |

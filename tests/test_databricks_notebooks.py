@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 from sparkgrad.data.idx import FASHION_MNIST_DIR
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
