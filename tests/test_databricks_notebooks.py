@@ -80,3 +80,19 @@ def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_met
         assert (dbfs / path).is_file(), path
     metrics = json.loads((dbfs / "jobs/run1/metrics.json").read_text())
     assert metrics["test_accuracy"] == summary["test_accuracy"] and metrics["samples"] == 2000
+
+
+def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(run, dbfs):
+    params = {
+        "input_data": f"file:{FASHION_MNIST_DIR}",
+        "output_data": "dbfs:/pipeline",
+        "max_rows": ROWS,
+        "epochs": "1",
+    }
+    out = json.loads(run("13_pipeline", params).exit_value)
+    assert out["prep"]["output_data"] == "dbfs:/pipeline/records"
+    assert out["train"]["output_data"] == "dbfs:/pipeline/model" and out["train"]["mode"] == "tensorflow"
+    assert out["train"]["global_step"] == 40  # 2 workers, each reading the 2000 rows once, batch 100
+    assert out["evaluate"]["rows"] == 2000 and out["evaluate"]["test_accuracy"] > 0.5
+    evaluation = json.loads((dbfs / "pipeline/evaluation/evaluation.json").read_text())
+    assert sum(map(sum, evaluation["confusion"])) == 2000
