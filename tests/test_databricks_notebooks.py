@@ -96,3 +96,13 @@ def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(
     assert out["evaluate"]["rows"] == 2000 and out["evaluate"]["test_accuracy"] > 0.5
     evaluation = json.loads((dbfs / "pipeline/evaluation/evaluation.json").read_text())
     assert sum(map(sum, evaluation["confusion"])) == 2000
+
+
+def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics(run):
+    params = {"source": f"file:{FASHION_MNIST_DIR}", "work_dir": "dbfs:/quickstart", "max_rows": ROWS, "epochs": "1"}
+    lines = []
+    result = run("01_quickstart", params, skip_pip=True, log=lines.append)
+    assert any("skipped cell 2: %pip install /Volumes/" in x for x in lines)
+    assert result.namespace["chief"]["step"] == 40 and result.namespace["chief"]["test_accuracy"] > 0.5
+    assert {m.name for m in result.namespace["cluster"].metrics} == {"loss", "accuracy"}
+    assert result.namespace["output"].bar.n == 40
