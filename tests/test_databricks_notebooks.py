@@ -106,3 +106,12 @@ def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics(run):
     assert result.namespace["chief"]["step"] == 40 and result.namespace["chief"]["test_accuracy"] > 0.5
     assert {m.name for m in result.namespace["cluster"].metrics} == {"loss", "accuracy"}
     assert result.namespace["output"].bar.n == 40
+
+
+def test_horovod_runner_flow_trains_the_cnn_synchronously_and_evaluates_its_last_checkpoint(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/hvd", "np": "2", "epochs": "2"}
+    ns = run("20_horovod_runner", params).namespace
+    assert [r["rank"] for r in ns["results"]] == [0, 1]
+    assert ns["results"][0]["step"] == 16  # 2 epochs of 1000 rows a worker, 8 batches of 128: synchronous steps
+    assert sorted(p.name for p in (dbfs / "hvd/checkpoints").iterdir()) == ["epoch-1.sgckpt", "epoch-2.sgckpt"]
+    assert ns["test_accuracy"] > 0.3
