@@ -210,3 +210,23 @@ def test_cli_notebook_run_prints_the_exit_value_and_reports_a_failing_cell(spark
     assert main(["notebook", "run", bad, *root]) == 1
     err = capsys.readouterr().err
     assert "NotebookError" in err and "cell 1 failed: 1 / 0" in err and "ZeroDivisionError" in err
+
+
+def test_committed_ipynb_copies_equal_what_their_sources_generate():
+    """notebooks/*.ipynb are generated: `sparkgrad notebook export notebooks/*.py` after editing a source."""
+    import glob
+
+    from sparkgrad.databricks.notebook import ipynb_text, read_notebook
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+    sources = sorted(glob.glob(os.path.join(folder, "*.py")))
+    assert len(sources) == 7
+    assert sorted(glob.glob(os.path.join(folder, "*.ipynb"))) == [s[:-3] + ".ipynb" for s in sources]
+    for source in sources:
+        nb = read_notebook(source)
+        with open(source[:-3] + ".ipynb", encoding="utf-8") as f:
+            committed = f.read()
+        assert committed == ipynb_text(nb), f"{source}: run sparkgrad notebook export {source}"
+        assert [(c.kind, c.source) for c in from_ipynb(json.loads(committed)).cells] == [
+            (c.kind, c.source) for c in nb.cells
+        ]
