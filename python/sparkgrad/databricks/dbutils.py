@@ -30,7 +30,7 @@ from sparkgrad.errors import InvalidArgumentError, SparkgradIOError
 HEAD_DEFAULT_BYTES = 65536
 
 
-class NotebookExit(BaseException):  # noqa: N818 - a control-flow signal, not an error; BaseException so that
+class NotebookExit(BaseException):  # noqa: N818 - a control-flow signal, not an error
     """Raised by dbutils.notebook.exit(value); the runner ends the run with ``value`` as its result.
 
     Derives from BaseException so that a notebook's ``except Exception`` does not swallow it.
