@@ -115,3 +115,13 @@ def test_horovod_runner_flow_trains_the_cnn_synchronously_and_evaluates_its_last
     assert ns["results"][0]["step"] == 16  # 2 epochs of 1000 rows a worker, 8 batches of 128: synchronous steps
     assert sorted(p.name for p in (dbfs / "hvd/checkpoints").iterdir()) == ["epoch-1.sgckpt", "epoch-2.sgckpt"]
     assert ns["test_accuracy"] > 0.3
+
+
+def test_scheduled_job_rerun_with_the_same_output_resumes_from_its_checkpoint(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/resume", "epochs": "1"}
+    first = json.loads(run("02_scheduled_training_job", params).exit_value)
+    second = json.loads(run("02_scheduled_training_job", params).exit_value)
+    assert (first["mode"], first["global_step"]) == ("tensorflow", 40)
+    # The chief restores step 40 on the ps; asynchronous training lets the other worker push a gradient or
+    # two before that restore, which it overwrites (mnist_dist's resume): 80 at most, never from 0 again.
+    assert 75 <= second["global_step"] <= 80

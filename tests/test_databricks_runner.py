@@ -230,3 +230,20 @@ def test_committed_ipynb_copies_equal_what_their_sources_generate():
         assert [(c.kind, c.source) for c in from_ipynb(json.loads(committed)).cells] == [
             (c.kind, c.source) for c in nb.cells
         ]
+
+
+@pytest.mark.spark
+def test_a_failing_child_notebook_fails_the_parent_cell_that_ran_it(run, tmp_path):
+    write_notebook(tmp_path, "broken", "x = 1", "raise ValueError('bad input')")
+    parent = write_notebook(tmp_path, "caller", 'dbutils.notebook.run("./broken", 30)')
+    with pytest.raises(NotebookError) as info:
+        run(parent)
+    assert info.value.cell == 1 and info.value.path == parent
+    assert "broken.py: cell 2 failed: raise ValueError('bad input')" in info.value.remote_traceback
+
+
+@pytest.mark.spark
+def test_notebooks_that_include_themselves_stop_at_the_nesting_bound(run, tmp_path):
+    path = write_notebook(tmp_path, "loop", "# MAGIC %run ./loop")
+    with pytest.raises(NotebookError, match="nested more than 3 deep"):
+        run(path, max_depth=3)

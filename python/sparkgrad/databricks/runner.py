@@ -41,6 +41,7 @@ DEFAULT_TIMEOUT = 3600.0  # s, per top-level run
 DEFAULT_MASTER = "local[4]"  # 1 ps + 2 workers + a feeding slot
 MAX_DEPTH = 8
 DISPLAY_ROWS = 20
+LOG_VALUE_CHARS = 200  # of an exit value, in the progress log
 PIP_HINT = "pass allow_pip=True (sparkgrad notebook run --allow-pip) to run pip in this Python, or skip_pip=True"
 
 
@@ -183,7 +184,14 @@ class _Runner:
         finally:
             watchdog.disarm()
         seconds = time.monotonic() - started
-        self._opt.log(f"{nb.name}: done in {seconds:.1f} s" + (f", exit value {exit_value}" if exit_value else ""))
+        shown = (
+            exit_value
+            if exit_value is None or len(exit_value) <= LOG_VALUE_CHARS
+            else exit_value[:LOG_VALUE_CHARS] + "..."
+        )
+        self._opt.log(
+            f"{nb.name}: done in {seconds:.1f} s" + (f", exit value {shown}" if exit_value is not None else "")
+        )
         return NotebookResult(nb.path, exit_value, ran[0], seconds, ns)
 
     def _cells(self, nb: Notebook, ns: dict, deadline: float, depth: int, timeout_type: type, ran: list[int]) -> None:
