@@ -247,3 +247,25 @@ def test_notebooks_that_include_themselves_stop_at_the_nesting_bound(run, tmp_pa
     path = write_notebook(tmp_path, "loop", "# MAGIC %run ./loop")
     with pytest.raises(NotebookError, match="nested more than 3 deep"):
         run(path, max_depth=3)
+
+
+@pytest.mark.spark
+def test_allow_pip_runs_pip_cells_in_this_python(run, tmp_path, capsys):
+    path = write_notebook(tmp_path, "pipv", "# MAGIC %pip --version")
+    assert run(path, allow_pip=True).cells_run == 1
+    assert "pip " in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_display_saves_figures_in_the_run_folder_and_shows_dataframe_rows(run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = write_notebook(
+        tmp_path,
+        "disp",
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfig = plt.figure()\ndisplay(fig)",
+        "display(spark.createDataFrame([(1, 'a')], 'n long, s string'))",
+    )
+    run(path)
+    assert (tmp_path / "run" / "display-001.png").is_file()
+    out = capsys.readouterr().out
+    assert "display-001.png" in out and "|1  |a  |" in out
