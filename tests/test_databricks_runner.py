@@ -188,6 +188,10 @@ def test_a_failing_cell_names_its_number_first_line_and_traceback(run, tmp_path)
     assert "KeyError: 'missing'" in err.remote_traceback
     assert f'File "{path}", line 6' in err.remote_traceback  # the line in the source file
     assert "cell 2 failed: # load the data" in str(err)
+    syntax = write_notebook(tmp_path, "syntax", "x = 1", "def broken(:\n    pass")
+    with pytest.raises(NotebookError, match=r"cell 2 failed: def broken\(:") as info:
+        run(syntax)
+    assert "SyntaxError" in info.value.remote_traceback
 
 
 @pytest.mark.spark

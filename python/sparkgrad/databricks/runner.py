@@ -235,8 +235,9 @@ class _Runner:
             return
         if cell.kind == CellKind.OTHER_MAGIC:
             raise self._refuse(nb, cell, "the local runner runs Python, %md, %run and %pip cells only")
-        code = compile("\n" * max(0, cell.line - 1) + cell.source, nb.path, "exec")
         try:
+            # Blank lines before the cell: tracebacks give the line numbers of the source file.
+            code = compile("\n" * max(0, cell.line - 1) + cell.source, nb.path, "exec")
             exec(code, ns)  # noqa: S102 - running the notebook's cells is this module's purpose
         except NotebookExit:
             ran[0] += 1
