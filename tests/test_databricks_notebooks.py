@@ -57,7 +57,7 @@ def test_prep_writes_the_requested_rows_to_its_output_data(records, dbfs):
 
 
 def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs):
-    params = {"data_path": "dbfs:/data/records", "output_path": "/dbfs/jobs/run1", "epochs": "1", "mode": "spark"}
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/run1", "epochs": "1", "mode": "spark"}
     summary = json.loads(run("02_scheduled_training_job", params).exit_value)
     assert set(summary) == {
         "output_path",
