@@ -182,14 +182,14 @@ C_FORMAT_FILES = $(shell find csrc tests/c tests/fuzz -name '*.c' -o -name '*.h'
 format: deps
 	@bash .ci/install-system-deps clang-format
 	clang-format -i $(C_FORMAT_FILES)
-	$(VENV)/bin/ruff format python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
-	$(VENV)/bin/ruff check --fix python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff format python tests bench notebooks setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff check --fix python tests bench notebooks setup.py .ci/buildcfg.py .ci/wheels.py
 
 lint: deps
 	@bash .ci/install-system-deps clang-format
 	clang-format --dry-run -Werror $(C_FORMAT_FILES)
-	$(VENV)/bin/ruff check python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
-	$(VENV)/bin/ruff format --check python tests bench setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff check python tests bench notebooks setup.py .ci/buildcfg.py .ci/wheels.py
+	$(VENV)/bin/ruff format --check python tests bench notebooks setup.py .ci/buildcfg.py .ci/wheels.py
 
 $(RELEASE_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements release)

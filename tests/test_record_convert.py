@@ -71,3 +71,11 @@ def test_bad_idx_is_a_record_error(tmp_path):
         )
         == 1
     )
+
+
+@needs_data
+def test_limit_converts_only_the_first_examples(tmp_path):
+    (path,) = convert_mnist(TEST_IMAGES, TEST_LABELS, str(tmp_path), limit=7)
+    labels = read_idx(TEST_LABELS)[:7]
+    (batch,) = TFRecordDataset([path], mnist_schema(), 100)
+    assert batch["label"].tolist() == labels.tolist()

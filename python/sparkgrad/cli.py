@@ -38,9 +38,16 @@ def _add_convert(sub: argparse._SubParsersAction) -> Handler:
     return add_convert_command(sub)
 
 
+def _add_notebook(sub: argparse._SubParsersAction) -> Handler:
+    from sparkgrad.databricks.commands import add_notebook_command
+
+    return add_notebook_command(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], Handler]] = {
     "info": _add_info,
     "convert": _add_convert,
+    "notebook": _add_notebook,
 }
 
 

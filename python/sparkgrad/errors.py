@@ -27,7 +27,9 @@ names below are part of the C contract.
     │   ├── AuthError
     │   ├── FrameTooLargeError
     │   └── PeerClosedError
-    └── RestError
+    ├── RestError
+    └── NotebookError
+        └── NotebookTimeout (also SparkgradTimeout)
 """
 
 from __future__ import annotations
@@ -151,6 +153,19 @@ class PeerClosedError(ProtocolError):
 
 class RestError(SparkgradError):
     """A Databricks REST call failed; carries the HTTP status and error_code."""
+
+
+class NotebookError(SparkgradError):
+    """A notebook run by sparkgrad.databricks failed.
+
+    Carries ``path`` (the notebook), ``cell`` (its 1-based number, None
+    before any cell ran), ``first_line`` (of that cell) and
+    ``remote_traceback`` (the cell's traceback text, "" if none).
+    """
+
+
+class NotebookTimeout(NotebookError, SparkgradTimeout):
+    """A notebook run exceeded its timeout; names the notebook and the cell it was in."""
 
 
 __all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, SparkgradError)]

@@ -1,7 +1,7 @@
 """Dataset converters, and the ``sparkgrad convert`` command.
 
     sparkgrad convert mnist --images IDX[.gz] --labels IDX[.gz] --out DIR
-                            [--layout image_raw|int64] [--shards N] [--gzip]
+                            [--layout image_raw|int64] [--shards N] [--gzip] [--limit N]
 
 Layouts:
   image_raw  TensorFlow's convert_to_records.py: ``height``, ``width``,
@@ -55,19 +55,25 @@ def convert_mnist(
     shards: int = 1,
     gzip: bool = False,
     name: str | None = None,
+    limit: int | None = None,
 ) -> list[str]:
     """Writes IDX images + labels as TFRecord files of tf.train.Examples;
     returns the paths written (``<out>/<name>.tfrecords`` or
-    ``<out>/<name>-00000-of-0000N.tfrecords``, ``.gz`` appended with gzip)."""
+    ``<out>/<name>-00000-of-0000N.tfrecords``, ``.gz`` appended with gzip).
+    ``limit`` keeps the first ``limit`` examples only (small runs, tests)."""
     if layout not in LAYOUTS:
         raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, not {layout!r}")
     if shards < 1:
         raise InvalidArgumentError(f"shards must be >= 1, not {shards}")
+    if limit is not None and limit < 1:
+        raise InvalidArgumentError(f"limit must be >= 1 (or None for every example), not {limit}")
     imgs, labs = read_idx(images), read_idx(labels)
     if imgs.ndim != 3 or imgs.dtype != np.uint8:
         raise RecordError(f"{images}: expected uint8 images [N, rows, cols], found {imgs.dtype} {imgs.shape}")
     if labs.ndim != 1 or labs.shape[0] != imgs.shape[0]:
         raise RecordError(f"{labels}: {labs.shape} labels for {imgs.shape[0]} images in {images}")
+    if limit is not None:
+        imgs, labs = imgs[:limit], labs[:limit]
     n, rows, cols = imgs.shape
     os.makedirs(out, exist_ok=True)
     name = name or _split_name(images)
@@ -105,9 +111,12 @@ def add_convert_command(sub: argparse._SubParsersAction) -> Callable[[argparse.N
     m.add_argument("--shards", type=int, default=1, help="number of output files")
     m.add_argument("--gzip", action="store_true", help="GZIP-compress the files")
     m.add_argument("--name", default=None, help="file name prefix (default: train/test from --images)")
+    m.add_argument("--limit", type=int, default=None, help="convert the first N examples only")
 
     def run(args: argparse.Namespace) -> int:
-        paths = convert_mnist(args.images, args.labels, args.out, args.layout, args.shards, args.gzip, args.name)
+        paths = convert_mnist(
+            args.images, args.labels, args.out, args.layout, args.shards, args.gzip, args.name, args.limit
+        )
         total = sum(os.path.getsize(x) for x in paths)
         for x in paths:
             print(x)

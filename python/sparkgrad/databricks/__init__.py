@@ -1,0 +1,35 @@
+"""sparkgrad on Databricks: notebooks run locally, and the dbutils they use.
+
+    from sparkgrad.databricks import run_notebook
+    result = run_notebook("notebooks/02_scheduled_training_job.py", {"epochs": "1"}, timeout=600)
+    result.exit_value                       # what dbutils.notebook.exit returned
+
+Names load on first use, so ``import sparkgrad`` stays light.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "run_notebook": "sparkgrad.databricks.runner",
+    "NotebookResult": "sparkgrad.databricks.runner",
+    "parse_source": "sparkgrad.databricks.notebook",
+    "read_notebook": "sparkgrad.databricks.notebook",
+    "to_ipynb": "sparkgrad.databricks.notebook",
+    "from_ipynb": "sparkgrad.databricks.notebook",
+    "ipynb_text": "sparkgrad.databricks.notebook",
+    "export_ipynb": "sparkgrad.databricks.notebook",
+    "secret_variable": "sparkgrad.databricks.dbutils",
+    "fuse_path": "sparkgrad.databricks.dbutils",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,127 @@
+"""The notebooks in notebooks/, each run through the local runner on a small part of Fashion-MNIST."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from sparkgrad.data.idx import FASHION_MNIST_DIR
+
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+ROWS = "2000"  # training and test examples kept by 10_prep
+needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist not installed")
+pytestmark = [pytest.mark.spark, needs_data, pytest.mark.timeout(600)]
+
+
+def notebook(name: str) -> str:
+    return os.path.join(NOTEBOOKS, name + ".py")
+
+
+@pytest.fixture(scope="module")
+def dbfs(tmp_path_factory):
+    return tmp_path_factory.mktemp("dbfs")
+
+
+@pytest.fixture(scope="module")
+def run(spark, dbfs, tmp_path_factory):
+    from sparkgrad.databricks import run_notebook
+
+    def go(name, params, timeout=300, **kw):
+        run_dir = str(tmp_path_factory.mktemp(name))
+        return run_notebook(notebook(name), params, timeout, spark=spark, dbfs_root=str(dbfs), run_dir=run_dir, **kw)
+
+    return go
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    """10_prep's TFRecords of the first 2000 training and test examples, at dbfs:/data/records."""
+    result = run(
+        "10_prep",
+        {
+            "input_data": f"file:{FASHION_MNIST_DIR}",
+            "output_data": "dbfs:/data/records",
+            "max_rows": ROWS,
+            "shards": "2",
+        },
+    )
+    return json.loads(result.exit_value)
+
+
+def test_prep_writes_the_requested_rows_to_its_output_data(records, dbfs):
+    assert records["output_data"] == "dbfs:/data/records"
+    assert records["files"] == ["test.tfrecords", "train-00000-of-00002.tfrecords", "train-00001-of-00002.tfrecords"]
+    assert (records["train_rows"], records["test_rows"]) == (2000, 2000)
+    assert (dbfs / "data/records/test.tfrecords").is_file()
+
+
+def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/run1", "epochs": "1", "mode": "spark"}
+    summary = json.loads(run("02_scheduled_training_job", params).exit_value)
+    assert set(summary) == {
+        "output_path",
+        "model",
+        "checkpoints",
+        "metrics",
+        "mode",
+        "epochs",
+        "global_step",
+        "test_accuracy",
+        "seconds",
+    }
+    assert summary["mode"] == "spark" and summary["global_step"] == 20  # 2000 rows, batch 100, each row fed once
+    assert summary["test_accuracy"] > 0.5
+    for path in (
+        "jobs/run1/model/model.sgckpt",
+        "jobs/run1/model/pixel_stats.npz",
+        "jobs/run1/checkpoints/model.sgckpt",
+    ):
+        assert (dbfs / path).is_file(), path
+    metrics = json.loads((dbfs / "jobs/run1/metrics.json").read_text())
+    assert metrics["test_accuracy"] == summary["test_accuracy"] and metrics["samples"] == 2000
+
+
+def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(run, dbfs):
+    params = {
+        "input_data": f"file:{FASHION_MNIST_DIR}",
+        "output_data": "dbfs:/pipeline",
+        "max_rows": ROWS,
+        "epochs": "1",
+    }
+    out = json.loads(run("13_pipeline", params).exit_value)
+    assert out["prep"]["output_data"] == "dbfs:/pipeline/records"
+    assert out["train"]["output_data"] == "dbfs:/pipeline/model" and out["train"]["mode"] == "tensorflow"
+    assert out["train"]["global_step"] == 40  # 2 workers, each reading the 2000 rows once, batch 100
+    assert out["evaluate"]["rows"] == 2000 and out["evaluate"]["test_accuracy"] > 0.5
+    evaluation = json.loads((dbfs / "pipeline/evaluation/evaluation.json").read_text())
+    assert sum(map(sum, evaluation["confusion"])) == 2000
+
+
+def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics(run):
+    params = {"source": f"file:{FASHION_MNIST_DIR}", "work_dir": "dbfs:/quickstart", "max_rows": ROWS, "epochs": "1"}
+    lines = []
+    result = run("01_quickstart", params, skip_pip=True, log=lines.append)
+    assert any("skipped cell 2: %pip install /Volumes/" in x for x in lines)
+    assert result.namespace["chief"]["step"] == 40 and result.namespace["chief"]["test_accuracy"] > 0.5
+    assert {m.name for m in result.namespace["cluster"].metrics} == {"loss", "accuracy"}
+    assert result.namespace["output"].bar.n == 40
+
+
+def test_horovod_runner_flow_trains_the_cnn_synchronously_and_evaluates_its_last_checkpoint(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/hvd", "np": "2", "epochs": "2"}
+    ns = run("20_horovod_runner", params).namespace
+    assert [r["rank"] for r in ns["results"]] == [0, 1]
+    assert ns["results"][0]["step"] == 16  # 2 epochs of 1000 rows a worker, 8 batches of 128: synchronous steps
+    assert sorted(p.name for p in (dbfs / "hvd/checkpoints").iterdir()) == ["epoch-1.sgckpt", "epoch-2.sgckpt"]
+    assert ns["test_accuracy"] > 0.3
+
+
+def test_scheduled_job_rerun_with_the_same_output_resumes_from_its_checkpoint(run, records, dbfs):
+    params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/resume", "epochs": "1"}
+    first = json.loads(run("02_scheduled_training_job", params).exit_value)
+    second = json.loads(run("02_scheduled_training_job", params).exit_value)
+    assert (first["mode"], first["global_step"]) == ("tensorflow", 40)
+    # The chief restores step 40 on the ps; asynchronous training lets the other worker push a gradient or
+    # two before that restore, which it overwrites (mnist_dist's resume): 80 at most, never from 0 again.
+    assert 75 <= second["global_step"] <= 80
