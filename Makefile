@@ -76,7 +76,6 @@ test: build ctest
 # carries the interpreter's tag, cpython-310 / -312, so the builds sit side by
 # side with the main leg's cpython-311 in python/sparkgrad/). No torch,
 # tensorflow or tensorboard here: the tests that need them skip.
-PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
 MATRIX_DIR ?= .venv-matrix
 MATRIX_LEGS := py312-spark40 py310-spark34
 MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_cluster_feed.py \
@@ -85,12 +84,12 @@ MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_
 # Each leg runs under one NumPy already (1.21.5 in py310-spark34): no venvs of other NumPys per leg.
 MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_numpy_1_and_2
 # DBR 17.3 LTS: Spark 4.0, Python 3.12; the connect extra brings pandas, pyarrow and grpcio for Spark Connect.
-py312-spark40.python := $(PYENV_ROOT)/versions/3.12.1/bin/python
+py312-spark40.python = $(shell $(PYTHON) .ci/wheels.py which 3.12)
 py312-spark40.pyspark := pyspark[connect]==4.0.1
 py312-spark40.tests := $(wildcard tests/test_cluster_connect.py)
 # DBR 13.3 LTS: Spark 3.4.1 (the version it reports, and the oldest 3.4 a user meets, rather than the newest
 # 3.4.4), Python 3.10, and its preinstalled NumPy 1.21.5 at run time.
-py310-spark34.python := $(PYENV_ROOT)/versions/3.10.13/bin/python
+py310-spark34.python = $(shell $(PYTHON) .ci/wheels.py which 3.10)
 py310-spark34.pyspark := pyspark==3.4.1
 py310-spark34.numpy := numpy==1.21.5
 # ... and its pandas and pyarrow, which DataFrame feeding (mapInArrow) needs on Spark 3.x.
@@ -106,7 +105,7 @@ py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.p
 # requires: installed apart in <venv>/build-env, on PYTHONPATH for the build alone.
 define MATRIX_LEG
 $(MATRIX_DIR)/$(1)/.sparkgrad-deps: pyproject.toml .ci/buildcfg.py | sysdeps
-	@test -x $$($(1).python) || { echo "test-matrix: $$($(1).python) is missing (pyenv install it)" >&2; exit 1; }
+	@test -n "$$($(1).python)" || { echo "test-matrix: no interpreter for leg $(1) (pyenv install it)" >&2; exit 1; }
 	test -x $(MATRIX_DIR)/$(1)/bin/python || $$($(1).python) -m venv $(MATRIX_DIR)/$(1)
 	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check "$$($(1).pyspark)" \

@@ -3,6 +3,7 @@
     python .ci/wheels.py wheels --out dist 3.10 3.11 3.12
     python .ci/wheels.py eggs --out dist 3.10 3.11
     python .ci/wheels.py show dist
+    python .ci/wheels.py which 3.12
 
 wheels: for each Python version, a build venv under build/release/cpXY
 (created once, from the pyenv interpreter or pythonX.Y on PATH) holds the
@@ -19,6 +20,9 @@ zipimport uses it); sparkgrad._native extracts the extension and
 sparkgrad.libs from it at import.
 
 show: `auditwheel show` of every wheel in a directory.
+
+which: the interpreter used for a Python version (pyenv's newest patch
+release, else pythonX.Y on PATH), for the Makefile's test-matrix legs.
 
 What it does not do: upload anything, or build for other architectures.
 """
@@ -122,6 +126,10 @@ def build_wheel(version: str, out: pathlib.Path) -> pathlib.Path:
     venv = build_venv(version)
     raw = ROOT / "build" / "release" / tag(version) / "raw"
     shutil.rmtree(raw, ignore_errors=True)
+    # setuptools copies the package into build/lib.* and reuses that copy: a module deleted from the tree
+    # would still ship. The compiled objects (build/temp.*) are kept, so nothing is recompiled needlessly.
+    for stale in [*ROOT.glob(f"build/lib.*-cpython-{tag(version)[2:]}"), *ROOT.glob("build/bdist.*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     env = dict(os.environ, SPARKGRAD_BUNDLED_LIBS="1")
     env.pop("PYTHONPATH", None)
     py = str(venv / "bin" / "python")
@@ -192,15 +200,18 @@ def show(directory: pathlib.Path) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=".ci/wheels.py", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["wheels", "eggs", "show"])
+    parser.add_argument("command", choices=["wheels", "eggs", "show", "which"])
     parser.add_argument("versions", nargs="*", help="Python versions (X.Y); for show: the directory")
     parser.add_argument("--out", default=str(ROOT / "dist"))
     args = parser.parse_intermixed_args(argv)
     out = pathlib.Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if args.command == "which":
+        print(find_interpreter(args.versions[0] if args.versions else fail("which: name a version (X.Y)")))
+        return 0
     if args.command == "show":
         show(pathlib.Path(args.versions[0]) if args.versions else out)
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     for version in args.versions or ["3.10", "3.11", "3.12"]:
         if not re.fullmatch(r"3\.\d+", version):
             fail(f"not a Python version: {version!r} (expected X.Y, such as 3.11)")

@@ -100,3 +100,31 @@ def test_inference_schema_is_parsed_to_arrow_types_or_refused():
     ]
     with pytest.raises(InvalidArgumentError, match="'label string' is not 'name type' with a numeric type"):
         result_fields("id long, label string")
+
+
+def test_inference_results_match_the_schema_by_name_or_by_position():
+    from sparkgrad.cluster.arrow_feed import _result_batch
+
+    fields = result_fields("score double, id long")
+    named = _result_batch({"id": np.array([7, 8]), "score": np.array([0.5, 0.25])}, fields)
+    assert named.schema.names == ["score", "id"]
+    assert named.column(0).to_pylist() == [0.5, 0.25] and named.column(1).to_pylist() == [7, 8]
+    positional = _result_batch({"0": np.array([0.5, 0.25]), "1": np.array([7, 8])}, fields)
+    assert positional.column(1).to_pylist() == [7, 8]
+
+
+@pytest.mark.parametrize(
+    ("cols", "match"),
+    [
+        ({"id": np.array([1]), "prob": np.array([0.5])}, "result columns id, prob for a schema of score, id"),
+        ({"0": np.array([0.5])}, "1 result column"),
+        ({"score": np.zeros((2, 3)), "id": np.array([1, 2])}, r"'score' has shape \(2, 3\)"),
+        ({"score": np.array([0.5, 1.0]), "id": np.array([1.5, 2.0])}, "'id' .* does not fit id int64"),
+    ],
+)
+def test_inference_results_that_do_not_fit_the_schema_are_refused_by_column(cols, match):
+    from sparkgrad.cluster.arrow_feed import _result_batch
+    from sparkgrad.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=match):
+        _result_batch(cols, result_fields("score double, id long"))

@@ -238,17 +238,37 @@ def test_egg_imports_and_trains_with_nothing_but_numpy(tmp_path, version):
     py = _venv(tmp_path, version, OLD_NUMPY[version])
     cache = tmp_path / "extracted"
     code = f"import sys; sys.path.insert(0, {str(egg)!r})\n" + TRAIN_AND_REPORT
-    report = _report(_run(py, code, tmp_path, SPARKGRAD_EXTRACT_DIR=str(cache)))
-    for first, last in report["losses"]:
-        assert last < first
-    assert report["layout"] == "egg" and report["modules"] == []
-    (extracted,) = cache.iterdir()
-    assert extracted.name.startswith(egg.name + "-")
-    runtimes = _openmp_runtimes(report["mapped"])
+    # Four Python workers of one executor importing at once into an empty cache: one extraction serves all.
+    procs = [
+        subprocess.Popen(
+            [str(py), "-c", code],
+            cwd=tmp_path,
+            env=_clean_env(SPARKGRAD_EXTRACT_DIR=str(cache)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(4)
+    ]
+    outputs = [(p, *p.communicate(timeout=300)) for p in procs]
+    reports = [_report(subprocess.CompletedProcess(p.args, p.returncode, out, err)) for p, out, err in outputs]
+    for report in reports:
+        for first, last in report["losses"]:
+            assert last < first
+        assert report["layout"] == "egg" and report["modules"] == []
+    entries = sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+    assert len(entries) == 1 and entries[0].startswith(egg.name + "-"), entries
+    extracted = cache / entries[0]
+    runtimes = _openmp_runtimes(reports[0]["mapped"])
     assert len(runtimes) == 1 and runtimes[0].startswith(str(extracted / "sparkgrad.libs")), runtimes
-    assert any(p.startswith(str(extracted / "sparkgrad" / "_core.")) for p in report["mapped"])
+    assert any(p.startswith(str(extracted / "sparkgrad" / "_core.")) for p in reports[0]["mapped"])
+    assert not [p.name for p in cache.iterdir() if p.name.startswith(".extract-")]  # no staging left behind
+    # A cleaner removed a library: the next start notices, extracts again (the old copy moved aside) and runs.
+    gomp = next((extracted / "sparkgrad.libs").glob("libgomp-*"))
+    gomp.unlink()
     again = _report(_run(py, code, tmp_path, SPARKGRAD_EXTRACT_DIR=str(cache)))
-    assert again["layout"] == "egg" and [p.name for p in cache.iterdir()] == [extracted.name]  # reused
+    assert again["layout"] == "egg" and gomp.exists()
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == entries
 
 
 @needs_dist
@@ -261,3 +281,25 @@ def test_egg_for_another_python_says_which_egg_to_attach(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("sparkgrad.errors.NativeLibraryError: "), proc.stderr
     assert "_core.cpython-310-x86_64-linux-gnu.so" in last and "py3.11-linux-x86_64.egg" in last, last
+
+
+def test_source_build_with_a_broken_onednn_says_so_instead_of_an_oserror(tmp_path):
+    """The onednn-cpu-gomp wheel's library exists but cannot load: NativeLibraryError, not ctypes' OSError."""
+    import numpy
+
+    site = tmp_path / "site"
+    (site / "onednn_cpu_gomp-2023.2.0.dist-info").mkdir(parents=True)
+    (site / "lib").mkdir()
+    (site / "lib" / "libdnnl.so.3").write_bytes(b"not an ELF file")
+    (site / "onednn_cpu_gomp-2023.2.0.dist-info" / "RECORD").write_text("lib/libdnnl.so.3,,15\n")
+    numpy_dir = pathlib.Path(numpy.__file__).parent
+    for path in [numpy_dir, *numpy_dir.parent.glob("numpy.libs")]:
+        (site / path.name).symlink_to(path)
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{ROOT / 'python'}")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", "import sparkgrad"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sparkgrad.errors.NativeLibraryError: "), proc.stderr
+    assert str(site / "lib" / "libdnnl.so.3") in last and "could not be loaded" in last, last

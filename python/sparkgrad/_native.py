@@ -132,8 +132,25 @@ def preload_onednn() -> None:
 # -- eggs: extract the extension and its libraries once ----------------------------------
 
 
+def _private_dir(path: str) -> str:
+    """``path`` created 0700 if missing, refused unless it is a directory of ours that others cannot write."""
+    import stat
+
+    from sparkgrad.errors import NativeLibraryError
+
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise NativeLibraryError(
+            f"{path}: refusing to load native code from a directory that is not this user's own or that others "
+            "can write; set SPARKGRAD_EXTRACT_DIR to a private directory",
+            path=path,
+        )
+    return path
+
+
 def _cache_root() -> str:
-    """SPARKGRAD_EXTRACT_DIR, else PYTHON_EGG_CACHE, else the user's cache directory (else the temp dir)."""
+    """SPARKGRAD_EXTRACT_DIR, else PYTHON_EGG_CACHE, else the user's cache directory (else a private temp dir)."""
     for var in ("SPARKGRAD_EXTRACT_DIR", "PYTHON_EGG_CACHE"):
         if os.environ.get(var):
             return os.environ[var]
@@ -145,55 +162,104 @@ def _cache_root() -> str:
             return root
     except OSError:
         pass
-    return os.path.join(tempfile.gettempdir(), f"sparkgrad-native-{os.getuid()}")
+    return _private_dir(os.path.join(tempfile.gettempdir(), f"sparkgrad-native-{os.getuid()}"))
+
+
+STALE_STAGING_SECONDS = 3600.0  # an .extract-* directory this old was left by a process that died mid-way
+
+
+def _complete(target: str, members: list) -> bool:
+    """Whether ``target`` holds every member at its size (a cleaner may have removed files since)."""
+    for info in members:
+        try:
+            if os.path.getsize(os.path.join(target, info.filename)) != info.file_size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _sweep_stale(root: str) -> None:
+    import shutil
+    import time
+
+    now = time.time()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith((".extract-", ".stale-")):
+            try:
+                if now - os.path.getmtime(path) > STALE_STAGING_SECONDS or name.startswith(".stale-"):
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def _extract_members(egg, members: list, root: str, target: str) -> None:
+    """Extracts ``members`` into ``target`` under an exclusive lock: staged, then renamed into place.
+
+    The lock (root/.lock) makes concurrent Python workers of one executor wait
+    for one extraction instead of each writing a 60 MB copy; the staging
+    directory is removed on any failure, and a ``target`` found incomplete is
+    moved aside and extracted again.
+    """
+    import fcntl
+    import shutil
+
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file closes (or the process dies)
+        if _complete(target, members):
+            return
+        _sweep_stale(root)
+        if os.path.exists(target):
+            os.rename(target, os.path.join(root, f".stale-{os.getpid()}-{os.path.basename(target)}"))
+        staging = tempfile.mkdtemp(prefix=".extract-", dir=root)
+        try:
+            for info in members:
+                egg.extract(info, staging)
+            os.chmod(staging, 0o755)  # mkdtemp's 0700 would shut out other users of a shared PYTHON_EGG_CACHE
+            os.rename(staging, target)
+        finally:
+            if os.path.exists(staging):
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def _extract_egg(archive: str) -> str:
     """Extracts the extension for this interpreter and sparkgrad.libs; returns the extension's path."""
     import zipfile  # only eggs need it
+    import zlib
 
     from sparkgrad.errors import NativeLibraryError
 
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    with zipfile.ZipFile(archive) as egg:
-        infos = egg.infolist()
-        exts = [i for i in infos if re.fullmatch(r"sparkgrad/_core\.[^/]*so", i.filename)]
-        ext = next((i for i in exts if any(i.filename.endswith("/_core" + s) for s in suffixes)), None)
-        if ext is None:
-            found = ", ".join(os.path.basename(i.filename) for i in exts) or "no extension at all"
-            raise NativeLibraryError(
-                f"{archive}: this egg holds {found}, none of which Python "
-                f"{sys.version_info.major}.{sys.version_info.minor} can load (it looks for _core{suffixes[0]}); "
-                f"attach the egg built for this Python (sparkgrad-<version>-py{sys.version_info.major}."
-                f"{sys.version_info.minor}-linux-x86_64.egg) or install the wheel",
-                path=archive,
-                library=f"_core{suffixes[0]}",
-            )
-        members = [ext] + [i for i in infos if i.filename.startswith(LIBS_DIR + "/") and not i.is_dir()]
-        key = hashlib.sha256(repr([(i.filename, i.CRC, i.file_size) for i in members]).encode()).hexdigest()[:16]
-        root = _cache_root()
-        target = os.path.join(root, f"{os.path.basename(archive)}-{key}")
-        if not os.path.isfile(os.path.join(target, ext.filename)):
-            try:
-                os.makedirs(root, exist_ok=True)
-                staging = tempfile.mkdtemp(prefix=".extract-", dir=root)
-                for info in members:
-                    egg.extract(info, staging)
-                try:
-                    os.rename(staging, target)  # atomic: another process may have won the race
-                except OSError:
-                    import shutil
-
-                    shutil.rmtree(staging, ignore_errors=True)
-                    if not os.path.isfile(os.path.join(target, ext.filename)):
-                        raise
-            except OSError as exc:
+    root = _cache_root()
+    try:
+        with zipfile.ZipFile(archive) as egg:
+            infos = egg.infolist()
+            exts = [i for i in infos if re.fullmatch(r"sparkgrad/_core\.[^/]*so", i.filename)]
+            ext = next((i for i in exts if any(i.filename.endswith("/_core" + s) for s in suffixes)), None)
+            if ext is None:
+                found = ", ".join(os.path.basename(i.filename) for i in exts) or "no extension at all"
                 raise NativeLibraryError(
-                    f"{archive}: cannot extract the native extension into {root}: {exc}; "
-                    "set SPARKGRAD_EXTRACT_DIR to a writable directory on a file system that allows executables",
+                    f"{archive}: this egg holds {found}, none of which Python "
+                    f"{sys.version_info.major}.{sys.version_info.minor} can load (it looks for _core{suffixes[0]}); "
+                    f"attach the egg built for this Python (sparkgrad-<version>-py{sys.version_info.major}."
+                    f"{sys.version_info.minor}-linux-x86_64.egg) or install the wheel",
                     path=archive,
-                    library=ext.filename,
-                ) from None
+                    library=f"_core{suffixes[0]}",
+                )
+            members = [ext] + [i for i in infos if i.filename.startswith(LIBS_DIR + "/") and not i.is_dir()]
+            key = hashlib.sha256(repr([(i.filename, i.CRC, i.file_size) for i in members]).encode()).hexdigest()
+            target = os.path.join(root, f"{os.path.basename(archive)}-{key[:16]}")
+            if not _complete(target, members):
+                _extract_members(egg, members, root, target)
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise NativeLibraryError(
+            f"{archive}: cannot extract the native extension into {root}: {type(exc).__name__}: {exc}; "
+            "set SPARKGRAD_EXTRACT_DIR to a writable directory on a file system that allows executables"
+            f"{'' if os.path.exists(archive) else ' (the egg itself is gone)'}",
+            path=archive,
+        ) from None
     return os.path.join(target, ext.filename)
 
 
@@ -229,8 +295,14 @@ def _glibc() -> str:
         return "unknown"
 
 
-def _explain(exc: ImportError, kind: str, path: str) -> str:
-    text = str(exc)
+def _missing_library(text: str) -> str | None:
+    """The library a dynamic linker message says it could not open, if it says one."""
+    found = re.match(r"([^\s:]+\.so[.\d]*): cannot open shared object file", text)
+    return found.group(1) if found else None
+
+
+def _explain(text: str, kind: str, path: str) -> str:
+    """What went wrong loading ``path`` (the linker's message ``text``) and what to do, for layout ``kind``."""
     where = os.path.dirname(path)
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     if not os.path.exists(path):
@@ -241,17 +313,27 @@ def _explain(exc: ImportError, kind: str, path: str) -> str:
             f"{f' (it has {built})' if built else ''}; install the wheel for cp{py.replace('.', '')} "
             "(pip install sparkgrad) or build it for this interpreter (make build)"
         )
-    missing = re.match(r"([^\s:]+\.so[.\d]*): cannot open shared object file", text)
     version = re.search(r"version `([^']+)' not found \(required by ([^)]+)\)", text)
-    if version is not None:
+    if version is not None and version.group(1).startswith("GLIBC_"):
         return (
             f"{path}: {version.group(2)} needs {version.group(1)}, which this system lacks "
             f"(glibc {_glibc()}): sparkgrad's wheels need glibc 2.34 or newer (Ubuntu 22.04, Debian 12, "
             "Databricks Runtime 13.3 LTS and later)"
         )
-    if missing is None:
+    if version is not None:
+        owner = text.split(":", 1)[0]
+        return (
+            f"{path} could not be loaded: {version.group(2)} needs {version.group(1)}, which {owner} lacks "
+            f"({text}); install a newer {os.path.basename(owner)} or reinstall sparkgrad"
+        )
+    if "failed to map segment" in text:
+        return (
+            f"{path} could not be loaded: {text}; its directory is on a file system that forbids executable "
+            "mappings (noexec): set SPARKGRAD_EXTRACT_DIR (eggs) or install sparkgrad on another file system"
+        )
+    lib = _missing_library(text)
+    if lib is None:
         return f"{path} could not be loaded: {text}"
-    lib = missing.group(1)
     if kind == SOURCE and lib == LIBRARY:
         fix = f"pip install {ONEDNN_REQUIREMENT} (the oneDNN runtime this build links)"
     elif lib in _SYSTEM_PACKAGES:
@@ -272,30 +354,26 @@ def load_core() -> ModuleType:
     from sparkgrad.errors import NativeLibraryError
 
     kind = layout()
-    if kind == EGG:
-        archive = _egg_archive() or ""
-        path = _extract_egg(archive)
-        load = lambda: _load_extension(path)  # noqa: E731
-    else:
-        if kind == SOURCE:
-            preload_onednn()
-        path = _extension_file(_package_dir())
-        load = lambda: importlib.import_module(MODULE)  # noqa: E731
+    path = _extract_egg(_egg_archive() or "") if kind == EGG else _extension_file(_package_dir())
     try:
-        return load()
-    except ImportError as exc:
-        library = re.match(r"([^\s:]+): cannot open shared object file", str(exc))
+        if kind == EGG:
+            return _load_extension(path)
+        if kind == SOURCE:
+            preload_onednn()  # an OSError here is the same dynamic linker message, about libdnnl's own needs
+        return importlib.import_module(MODULE)
+    except (ImportError, OSError) as exc:
+        text = str(exc)
         raise NativeLibraryError(
-            _explain(exc, kind, path), path=path, library=library.group(1) if library else None, layout=kind
+            _explain(text, kind, path), path=path, library=_missing_library(text), layout=kind
         ) from None
 
 
 def mapped_libraries() -> dict[str, str]:
-    """The native libraries this process has mapped that sparkgrad uses: {short name: path}."""
+    """The native libraries this process has mapped that sparkgrad uses: {file name: path}."""
     wanted = ("libdnnl", "libgomp", "libiomp", "libomp", "libcjson", "libcrypto", "libcurl")
     found: dict[str, str] = {}
     try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except OSError:
         return found

@@ -156,17 +156,47 @@ def result_fields(schema: str) -> tuple[ResultField, ...]:
 
 
 def _result_batch(cols: dict[str, np.ndarray], fields: tuple[ResultField, ...]) -> Any:
-    """A worker's result frame (columns in batch_results order) -> a RecordBatch of ``fields``."""
+    """A worker's result frame -> a RecordBatch of ``fields``.
+
+    Columns named by batch_results' dict keys are matched to the schema's
+    fields by name; unnamed ones ("0", "1", ... from a list or array) by
+    position. Each must be one value per row, castable without loss.
+    """
     import pyarrow as pa
 
     names = ordered_columns(cols)
-    if len(names) != len(fields):
-        raise InvalidArgumentError(
-            f"inference: the worker returned {len(names)} result column(s) ({', '.join(names)}) for a schema of "
-            f"{len(fields)} ({', '.join(f.name for f in fields)})"
-        )
-    arrays = [pa.array(cols[n]).cast(getattr(pa, f.arrow_type)()) for n, f in zip(names, fields, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, names=[f.name for f in fields])
+    wanted = [f.name for f in fields]
+    if all(n.isdigit() for n in names):
+        if len(names) != len(fields):
+            raise InvalidArgumentError(
+                f"inference: the worker returned {len(names)} result column(s) for a schema of {len(fields)} "
+                f"({', '.join(wanted)})"
+            )
+        pairs = list(zip(names, fields, strict=True))
+    else:
+        if sorted(names) != sorted(wanted):
+            raise InvalidArgumentError(
+                f"inference: the worker returned the result columns {', '.join(sorted(names))} for a schema of "
+                f"{', '.join(wanted)}: batch_results' dict keys must be the schema's names"
+            )
+        pairs = [(f.name, f) for f in fields]
+    arrays = []
+    for name, f in pairs:
+        col = np.asarray(cols[name])
+        if col.ndim != 1:
+            raise InvalidArgumentError(
+                f"inference: result column {name!r} has shape {col.shape}: one value per row is needed for "
+                f"{f.name} {f.arrow_type} (return one column per value)",
+                column=name,
+            )
+        try:
+            arrays.append(pa.array(col).cast(getattr(pa, f.arrow_type)()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidArgumentError(
+                f"inference: result column {name!r} ({col.dtype}) does not fit {f.name} {f.arrow_type}: {exc}",
+                column=name,
+            ) from None
+    return pa.RecordBatch.from_arrays(arrays, names=wanted)
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,13 @@ def rows_to_columns(rows: list[Any]) -> dict[str, np.ndarray]:
         try:
             with warnings.catch_warnings():
                 # NumPy < 1.24 (1.21.5 on Databricks 13.3) turns ragged rows into an object array with a
-                # VisibleDeprecationWarning (a UserWarning) where later NumPys raise ValueError: refuse both alike.
-                warnings.simplefilter("error")
+                # VisibleDeprecationWarning where later NumPys raise ValueError: refuse both alike (below).
+                warnings.simplefilter("ignore")
                 col = np.asarray([r[j] for r in rows])
-        except (ValueError, IndexError, UserWarning) as exc:
+        except (ValueError, IndexError) as exc:
             raise InvalidArgumentError(f"column {name!r}: rows differ in shape or length ({exc})") from None
+        if col.dtype == object and any(isinstance(r[j], (list, tuple, np.ndarray)) for r in rows[:1]):
+            raise InvalidArgumentError(f"column {name!r}: rows differ in shape or length (NumPy made objects of them)")
         if col.dtype == np.float64:
             col = col.astype(np.float32)  # the training engine is float32
         if col.dtype.kind not in "biuf":

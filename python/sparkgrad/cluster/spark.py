@@ -385,7 +385,8 @@ class SparkJob:
             try:
                 self._session.tag_thread(self.group, self.description)
                 try:
-                    self.result = action()
+                    if not self.cancelled:  # a cancel that came before the action was submitted
+                        self.result = action()
                 finally:
                     self._session.untag_thread(self.group)
             except BaseException as exc:  # noqa: BLE001 - kept for the caller in .error
@@ -403,9 +404,19 @@ class SparkJob:
         return self._ended.is_set()
 
     def cancel(self) -> None:
+        """Cancels the action and waits (bounded) for it to end.
+
+        Job groups and tags act only on jobs already running, so the cancel
+        is repeated each second until the action has ended: a job submitted
+        just after the first cancel is cancelled by the next.
+        """
         self.cancelled = True
-        self._session.cancel_tag(self.group)
-        self._ended.wait(self.CANCEL_WAIT_SECONDS)
+        deadline = time.monotonic() + self.CANCEL_WAIT_SECONDS
+        while True:
+            self._session.cancel_tag(self.group)
+            left = deadline - time.monotonic()
+            if self._ended.wait(max(0.0, min(1.0, left))) or left <= 0:
+                return
 
 
 class SparkLauncher:

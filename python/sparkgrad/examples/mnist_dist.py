@@ -301,7 +301,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run over Spark Connect: a local Connect server started by SparkSession.builder.remote('local[N]')",
     )
-    p.add_argument("--master", default=None, help="Spark master (default: local with a slot per node)")
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (default: local with a slot per node); with --connect, the Connect remote: "
+        "local[N] or sc://host:port",
+    )
     p.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="directory of the IDX files")
     p.add_argument("--data-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sparkgrad", "fashion-mnist"))
     p.add_argument("--model-dir", default=None, help="checkpoint directory (default: a fresh temporary one)")
