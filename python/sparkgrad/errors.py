@@ -150,7 +150,29 @@ class PeerClosedError(ProtocolError):
 
 
 class RestError(SparkgradError):
-    """A Databricks REST call failed; carries the HTTP status and error_code."""
+    """A Databricks REST call failed.
+
+    ``str(exc)`` says it all in words; the parts are attributes: ``status``
+    (HTTP status of the last answer, None when none came), ``error_code``
+    ("RESOURCE_DOES_NOT_EXIST", "" when the body had none), ``message`` (the
+    server's message), ``method``, ``path`` and ``attempts``. Never carries
+    the token, the client secret or a request body.
+    """
+
+    def __init__(
+        self,
+        text: str = "",
+        *,
+        status: int | None = None,
+        error_code: str = "",
+        message: str | None = None,
+        method: str = "",
+        path: str = "",
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(text, status=status, error_code=error_code, method=method, path=path, attempts=attempts)
+        self.message = text if message is None else message
+        self.details["message"] = self.message
 
 
 __all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, SparkgradError)]

@@ -1,0 +1,190 @@
+/*
+ * rest_http.c - one request on a fresh libcurl easy handle (rest_http.h).
+ *
+ * The CA bundle is SSL_CERT_FILE or CURL_CA_BUNDLE when set, else the first
+ * standard bundle that exists (a libcurl built elsewhere may look for one at
+ * a path Ubuntu does not have: curl error 77), else libcurl's default.
+ * Deliberately not here: connection reuse across calls, proxies beyond what
+ * libcurl reads from the environment, HTTP/2 tuning.
+ */
+#include "rest/rest_http.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rest/rest_curl.h"
+
+#define REST_HEADERS_MAX (64u << 10)
+
+typedef struct Sink {
+    uint8_t *buf;
+    size_t len, cap, max;
+    int overflow;
+} Sink;
+
+static int sink_append(Sink *s, const void *data, size_t n)
+{
+    if (n > s->max - s->len) {
+        s->overflow = 1;
+        return -1;
+    }
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->len + n + 1)
+            cap *= 2;
+        uint8_t *p = realloc(s->buf, cap);
+        if (p == NULL)
+            return -1;
+        s->buf = p, s->cap = cap;
+    }
+    memcpy(s->buf + s->len, data, n);
+    s->len += n;
+    s->buf[s->len] = '\0';
+    return 0;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *user)
+{
+    return sink_append(user, data, size * nmemb) == 0 ? size * nmemb : 0;
+}
+
+/* Keeps the header lines of the last response only (after a 100 Continue or
+ * an interim status line, a new "HTTP/" line starts over). */
+static size_t on_header(char *data, size_t size, size_t nmemb, void *user)
+{
+    Sink *s = user;
+    size_t n = size * nmemb;
+    if (n >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        s->len = 0;
+        return n;
+    }
+    if (n <= 2) /* the blank line ending the block */
+        return n;
+    return sink_append(s, data, n) == 0 ? n : 0;
+}
+
+static const char *ca_bundle(void)
+{
+    static const char *const standard[] = {
+        "/etc/ssl/certs/ca-certificates.crt", /* Debian, Ubuntu */
+        "/etc/pki/tls/certs/ca-bundle.crt",   /* RHEL, Fedora */
+        "/etc/ssl/ca-bundle.pem",             /* SUSE */
+        "/etc/ssl/cert.pem",                  /* Alpine, macOS */
+    };
+    const char *env = getenv("SSL_CERT_FILE");
+    if (env == NULL || *env == '\0')
+        env = getenv("CURL_CA_BUNDLE");
+    if (env != NULL && *env != '\0')
+        return env;
+    for (size_t i = 0; i < sizeof standard / sizeof *standard; i++)
+        if (access(standard[i], R_OK) == 0)
+            return standard[i];
+    return NULL;
+}
+
+/* Whether a failed transfer may have delivered (part of) the request. */
+static int maybe_sent(int code)
+{
+    switch (code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_URL_MALFORMAT:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+#define SETOPT(opt, val)                                                                           \
+    if ((st = REST_CURL_CHECK(lib, lib->easy_setopt(h, opt, val), err)) < 0)                       \
+    goto cleanup
+
+int rest_http_perform(const RestRequest *req, RestResponse *resp, SgError *err)
+{
+    memset(resp, 0, sizeof *resp);
+    const RestCurl *lib;
+    int st = rest_curl_load(&lib, err);
+    if (st < 0)
+        return st;
+    Sink body = {.max = req->max_response}, hdrs = {.max = REST_HEADERS_MAX};
+    struct curl_slist *list = NULL;
+    CURL *h = lib->easy_init();
+    if (h == NULL) {
+        st = sg_fail(err, SG_ENOMEM, "curl_easy_init failed");
+        goto cleanup;
+    }
+    /* "Expect:" turns off 100-continue; libcurl would otherwise wait for it. */
+    list = lib->slist_append(NULL, "Expect:");
+    for (size_t i = 0; list != NULL && i < req->n_headers; i++)
+        list = lib->slist_append(list, req->headers[i]);
+    if (list == NULL) {
+        st = sg_fail(err, SG_ENOMEM, "curl_slist_append failed");
+        goto cleanup;
+    }
+    const char *ca = ca_bundle();
+    SETOPT(CURLOPT_URL, req->url);
+    SETOPT(CURLOPT_CUSTOMREQUEST, req->method);
+    SETOPT(CURLOPT_HTTPHEADER, list);
+    SETOPT(CURLOPT_NOSIGNAL, 1L);
+    SETOPT(CURLOPT_SSL_VERIFYPEER, 1L);
+    SETOPT(CURLOPT_SSL_VERIFYHOST, 2L);
+    SETOPT(CURLOPT_FOLLOWLOCATION, 0L);
+    SETOPT(CURLOPT_TIMEOUT_MS, req->timeout_ms);
+    SETOPT(CURLOPT_CONNECTTIMEOUT_MS, req->timeout_ms);
+    SETOPT(CURLOPT_WRITEFUNCTION, on_body);
+    SETOPT(CURLOPT_WRITEDATA, &body);
+    SETOPT(CURLOPT_HEADERFUNCTION, on_header);
+    SETOPT(CURLOPT_HEADERDATA, &hdrs);
+    if (ca != NULL)
+        SETOPT(CURLOPT_CAINFO, ca);
+    if (strcmp(req->method, "HEAD") == 0)
+        SETOPT(CURLOPT_NOBODY, 1L);
+    if (req->body != NULL) {
+        SETOPT(CURLOPT_POSTFIELDS, (const char *)req->body);
+        SETOPT(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+    }
+    CURLcode rc = lib->easy_perform(h);
+    if (rc != CURLE_OK) {
+        resp->curl_code = (int)rc;
+        resp->sent = maybe_sent(rc);
+        if (body.overflow)
+            st = sg_fail(err, SG_EREST, "the response is larger than the %zu-byte cap",
+                         req->max_response);
+        else
+            st = rest_curl_fail(lib, rc, "curl_easy_perform", err);
+        goto cleanup;
+    }
+    if ((st = REST_CURL_CHECK(lib, lib->easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status),
+                              err)) < 0)
+        goto cleanup;
+    resp->sent = 1;
+    if (sink_append(&body, "", 0) < 0 || sink_append(&hdrs, "", 0) < 0) {
+        st = sg_fail(err, SG_ENOMEM, "allocating the response");
+        goto cleanup;
+    }
+    resp->body = body.buf, resp->body_len = body.len;
+    resp->headers = (char *)hdrs.buf, resp->headers_len = hdrs.len;
+    body.buf = hdrs.buf = NULL;
+cleanup:
+    free(body.buf);
+    free(hdrs.buf);
+    if (list != NULL)
+        lib->slist_free_all(list);
+    if (h != NULL)
+        lib->easy_cleanup(h);
+    return st;
+}
+
+void rest_response_free(RestResponse *resp)
+{
+    free(resp->body);
+    free(resp->headers);
+    resp->body = NULL;
+    resp->headers = NULL;
+}
