@@ -2,7 +2,8 @@
 
 A real HTTP server (http.server.ThreadingHTTPServer on 127.0.0.1, port 0)
 speaking plain HTTP: loopback only, so the client is built with
-``allow_http_loopback=True`` (it refuses http:// otherwise). It checks what
+``allow_http_loopback=True`` (it refuses http:// otherwise); with
+``tls=(cert, key)`` it serves HTTPS instead (the TLS verification tests). It checks what
 the documented API checks, as far as sparkgrad uses it:
 
 - ``Authorization: Bearer <token>`` on every /api/ call (401 without, 403 for
@@ -43,6 +44,7 @@ import itertools
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -136,6 +138,7 @@ class Standin:
         oauth_lifetime: int = 3600,
         run_steps: int = 1,
         cluster_steps: int = 1,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.token, self.client_id, self.client_secret = token, client_id, client_secret
         self.oauth_lifetime = oauth_lifetime
@@ -157,6 +160,7 @@ class Standin:
         self.runs: dict[int, Run] = {}
         self.idempotency: dict[str, int] = {}
         self._ids = itertools.count(1000)
+        self.tls = tls  # (certificate file, key file): serve https instead of http
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -171,6 +175,10 @@ class Standin:
         Handler.standin = standin
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="standin", daemon=True)
         self._thread.start()
         return self
@@ -192,7 +200,8 @@ class Standin:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def inject(
         self,

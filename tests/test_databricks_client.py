@@ -9,6 +9,9 @@ import base64
 import json
 import logging
 import os
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -484,3 +487,56 @@ def test_no_token_secret_or_payload_in_any_log_line_or_exception(standin, caplog
     for line in lines:
         for secret in secrets:
             assert secret not in line
+
+
+# ---- TLS, libcurl, GIL -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loopback_cert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_tls_certificate_is_verified_against_ssl_cert_file(loopback_cert, monkeypatch):
+    with Standin(tls=loopback_cert) as s:
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+        client = Client(s.url, s.token, config_file=os.devnull, budget=5.0, backoff=0.05)
+        with pytest.raises(RestError) as e:
+            client.dbfs_list("/")
+        assert "SSL" in str(e.value) and e.value.attempts == 1  # a refused certificate is not retried
+        assert s.requests == []
+        monkeypatch.setenv("SSL_CERT_FILE", loopback_cert[0])
+        assert client.dbfs_list("/") == []
+
+
+def test_missing_libcurl_names_the_library_and_the_fix(standin):
+    code = (
+        "from sparkgrad.databricks import Client\n"
+        f"c = Client({standin.url!r}, 'dapi-x', config_file='/dev/null', allow_http_loopback=True)\n"
+        "try:\n    c.dbfs_list('/')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+    )
+    env = {**os.environ, "SPARKGRAD_LIBCURL": "/nonexistent/libcurl.so.4"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("RestError GET /api/2.0/dbfs/list")
+    assert "needs libcurl.so.4" in out and "apt-get install libcurl4" in out
+
+
+def test_the_gil_is_released_while_a_call_waits(standin, client):
+    standin.inject("/dbfs/get-status", delay=0.8)
+    ticks = []
+    waiter = threading.Thread(target=lambda: pytest.raises(RestError, client.dbfs_get_status, "/missing"))
+    waiter.start()
+    t0 = time.monotonic()
+    while waiter.is_alive() and time.monotonic() - t0 < 5:
+        ticks.append(time.monotonic())
+        time.sleep(0.01)
+    waiter.join()
+    assert len(ticks) > 30  # the main thread ran throughout the 0.8 s call

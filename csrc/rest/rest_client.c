@@ -75,7 +75,7 @@ static int classify(const RestCall *call, int st, const RestResponse *r)
     if (st == SG_ENOMEM)
         return -1;
     if (st < 0) /* transfer failed */
-        return r->curl_code != 0 && (!r->sent || call->idempotent) ? 1 : -1;
+        return r->transient && (!r->sent || call->idempotent) ? 1 : -1;
     if (r->status >= 200 && r->status < 300)
         return 0;
     if (r->status == 429)
@@ -175,7 +175,7 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                 snprintf(err->msg + used, sizeof err->msg - used,
                          "; gave up after %.1f s (retry budget %g s)", now_s() - start,
                          cfg->budget_s);
-            } else if (st != SG_ENOMEM && r.status == 0 && r.sent && !call->idempotent) {
+            } else if (st != SG_ENOMEM && r.transient && r.sent && !call->idempotent) {
                 size_t used = strlen(err->msg);
                 snprintf(err->msg + used, sizeof err->msg - used,
                          "; not retried: the request may have reached the server and the call "

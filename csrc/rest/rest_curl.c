@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static RestCurl curl_table;
@@ -31,14 +32,18 @@ static char curl_load_error[512];
 
 static void load_curl(void)
 {
-    void *lib = dlopen(REST_CURL_SONAME, RTLD_NOW | RTLD_LOCAL);
+    /* SPARKGRAD_LIBCURL names another libcurl (a path or a soname) */
+    const char *name = getenv("SPARKGRAD_LIBCURL");
+    if (name == NULL || *name == '\0')
+        name = REST_CURL_SONAME;
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
         const char *why = dlerror();
         snprintf(curl_load_error, sizeof curl_load_error,
                  "the Databricks REST client needs " REST_CURL_SONAME
                  ", which could not be loaded (%s); install it: apt-get install libcurl4 "
-                 "(Debian, Ubuntu), dnf install libcurl (RHEL, Fedora), or put a libcurl.so.4 on "
-                 "LD_LIBRARY_PATH",
+                 "(Debian, Ubuntu), dnf install libcurl (RHEL, Fedora), or point "
+                 "SPARKGRAD_LIBCURL at a libcurl.so.4",
                  why != NULL ? why : "dlopen failed");
         return;
     }

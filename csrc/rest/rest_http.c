@@ -83,6 +83,26 @@ static const char *ca_bundle(void)
     return NULL;
 }
 
+/* Whether a failed transfer may succeed when tried again. */
+static int transient_failure(int code)
+{
+    switch (code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR: /* a handshake cut short, not a refused certificate */
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Whether a failed transfer may have delivered (part of) the request. */
 static int maybe_sent(int code)
 {
@@ -153,6 +173,7 @@ int rest_http_perform(const RestRequest *req, RestResponse *resp, SgError *err)
     if (rc != CURLE_OK) {
         resp->curl_code = (int)rc;
         resp->sent = maybe_sent(rc);
+        resp->transient = !body.overflow && transient_failure(rc);
         if (body.overflow)
             st = sg_fail(err, SG_EREST, "the response is larger than the %zu-byte cap",
                          req->max_response);

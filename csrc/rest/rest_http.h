@@ -27,6 +27,8 @@ typedef struct RestResponse {
     long status;   /* HTTP status, 0 when no response came */
     int curl_code; /* CURLcode of the transfer, 0 when it completed */
     int sent;      /* 1 when the request may have reached the server */
+    int transient; /* 1 when the failure may pass (connection, timeout), 0 if it
+                    * will not (certificate, URL, response over the cap) */
     uint8_t *body; /* body_len bytes, NUL-terminated; malloc'd */
     size_t body_len;
     char *headers; /* the final response's "Name: value\r\n" lines; malloc'd */
