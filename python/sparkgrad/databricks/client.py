@@ -254,7 +254,8 @@ class Client:
                         # not idempotent: a repeated add-block appends twice
                         self.api("POST", "/api/2.0/dbfs/add-block", {"handle": handle, "data": _b64(piece)})
                         total += len(piece)
-                self.api("POST", "/api/2.0/dbfs/close", {"handle": handle}, idempotent=True)
+                # not idempotent either: a repeated close of a closed handle fails
+                self.api("POST", "/api/2.0/dbfs/close", {"handle": handle})
                 if overwrite:
                     self._dbfs_delete_quiet(path)
                 self.api("POST", "/api/2.0/dbfs/move", {"source_path": tmp, "destination_path": path})
@@ -323,6 +324,7 @@ class Client:
             data,
             query={"overwrite": overwrite},
             content_type="application/octet-stream",
+            idempotent=overwrite,  # without overwrite, a repeat after success meets its own file
         )
         return len(data)
 
