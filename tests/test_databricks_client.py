@@ -326,6 +326,7 @@ def test_retries_stop_at_the_budget(standin):
     assert time.monotonic() - t0 < 3.5
     assert e.value.status == 429 and e.value.attempts >= 2
     assert "retry budget 2.5 s" in str(e.value)
+    assert e.value.retries[0] == (429, "HTTP 429", 1.0) and len(e.value.retries) == e.value.attempts - 1
 
 
 @pytest.mark.parametrize("fault", [{"status": 503}, {"drop": True}])
@@ -484,6 +485,7 @@ def test_no_token_secret_or_payload_in_any_log_line_or_exception(standin, caplog
     assert len(texts) >= 8
     lines = [r.getMessage() for r in caplog.records] + texts
     assert any("add-block" in line for line in lines)
+    assert any("attempt 1: HTTP 429; retrying in 0.00 s" in line for line in lines)
     for line in lines:
         for secret in secrets:
             assert secret not in line

@@ -71,16 +71,33 @@ static void RestClient_dealloc(RestClientObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *raise_rest(const SgError *err, const RestFailure *fail, const char *method,
-                            const char *path)
+/* [(status or None, reason, wait_s), ...] of the retried attempts. */
+static PyObject *trace_list(const RestTrace *trace)
+{
+    PyObject *out = PyList_New(trace->n);
+    for (int i = 0; out != NULL && i < trace->n; i++) {
+        long status = trace->at[i].status;
+        PyObject *item =
+            Py_BuildValue("(Nsd)", status ? PyLong_FromLong(status) : Py_NewRef(Py_None),
+                          trace->at[i].reason, trace->at[i].wait_s);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+static PyObject *raise_rest(const SgError *err, const RestFailure *fail, PyObject *retries,
+                            const char *method, const char *path)
 {
     if (err->code != SG_EREST)
         return sg_raise(err);
     PyObject *details = Py_BuildValue(
-        "{s:N,s:s,s:s,s:s,s:s,s:i}", "status",
+        "{s:N,s:s,s:s,s:s,s:s,s:i,s:O}", "status",
         fail->status ? PyLong_FromLong(fail->status) : Py_NewRef(Py_None), "error_code",
         fail->error_code, "message", fail->message[0] ? fail->message : err->msg, "method", method,
-        "path", path, "attempts", fail->attempts);
+        "path", path, "attempts", fail->attempts, "retries", retries);
     if (details == NULL)
         return NULL;
     sg_raise_details(err, details);
@@ -114,19 +131,24 @@ static PyObject *RestClient_call(RestClientObject *self, PyObject *args, PyObjec
                      .idempotent = idempotent};
     RestResult res;
     RestFailure fail;
+    RestTrace trace;
     SgError err;
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = rest_client_call(&self->cfg, &call, &res, &fail, &err);
+    st = rest_client_call(&self->cfg, &call, &res, &fail, &trace, &err);
     Py_END_ALLOW_THREADS
     if (body_obj != Py_None)
         PyBuffer_Release(&body);
-    if (st < 0)
-        return raise_rest(&err, &fail, method, path);
-    PyObject *out =
-        Py_BuildValue("(ly#y#id)", res.status, (const char *)res.body, (Py_ssize_t)res.body_len,
-                      res.headers, (Py_ssize_t)res.headers_len, res.attempts, res.elapsed_s);
-    rest_result_free(&res);
+    PyObject *retries = trace_list(&trace), *out = NULL;
+    if (retries != NULL && st < 0)
+        raise_rest(&err, &fail, retries, method, path);
+    else if (retries != NULL)
+        out =
+            Py_BuildValue("(ly#y#Od)", res.status, (const char *)res.body, (Py_ssize_t)res.body_len,
+                          res.headers, (Py_ssize_t)res.headers_len, retries, res.elapsed_s);
+    Py_XDECREF(retries);
+    if (st == 0)
+        rest_result_free(&res);
     return out;
 }
 
@@ -158,10 +180,11 @@ static PyGetSetDef RestClient_getset[] = {
 static PyMethodDef RestClient_methods[] = {
     {"call", (PyCFunction)(void (*)(void))RestClient_call, METH_VARARGS | METH_KEYWORDS,
      "call(method, path, body=None, *, content_type=None, authorization=None, "
-     "idempotent=False) -> (status, body, headers, attempts, elapsed_s): one call with "
+     "idempotent=False) -> (status, body, headers, retries, elapsed_s): one call with "
      "retries (429 always; 503 and sent-then-dropped requests when idempotent) inside the "
      "budget; the GIL is released throughout. headers is the final response's raw "
-     "'Name: value' lines. Raises RestError."},
+     "'Name: value' lines; retries lists (status or None, reason, wait_s) of each retried "
+     "attempt. Raises RestError (with .retries)."},
     {NULL, NULL, 0, NULL},
 };
 

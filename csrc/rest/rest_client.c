@@ -104,11 +104,27 @@ static int http_failure(const RestCall *call, const RestResponse *r, RestFailure
                    fail->attempts == 1 ? "" : "s");
 }
 
+static void trace_attempt(RestTrace *trace, int st, const RestResponse *r, const SgError *err,
+                          double wait)
+{
+    if (trace == NULL || trace->n >= REST_TRACE_MAX)
+        return;
+    int i = trace->n++;
+    trace->at[i].status = r->status;
+    trace->at[i].wait_s = wait;
+    if (st == SG_OK)
+        snprintf(trace->at[i].reason, sizeof trace->at[i].reason, "HTTP %ld", r->status);
+    else
+        snprintf(trace->at[i].reason, sizeof trace->at[i].reason, "%.95s", err->msg);
+}
+
 int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResult *res,
-                     RestFailure *fail, SgError *err)
+                     RestFailure *fail, RestTrace *trace, SgError *err)
 {
     memset(res, 0, sizeof *res);
     memset(fail, 0, sizeof *fail);
+    if (trace != NULL)
+        trace->n = 0;
     int st = rest_config_check(cfg, err);
     if (st < 0)
         return st;
@@ -184,6 +200,7 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
             rest_response_free(&r);
             return st;
         }
+        trace_attempt(trace, st, &r, err, wait);
         rest_response_free(&r);
         sleep_s(wait);
     }

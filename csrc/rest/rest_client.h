@@ -51,6 +51,17 @@ typedef struct RestResult {
     double elapsed_s;
 } RestResult;
 
+/* The attempts that were retried, oldest first (the first REST_TRACE_MAX). */
+#define REST_TRACE_MAX 16
+typedef struct RestTrace {
+    int n;
+    struct {
+        long status;     /* HTTP status, 0 when the transfer failed */
+        char reason[96]; /* "HTTP 429" or libcurl's reason; never a header or body */
+        double wait_s;   /* the wait before the next attempt */
+    } at[REST_TRACE_MAX];
+} RestTrace;
+
 /* Details of a failed call, beside err->msg (which says all of it in words). */
 typedef struct RestFailure {
     long status; /* HTTP status of the last answer, 0 if none */
@@ -64,10 +75,11 @@ typedef struct RestFailure {
 int rest_config_check(const RestClientConfig *cfg, SgError *err);
 
 /* Performs call with retries. Returns 0 with a 2xx result, or SG_EREST (also
- * when the budget is spent) / SG_EINVAL / SG_ENOMEM with fail and err filled. Frees
- * nothing of call; the caller frees the result with rest_result_free. */
+ * when the budget is spent) / SG_EINVAL / SG_ENOMEM with fail and err filled.
+ * trace (may be NULL) receives the retried attempts either way. Frees nothing
+ * of call; the caller frees the result with rest_result_free. */
 int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResult *res,
-                     RestFailure *fail, SgError *err);
+                     RestFailure *fail, RestTrace *trace, SgError *err);
 
 void rest_result_free(RestResult *res);
 

@@ -155,7 +155,7 @@ class RestError(SparkgradError):
     ``str(exc)`` says it all in words; the parts are attributes: ``status``
     (HTTP status of the last answer, None when none came), ``error_code``
     ("RESOURCE_DOES_NOT_EXIST", "" when the body had none), ``message`` (the
-    server's message), ``method``, ``path`` and ``attempts``. Never carries
+    server's message), ``method``, ``path``, ``attempts`` and ``retries``. Never carries
     the token, the client secret or a request body.
     """
 
@@ -169,8 +169,10 @@ class RestError(SparkgradError):
         method: str = "",
         path: str = "",
         attempts: int = 0,
+        retries: list | None = None,
     ) -> None:
         super().__init__(text, status=status, error_code=error_code, method=method, path=path, attempts=attempts)
+        self.retries = list(retries or [])  # (status or None, reason, wait_s) of each retried attempt
         self.message = text if message is None else message
         self.details["message"] = self.message
 

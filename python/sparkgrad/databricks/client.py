@@ -171,21 +171,27 @@ class Client:
             path = f"{path}?{urllib.parse.urlencode({k: _query_value(v) for k, v in query.items() if v is not None})}"
         if idempotent is None:
             idempotent = method in _SAFE_METHODS
-        status, data, raw_headers, attempts, elapsed = self._transport.call(
-            method,
-            path,
-            body,
-            content_type=content_type,
-            authorization=self._auth.authorization(),
-            idempotent=idempotent,
-        )
+        try:
+            status, data, raw_headers, retries, elapsed = self._transport.call(
+                method,
+                path,
+                body,
+                content_type=content_type,
+                authorization=self._auth.authorization(),
+                idempotent=idempotent,
+            )
+        except RestError as exc:
+            _log_retries(method, path, exc.retries)
+            logger.debug("%s %s failed after %d attempt(s): %s", method, path, exc.attempts, exc)
+            raise
+        _log_retries(method, path, retries)
         logger.debug(
             "%s %s -> %d (%d attempt%s, %.3f s, %d bytes sent, %d received)",
             method,
             path,
             status,
-            attempts,
-            "" if attempts == 1 else "s",
+            len(retries) + 1,
+            "s" if retries else "",
             elapsed,
             len(body or b""),
             len(data),
@@ -549,6 +555,11 @@ class Client:
             if left <= 0:
                 raise SparkgradTimeout(f"gave up waiting for {what} after {timeout:g} s")
             time.sleep(min(left, self.poll * min(n, 10)))
+
+
+def _log_retries(method: str, path: str, retries: list[tuple[int | None, str, float]]) -> None:
+    for n, (_status, reason, wait) in enumerate(retries, 1):
+        logger.debug("%s %s: attempt %d: %s; retrying in %.2f s", method, path, n, reason, wait)
 
 
 def _b64(data: bytes) -> str:

@@ -188,7 +188,7 @@ class OAuthM2M:
     def _fetch(self) -> None:
         body = urllib.parse.urlencode({"grant_type": "client_credentials", "scope": "all-apis"}).encode()
         started = self._clock()
-        _status, data, _headers, _attempts, _elapsed = self._transport.call(
+        _status, data, _headers, _retries, _elapsed = self._transport.call(
             "POST",
             "/oidc/v1/token",
             body,
