@@ -542,3 +542,23 @@ def test_the_gil_is_released_while_a_call_waits(standin, client):
         time.sleep(0.01)
     waiter.join()
     assert len(ticks) > 30  # the main thread ran throughout the 0.8 s call
+
+
+def test_ctrl_c_stops_a_call_that_waits(standin):
+    code = (
+        "import os, signal, threading, time\n"
+        "from sparkgrad.databricks import Client\n"
+        f"c = Client({standin.url!r}, {standin.token!r}, config_file='/dev/null', allow_http_loopback=True)\n"
+        "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "t0 = time.monotonic()\n"
+        "try:\n    c.dbfs_get_status('/f')\nexcept KeyboardInterrupt:\n"
+        "    print('interrupted after %.1f s' % (time.monotonic() - t0))\n"
+    )
+    standin.inject("/dbfs/get-status", delay=8.0)  # an answer that would come in 8 s ...
+    standin.inject("/dbfs/list", status=429, retry_after="30", times=5)  # ... and a 30 s backoff
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("interrupted after 0.") or out.startswith("interrupted after 1.")
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace("dbfs_get_status", "dbfs_list")], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert out.startswith("interrupted after 0.") or out.startswith("interrupted after 1.")

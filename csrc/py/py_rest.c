@@ -1,7 +1,8 @@
 /*
  * py_rest.c - sparkgrad._core.RestClient: the transport of the Databricks
  * client (csrc/rest/rest_client.h). call() releases the GIL for all attempts
- * and backoff sleeps; a failure raises sparkgrad.errors.RestError with
+ * and backoff sleeps, taking it back every 100 ms only to run signal handlers
+ * (Ctrl-C stops a call); a failure raises sparkgrad.errors.RestError with
  * status, error_code, message, method, path and attempts. Endpoints, config
  * and token refresh are Python (sparkgrad/databricks/).
  */
@@ -105,6 +106,18 @@ static PyObject *raise_rest(const SgError *err, const RestFailure *fail, PyObjec
     return NULL;
 }
 
+/* RestCancel of a call made with the GIL released: takes the GIL back for a
+ * moment to run Python's signal handlers (Ctrl-C raises KeyboardInterrupt,
+ * which stops the call). A no-op outside the main thread. */
+static int signals_pending(void *ctx)
+{
+    PyThreadState **ts = ctx;
+    PyEval_RestoreThread(*ts);
+    int stop = PyErr_CheckSignals() < 0;
+    *ts = PyEval_SaveThread();
+    return stop;
+}
+
 static PyObject *RestClient_call(RestClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"method",        "path",       "body", "content_type",
@@ -133,12 +146,15 @@ static PyObject *RestClient_call(RestClientObject *self, PyObject *args, PyObjec
     RestFailure fail;
     RestTrace trace;
     SgError err;
-    int st;
-    Py_BEGIN_ALLOW_THREADS
-    st = rest_client_call(&self->cfg, &call, &res, &fail, &trace, &err);
-    Py_END_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread(); /* the GIL is released for the whole call */
+    RestCancel cancel = {.cancelled = signals_pending, .ctx = &ts};
+    call.cancel = &cancel;
+    int st = rest_client_call(&self->cfg, &call, &res, &fail, &trace, &err);
+    PyEval_RestoreThread(ts);
     if (body_obj != Py_None)
         PyBuffer_Release(&body);
+    if (st == SG_ECANCELLED && PyErr_Occurred())
+        return NULL; /* KeyboardInterrupt (or what a signal handler raised) */
     PyObject *retries = trace_list(&trace), *out = NULL;
     if (retries != NULL && st < 0)
         raise_rest(&err, &fail, retries, method, path);

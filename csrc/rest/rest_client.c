@@ -18,8 +18,6 @@
 #include <strings.h>
 #include <time.h>
 
-#include "rest/rest_http.h"
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -27,11 +25,20 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void sleep_s(double s)
+/* Sleeps s seconds in slices of 100 ms, asking cancel after each; returns 1
+ * when cancelled. */
+static int sleep_s(double s, const RestCancel *cancel)
 {
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
+    double end = now_s() + s;
+    for (double left = s; left > 0; left = end - now_s()) {
+        double slice = left < 0.1 ? left : 0.1;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(slice * 1e9)};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+        if (cancel != NULL && cancel->cancelled(cancel->ctx))
+            return 1;
+    }
+    return 0;
 }
 
 static int is_loopback_http(const char *host)
@@ -72,7 +79,7 @@ int rest_config_check(const RestClientConfig *cfg, SgError *err)
 /* What to do after one attempt: 0 done (2xx), 1 retry, -1 fail now. */
 static int classify(const RestCall *call, int st, const RestResponse *r)
 {
-    if (st == SG_ENOMEM)
+    if (st == SG_ENOMEM || st == SG_ECANCELLED)
         return -1;
     if (st < 0) /* transfer failed */
         return r->transient && (!r->sent || call->idempotent) ? 1 : -1;
@@ -160,7 +167,8 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                            .body = call->body,
                            .body_len = call->body_len,
                            .timeout_ms = timeout_ms > 1 ? timeout_ms : 1,
-                           .max_response = cfg->max_response};
+                           .max_response = cfg->max_response,
+                           .cancel = call->cancel};
         RestResponse r;
         st = rest_http_perform(&req, &r, err);
         fail->attempts++;
@@ -186,6 +194,10 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                 st = http_failure(call, &r, fail, err);
             else if (st != SG_ENOMEM)
                 sg_context(err, "%s %s: ", call->method, call->path);
+            if (st == SG_ECANCELLED) {
+                rest_response_free(&r);
+                return st;
+            }
             if (spent) {
                 size_t used = strlen(err->msg);
                 snprintf(err->msg + used, sizeof err->msg - used,
@@ -202,7 +214,9 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
         }
         trace_attempt(trace, st, &r, err, wait);
         rest_response_free(&r);
-        sleep_s(wait);
+        if (sleep_s(wait, call->cancel))
+            return sg_fail(err, SG_ECANCELLED, "%s %s: cancelled while waiting to retry",
+                           call->method, call->path);
     }
 }
 

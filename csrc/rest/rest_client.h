@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "rest/rest_http.h"
 #include "rest/rest_reply.h"
 
 typedef struct RestClientConfig {
@@ -39,6 +40,7 @@ typedef struct RestCall {
     const uint8_t *body;       /* NULL: no body */
     size_t body_len;
     int idempotent;
+    const RestCancel *cancel; /* NULL: not cancellable */
 } RestCall;
 
 typedef struct RestResult {
@@ -75,7 +77,8 @@ typedef struct RestFailure {
 int rest_config_check(const RestClientConfig *cfg, SgError *err);
 
 /* Performs call with retries. Returns 0 with a 2xx result, or SG_EREST (also
- * when the budget is spent) / SG_EINVAL / SG_ENOMEM with fail and err filled.
+ * when the budget is spent) / SG_ECANCELLED / SG_EINVAL / SG_ENOMEM with fail
+ * and err filled.
  * trace (may be NULL) receives the retried attempts either way. Frees nothing
  * of call; the caller frees the result with rest_result_free. */
 int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResult *res,

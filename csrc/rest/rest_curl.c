@@ -57,6 +57,14 @@ static void load_curl(void)
     REST_CURL_SYM(easy_strerror, "curl_easy_strerror");
     REST_CURL_SYM(slist_append, "curl_slist_append");
     REST_CURL_SYM(slist_free_all, "curl_slist_free_all");
+    REST_CURL_SYM(multi_init, "curl_multi_init");
+    REST_CURL_SYM(multi_add_handle, "curl_multi_add_handle");
+    REST_CURL_SYM(multi_remove_handle, "curl_multi_remove_handle");
+    REST_CURL_SYM(multi_perform, "curl_multi_perform");
+    REST_CURL_SYM(multi_wait, "curl_multi_wait");
+    REST_CURL_SYM(multi_info_read, "curl_multi_info_read");
+    REST_CURL_SYM(multi_cleanup, "curl_multi_cleanup");
+    REST_CURL_SYM(multi_strerror, "curl_multi_strerror");
     CURLcode rc = curl_table.global_init(CURL_GLOBAL_DEFAULT);
     if (rc != CURLE_OK) {
         snprintf(curl_load_error, sizeof curl_load_error,
@@ -79,5 +87,11 @@ int rest_curl_load(const RestCurl **out, SgError *err)
 int rest_curl_fail(const RestCurl *lib, CURLcode code, const char *call, SgError *err)
 {
     return sg_fail(err, SG_EREST, "%s failed: %s (CURLcode %d)", call, lib->easy_strerror(code),
+                   (int)code);
+}
+
+int rest_curl_multi_fail(const RestCurl *lib, CURLMcode code, const char *call, SgError *err)
+{
+    return sg_fail(err, SG_EREST, "%s failed: %s (CURLMcode %d)", call, lib->multi_strerror(code),
                    (int)code);
 }

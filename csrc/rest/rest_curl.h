@@ -24,6 +24,16 @@ typedef struct RestCurl {
     const char *(*easy_strerror)(CURLcode code);
     struct curl_slist *(*slist_append)(struct curl_slist *list, const char *s);
     void (*slist_free_all)(struct curl_slist *list);
+    /* the multi interface: a transfer in 100 ms steps, so that it can be cancelled */
+    CURLM *(*multi_init)(void);
+    CURLMcode (*multi_add_handle)(CURLM *m, CURL *h);
+    CURLMcode (*multi_remove_handle)(CURLM *m, CURL *h);
+    CURLMcode (*multi_perform)(CURLM *m, int *running);
+    CURLMcode (*multi_wait)(CURLM *m, struct curl_waitfd *fds, unsigned n, int timeout_ms,
+                            int *numfds);
+    CURLMsg *(*multi_info_read)(CURLM *m, int *left);
+    CURLMcode (*multi_cleanup)(CURLM *m);
+    const char *(*multi_strerror)(CURLMcode code);
 } RestCurl;
 
 /* The table, loaded (and curl_global_init run) on the first call from any
@@ -35,12 +45,24 @@ int rest_curl_fail(const RestCurl *lib, CURLcode code, const char *call, SgError
 
 /* REST_CURL_CHECK(lib, call, err): evaluates call once; 0 on CURLE_OK, else
  * SG_EREST with err naming the call's source text. */
+/* As rest_curl_fail, for a failed curl_multi_* call. */
+int rest_curl_multi_fail(const RestCurl *lib, CURLMcode code, const char *call, SgError *err);
+
 #define REST_CURL_CHECK(lib, call, err) rest_curl_check_code((lib), (call), #call, (err))
 
 static inline int rest_curl_check_code(const RestCurl *lib, CURLcode code, const char *call,
                                        SgError *err)
 {
     return code == CURLE_OK ? 0 : rest_curl_fail(lib, code, call, err);
+}
+
+/* REST_CURLM_CHECK(lib, call, err): the same for curl_multi_* results. */
+#define REST_CURLM_CHECK(lib, call, err) rest_curlm_check_code((lib), (call), #call, (err))
+
+static inline int rest_curlm_check_code(const RestCurl *lib, CURLMcode code, const char *call,
+                                        SgError *err)
+{
+    return code == CURLM_OK ? 0 : rest_curl_multi_fail(lib, code, call, err);
 }
 
 #endif /* REST_CURL_H */

@@ -12,6 +12,13 @@
 
 #include "common/sg_status.h"
 
+/* Asked every 100 ms during a transfer (and a backoff wait): non-zero stops
+ * it with SG_ECANCELLED. */
+typedef struct RestCancel {
+    int (*cancelled)(void *ctx);
+    void *ctx;
+} RestCancel;
+
 typedef struct RestRequest {
     const char *method;         /* GET, HEAD, POST, PUT, PATCH, DELETE */
     const char *url;            /* scheme://host[:port]/path?query */
@@ -19,8 +26,9 @@ typedef struct RestRequest {
     size_t n_headers;
     const uint8_t *body; /* body_len bytes, or NULL for none */
     size_t body_len;
-    long timeout_ms;     /* whole request, connect included */
-    size_t max_response; /* bytes of body kept at most; more fails the request */
+    long timeout_ms;          /* whole request, connect included */
+    size_t max_response;      /* bytes of body kept at most; more fails the request */
+    const RestCancel *cancel; /* NULL: not cancellable */
 } RestRequest;
 
 typedef struct RestResponse {
@@ -37,7 +45,7 @@ typedef struct RestResponse {
 
 /* Performs req. Returns 0 with a response (any HTTP status), or SG_EREST when
  * the transfer failed (resp->curl_code says how, resp->sent whether bytes may
- * have reached the server) or SG_ENOMEM. err never holds headers or bodies.
+ * have reached the server), SG_ECANCELLED or SG_ENOMEM. err never holds headers or bodies.
  * The caller frees resp with rest_response_free in every case. */
 int rest_http_perform(const RestRequest *req, RestResponse *resp, SgError *err);
 
