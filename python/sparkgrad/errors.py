@@ -6,6 +6,7 @@ names below are part of the C contract.
 
     SparkgradError
     ├── InvalidArgumentError (also ValueError)
+    │   └── DatabricksConfigError
     ├── SparkgradIOError (also OSError)
     ├── NativeLibraryError (also ImportError)
     ├── SparkgradTimeout (also TimeoutError)
@@ -57,6 +58,11 @@ class OutOfMemoryError(SparkgradError, MemoryError):
 
 class InvalidArgumentError(SparkgradError, ValueError):
     """An argument is out of range or of the wrong kind."""
+
+
+class DatabricksConfigError(InvalidArgumentError):
+    """No usable Databricks host or credentials; the message lists every
+    variable and file that was read (sparkgrad.databricks.config)."""
 
 
 class SparkgradIOError(SparkgradError, OSError):

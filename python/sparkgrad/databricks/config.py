@@ -28,7 +28,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import DatabricksConfigError
 
 ENV_VARS = (
     "DATABRICKS_HOST",
@@ -39,11 +39,8 @@ ENV_VARS = (
     "DATABRICKS_CONFIG_FILE",
 )
 DEFAULT_CONFIG_FILE = "~/.databrickscfg"
+__all__ = ["Config", "DatabricksConfigError", "OAuthM2M", "StaticToken", "normalize_host", "resolve_config"]
 TOKEN_REFRESH_MARGIN_S = 60.0
-
-
-class DatabricksConfigError(InvalidArgumentError):
-    """No usable host or credentials; the message lists what was read."""
 
 
 @dataclasses.dataclass(frozen=True)
