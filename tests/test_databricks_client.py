@@ -562,3 +562,24 @@ def test_ctrl_c_stops_a_call_that_waits(standin):
         [sys.executable, "-c", code.replace("dbfs_get_status", "dbfs_list")], capture_output=True, text=True, timeout=60
     ).stdout
     assert out.startswith("interrupted after 0.") or out.startswith("interrupted after 1.")
+
+
+def test_a_slow_answer_is_cut_at_the_budget_not_the_request_timeout(standin):
+    client = make_client(standin, timeout=30.0, budget=1.0)
+    standin.inject("/dbfs/get-status", delay=3.0, times=5)
+    t0 = time.monotonic()
+    with pytest.raises(RestError, match="Timeout was reached"):
+        client.dbfs_get_status("/f")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_response_over_the_cap_fails_without_retry(standin):
+    from sparkgrad import _core
+
+    transport = _core.RestClient(standin.url, max_response=10, allow_http_loopback=True, budget=5.0)
+    standin.volume_files["/Volumes/c/s/v/big"] = b"x" * 100
+    with pytest.raises(RestError, match="larger than the 10-byte cap") as e:
+        transport.call(
+            "GET", "/api/2.0/fs/files/Volumes/c/s/v/big", authorization=f"Bearer {standin.token}", idempotent=True
+        )
+    assert e.value.attempts == 1
