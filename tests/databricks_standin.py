@@ -145,6 +145,7 @@ class Standin:
         self.run_steps, self.cluster_steps = run_steps, cluster_steps
         self.lock = threading.RLock()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, faults included
+        self.peers: list[int] = []  # the client port of every request (one per connection)
         self.oauth_tokens: dict[str, float] = {}  # token -> expiry (time.time())
         self.faults: list[Fault] = []
         self.dbfs: dict[str, bytes] = {}
@@ -855,6 +856,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = url.path
         with s.lock:
             s.requests.append((method, path))
+            s.peers.append(self.client_address[1])
         length = int(self.headers.get("Content-Length") or 0)
         if length > BODY_MAX:
             self.close_connection = True

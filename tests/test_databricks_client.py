@@ -583,3 +583,17 @@ def test_a_response_over_the_cap_fails_without_retry(standin):
             "GET", "/api/2.0/fs/files/Volumes/c/s/v/big", authorization=f"Bearer {standin.token}", idempotent=True
         )
     assert e.value.attempts == 1
+
+
+def test_idempotent_calls_reuse_one_connection_and_others_get_a_fresh_one(client, standin):
+    for _ in range(5):
+        client.dbfs_mkdirs("/x")
+    assert len(standin.peers) == 5 and len(set(standin.peers)) == 1
+    standin.inject("/dbfs/mkdirs", drop=True)  # a dropped connection is replaced
+    client.dbfs_mkdirs("/x")
+    assert len(set(standin.peers)) == 2
+    # libcurl would resend a request whose reused connection died: a call that
+    # is not safe to repeat never rides on a kept connection
+    for _ in range(3):
+        client.api("POST", "/api/2.0/dbfs/create", {"path": "/h", "overwrite": True})
+    assert len(set(standin.peers)) == 5

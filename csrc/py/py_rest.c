@@ -36,6 +36,10 @@ static int RestClient_init(RestClientObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$dddnpz:RestClient", kwlist, &host, &timeout,
                                      &budget, &backoff, &max_response, &allow_http, &agent))
         return -1;
+    if (self->host != NULL) {
+        sg_raise_code(SG_ESTATE, "RestClient is already initialized");
+        return -1;
+    }
     if (max_response <= 0) {
         sg_raise_code(SG_EINVAL, "max_response must be > 0 bytes");
         return -1;
@@ -51,8 +55,6 @@ static int RestClient_init(RestClientObject *self, PyObject *args, PyObject *kw)
         sg_raise(&err);
         return -1;
     }
-    free(self->host);
-    free(self->user_agent);
     self->host = dup_or_null(host);
     self->user_agent = dup_or_null(agent);
     if (self->host == NULL || (agent != NULL && self->user_agent == NULL)) {
@@ -61,12 +63,16 @@ static int RestClient_init(RestClientObject *self, PyObject *args, PyObject *kw)
     }
     cfg.host = self->host;
     cfg.user_agent = self->user_agent;
+    /* libcurl is loaded here, not at import; without it every call says why */
+    if (rest_pool_new(&cfg.pool, &err) < 0)
+        cfg.pool = NULL;
     self->cfg = cfg;
     return 0;
 }
 
 static void RestClient_dealloc(RestClientObject *self)
 {
+    rest_pool_free(self->cfg.pool);
     free(self->host);
     free(self->user_agent);
     Py_TYPE(self)->tp_free((PyObject *)self);

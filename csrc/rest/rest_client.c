@@ -168,7 +168,10 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                            .body_len = call->body_len,
                            .timeout_ms = timeout_ms > 1 ? timeout_ms : 1,
                            .max_response = cfg->max_response,
-                           .cancel = call->cancel};
+                           .cancel = call->cancel,
+                           /* libcurl silently resends a request whose reused
+                            * connection died: only for calls safe to repeat */
+                           .pool = call->idempotent ? cfg->pool : NULL};
         RestResponse r;
         st = rest_http_perform(&req, &r, err);
         fail->attempts++;

@@ -30,6 +30,7 @@ typedef struct RestClientConfig {
     size_t max_response;     /* bytes */
     int allow_http_loopback; /* tests: accept http:// to 127.0.0.1 / localhost / [::1] */
     const char *user_agent;
+    RestPool *pool; /* connections kept between idempotent calls, or NULL */
 } RestClientConfig;
 
 typedef struct RestCall {

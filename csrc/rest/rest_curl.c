@@ -65,6 +65,9 @@ static void load_curl(void)
     REST_CURL_SYM(multi_info_read, "curl_multi_info_read");
     REST_CURL_SYM(multi_cleanup, "curl_multi_cleanup");
     REST_CURL_SYM(multi_strerror, "curl_multi_strerror");
+    REST_CURL_SYM(share_init, "curl_share_init");
+    REST_CURL_SYM(share_setopt, "curl_share_setopt");
+    REST_CURL_SYM(share_cleanup, "curl_share_cleanup");
     CURLcode rc = curl_table.global_init(CURL_GLOBAL_DEFAULT);
     if (rc != CURLE_OK) {
         snprintf(curl_load_error, sizeof curl_load_error,

@@ -34,6 +34,10 @@ typedef struct RestCurl {
     CURLMsg *(*multi_info_read)(CURLM *m, int *left);
     CURLMcode (*multi_cleanup)(CURLM *m);
     const char *(*multi_strerror)(CURLMcode code);
+    /* a share: the connections (and TLS sessions) of one client, reused across calls */
+    CURLSH *(*share_init)(void);
+    CURLSHcode (*share_setopt)(CURLSH *sh, CURLSHoption opt, ...);
+    CURLSHcode (*share_cleanup)(CURLSH *sh);
 } RestCurl;
 
 /* The table, loaded (and curl_global_init run) on the first call from any

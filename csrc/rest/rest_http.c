@@ -5,12 +5,13 @@
  * standard bundle that exists (a libcurl built elsewhere may look for one at
  * a path Ubuntu does not have: curl error 77), else libcurl's default.
  * The transfer runs on the multi interface in 100 ms steps so that a caller
- * can cancel it (Ctrl-C in Python). Deliberately not here: connection reuse
- * across calls, proxies beyond what libcurl reads from the environment,
- * HTTP/2 tuning.
+ * can cancel it (Ctrl-C in Python); a RestPool keeps one client's connections
+ * open between requests. Deliberately not here: proxies beyond what libcurl
+ * reads from the environment, HTTP/2 tuning.
  */
 #include "rest/rest_http.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +19,64 @@
 #include "rest/rest_curl.h"
 
 #define REST_HEADERS_MAX (64u << 10)
+
+/* ---- the pool: a libcurl share with one mutex per kind of data ------------------ */
+
+struct RestPool {
+    const RestCurl *lib;
+    CURLSH *share;
+    pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
+};
+
+static void pool_lock(CURL *h, curl_lock_data data, curl_lock_access access, void *user)
+{
+    (void)h, (void)access;
+    pthread_mutex_lock(&((RestPool *)user)->locks[data]);
+}
+
+static void pool_unlock(CURL *h, curl_lock_data data, void *user)
+{
+    (void)h;
+    pthread_mutex_unlock(&((RestPool *)user)->locks[data]);
+}
+
+int rest_pool_new(RestPool **out, SgError *err)
+{
+    const RestCurl *lib;
+    int st = rest_curl_load(&lib, err);
+    if (st < 0)
+        return st;
+    RestPool *p = calloc(1, sizeof *p);
+    if (p == NULL || (p->share = lib->share_init()) == NULL) {
+        free(p);
+        return sg_fail(err, SG_ENOMEM, "curl_share_init failed");
+    }
+    p->lib = lib;
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+        pthread_mutex_init(&p->locks[i], NULL);
+    /* the connection cache needs libcurl 7.57; older ones refuse it, and the pool
+     * then shares DNS and TLS sessions only */
+    lib->share_setopt(p->share, CURLSHOPT_LOCKFUNC, pool_lock);
+    lib->share_setopt(p->share, CURLSHOPT_UNLOCKFUNC, pool_unlock);
+    lib->share_setopt(p->share, CURLSHOPT_USERDATA, p);
+    lib->share_setopt(p->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    lib->share_setopt(p->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    lib->share_setopt(p->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+    *out = p;
+    return SG_OK;
+}
+
+void rest_pool_free(RestPool *pool)
+{
+    if (pool == NULL)
+        return;
+    pool->lib->share_cleanup(pool->share);
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+        pthread_mutex_destroy(&pool->locks[i]);
+    free(pool);
+}
+
+/* ---- one request ------------------------------------------------------------------ */
 
 typedef struct Sink {
     uint8_t *buf;
@@ -196,6 +255,8 @@ int rest_http_perform(const RestRequest *req, RestResponse *resp, SgError *err)
     SETOPT(CURLOPT_HEADERDATA, &hdrs);
     if (ca != NULL)
         SETOPT(CURLOPT_CAINFO, ca);
+    if (req->pool != NULL)
+        SETOPT(CURLOPT_SHARE, req->pool->share);
     if (strcmp(req->method, "HEAD") == 0)
         SETOPT(CURLOPT_NOBODY, 1L);
     if (req->body != NULL) {

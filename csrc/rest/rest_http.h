@@ -19,6 +19,13 @@ typedef struct RestCancel {
     void *ctx;
 } RestCancel;
 
+/* The connections, DNS answers and TLS sessions one client keeps between
+ * requests (thread-safe). */
+typedef struct RestPool RestPool;
+
+int rest_pool_new(RestPool **out, SgError *err);
+void rest_pool_free(RestPool *pool);
+
 typedef struct RestRequest {
     const char *method;         /* GET, HEAD, POST, PUT, PATCH, DELETE */
     const char *url;            /* scheme://host[:port]/path?query */
@@ -29,6 +36,7 @@ typedef struct RestRequest {
     long timeout_ms;          /* whole request, connect included */
     size_t max_response;      /* bytes of body kept at most; more fails the request */
     const RestCancel *cancel; /* NULL: not cancellable */
+    RestPool *pool;           /* NULL: a fresh connection */
 } RestRequest;
 
 typedef struct RestResponse {
