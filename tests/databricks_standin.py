@@ -816,6 +816,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up first (timeouts, Ctrl-C)
+            self.close_connection = True
+
     def do_GET(self) -> None:
         self._handle("GET")
 

@@ -125,6 +125,62 @@ static void trace_attempt(RestTrace *trace, int st, const RestResponse *r, const
         snprintf(trace->at[i].reason, sizeof trace->at[i].reason, "%.95s", err->msg);
 }
 
+/* The URL and header lines of one call, built once for all its attempts. */
+typedef struct CallLines {
+    char url[4096], agent[128], auth[2048], ctype[256];
+    const char *headers[3];
+    size_t n_headers;
+} CallLines;
+
+static int call_lines(const RestClientConfig *cfg, const RestCall *call, CallLines *l, SgError *err)
+{
+    if ((size_t)snprintf(l->url, sizeof l->url, "%s%s", cfg->host, call->path) >= sizeof l->url)
+        return sg_fail(err, SG_EINVAL, "%s %.200s...: URL longer than %zu bytes", call->method,
+                       call->path, sizeof l->url);
+    l->n_headers = 0;
+    snprintf(l->agent, sizeof l->agent, "User-Agent: %s",
+             cfg->user_agent ? cfg->user_agent : "sparkgrad");
+    l->headers[l->n_headers++] = l->agent;
+    if (call->authorization != NULL) {
+        if ((size_t)snprintf(l->auth, sizeof l->auth, "Authorization: %s", call->authorization) >=
+            sizeof l->auth)
+            return sg_fail(err, SG_EINVAL, "%s %s: the Authorization value is too long",
+                           call->method, call->path);
+        l->headers[l->n_headers++] = l->auth;
+    }
+    if (call->content_type != NULL) {
+        snprintf(l->ctype, sizeof l->ctype, "Content-Type: %s", call->content_type);
+        l->headers[l->n_headers++] = l->ctype;
+    }
+    return SG_OK;
+}
+
+/* The final error of a call that will not be tried again; st is the last
+ * attempt's status, spent whether the budget ran out. */
+static int give_up(const RestClientConfig *cfg, const RestCall *call, const RestResponse *r, int st,
+                   int spent, double elapsed, RestFailure *fail, SgError *err)
+{
+    if (st == SG_ENOMEM || st == SG_ECANCELLED)
+        return st == SG_ECANCELLED ? sg_context(err, "%s %s: ", call->method, call->path) : st;
+    if (st == SG_OK) {
+        st = http_failure(call, r, fail, err);
+    } else {
+        sg_context(err, "%s %s: ", call->method, call->path);
+        size_t used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof err->msg - used, " (after %d attempt%s)", fail->attempts,
+                 fail->attempts == 1 ? "" : "s");
+    }
+    size_t used = strlen(err->msg);
+    if (spent)
+        snprintf(err->msg + used, sizeof err->msg - used,
+                 "; gave up after %.1f s (retry budget %g s)", elapsed, cfg->budget_s);
+    else if (r->transient && r->sent && !call->idempotent)
+        snprintf(err->msg + used, sizeof err->msg - used,
+                 "; not retried: the request may have reached the server and the call is not "
+                 "idempotent");
+    return st;
+}
+
 int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResult *res,
                      RestFailure *fail, RestTrace *trace, SgError *err)
 {
@@ -132,38 +188,19 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
     memset(fail, 0, sizeof *fail);
     if (trace != NULL)
         trace->n = 0;
+    CallLines lines;
     int st = rest_config_check(cfg, err);
-    if (st < 0)
+    if (st < 0 || (st = call_lines(cfg, call, &lines, err)) < 0)
         return st;
-    char url[4096], auth[2048] = "", ctype[256] = "", agent[128];
-    if ((size_t)snprintf(url, sizeof url, "%s%s", cfg->host, call->path) >= sizeof url)
-        return sg_fail(err, SG_EINVAL, "%s %.200s...: URL longer than %zu bytes", call->method,
-                       call->path, sizeof url);
-    const char *headers[4];
-    size_t nh = 0;
-    snprintf(agent, sizeof agent, "User-Agent: %s",
-             cfg->user_agent ? cfg->user_agent : "sparkgrad");
-    headers[nh++] = agent;
-    if (call->authorization != NULL) {
-        if ((size_t)snprintf(auth, sizeof auth, "Authorization: %s", call->authorization) >=
-            sizeof auth)
-            return sg_fail(err, SG_EINVAL, "%s %s: the Authorization value is too long",
-                           call->method, call->path);
-        headers[nh++] = auth;
-    }
-    if (call->content_type != NULL) {
-        snprintf(ctype, sizeof ctype, "Content-Type: %s", call->content_type);
-        headers[nh++] = ctype;
-    }
     double start = now_s(), deadline = start + cfg->budget_s;
     unsigned seed = (unsigned)(start * 1e6);
     for (;;) {
         double left = deadline - now_s();
         long timeout_ms = (long)(1000 * (left < cfg->timeout_s ? left : cfg->timeout_s));
         RestRequest req = {.method = call->method,
-                           .url = url,
-                           .headers = headers,
-                           .n_headers = nh,
+                           .url = lines.url,
+                           .headers = lines.headers,
+                           .n_headers = lines.n_headers,
                            .body = call->body,
                            .body_len = call->body_len,
                            .timeout_ms = timeout_ms > 1 ? timeout_ms : 1,
@@ -175,14 +212,16 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
         RestResponse r;
         st = rest_http_perform(&req, &r, err);
         fail->attempts++;
-        int next = classify(call, st, &r);
         fail->status = r.status;
+        int next = classify(call, st, &r);
         if (next == 0) {
-            res->status = r.status;
-            res->body = r.body, res->body_len = r.body_len;
-            res->headers = r.headers, res->headers_len = r.headers_len;
-            res->attempts = fail->attempts;
-            res->elapsed_s = now_s() - start;
+            *res = (RestResult){.status = r.status,
+                                .body = r.body,
+                                .body_len = r.body_len,
+                                .headers = r.headers,
+                                .headers_len = r.headers_len,
+                                .attempts = fail->attempts,
+                                .elapsed_s = now_s() - start};
             return SG_OK;
         }
         size_t ra_len = 0;
@@ -193,25 +232,7 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                            (double)rand_r(&seed) / ((double)RAND_MAX + 1));
         int spent = next == 1 && now_s() + wait >= deadline;
         if (next < 0 || spent) {
-            if (st == SG_OK)
-                st = http_failure(call, &r, fail, err);
-            else if (st != SG_ENOMEM)
-                sg_context(err, "%s %s: ", call->method, call->path);
-            if (st == SG_ECANCELLED) {
-                rest_response_free(&r);
-                return st;
-            }
-            if (spent) {
-                size_t used = strlen(err->msg);
-                snprintf(err->msg + used, sizeof err->msg - used,
-                         "; gave up after %.1f s (retry budget %g s)", now_s() - start,
-                         cfg->budget_s);
-            } else if (st != SG_ENOMEM && r.transient && r.sent && !call->idempotent) {
-                size_t used = strlen(err->msg);
-                snprintf(err->msg + used, sizeof err->msg - used,
-                         "; not retried: the request may have reached the server and the call "
-                         "is not idempotent");
-            }
+            st = give_up(cfg, call, &r, st, spent, now_s() - start, fail, err);
             rest_response_free(&r);
             return st;
         }
