@@ -8,7 +8,9 @@ the documented API checks, as far as sparkgrad uses it:
 
 - ``Authorization: Bearer <token>`` on every /api/ call (401 without, 403 for
   an unknown or expired token); OAuth M2M at POST /oidc/v1/token (HTTP Basic
-  client id + secret, grant_type=client_credentials) issuing expiring tokens;
+  client id + secret, grant_type=client_credentials) issuing expiring tokens,
+  its discovery document at /oidc/.well-known/oauth-authorization-server and
+  the host metadata at /.well-known/databricks-config;
 - paths and methods (404 ENDPOINT_NOT_FOUND otherwise), required fields
   (400 INVALID_PARAMETER_VALUE), malformed JSON (400 MALFORMED_REQUEST);
 - limits: DBFS put / add-block 1 MB after base64 decoding
@@ -891,6 +893,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, qs: dict[str, list[str]], raw: bytes) -> tuple[int, bytes, dict]:
         s = self.standin
+        base = f"{'https' if s.tls else 'http'}://{self.headers.get('Host')}"
+        if method == "GET" and path == "/.well-known/databricks-config":  # host metadata (newer SDKs read it)
+            return 200, json.dumps({"oidc_endpoint": f"{base}/oidc", "workspace_id": "1234567890"}).encode(), {}
+        if method == "GET" and path == "/oidc/.well-known/oauth-authorization-server":
+            meta = {"authorization_endpoint": f"{base}/oidc/v1/authorize", "token_endpoint": f"{base}/oidc/v1/token"}
+            return 200, json.dumps(meta).encode(), {}
         if method == "POST" and path == "/oidc/v1/token":
             form = urllib.parse.parse_qs(raw.decode("latin-1"))
             return 200, json.dumps(s.oauth_token(self.headers.get("Authorization"), form)).encode(), {}

@@ -85,3 +85,14 @@ def test_sdk_maps_the_standin_error_bodies_to_its_typed_errors(w):
         w.workspace.get_status("/nope")
     with pytest.raises(NotFound):
         w.dbfs.get_status("/nope")
+
+
+def test_sdk_oauth_m2m_gets_a_token_from_the_standin(standin, monkeypatch, tmp_path):
+    monkeypatch.delenv("DATABRICKS_TOKEN", raising=False)
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "none.cfg"))
+    w = sdk.WorkspaceClient(
+        host=standin.url, client_id=standin.client_id, client_secret=standin.client_secret, auth_type="oauth-m2m"
+    )
+    w.dbfs.mkdirs("/x")
+    assert w.dbfs.get_status("/x").is_dir
+    assert standin.count("POST", "/oidc/v1/token") == 1
