@@ -32,6 +32,11 @@ static const char *exception_name(int code)
 
 PyObject *sg_raise(const SgError *err)
 {
+    return sg_raise_details(err, NULL);
+}
+
+PyObject *sg_raise_details(const SgError *err, PyObject *details)
+{
     if (err->code == SG_ENOMEM)
         return PyErr_NoMemory();
     PyObject *errors = PyImport_ImportModule("sparkgrad.errors");
@@ -41,7 +46,9 @@ PyObject *sg_raise(const SgError *err)
     Py_DECREF(errors);
     if (cls == NULL)
         return NULL;
-    PyObject *exc = PyObject_CallFunction(cls, "s", err->msg);
+    PyObject *args = Py_BuildValue("(s)", err->msg);
+    PyObject *exc = args != NULL ? PyObject_Call(cls, args, details) : NULL;
+    Py_XDECREF(args);
     Py_DECREF(cls);
     if (exc == NULL)
         return NULL;
@@ -128,6 +135,7 @@ static const ModuleInit module_inits[] = {
     ctl_module_init,
     ps_module_init,
     feed_module_init,
+    rest_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -26,6 +26,10 @@
  * with err->msg; always returns NULL. */
 PyObject *sg_raise(const SgError *err);
 
+/* As sg_raise, with keyword details for the exception's constructor
+ * (a dict, or NULL), e.g. RestError's status and error_code. */
+PyObject *sg_raise_details(const SgError *err, PyObject *details);
+
 /* As sg_raise, from a code and a printf-style message. */
 PyObject *sg_raise_code(int code, const char *fmt, ...);
 
@@ -43,5 +47,6 @@ int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);
 int ps_module_init(PyObject *mod);
 int feed_module_init(PyObject *mod);
+int rest_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */

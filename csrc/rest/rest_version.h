@@ -6,9 +6,6 @@
 #ifndef REST_VERSION_H
 #define REST_VERSION_H
 
-/* The libcurl ABI the headers describe (opened with dlopen, see rest_version.c). */
-#define REST_CURL_SONAME "libcurl.so.4"
-
 const char *rest_curl_version(void);
 const char *rest_cjson_version(void);
 

@@ -269,3 +269,32 @@ def pack_binary(values: Sequence[bytes | bytearray | memoryview], width: int = -
 def feed_send(
     host: str, port: int, secret: bytes, columns: dict[str, np.ndarray], timeout: float = 60.0, input: str = "train"
 ) -> None: ...
+
+class RestClient:
+    def __init__(
+        self,
+        host: str,
+        *,
+        timeout: float = 60.0,
+        budget: float = 300.0,
+        backoff: float = 1.0,
+        max_response: int = 256 << 20,
+        allow_http_loopback: bool = False,
+        user_agent: str | None = None,
+    ) -> None: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def budget(self) -> float: ...
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray | memoryview | None = None,
+        *,
+        content_type: str | None = None,
+        authorization: str | None = None,
+        idempotent: bool = False,
+    ) -> tuple[int, bytes, bytes, list[tuple[int | None, str, float]], float]: ...

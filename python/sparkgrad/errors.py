@@ -6,6 +6,7 @@ names below are part of the C contract.
 
     SparkgradError
     ├── InvalidArgumentError (also ValueError)
+    │   └── DatabricksConfigError
     ├── SparkgradIOError (also OSError)
     ├── NativeLibraryError (also ImportError)
     ├── SparkgradTimeout (also TimeoutError)
@@ -59,6 +60,11 @@ class OutOfMemoryError(SparkgradError, MemoryError):
 
 class InvalidArgumentError(SparkgradError, ValueError):
     """An argument is out of range or of the wrong kind."""
+
+
+class DatabricksConfigError(InvalidArgumentError):
+    """No usable Databricks host or credentials; the message lists every
+    variable and file that was read (sparkgrad.databricks.config)."""
 
 
 class SparkgradIOError(SparkgradError, OSError):
@@ -152,7 +158,31 @@ class PeerClosedError(ProtocolError):
 
 
 class RestError(SparkgradError):
-    """A Databricks REST call failed; carries the HTTP status and error_code."""
+    """A Databricks REST call failed.
+
+    ``str(exc)`` says it all in words; the parts are attributes: ``status``
+    (HTTP status of the last answer, None when none came), ``error_code``
+    ("RESOURCE_DOES_NOT_EXIST", "" when the body had none), ``message`` (the
+    server's message), ``method``, ``path``, ``attempts`` and ``retries``. Never carries
+    the token, the client secret or a request body.
+    """
+
+    def __init__(
+        self,
+        text: str = "",
+        *,
+        status: int | None = None,
+        error_code: str = "",
+        message: str | None = None,
+        method: str = "",
+        path: str = "",
+        attempts: int = 0,
+        retries: list | None = None,
+    ) -> None:
+        super().__init__(text, status=status, error_code=error_code, method=method, path=path, attempts=attempts)
+        self.retries = list(retries or [])  # (status or None, reason, wait_s) of each retried attempt
+        self.message = text if message is None else message
+        self.details["message"] = self.message
 
 
 class NotebookError(SparkgradError):

@@ -47,3 +47,28 @@ for name, data in {
     "truncated": plain[:-3],
 }.items():
     open(os.path.join(HERE, "corpus/fuzz_tfrecord", name), "wb").write(data)
+
+# fuzz_rest_reply: byte 0 splits a header block from an error body.
+rest_replies = {
+    "error_body": (
+        b"Content-Type: application/json\r\n",
+        b'{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Path (/x) doesn\'t exist."}',
+    ),
+    "rate_limited": (
+        b"Retry-After: 7\r\nContent-Type: application/json\r\n",
+        b'{"error_code":"TOO_MANY_REQUESTS","message":"slow down"}',
+    ),
+    "oauth_error": (
+        b"retry-after:  Wed, 21 Oct 2015 07:28:00 GMT\r\n",
+        b'{"error":"invalid_client","error_description":"Client authentication failed"}',
+    ),
+    "html_proxy": (b"Server: nginx\r\n", b"<html><body>502 Bad Gateway</body></html>"),
+    "nested_unicode": (
+        b"Retry-After: 0\r\n",
+        b'{"error_code":"X","message":"\\u00e9\\n\\u0000 bad","details":[{"a":[1,2,{"b":null}]}]}',
+    ),
+}
+for name, (head, body) in rest_replies.items():
+    total = len(head) + len(body)
+    split_byte = next(k for k in range(256) if k * total // 255 >= len(head))
+    open(os.path.join(HERE, "corpus/fuzz_rest_reply", name), "wb").write(bytes([split_byte]) + head + body)

@@ -1,8 +1,10 @@
-"""sparkgrad on Databricks: notebooks run locally, and the dbutils they use.
+"""sparkgrad on Databricks: notebooks run locally with the dbutils they use, and the REST client.
 
-    from sparkgrad.databricks import run_notebook
+    from sparkgrad.databricks import run_notebook, Client
     result = run_notebook("notebooks/02_scheduled_training_job.py", {"epochs": "1"}, timeout=600)
     result.exit_value                       # what dbutils.notebook.exit returned
+    client = Client()                       # DATABRICKS_HOST/TOKEN, ~/.databrickscfg, or the notebook
+    client.workspace_import("/Users/me/train", source, overwrite=True)
 
 Names load on first use, so ``import sparkgrad`` stays light.
 """
@@ -23,6 +25,10 @@ _EXPORTS = {
     "export_ipynb": "sparkgrad.databricks.notebook",
     "secret_variable": "sparkgrad.databricks.dbutils",
     "fuse_path": "sparkgrad.databricks.dbutils",
+    "Client": "sparkgrad.databricks.client",
+    "notebook_job": "sparkgrad.databricks.client",
+    "Config": "sparkgrad.databricks.config",
+    "resolve_config": "sparkgrad.databricks.config",
 }
 
 
