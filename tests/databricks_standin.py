@@ -26,7 +26,9 @@ when the file is missing), jobs and runs. A run moves PENDING -> RUNNING ->
 TERMINATED one step per runs/get (``run_steps`` gets per state); on its last
 step the notebook's source is executed with a small ``dbutils`` (widgets from
 base_parameters / notebook_params, ``notebook.exit``): its exit value becomes
-``notebook_output.result``, an exception makes the run FAILED.
+``notebook_output.result``, an exception makes the run FAILED (its
+traceback is ``error_trace``). ``state()`` is a deep copy of all of it, to
+compare before and after calls that should change nothing.
 
 Faults: ``inject(pattern, status=429, retry_after="1")``, ``status=503``,
 ``delay=2.0`` (answer late), ``drop=True`` (read the request, close without
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import dataclasses
 import http.server
 import itertools
@@ -49,6 +52,7 @@ import socket
 import ssl
 import threading
 import time
+import traceback
 import urllib.parse
 import uuid
 from typing import Any
@@ -125,6 +129,7 @@ class Run:
     message: str = ""
     output: str | None = None
     error: str | None = None
+    error_trace: str | None = None
     start_time: int = dataclasses.field(default_factory=lambda: int(time.time() * 1000))
 
 
@@ -236,6 +241,23 @@ class Standin:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def state(self) -> dict:
+        """A deep copy of everything the API can change (not the request log
+        or the id counter): two are equal when the calls between changed nothing."""
+        with self.lock:
+            return copy.deepcopy(
+                {
+                    "dbfs": self.dbfs,
+                    "dbfs_dirs": self.dbfs_dirs,
+                    "volume_files": self.volume_files,
+                    "volume_dirs": self.volume_dirs,
+                    "workspace": self.workspace,
+                    "clusters": self.clusters,
+                    "jobs": self.jobs,
+                    "runs": {k: dataclasses.asdict(r) for k, r in self.runs.items()},
+                }
+            )
 
     # ---- auth ----------------------------------------------------------------------
 
@@ -544,7 +566,7 @@ class Standin:
                         ok = (
                             not isinstance(where, str)
                             or where in self.volume_files
-                            or where in self.workspace
+                            or where.removeprefix("/Workspace") in self.workspace
                             or where.removeprefix("dbfs:") in self.dbfs
                         )
                         s["status"] = "INSTALLED" if ok else "FAILED"
@@ -633,6 +655,7 @@ class Standin:
             run.result, run.message = "SUCCESS", ""
         except Exception as exc:  # the notebook's own failure
             run.result, run.message, run.error = "FAILED", "Workload failed", f"{type(exc).__name__}: {exc}"
+            run.error_trace = "".join(traceback.format_exception(exc))
 
     def _run_json(self, run: Run) -> dict:
         state = {"life_cycle_state": run.life, "state_message": run.message}
@@ -707,6 +730,8 @@ class Standin:
                     out["notebook_output"] = {"result": run.output or "", "truncated": False}
                 if run.error:
                     out["error"] = run.error
+                if run.error_trace:
+                    out["error_trace"] = run.error_trace
                 return out
             if op == "runs/cancel":
                 run = self._run(_field(body, "run_id", int))

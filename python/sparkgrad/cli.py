@@ -2,6 +2,7 @@
 
     sparkgrad --version
     sparkgrad info              versions of the C core and its libraries
+    sparkgrad databricks ...    deploy, jobs, fs, workspace (sparkgrad.databricks.cli_databricks)
 
 Later subsystems add their subcommands through ``COMMANDS``: each entry names
 a function that adds a subparser and returns the handler that runs it.
@@ -44,10 +45,17 @@ def _add_notebook(sub: argparse._SubParsersAction) -> Handler:
     return add_notebook_command(sub)
 
 
+def _add_databricks(sub: argparse._SubParsersAction) -> Handler:
+    from sparkgrad.databricks.cli_databricks import add_databricks_command
+
+    return add_databricks_command(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], Handler]] = {
     "info": _add_info,
     "convert": _add_convert,
     "notebook": _add_notebook,
+    "databricks": _add_databricks,
 }
 
 

@@ -1,0 +1,281 @@
+"""``sparkgrad databricks deploy`` and the jobs / fs / workspace subcommands
+against the local Databricks stand-in (tests/databricks_standin.py), run
+in-process through sparkgrad.cli.main with a small prebuilt wheel (nothing
+is built here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import pytest
+from databricks_standin import Standin
+from sparkgrad import cli
+from sparkgrad.databricks import Client, notebook_job
+
+TRAIN = """# Databricks notebook source
+dbutils.widgets.text("epochs", "1")
+# COMMAND ----------
+dbutils.notebook.exit(f"trained {dbutils.widgets.get('epochs')} epochs")
+"""
+PREP = """# Databricks notebook source
+dbutils.notebook.exit("prepared")
+"""
+FAILING = """# Databricks notebook source
+def step():
+    raise RuntimeError("loss is NaN at step 7")
+# COMMAND ----------
+step()
+"""
+CLUSTER = "0101-standin"
+
+
+@pytest.fixture
+def standin():
+    with Standin() as s:
+        yield s
+
+
+@pytest.fixture
+def env(standin, monkeypatch):
+    _use(monkeypatch, standin)
+    return standin
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A folder with notebooks/, a wheel and a sparkgrad-deploy.toml; the current directory."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "train.py").write_text(TRAIN)
+    (tmp_path / "notebooks" / "prep.py").write_text(PREP)
+    (tmp_path / "notebooks" / "helper.py").write_text("x = 1\n")  # not a notebook: not imported
+    wheel = tmp_path / "sparkgrad-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("sparkgrad/__init__.py", "")
+        z.writestr("sparkgrad-0.1.0.dist-info/METADATA", "Name: sparkgrad\nVersion: 0.1.0\n")
+    (tmp_path / "sparkgrad-deploy.toml").write_text(
+        f"""
+job_name = "sg-train"
+wheel = "{wheel.name}"
+notebooks_dir = "notebooks"
+notebook = "train"
+workspace_dir = "/Users/me@example.com/sg"
+upload_dir = "/Volumes/main/default/libs"
+cluster_id = "{CLUSTER}"
+max_retries = 1
+timeout_seconds = 3600
+
+[base_parameters]
+epochs = "2"
+
+[schedule]
+cron = "0 0 3 * * ?"
+timezone = "Europe/Zurich"
+pause_status = "PAUSED"
+
+[email_notifications]
+on_failure = ["ml-team@example.com"]
+"""
+    )
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def sg(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["databricks", "--poll", "0.01", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def client_of(standin: Standin) -> Client:
+    return Client(standin.url, standin.token, config_file=os.devnull, poll=0.01, allow_http_loopback=True)
+
+
+def test_deploy_creates_everything_and_a_second_deploy_changes_nothing(env, project, capsys):
+    code, out, err = sg(capsys, "deploy")
+    assert code == 0, err
+    assert "deployed: 5 changes" in out  # upload, 2 notebooks, library, job
+    (job,) = env.jobs.values()
+    s = job["settings"]
+    assert s["name"] == "sg-train"
+    assert s["schedule"] == {
+        "quartz_cron_expression": "0 0 3 * * ?",
+        "timezone_id": "Europe/Zurich",
+        "pause_status": "PAUSED",
+    }
+    assert s["email_notifications"] == {"on_failure": ["ml-team@example.com"]}
+    task = s["tasks"][0]
+    assert task["notebook_task"]["notebook_path"] == "/Users/me@example.com/sg/train"
+    assert task["notebook_task"]["base_parameters"] == {"epochs": "2"}
+    assert task["existing_cluster_id"] == CLUSTER and task["max_retries"] == 1
+    assert {"/Users/me@example.com/sg/train", "/Users/me@example.com/sg/prep"} <= set(env.workspace)
+    assert "/Users/me@example.com/sg/helper" not in env.workspace
+    (remote,) = env.volume_files
+    assert remote.startswith("/Volumes/main/default/libs/") and remote.endswith("/sparkgrad-0.1.0-py3-none-any.whl")
+    assert env.clusters[CLUSTER]["state"] == "RUNNING"
+    assert env.clusters[CLUSTER]["libraries"][0]["status"] == "INSTALLED"
+
+    before = env.state()
+    code, out2, err = sg(capsys, "deploy")
+    assert code == 0, err
+    assert env.state() == before
+    assert "deployed: 0 changes" in out2 and out2.count("unchanged") == 5
+
+    # a changed notebook is imported again; a changed schedule resets the job; nothing else moves
+    (project / "notebooks" / "prep.py").write_text(PREP.replace("prepared", "prepared v2"))
+    code, out3, _ = sg(capsys, "deploy", "--schedule", "0 30 4 * * ?")
+    assert code == 0 and "deployed: 2 changes" in out3
+    assert "/Users/me@example.com/sg/prep: updated" in out3
+    assert env.jobs[job["job_id"]]["settings"]["schedule"]["quartz_cron_expression"] == "0 30 4 * * ?"
+    print(out)  # shown with pytest -s: the deploy output the README quotes
+
+
+def test_run_now_wait_prints_the_url_each_state_and_the_exit_value(env, project, capsys):
+    code, out, err = sg(capsys, "deploy", "--run-now", "--wait", "--param", "epochs=5")
+    assert code == 0, err
+    (job_id,) = env.jobs
+    (run_id,) = env.runs
+    assert f"run {run_id}: {env.url}/#job/{job_id}/run/{run_id}" in out
+    lines = out.splitlines()
+    states = [ln.split(None, 1)[1] for ln in lines if ln.startswith("  ") and ln[2:4].isdigit()]
+    assert states == ["PENDING", "RUNNING", "TERMINATED SUCCESS"]
+    assert lines[-1] == "exit value: trained 5 epochs"
+
+
+def test_failed_run_exits_non_zero_with_the_error_and_its_trace(env, project, capsys):
+    (project / "notebooks" / "train.py").write_text(FAILING)
+    code, out, _ = sg(capsys, "deploy", "--run-now", "--wait")
+    assert code == 1
+    assert "TERMINATED FAILED" in out
+    assert "FAILED: RuntimeError: loss is NaN at step 7" in out
+    assert "Traceback (most recent call last)" in out and "in step" in out
+
+
+def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys):
+    code, out, err = sg(capsys, "deploy", "--dry-run", "--run-now")
+    assert code == 0, err
+    assert env.requests == []
+    assert env.token not in out and f"Bearer {env.token[:4]}********" in out
+    for expected in (
+        "HEAD /api/2.0/fs/files/Volumes/main/default/libs/",
+        "GET /api/2.0/workspace/export?path=/Users/me@example.com/sg/train&format=SOURCE",
+        '"content": "<',
+        "POST /api/2.0/libraries/install",
+        "GET /api/2.1/jobs/list?name=sg-train",
+        "POST /api/2.1/jobs/create",
+        "POST /api/2.1/jobs/run-now",
+    ):
+        assert expected in out, expected
+
+
+def test_two_jobs_with_the_deploy_name_are_refused(env, project, capsys):
+    c = client_of(env)
+    ids = [c.jobs_create(notebook_job("sg-train", "/x", existing_cluster_id=CLUSTER)) for _ in range(2)]
+    code, _, err = sg(capsys, "deploy")
+    assert code == 1
+    assert err.startswith("sparkgrad databricks deploy: StateError: 2 jobs are named 'sg-train'")
+    assert f"{ids[0]}, {ids[1]}" in err
+    assert all(j["settings"]["tasks"][0]["notebook_task"]["notebook_path"] == "/x" for j in env.jobs.values())
+
+
+def test_a_library_that_failed_to_install_gives_the_clusters_message(env, project, capsys):
+    message = "ERROR: sparkgrad-0.1.0-py3-none-any.whl is not a supported wheel on this platform."
+    original = env.libraries_call
+
+    def failing(op, q, body):  # the cluster reports every install as FAILED, with pip's message
+        reply = original(op, q, body)
+        for s in env.clusters[CLUSTER]["libraries"]:
+            s["status"], s["messages"] = "FAILED", [message]
+        return reply
+
+    env.libraries_call = failing
+    code, _, err = sg(capsys, "deploy")
+    assert code == 1
+    assert err.startswith("sparkgrad databricks deploy: RestError: library {'whl': '/Volumes/main/default/libs/")
+    assert f"failed to install on {CLUSTER}: {message}" in err
+    assert env.jobs == {}  # stopped before the job
+
+
+def _use(monkeypatch, s: Standin) -> None:
+    """The CLI finds the stand-in through the environment, as it would a workspace."""
+    for var in ("DATABRICKS_CLIENT_ID", "DATABRICKS_CLIENT_SECRET", "DATABRICKS_CONFIG_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DATABRICKS_HOST", s.url)
+    monkeypatch.setenv("DATABRICKS_TOKEN", s.token)
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("SPARKGRAD_REST_ALLOW_HTTP_LOOPBACK", "1")
+
+
+def test_a_cluster_that_never_runs_times_out(monkeypatch, project, capsys):
+    with Standin(cluster_steps=10**9) as s:
+        _use(monkeypatch, s)
+        code, _, err = sg(capsys, "deploy", "--cluster-timeout", "0.3")
+        assert code == 1
+        assert err.strip() == (
+            f"sparkgrad databricks deploy: SparkgradTimeout: cluster {CLUSTER} did not reach RUNNING "
+            "within 0.3 s (cluster_timeout)"
+        )
+
+
+def test_a_run_still_running_at_the_timeout_says_what_it_waited_for(monkeypatch, project, capsys):
+    with Standin(run_steps=10**9) as s:
+        _use(monkeypatch, s)
+        code, out, err = sg(capsys, "deploy", "--run-now", "--wait", "--timeout", "0.3")
+        assert code == 1
+        (run_id,) = s.runs
+        assert f"SparkgradTimeout: run {run_id} is still PENDING after 0.3 s" in err
+        assert f"jobs cancel {run_id}" in err
+
+
+def test_jobs_run_status_output_cancel_and_list(env, project, capsys):
+    assert sg(capsys, "deploy")[0] == 0
+    (job_id,) = env.jobs
+    code, out, _ = sg(capsys, "jobs", "run", "sg-train", "--wait", "--param", "epochs=3")
+    assert code == 0 and out.splitlines()[-1] == "exit value: trained 3 epochs"
+    (run_id,) = env.runs
+    code, out, _ = sg(capsys, "jobs", "status", str(run_id))
+    assert code == 0 and out.startswith(f"run {run_id}: TERMINATED SUCCESS")
+    assert sg(capsys, "jobs", "output", str(run_id))[1] == "trained 3 epochs\n"
+    code, out, _ = sg(capsys, "jobs", "list")
+    assert out == f"{job_id}  sg-train  0 0 3 * * ? Europe/Zurich PAUSED\n"
+    code, out, _ = sg(capsys, "jobs", "run", str(job_id))
+    second = max(env.runs)
+    assert code == 0 and f"run {second}: " in out
+    assert sg(capsys, "jobs", "cancel", str(second))[0] == 0
+    assert env.runs[second].result == "CANCELED"
+    code, out, _ = sg(capsys, "jobs", "status", str(second))
+    assert code == 1 and "CANCELED" in out
+    code, _, err = sg(capsys, "jobs", "run", "no-such-job")
+    assert code == 1 and err.startswith("sparkgrad databricks jobs run: InvalidArgumentError: 0 jobs are named")
+
+
+def test_fs_cp_ls_rm_on_dbfs_and_volumes(env, tmp_path, capsys):
+    local = tmp_path / "data.bin"
+    local.write_bytes(b"\x00\x01payload")
+    for remote in ("dbfs:/tmp/sg/data.bin", "/Volumes/main/default/files/data.bin"):
+        assert sg(capsys, "fs", "cp", str(local), remote)[0] == 0
+        folder = remote.rsplit("/", 1)[0]
+        code, out, _ = sg(capsys, "fs", "ls", folder)
+        assert code == 0 and out.split() == ["file", "9", remote.removeprefix("dbfs:")]
+        back = tmp_path / f"back-{len(remote)}.bin"
+        assert sg(capsys, "fs", "cp", remote, str(back))[0] == 0
+        assert back.read_bytes() == local.read_bytes()
+        code, _, err = sg(capsys, "fs", "cp", str(local), remote)
+        assert code == 1 and "sparkgrad databricks fs cp: RestError:" in err
+        assert sg(capsys, "fs", "rm", remote)[0] == 0
+        assert sg(capsys, "fs", "ls", folder)[1] == ""
+
+
+def test_workspace_import_and_export(env, tmp_path, capsys):
+    src = tmp_path / "nb.py"
+    src.write_text(TRAIN)
+    client_of(env).workspace_mkdirs("/Users/me")
+    assert sg(capsys, "workspace", "import", str(src), "/Users/me/nb")[0] == 0
+    assert env.workspace["/Users/me/nb"]["object_type"] == "NOTEBOOK"
+    code, out, _ = sg(capsys, "workspace", "export", "/Users/me/nb")
+    assert code == 0 and out == TRAIN
+    code, _, _ = sg(capsys, "workspace", "export", "/Users/me/nb", str(tmp_path / "nb.ipynb"), "--format", "JUPYTER")
+    assert code == 0 and json.loads((tmp_path / "nb.ipynb").read_text())["nbformat"] == 4
+    code, _, err = sg(capsys, "workspace", "import", str(src), "/Users/me/nb")
+    assert code == 1 and "RESOURCE_ALREADY_EXISTS" in err
