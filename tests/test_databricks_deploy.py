@@ -159,10 +159,10 @@ def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys
     assert env.token not in out and f"Bearer {env.token[:4]}********" in out
     for expected in (
         "HEAD /api/2.0/fs/files/Volumes/main/default/libs/",
-        "GET /api/2.0/workspace/export?path=/Users/me@example.com/sg/train&format=SOURCE",
+        "GET /api/2.0/workspace/export?path=%2FUsers%2Fme%40example.com%2Fsg%2Ftrain&format=SOURCE",
         '"content": "<',
         "POST /api/2.0/libraries/install",
-        "GET /api/2.1/jobs/list?name=sg-train",
+        "GET /api/2.1/jobs/list?name=sg-train&limit=100",
         "POST /api/2.1/jobs/create",
         "POST /api/2.1/jobs/run-now",
     ):
@@ -279,3 +279,40 @@ def test_workspace_import_and_export(env, tmp_path, capsys):
     assert code == 0 and json.loads((tmp_path / "nb.ipynb").read_text())["nbformat"] == 4
     code, _, err = sg(capsys, "workspace", "import", str(src), "/Users/me/nb")
     assert code == 1 and "RESOURCE_ALREADY_EXISTS" in err
+
+
+@pytest.mark.parametrize("upload_dir", ["/Workspace/Users/me@example.com/libs", "dbfs:/FileStore/sparkgrad/wheels"])
+def test_deploy_to_workspace_files_or_dbfs_with_a_job_cluster_is_idempotent(env, project, capsys, upload_dir):
+    new_cluster = json.dumps({"spark_version": "14.3.x-scala2.12", "node_type_id": "i3.xlarge", "num_workers": 2})
+    argv = ["deploy", "--upload-dir", upload_dir, "--new-cluster", new_cluster]
+    code, out, err = sg(capsys, *argv)
+    assert code == 0, err
+    assert "deployed: 4 changes" in out  # upload, 2 notebooks, job: no cluster library
+    (job,) = env.jobs.values()
+    task = job["settings"]["tasks"][0]
+    (lib,) = task["libraries"]
+    assert lib["whl"].startswith(upload_dir + "/") and task["new_cluster"]["num_workers"] == 2
+    if upload_dir.startswith("dbfs:"):
+        assert lib["whl"].removeprefix("dbfs:") in env.dbfs
+    else:
+        assert env.workspace[lib["whl"].removeprefix("/Workspace")]["object_type"] == "FILE"
+    before = env.state()
+    code, out, _ = sg(capsys, *argv)
+    assert code == 0 and "deployed: 0 changes" in out and env.state() == before
+
+
+def test_dbfs_upload_is_refused_for_runtime_15_and_later(env, project, capsys):
+    new_cluster = json.dumps({"spark_version": "15.4.x-scala2.12", "node_type_id": "i3.xlarge", "num_workers": 1})
+    argv = ["deploy", "--upload-dir", "dbfs:/FileStore/w", "--new-cluster", new_cluster]
+    code, _, err = sg(capsys, *argv)
+    assert code == 1 and "InvalidArgumentError: runtime 15.4.x-scala2.12 does not install libraries from DBFS" in err
+    assert env.requests == []
+
+
+def test_bad_settings_are_named(env, project, capsys):
+    with open("sparkgrad-deploy.toml", "a") as f:
+        f.write("\n[extra]\nx = 1\n")
+    code, _, err = sg(capsys, "deploy")
+    assert code == 1 and "unknown deploy settings ['extra']" in err
+    code, _, err = sg(capsys, "deploy", "--config", "missing.toml")
+    assert code == 1 and "cannot read missing.toml" in err

@@ -158,14 +158,12 @@ def _deploy(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in keys}
     if args.base_parameters:
         overrides["base_parameters"] = _params(args.base_parameters)
-    if args.wheel:
-        overrides["python"] = None
     config = deploy.load_config(path, overrides)
     if args.dry_run:
         resolved = resolve_config(args.host, profile=args.profile)
         wheel = deploy.wheel_of(config, build=False, log=_out)
         auth = f"Bearer {deploy.mask(resolved.token)}" if resolved.token else "Bearer <OAuth token>"
-        deploy.print_plan(deploy.plan(config, wheel), resolved.host, auth, _out, run_now=args.run_now)
+        deploy.print_plan(deploy.plan(config, wheel, run_now=args.run_now), resolved.host, auth, _out)
         return 0
     client = _client(args)
     done = deploy.deploy(client, config, _out)

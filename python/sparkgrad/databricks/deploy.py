@@ -1,10 +1,10 @@
 """One-command deploy of sparkgrad and its notebooks to a Databricks workspace.
 
     config = load_config("sparkgrad-deploy.toml", overrides)
-    steps = plan(config)                  # offline: what will be checked and what may change
-    print_plan(steps, host, token)        # --dry-run: every request, secrets masked
-    deploy(client, config)                # checks each step, changes only what differs
-    run_and_wait(client, job_id, ...)     # --run-now --wait
+    wheel = wheel_of(config, build=False, log=print)     # described, not built
+    print_plan(plan(config, wheel), host, auth, print)   # --dry-run: every request, secrets masked
+    done = deploy(client, config, print)                 # checks each step, changes only what differs
+    wait_and_report(client, run_now(client, done.job_id), timeout, print)   # --run-now --wait
 
 The steps, in order: the wheel (a given file, or built by .ci/wheels.py for
 one Python), its upload to a Unity Catalog volume (Files API), workspace
@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -110,12 +111,14 @@ class DeployConfig:
 
 
 CONFIG_KEYS = {f.name for f in dataclasses.fields(DeployConfig)}
+ALTERNATIVES = (("wheel", "python"), ("cluster_id", "new_cluster"))
 
 
 def load_config(path: str | os.PathLike | None, overrides: Mapping[str, Any]) -> DeployConfig:
     """The DeployConfig of a sparkgrad-deploy.toml (if given) with overrides
-    (flags; None values ignored) on top. Relative paths in the file are
-    relative to the file's folder."""
+    (flags; None values ignored) on top: an override of wheel or python,
+    cluster_id or new_cluster replaces the file's other one. Relative paths
+    in the file are relative to the file's folder."""
     values: dict[str, Any] = {}
     if path is not None:
         values = _read_toml(pathlib.Path(path))
@@ -126,6 +129,9 @@ def load_config(path: str | os.PathLike | None, overrides: Mapping[str, Any]) ->
     for key, value in overrides.items():
         if value is not None:
             values[key] = value
+            for pair in ALTERNATIVES:  # a flag replaces the file's alternative to it
+                if key in pair:
+                    values.pop(pair[1 - pair.index(key)], None)
     if isinstance(values.get("schedule"), Mapping):
         values["schedule"] = Schedule(**values["schedule"])
     elif isinstance(values.get("schedule"), str):
@@ -174,11 +180,14 @@ class Request:
     path: str
     payload: Mapping[str, Any] | None = None  # JSON body, content fields shown as their size
     note: str = ""
+    query: Mapping[str, Any] | None = None
 
     def render(self) -> str:
+        """The request line as the client sends it (query encoded the same way)."""
+        path = self.path if not self.query else f"{self.path}?{urllib.parse.urlencode(self.query)}"
         body = f" {json.dumps(self.payload, sort_keys=True)}" if self.payload is not None else ""
         note = f"   # {self.note}" if self.note else ""
-        return f"{self.method} {self.path}{body}{note}"
+        return f"{self.method} {urllib.parse.quote(path, safe='/?=&%')}{body}{note}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,10 +254,12 @@ def upload_requests(wheel: Wheel) -> tuple[tuple[Request, ...], tuple[Request, .
     remote, size = wheel.remote, f"<{wheel.size} bytes>"
     if remote.startswith("/Volumes/"):
         api = f"/api/2.0/fs/files{remote}"
-        return (Request("HEAD", api, note="is it there?"),), (Request("PUT", f"{api}?overwrite=false", note=size),)
+        return (Request("HEAD", api, note="is it there?"),), (
+            Request("PUT", api, query={"overwrite": "false"}, note=size),
+        )
     if remote.startswith("/Workspace/"):
         path = remote.removeprefix("/Workspace")
-        check = Request("GET", f"/api/2.0/workspace/get-status?path={path}", note="is it there?")
+        check = Request("GET", "/api/2.0/workspace/get-status", query={"path": path}, note="is it there?")
         mkdirs = Request("POST", "/api/2.0/workspace/mkdirs", {"path": path.rsplit("/", 1)[0]})
         put = Request(
             "POST",
@@ -257,7 +268,7 @@ def upload_requests(wheel: Wheel) -> tuple[tuple[Request, ...], tuple[Request, .
         )
         return (check,), (mkdirs, put)
     path = remote.removeprefix("dbfs:")
-    check = Request("GET", f"/api/2.0/dbfs/get-status?path={path}", note="is it there?")
+    check = Request("GET", "/api/2.0/dbfs/get-status", query={"path": path}, note="is it there?")
     if wheel.size <= DBFS_BLOCK:
         return (check,), (Request("POST", "/api/2.0/dbfs/put", {"path": path, "contents": size, "overwrite": False}),)
     blocks = -(-wheel.size // DBFS_BLOCK)
@@ -287,7 +298,7 @@ def job_settings(config: DeployConfig, wheel: Wheel) -> dict[str, Any]:
     )
 
 
-def plan(config: DeployConfig, wheel: Wheel, jobs_api: str = "2.1") -> list[Step]:
+def plan(config: DeployConfig, wheel: Wheel, *, jobs_api: str = "2.1", run_now: bool = False) -> list[Step]:
     """Every step of the deploy with the requests it makes, computed offline."""
     steps: list[Step] = []
     checks, changes = upload_requests(wheel)
@@ -297,7 +308,9 @@ def plan(config: DeployConfig, wheel: Wheel, jobs_api: str = "2.1") -> list[Step
     for name in config.notebook_names:
         path = f"{ws}/{name}"
         size = len(_notebook_source(config, name).encode())
-        check = Request("GET", f"/api/2.0/workspace/export?path={path}&format=SOURCE", note="same source?")
+        check = Request(
+            "GET", "/api/2.0/workspace/export", query={"path": path, "format": "SOURCE"}, note="same source?"
+        )
         imp = {"path": path, "format": "SOURCE", "language": "PYTHON", "content": f"<{size} bytes>", "overwrite": True}
         steps.append(Step("notebook", path, (check,), (Request("POST", "/api/2.0/workspace/import", imp),)))
     if config.cluster_id:
@@ -307,11 +320,11 @@ def plan(config: DeployConfig, wheel: Wheel, jobs_api: str = "2.1") -> list[Step
             Step(
                 "cluster",
                 cid,
-                (Request("GET", f"/api/2.1/clusters/get?cluster_id={cid}", note="until RUNNING"),),
+                (Request("GET", "/api/2.1/clusters/get", query={"cluster_id": cid}, note="until RUNNING"),),
                 (Request("POST", "/api/2.1/clusters/start", {"cluster_id": cid}, note="if TERMINATED"),),
             )
         )
-        status = Request("GET", f"/api/2.0/libraries/cluster-status?cluster_id={cid}", note="installed?")
+        status = Request("GET", "/api/2.0/libraries/cluster-status", query={"cluster_id": cid}, note="installed?")
         install = Request("POST", "/api/2.0/libraries/install", {"cluster_id": cid, "libraries": [lib]})
         steps.append(
             Step("library", json.dumps(lib), (status,), (install, dataclasses.replace(status, note="until INSTALLED")))
@@ -323,8 +336,10 @@ def plan(config: DeployConfig, wheel: Wheel, jobs_api: str = "2.1") -> list[Step
             "job",
             config.job_name,
             (
-                Request("GET", f"{jobs}/list?name={config.job_name}&limit=100", note="one job of this name?"),
-                Request("GET", f"{jobs}/get?job_id=<id>", note="same settings?"),
+                Request(
+                    "GET", f"{jobs}/list", query={"name": config.job_name, "limit": 100}, note="one job of this name?"
+                ),
+                Request("GET", f"{jobs}/get", query={"job_id": "<id>"}, note="same settings?"),
             ),
             (
                 Request("POST", f"{jobs}/create", settings, note="if no job has the name"),
@@ -332,6 +347,14 @@ def plan(config: DeployConfig, wheel: Wheel, jobs_api: str = "2.1") -> list[Step
             ),
         )
     )
+    if run_now:
+        run = (
+            Request("POST", f"{jobs}/run-now", {"idempotency_token": "<random>", "job_id": "<id>"}),
+            Request("GET", f"{jobs}/runs/get", query={"run_id": "<run>"}, note="until it ends"),
+            Request("GET", f"{jobs}/runs/get", query={"run_id": "<run>"}, note="its task run"),
+            Request("GET", f"{jobs}/runs/get-output", query={"run_id": "<task run>"}, note="exit value, error"),
+        )
+        steps.append(Step("run", config.job_name, (), run))
     return steps
 
 
@@ -341,7 +364,7 @@ def mask(secret: str | None) -> str:
     return secret[:4] + "*" * 8 if len(secret) > 8 else "*" * 8
 
 
-def print_plan(steps: Sequence[Step], host: str, auth: str, log: Print, *, run_now: bool = False) -> None:
+def print_plan(steps: Sequence[Step], host: str, auth: str, log: Print) -> None:
     log(f"dry run: nothing is sent to {host}; every request carries Authorization: {auth}")
     for step in steps:
         log(f"{step.name} {step.what}")
@@ -349,11 +372,6 @@ def print_plan(steps: Sequence[Step], host: str, auth: str, log: Print, *, run_n
             log(f"  check   {r.render()}")
         for r in step.changes:
             log(f"  change  {r.render()}")
-    if run_now:
-        log("run")
-        log('  change  POST /api/2.1/jobs/run-now {"idempotency_token": "<random>", "job_id": "<id>"}')
-        log("  check   GET /api/2.1/jobs/runs/get?run_id=<run>   # until it ends")
-        log("  check   GET /api/2.1/jobs/runs/get-output?run_id=<task run>")
 
 
 # ---- apply ---------------------------------------------------------------------------
@@ -536,8 +554,14 @@ def _notebook_source(config: DeployConfig, name: str) -> str:
 
 
 def _same_source(a: str, b: str) -> bool:
-    """The workspace may change line endings and the trailing newline."""
-    return a.replace("\r\n", "\n").rstrip() == b.replace("\r\n", "\n").rstrip()
+    """Equal up to what the workspace rewrites on export: line endings,
+    trailing blanks, and the blank lines around cell separators."""
+    return _normal_source(a) == _normal_source(b)
+
+
+def _normal_source(text: str) -> str:
+    text = "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").split("\n"))
+    return re.sub(r"\n*# COMMAND -{10}\n*", "\n# COMMAND ----------\n", text).strip()
 
 
 def _covers(current: Any, wanted: Any) -> bool:
