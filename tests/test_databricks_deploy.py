@@ -316,3 +316,20 @@ def test_bad_settings_are_named(env, project, capsys):
     assert code == 1 and "unknown deploy settings ['extra']" in err
     code, _, err = sg(capsys, "deploy", "--config", "missing.toml")
     assert code == 1 and "cannot read missing.toml" in err
+
+
+def test_a_job_whose_schedule_was_removed_is_reset(env, project, capsys):
+    assert sg(capsys, "deploy")[0] == 0
+    toml = project / "sparkgrad-deploy.toml"
+    text = toml.read_text()
+    toml.write_text(text[: text.index("[schedule]")] + text[text.index("[email_notifications]") :])
+    code, out, _ = sg(capsys, "deploy")
+    assert code == 0 and "updated, no schedule" in out
+    assert "schedule" not in next(iter(env.jobs.values()))["settings"]
+
+
+def test_building_the_wheel_needs_a_checkout_and_a_dry_run_builds_nothing(env, project, capsys):
+    code, out, _ = sg(capsys, "deploy", "--python", "3.11", "--dry-run")
+    assert code == 0 and "wheel: built for Python 3.11 by .ci/wheels.py" in out and env.requests == []
+    code, _, err = sg(capsys, "deploy", "--python", "3.11")
+    assert code == 1 and "builds the wheel from a sparkgrad checkout" in err

@@ -41,7 +41,6 @@ from sparkgrad.databricks.client import DBFS_BLOCK, TERMINAL_RUN_STATES, Client,
 from sparkgrad.errors import InvalidArgumentError, RestError, SparkgradTimeout, StateError
 
 NOTEBOOK_HEADER = "# Databricks notebook source"
-FAILED_RESULTS = frozenset({"FAILED", "CANCELED", "TIMEDOUT", "SKIPPED", "INTERNAL_ERROR", "UPSTREAM_FAILED"})
 Print = Callable[[str], None]
 
 
@@ -219,6 +218,7 @@ def wheel_of(config: DeployConfig, *, build: bool, log: Print) -> Wheel:
         local = build_wheel(config.python or "", log)
     else:
         name = f"sparkgrad-<version>-cp{(config.python or '').replace('.', '')}-...whl"
+        log(f"wheel: built for Python {config.python} by .ci/wheels.py when deploying (a dry run builds nothing)")
         return Wheel(None, name, 0, "", f"{config.upload_dir.rstrip('/')}/<sha256>/{name}")
     if not local.is_file() or local.suffix != ".whl":
         raise InvalidArgumentError(f"wheel {local} is not a .whl file")
@@ -480,13 +480,14 @@ def _upsert_job(client: Client, settings: dict[str, Any]) -> tuple[int, bool, st
             "delete or rename the others"
         )
     schedule = settings.get("schedule")
-    when = f", schedule {schedule['quartz_cron_expression']!r} {schedule['timezone_id']} {schedule['pause_status']}"
-    when = when if schedule else ", no schedule"
+    when = ", no schedule"
+    if schedule:
+        when = f", schedule {schedule['quartz_cron_expression']!r} {schedule['timezone_id']} {schedule['pause_status']}"
     if not found:
         return client.jobs_create(settings), True, "created" + when
     job_id = int(found[0]["job_id"])
     current = client.jobs_get(job_id).get("settings", {})
-    if _covers(current, settings) and ("schedule" in current) == bool(schedule):
+    if _covers(current, settings) and _same_shape(current, settings):
         return job_id, False, "unchanged"
     client.jobs_reset(job_id, settings)
     return job_id, True, "updated" + when
@@ -531,7 +532,7 @@ def wait_and_report(client: Client, run_id: int, timeout: float, log: Print) -> 
         ) from None
     output = client.runs_get_output(run_id)
     result = run.get("state", {}).get("result_state") or run.get("state", {}).get("life_cycle_state")
-    if result in FAILED_RESULTS or result != "SUCCESS":
+    if result != "SUCCESS":  # FAILED, CANCELED, TIMEDOUT, SKIPPED, INTERNAL_ERROR, ...
         log(f"run {run_id} {result}: {output.get('error') or run.get('state', {}).get('state_message', '')}")
         if output.get("error_trace"):
             log(output["error_trace"].rstrip())
@@ -571,6 +572,19 @@ def _covers(current: Any, wanted: Any) -> bool:
     if isinstance(wanted, list):
         return isinstance(current, list) and len(current) == len(wanted) and all(map(_covers, current, wanted))
     return current == wanted
+
+
+JOB_OPTIONAL = ("schedule", "email_notifications", "job_clusters")
+TASK_OPTIONAL = ("libraries", "existing_cluster_id", "new_cluster", "job_cluster_key")
+
+
+def _same_shape(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the settings deploy leaves out are absent there too (a schedule
+    or the task's libraries removed since the last deploy)."""
+    if any((k in current) != (k in wanted) for k in JOB_OPTIONAL):
+        return False
+    tasks = zip(current.get("tasks", []), wanted.get("tasks", []), strict=False)  # lengths: _covers
+    return all((k in c) == (k in w) for c, w in tasks for k in TASK_OPTIONAL)
 
 
 def _exists(call: Callable[[], Any]) -> bool:
