@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zipfile
 
 import pytest
@@ -333,3 +334,16 @@ def test_building_the_wheel_needs_a_checkout_and_a_dry_run_builds_nothing(env, p
     assert code == 0 and "wheel: built for Python 3.11 by .ci/wheels.py" in out and env.requests == []
     code, _, err = sg(capsys, "deploy", "--python", "3.11")
     assert code == 1 and "builds the wheel from a sparkgrad checkout" in err
+
+
+def test_without_tomllib_or_tomli_the_file_is_refused_with_what_to_do(env, project, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # Python 3.10: no tomllib (and here no tomli)
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    code, _, err = sg(capsys, "deploy", "--dry-run")
+    assert code == 1 and "needs Python 3.11+ or the tomli package (pip install tomli); or give flags" in err
+    flags = ["--wheel", "sparkgrad-0.1.0-py3-none-any.whl", "--job-name", "j", "--notebook", "train"]
+    flags += ["--workspace-dir", "/Users/x", "--upload-dir", "/Volumes/a/b/c", "--cluster-id", CLUSTER]
+    monkeypatch.chdir(project / "notebooks")
+    code, out, err = sg(capsys, "deploy", "--dry-run", *flags[:1], "../" + flags[1], *flags[2:], "--notebooks-dir", ".")
+    assert code == 0, err
+    assert "POST /api/2.1/jobs/create" in out and env.requests == []
