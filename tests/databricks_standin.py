@@ -655,7 +655,10 @@ class Standin:
             run.result, run.message = "SUCCESS", ""
         except Exception as exc:  # the notebook's own failure
             run.result, run.message, run.error = "FAILED", "Workload failed", f"{type(exc).__name__}: {exc}"
-            run.error_trace = "".join(traceback.format_exception(exc))
+            tb = exc.__traceback__  # the notebook's frames only, as a notebook shows them
+            while tb is not None and tb.tb_frame.f_code.co_filename != "<notebook>":
+                tb = tb.tb_next
+            run.error_trace = "".join(traceback.format_exception(type(exc), exc, tb))
 
     def _run_json(self, run: Run) -> dict:
         state = {"life_cycle_state": run.life, "state_message": run.message}

@@ -16,7 +16,7 @@ Plain http:// is refused, except to a loopback address when
 servers such as tests/databricks_standin.py).
 
 Not here: pagination beyond ``jobs_list``/``runs_list``, Unity Catalog,
-secrets, Repos, SQL. Deploying in one command builds on this (sparkgrad.cli).
+secrets, Repos, SQL. Deploying in one command builds on this (sparkgrad.databricks.deploy).
 """
 
 from __future__ import annotations

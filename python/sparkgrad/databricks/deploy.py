@@ -389,7 +389,7 @@ def deploy(client: Client, config: DeployConfig, log: Print, *, wheel: Wheel | N
     log(f"deploying job {config.job_name!r} to {client.config.host}")
     if wheel is None:
         wheel = wheel_of(config, build=True, log=log)
-    log(f"  wheel     {wheel.local} ({_size(wheel.size)}, sha256 {wheel.sha256[:16]})")
+    log(f"  wheel     {_shown(wheel.local)} ({_size(wheel.size)}, sha256 {wheel.sha256[:16]})")
     changes = 0
 
     def report(name: str, what: str, changed: bool, how: str = "") -> None:
@@ -610,6 +610,16 @@ def _check_dbfs_runtime(cluster: Mapping[str, Any]) -> None:
             f"cluster {cluster.get('cluster_id')} runs {version}, which does not install libraries from DBFS "
             "(disabled from 15.0): upload to /Volumes/... or /Workspace/..."
         )
+
+
+def _shown(path: pathlib.Path | None) -> str:
+    """path relative to the current folder when it is under it."""
+    if path is None:
+        return "(not built)"
+    try:
+        return str(path.resolve().relative_to(pathlib.Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _size(n: int) -> str:
