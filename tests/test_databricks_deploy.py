@@ -170,6 +170,19 @@ def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys
         assert expected in out, expected
 
 
+def test_dry_run_masks_secrets_in_the_job_settings(env, project, capsys):
+    cluster = {
+        "spark_version": "14.3.x-scala2.12",
+        "num_workers": 1,
+        "spark_env_vars": {"DB_TOKEN": "dapi-s3cr3t-value"},
+    }
+    code, out, _ = sg(
+        capsys, "deploy", "--dry-run", "--new-cluster", json.dumps(cluster), "--base-param", "password=hunter2-long"
+    )
+    assert code == 0 and "s3cr3t" not in out and "hunter2-long" not in out
+    assert '"DB_TOKEN": "dapi********"' in out and '"password": "hunt********"' in out
+
+
 def test_two_jobs_with_the_deploy_name_are_refused(env, project, capsys):
     c = client_of(env)
     ids = [c.jobs_create(notebook_job("sg-train", "/x", existing_cluster_id=CLUSTER)) for _ in range(2)]

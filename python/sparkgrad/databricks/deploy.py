@@ -184,7 +184,7 @@ class Request:
     def render(self) -> str:
         """The request line as the client sends it (query encoded the same way)."""
         path = self.path if not self.query else f"{self.path}?{urllib.parse.urlencode(self.query)}"
-        body = f" {json.dumps(self.payload, sort_keys=True)}" if self.payload is not None else ""
+        body = f" {json.dumps(_masked(self.payload), sort_keys=True)}" if self.payload is not None else ""
         note = f"   # {self.note}" if self.note else ""
         return f"{self.method} {urllib.parse.quote(path, safe='/?=&%')}{body}{note}"
 
@@ -358,6 +358,21 @@ def plan(config: DeployConfig, wheel: Wheel, *, jobs_api: str = "2.1", run_now: 
     return steps
 
 
+SECRET_KEY = re.compile(r"token|secret|password|credential", re.IGNORECASE)
+
+
+def _masked(value: Any, key: str = "") -> Any:
+    """value with what a key names as secret (spark_env_vars' DB_TOKEN, a
+    password parameter) masked; idempotency tokens are not secrets."""
+    if isinstance(value, Mapping):
+        return {k: _masked(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, key) for v in value]
+    if isinstance(value, str) and SECRET_KEY.search(key) and key != "idempotency_token" and not value.startswith("<"):
+        return mask(value)
+    return value
+
+
 def mask(secret: str | None) -> str:
     if not secret:
         return "<none>"
@@ -405,7 +420,7 @@ def deploy(client: Client, config: DeployConfig, log: Print, *, wheel: Wheel | N
     if config.cluster_id:
         if config.upload_dir.startswith("dbfs:/"):
             _check_dbfs_runtime(client.clusters_get(config.cluster_id))
-        report("library", f"on cluster {config.cluster_id}", *_install(client, config, wheel))
+        report("library", f"{wheel.name} on {config.cluster_id}", *_install(client, config, wheel, log))
     job_id, changed, how = _upsert_job(client, job_settings(config, wheel))
     report("job", f"{config.job_name} (job {job_id})", changed, how)
     log(f"deployed: {changes} change{'s' if changes != 1 else ''}")
@@ -445,10 +460,14 @@ def _import_notebook(client: Client, path: str, source: str) -> tuple[bool, str]
     return True, "imported" if current is None else "updated"
 
 
-def _install(client: Client, config: DeployConfig, wheel: Wheel) -> tuple[bool, str]:
+def _install(client: Client, config: DeployConfig, wheel: Wheel, log: Print) -> tuple[bool, str]:
     cid = config.cluster_id
     assert cid is not None
     lib = {"whl": wheel.remote}
+    state = client.clusters_get(cid).get("state")
+    if state != "RUNNING":
+        start = " starting it," if state == "TERMINATED" else ""
+        log(f"  cluster   {cid}: {state},{start} waiting up to {config.cluster_timeout:g} s for RUNNING")
     try:
         client.wait_cluster_running(cid, timeout=config.cluster_timeout)
     except SparkgradTimeout:
@@ -457,16 +476,17 @@ def _install(client: Client, config: DeployConfig, wheel: Wheel) -> tuple[bool, 
         ) from None
     statuses = [s for s in client.libraries_cluster_status(cid) if s.get("library") == lib]
     if statuses and statuses[0].get("status") == "INSTALLED":
-        return False, f"{wheel.name} unchanged (INSTALLED)"
+        return False, "unchanged (INSTALLED)"
     if not statuses:
         client.libraries_install(cid, [lib])
+    log(f"  library   {wheel.name} on {cid}: installing, waiting up to {config.library_timeout:g} s")
     try:
         client.wait_libraries(cid, [lib], timeout=config.library_timeout)
     except SparkgradTimeout:
         raise SparkgradTimeout(
             f"{wheel.name} was not INSTALLED on cluster {cid} within {config.library_timeout:g} s (library_timeout)"
         ) from None
-    return True, f"{wheel.name} installed"
+    return True, "installed"
 
 
 def _upsert_job(client: Client, settings: dict[str, Any]) -> tuple[int, bool, str]:
