@@ -324,6 +324,8 @@ def test_dbfs_upload_is_refused_for_runtime_15_and_later(env, project, capsys):
 
 
 def test_bad_settings_are_named(env, project, capsys):
+    code, _, err = sg(capsys, "deploy", "--notebook", "trian", "--dry-run")
+    assert code == 1 and "the job's notebook 'trian' is not among ['prep', 'train']" in err
     with open("sparkgrad-deploy.toml", "a") as f:
         f.write("\n[extra]\nx = 1\n")
     code, _, err = sg(capsys, "deploy")

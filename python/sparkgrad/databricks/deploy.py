@@ -102,6 +102,8 @@ class DeployConfig:
         names = [p.stem for p in sorted(folder.glob("*.py")) if _is_notebook(p)]
         if not names:
             raise InvalidArgumentError(f"no Databricks notebook sources (*.py) in {folder}")
+        if self.notebook.removesuffix(".py") not in names:
+            raise InvalidArgumentError(f"the job's notebook {self.notebook!r} is not among {names} in {folder}")
         return names
 
     @property
