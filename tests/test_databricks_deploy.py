@@ -151,6 +151,9 @@ def test_failed_run_exits_non_zero_with_the_error_and_its_trace(env, project, ca
     assert "TERMINATED FAILED" in out
     assert "FAILED: RuntimeError: loss is NaN at step 7" in out
     assert "Traceback (most recent call last)" in out and "in step" in out
+    (run_id,) = env.runs
+    code, out, err = sg(capsys, "jobs", "output", str(run_id))
+    assert code == 1 and out == "" and err.startswith("RuntimeError: loss is NaN at step 7\nTraceback")
 
 
 def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys):
