@@ -23,14 +23,11 @@ output_data = dbutils.widgets.get("output_data").rstrip("/")
 
 # COMMAND ----------
 
-import glob
 import json
 import os
 import tempfile
 
 import numpy as np
-from sparkgrad.data import TFRecordDataset
-from sparkgrad.data.convert import mnist_schema
 from sparkgrad.examples import mnist_dist
 
 local = tempfile.mkdtemp(prefix="sparkgrad-evaluate-")
@@ -42,9 +39,8 @@ model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=[
 model.load(f"{local}/model/{mnist_dist.CHECKPOINT}")
 with np.load(f"{local}/model/pixel_stats.npz") as stats:
     mean, std = stats["mean"], stats["std"]
-batches = list(TFRecordDataset(sorted(glob.glob(f"{local}/data/test*.tfrecords")), mnist_schema(), 1000))
-x = (np.concatenate([b["image_raw"] for b in batches]) - mean) / std
-y = np.concatenate([b["label"] for b in batches])
+x, y = mnist_dist.load_test_set(f"{local}/data")
+x = (x - mean) / std
 
 # COMMAND ----------
 

@@ -439,9 +439,9 @@ def test_oauth_m2m_token_is_fetched_once_and_refreshed_before_expiry(standin):
     auth = OAuthM2M(client._transport, standin.client_id, standin.client_secret, clock=lambda: now[0])
     first = auth.authorization()
     now[0] = standin.oauth_lifetime - 120  # still 2 minutes left: cached
-    assert auth.authorization() == first and auth.fetches == 1
+    assert auth.authorization() == first and standin.count("POST", "/oidc/v1/token") == 2
     now[0] = standin.oauth_lifetime - 30  # within the refresh margin
-    assert auth.authorization() != first and auth.fetches == 2
+    assert auth.authorization() != first and standin.count("POST", "/oidc/v1/token") == 3
 
 
 def test_oauth_refused_client_secret_is_not_shown(standin):
@@ -534,13 +534,22 @@ def test_missing_libcurl_names_the_library_and_the_fix(standin):
 def test_the_gil_is_released_while_a_call_waits(standin, client):
     standin.inject("/dbfs/get-status", delay=0.8)
     ticks = []
-    waiter = threading.Thread(target=lambda: pytest.raises(RestError, client.dbfs_get_status, "/missing"))
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.dbfs_get_status("/missing")
+        except BaseException as exc:  # noqa: BLE001 - checked below, in the test's thread
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=call)
     waiter.start()
     t0 = time.monotonic()
     while waiter.is_alive() and time.monotonic() - t0 < 5:
         ticks.append(time.monotonic())
         time.sleep(0.01)
     waiter.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], RestError), outcome  # the 404 reached the caller
     assert len(ticks) > 30  # the main thread ran throughout the 0.8 s call
 
 

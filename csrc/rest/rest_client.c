@@ -11,6 +11,8 @@
  */
 #include "rest/rest_client.h"
 
+#include "net/sock.h" /* net_now(): the monotonic clock the transport uses */
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,19 +20,12 @@
 #include <strings.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Sleeps s seconds in slices of 100 ms, asking cancel after each; returns 1
  * when cancelled. */
 static int sleep_s(double s, const RestCancel *cancel)
 {
-    double end = now_s() + s;
-    for (double left = s; left > 0; left = end - now_s()) {
+    double end = net_now() + s;
+    for (double left = s; left > 0; left = end - net_now()) {
         double slice = left < 0.1 ? left : 0.1;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(slice * 1e9)};
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -192,10 +187,10 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
     int st = rest_config_check(cfg, err);
     if (st < 0 || (st = call_lines(cfg, call, &lines, err)) < 0)
         return st;
-    double start = now_s(), deadline = start + cfg->budget_s;
+    double start = net_now(), deadline = start + cfg->budget_s;
     unsigned seed = (unsigned)(start * 1e6);
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - net_now();
         long timeout_ms = (long)(1000 * (left < cfg->timeout_s ? left : cfg->timeout_s));
         RestRequest req = {.method = call->method,
                            .url = lines.url,
@@ -221,7 +216,7 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                                 .headers = r.headers,
                                 .headers_len = r.headers_len,
                                 .attempts = fail->attempts,
-                                .elapsed_s = now_s() - start};
+                                .elapsed_s = net_now() - start};
             return SG_OK;
         }
         size_t ra_len = 0;
@@ -230,9 +225,9 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
         double wait =
             rest_backoff_s(fail->attempts, cfg->backoff_s, rest_parse_retry_after(ra, ra_len),
                            (double)rand_r(&seed) / ((double)RAND_MAX + 1));
-        int spent = next == 1 && now_s() + wait >= deadline;
+        int spent = next == 1 && net_now() + wait >= deadline;
         if (next < 0 || spent) {
-            st = give_up(cfg, call, &r, st, spent, now_s() - start, fail, err);
+            st = give_up(cfg, call, &r, st, spent, net_now() - start, fail, err);
             rest_response_free(&r);
             return st;
         }

@@ -23,16 +23,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from sparkgrad.databricks.commands import param, params
 from sparkgrad.errors import InvalidArgumentError, SparkgradError
 
 DEFAULT_CONFIG = "sparkgrad-deploy.toml"
-
-
-def _param(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
-    return key, value
 
 
 def _out(line: str) -> None:
@@ -58,7 +52,7 @@ def add_databricks_command(sub: argparse._SubParsersAction) -> Callable[[argpars
     d.add_argument("--cluster-id", dest="cluster_id", default=None, help="install on this cluster")
     d.add_argument("--new-cluster", dest="new_cluster", type=json.loads, default=None, help="job cluster spec, JSON")
     d.add_argument("--schedule", default=None, metavar="CRON", help="quartz cron (timezone UTC, UNPAUSED)")
-    d.add_argument("--base-param", dest="base_parameters", action="append", type=_param, metavar="K=V")
+    d.add_argument("--base-param", dest="base_parameters", action="append", type=param, metavar="K=V")
     d.add_argument("--max-retries", dest="max_retries", type=int, default=None)
     d.add_argument("--timeout-seconds", dest="timeout_seconds", type=int, default=None, help="the job's own limit")
     d.add_argument("--cluster-timeout", dest="cluster_timeout", type=float, default=None)
@@ -116,7 +110,7 @@ def add_databricks_command(sub: argparse._SubParsersAction) -> Callable[[argpars
 def _run_flags(p: argparse.ArgumentParser, switch: str | None, text: str | None) -> None:
     if switch:
         p.add_argument(switch, dest="run_now", action="store_true", help=text)
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="K=V", help="notebook_params")
+    p.add_argument("--param", action="append", type=param, default=[], metavar="K=V", help="notebook_params")
     p.add_argument("--wait", action="store_true", help="follow the run to its end; non-zero unless SUCCESS")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)")
 
@@ -127,17 +121,10 @@ def _client(args: argparse.Namespace):
     return Client(args.host, profile=args.profile, poll=args.poll)
 
 
-def _params(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    params = dict(pairs)
-    if len(params) != len(pairs):
-        raise InvalidArgumentError("a --param key is given twice")
-    return params
-
-
 def _start(client: Any, job_id: int, args: argparse.Namespace) -> int:
     from sparkgrad.databricks import deploy
 
-    run_id = deploy.run_now(client, job_id, _params(args.param))
+    run_id = deploy.run_now(client, job_id, params(args.param))
     if not args.wait:
         run = client.runs_get(run_id)
         _out(f"run {run_id}: {deploy.run_page_url(client, run)}")
@@ -157,7 +144,7 @@ def _deploy(args: argparse.Namespace) -> int:
     keys += ["new_cluster", "schedule", "max_retries", "timeout_seconds", "cluster_timeout", "library_timeout"]
     overrides = {k: getattr(args, k) for k in keys}
     if args.base_parameters:
-        overrides["base_parameters"] = _params(args.base_parameters)
+        overrides["base_parameters"] = params(args.base_parameters)
     config = deploy.load_config(path, overrides)
     if args.dry_run:
         resolved = resolve_config(args.host, profile=args.profile)

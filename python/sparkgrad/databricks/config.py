@@ -30,14 +30,6 @@ from typing import Any
 
 from sparkgrad.errors import DatabricksConfigError
 
-ENV_VARS = (
-    "DATABRICKS_HOST",
-    "DATABRICKS_TOKEN",
-    "DATABRICKS_CLIENT_ID",
-    "DATABRICKS_CLIENT_SECRET",
-    "DATABRICKS_CONFIG_PROFILE",
-    "DATABRICKS_CONFIG_FILE",
-)
 DEFAULT_CONFIG_FILE = "~/.databrickscfg"
 __all__ = ["Config", "DatabricksConfigError", "OAuthM2M", "StaticToken", "normalize_host", "resolve_config"]
 TOKEN_REFRESH_MARGIN_S = 60.0
@@ -173,7 +165,6 @@ class OAuthM2M:
         self._lock = threading.Lock()
         self._value: str | None = None
         self._expires = 0.0
-        self.fetches = 0
 
     def authorization(self) -> str:
         with self._lock:
@@ -202,7 +193,6 @@ class OAuthM2M:
             ) from None
         self._value = f"{kind} {token}"
         self._expires = started + lifetime
-        self.fetches += 1
 
 
 class StaticToken:

@@ -47,20 +47,12 @@ def _check_str(what: str, value: object) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class _Widget:
-    name: str
-    default: str
-    choices: tuple[str, ...] | None
-    label: str | None
-
-
 class Widgets:
     """dbutils.widgets: defaults declared by the notebook, overridden by the run's parameters."""
 
     def __init__(self, params: Mapping[str, str]) -> None:
         self._params = {_check_str("a parameter name", k): _check_str(f"parameter {k!r}", v) for k, v in params.items()}
-        self._widgets: dict[str, _Widget] = {}
+        self._defaults: dict[str, str] = {}  # widget name -> its declared default
 
     def _define(
         self, name: str, default: str, choices: Sequence[str] | None, label: str | None, multi: bool = False
@@ -74,7 +66,7 @@ class Widgets:
                 for item in value.split(",") if multi else [value]:
                     if item not in options:
                         raise InvalidArgumentError(f"widget {name!r}: {item!r} is not one of its choices {options}")
-        self._widgets[name] = _Widget(name, default, options, label)
+        self._defaults[name] = default
 
     def text(self, name: str, defaultValue: str, label: str | None = None) -> None:  # noqa: N803 - Databricks' name
         self._define(name, defaultValue, None, label)
@@ -92,25 +84,25 @@ class Widgets:
         """The run's parameter ``name`` if given, else the widget's default."""
         if name in self._params:
             return self._params[name]
-        if name in self._widgets:
-            return self._widgets[name].default
+        if name in self._defaults:
+            return self._defaults[name]
         raise InvalidArgumentError(f"no widget named {name!r} is defined (and no parameter of that name was passed)")
 
     def getArgument(self, name: str, defaultValue: str | None = None) -> str | None:  # noqa: N802, N803
         """As get(), but ``defaultValue`` instead of an error for an unknown name (the deprecated form)."""
-        if name in self._params or name in self._widgets:
+        if name in self._params or name in self._defaults:
             return self.get(name)
         return defaultValue
 
     def getAll(self) -> dict[str, str]:  # noqa: N802 - Databricks' name
-        return {**{n: w.default for n, w in self._widgets.items()}, **self._params}
+        return {**self._defaults, **self._params}
 
     def remove(self, name: str) -> None:
-        if self._widgets.pop(name, None) is None:
+        if self._defaults.pop(name, None) is None:
             raise InvalidArgumentError(f"no widget named {name!r} to remove")
 
     def removeAll(self) -> None:  # noqa: N802 - Databricks' name
-        self._widgets.clear()
+        self._defaults.clear()
 
 
 @dataclass(frozen=True)
@@ -126,6 +118,11 @@ class FileInfo:
 _ABS_DBFS = re.compile(r"^(dbfs:)?/+")
 
 
+def _file_uri_path(path: str) -> str:
+    """``file:/x`` (or ``file:///x``) -> ``/x``."""
+    return os.path.normpath("/" + path[len("file:") :].lstrip("/"))
+
+
 class FileSystem:
     """dbutils.fs over a local folder that stands for DBFS."""
 
@@ -136,7 +133,7 @@ class FileSystem:
         """The local file a dbutils.fs path names (see the module docstring for the mapping)."""
         _check_str("a path", path)
         if path.startswith("file:"):
-            return os.path.normpath("/" + path[len("file:") :].lstrip("/"))
+            return _file_uri_path(path)
         if path == "/dbfs" or path.startswith("/dbfs/"):
             rel = path[len("/dbfs") :]
         elif path.startswith("dbfs:/") or path.startswith("/"):
@@ -163,7 +160,7 @@ class FileSystem:
         else:
             if os.path.isdir(dst):
                 dst = os.path.join(dst, os.path.basename(src))
-            os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)  # dst is absolute
             shutil.copyfile(src, dst)
         return True
 
@@ -171,7 +168,7 @@ class FileSystem:
         src, dst = self._existing(from_), self.local_path(to)
         if os.path.isdir(src) and not recurse:
             raise SparkgradIOError(f"{from_} is a directory: pass recurse=True to move it", path=from_)
-        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)  # dst is absolute
         shutil.move(src, dst)
         return True
 
@@ -283,7 +280,7 @@ def fuse_path(dbutils: object, path: str) -> str:
         return fs.local_path(path)
     _check_str("a path", path)
     if path.startswith("file:"):
-        return os.path.normpath("/" + path[len("file:") :].lstrip("/"))
+        return _file_uri_path(path)
     if path.startswith("dbfs:"):
         return "/dbfs/" + path[len("dbfs:") :].lstrip("/")
     if path.startswith(("/dbfs/", "/Volumes/")) or path == "/dbfs":

@@ -128,15 +128,22 @@ class _Display:
         print(f"[displayHTML] saved to {path}")
 
 
+def _cell_failure(cls: type, nb: Notebook, cell: Cell | None, message: str, tb: str = "") -> NotebookError:
+    """A NotebookError (or subclass) about ``cell`` of ``nb`` (None: before its first cell)."""
+    return cls(
+        f"{nb.path}: {message}",
+        path=nb.path,
+        cell=cell.number if cell is not None else None,
+        first_line=cell.first_line if cell is not None else "",
+        remote_traceback=tb,
+    )
+
+
 def _cell_error(nb: Notebook, cell: Cell, exc: BaseException) -> NotebookError:
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # drop the runner's exec frame
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    return NotebookError(
-        f"{nb.path}: cell {cell.number} failed: {cell.first_line}\n{text.rstrip()}",
-        path=nb.path,
-        cell=cell.number,
-        first_line=cell.first_line,
-        remote_traceback=text,
+    return _cell_failure(
+        NotebookError, nb, cell, f"cell {cell.number} failed: {cell.first_line}\n{text.rstrip()}", text
     )
 
 
@@ -203,24 +210,17 @@ class _Runner:
                 self._cell(nb, cell, ns, deadline, depth, timeout_type, ran)
         except timeout_type:
             where = f"cell {cell.number} ({cell.first_line})" if cell is not None else "before its first cell"
-            raise NotebookTimeout(
-                f"{nb.path}: the run's timeout passed in {where}",
-                path=nb.path,
-                cell=cell.number if cell else None,
-                first_line=cell.first_line if cell else "",
-                remote_traceback="",
-            ) from None
+            raise _cell_failure(NotebookTimeout, nb, cell, f"the run's timeout passed in {where}") from None
 
     def _cell(
         self, nb: Notebook, cell: Cell, ns: dict, deadline: float, depth: int, timeout_type: type, ran: list[int]
     ) -> None:
         """Runs one cell, counting the code cells run in ran[0]."""
-        total = len(nb.cells)
         if cell.kind == CellKind.MARKDOWN:
             return
-        self._opt.log(f"{nb.name}: cell {cell.number}/{total}: {cell.first_line[:100]}")
+        self._opt.log(f"{nb.name}: cell {cell.number}/{len(nb.cells)}: {cell.first_line[:100]}")
         if cell.kind == CellKind.PIP:
-            ran[0] += self._pip(nb, cell, deadline)
+            ran[0] += self._pip(nb, cell, deadline, timeout_type)
             return
         if cell.kind == CellKind.RUN:
             args = cell.magic_args
@@ -228,9 +228,9 @@ class _Runner:
                 raise self._refuse(
                     nb, cell, "%run takes one notebook path here (pass widget values with dbutils.notebook.run)"
                 )
-            included = read_notebook(resolve_path(args[0], os.path.dirname(os.path.abspath(nb.path))))
             if depth + 1 > self._opt.max_depth:
                 raise self._refuse(nb, cell, f"notebooks nested more than {self._opt.max_depth} deep")
+            included = read_notebook(resolve_path(args[0], os.path.dirname(os.path.abspath(nb.path))))
             self._cells(included, ns, deadline, depth + 1, timeout_type, ran)
             return
         if cell.kind == CellKind.OTHER_MAGIC:
@@ -242,24 +242,17 @@ class _Runner:
         except NotebookExit:
             ran[0] += 1
             raise
-        except timeout_type:
-            raise
         except Exception as exc:  # noqa: BLE001 - any error of a cell ends the run, named by its cell
             raise _cell_error(nb, cell, exc) from exc
         except SystemExit as exc:
             raise _cell_error(nb, cell, exc) from None
         ran[0] += 1
 
-    def _refuse(self, nb: Notebook, cell: Cell, why: str) -> NotebookError:
-        return NotebookError(
-            f"{nb.path}: cell {cell.number} ({cell.first_line}): {why}",
-            path=nb.path,
-            cell=cell.number,
-            first_line=cell.first_line,
-            remote_traceback="",
-        )
+    @staticmethod
+    def _refuse(nb: Notebook, cell: Cell, why: str) -> NotebookError:
+        return _cell_failure(NotebookError, nb, cell, f"cell {cell.number} ({cell.first_line}): {why}")
 
-    def _pip(self, nb: Notebook, cell: Cell, deadline: float) -> int:
+    def _pip(self, nb: Notebook, cell: Cell, deadline: float, timeout_type: type) -> int:
         if self._opt.skip_pip and not self._opt.allow_pip:
             self._opt.log(f"{nb.name}: skipped cell {cell.number}: {cell.first_line} (skip_pip)")
             return 0
@@ -272,13 +265,7 @@ class _Runner:
                 cmd, capture_output=True, text=True, timeout=None if remaining == math.inf else remaining
             )
         except subprocess.TimeoutExpired:
-            raise NotebookTimeout(
-                f"{nb.path}: the run's timeout passed in cell {cell.number} ({cell.first_line})",
-                path=nb.path,
-                cell=cell.number,
-                first_line=cell.first_line,
-                remote_traceback="",
-            ) from None
+            raise timeout_type from None  # _cells reports it as the run's timeout in this cell
         print(proc.stdout, end="")
         if proc.returncode != 0:
             raise self._refuse(nb, cell, f"pip exited with {proc.returncode}:\n{proc.stderr[-4000:]}")

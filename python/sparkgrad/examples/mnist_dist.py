@@ -88,7 +88,8 @@ def _checkpoint(model_dir: str) -> str:
     return os.path.join(model_dir, CHECKPOINT)
 
 
-def _load_test_set(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+def load_test_set(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images float32[N, 784] in [0, 1], labels int64[N]) of the test*.tfrecords in data_dir."""
     from sparkgrad.data import TFRecordDataset
 
     xs, ys = [], []
@@ -170,7 +171,7 @@ def map_fun(args: Args, ctx) -> dict:
     model.step = step
     os.makedirs(args.model_dir, exist_ok=True)
     model.save(_checkpoint(args.model_dir))
-    test_x, test_y = _load_test_set(args.data_dir)
+    test_x, test_y = load_test_set(args.data_dir)
     loss, accuracy = model.evaluate(args.standardize(test_x), test_y, batch_size=1000, verbose=0)
     print(f"chief: step {step}, test loss {loss:.4f}, test accuracy {accuracy:.4f}")
     return {
