@@ -7,6 +7,7 @@ Every wait is bounded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import threading
 
 from sparkgrad import TFNode
+from sparkgrad.cluster import rank
 
 WAIT = 60.0  # seconds a node waits for the driver's stop before failing the test
 
@@ -50,6 +52,7 @@ def write_ctx(args, ctx):
         "tf_config": json.loads(os.environ.get("TF_CONFIG", "null")),  # not exported by a node in a driver thread
         "ctx_tf_config": json.loads(ctx.tf_config),
         "thread": threading.current_thread().name,
+        "rank": list(dataclasses.astuple(rank.current())),
         "listener_port": server.listener.port,
         "pid": os.getpid(),
         "parent_pid": os.getppid(),

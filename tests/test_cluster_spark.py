@@ -11,6 +11,7 @@ import cluster_nodes
 import pytest
 from cluster_checks import Lines, check_driver_interrupt_ends_every_node, port_closed
 from sparkgrad import TFCluster
+from sparkgrad.cluster import rank
 from sparkgrad.errors import ClusterError, InsufficientSlotsError, NodeFailure, RendezvousTimeout
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
@@ -83,6 +84,8 @@ def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, caps
     ctxs = [json.loads((tmp_path / f"ctx-{i}.json").read_text()) for i in range(3)]
     ps = ctxs[0]
     assert ps["job_name"] == "ps" and ps["pid"] == os.getpid() and ps["thread"] == "sparkgrad-ps-0"
+    # the ps thread's rank is its own; the driver's thread stays a single process of rank 0
+    assert ps["rank"] == [None, 2, "ps"] and rank.current() == rank.ProcessRank(0, 1, "local")
     assert all(c["pid"] != os.getpid() for c in ctxs[1:])  # Spark's Python workers
     assert cluster.results == {0: "ps stopped", 1: {"task_index": 0}, 2: {"task_index": 1}}
     # the driver's environment gets no TF_CONFIG; ctx has it, and the executors' environments too

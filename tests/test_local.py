@@ -50,6 +50,8 @@ def test_local_run_gives_each_process_its_role_and_the_spec(tmp_path):
     assert all(addr.startswith("127.0.0.1:") for addrs in spec.values() for addr in addrs)
     assert ctxs[0]["defaultFS"] == "file://" and ctxs[0]["working_dir"] == os.getcwd()
     assert cluster.results[0] == "ps stopped" and cluster.results[3] == {"task_index": 2}
+    # one definition of rank: the workers' rank among the training nodes, none on the ps
+    assert [c["rank"] for c in ctxs] == [[None, 3, "ps"], [0, 3, "worker"], [1, 3, "worker"], [2, 3, "worker"]]
     assert "worker:2 stdout line from worker:2" in lines
     _assert_all_gone(cluster)
 

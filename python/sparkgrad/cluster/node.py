@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkgrad.cluster import rank
 from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
 from sparkgrad.cluster.roles import TRAINING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.cluster.transport import net
@@ -311,6 +312,15 @@ def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
     return handle
 
 
+def _node_rank(ctx: NodeContext) -> rank.ProcessRank:
+    """The node's rank among the training nodes (None on ps and evaluator nodes)."""
+    if ctx.job_name not in TRAINING_ROLES:
+        return rank.ProcessRank(None, ctx.num_workers, ctx.job_name)
+    from sparkgrad.cluster.ps import worker_rank
+
+    return rank.ProcessRank(worker_rank(ctx), ctx.num_workers, ctx.job_name)
+
+
 def _run_map_fun(
     cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool, in_driver: bool
 ) -> _Outcome:
@@ -323,7 +333,7 @@ def _run_map_fun(
             ctx.on_stop(ctx.mgr.close)
         watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
         try:
-            with watcher:
+            with watcher, rank.assigned(_node_rank(ctx), thread_only=in_driver):
                 value = map_fun(tf_args, ctx)
         except SystemExit as exc:  # map_fun ended its "process": success if the code says so
             if exc.code in (None, 0):
