@@ -168,7 +168,9 @@ static int accept_one(Acceptor *a, int fd, const char *peer)
                             &e);
     }
     if (rc < 0) {
-        snprintf(a->refused, sizeof a->refused, "%s", e.msg);
+        snprintf(a->refused, sizeof a->refused,
+                 "a connection from %.80s, where rank %d (%.80s) was expected: %.300s", peer,
+                 c->left, c->left_peer, e.msg);
         return 0;
     }
     return 1;
@@ -304,6 +306,10 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, i
     if (rc == 0 && a.rc < 0) {
         *err = a.err;
         rc = a.rc;
+    } else if (rc < 0 && a.refused[0]) {
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len,
+                 "; meanwhile this rank's listener refused: %s", a.refused);
     }
     if (rc < 0) {
         coll_comm_free(c);
