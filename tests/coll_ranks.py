@@ -239,23 +239,17 @@ def loop_allreduce(comm, out, length: int) -> str:
     return "finished"
 
 
-def bench_allreduce(comm, out, sizes: list, seconds: float) -> dict:
+def bench_allreduce(comm, out, plan: list) -> dict:
+    """plan: (bytes, iterations); returns bytes -> seconds per float32 allreduce."""
     res = {}
-    for nbytes in sizes:
+    for nbytes, iters in plan:
         a = np.ones(nbytes // 4, np.float32)
         comm.allreduce(a)
         comm.barrier()
-        iters = 0
         t0 = time.perf_counter()
-        while True:
+        for _ in range(iters):
             comm.allreduce(a)
-            iters += 1
-            # every rank must run the same number of allreduces: rank 0 decides
-            flag = np.array([time.perf_counter() - t0 < seconds], np.int32)
-            comm.broadcast(flag, root=0)
-            if not flag[0]:
-                break
-        res[nbytes] = (time.perf_counter() - t0, iters)
+        res[nbytes] = (time.perf_counter() - t0) / iters
     return res
 
 
