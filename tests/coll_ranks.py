@@ -230,6 +230,18 @@ def mismatch(comm, out) -> str:
     return "\n".join(msgs)
 
 
+def straggler(comm, out, late: int, delay: float) -> str:
+    """Rank `late` enters the allreduce `delay` seconds after the others."""
+    if comm.rank == late:
+        time.sleep(delay)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(np.ones(1000, np.float32))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__} after {time.monotonic() - t0:.2f}s: {exc}"
+    return "no error"
+
+
 def loop_allreduce(comm, out, length: int) -> str:
     a = np.ones(length, np.float32)
     comm.allreduce(a)

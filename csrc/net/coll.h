@@ -66,7 +66,9 @@ typedef enum CollFrame {
     COLL_FRAME_HELLO = 1,
     COLL_FRAME_HELLO_OK = 2,
     COLL_FRAME_REFUSE = 3,
-    COLL_FRAME_HEADER = 4
+    COLL_FRAME_HEADER = 4,
+    COLL_FRAME_ABORT = 5,
+    COLL_FRAME_BYE = 6
 } CollFrame;
 
 typedef struct CollComm CollComm;
