@@ -64,6 +64,13 @@ def test_gradient_hook_average_accumulation_and_buckets():
         assert ranks.values() == ["ok"] * 3
 
 
+def test_gradient_hook_step_fails_naming_a_rank_that_left():
+    with Ranks(2, "hook_peer_leaves") as ranks:
+        out = ranks.values()
+    assert out[1] == "closed"
+    assert out[0].startswith("NodeFailure: rank 1 (127.0.0.1:"), out[0]
+
+
 def test_killed_rank_fails_the_others_naming_it():
     with Ranks(4, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
         ranks.wait_started([0, 1, 2, 3])
