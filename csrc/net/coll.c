@@ -228,7 +228,14 @@ static void *acceptor_main(void *arg)
 static int connect_right(CollComm *c, const char *host, int port, const uint8_t *secret,
                          size_t secret_len, double deadline, SgError *err)
 {
-    int rc = net_connect(host, port, deadline, &c->fd_right, err);
+    /* A refused connection is retried until the deadline: the right
+     * neighbour's process may not have bound its listener yet. */
+    int rc, tries = 0;
+    while ((rc = net_connect(host, port, deadline, &c->fd_right, err)) == SG_EIO &&
+           net_now() + 0.05 < deadline)
+        tries++, poll(NULL, 0, 50);
+    if (rc < 0 && tries > 0)
+        sg_context(err, "retried for %.1fs: ", 0.05 * tries);
     if (rc == 0)
         rc = net_auth_client(c->fd_right, secret, secret_len, deadline, c->right_peer, err);
     uint8_t hello[COLL_HELLO_LEN], *p = NULL;
