@@ -28,6 +28,7 @@ def cases_for(n: int) -> list:
             for dtype in ("float32", "int64"):
                 for op in ("average", "min", "max"):
                     cases.append((length, dtype, op, None))
+    cases += [(0, "float32", "sum", None), (0, "int64", "max", None)]
     cases += [(1000, "float32", "average", None), (BIG if n <= 4 else 1000, "float32", "average", None)]
     cases += [(length, "float32", "sum", comp) for length in (7, 1000, 65_537) for comp in ("fp16", "bf16")]
     return cases
