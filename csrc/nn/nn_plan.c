@@ -579,8 +579,10 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
  * model_dense_only model) each Dense layer skips its weight-gradient
  * primitives and applies the update in one GEMM instead, after its data
  * gradient, which needs the weights before their update. */
-static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
+static int backward_pass(Model *m, Plan *p, const float *sgd_lr, const NnGradHook *hook,
+                         SgError *err)
 {
+    const int tell = hook != NULL && hook->ready != NULL;
     int rc;
     for (int l = m->nlayers - 1; l >= 0; l--) {
         const LayerSpec *sp = &m->specs[l];
@@ -599,6 +601,17 @@ static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
                 continue;
             if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
                 return sg_context(err, "backward of layer %d", l);
+            if (tell && i == lp->iww + lp->nww - 1) {
+                /* this layer's kernel and bias gradients (adjacent in the flat
+                 * buffer) are final: hand them over before the data gradient */
+                const ParamInfo *kt = &m->tensors[m->kernel_t[l]];
+                const ParamInfo *bt = &m->tensors[m->bias_t[l]];
+                if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                    return rc;
+                if ((rc = hook->ready(hook->ctx, m->grads, kt->offset, kt->size + bt->size, err)) <
+                    0)
+                    return sg_context(err, "gradient hook on layer %d", l);
+            }
         }
         if (sgd_lr == NULL)
             continue;
@@ -613,12 +626,12 @@ static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
 
-int model_backward(Model *m, Plan *p, SgError *err)
+int model_backward(Model *m, Plan *p, const NnGradHook *hook, SgError *err)
 {
-    return backward_pass(m, p, NULL, err);
+    return backward_pass(m, p, NULL, hook, err);
 }
 
 int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
 {
-    return backward_pass(m, p, &lr, err);
+    return backward_pass(m, p, &lr, NULL, err);
 }

@@ -67,7 +67,7 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     }
     NnData d = {x, sparse ? labels : NULL, sparse ? NULL : onehot, (size_t)B, row};
     NnStats st = {0};
-    if (model_train_batch(m, NULL, &d, NULL, 0, B, &st, &err) < 0) {
+    if (model_train_batch(m, NULL, &d, NULL, 0, B, NULL, NULL, &st, &err) < 0) {
         fprintf(stderr, "%s: model_train_batch: %s\n", name, err.msg);
         failures++;
         goto done;
@@ -317,7 +317,7 @@ static void test_model_declaration_errors(void)
     int32_t y[2] = {1, 3};
     NnData d = {x, y, NULL, 2, 2};
     NnStats st = {0};
-    CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, &st, &err) == SG_EINVAL);
+    CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, NULL, NULL, &st, &err) == SG_EINVAL);
     CHECK(strstr(err.msg, "label 3 of row 1") != NULL);
     model_free(m);
 }
@@ -361,8 +361,8 @@ static void test_folded_sgd_matches_gradient_then_update(void)
     NnData d = {x, labels, NULL, (size_t)B, (size_t)C};
     NnStats st1 = {0}, st2 = {0};
     for (int step = 0; step < STEPS; step++) {
-        CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, &st1, &err) == 0);
-        CHECK(model_train_batch(plain, NULL, &d, NULL, 0, B, &st2, &err) == 0);
+        CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, NULL, NULL, &st1, &err) == 0);
+        CHECK(model_train_batch(plain, NULL, &d, NULL, 0, B, NULL, NULL, &st2, &err) == 0);
         for (size_t i = 0; i < plain->nparams; i++)
             plain->params[i] -= lr * plain->grads[i];
     }
