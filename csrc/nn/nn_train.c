@@ -163,7 +163,7 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
     int applied = 0;
     if (hook) {
         if ((rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, &next, err)) < 0)
-            return sg_context(err, "gradient hook");
+            return sg_context(err, "gradient hook: ");
         applied = rc == 1;
     }
     if (opt && !applied && (rc = optim_step(opt, m->params, m->grads, m->nparams, err)) < 0)
@@ -183,7 +183,7 @@ int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *or
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
         int rc = model_train_batch(m, opt, d, order, start, B, hook, step, st, err);
         if (rc < 0)
-            return sg_context(err, "training step at row %zu", start);
+            return sg_context(err, "training step at row %zu: ", start);
         start += (size_t)B;
     }
     return 0;
@@ -202,7 +202,7 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, st, err)) < 0)
-            return sg_context(err, "evaluating rows from %zu", start);
+            return sg_context(err, "evaluating rows from %zu: ", start);
     }
     return 0;
 }
@@ -223,7 +223,7 @@ int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0)
-            return sg_context(err, "predicting rows from %zu", start);
+            return sg_context(err, "predicting rows from %zu: ", start);
         float *dst = out + start * K;
         if (softmax) {
             if ((rc = model_logprob(m, p, err)) < 0)

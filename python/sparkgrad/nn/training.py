@@ -432,7 +432,7 @@ class _Distribution:
         m = self.model
         if self.ps is not None:
             if self.chief:
-                if restored:  # the chief's checkpoint overrides whatever the servers hold
+                if restored or m.step > 0:  # a resumed chief's state overrides what the servers hold
                     self.ps.set_state(m.params, m.step)
                 else:
                     self.ps.init(m.params)
