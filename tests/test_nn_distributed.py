@@ -328,3 +328,65 @@ def test_errors_from_the_ps_hook_are_sparkgrad_errors():
         with pytest.raises(SparkgradError):
             m.fit(x, y, batch_size=32, epochs=1, verbose=0, ps=ps)
         ps.close()
+
+
+# ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
+
+
+class Bucketed:
+    """A communicator whose hooks reduce in buckets of ``bucket_bytes`` (0: after backward)."""
+
+    def __init__(self, comm, bucket_bytes: int) -> None:
+        self.comm, self.bucket_bytes = comm, bucket_bytes
+
+    def grad_hook(self, **kw):
+        return self.comm.grad_hook(bucket_bytes=self.bucket_bytes, **kw)
+
+
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+@pytest.mark.parametrize("opt,bucket_bytes", [("sgd", 0), ("adam", 0), ("sgd", 256)])
+def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes):
+    """20 steps: 2 ranks (threads, a real ring over loopback) each fitting its
+    64 rows of every 128-row batch with DistributedOptimizer(op="average") end
+    with the parameters of one model fitting the whole batches (to 1e-5).
+    bucket_bytes > 0: the hook starts reducing each layer's gradients when the
+    C backward calls ready() for it."""
+    steps, features = 20, 12
+    x, y = data(steps * 128, features, seed=4)
+    make_opt = (lambda: SGD(0.1)) if opt == "sgd" else (lambda: Adam(0.01))
+
+    def model(o):
+        m = Sequential([Dense(16, activation="relu", input_shape=(features,)), Dense(4)], seed=7)
+        m.compile(optimizer=o, loss="sparse_categorical_crossentropy")
+        m.set_input_transform(scale=1 / 255)
+        return m
+
+    whole = model(make_opt())
+    whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    secret = os.urandom(32)
+    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
+    addresses = [("127.0.0.1", lis.port) for lis in listeners]
+    results: list = [None, None]
+
+    def rank(r):
+        try:
+            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
+                m = model(DistributedOptimizer(make_opt(), communicator=Bucketed(comm, bucket_bytes)))
+                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+                results[r] = m
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for lis in listeners:
+        lis.close()
+    for m in results:
+        assert isinstance(m, Sequential), m
+        assert m.step == steps
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(results[0].params, results[1].params)
