@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "nn/nn_hook.h"
 #include "nn/nn_optim.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -174,6 +175,13 @@ int ps_client_done(PsClient *c, SgError *err);
 /* Waits up to `timeout` seconds until every other worker said DONE, then
  * fills params (total floats) with the final parameters. */
 int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err);
+/* The gradient hook (nn/nn_hook.h) of the training loop on this client: its
+ * step() pushes the gradients, pulls the parameters the ps updated with them
+ * into params, sets *global_step to the ps' step and returns 1 (the loop's
+ * optimizer is skipped: the ps applied the update). No ready(). The hook is
+ * valid while c is. */
+void ps_client_grad_hook(PsClient *c, NnGradHook *out);
+
 /* Closes every shard connection (later calls fail with SG_ESTATE);
  * thread-safe. ps_client_free closes and frees. */
 void ps_client_close(PsClient *c);

@@ -211,6 +211,29 @@ int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *
     return rc;
 }
 
+static int hook_step(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
+                     SgError *err)
+{
+    PsClient *c = ctx;
+    if ((uint64_t)n != c->total)
+        return sg_fail(err, SG_EINVAL,
+                       "ps client is for %llu parameters, the model's gradient has %zu",
+                       (unsigned long long)c->total, n);
+    uint64_t step = 0;
+    int rc = ps_client_push_pull(c, grads, params, &step, err);
+    if (rc < 0)
+        return rc;
+    *global_step = (int64_t)step;
+    return 1;
+}
+
+void ps_client_grad_hook(PsClient *c, NnGradHook *out)
+{
+    out->ready = NULL;
+    out->step = hook_step;
+    out->ctx = c;
+}
+
 int ps_client_num_ps(const PsClient *c)
 {
     return c->num_ps;

@@ -15,8 +15,10 @@
  *
  * The loss is softmax cross-entropy on the last layer's pre-activation output
  * (logits), computed through a stable log-softmax; the last layer's
- * activation must be softmax or none. Targets are int32 labels [B] (sparse)
- * or float one-hot rows [B, K].
+ * activation must be softmax or none. Targets are int32 or int64 labels [B]
+ * (sparse) or float one-hot rows [B, K]. Inputs are float32 or uint8 rows,
+ * converted while they are gathered into the batch (NnData's transform), so
+ * that callers hand over their arrays as they are.
  *
  * Not thread-safe per instance: one caller at a time (the Python binding
  * holds a lock). Kernels run on oneDNN with OpenMP threads.
@@ -28,6 +30,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "nn/nn_hook.h"
 #include "nn/nn_optim.h"
 #include "nn/nn_ref.h"
 
@@ -80,13 +83,23 @@ typedef struct NnStats {
     int64_t steps;   /* batches */
 } NnStats;
 
-/* Data in memory: x [n, row] float32, and labels [n] int32 or onehot [n, K]. */
+/* Data in memory: x [n, row] float32 (or x_u8 uint8), and labels [n] int32
+ * (or labels64 int64) or onehot [n, K]. With `transform` every input value
+ * becomes (x * scale - mean[j]) / std[j] as it is gathered (j the position in
+ * the row; mean/std NULL: 0 and 1); without, float32 rows are copied as they
+ * are and uint8 rows converted to float unscaled. The first five fields keep
+ * their order so that {x, labels, onehot, n, row} still initialises one. */
 typedef struct NnData {
     const float *x;
     const int32_t *labels;
     const float *onehot;
     size_t n;
     size_t row;
+    const uint8_t *x_u8;     /* uint8 rows instead of x */
+    const int64_t *labels64; /* int64 labels instead of labels */
+    int transform;
+    float scale;
+    const float *mean, *std; /* [row] each, or NULL */
 } NnData;
 
 typedef struct Model Model;
@@ -121,25 +134,32 @@ void model_set_rng(Model *m, uint64_t seed, uint64_t counter);
 void model_shuffle(Model *m, int64_t *order, size_t n);
 
 /* One training batch of rows order[start..start+B) (order NULL: contiguous):
- * forward, loss, backward into the gradient buffer, and, if opt is not
- * NULL, the optimizer update. When opt is plain SGD (optim_take_plain_sgd_step)
- * and every layer is Dense, Dropout or Flatten, the update is folded into the
- * weight-gradient GEMMs and the gradient buffer is not written. Adds the
- * batch's results into st. */
+ * forward, loss, backward into the gradient buffer, the gradient hook (if
+ * hook is not NULL, nn_hook.h: ready() per layer during backward, last layer
+ * first, then step()) and, if opt is not NULL and step() did not return 1,
+ * the optimizer update. When opt is plain SGD (optim_take_plain_sgd_step),
+ * there is no hook and every layer is Dense, Dropout or Flatten, the update
+ * is folded into the weight-gradient GEMMs and the gradient buffer is not
+ * written. *step (may be NULL) is the model's step count: on entry before
+ * this batch, on return after it (+1, or what the hook's step() set). Adds
+ * the batch's results into st. */
 int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
-                      int B, NnStats *st, SgError *err);
+                      int B, const NnGradHook *hook, int64_t *step, NnStats *st, SgError *err);
 
 /* Up to nsteps batches of `batch` rows from position start (the last one may
- * be short), as model_train_batch. */
+ * be short), as model_train_batch; an error (the hook's too) ends the run
+ * with the context "training step at row N". */
 int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
-                    int batch, int64_t nsteps, NnStats *st, SgError *err);
+                    int batch, int64_t nsteps, const NnGradHook *hook, int64_t *step, NnStats *st,
+                    SgError *err);
 
 /* Inference over all rows of d (dropout off): loss and accuracy into st. */
 int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *err);
 
-/* Inference outputs out [n, K]: softmax probabilities when the last layer's
- * activation is softmax, else the last layer's outputs. */
-int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgError *err);
+/* Inference outputs out [d->n, K] for the inputs of d (targets unused):
+ * softmax probabilities when the last layer's activation is softmax, else
+ * the last layer's outputs. */
+int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err);
 
 /* OpenMP threads for oneDNN and the C loops. */
 void nn_set_num_threads(int n);

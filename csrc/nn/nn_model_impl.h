@@ -68,8 +68,10 @@ int model_plan(Model *m, int B, Plan **out, SgError *err);
 int model_forward(Model *m, Plan *p, int training, SgError *err);
 /* log-softmax of the logits into p->logprob. */
 int model_logprob(Model *m, Plan *p, SgError *err);
-/* Backward from p->dact[L] (the logits gradient) into m->grads. */
-int model_backward(Model *m, Plan *p, SgError *err);
+/* Backward from p->dact[L] (the logits gradient) into m->grads; with a hook
+ * whose ready is set, ready() is told each weighted layer's range of the
+ * gradient buffer as soon as it is final (last layer first). */
+int model_backward(Model *m, Plan *p, const NnGradHook *hook, SgError *err);
 /* 1 if every layer is Dense, Dropout or Flatten: model_backward_sgd applies. */
 int model_dense_only(const Model *m);
 /* Backward from p->dact[L] with plain SGD folded in: per Dense layer the

@@ -268,7 +268,7 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     rc = 0;
 cleanup:
     if (rc < 0)
-        sg_context(err, "building layer %d (%s, batch %d)", l, conv ? "Conv2D" : "Dense", B);
+        sg_context(err, "building layer %d (%s, batch %d): ", l, conv ? "Conv2D" : "Dense", B);
     dnnl_primitive_desc_destroy(fwd_pd);
     dnnl_primitive_desc_destroy(efwd_pd);
     dnnl_primitive_desc_destroy(ebwd_pd);
@@ -340,7 +340,7 @@ static int build_pool(Model *m, Plan *p, int l, SgError *err)
     rc = 0;
 cleanup:
     if (rc < 0)
-        sg_context(err, "building layer %d (pooling, batch %d)", l, B);
+        sg_context(err, "building layer %d (pooling, batch %d): ", l, B);
     dnnl_primitive_desc_destroy(fwd_pd);
     dnnl_primitive_desc_destroy(bwd_pd);
     dnnl_memory_desc_destroy(src_md);
@@ -513,7 +513,7 @@ int model_forward(Model *m, Plan *p, int training, SgError *err)
         }
         for (int i = 0; i < lp->nfwd; i++)
             if ((rc = nn_exec(&lp->fwd[i], m->stream, err)) < 0)
-                return sg_context(err, "forward of layer %d", l);
+                return sg_context(err, "forward of layer %d: ", l);
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
@@ -579,8 +579,10 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
  * model_dense_only model) each Dense layer skips its weight-gradient
  * primitives and applies the update in one GEMM instead, after its data
  * gradient, which needs the weights before their update. */
-static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
+static int backward_pass(Model *m, Plan *p, const float *sgd_lr, const NnGradHook *hook,
+                         SgError *err)
 {
+    const int tell = hook != NULL && hook->ready != NULL;
     int rc;
     for (int l = m->nlayers - 1; l >= 0; l--) {
         const LayerSpec *sp = &m->specs[l];
@@ -598,7 +600,18 @@ static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
             if (sgd_lr != NULL && i >= lp->iww && i < lp->iww + lp->nww)
                 continue;
             if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
-                return sg_context(err, "backward of layer %d", l);
+                return sg_context(err, "backward of layer %d: ", l);
+            if (tell && i == lp->iww + lp->nww - 1) {
+                /* this layer's kernel and bias gradients (adjacent in the flat
+                 * buffer) are final: hand them over before the data gradient */
+                const ParamInfo *kt = &m->tensors[m->kernel_t[l]];
+                const ParamInfo *bt = &m->tensors[m->bias_t[l]];
+                if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                    return rc;
+                if ((rc = hook->ready(hook->ctx, m->grads, kt->offset, kt->size + bt->size, err)) <
+                    0)
+                    return sg_context(err, "gradient hook on layer %d: ", l);
+            }
         }
         if (sgd_lr == NULL)
             continue;
@@ -608,17 +621,17 @@ static int backward_pass(Model *m, Plan *p, const float *sgd_lr, SgError *err)
         const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
         if ((rc = dense_sgd_update(m->params + kt->offset, m->params + bt->offset, p->dpre,
                                    p->act[l], p->dact[l + 1], p->B, s->c, s->oc, *sgd_lr, err)) < 0)
-            return sg_context(err, "SGD update of layer %d", l);
+            return sg_context(err, "SGD update of layer %d: ", l);
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
 
-int model_backward(Model *m, Plan *p, SgError *err)
+int model_backward(Model *m, Plan *p, const NnGradHook *hook, SgError *err)
 {
-    return backward_pass(m, p, NULL, err);
+    return backward_pass(m, p, NULL, hook, err);
 }
 
 int model_backward_sgd(Model *m, Plan *p, float lr, SgError *err)
 {
-    return backward_pass(m, p, &lr, err);
+    return backward_pass(m, p, &lr, NULL, err);
 }

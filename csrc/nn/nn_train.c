@@ -22,7 +22,42 @@ int nn_get_num_threads(void)
     return omp_get_max_threads();
 }
 
-/* Copies rows order[start..start+B) (or start..start+B) of d into the plan. */
+/* One input row into dst: copied, converted from uint8, or transformed. */
+static void gather_row(const NnData *d, int64_t r, float *dst)
+{
+    const size_t row = d->row;
+    if (!d->transform && d->x) {
+        memcpy(dst, d->x + (size_t)r * row, row * sizeof(float));
+        return;
+    }
+    if (!d->transform) {
+        const uint8_t *src = d->x_u8 + (size_t)r * row;
+        for (size_t j = 0; j < row; j++)
+            dst[j] = (float)src[j];
+        return;
+    }
+    const float scale = d->scale, *mean = d->mean, *sd = d->std;
+    /* float32 arithmetic in the order the caller wrote it: (x * scale - mean) / std */
+    if (d->x_u8) {
+        const uint8_t *src = d->x_u8 + (size_t)r * row;
+        for (size_t j = 0; j < row; j++) {
+            float v = (float)src[j] * scale;
+            if (mean)
+                v -= mean[j];
+            dst[j] = sd ? v / sd[j] : v;
+        }
+    } else {
+        const float *src = d->x + (size_t)r * row;
+        for (size_t j = 0; j < row; j++) {
+            float v = src[j] * scale;
+            if (mean)
+                v -= mean[j];
+            dst[j] = sd ? v / sd[j] : v;
+        }
+    }
+}
+
+/* Gathers rows order[start..start+B) (or start..start+B) of d into the plan. */
 static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
                   SgError *err)
 {
@@ -32,13 +67,13 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
         if (r < 0 || (size_t)r >= d->n)
             return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
                            d->n);
-        memcpy(p->act[0] + (size_t)i * row, d->x + (size_t)r * row, row * sizeof(float));
-        if (d->labels) {
-            int32_t y = d->labels[r];
-            if (y < 0 || (size_t)y >= K)
-                return sg_fail(err, SG_EINVAL, "label %d of row %lld is outside [0, %zu)", (int)y,
-                               (long long)r, K);
-            p->labels[i] = y;
+        gather_row(d, r, p->act[0] + (size_t)i * row);
+        if (d->labels || d->labels64) {
+            int64_t y = d->labels ? (int64_t)d->labels[r] : d->labels64[r];
+            if (y < 0 || (uint64_t)y >= K)
+                return sg_fail(err, SG_EINVAL, "label %lld of row %lld is outside [0, %zu)",
+                               (long long)y, (long long)r, K);
+            p->labels[i] = (int32_t)y;
         } else if (d->onehot) {
             memcpy(p->onehot + (size_t)i * K, d->onehot + (size_t)r * K, K * sizeof(float));
         }
@@ -51,7 +86,9 @@ static int check_data(const Model *m, const NnData *d, int need_targets, SgError
     if (d->row != model_input_size(m))
         return sg_fail(err, SG_EINVAL, "input rows have %zu values, the model takes %zu", d->row,
                        model_input_size(m));
-    if (need_targets && !d->labels && !d->onehot)
+    if (!d->x == !d->x_u8)
+        return sg_fail(err, SG_EINVAL, "inputs must be given as float32 or as uint8 rows");
+    if (need_targets && !d->labels && !d->labels64 && !d->onehot)
         return sg_fail(err, SG_EINVAL, "no targets given");
     return 0;
 }
@@ -64,8 +101,9 @@ static int batch_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *
     if (rc < 0)
         return rc;
     const int B = p->B, K = m->classes;
-    const int32_t *labels = d->labels ? p->labels : NULL;
-    const float *onehot = d->labels ? NULL : p->onehot;
+    const int sparse = d->labels || d->labels64;
+    const int32_t *labels = sparse ? p->labels : NULL;
+    const float *onehot = sparse ? NULL : p->onehot;
     int bad = -1;
     double loss = xent_forward(p->logprob, labels, onehot, B, K, &bad);
     if (bad >= 0)
@@ -84,8 +122,9 @@ static int train_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *
     const int B = p->B, K = m->classes, L = m->nlayers;
     double loss_sum;
     int correct, bad = -1;
-    if (softmax_xent_train(p->dact[L], &loss_sum, &correct, p->act[L], d->labels ? p->labels : NULL,
-                           d->labels ? NULL : p->onehot, B, K, &bad) < 0)
+    const int sparse = d->labels || d->labels64;
+    if (softmax_xent_train(p->dact[L], &loss_sum, &correct, p->act[L], sparse ? p->labels : NULL,
+                           sparse ? NULL : p->onehot, B, K, &bad) < 0)
         return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
     st->loss_sum += loss_sum;
     st->correct += correct;
@@ -95,7 +134,7 @@ static int train_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *
 }
 
 int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
-                      int B, NnStats *st, SgError *err)
+                      int B, const NnGradHook *hook, int64_t *step, NnStats *st, SgError *err)
 {
     Plan *p;
     float lr;
@@ -104,31 +143,47 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
         (rc = gather(m, p, d, order, start, B, err)) < 0 ||
         (rc = model_forward(m, p, 1, err)) < 0 || (rc = train_loss(m, p, d, st, err)) < 0)
         return rc;
+    int64_t next = (step ? *step : 0) + 1;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
-     * GEMMs, with no gradient buffer pass and no optimizer pass */
-    if (opt && model_dense_only(m)) {
+     * GEMMs, with no gradient buffer pass and no optimizer pass; never with a
+     * hook, which needs the gradients */
+    if (opt && !hook && model_dense_only(m)) {
         if ((rc = optim_take_plain_sgd_step(opt, m->nparams, &lr, err)) < 0)
             return rc;
-        if (rc == 1)
-            return model_backward_sgd(m, p, lr, err);
+        if (rc == 1) {
+            if ((rc = model_backward_sgd(m, p, lr, err)) < 0)
+                return rc;
+            if (step)
+                *step = next;
+            return 0;
+        }
     }
-    if ((rc = model_backward(m, p, err)) < 0)
+    if ((rc = model_backward(m, p, hook, err)) < 0)
         return rc;
-    if (opt)
-        return optim_step(opt, m->params, m->grads, m->nparams, err);
+    int applied = 0;
+    if (hook) {
+        if ((rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, &next, err)) < 0)
+            return sg_context(err, "gradient hook: ");
+        applied = rc == 1;
+    }
+    if (opt && !applied && (rc = optim_step(opt, m->params, m->grads, m->nparams, err)) < 0)
+        return rc;
+    if (step)
+        *step = next;
     return 0;
 }
 
 int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
-                    int batch, int64_t nsteps, NnStats *st, SgError *err)
+                    int batch, int64_t nsteps, const NnGradHook *hook, int64_t *step, NnStats *st,
+                    SgError *err)
 {
     if (batch <= 0)
         return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
     for (int64_t s = 0; s < nsteps && start < d->n; s++) {
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
-        int rc = model_train_batch(m, opt, d, order, start, B, st, err);
+        int rc = model_train_batch(m, opt, d, order, start, B, hook, step, st, err);
         if (rc < 0)
-            return sg_context(err, "training step at row %zu", start);
+            return sg_context(err, "training step at row %zu: ", start);
         start += (size_t)B;
     }
     return 0;
@@ -147,15 +202,17 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, st, err)) < 0)
-            return sg_context(err, "evaluating rows from %zu", start);
+            return sg_context(err, "evaluating rows from %zu: ", start);
     }
     return 0;
 }
 
-int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgError *err)
+int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err)
 {
-    NnData d = {x, NULL, NULL, n, model_input_size(m)};
-    int rc;
+    int rc = check_data(m, d, 0, err);
+    if (rc < 0)
+        return rc;
+    const size_t n = d->n;
     if (batch <= 0)
         return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
     const size_t K = (size_t)m->classes;
@@ -164,9 +221,9 @@ int model_predict(Model *m, const float *x, size_t n, int batch, float *out, SgE
         int B = n - start < (size_t)batch ? (int)(n - start) : batch;
         Plan *p;
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
-            (rc = gather(m, p, &d, NULL, start, B, err)) < 0 ||
+            (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0)
-            return sg_context(err, "predicting rows from %zu", start);
+            return sg_context(err, "predicting rows from %zu: ", start);
         float *dst = out + start * K;
         if (softmax) {
             if ((rc = model_logprob(m, p, err)) < 0)

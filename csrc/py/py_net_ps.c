@@ -643,6 +643,37 @@ static PyObject *PsClient_done(PsClientObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static void grad_hook_destructor(PyObject *capsule)
+{
+    NnGradHook *h = PyCapsule_GetPointer(capsule, NN_GRAD_HOOK_CAPSULE);
+    PyObject *owner = PyCapsule_GetContext(capsule);
+    PyMem_Free(h);
+    Py_XDECREF(owner);
+}
+
+static PyObject *PsClient_grad_hook(PsClientObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (cli_live(self) == NULL)
+        return NULL;
+    NnGradHook *h = PyMem_Malloc(sizeof *h);
+    if (h == NULL)
+        return PyErr_NoMemory();
+    ps_client_grad_hook(self->cli, h);
+    PyObject *cap = PyCapsule_New(h, NN_GRAD_HOOK_CAPSULE, grad_hook_destructor);
+    if (cap == NULL) {
+        PyMem_Free(h);
+        return NULL;
+    }
+    Py_INCREF(self); /* the hook points into this client: the capsule keeps it alive */
+    if (PyCapsule_SetContext(cap, self) < 0) {
+        Py_DECREF(self);
+        Py_DECREF(cap);
+        return NULL;
+    }
+    return cap;
+}
+
 static PyObject *PsClient_close(PsClientObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -674,6 +705,10 @@ static PyMethodDef PsClient_methods[] = {
      "get_state() -> (params, step, optimizer_state): every shard's parameters, the global step "
      "and per shard (optimizer_step, float32 slots) or None (no optimizer), for checkpoints."},
     {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
+    {"grad_hook", (PyCFunction)PsClient_grad_hook, METH_NOARGS,
+     "grad_hook() -> capsule sparkgrad._core.NnGradHook for Model.train_steps(hook=): each step "
+     "pushes the gradients and pulls the ps-updated parameters (push_pull), the model's step "
+     "becoming the ps' global step; the loop's own optimizer is skipped."},
     {"close", (PyCFunction)PsClient_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
 };

@@ -7,6 +7,8 @@
  */
 #include "py/py_nn.h"
 
+#include <math.h>
+
 typedef struct ModelObject {
     PyObject_HEAD
     Model *model;
@@ -187,13 +189,40 @@ static PyObject *model_shuffle_py(ModelObject *self, PyObject *args)
     return arr;
 }
 
-/* Fills d from (x, labels, onehot); None for absent targets. */
-static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, PyObject *oo)
+/* A contiguous float32 array of n values (n == (size_t)-1: any) or None. */
+static int optional_floats(PyObject *o, const char *name, size_t n, const float **out)
+{
+    *out = NULL;
+    if (o == Py_None)
+        return 0;
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_FLOAT32 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        (size_t)PyArray_SIZE((PyArrayObject *)o) != n)
+        return sg_raise_code(SG_EINVAL,
+                             "%s must be None or a contiguous float32 array of %zu values", name,
+                             n),
+               -1;
+    *out = PyArray_DATA((PyArrayObject *)o);
+    return 0;
+}
+
+/* Fills d from (x, labels, onehot) and the input transform (scale NaN, mean
+ * and std None: none); None for absent targets. x: float32 or uint8; labels:
+ * int32 or int64. The arrays are used in place: the caller keeps them alive. */
+static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, PyObject *oo,
+                      double scale, PyObject *meano, PyObject *stdo)
 {
     memset(d, 0, sizeof *d);
-    if (nn_float_array(xo, "x", (size_t)-1, 0) == NULL)
-        return -1;
+    if (!PyArray_Check(xo))
+        return sg_raise_code(SG_EINVAL, "x must be a NumPy array, not %s", Py_TYPE(xo)->tp_name),
+               -1;
     PyArrayObject *x = (PyArrayObject *)xo;
+    int xt = PyArray_TYPE(x);
+    if ((xt != NPY_FLOAT32 && xt != NPY_UINT8) || !PyArray_IS_C_CONTIGUOUS(x))
+        return sg_raise_code(SG_EINVAL, "x must be a C-contiguous float32 or uint8 array, not %s%s",
+                             PyArray_DESCR(x)->typeobj->tp_name,
+                             PyArray_IS_C_CONTIGUOUS(x) ? "" : " (not contiguous)"),
+               -1;
     if (PyArray_NDIM(x) < 1)
         return sg_raise_code(SG_EINVAL, "x must have a batch dimension"), -1;
     d->n = (size_t)PyArray_DIM(x, 0);
@@ -203,15 +232,28 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, 
                              "x has %zd values for %zu rows; the model takes %zu per row",
                              PyArray_SIZE(x), d->n, d->row),
                -1;
-    d->x = PyArray_DATA(x);
+    if (xt == NPY_FLOAT32)
+        d->x = PyArray_DATA(x);
+    else
+        d->x_u8 = PyArray_DATA(x);
+    if (optional_floats(meano, "input mean", d->row, &d->mean) < 0 ||
+        optional_floats(stdo, "input std", d->row, &d->std) < 0)
+        return -1;
+    d->transform = !isnan(scale) || d->mean || d->std;
+    d->scale = isnan(scale) ? 1.0f : (float)scale;
     if (lo != Py_None) {
-        if (!PyArray_Check(lo) || PyArray_TYPE((PyArrayObject *)lo) != NPY_INT32 ||
-            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)lo) ||
-            (size_t)PyArray_SIZE((PyArrayObject *)lo) != d->n)
-            return sg_raise_code(SG_EINVAL, "labels must be a contiguous int32 array of %zu rows",
+        PyArrayObject *l = (PyArrayObject *)lo;
+        int lt = PyArray_Check(lo) ? PyArray_TYPE(l) : -1;
+        if ((lt != NPY_INT32 && lt != NPY_INT64) || !PyArray_IS_C_CONTIGUOUS(l) ||
+            (size_t)PyArray_SIZE(l) != d->n)
+            return sg_raise_code(SG_EINVAL,
+                                 "labels must be a contiguous int32 or int64 array of %zu rows",
                                  d->n),
                    -1;
-        d->labels = PyArray_DATA((PyArrayObject *)lo);
+        if (lt == NPY_INT32)
+            d->labels = PyArray_DATA(l);
+        else
+            d->labels64 = PyArray_DATA(l);
     }
     if (oo != Py_None) {
         size_t k = (size_t)model_num_classes(self->model);
@@ -228,14 +270,36 @@ static PyObject *stats_tuple(const NnStats *st)
                          (long long)st->steps);
 }
 
-static PyObject *model_train_steps(ModelObject *self, PyObject *args)
+/* The NnGradHook of a capsule named NN_GRAD_HOOK_CAPSULE (nn/nn_hook.h). */
+static const NnGradHook *hook_from_capsule(PyObject *o)
 {
-    PyObject *opto, *xo, *lo, *oo, *ordo;
+    if (!PyCapsule_IsValid(o, NN_GRAD_HOOK_CAPSULE)) {
+        sg_raise_code(SG_EINVAL,
+                      "hook must be a capsule named %s (from grad_hook() of a PsClient or a "
+                      "Communicator), not %s",
+                      NN_GRAD_HOOK_CAPSULE, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    const NnGradHook *h = PyCapsule_GetPointer(o, NN_GRAD_HOOK_CAPSULE);
+    if (h != NULL && h->step == NULL) {
+        sg_raise_code(SG_EINVAL, "gradient hook has no step function");
+        return NULL;
+    }
+    return h;
+}
+
+static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"opt",    "x",    "labels", "onehot", "order", "start", "batch",
+                             "nsteps", "hook", "step",   "scale",  "mean",  "std",   NULL};
+    PyObject *opto, *xo, *lo, *oo, *ordo, *hooko = Py_None, *meano = Py_None, *stdo = Py_None;
     Py_ssize_t start;
     int batch;
-    long long nsteps;
-    if (!PyArg_ParseTuple(args, "OOOOOniL:train_steps", &opto, &xo, &lo, &oo, &ordo, &start, &batch,
-                          &nsteps) ||
+    long long nsteps, step = 0;
+    double scale = NAN;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOniL|$OLdOO:train_steps", kwlist, &opto, &xo,
+                                     &lo, &oo, &ordo, &start, &batch, &nsteps, &hooko, &step,
+                                     &scale, &meano, &stdo) ||
         model_ready(self) < 0)
         return NULL;
     Optimizer *opt = NULL;
@@ -248,10 +312,13 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args)
             return sg_raise_code(SG_EINVAL, "optimizer is for %zu parameters, the model has %zu",
                                  ((OptimizerObject *)opto)->n, model_num_params(self->model));
     }
-    NnData d;
-    if (parse_data(self, &d, xo, lo, oo) < 0)
+    const NnGradHook *hook = NULL;
+    if (hooko != Py_None && (hook = hook_from_capsule(hooko)) == NULL)
         return NULL;
-    if (!d.labels && !d.onehot)
+    NnData d;
+    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo) < 0)
+        return NULL;
+    if (!d.labels && !d.labels64 && !d.onehot)
         return sg_raise_code(SG_EINVAL, "train_steps needs labels or one-hot targets");
     const int64_t *order = NULL;
     if (ordo != Py_None) {
@@ -266,25 +333,35 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args)
         return sg_raise_code(SG_EINVAL, "start must be >= 0");
     NnStats st = {0};
     SgError err = {0};
+    int64_t gstep = (int64_t)step;
     int rc;
+    /* the capsule (and through it the hook's owner) stays alive for the call */
+    Py_XINCREF(hook ? hooko : NULL);
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = model_fit_steps(self->model, opt, &d, order, (size_t)start, batch, nsteps, &st, &err);
+    rc = model_fit_steps(self->model, opt, &d, order, (size_t)start, batch, nsteps, hook, &gstep,
+                         &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_XDECREF(hook ? hooko : NULL);
     if (rc < 0)
         return sg_raise(&err);
-    return stats_tuple(&st);
+    return Py_BuildValue("(dLLLL)", st.loss_sum, (long long)st.correct, (long long)st.seen,
+                         (long long)st.steps, (long long)gstep);
 }
 
-static PyObject *model_evaluate_py(ModelObject *self, PyObject *args)
+static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *xo, *lo, *oo;
+    static char *kwlist[] = {"x", "labels", "onehot", "batch", "scale", "mean", "std", NULL};
+    PyObject *xo, *lo, *oo, *meano = Py_None, *stdo = Py_None;
     int batch;
-    if (!PyArg_ParseTuple(args, "OOOi:evaluate", &xo, &lo, &oo, &batch) || model_ready(self) < 0)
+    double scale = NAN;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOi|$dOO:evaluate", kwlist, &xo, &lo, &oo, &batch,
+                                     &scale, &meano, &stdo) ||
+        model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, lo, oo) < 0)
+    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo) < 0)
         return NULL;
     NnStats st = {0};
     SgError err = {0};
@@ -299,14 +376,18 @@ static PyObject *model_evaluate_py(ModelObject *self, PyObject *args)
     return stats_tuple(&st);
 }
 
-static PyObject *model_predict_py(ModelObject *self, PyObject *args)
+static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *xo;
+    static char *kwlist[] = {"x", "batch", "scale", "mean", "std", NULL};
+    PyObject *xo, *meano = Py_None, *stdo = Py_None;
     int batch;
-    if (!PyArg_ParseTuple(args, "Oi:predict", &xo, &batch) || model_ready(self) < 0)
+    double scale = NAN;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|$dOO:predict", kwlist, &xo, &batch, &scale,
+                                     &meano, &stdo) ||
+        model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, Py_None, Py_None) < 0)
+    if (parse_data(self, &d, xo, Py_None, Py_None, scale, meano, stdo) < 0)
         return NULL;
     npy_intp dims[2] = {(npy_intp)d.n, model_num_classes(self->model)};
     PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
@@ -317,7 +398,7 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args)
     int rc;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = model_predict(self->model, d.x, d.n, batch, dst, &err);
+    rc = model_predict(self->model, &d, batch, dst, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc < 0) {
@@ -344,13 +425,16 @@ static PyMethodDef model_methods[] = {
     {"set_rng", (PyCFunction)model_set_rng_py, METH_VARARGS, "set_rng(seed, counter)."},
     {"shuffle", (PyCFunction)model_shuffle_py, METH_VARARGS,
      "shuffle(n) -> int64 permutation drawn from the model RNG."},
-    {"train_steps", (PyCFunction)model_train_steps, METH_VARARGS,
-     "train_steps(opt|None, x, labels|None, onehot|None, order|None, start, batch, nsteps) -> "
-     "(loss_sum, correct, seen, steps); GIL released."},
-    {"evaluate", (PyCFunction)model_evaluate_py, METH_VARARGS,
-     "evaluate(x, labels|None, onehot|None, batch) -> (loss_sum, correct, seen, steps)."},
-    {"predict", (PyCFunction)model_predict_py, METH_VARARGS,
-     "predict(x, batch) -> float32 [n, K]."},
+    {"train_steps", (PyCFunction)(void (*)(void))model_train_steps, METH_VARARGS | METH_KEYWORDS,
+     "train_steps(opt|None, x, labels|None, onehot|None, order|None, start, batch, nsteps, *, "
+     "hook=None, step=0, scale=nan, mean=None, std=None) -> (loss_sum, correct, seen, steps, "
+     "step after); x float32 or uint8, labels int32 or int64; hook: a "
+     "sparkgrad._core.NnGradHook capsule; GIL released."},
+    {"evaluate", (PyCFunction)(void (*)(void))model_evaluate_py, METH_VARARGS | METH_KEYWORDS,
+     "evaluate(x, labels|None, onehot|None, batch, *, scale=nan, mean=None, std=None) -> "
+     "(loss_sum, correct, seen, steps)."},
+    {"predict", (PyCFunction)(void (*)(void))model_predict_py, METH_VARARGS | METH_KEYWORDS,
+     "predict(x, batch, *, scale=nan, mean=None, std=None) -> float32 [n, K]."},
     {NULL, NULL, 0, NULL},
 };
 

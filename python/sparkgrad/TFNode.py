@@ -39,14 +39,16 @@ class ClusterServer:
 
     def serve_parameters(
         self,
-        total: int,
+        total: Any,
         mode: str = "async",
-        lr: float | None = 0.01,
+        lr: float | None = None,
         init: Any = None,
         timeout: float | None = None,
         optimizer: Any = None,
     ) -> str:
-        """On a ps node: serves its shard of the flat parameter buffer (see sparkgrad.cluster.ps)."""
+        """On a ps node: serves its shard of the flat parameter buffer of ``total``, a
+        compiled model (its optimizer and learning rate run on the ps) or a
+        parameter count (see sparkgrad.cluster.ps)."""
         return serve_parameters(self.ctx, total, mode=mode, lr=lr, init=init, timeout=timeout, optimizer=optimizer)
 
     def __iter__(self) -> Iterator[Any]:
@@ -59,8 +61,10 @@ def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False
     return ClusterServer(ctx)
 
 
-def ps_client(ctx: NodeContext, total: int, timeout: float = 60.0) -> ParameterClient:
-    """On a training node: a client of every ps shard of the ``total``-value parameter buffer."""
+def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0) -> ParameterClient:
+    """On a training node: a client of every ps shard of the parameter buffer of
+    ``total``, a model (``model.fit(..., ps=TFNode.ps_client(ctx, model))``) or
+    a parameter count."""
     return ParameterClient(ctx, total, timeout)
 
 

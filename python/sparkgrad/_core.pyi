@@ -167,11 +167,37 @@ class Model:
         start: int,
         batch: int,
         nsteps: int,
-    ) -> tuple[float, int, int, int]: ...
+        *,
+        hook: object | None = None,
+        step: int = 0,
+        scale: float = ...,
+        mean: np.ndarray | None = None,
+        std: np.ndarray | None = None,
+    ) -> tuple[float, int, int, int, int]:
+        """x float32 or uint8 [n, row]; labels int32 or int64; hook: a capsule named
+        "sparkgrad._core.NnGradHook" (csrc/nn/nn_hook.h); scale/mean/std: x_float =
+        (x * scale - mean) / std in the gather (scale omitted, mean and std None: none).
+        Returns (loss_sum, correct, seen, steps, step after)."""
     def evaluate(
-        self, x: np.ndarray, labels: np.ndarray | None, onehot: np.ndarray | None, batch: int
+        self,
+        x: np.ndarray,
+        labels: np.ndarray | None,
+        onehot: np.ndarray | None,
+        batch: int,
+        *,
+        scale: float = ...,
+        mean: np.ndarray | None = None,
+        std: np.ndarray | None = None,
     ) -> tuple[float, int, int, int]: ...
-    def predict(self, x: np.ndarray, batch: int) -> np.ndarray: ...
+    def predict(
+        self,
+        x: np.ndarray,
+        batch: int,
+        *,
+        scale: float = ...,
+        mean: np.ndarray | None = None,
+        std: np.ndarray | None = None,
+    ) -> np.ndarray: ...
 
 class Optimizer:
     """A C optimizer (sgd, adam, adamw, rmsprop, adadelta) over n float32 parameters."""
@@ -236,6 +262,8 @@ class PsClient:
         self, params: np.ndarray, step: int, optimizer_state: list[tuple[int, np.ndarray] | None] | None = None
     ) -> None: ...
     def done(self) -> None: ...
+    def grad_hook(self) -> object:
+        """A "sparkgrad._core.NnGradHook" capsule for Model.train_steps(hook=): push_pull per step."""
     def close(self) -> None: ...
 
 # ---- ring collectives (csrc/net/coll*.c, csrc/py/py_net_coll.c) ----

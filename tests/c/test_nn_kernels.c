@@ -67,7 +67,7 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     }
     NnData d = {x, sparse ? labels : NULL, sparse ? NULL : onehot, (size_t)B, row};
     NnStats st = {0};
-    if (model_train_batch(m, NULL, &d, NULL, 0, B, &st, &err) < 0) {
+    if (model_train_batch(m, NULL, &d, NULL, 0, B, NULL, NULL, &st, &err) < 0) {
         fprintf(stderr, "%s: model_train_batch: %s\n", name, err.msg);
         failures++;
         goto done;
@@ -317,7 +317,7 @@ static void test_model_declaration_errors(void)
     int32_t y[2] = {1, 3};
     NnData d = {x, y, NULL, 2, 2};
     NnStats st = {0};
-    CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, &st, &err) == SG_EINVAL);
+    CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, NULL, NULL, &st, &err) == SG_EINVAL);
     CHECK(strstr(err.msg, "label 3 of row 1") != NULL);
     model_free(m);
 }
@@ -361,8 +361,8 @@ static void test_folded_sgd_matches_gradient_then_update(void)
     NnData d = {x, labels, NULL, (size_t)B, (size_t)C};
     NnStats st1 = {0}, st2 = {0};
     for (int step = 0; step < STEPS; step++) {
-        CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, &st1, &err) == 0);
-        CHECK(model_train_batch(plain, NULL, &d, NULL, 0, B, &st2, &err) == 0);
+        CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, NULL, NULL, &st1, &err) == 0);
+        CHECK(model_train_batch(plain, NULL, &d, NULL, 0, B, NULL, NULL, &st2, &err) == 0);
         for (size_t i = 0; i < plain->nparams; i++)
             plain->params[i] -= lr * plain->grads[i];
     }
@@ -378,6 +378,113 @@ done:
     model_free(plain);
 }
 
+/* The gradient hook (nn_hook.h) in the loop: ready() once per weighted
+ * layer, last layer first, with that layer's kernel+bias range; step() after
+ * backward with the step count; 1 skips the optimizer, 0 lets it run, < 0
+ * ends the run with the row in the error; the fused SGD path is never taken
+ * with a hook (the gradient buffer is written). Also uint8 inputs with a
+ * scale and int64 labels against the float32/int32 equivalent. */
+typedef struct HookLog {
+    size_t offsets[8], counts[8];
+    int nready, nstep, ret;
+    int64_t seen_step, set_step;
+    float grad0;
+} HookLog;
+
+static int log_ready(void *ctx, float *grads, size_t offset, size_t count, SgError *err)
+{
+    (void)grads;
+    (void)err;
+    HookLog *h = ctx;
+    if (h->nready < 8) {
+        h->offsets[h->nready] = offset;
+        h->counts[h->nready] = count;
+    }
+    h->nready++;
+    return 0;
+}
+
+static int log_step(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
+                    SgError *err)
+{
+    (void)params;
+    (void)n;
+    HookLog *h = ctx;
+    h->nstep++;
+    h->seen_step = *global_step;
+    h->grad0 = grads[0];
+    if (h->ret < 0)
+        return sg_fail(err, SG_ENODE, "hook says no");
+    if (h->set_step)
+        *global_step = h->set_step;
+    return h->ret;
+}
+
+static void test_grad_hook_in_the_loop(void)
+{
+    LayerSpec specs[] = {
+        {LAYER_DENSE, 6, 0, 0, 0, 0, NN_ACT_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_DROPOUT, 0, 0, 0, 0, 0, NN_ACT_NONE, 0.0f, 0},
+        {LAYER_DENSE, 3, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+    };
+    const int B = 4, C = 5;
+    SgError err = {0};
+    Model *m = NULL, *ref = NULL;
+    Optimizer *opt = NULL;
+    OptimConfig cfg;
+    optim_config_default(&cfg, OPTIM_SGD);
+    cfg.lr = 0.5f;
+    CHECK(model_create(&m, 1, 1, C, specs, 3, &err) == 0);
+    CHECK(model_create(&ref, 1, 1, C, specs, 3, &err) == 0);
+    if (!m || !ref)
+        goto done;
+    CHECK(optim_create(&opt, &cfg, m->nparams, &err) == 0);
+    model_init_params(m, 5);
+    model_init_params(ref, 5);
+    uint8_t xu[4 * 5];
+    float xf[4 * 5];
+    int64_t y64[4] = {0, 2, 1, 2};
+    int32_t y32[4] = {0, 2, 1, 2};
+    for (int i = 0; i < B * C; i++) {
+        xu[i] = (uint8_t)(i * 37 % 256);
+        xf[i] = (float)xu[i] * (1.0f / 255.0f);
+    }
+    NnData du = {NULL, NULL, NULL, (size_t)B, (size_t)C, xu, y64, 1, 1.0f / 255.0f, NULL, NULL};
+    NnData df = {xf, y32, NULL, (size_t)B, (size_t)C};
+    HookLog log = {.ret = 1};
+    NnGradHook hook = {log_ready, log_step, &log};
+    NnStats st = {0}, st2 = {0};
+    int64_t step = 7;
+    float before = m->params[0];
+    memset(m->grads, 0, m->nparams * sizeof(float));
+    CHECK(model_train_batch(m, opt, &du, NULL, 0, B, &hook, &step, &st, &err) == 0);
+    CHECK(log.nready == 2 && log.nstep == 1 && log.seen_step == 8 && step == 8);
+    /* last layer first: layer 2's range ends the buffer, layer 0's starts it */
+    CHECK(log.offsets[0] + log.counts[0] == m->nparams && log.offsets[1] == 0);
+    CHECK(log.counts[1] == log.offsets[0]);
+    CHECK(m->params[0] == before);   /* step() returned 1: no optimizer */
+    CHECK(m->grads[0] == log.grad0); /* gradients written: no fused SGD */
+    CHECK(optim_get_step(opt) == 0);
+    /* uint8 * scale and int64 labels train as float32 and int32 do */
+    CHECK(model_train_batch(ref, NULL, &df, NULL, 0, B, NULL, NULL, &st2, &err) == 0);
+    CHECK(fabs(st.loss_sum - st2.loss_sum) <= 1e-6 * fabs(st2.loss_sum));
+    for (size_t i = 0; i < m->nparams; i++)
+        CHECK(m->grads[i] == ref->grads[i]);
+    /* 0: the loop's optimizer runs; the hook may set the step */
+    log.ret = 0;
+    log.set_step = 100;
+    CHECK(model_train_batch(m, opt, &du, NULL, 0, B, &hook, &step, &st, &err) == 0);
+    CHECK(step == 100 && optim_get_step(opt) == 1 && m->params[0] != before);
+    /* an error ends the run, naming the row */
+    log.ret = -1;
+    CHECK(model_fit_steps(m, opt, &du, NULL, 0, 2, 2, &hook, &step, &st, &err) == SG_ENODE);
+    CHECK(strstr(err.msg, "hook says no") != NULL && strstr(err.msg, "training step at row 0"));
+done:
+    optim_free(opt);
+    model_free(m);
+    model_free(ref);
+}
+
 int main(void)
 {
     test_mlp_kernels();
@@ -386,5 +493,6 @@ int main(void)
     test_dnnl_errors_name_the_call();
     test_model_declaration_errors();
     test_folded_sgd_matches_gradient_then_update();
+    test_grad_hook_in_the_loop();
     return check_report("test_nn_kernels");
 }

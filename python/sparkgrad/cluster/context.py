@@ -157,6 +157,29 @@ class NodeContext:
         return sum(len(self.cluster_spec.get(role, ())) for role in TRAINING_ROLES)
 
     @property
+    def is_training_node(self) -> bool:
+        """chief, master or worker: a node that trains (not ps, not evaluator)."""
+        return self.job_name in TRAINING_ROLES
+
+    @property
+    def worker_rank(self) -> int | None:
+        """This node's rank among the training nodes (chief/master first, then
+        workers, by executor id), 0-based; None on ps and evaluator nodes. The
+        one definition of rank: the node runner sets sparkgrad.cluster.rank from
+        it, the ps client uses it as its worker id, rank 0 is the chief that
+        initialises the parameter servers and writes checkpoints."""
+        if not self.is_training_node:
+            return None
+        training = sorted((n for n in self.nodes if n.role in TRAINING_ROLES), key=lambda n: n.executor_id)
+        for rank, node in enumerate(training):
+            if node.executor_id == self.executor_id:
+                return rank
+        raise ClusterError(
+            f"{self.job_name}:{self.task_index} (executor {self.executor_id}) is not among the registered "
+            "training nodes"
+        )
+
+    @property
     def tf_config(self) -> str:
         return tf_config(self.cluster_spec, self.job_name, self.task_index)
 

@@ -314,11 +314,7 @@ def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
 
 def _node_rank(ctx: NodeContext) -> rank.ProcessRank:
     """The node's rank among the training nodes (None on ps and evaluator nodes)."""
-    if ctx.job_name not in TRAINING_ROLES:
-        return rank.ProcessRank(None, ctx.num_workers, ctx.job_name)
-    from sparkgrad.cluster.ps import worker_rank
-
-    return rank.ProcessRank(worker_rank(ctx), ctx.num_workers, ctx.job_name)
+    return rank.ProcessRank(ctx.worker_rank, ctx.num_workers, ctx.job_name)
 
 
 def _run_map_fun(

@@ -6,13 +6,17 @@ the listening socket it registered (ctx.listener) until every training node
 said done (or the driver says stop); training nodes reach every shard through
 one PsClient whose worker id is their rank among the training nodes.
 
+    model.compile(optimizer=SGD(0.07), ...)
     if ctx.job_name == "ps":
-        TFNode.start_cluster_server(ctx).serve_parameters(total, mode="sync", lr=0.07)
+        TFNode.start_cluster_server(ctx).serve_parameters(model, mode="sync")
     else:
-        with TFNode.ps_client(ctx, total) as ps:
-            ps.init(params); step = ps.pull(params); ps.push(grads); ...
+        model.fit(dataset, ps=TFNode.ps_client(ctx, model))
 
-What it does not do: define a model or an optimizer other than the ps's SGD.
+``serve_parameters(model)`` takes the size and the optimizer (kind, learning
+rate, schedule) from the model's compile; ``fit(ps=...)`` runs every step
+through the client inside the C loop (see sparkgrad.nn.training). By hand,
+with a total: ``ps.init(params); step = ps.pull(params); ps.push_pull(grads,
+params); ...``.
 """
 
 from __future__ import annotations
@@ -22,39 +26,60 @@ from typing import Any
 import numpy as np
 
 from sparkgrad.cluster.context import NodeContext
-from sparkgrad.cluster.roles import PS, TRAINING_ROLES
+from sparkgrad.cluster.roles import PS
 from sparkgrad.cluster.transport import net
 from sparkgrad.errors import ClusterError
 
 
 def worker_rank(ctx: NodeContext) -> int:
-    """This node's rank among the training nodes (chief/master first, then workers), 0-based."""
-    training = sorted((n for n in ctx.nodes if n.role in TRAINING_ROLES), key=lambda n: n.executor_id)
-    for rank, node in enumerate(training):
-        if node.executor_id == ctx.executor_id:
-            return rank
-    raise ClusterError(f"{ctx.job_name}:{ctx.task_index} is not a training node (chief, master or worker)")
+    """This node's rank among the training nodes (ctx.worker_rank); ClusterError on other nodes."""
+    rank = ctx.worker_rank
+    if rank is None:
+        raise ClusterError(f"{ctx.job_name}:{ctx.task_index} is not a training node (chief, master or worker)")
+    return rank
+
+
+def _total_of(model_or_total: Any) -> int:
+    """The parameter count of a sparkgrad.nn model, or the int given."""
+    if isinstance(model_or_total, (int, np.integer)):
+        return int(model_or_total)
+    if hasattr(model_or_total, "num_params") and hasattr(model_or_total, "params"):
+        return int(model_or_total.num_params)
+    raise ClusterError(f"expected a sparkgrad.nn model or a parameter count, not {type(model_or_total).__name__}")
 
 
 def serve_parameters(
     ctx: NodeContext,
-    total: int,
+    total: Any,
     mode: str = "async",
-    lr: float | None = 0.01,
+    lr: float | None = None,
     init: np.ndarray | None = None,
     timeout: float | None = None,
     optimizer: Any = None,
 ) -> str:
-    """Serves this ps node's shard of ``total`` parameters; returns "done", "stopped" or "timeout".
+    """Serves this ps node's shard of the parameters; returns "done", "stopped" or "timeout".
 
+    ``total``: a compiled sparkgrad.nn model (its size and its compile's
+    optimizer, learning rate included, which then runs on the ps with its
+    state) or the number of parameters (plain SGD with ``lr``, default 0.01,
+    unless ``optimizer``: a name, a sparkgrad.nn optimizer or a config dict).
     "done": every training node called done(); "stopped": the driver stopped
     the cluster. ``init`` (the whole flat buffer) seeds the shard; otherwise
-    the first worker's PsClient.init() does. ``optimizer`` (a name, a
-    sparkgrad.nn optimizer or a config dict) replaces plain SGD with ``lr``;
-    its state then lives on the ps.
+    the chief's init (fit(ps=...) does it) does.
     """
     if ctx.job_name != PS:
         raise ClusterError(f"serve_parameters runs on ps nodes; this is {ctx.job_name}:{ctx.task_index}")
+    if not isinstance(total, (int, np.integer)):
+        model = total
+        total = _total_of(model)
+        if optimizer is None and lr is None:
+            if getattr(model, "optimizer", None) is None:
+                raise ClusterError(
+                    "serve_parameters(model): compile the model first; the ps applies its compile's optimizer"
+                )
+            optimizer = getattr(model.optimizer, "optimizer", model.optimizer)  # a DistributedOptimizer's inner
+    if optimizer is None and lr is None:
+        lr = 0.01
     core = net()
     num_ps = len(ctx.cluster_spec.get(PS, ()))
     offset, count = core.ps_shard_range(int(total), num_ps, ctx.task_index)
@@ -62,7 +87,7 @@ def serve_parameters(
     if init is not None:
         flat = np.ascontiguousarray(init, dtype=np.float32).reshape(-1)
         params = flat[offset : offset + count].copy()
-    update: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"lr": float(lr or 0.01)}
+    update: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"lr": float(lr)}
     server = core.PsServer(
         ctx.listener, ctx.secret, offset, count, int(total), ctx.num_workers, mode=mode, params=params, **update
     )
@@ -74,13 +99,19 @@ def serve_parameters(
 
 
 class ParameterClient:
-    """A training node's connection to every ps shard (a context manager that says done() on exit)."""
+    """A training node's connection to every ps shard (a context manager that says done() on exit).
 
-    def __init__(self, ctx: NodeContext, total: int, timeout: float = 60.0) -> None:
+    ``total``: a sparkgrad.nn model or its number of parameters. Pass the
+    client to ``model.fit(..., ps=client)``: fit initialises the servers from
+    the chief (worker_id 0), runs every step through ``grad_hook()`` in the C
+    loop and says done() at the end.
+    """
+
+    def __init__(self, ctx: NodeContext, total: Any, timeout: float = 60.0) -> None:
         addresses = [(n.host, n.port) for n in ctx.nodes_of(PS)]
         if not addresses:
             raise ClusterError("the cluster has no ps nodes (num_ps=0): nothing to pull parameters from")
-        self.total = int(total)
+        self.total = _total_of(total)
         self.worker_id = worker_rank(ctx)
         self._client = net().PsClient(addresses, ctx.secret, self.total, self.worker_id, timeout)
         self._done = False
@@ -111,6 +142,14 @@ class ParameterClient:
     def set_state(self, params: np.ndarray, step: int, optimizer_state: Any = None) -> None:
         """Restores a checkpoint into every shard."""
         self._client.set_state(params, step, optimizer_state)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_id == 0
+
+    def grad_hook(self) -> object:
+        """The C training loop's gradient hook (a sparkgrad._core.NnGradHook capsule): push_pull per step."""
+        return self._client.grad_hook()
 
     def done(self) -> None:
         if not self._done:

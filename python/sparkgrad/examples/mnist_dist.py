@@ -9,16 +9,21 @@ The walkthrough's MLP (784 -> 128 -> 64 -> 10, ReLU, truncated-normal weights
 with stddev 1/sqrt(fan_in), zero biases, sparse softmax cross-entropy, SGD
 0.07, batch 100) trains for 2 epochs on 1 parameter server + 2 workers. The
 driver converts Debian's Fashion-MNIST to TFRecords with the same code as
-``sparkgrad convert mnist``, the ps holds the parameters, the workers pull
-them, compute gradients in the C core and push them back, and the chief
-(worker 0) writes checkpoints to ``--model-dir`` (a re-run resumes from the
-last one) and finally reports the test accuracy, which the driver prints.
-By default the network is fed per-pixel standardised images ((x - mean) / std
-with the training set's statistics, computed once by the driver and shipped
-in ``args``): a preprocessing choice that lifts this MLP markedly (in Spark
-mode, where each row reaches one worker once per epoch, from about 0.835 to
-0.86 after 2 epochs). ``--no-standardize`` feeds the walkthrough's raw [0, 1]
-pixels.
+``sparkgrad convert mnist``; the ps serves the parameters with the optimizer
+of the model's compile; each worker calls ``model.fit(batches,
+ps=TFNode.ps_client(ctx, model))``, whose C loop pushes every gradient and
+pulls the updated parameters; the chief (``ctx.worker_rank`` 0) initialises
+the ps, writes checkpoints to ``--model-dir`` (a re-run resumes from the
+last one), takes the final parameters once every worker is done and reports
+the test accuracy, which the driver prints. Images reach the C core as the
+uint8 bytes they are stored as (read from the TFRecords or fed by Spark);
+the model's input transform scales them to [0, 1] and, by default,
+standardises each pixel ((x - mean) / std with the training set's
+statistics, computed once by the driver and shipped in ``args``) as C
+gathers each batch: a preprocessing choice that lifts this MLP markedly (in
+Spark mode, where each row reaches one worker once per epoch, from about
+0.835 to 0.86 after 2 epochs). ``--no-standardize`` feeds the walkthrough's
+raw [0, 1] pixels.
 
 ``--connect`` runs the same over Spark Connect (a local Connect server
 started by ``SparkSession.builder.remote("local[N]")``): no SparkContext, the
@@ -27,7 +32,7 @@ set is a DataFrame (binary ``image_raw``, int64 ``label``) read from the
 TFRecords on the executors and fed as Arrow record batches.
 
 What changed from the TensorFlowOnSpark version: imports, and the model code
-(sparkgrad.nn instead of tf.Variable/tf.train); TFCluster.run, ctx, TFNode
+(sparkgrad.nn's fit instead of a tf.train loop); TFCluster.run, ctx, TFNode
 and DataFeed are used the same way.
 """
 
@@ -65,11 +70,9 @@ class Args:
     pixel_mean: np.ndarray | None = None
     pixel_std: np.ndarray | None = None
 
-    def standardize(self, images: np.ndarray) -> np.ndarray:
-        """images float32[B, 784] -> (images - mean) / std per pixel (unchanged without stats)."""
-        if self.pixel_mean is None or self.pixel_std is None:
-            return images
-        return (images - self.pixel_mean) / self.pixel_std
+    def set_input_transform(self, model) -> None:
+        """uint8 pixels -> x / 255, then (x - mean) / std per pixel with the stats, applied in C."""
+        model.set_input_transform(scale=1 / 255, mean=self.pixel_mean, std=self.pixel_std)
 
 
 def build_model():
@@ -84,30 +87,39 @@ def _schema():
     return mnist_schema("image_raw")
 
 
+def _raw_schema():
+    """The pixels as the uint8 bytes they are stored as (scaled in C by the model's input transform)."""
+    from sparkgrad.data import FixedLenFeature, RawBytesFeature
+
+    return {"image_raw": RawBytesFeature([784], "uint8"), "label": FixedLenFeature([], "int64")}
+
+
 def _checkpoint(model_dir: str) -> str:
     return os.path.join(model_dir, CHECKPOINT)
 
 
-def load_test_set(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    """(images float32[N, 784] in [0, 1], labels int64[N]) of the test*.tfrecords in data_dir."""
+def load_test_set(data_dir: str, raw: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(images float32[N, 784] in [0, 1], or uint8[N, 784] when ``raw``, labels int64[N])
+    of the test*.tfrecords in data_dir."""
     from sparkgrad.data import TFRecordDataset
 
     xs, ys = [], []
-    for batch in TFRecordDataset(sorted(glob.glob(os.path.join(data_dir, "test*.tfrecords"))), _schema(), 1000):
+    files = sorted(glob.glob(os.path.join(data_dir, "test*.tfrecords")))
+    for batch in TFRecordDataset(files, _raw_schema() if raw else _schema(), 1000):
         xs.append(batch["image_raw"])
         ys.append(batch["label"])
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def _train_batches(args: Args, ctx, rank: int):
-    """(images float32[B, 784], labels int64[B]) batches for this worker."""
+def _train_batches(args: Args, ctx, rank: int, counter: list[int]):
+    """(images uint8[B, 784], labels int64[B]) batches for this worker; counter[0] counts the rows."""
     if args.mode == "tensorflow":
         from sparkgrad.data import TFRecordDataset
 
         files = sorted(glob.glob(os.path.join(args.data_dir, "train*.tfrecords")))
         ds = TFRecordDataset(
             files,
-            _schema(),
+            _raw_schema(),
             args.batch_size,
             shuffle_buffer=10_000,
             seed=SEED + rank,
@@ -116,7 +128,8 @@ def _train_batches(args: Args, ctx, rank: int):
             num_shards=ctx.num_workers if args.shard_data else 1,
         )
         for batch in ds:
-            yield args.standardize(batch["image_raw"]), batch["label"]
+            counter[0] += len(batch["label"])
+            yield batch["image_raw"], batch["label"]
         return
     from sparkgrad import TFNode
 
@@ -125,60 +138,68 @@ def _train_batches(args: Args, ctx, rank: int):
     while not feed.should_stop():
         batch = feed.next_batch(args.batch_size)
         if batch and len(batch["y"]):
-            yield args.standardize(batch["x"].astype(np.float32) * np.float32(1 / 255)), batch["y"]
+            counter[0] += len(batch["y"])
+            yield batch["x"], batch["y"]
+
+
+@dataclass
+class _Report:
+    """fit callback on every worker: metrics to the driver; on the chief, a checkpoint every ``every`` steps."""
+
+    ctx: object
+    path: str | None
+    every: int
+    last: int = 0
+
+    def on_step_end(self, step: int, logs: dict) -> None:
+        self.ctx.metric("loss", logs["loss"], step)
+        self.ctx.metric("accuracy", logs["accuracy"], step)
+        if self.path and self.every and step - self.last >= self.every:
+            self.last = step
+            self.model.save(self.path)
+
+    def set_model(self, model) -> None:
+        self.model = model
 
 
 def map_fun(args: Args, ctx) -> dict:
     """Runs on every node, as in TensorFlowOnSpark: ps nodes serve, workers train."""
     from sparkgrad import TFNode
-    from sparkgrad.cluster.ps import worker_rank
+    from sparkgrad.nn import SGD
 
     server = TFNode.start_cluster_server(ctx)
     model = build_model()
-    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    total = model.num_params
-    if ctx.job_name == "ps":
-        mode = "sync" if args.sync else "async"
-        reason = server.serve_parameters(total, mode=mode, lr=args.learning_rate, init=model.params)
-        return {"ps": reason}
+    model.compile(optimizer=SGD(args.learning_rate), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    args.set_input_transform(model)
+    if ctx.job_name == "ps":  # the ps applies the model's SGD(learning_rate)
+        return {"ps": server.serve_parameters(model, mode="sync" if args.sync else "async")}
 
-    rank = worker_rank(ctx)
+    rank = ctx.worker_rank
     chief = rank == 0
-    started = time.monotonic()
-    samples = 0
-    with TFNode.ps_client(ctx, total) as ps:
-        if chief and os.path.exists(_checkpoint(args.model_dir)):
-            model.load(_checkpoint(args.model_dir))
-            ps.set_state(model.params, model.step)
-            print(f"resumed from {_checkpoint(args.model_dir)} at step {model.step}")
-        step = ps.pull(model.params)
-        for x, y in _train_batches(args, ctx, rank):
-            loss, acc = model.compute_gradients(x, y)
-            step = ps.push_pull(model.grads, model.params)
-            samples += len(y)
-            if step % 100 == 0:
-                ctx.metric("loss", loss, step)
-                ctx.metric("accuracy", acc, step)
-            if chief and args.checkpoint_every and step % args.checkpoint_every == 0:
-                model.step = step
-                os.makedirs(args.model_dir, exist_ok=True)
-                model.save(_checkpoint(args.model_dir))
-        elapsed = time.monotonic() - started
-        if not chief:
-            return {"rank": rank, "samples": samples, "seconds": elapsed}
-        # The chief's last checkpoint and evaluation see every worker's updates.
-        step = ps.wait_for_workers(model.params)
-    model.step = step
+    path = _checkpoint(args.model_dir)
     os.makedirs(args.model_dir, exist_ok=True)
-    model.save(_checkpoint(args.model_dir))
-    test_x, test_y = load_test_set(args.data_dir)
-    loss, accuracy = model.evaluate(args.standardize(test_x), test_y, batch_size=1000, verbose=0)
-    print(f"chief: step {step}, test loss {loss:.4f}, test accuracy {accuracy:.4f}")
+    if chief and os.path.exists(path):  # fit hands the chief's state to the ps
+        model.load(path)
+        print(f"resumed from {path} at step {model.step}")
+    started, samples = time.monotonic(), [0]
+    report = _Report(ctx, path if chief else None, args.checkpoint_every, model.step)
+    with TFNode.ps_client(ctx, model) as ps:
+        # the --epochs passes over the data are one pass of the iterable: one fit epoch, each run
+        batches = _train_batches(args, ctx, rank, samples)
+        model.fit(batches, epochs=1, initial_epoch=0, ps=ps, verbose=0, log_every=100, callbacks=[report])
+    elapsed = time.monotonic() - started
+    if not chief:
+        return {"rank": rank, "samples": samples[0], "seconds": elapsed}
+    # fit left the chief with the final parameters, after every worker's updates
+    model.save(path)
+    test_x, test_y = load_test_set(args.data_dir, raw=True)
+    loss, accuracy = model.evaluate(test_x, test_y, batch_size=1000, verbose=0)
+    print(f"chief: step {model.step}, test loss {loss:.4f}, test accuracy {accuracy:.4f}")
     return {
         "rank": rank,
-        "samples": samples,
+        "samples": samples[0],
         "seconds": elapsed,
-        "step": step,
+        "step": model.step,
         "test_loss": loss,
         "test_accuracy": accuracy,
     }

@@ -9,6 +9,8 @@ model.fit(x, y, batch_size=100, epochs=5)
 """
 
 from sparkgrad.nn import models, optimizers
+from sparkgrad.nn.distributed import DistributedOptimizer
+from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import (
     AveragePooling2D,
     AvgPool2D,
@@ -19,14 +21,17 @@ from sparkgrad.nn.layers import (
     MaxPool2D,
     MaxPooling2D,
 )
-from sparkgrad.nn.model import History, ParamTensor, Sequential
+from sparkgrad.nn.model import ParamTensor, Sequential
 from sparkgrad.nn.optimizers import SGD, Adadelta, Adam, AdamW, RMSprop
+from sparkgrad.nn.state import TrainState
 from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_threads
 
 __all__ = [
     "Sequential",
     "History",
     "ParamTensor",
+    "TrainState",
+    "DistributedOptimizer",
     "Dense",
     "Conv2D",
     "MaxPool2D",

@@ -25,6 +25,11 @@ File format (``.sgck``), all integers little-endian:
        128   4*P  parameters, float32 (the model's flat buffer)
      128+4P  4*S  optimizer state, float32 (its slot arrays)
         end     4  u32 CRC-32 (zlib) of every preceding byte
+
+The header and the optimizer state are the model's TrainState
+(sparkgrad.nn.state), written and read whole: ``encode`` takes
+``model.train_state()``, ``load`` gives ``model.restore_train_state()`` the
+decoded one.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import zlib
 
 import numpy as np
 
-from sparkgrad.errors import CheckpointError
+from sparkgrad.errors import CheckpointError, ModelError
+from sparkgrad.nn.state import TrainState
 
 MAGIC = b"SGCKPT\x00\x01"
 VERSION = 1
@@ -59,33 +65,31 @@ def architecture_crc(model) -> int:
     return zlib.crc32(text.encode())
 
 
-def encode(model) -> bytes:
-    """The checkpoint bytes of the model's current state."""
-    opt = model.optimizer
-    steps, state = opt.get_state() if opt is not None else (0, np.zeros(0, np.float32))
-    seed, counter = model._core.get_rng()
-    eseed, ecounter = getattr(model, "_epoch_rng", (seed, counter))
-    kind = (opt.kind if opt is not None else "").encode()
-    metric = getattr(model, "_ckpt_metric", float("nan"))
+def encode(model, metric: float = float("nan")) -> bytes:
+    """The checkpoint bytes of the model's parameters and training state (``metric``: the monitored value)."""
+    st = model.train_state()
+    seed, counter = st.rng
+    eseed, ecounter = st.epoch_rng if st.epoch_rng is not None else st.rng
+    slots = np.ascontiguousarray(st.optimizer_slots, np.float32)
     header = HEADER.pack(
         MAGIC,
         VERSION,
         HEADER.size,
         model.num_params,
-        state.size,
-        steps,
-        model.step,
-        model.epoch,
-        getattr(model, "_epoch_pos", 0),
+        slots.size,
+        st.optimizer_steps,
+        st.step,
+        st.epoch,
+        st.epoch_pos,
         seed,
         counter,
         eseed,
         ecounter,
         architecture_crc(model),
-        kind,
-        metric,
+        st.optimizer_kind.encode(),
+        float(metric),
     )
-    body = header + model.params.tobytes() + np.ascontiguousarray(state, np.float32).tobytes()
+    body = header + model.params.tobytes() + slots.tobytes()
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -115,7 +119,19 @@ def decode(data: bytes, path: str) -> dict:
         )
     params = np.frombuffer(data, np.float32, nparams, HEADER.size)
     state = np.frombuffer(data, np.float32, nstate, HEADER.size + 4 * nparams)
+    kind = fields[14].rstrip(b"\0").decode()
+    train_state = TrainState(
+        step=fields[6],
+        epoch=fields[7],
+        epoch_pos=fields[8],
+        rng=(fields[9], fields[10]),
+        epoch_rng=(fields[11], fields[12]),
+        optimizer_kind=kind,
+        optimizer_steps=fields[5],
+        optimizer_slots=state.copy(),
+    )
     return dict(
+        train_state=train_state,
         params=params,
         state=state,
         opt_steps=fields[5],
@@ -125,7 +141,7 @@ def decode(data: bytes, path: str) -> dict:
         rng=(fields[9], fields[10]),
         epoch_rng=(fields[11], fields[12]),
         arch_crc=fields[13],
-        kind=fields[14].rstrip(b"\0").decode(),
+        kind=kind,
         metric=fields[15],
     )
 
@@ -175,25 +191,11 @@ def load(model, path) -> dict:
             f"architecture CRC {ck['arch_crc']:08x}; this model has {model.num_params}, {architecture_crc(model):08x})",
             path=path,
         )
-    opt = model.optimizer
-    if ck["state"].size or ck["kind"]:
-        if opt is None:
-            model._pending_opt_state = (ck["kind"], ck["opt_steps"], ck["state"].copy())
-        elif opt.kind != ck["kind"]:
-            raise CheckpointError(
-                f"{path}: checkpoint holds {ck['kind']!r} optimizer state, the model uses {opt.kind!r}", path=path
-            )
-        else:
-            opt.bind(model.num_params)
-            opt.set_state(ck["opt_steps"], ck["state"])
+    try:
+        model.restore_train_state(ck["train_state"])
+    except ModelError as exc:
+        raise CheckpointError(f"{path}: {exc}", path=path) from exc
     model.params[:] = ck["params"]
-    model.step = int(ck["step"])
-    model.epoch = int(ck["epoch"])
-    model._epoch_pos = int(ck["epoch_pos"])
-    model._core.set_rng(*ck["rng"])
-    model._epoch_rng = ck["epoch_rng"]
-    model._resume_rng = ck["rng"]
-    model._resume_epoch_rng = ck["epoch_rng"]
     return ck
 
 
@@ -237,8 +239,7 @@ class CheckpointManager:
         metric = float("nan")
         if logs is not None and self.monitor in logs:
             metric = float(logs[self.monitor])
-        model._ckpt_metric = metric
-        data = encode(model)
+        data = encode(model, metric)
         path = os.path.join(self.directory, f"ckpt-{model.step:010d}.sgck")
         write_atomic(path, data)
         for old in self.checkpoints()[: -self.keep_last]:
@@ -289,21 +290,9 @@ class CheckpointManager:
             return None
         return max(cands, key=lambda p: int(CKPT_RE.match(os.path.basename(p)).group(1)))
 
-    def restore_latest(self, model) -> int:
-        """Loads the newest checkpoint if any; returns the rows already trained in its epoch."""
+    def restore_latest(self, model) -> str | None:
+        """Loads the newest checkpoint if any; returns its path (None: none)."""
         path = self.latest()
-        if path is None:
-            return 0
-        load(model, path)
-        return model._epoch_pos
-
-    def resume_order(self, model, n: int, shuffle: bool):
-        """The permutation of the interrupted epoch, redrawn from its starting RNG state."""
-        now, start = model._resume_rng, model._resume_epoch_rng
-        model._epoch_rng = start
-        if not shuffle:
-            return None
-        model._core.set_rng(*start)
-        order = model._core.shuffle(n)
-        model._core.set_rng(*now)
-        return order
+        if path is not None:
+            load(model, path)
+        return path

@@ -8,6 +8,9 @@ arrays runs its inner loop (gather batch -> forward -> backward -> update) in
 C with the GIL released, returning to Python every ``log_every`` steps for the
 progress bar, logging and callbacks. ``fit`` also takes an iterable of dicts of
 NumPy arrays (e.g. sparkgrad.data.TFRecordDataset), one C call per batch.
+Inputs go to C as they are when they are float32 or uint8 (labels int32 or
+int64); ``set_input_transform`` declares the scale and per-feature
+standardisation C applies while it gathers each batch.
 """
 
 from __future__ import annotations
@@ -15,14 +18,21 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from sparkgrad import _core
 from sparkgrad.errors import InvalidArgumentError, ModelError
+from sparkgrad.nn import batches as _batches
+from sparkgrad.nn import checkpoint as _checkpoint
 from sparkgrad.nn import optimizers as _optimizers
+from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import Layer
+from sparkgrad.nn.state import TrainState
+from sparkgrad.nn.training import Trainer
+
+__all__ = ["LOSSES", "History", "ParamTensor", "Sequential", "TrainState", "steps_per_epoch"]
 
 LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy")
 
@@ -36,20 +46,6 @@ class ParamTensor:
     offset: int
     size: int
     shape: tuple[int, ...]
-
-
-@dataclass
-class History:
-    """Per-epoch metrics (``history``, Keras-style) and per-log-interval step metrics (``steps``)."""
-
-    history: dict[str, list[float]] = field(default_factory=dict)
-    steps: list[dict[str, float]] = field(default_factory=list)
-    epoch: list[int] = field(default_factory=list)
-
-    def add_epoch(self, epoch: int, logs: Mapping[str, float]) -> None:
-        self.epoch.append(epoch)
-        for k, v in logs.items():
-            self.history.setdefault(k, []).append(float(v))
 
 
 def _input_shape3(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -94,9 +90,96 @@ class Sequential:
         self.optimizer: _optimizers.Optimizer | None = None
         self.loss: str | None = None
         self.metrics: list[str] = []
-        self.step = 0  # optimizer steps taken by fit
-        self.epoch = 0  # epochs completed by fit
+        self.state = TrainState()  # step, epoch, position in the epoch (see sparkgrad.nn.state)
+        self.input_transform: tuple[float | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
         self.stop_training = False
+
+    # ---- training state ---------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken by fit (under a parameter server: the global step)."""
+        return self.state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.state.step = int(value)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed by fit."""
+        return self.state.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.state.epoch = int(value)
+
+    @property
+    def rng(self) -> tuple[int, int]:
+        """The model RNG (dropout masks, shuffling) as (seed, counter)."""
+        return self._core.get_rng()
+
+    @rng.setter
+    def rng(self, value: tuple[int, int]) -> None:
+        self._core.set_rng(int(value[0]), int(value[1]))
+
+    def permutation(self, n: int) -> np.ndarray:
+        """A permutation of range(n) (int64) drawn from the model RNG."""
+        return self._core.shuffle(int(n))
+
+    def train_state(self) -> TrainState:
+        """A complete snapshot: the live state plus the RNG and the optimizer's state."""
+        s = self.state.copy()
+        s.rng = self.rng
+        if self.optimizer is not None:
+            s.optimizer_kind = self.optimizer.kind
+            s.optimizer_steps, s.optimizer_slots = self.optimizer.get_state()
+        return s
+
+    def restore_train_state(self, s: TrainState) -> None:
+        """Puts a snapshot back whole. The optimizer state goes to the optimizer if
+        the model is compiled (of the same kind), else it waits for compile."""
+        opt = self.optimizer
+        if opt is not None and (s.optimizer_kind or s.optimizer_slots.size):
+            if opt.kind != s.optimizer_kind:
+                raise ModelError(f"the state holds {s.optimizer_kind!r} optimizer state, the model uses {opt.kind!r}")
+            opt.bind(self.num_params)
+            opt.set_state(s.optimizer_steps, s.optimizer_slots)
+        self.state = s.copy()
+        self.rng = s.rng
+
+    # ---- inputs -------------------------------------------------------------
+
+    def set_input_transform(
+        self, scale: float | None = None, mean: np.ndarray | None = None, std: np.ndarray | None = None
+    ) -> None:
+        """Declares what C applies to every input value as it gathers a batch, in
+        fit, evaluate and predict: ``(x * scale - mean[j]) / std[j]`` (j the
+        feature; mean/std float32 per feature of the flattened input). Inputs
+        then travel as they are, e.g. uint8 images with ``scale=1/255``, with no
+        float copy in Python. No arguments: none (uint8 inputs are then taken
+        unscaled). Not saved in checkpoints: part of the model's definition."""
+        row = int(np.prod(self.input_shape))
+
+        def per_feature(a: np.ndarray | None, name: str) -> np.ndarray | None:
+            if a is None:
+                return None
+            a = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+            if a.size != row:
+                raise InvalidArgumentError(f"input {name} has {a.size} values; the input has {row} features")
+            return a
+
+        std_a = per_feature(std, "std")
+        if std_a is not None and not np.all(std_a != 0):
+            raise InvalidArgumentError("input std has zeros (use 1 for features that never vary)")
+        self.input_transform = (None if scale is None else float(scale), per_feature(mean, "mean"), std_a)
+
+    def _transform_kw(self) -> dict:
+        scale, mean, std = self.input_transform
+        kw: dict = {"mean": mean, "std": std}
+        if scale is not None:
+            kw["scale"] = scale
+        return kw
 
     # ---- parameters -------------------------------------------------------
 
@@ -190,44 +273,18 @@ class Sequential:
                 raise ValueError(f"unsupported metric {m!r}: only 'accuracy'")
         self.optimizer = _optimizers.get(optimizer)
         self.optimizer.bind(self.num_params)
-        pending = getattr(self, "_pending_opt_state", None)
-        if pending is not None and pending[0] == self.optimizer.kind:
-            self.optimizer.set_state(pending[1], pending[2])
-        self._pending_opt_state = None
+        s = self.state  # optimizer state restored before compile (load, then compile)
+        if s.optimizer_kind == self.optimizer.kind and (s.optimizer_steps or s.optimizer_slots.size):
+            self.optimizer.set_state(s.optimizer_steps, s.optimizer_slots)
         self.loss = loss
         self.metrics = list(metrics)
 
     # ---- data -------------------------------------------------------------
 
-    def _x(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        row = int(np.prod(self.input_shape))
-        if x.ndim == 0 or x.size != x.shape[0] * row:
-            raise InvalidArgumentError(f"x of shape {x.shape} does not hold rows of input_shape {self.input_shape}")
-        return x.reshape(x.shape[0], row)
-
-    def _targets(self, y: np.ndarray, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        y = np.asarray(y)
-        if y.shape[0] != n:
-            raise InvalidArgumentError(f"x has {n} rows but y has {y.shape[0]}")
-        k = self.output_classes
-        if self.loss == "categorical_crossentropy":
-            if y.ndim != 2 or y.shape[1] != k:
-                raise InvalidArgumentError(
-                    f"categorical_crossentropy needs one-hot y of shape ({n}, {k}), not {y.shape}"
-                )
-            return None, np.ascontiguousarray(y, dtype=np.float32)
-        y = y.reshape(n, -1)
-        if y.shape[1] != 1:
-            raise InvalidArgumentError(
-                f"sparse_categorical_crossentropy needs integer labels of shape ({n},), not {y.shape}"
-            )
-        labels = y.reshape(n)
-        if not np.issubdtype(labels.dtype, np.integer):
-            if not np.all(np.equal(np.mod(labels, 1), 0)):
-                raise InvalidArgumentError("sparse labels must be integers")
-        return np.ascontiguousarray(labels, dtype=np.int32), None
+    def engine_arrays(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(x, labels, onehot) as the C engine takes them (sparkgrad.nn.batches)."""
+        xa = _batches.inputs(x, self.input_shape)
+        return (xa, *_batches.targets(y, xa.shape[0], self._classes, self.loss))
 
     def _require_compiled(self) -> None:
         if self.optimizer is None or self.loss is None:
@@ -235,30 +292,62 @@ class Sequential:
 
     # ---- training ---------------------------------------------------------
 
+    def run_steps(
+        self,
+        x: np.ndarray,
+        labels: np.ndarray | None,
+        onehot: np.ndarray | None,
+        order: np.ndarray | None = None,
+        start: int = 0,
+        batch_size: int | None = None,
+        nsteps: int = 1,
+        update: bool = True,
+        hook: object = None,
+    ) -> tuple[float, int, int, int]:
+        """Up to ``nsteps`` training steps in C on engine arrays (engine_arrays),
+        rows ``order[start:]`` (or ``start:``) in batches of ``batch_size``
+        (default all rows): the one call of the C loop that fit,
+        train_on_batch and compute_gradients share. ``update``: apply the
+        optimizer; ``hook``: a gradient hook capsule (nn_hook.h) the loop calls
+        between backward and update. Advances ``state.step`` (to the ps'
+        global step under a ps hook) and returns (loss_sum, correct, seen, steps)."""
+        copt = self.optimizer.bind(self.num_params) if update else None
+        batch = int(batch_size or max(x.shape[0], 1))
+        r = self._core.train_steps(
+            copt,
+            x,
+            labels,
+            onehot,
+            order,
+            int(start),
+            batch,
+            int(nsteps),
+            hook=hook,
+            step=self.state.step,
+            **self._transform_kw(),
+        )
+        if update or hook is not None:
+            self.state.step = int(r[4])
+        return r[:4]
+
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """Forward + backward on one batch: fills ``model.grads`` without updating
         the parameters; returns (mean loss, accuracy). For parameter servers
         and allreduce, which apply the update themselves."""
         self._require_compiled()
-        xb = self._x(x)
-        labels, onehot = self._targets(y, xb.shape[0])
-        loss_sum, correct, seen, _ = self._core.train_steps(None, xb, labels, onehot, None, 0, xb.shape[0], 1)
+        loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y), update=False)
         return loss_sum / seen, correct / seen
 
     def apply_gradients(self, grads: np.ndarray | None = None) -> None:
         """One optimizer step from ``grads`` (default: model.grads)."""
         self._require_compiled()
         self.optimizer.apply(self.params, self.grads if grads is None else grads)
-        self.step += 1
+        self.state.step += 1
 
     def train_on_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """One training step on one batch: (loss, accuracy)."""
         self._require_compiled()
-        xb = self._x(x)
-        labels, onehot = self._targets(y, xb.shape[0])
-        copt = self.optimizer.bind(self.num_params)
-        loss_sum, correct, seen, steps = self._core.train_steps(copt, xb, labels, onehot, None, 0, xb.shape[0], 1)
-        self.step += steps
+        loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y))
         return loss_sum / seen, correct / seen
 
     def fit(
@@ -277,19 +366,21 @@ class Sequential:
         y_key: str = "label",
         initial_epoch: int | None = None,
         input_mapping: Mapping[str, str] | None = None,
+        ps: object = None,
         **options: object,
     ) -> History:
         """Trains for ``epochs`` epochs or until ``max_steps`` optimizer steps,
         whichever comes first. ``x`` is an array (with ``y``) or an iterable of
         dicts of arrays (keys ``x_key``/``y_key``, one batch per dict; re-iterated
         each epoch when it is a re-iterable); ``input_mapping`` ({"image_raw": "x",
-        "label": "y"}, as TFoS' input_mapping) may name the keys instead. Arrays are
-        converted to float32 as they are (scale images yourself). See
-        sparkgrad.nn.training for the checkpoint, sync and plotting options."""
-        from sparkgrad.nn.training import Trainer
-
+        "label": "y"}, as TFoS' input_mapping) may name the keys instead. float32
+        and uint8 inputs reach C as they are (see set_input_transform for
+        scaling). ``ps``: a parameter-server client (TFNode.ps_client(ctx,
+        model)) through which every step goes; a DistributedOptimizer (compile)
+        reduces gradients across ranks instead. See sparkgrad.nn.training for
+        the checkpoint, sync and plotting options."""
         self._require_compiled()
-        x_key, y_key = _keys(input_mapping, x_key, y_key)
+        x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
         return trainer.run(
             x,
@@ -302,6 +393,7 @@ class Sequential:
             x_key=x_key,
             y_key=y_key,
             initial_epoch=initial_epoch,
+            ps=ps,
         )
 
     # ---- inference --------------------------------------------------------
@@ -319,13 +411,13 @@ class Sequential:
     ) -> list[float] | dict[str, float]:
         """[loss, accuracy] over the data in inference mode (dropout off)."""
         self._require_compiled()
-        x_key, y_key = _keys(input_mapping, x_key, y_key)
+        x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         if y is None and isinstance(x, np.ndarray):
             raise InvalidArgumentError("evaluate: y is required when x is an array")
         if y is None:
             totals = np.zeros(3)
             for batch in x:
-                xb, yb = _batch_arrays(batch, x_key, y_key)
+                xb, yb = _batches.batch_arrays(batch, x_key, y_key)
                 totals += self._evaluate_arrays(xb, yb, max(len(xb), 1))[:3]
             loss_sum, correct, seen = totals
         else:
@@ -338,27 +430,22 @@ class Sequential:
         return logs if return_dict else [logs["loss"], logs["accuracy"]]
 
     def _evaluate_arrays(self, x: np.ndarray, y: np.ndarray, batch_size: int) -> tuple[float, int, int, int]:
-        xb = self._x(x)
-        labels, onehot = self._targets(y, xb.shape[0])
-        return self._core.evaluate(xb, labels, onehot, int(batch_size))
+        return self._core.evaluate(*self.engine_arrays(x, y), int(batch_size), **self._transform_kw())
 
     def predict(self, x: np.ndarray, batch_size: int = 128) -> np.ndarray:
         """[n, K]: softmax probabilities if the last layer is softmax, else its outputs (logits)."""
-        return self._core.predict(self._x(x), int(batch_size))
+        xa = _batches.inputs(x, self.input_shape)
+        return self._core.predict(xa, int(batch_size), **self._transform_kw())
 
     # ---- persistence (sparkgrad.nn.checkpoint) ----------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes weights, optimizer state, step and RNG state (checkpoint format)."""
-        from sparkgrad.nn import checkpoint
-
-        checkpoint.save(self, path)
+        """Writes weights and the whole training state (checkpoint format)."""
+        _checkpoint.save(self, path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restores what save wrote; the model must have the same architecture."""
-        from sparkgrad.nn import checkpoint
-
-        checkpoint.load(self, path)
+        _checkpoint.load(self, path)
 
     def export_npz(self, path: str | os.PathLike) -> None:
         """Writes the weights as .npz (layer<i>_kernel / layer<i>_bias, Keras layouts)."""
@@ -367,27 +454,6 @@ class Sequential:
             arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w
         with open(os.fspath(path), "wb") as f:
             np.savez(f, **arrays)
-
-
-def _keys(input_mapping: Mapping[str, str] | None, x_key: str, y_key: str) -> tuple[str, str]:
-    """(x_key, y_key) from a TFoS-style mapping {dataset key: "x" | "y"}."""
-    if input_mapping is None:
-        return x_key, y_key
-    roles = {role: key for key, role in input_mapping.items()}
-    if set(roles) != {"x", "y"} or len(input_mapping) != 2:
-        raise InvalidArgumentError(f"input_mapping must map one key to 'x' and one to 'y', not {dict(input_mapping)}")
-    return roles["x"], roles["y"]
-
-
-def _batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(batch, Mapping):
-        missing = [k for k in (x_key, y_key) if k not in batch]
-        if missing:
-            raise InvalidArgumentError(f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)")
-        return np.asarray(batch[x_key]), np.asarray(batch[y_key])
-    if isinstance(batch, tuple) and len(batch) == 2:
-        return np.asarray(batch[0]), np.asarray(batch[1])
-    raise InvalidArgumentError(f"dataset batches must be dicts of arrays or (x, y) pairs, not {type(batch).__name__}")
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:

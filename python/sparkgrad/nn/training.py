@@ -12,10 +12,27 @@ the overlap TFRecordDataset's C reader gives. Like Keras' prefetching, it may
 take up to ``prefetch`` batches beyond the last step from a one-shot iterator
 when training stops at ``max_steps``.
 
-Callbacks: objects with any of ``on_step_end(step, logs)``,
-``on_epoch_end(epoch, logs)``, ``on_train_end(logs)``, or plain callables
-called as ``fn(step, logs)`` at each log interval. Setting
-``model.stop_training = True`` stops after the current interval.
+Both paths go through one step function (``Trainer._steps``, which calls
+``Sequential.run_steps``, the one caller of the C loop); the loop's state
+(step, epoch, position in the epoch, the epoch's shuffle RNG) is the model's
+TrainState (``model.state``), which checkpoints write and read whole.
+
+Distribution: ``fit(ps=client)`` (a ParameterClient, e.g.
+``TFNode.ps_client(ctx, model)``) hands every step to the parameter servers
+inside the C loop (the ps applies the update; the model's step is the
+global step); the chief (worker rank 0) initialises the servers from the
+model (or from the checkpoint it resumed) and, at the end, waits for the
+other workers and takes the final parameters; only the chief writes
+checkpoints. A model compiled with a DistributedOptimizer reduces the
+gradients across ranks in the C loop instead; rank 0
+(sparkgrad.cluster.rank) writes the checkpoints.
+
+Callbacks (Keras' names): objects with any of ``set_model(model)``,
+``on_train_begin(logs)``, ``on_epoch_begin(epoch, logs)``,
+``on_step_end(step, logs)``, ``on_epoch_end(epoch, logs)``,
+``on_train_end(logs)``, or plain callables called as ``fn(step, logs)`` at
+each log interval. Setting ``model.stop_training = True`` stops after the
+current interval.
 """
 
 from __future__ import annotations
@@ -28,7 +45,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from sparkgrad.cluster import rank as _rank
 from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout
+from sparkgrad.nn import batches as _batches
+from sparkgrad.nn.checkpoint import CheckpointManager
+from sparkgrad.nn.distributed import DistributedOptimizer
+from sparkgrad.nn.history import History
 
 
 class _Totals:
@@ -158,8 +180,6 @@ class Trainer:
         self.plot_path = plot_path
         self.checkpoints = None
         if checkpoint_dir is not None:
-            from sparkgrad.nn.checkpoint import CheckpointManager
-
             self.checkpoints = CheckpointManager(
                 checkpoint_dir,
                 keep_last=keep_last,
@@ -218,62 +238,91 @@ class Trainer:
         if self.writer is not None:
             for k, v in logs.items():
                 self.writer.scalar(f"epoch/{k}", v, m.step)
+        self._callbacks("on_epoch_end", epoch, logs)
+        self._save(logs)
+
+    def _callbacks(self, method: str, *args: object) -> None:
         for cb in self.callbacks:
-            if hasattr(cb, "on_epoch_end"):
-                cb.on_epoch_end(epoch, logs)
-        if self.checkpoints is not None:
-            self.checkpoints.save(m, logs)
+            fn = getattr(cb, method, None)
+            if fn is not None:
+                fn(*args)
 
     # ---- the loop -----------------------------------------------------------
 
-    def run(self, x, y, batch_size, epochs, validation_data, max_steps, shuffle, x_key, y_key, initial_epoch):
-        from sparkgrad.nn.model import History, _batch_arrays
+    def _steps(self, x, labels, onehot, order, pos, batch_size, k) -> tuple[float, int, int, int]:
+        """The one step function of both paths: k steps in C from row pos."""
+        return self.model.run_steps(x, labels, onehot, order, pos, batch_size, k, hook=self.dist.hook)
 
+    def _epoch_order(self, n: int, shuffle: bool, resuming: bool):
+        """This epoch's row order. A new epoch records the RNG it starts from
+        (state.epoch_rng); a resumed one redraws its permutation from there and
+        leaves the RNG where the checkpoint left it."""
+        m = self.model
+        if not resuming:
+            m.state.epoch_rng = m.rng
+            return m.permutation(n) if shuffle else None
+        if m.state.epoch_rng is None:
+            m.state.epoch_rng = m.rng
+        if not shuffle:
+            return None
+        now = m.rng
+        m.rng = m.state.epoch_rng
+        order = m.permutation(n)
+        m.rng = now
+        return order
+
+    def _save(self, logs) -> None:
+        if self.checkpoints is not None and self.dist.chief:
+            self.checkpoints.save(self.model, logs)
+
+    def run(self, x, y, batch_size, epochs, validation_data, max_steps, shuffle, x_key, y_key, initial_epoch, ps=None):
         m = self.model
         if batch_size <= 0 or epochs < 0:
             raise InvalidArgumentError(f"batch_size must be > 0 and epochs >= 0 (got {batch_size}, {epochs})")
         if max_steps is not None and max_steps < 0:
             raise InvalidArgumentError(f"max_steps must be >= 0, not {max_steps}")
-        copt = m.optimizer.bind(m.num_params)
-        resume_pos = 0
-        restored = False
+        self.dist = _Distribution(m, ps)
+        restored = None
         if self.checkpoints is not None and self.resume:
-            restored = self.checkpoints.latest() is not None
-            resume_pos = self.checkpoints.restore_latest(m)
+            restored = self.checkpoints.restore_latest(m)
+            if restored is not None and self.verbose:
+                print(f"resumed from {restored} at step {m.step}", flush=True)
+        resume_pos = m.state.epoch_pos if restored is not None else 0
         if initial_epoch is not None:
             m.epoch = int(initial_epoch)
-        elif not restored:
+        elif restored is None:
             m.epoch = 0  # as Keras: each call trains `epochs` epochs unless it resumes a checkpoint
         arrays = y is not None or isinstance(x, np.ndarray)
         if arrays:
-            xa = m._x(x)
-            labels, onehot = m._targets(y, xa.shape[0])
+            xa, labels, onehot = m.engine_arrays(x, y)
             n = xa.shape[0]
             if n == 0:
                 raise InvalidArgumentError("fit: x has no rows")
+        elif not isinstance(x, Iterable):
+            raise InvalidArgumentError("fit: x must be an array (with y) or an iterable of dict batches")
+        history = History()
+        m.stop_training = False
+        self.dist.begin(restored is not None)
+        if arrays:
             per_epoch = math.ceil(n / batch_size)
             total = max(0, epochs - m.epoch) * per_epoch - math.ceil(resume_pos / batch_size)
             if max_steps is not None:
                 total = min(total, max(0, max_steps - m.step))
-        elif isinstance(x, Iterable):
-            total = max_steps - m.step if max_steps is not None else None
         else:
-            raise InvalidArgumentError("fit: x must be an array (with y) or an iterable of dict batches")
-        history = History()
-        m.stop_training = False
+            total = max_steps - m.step if max_steps is not None else None
+        self._callbacks("set_model", m)
+        self._callbacks("on_train_begin", {})
         self._open_bar(total, 0)
+        finished = False
         try:
             for epoch in range(m.epoch, epochs):
                 if m.stop_training or (max_steps is not None and m.step >= max_steps):
                     break
                 started = time.monotonic()
+                self._callbacks("on_epoch_begin", epoch, {})
                 totals = _Totals()
                 if arrays:
-                    if resume_pos:
-                        order = self.checkpoints.resume_order(m, n, shuffle)
-                    else:
-                        m._epoch_rng = m._core.get_rng()
-                        order = m._core.shuffle(n) if shuffle else None
+                    order = self._epoch_order(n, shuffle, resume_pos > 0)
                     pos, resume_pos = resume_pos, 0
                     while pos < n and not m.stop_training:
                         k = min(self.log_every, math.ceil((n - pos) / batch_size))
@@ -283,40 +332,36 @@ class Trainer:
                             k = min(k, max_steps - m.step)
                         if k <= 0:
                             break
-                        r = m._core.train_steps(copt, xa, labels, onehot, order, pos, batch_size, k)
+                        r = self._steps(xa, labels, onehot, order, pos, batch_size, k)
                         pos += r[2]
-                        m.step += r[3]
-                        m._epoch_pos = pos
+                        m.state.epoch_pos = pos
                         interval = _Totals()
                         interval.add(r)
                         totals.add(r)
                         self._step_logs(history, interval)
-                        if self.checkpoints and self.checkpoint_every and m.step % self.checkpoint_every == 0:
-                            if pos < n:
-                                self.checkpoints.save(m, None)
+                        if self.checkpoint_every and m.step % self.checkpoint_every == 0 and pos < n:
+                            self._save(None)
                     if pos < n:  # stopped early: an incomplete epoch is not counted
-                        m._epoch_pos = pos
                         break
                 else:
                     interval = _Totals()
 
                     def convert(batch):
-                        xb, yb = _batch_arrays(batch, x_key, y_key)
-                        xb = m._x(xb)
-                        return (xb, *m._targets(yb, xb.shape[0]))
+                        return m.engine_arrays(*_batches.batch_arrays(batch, x_key, y_key))
 
                     prefetcher = None
                     if self.prefetch:
                         prefetcher = _Prefetcher(iter(x), convert, self.prefetch, self.prefetch_timeout)
                     try:
                         for xb, lb, ob in prefetcher if prefetcher is not None else map(convert, x):
-                            r = m._core.train_steps(copt, xb, lb, ob, None, 0, xb.shape[0], 1)
-                            m.step += r[3]
+                            r = self._steps(xb, lb, ob, None, 0, max(xb.shape[0], 1), 1)
                             interval.add(r)
                             totals.add(r)
                             if interval.steps >= self.log_every:
                                 self._step_logs(history, interval)
                                 interval = _Totals()
+                            if self.checkpoint_every and m.step % self.checkpoint_every == 0:
+                                self._save(None)
                             if m.stop_training or (max_steps is not None and m.step >= max_steps):
                                 break
                     finally:
@@ -332,21 +377,81 @@ class Trainer:
                     vl, va = m.evaluate(vx, vy, batch_size=batch_size)
                     logs["val_loss"], logs["val_accuracy"] = vl, va
                 m.epoch = epoch + 1
-                m._epoch_pos = 0
+                m.state.epoch_pos = 0
                 self._epoch_end(history, epoch, logs, started)
+            finished = True
         finally:
             if self.bar is not None:
                 self.bar.close()
-            if self.checkpoints is not None:
-                self.checkpoints.finish()
-            if self.writer is not None and hasattr(self.writer, "close"):
-                self.writer.close()
-        for cb in self.callbacks:
-            if hasattr(cb, "on_train_end"):
-                cb.on_train_end(history.history)
+            try:
+                if self.dist.end(finished):
+                    self._save(None)  # the final parameters, after every worker's updates
+            finally:
+                if self.checkpoints is not None:
+                    self.checkpoints.finish()
+                if self.writer is not None and hasattr(self.writer, "close"):
+                    self.writer.close()
+        self._callbacks("on_train_end", history.history)
         if self.plot_path is not None:
             plot_history(history, self.plot_path)
         return history
+
+
+class _Distribution:
+    """Where fit's gradients go: nowhere (local training), to parameter servers
+    (``ps``: a ParameterClient) or to an allreduce (a DistributedOptimizer).
+    ``hook``: the capsule for the C loop; ``chief``: whether this process
+    writes checkpoints."""
+
+    def __init__(self, model, ps) -> None:
+        self.model, self.ps, self.hook = model, ps, None
+        distributed = isinstance(model.optimizer, DistributedOptimizer)
+        if ps is not None and distributed:
+            raise InvalidArgumentError(
+                "fit: ps= and a DistributedOptimizer both distribute the gradients; use one (ps: the parameter "
+                "servers apply the update; DistributedOptimizer: allreduce, each rank applies it)"
+            )
+        if ps is not None:
+            for name in ("worker_id", "grad_hook", "init", "set_state", "pull", "done", "wait_for_workers"):
+                if not hasattr(ps, name):
+                    raise InvalidArgumentError(
+                        f"fit: ps= must be a parameter-server client (TFNode.ps_client(ctx, model)), "
+                        f"not {type(ps).__name__}"
+                    )
+            if int(getattr(ps, "total", model.num_params)) != model.num_params:
+                raise InvalidArgumentError(
+                    f"fit: the ps client is for {ps.total} parameters, the model has {model.num_params}"
+                )
+            self.chief = ps.worker_id == 0
+        elif distributed:
+            self.chief = _rank.is_chief()
+        else:
+            self.chief = True
+
+    def begin(self, restored: bool) -> None:
+        m = self.model
+        if self.ps is not None:
+            if self.chief:
+                if restored or m.step > 0:  # a resumed chief's state overrides what the servers hold
+                    self.ps.set_state(m.params, m.step)
+                else:
+                    self.ps.init(m.params)
+            m.step = self.ps.pull(m.params)  # waits until the chief initialised every shard
+            self.hook = self.ps.grad_hook()
+        elif isinstance(m.optimizer, DistributedOptimizer):
+            self.hook = m.optimizer.grad_hook()
+
+    def end(self, finished: bool) -> bool:
+        """Ends the distributed run; True when the chief then holds final
+        parameters worth a last checkpoint (the ps' after every worker's updates)."""
+        self.hook = None
+        if self.ps is None or not finished:
+            return False
+        m = self.model
+        if self.chief:
+            m.step = self.ps.wait_for_workers(m.params)
+        self.ps.done()
+        return self.chief
 
 
 def plot_history(history, path: str) -> None:

@@ -1,0 +1,392 @@
+"""fit's declared state and the C loop's boundary: uint8/int64 inputs converted
+in C (equal to NumPy's conversion, with no float copy), the gradient hook
+through a real parameter server over loopback (fit(ps=...) equal to local
+training, the global step, chief-only checkpoints), serve_parameters(model),
+DistributedOptimizer as the wrapped optimizer, and the callback protocol."""
+
+from __future__ import annotations
+
+import os
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+from sparkgrad import TFNode, _core
+from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
+from sparkgrad.errors import InvalidArgumentError, ModelError, SparkgradError
+from sparkgrad.nn import SGD, Adam, Dense, DistributedOptimizer, Dropout, Sequential
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def mlp(seed=3, opt=None, inputs=12):
+    m = Sequential([Dense(16, activation="relu", input_shape=(inputs,)), Dropout(0.2), Dense(4)], seed=seed)
+    m.compile(optimizer=opt if opt is not None else Adam(0.01), loss="sparse_categorical_crossentropy")
+    return m
+
+
+def data(n=256, features=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (n, features), dtype=np.uint8)
+    y = (x[:, 0] > 127).astype(np.int64) + 2 * (x[:, 1] > 127)
+    return x, y
+
+
+# ---- conversion at the boundary, in C -----------------------------------------
+
+
+def test_uint8_inputs_scaled_and_standardised_in_c_equal_numpy_conversion():
+    x, y = data()
+    rng = np.random.default_rng(1)
+    mean = rng.uniform(0.3, 0.7, 12).astype(np.float32)
+    std = rng.uniform(0.2, 0.4, 12).astype(np.float32)
+    in_c, in_numpy = mlp(), mlp()
+    in_c.set_input_transform(scale=1 / 255, mean=mean, std=std)
+    xf = (x.astype(np.float32) * np.float32(1 / 255) - mean) / std
+    h1 = in_c.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    h2 = in_numpy.fit(xf, y.astype(np.int32), batch_size=32, epochs=2, verbose=0)
+    np.testing.assert_allclose(in_c.params, in_numpy.params, rtol=1e-6, atol=1e-7)
+    assert h1.history["loss"] == pytest.approx(h2.history["loss"], rel=1e-6)
+    np.testing.assert_allclose(in_c.predict(x), in_numpy.predict(xf), rtol=1e-5, atol=1e-7)
+    assert in_c.evaluate(x, y) == pytest.approx(in_numpy.evaluate(xf, y), rel=1e-6)
+    # an iterable of uint8 batches takes the same path
+    it = mlp()
+    it.set_input_transform(scale=1 / 255, mean=mean, std=std)
+    it.fit([{"image_raw": x[i : i + 32], "label": y[i : i + 32]} for i in range(0, 256, 32)], verbose=0)
+    ref = mlp()
+    ref.fit([(xf[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)], verbose=0)
+    np.testing.assert_allclose(it.params, ref.params, rtol=1e-6, atol=1e-7)
+
+
+def test_int32_and_int64_labels_train_identically():
+    x, y = data()
+    a, b = mlp(), mlp()
+    a.fit(x, y.astype(np.int64), batch_size=32, epochs=1, verbose=0)
+    b.fit(x, y.astype(np.int32), batch_size=32, epochs=1, verbose=0)
+    np.testing.assert_array_equal(a.params, b.params)
+
+
+def test_a_large_uint8_array_reaches_c_without_a_float_copy():
+    n, features = 40_000, 784
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, (n, features), dtype=np.uint8)
+    y = rng.integers(0, 10, n).astype(np.int64)
+    m = Sequential([Dense(10, input_shape=(features,))], seed=1)
+    m.compile(optimizer=SGD(0.01), loss="sparse_categorical_crossentropy")
+    m.set_input_transform(scale=1 / 255)
+    float_copy = n * features * 4  # 125 MB
+    tracemalloc.start()
+    try:
+        m.fit(x, y, batch_size=500, epochs=1, verbose=0, shuffle=True)
+        m.evaluate(x, y, batch_size=1000)
+        m.predict(x[:1000])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < float_copy / 20, f"peak {peak} bytes traced: a float32 copy of x ({float_copy} bytes) was made?"
+
+
+def test_input_transform_and_dtype_errors_are_specific():
+    m = mlp()
+    with pytest.raises(InvalidArgumentError, match="input mean has 3 values; the input has 12"):
+        m.set_input_transform(mean=np.zeros(3))
+    with pytest.raises(InvalidArgumentError, match="std has zeros"):
+        m.set_input_transform(std=np.zeros(12))
+    with pytest.raises(InvalidArgumentError, match="labels must be a contiguous int32 or int64"):
+        m._core.evaluate(np.zeros((2, 12), np.float32), np.zeros(2, np.int16), None, 2)
+    with pytest.raises(InvalidArgumentError, match="float32 or uint8"):
+        m._core.predict(np.zeros((2, 12), np.float64), 2)
+
+
+# ---- the hook ---------------------------------------------------------------------
+
+
+def test_train_steps_takes_only_a_grad_hook_capsule_and_a_hook_error_names_the_row():
+    m = mlp()
+    x, y = data(64)
+    with pytest.raises(InvalidArgumentError, match="sparkgrad._core.NnGradHook"):
+        m._core.train_steps(None, x, y, None, None, 0, 32, 1, hook=object())
+    with PsCluster(total=m.num_params + 1, workers=1, lr=0.1) as ps:
+        client = _core.PsClient(ps.addresses, ps.secret, m.num_params + 1, 0, 10.0)
+        client.init(np.zeros(m.num_params + 1, np.float32))
+        hook = client.grad_hook()
+        with pytest.raises(
+            InvalidArgumentError, match=r"training step at row 32: gradient hook: ps client is for \d+ parameters"
+        ):
+            m._core.train_steps(None, x, y, None, None, 32, 32, 2, hook=hook)
+        client.done()
+        client.close()
+
+
+class PsCluster:
+    """One ps shard serving in a thread on loopback, with the NodeContexts of
+    the ps and of ``workers`` training nodes (as TFCluster builds them)."""
+
+    def __init__(self, total=None, workers=1, model=None, mode="async", lr=None) -> None:
+        self.secret = os.urandom(32)
+        self.listener = _core.Listener("127.0.0.1", 0)
+        nodes = [NodeInfo(0, "ps", 0, "127.0.0.1", self.listener.port, os.getpid())]
+        nodes += [NodeInfo(1 + i, "worker", i, "127.0.0.1", 1, os.getpid()) for i in range(workers)]
+        spec = cluster_spec(nodes)
+
+        def ctx(node, listener=None):
+            return NodeContext(
+                node.executor_id,
+                node.role,
+                node.index,
+                spec,
+                "file://",
+                "/tmp",
+                tuple(nodes),
+                listener=listener,
+                secret=self.secret,
+            )
+
+        self.ps_ctx = ctx(nodes[0], self.listener)
+        self.workers = [ctx(n) for n in nodes[1:]]
+        self.total = total
+        self.result = None
+        what = model if model is not None else total
+        kw = {"lr": lr} if lr is not None else {}
+        self.thread = threading.Thread(target=self._serve, args=(what, mode, kw))
+        self.thread.start()
+
+    def _serve(self, what, mode, kw) -> None:
+        try:
+            self.result = TFNode.start_cluster_server(self.ps_ctx).serve_parameters(what, mode=mode, timeout=60, **kw)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            self.result = exc
+
+    @property
+    def addresses(self):
+        return [("127.0.0.1", self.listener.port)]
+
+    def join(self):
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the ps did not exit"
+        return self.result
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.ps_ctx.signal_stop()
+        self.join()
+        self.listener.close()
+
+
+def test_fit_through_the_ps_equals_local_training_with_the_compiled_optimizer():
+    """1 ps (serve_parameters(model): the model's Adam runs on the ps) + 1 worker
+    fitting with ps=: the same parameters as fit without a ps, the global step
+    in the model's state, the ps told done."""
+    x, y = data()
+    local = mlp()
+    local.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    served = mlp()
+    with PsCluster(workers=1, model=served) as cluster:
+        worker = mlp()
+        assert cluster.workers[0].worker_rank == 0 and cluster.ps_ctx.worker_rank is None
+        with TFNode.ps_client(cluster.workers[0], worker) as ps:
+            h = worker.fit(x, y, batch_size=32, epochs=2, verbose=0, ps=ps, log_every=3)
+        assert cluster.join() == "done"
+    np.testing.assert_allclose(worker.params, local.params, rtol=1e-6, atol=1e-7)
+    assert worker.step == local.step == 16 and worker.epoch == 2
+    assert [s["step"] for s in h.steps][-1] == 16
+    assert worker.optimizer.iterations == 0  # the ps applied every update
+
+
+def test_two_workers_on_a_sync_ps_share_the_global_step_and_only_the_chief_checkpoints(tmp_path):
+    x, y = data(256)
+    model = mlp(opt=SGD(0.1))
+    dirs = [tmp_path / "chief", tmp_path / "other"]
+    results: list = [None, None]
+    with PsCluster(workers=2, model=model, mode="sync") as cluster:
+
+        def work(i):
+            try:
+                m = mlp(seed=3 + i, opt=SGD(0.1))  # the chief's initial weights win
+                with TFNode.ps_client(cluster.workers[i], m) as ps:
+                    part = slice(i * 128, (i + 1) * 128)
+                    m.fit(x[part], y[part], batch_size=32, epochs=2, verbose=0, ps=ps, checkpoint_dir=str(dirs[i]))
+                results[i] = m
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                results[i] = exc
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert cluster.join() == "done"
+    chief, other = results
+    assert isinstance(chief, Sequential), chief
+    assert isinstance(other, Sequential), other
+    assert chief.step == 8  # 2 epochs x 4 batches, one global step per round of both workers
+    assert sorted(os.listdir(dirs[1])) == []
+    names = sorted(os.listdir(dirs[0]))
+    assert names[-1] == "ckpt-0000000008.sgck", names
+    fresh = mlp(seed=11, opt=SGD(0.1))
+    fresh.load(dirs[0] / names[-1])
+    np.testing.assert_array_equal(fresh.params, chief.params)  # the final parameters, after both workers
+    assert fresh.step == 8
+
+
+def test_serve_parameters_still_takes_a_total_and_lr():
+    x, y = data(64)
+    m = mlp(opt=SGD(0.05))
+    ref = mlp(opt=SGD(0.05))
+    with PsCluster(total=m.num_params, workers=1, lr=0.05) as cluster:
+        with TFNode.ps_client(cluster.workers[0], m.num_params) as ps:
+            m.fit(x, y, batch_size=64, epochs=1, verbose=0, ps=ps, shuffle=False)
+        assert cluster.join() == "done"
+    ref.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False)
+    np.testing.assert_allclose(m.params, ref.params, rtol=1e-5, atol=1e-7)
+
+
+# ---- DistributedOptimizer -------------------------------------------------------------
+
+
+def test_distributed_optimizer_is_the_wrapped_optimizer_for_compile_and_checkpoints(tmp_path):
+    inner = Adam(0.003)
+    opt = DistributedOptimizer(inner, compression=type("C", (), {"name": "fp16"})(), op="sum")
+    assert (opt.kind, opt.learning_rate, opt.compression, opt.op) == ("adam", pytest.approx(0.003), "fp16", "sum")
+    m = mlp(opt=opt)
+    x, y = data(64)
+    m.train_on_batch(x, y)  # no communicator needed outside fit
+    assert opt.iterations == inner.iterations == 1
+    m.save(tmp_path / "m.sgck")
+    plain = mlp(seed=8)
+    plain.load(tmp_path / "m.sgck")
+    np.testing.assert_array_equal(plain.optimizer.get_state()[1], inner.get_state()[1])
+    with pytest.raises(InvalidArgumentError, match="compression"):
+        DistributedOptimizer(SGD(), compression="int8")
+    with pytest.raises(InvalidArgumentError, match="op must be"):
+        DistributedOptimizer(SGD(), op="product")
+
+
+def test_fit_with_a_distributed_optimizer_needs_a_communicator_and_refuses_a_ps():
+    x, y = data(64)
+    m = mlp(opt=DistributedOptimizer(SGD(0.1)))
+    with pytest.raises(ModelError, match=r"hvd\.init\(\)"):
+        m.fit(x, y, verbose=0)
+    with pytest.raises(InvalidArgumentError, match="ps= and a DistributedOptimizer"):
+        m.fit(x, y, verbose=0, ps=object())
+    assert m.step == 0
+
+
+# ---- callbacks ------------------------------------------------------------------------
+
+
+def test_callbacks_get_keras_hooks_in_order():
+    calls = []
+
+    class Recorder:
+        def set_model(self, model):
+            calls.append(("set_model", model is m))
+
+        def on_train_begin(self, logs):
+            calls.append(("train_begin",))
+
+        def on_epoch_begin(self, epoch, logs):
+            calls.append(("epoch_begin", epoch))
+
+        def on_step_end(self, step, logs):
+            calls.append(("step_end", step))
+
+        def on_epoch_end(self, epoch, logs):
+            calls.append(("epoch_end", epoch))
+
+        def on_train_end(self, logs):
+            calls.append(("train_end",))
+
+    m = mlp()
+    x, y = data(64)
+    m.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[Recorder()])
+    assert calls == [
+        ("set_model", True),
+        ("train_begin",),
+        ("epoch_begin", 0),
+        ("step_end", 2),
+        ("epoch_end", 0),
+        ("epoch_begin", 1),
+        ("step_end", 4),
+        ("epoch_end", 1),
+        ("train_end",),
+    ]
+
+
+def test_errors_from_the_ps_hook_are_sparkgrad_errors():
+    """A ps that went away ends fit with an error, not a hang."""
+    x, y = data(64)
+    m = mlp()
+    with PsCluster(workers=1, model=m) as cluster:
+        ps = TFNode.ps_client(cluster.workers[0], m, timeout=5.0)
+        ps.init(m.params)
+        cluster.ps_ctx.signal_stop()
+        assert cluster.join() == "stopped"
+        with pytest.raises(SparkgradError):
+            m.fit(x, y, batch_size=32, epochs=1, verbose=0, ps=ps)
+        ps.close()
+
+
+# ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
+
+
+class Bucketed:
+    """A communicator whose hooks reduce in buckets of ``bucket_bytes`` (0: after backward)."""
+
+    def __init__(self, comm, bucket_bytes: int) -> None:
+        self.comm, self.bucket_bytes = comm, bucket_bytes
+
+    def grad_hook(self, **kw):
+        return self.comm.grad_hook(bucket_bytes=self.bucket_bytes, **kw)
+
+
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+@pytest.mark.parametrize("opt,bucket_bytes", [("sgd", 0), ("adam", 0), ("sgd", 256)])
+def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes):
+    """20 steps: 2 ranks (threads, a real ring over loopback) each fitting its
+    64 rows of every 128-row batch with DistributedOptimizer(op="average") end
+    with the parameters of one model fitting the whole batches (to 1e-5).
+    bucket_bytes > 0: the hook starts reducing each layer's gradients when the
+    C backward calls ready() for it."""
+    steps, features = 20, 12
+    x, y = data(steps * 128, features, seed=4)
+    make_opt = (lambda: SGD(0.1)) if opt == "sgd" else (lambda: Adam(0.01))
+
+    def model(o):
+        m = Sequential([Dense(16, activation="relu", input_shape=(features,)), Dense(4)], seed=7)
+        m.compile(optimizer=o, loss="sparse_categorical_crossentropy")
+        m.set_input_transform(scale=1 / 255)
+        return m
+
+    whole = model(make_opt())
+    whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    secret = os.urandom(32)
+    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
+    addresses = [("127.0.0.1", lis.port) for lis in listeners]
+    results: list = [None, None]
+
+    def rank(r):
+        try:
+            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
+                m = model(DistributedOptimizer(make_opt(), communicator=Bucketed(comm, bucket_bytes)))
+                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+                results[r] = m
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for lis in listeners:
+        lis.close()
+    for m in results:
+        assert isinstance(m, Sequential), m
+        assert m.step == steps
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(results[0].params, results[1].params)
