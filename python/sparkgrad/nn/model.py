@@ -285,24 +285,30 @@ class Sequential:
         each epoch when it is a re-iterable); ``input_mapping`` ({"image_raw": "x",
         "label": "y"}, as TFoS' input_mapping) may name the keys instead. Arrays are
         converted to float32 as they are (scale images yourself). See
-        sparkgrad.nn.training for the checkpoint, sync and plotting options."""
+        sparkgrad.nn.training for the checkpoint, sync and plotting options, and
+        sparkgrad.nn.tracking for ``mlflow=`` (MLflow tracking from the chief)."""
         from sparkgrad.nn.training import Trainer
 
         self._require_compiled()
         x_key, y_key = _keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
-        return trainer.run(
-            x,
-            y,
-            batch_size=batch_size,
-            epochs=epochs,
-            validation_data=validation_data,
-            max_steps=max_steps,
-            shuffle=shuffle,
-            x_key=x_key,
-            y_key=y_key,
-            initial_epoch=initial_epoch,
-        )
+        try:
+            return trainer.run(
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=epochs,
+                validation_data=validation_data,
+                max_steps=max_steps,
+                shuffle=shuffle,
+                x_key=x_key,
+                y_key=y_key,
+                initial_epoch=initial_epoch,
+            )
+        except BaseException:
+            if trainer.tracker is not None:  # an MLflow run fit started ends as FAILED
+                trainer.tracker.on_train_failed()
+            raise
 
     # ---- inference --------------------------------------------------------
 
