@@ -26,16 +26,23 @@ What is logged, all through ``MlflowClient`` on the run's id:
   ``val_accuracy`` at each epoch end, all with ``step=model.step``;
 - each checkpoint file as the CheckpointManager writes it, under ``checkpoints/``;
 - the final model (``model.save``) as ``model/<model name>.sgck``.
+
+For a driver that trains through TFCluster with its own loop (no fit on the
+nodes), ``log_cluster_metrics(cluster.metrics)`` logs what the nodes streamed
+with ``ctx.metric`` to the driver's run, and ``mlflow_configured()`` says
+whether there is a tracking store to log to, without importing mlflow.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable
 
 from sparkgrad.errors import InvalidArgumentError
 
@@ -67,6 +74,39 @@ def mlflow_callback(model, option: bool | None) -> MlflowCallback | None:
                 f"fit(mlflow=True) needs MLflow, which cannot be imported ({exc}): {INSTALL_HINT}"
             ) from exc
     return MlflowCallback(mlflow, model)
+
+
+def mlflow_configured() -> bool:
+    """mlflow is installed and has somewhere to log: on Databricks (always), or where
+    MLFLOW_TRACKING_URI is set or the process already set a tracking URI. Imports nothing."""
+    if importlib.util.find_spec("mlflow") is None:
+        return False
+    if "DATABRICKS_RUNTIME_VERSION" in os.environ or os.environ.get("MLFLOW_TRACKING_URI"):
+        return True
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    is_set = getattr(utils, "is_tracking_uri_set", None)  # mlflow.set_tracking_uri was called
+    return bool(is_set is not None and is_set())
+
+
+def log_cluster_metrics(metrics: Iterable, run_id: str | None = None) -> int:
+    """Logs a driver's ``Cluster.metrics`` (each with role, index, name, value, step) to
+    an MLflow run (default: the active one) as ``<role><index>/<name>`` at its step,
+    e.g. ``worker0/loss``, in batches of 1000; returns how many it logged. Imports mlflow."""
+    import mlflow
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    if run_id is None:
+        active = mlflow.active_run()
+        if active is None:
+            raise InvalidArgumentError("log_cluster_metrics: no active MLflow run (mlflow.start_run() first)")
+        run_id = active.info.run_id
+    now = int(time.time() * 1000)
+    batch = [Metric(f"{m.role}{m.index}/{m.name}", float(m.value), now, int(m.step)) for m in metrics]
+    client = MlflowClient()
+    for i in range(0, len(batch), _BATCH):
+        client.log_batch(run_id, metrics=batch[i : i + _BATCH])
+    return len(batch)
 
 
 def _cluster_params() -> dict[str, object]:
