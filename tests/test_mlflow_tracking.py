@@ -77,6 +77,7 @@ def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(stor
             validation_data=_data(60, 1),
             checkpoint_dir=str(tmp_path / "ckpt"),
             keep_last=1,
+            save_best_only=True,
         )
         assert mlflow.active_run().info.run_id == run.info.run_id  # the user's run is left active
     run_id = run.info.run_id
@@ -96,7 +97,8 @@ def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(stor
     assert _steps(run_id, "epoch") == [(10, 1.0), (20, 2.0)]
     assert [v for _, v in _steps(run_id, "epoch_loss")] == pytest.approx(history.history["loss"])
     # every checkpoint the manager wrote, though it kept only the last on disk
-    assert _artifacts(run_id, "checkpoints") == ["checkpoints/ckpt-0000000010.sgck", "checkpoints/ckpt-0000000020.sgck"]
+    ckpts = ["checkpoints/best.sgck", "checkpoints/ckpt-0000000010.sgck", "checkpoints/ckpt-0000000020.sgck"]
+    assert _artifacts(run_id, "checkpoints") == ckpts
     assert _artifacts(run_id, "model") == ["model/sequential.sgck", "model/summary.txt"]
     final = MlflowClient().download_artifacts(run_id, "model/sequential.sgck", str(tmp_path / "dl"))
     restored = _model()
@@ -181,7 +183,7 @@ def test_without_the_option_or_an_active_run_mlflow_is_neither_imported_nor_writ
         tmp_path,
     )
     assert seen == {"active": False}
-    assert not os.path.exists(store[len("file:") :]) and not os.path.exists(tmp_path / "mlruns.db")
+    assert not os.path.exists(store[len("file:") :]) and not os.path.exists(tmp_path / "mlflow.db")
 
 
 def test_mlflow_true_without_mlflow_says_what_to_install(tmp_path):
