@@ -216,3 +216,14 @@ def test_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(store):
     assert run.data.params["cluster.role"] == "worker" and run.data.params["cluster.num_ps"] == "0"
     assert [s for s, _ in _steps(run.info.run_id, "loss")] == [4, 8, 12, 16]
     assert _artifacts(run.info.run_id, "model") == ["model/sequential.sgck", "model/summary.txt"]
+
+
+@pytest.mark.slow
+def test_the_chief_of_a_cluster_logs_into_the_drivers_run_named_by_mlflow_run_id(store, monkeypatch):
+    with mlflow.start_run() as run:
+        monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)  # the nodes' mlflow.start_run() resumes it
+        cluster = sparkgrad.local.run(cluster_nodes.fit_with_mlflow, {}, 2, 0, output=lambda line: None)
+        cluster.shutdown(timeout=90)
+    (logged,) = _runs()
+    assert logged.info.run_id == run.info.run_id and logged.data.params["cluster.size"] == "2"
+    assert [s for s, _ in _steps(run.info.run_id, "loss")] == [4, 8, 12, 16]  # one node's curve, not two
