@@ -94,7 +94,7 @@ py310-spark34.pyspark := pyspark==3.4.1
 py310-spark34.numpy := numpy==1.21.5
 # ... and its pandas and pyarrow, which DataFrame feeding (mapInArrow) needs on Spark 3.x; and an MLflow 2
 # client (file store without MLFLOW_ALLOW_FILE_STORE) for fit(mlflow=...), where the main leg has MLflow 3.
-py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.9.2
+py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.22.5
 # Under that NumPy, also the suites that hand arrays to and from the C core (30 s).
 py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
   tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \

@@ -25,7 +25,8 @@ What is logged, all through ``MlflowClient`` on the run's id:
   ``epoch``, ``epoch_loss``, ``epoch_accuracy``, ``val_loss``,
   ``val_accuracy`` at each epoch end, all with ``step=model.step``;
 - each checkpoint file as the CheckpointManager writes it, under ``checkpoints/``;
-- the final model (``model.save``) as ``model/<model name>.sgck``.
+- the final model (``model.save``) as ``model/<model name>.sgck`` (characters
+  other than letters, digits, ``.``, ``_`` and ``-`` as ``_``).
 
 For a driver that trains through TFCluster with its own loop (no fit on the
 nodes), ``log_cluster_metrics(cluster.metrics)`` logs what the nodes streamed
@@ -38,6 +39,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -179,7 +181,7 @@ class MlflowCallback:
     def on_train_end(self, logs) -> None:
         """Logs the final model and ends the run if this callback started it."""
         with tempfile.TemporaryDirectory(prefix="sparkgrad-mlflow-") as tmp:
-            path = os.path.join(tmp, f"{self.model.name}.sgck")
+            path = os.path.join(tmp, re.sub(r"[^A-Za-z0-9._-]", "_", self.model.name) + ".sgck")
             self.model.save(path)
             self._client.log_artifact(self.run_id, path, "model")
         self._end("FINISHED")
