@@ -2,7 +2,7 @@
 
 MLflow 3's file store refuses to open unless MLFLOW_ALLOW_FILE_STORE=true (it steers users to a
 database backend, which mlflow-skinny, the test extra's client, cannot open: no SQLAlchemy); the
-tests set it.
+tests set it. The py310-spark34 matrix leg runs them under an MLflow 2 client.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(stor
     ckpts = ["checkpoints/best.sgck", "checkpoints/ckpt-0000000010.sgck", "checkpoints/ckpt-0000000020.sgck"]
     assert _artifacts(run_id, "checkpoints") == ckpts
     assert _artifacts(run_id, "model") == ["model/sequential.sgck", "model/summary.txt"]
+    (tmp_path / "dl").mkdir()  # MLflow 2 wants it there already
     final = MlflowClient().download_artifacts(run_id, "model/sequential.sgck", str(tmp_path / "dl"))
     restored = _model()
     restored.load(final)
