@@ -23,7 +23,9 @@ What is logged, all through ``MlflowClient`` on the run's id:
 - ``model/summary.txt``: ``model.summary()``;
 - metrics ``loss``, ``accuracy``, ``lr`` at each log interval and
   ``epoch``, ``epoch_loss``, ``epoch_accuracy``, ``val_loss``,
-  ``val_accuracy`` at each epoch end, all with ``step=model.step``;
+  ``val_accuracy`` at each epoch end, all with ``step=model.step`` (queued
+  on MLflow's logging thread where it has one, MLflow >= 2.8; fit waits for
+  them before it returns);
 - each checkpoint file as the CheckpointManager writes it, under ``checkpoints/``;
 - the final model (``model.save``) as ``model/<model name>.sgck`` (characters
   other than letters, digits, ``.``, ``_`` and ``-`` as ``_``).
@@ -37,6 +39,7 @@ whether there is a tracking store to log to, without importing mlflow.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -140,6 +143,10 @@ class MlflowCallback:
         self.model = model
         self.run_id: str | None = None
         self._owned = False  # started by this callback, ended by it
+        # MLflow >= 2.8 queues metric batches on a thread of its own: the training loop does not
+        # wait for the tracking server at each log interval; fit waits for them all at its end.
+        self._async = "synchronous" in inspect.signature(self._client.log_batch).parameters
+        self._pending: list = []  # RunOperations of the queued batches
 
     # ---- the Trainer's calls --------------------------------------------------
 
@@ -179,7 +186,8 @@ class MlflowCallback:
         self._client.log_artifact(self.run_id, path, "checkpoints")
 
     def on_train_end(self, logs) -> None:
-        """Logs the final model and ends the run if this callback started it."""
+        """Logs the final model, waits for the queued metrics and ends the run if this callback started it."""
+        self._flush()
         with tempfile.TemporaryDirectory(prefix="sparkgrad-mlflow-") as tmp:
             path = os.path.join(tmp, re.sub(r"[^A-Za-z0-9._-]", "_", self.model.name) + ".sgck")
             self.model.save(path)
@@ -188,9 +196,17 @@ class MlflowCallback:
 
     def on_train_failed(self) -> None:
         """fit raised: a run this callback started ends as FAILED (idempotent)."""
-        self._end("FAILED")
+        try:
+            self._flush()
+        finally:
+            self._end("FAILED")
 
     # ---- helpers --------------------------------------------------------------
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for operations in pending:
+            operations.wait()
 
     def _end(self, status: str) -> None:
         if self._owned:
@@ -225,4 +241,9 @@ class MlflowCallback:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, int(step)) for k, v in values.items()]
         for i in range(0, len(batch), _BATCH):
-            self._client.log_batch(self.run_id, metrics=batch[i : i + _BATCH])
+            if not self._async:
+                self._client.log_batch(self.run_id, metrics=batch[i : i + _BATCH])
+                continue
+            self._pending.append(self._client.log_batch(self.run_id, metrics=batch[i : i + _BATCH], synchronous=False))
+            if len(self._pending) > 256:  # bounded: the oldest are done by now, or the queue is stuck
+                self._flush()
