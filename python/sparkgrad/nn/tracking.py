@@ -17,7 +17,7 @@ What is logged, all through ``MlflowClient`` on the run's id:
   configuration, learning rate included), ``batch_size``, ``epochs``,
   ``max_steps``, ``log_every`` and the cluster shape (``cluster.size``,
   ``cluster.rank``, ``cluster.role`` from sparkgrad.cluster.rank and
-  ``cluster.num_ps`` when the node's TF_CONFIG names parameter servers);
+  ``cluster.num_ps`` on a node with a TF_CONFIG, i.e. a TFCluster node);
   MLflow params cannot change within a run, so a second fit in the same run
   keeps the first values (with a warning for each that differs);
 - ``model/summary.txt``: ``model.summary()``;
