@@ -148,3 +148,26 @@ display(fig)
 
 chief = next(r for r in cluster.results.values() if isinstance(r, dict) and "test_accuracy" in r)
 print(f"global step {chief['step']}: test loss {chief['test_loss']:.4f}, test accuracy {chief['test_accuracy']:.4f}")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## MLflow
+# MAGIC On Databricks the run appears in this notebook's experiment: the settings, every node's metric curves
+# MAGIC (`worker0/loss`, ...), the test metrics and the plot. Elsewhere it is logged when `MLFLOW_TRACKING_URI` is set.
+
+# COMMAND ----------
+
+from sparkgrad.nn import tracking
+
+if tracking.mlflow_configured():
+    import mlflow
+
+    settings = {"num_executors": num_executors, "num_ps": num_ps, "epochs": epochs, "train_rows": train_rows}
+    test_metrics = {"test_loss": chief["test_loss"], "test_accuracy": chief["test_accuracy"]}
+    with mlflow.start_run(run_name="01_quickstart") as mlflow_run:
+        mlflow.log_params({**settings, "learning_rate": args["lr"], "batch_size": 100, "optimizer": "sgd"})
+        tracking.log_cluster_metrics(cluster.metrics)  # worker0/loss, worker1/accuracy, ... at the global step
+        mlflow.log_metrics(test_metrics, step=chief["step"])
+        mlflow.log_figure(fig, "training_curves.png")
+    print(f"MLflow run {mlflow_run.info.run_id}")

@@ -8,7 +8,8 @@
 # MAGIC `sparkgrad convert mnist` write them) and copied to local disk; the model, its checkpoint and the
 # MAGIC metrics are written locally and then copied to `output_path` (`/dbfs` is a FUSE view: whole-file copies
 # MAGIC work well there, many small writes do not). A re-run with the same `output_path` resumes from its
-# MAGIC checkpoint. The run's result (`dbutils.notebook.exit`) is a JSON summary.
+# MAGIC checkpoint. The run's result (`dbutils.notebook.exit`) is a JSON summary. With MLflow (always there on
+# MAGIC Databricks) the run is also logged to this notebook's experiment, and the summary names it (`mlflow_run_id`).
 # MAGIC
 # MAGIC Needs a cluster in Dedicated (single user) access mode with a task slot per node (plus one in `spark` mode).
 # MAGIC
@@ -145,6 +146,27 @@ with open(f"{out}/metrics.json", "w") as f:
     json.dump(metrics, f, indent=1, sort_keys=True)
 dbutils.fs.cp(f"file:{out}", output_path, recurse=True)
 dbutils.fs.cp(f"{output_path}/checkpoints/{mnist_dist.CHECKPOINT}", f"{output_path}/model/{mnist_dist.CHECKPOINT}")
+
+# COMMAND ----------
+
+# MLflow (always on Databricks: the job run's notebook experiment; elsewhere when MLFLOW_TRACKING_URI is set):
+# the widgets, every node's metric curves, the test metrics, metrics.json and the model folder.
+from sparkgrad.nn import tracking
+
+mlflow_run_id = None
+if tracking.mlflow_configured():
+    import mlflow
+
+    shutil.copyfile(os.path.join(job.checkpoints, mnist_dist.CHECKPOINT), f"{out}/model/{mnist_dist.CHECKPOINT}")
+    with mlflow.start_run(run_name="02_scheduled_training_job") as mlflow_run:
+        widgets = {"data_path": data_path, "output_path": output_path, "epochs": epochs, "mode": mode}
+        widgets.update({"learning_rate": learning_rate, "num_executors": num_executors, "num_ps": num_ps})
+        mlflow.log_params({**widgets, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every})
+        tracking.log_cluster_metrics(cluster.metrics)
+        final = {k: metrics[k] for k in ("test_accuracy", "test_loss", "samples", "seconds")}
+        mlflow.log_metrics(final, step=metrics["global_step"])
+        mlflow.log_artifacts(out)
+    mlflow_run_id = mlflow_run.info.run_id
 shutil.rmtree(local)
 
 # COMMAND ----------
@@ -159,5 +181,6 @@ summary = {
     "global_step": metrics["global_step"],
     "test_accuracy": metrics["test_accuracy"],
     "seconds": round(seconds, 1),
+    "mlflow_run_id": mlflow_run_id,
 }
 dbutils.notebook.exit(json.dumps(summary, sort_keys=True))

@@ -240,3 +240,18 @@ def freeze_target(args, ctx):
     if _name(ctx) == args["target"]:
         os.kill(os.getpid(), signal.SIGSTOP)
     _wait_then_mark(args, ctx)
+
+
+def fit_with_mlflow(args, ctx):
+    """Every worker fits a small model with ``mlflow=True`` (the tracking URI comes from the
+    environment): only the chief may log, and no other node may even import mlflow."""
+    import sys
+
+    import numpy as np
+    from sparkgrad.nn import Dense, Sequential
+
+    x, y = _blobs(np.random.default_rng(ctx.task_index), 256)
+    model = Sequential([Dense(CLASSES, input_shape=(FEATURES,))], seed=1)
+    model.compile(optimizer="sgd")
+    model.fit(x, y, batch_size=32, epochs=2, log_every=4, verbose=0, mlflow=True)
+    return {"rank": rank.current().rank, "step": model.step, "mlflow_imported": "mlflow" in sys.modules}

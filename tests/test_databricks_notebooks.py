@@ -24,7 +24,29 @@ def dbfs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run(spark, dbfs, tmp_path_factory):
+def mlflow_store(tmp_path_factory):
+    """The notebooks log to MLflow when it is installed and a tracking URI is set: a file store of this
+    module's own (MLflow 3 opens one only with MLFLOW_ALLOW_FILE_STORE); None without mlflow."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    uri = "file:" + str(tmp_path_factory.mktemp("mlflow") / "mlruns")  # created by MLflow, with experiment 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        yield uri
+
+
+def mlflow_run(store, run_id):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=store).get_run(run_id)
+
+
+@pytest.fixture(scope="module")
+def run(spark, dbfs, tmp_path_factory, mlflow_store):
     from sparkgrad.databricks import run_notebook
 
     def go(name, params, timeout=300, **kw):
@@ -56,7 +78,7 @@ def test_prep_writes_the_requested_rows_to_its_output_data(records, dbfs):
     assert (dbfs / "data/records/test.tfrecords").is_file()
 
 
-def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs):
+def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs, mlflow_store):
     params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/run1", "epochs": "1", "mode": "spark"}
     summary = json.loads(run("02_scheduled_training_job", params).exit_value)
     assert set(summary) == {
@@ -69,6 +91,7 @@ def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_met
         "global_step",
         "test_accuracy",
         "seconds",
+        "mlflow_run_id",
     }
     assert summary["mode"] == "spark" and summary["global_step"] == 20  # 2000 rows, batch 100, each row fed once
     assert summary["test_accuracy"] > 0.5
@@ -80,6 +103,20 @@ def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_met
         assert (dbfs / path).is_file(), path
     metrics = json.loads((dbfs / "jobs/run1/metrics.json").read_text())
     assert metrics["test_accuracy"] == summary["test_accuracy"] and metrics["samples"] == 2000
+    if mlflow_store is None:
+        assert summary["mlflow_run_id"] is None
+        return
+    logged = mlflow_run(mlflow_store, summary["mlflow_run_id"])
+    assert logged.info.status == "FINISHED" and logged.info.run_name == "02_scheduled_training_job"
+    assert logged.data.params["mode"] == "spark" and logged.data.params["num_ps"] == "1"
+    assert logged.data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert logged.data.metrics["samples"] == 2000  # (mnist_dist's metric lines come every 100 steps: none here)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_store)
+    names = sorted(f.path for f in client.list_artifacts(logged.info.run_id, "model"))
+    assert names == ["model/model.sgckpt", "model/pixel_stats.npz"]
+    assert [f.path for f in client.list_artifacts(logged.info.run_id) if not f.is_dir] == ["metrics.json"]
 
 
 def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(run, dbfs):
@@ -98,7 +135,7 @@ def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(
     assert sum(map(sum, evaluation["confusion"])) == 2000
 
 
-def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics(run):
+def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics_and_logs_them_to_mlflow(run, mlflow_store):
     params = {"source": f"file:{FASHION_MNIST_DIR}", "work_dir": "dbfs:/quickstart", "max_rows": ROWS, "epochs": "1"}
     lines = []
     result = run("01_quickstart", params, skip_pip=True, log=lines.append)
@@ -106,6 +143,16 @@ def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics(run):
     assert result.namespace["chief"]["step"] == 40 and result.namespace["chief"]["test_accuracy"] > 0.5
     assert {m.name for m in result.namespace["cluster"].metrics} == {"loss", "accuracy"}
     assert result.namespace["output"].bar.n == 40
+    if mlflow_store is not None:  # every node's metric curve, at the global step
+        logged = mlflow_run(mlflow_store, result.namespace["mlflow_run"].info.run_id)
+        assert logged.data.params["num_executors"] == "3" and logged.data.params["epochs"] == "1"
+        assert logged.data.metrics["test_accuracy"] == pytest.approx(result.namespace["chief"]["test_accuracy"])
+        assert {k for k in logged.data.metrics if "/" in k} == {
+            "worker0/loss",
+            "worker0/accuracy",
+            "worker1/loss",
+            "worker1/accuracy",
+        }
 
 
 def test_horovod_runner_flow_trains_the_cnn_synchronously_and_evaluates_its_last_checkpoint(run, records, dbfs):

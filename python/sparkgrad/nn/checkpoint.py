@@ -224,6 +224,7 @@ class CheckpointManager:
         self.sync_every_secs = float(sync_every_secs)
         self._last_sync = time.monotonic()
         self.best: float | None = None
+        self.listeners: list = []  # each called with the path of every checkpoint file written
         best_path = os.path.join(self.directory, BEST)
         if os.path.exists(best_path):
             with open(best_path, "rb") as f:
@@ -244,9 +245,14 @@ class CheckpointManager:
         write_atomic(path, data)
         for old in self.checkpoints()[: -self.keep_last]:
             os.unlink(old)
+        written = [path]
         if self.save_best_only and not math.isnan(metric) and _better(self.monitor, metric, self.best):
             self.best = metric
-            write_atomic(os.path.join(self.directory, BEST), data)
+            written.append(os.path.join(self.directory, BEST))
+            write_atomic(written[-1], data)
+        for listener in self.listeners:
+            for p in written:
+                listener(p)
         if self.sync_dir and time.monotonic() - self._last_sync >= self.sync_every_secs:
             self.sync()
         return path

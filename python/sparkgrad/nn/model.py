@@ -378,23 +378,29 @@ class Sequential:
         scaling). ``ps``: a parameter-server client (TFNode.ps_client(ctx,
         model)) through which every step goes; a DistributedOptimizer (compile)
         reduces gradients across ranks instead. See sparkgrad.nn.training for
-        the checkpoint, sync and plotting options."""
+        the checkpoint, sync and plotting options, and
+        sparkgrad.nn.tracking for ``mlflow=`` (MLflow tracking from the chief)."""
         self._require_compiled()
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
-        return trainer.run(
-            x,
-            y,
-            batch_size=batch_size,
-            epochs=epochs,
-            validation_data=validation_data,
-            max_steps=max_steps,
-            shuffle=shuffle,
-            x_key=x_key,
-            y_key=y_key,
-            initial_epoch=initial_epoch,
-            ps=ps,
-        )
+        try:
+            return trainer.run(
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=epochs,
+                validation_data=validation_data,
+                max_steps=max_steps,
+                shuffle=shuffle,
+                x_key=x_key,
+                y_key=y_key,
+                initial_epoch=initial_epoch,
+                ps=ps,
+            )
+        except BaseException:
+            if trainer.tracker is not None:  # an MLflow run fit started ends as FAILED
+                trainer.tracker.on_train_failed()
+            raise
 
     # ---- inference --------------------------------------------------------
 

@@ -151,6 +151,7 @@ class Trainer:
         resume: bool = True,
         prefetch: int = 2,
         prefetch_timeout: float = 600.0,
+        mlflow: bool | None = None,
     ) -> None:
         """checkpoint_dir: write ``ckpt-<step>.sgck`` there at each epoch end (and every
         ``checkpoint_every`` steps), keeping the last ``keep_last``; resume from the newest
@@ -160,7 +161,9 @@ class Trainer:
         the end. plot_path: a PNG of the loss/accuracy curves (needs matplotlib).
         tensorboard_dir: scalars through sparkgrad.summary.EventWriter when available.
         prefetch: batches of an iterable dataset prepared ahead on a background thread
-        (0: none), waiting at most ``prefetch_timeout`` seconds for each."""
+        (0: none), waiting at most ``prefetch_timeout`` seconds for each. mlflow: log params,
+        metrics, checkpoints and the model to MLflow from the chief (None: when mlflow is
+        imported and a run is active; see sparkgrad.nn.tracking)."""
         if log_every <= 0:
             raise InvalidArgumentError(f"log_every must be > 0, not {log_every}")
         if prefetch < 0 or not prefetch_timeout > 0:
@@ -200,6 +203,13 @@ class Trainer:
                 raise InvalidArgumentError(f"tensorboard_dir needs sparkgrad.summary.EventWriter: {exc}") from exc
             self.writer = EventWriter(tensorboard_dir)
         self.bar = None
+        from sparkgrad.nn.tracking import mlflow_callback
+
+        self.tracker = mlflow_callback(model, mlflow)
+        if self.tracker is not None:
+            self.callbacks.append(self.tracker)
+            if self.checkpoints is not None:
+                self.checkpoints.listeners.append(self.tracker.on_checkpoint)
 
     # ---- reporting ----------------------------------------------------------
 
@@ -310,6 +320,9 @@ class Trainer:
                 total = min(total, max(0, max_steps - m.step))
         else:
             total = max_steps - m.step if max_steps is not None else None
+        if self.tracker is not None:
+            opts = dict(batch_size=batch_size, epochs=epochs, max_steps=max_steps, log_every=self.log_every)
+            self.tracker.start(opts)
         self._callbacks("set_model", m)
         self._callbacks("on_train_begin", {})
         self._open_bar(total, 0)
