@@ -43,7 +43,8 @@
 
 typedef struct NnGradHook {
     int (*ready)(void *ctx, float *grads, size_t offset, size_t count, SgError *err);
-    int (*step)(void *ctx, float *params, float *grads, size_t n, int64_t *global_step, SgError *err);
+    int (*step)(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
+                SgError *err);
     void *ctx;
 } NnGradHook;
 
