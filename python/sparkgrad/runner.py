@@ -30,6 +30,7 @@ from typing import Any
 from sparkgrad.errors import ClusterError, InvalidArgumentError, NodeFailure
 
 DEFAULT_START_TIMEOUT = 600.0
+STOP_GRACE = 2.0  # seconds the other ranks of a failed run get to end before they are interrupted / ended
 
 
 def active_spark() -> Any:
@@ -184,6 +185,7 @@ def run(
         num_proc,
         0,
         reservation_timeout=float(start_timeout),
+        stop_grace=STOP_GRACE,
         output=_driver_output(out, int(verbose)),
         keep_results=True,
         env=dict(env or {}),

@@ -1,0 +1,134 @@
+"""What the ranks of sparkgrad.run / HorovodRunner run in the tests (shipped to Spark's executors)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+
+def describe(tag="", env_name="SPARKGRAD_TEST_VAR"):
+    """The rank's view of itself: sparkgrad's rank, hvd's topology, its env and process, a line on each stream."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad.cluster import collective, rank
+
+    hvd.init()
+    me = rank.current()
+    setup = collective.current()
+    print(f"stdout line of {tag} from {hvd.rank()}")
+    print(f"stderr line of {tag} from {hvd.rank()}", file=sys.stderr)
+    return {
+        "tag": tag,
+        "rank": me.rank,
+        "size": me.size,
+        "hvd": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
+        "env": os.environ.get(env_name),
+        "pid": os.getpid(),
+        "comm": [list(a) for a in setup.addresses],
+        "array": np.arange(3) * me.rank,  # any picklable value comes back
+    }
+
+
+def _wait(seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # bounded; a stopped rank is interrupted here
+        time.sleep(0.05)
+
+
+def fail_on(target, pid_dir):
+    from sparkgrad.cluster import rank
+
+    me = rank.current().rank
+    with open(os.path.join(pid_dir, f"pid-{me}"), "w") as f:
+        f.write(str(os.getpid()))
+    if me == target:
+        raise ValueError(f"boom from rank {me}")
+    _wait(60)
+    return me
+
+
+def kill_on(target, pid_dir):
+    from sparkgrad.cluster import rank
+
+    me = rank.current().rank
+    with open(os.path.join(pid_dir, f"pid-{me}"), "w") as f:
+        f.write(str(os.getpid()))
+    if me == target:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _wait(60)
+    return me
+
+
+def hvd_main(scale=1):
+    """A HorovodRunner main: rank 0's value is the run's."""
+    import sparkgrad.hvd as hvd
+
+    hvd.init()
+    return {"rank": hvd.rank(), "size": hvd.size(), "scaled": scale * hvd.size()}
+
+
+def collectives(seed):
+    """Every collective of sparkgrad.hvd on this rank; the test compares them with NumPy."""
+    import sparkgrad.hvd as hvd
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(seed + r)
+    x = rng.standard_normal(1001).astype(np.float32)
+    ints = (np.arange(7, dtype=np.int64) + 1) * (r + 1)
+    out = {
+        "x": x,
+        "ints": ints,
+        "sum": hvd.allreduce(x, op=hvd.Sum),
+        "avg": hvd.allreduce(x),
+        "min": hvd.allreduce(x, op=hvd.Min),
+        "max": hvd.allreduce(x, op=hvd.Max),
+        "isum": hvd.allreduce(ints, op=hvd.Sum),
+        "fp16": hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16),
+        "gather": hvd.allgather(np.full((r + 1, 2), r, dtype=np.float32)),
+        "bcast": hvd.broadcast(x, root_rank=n - 1),
+        "obj": hvd.broadcast_object({"from": r, "t": (1, 2.5, None, True), "a": np.arange(4) * r, "b": b"\x00\xff"}, 0),
+        "objs": hvd.allgather_object(["rank", r, {"k": r * 1.5}]),
+    }
+    hvd.barrier()
+    out["last"] = hvd.join()
+    return out
+
+
+def models_after_broadcast(seed_base):
+    """Builds a model with a rank-dependent seed, broadcasts rank 0's parameters and optimizer state."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad import nn
+
+    hvd.init()
+    layers = [nn.Dense(8, activation="relu", input_shape=(4,)), nn.Dense(3)]
+    model = nn.Sequential(layers, seed=seed_base + hvd.rank())
+    model.compile(optimizer=nn.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+    x = np.random.default_rng(hvd.rank()).standard_normal((16, 4)).astype(np.float32)
+    model.train_on_batch(x, np.zeros(16, np.int64))  # rank-dependent optimizer state
+    before = model.params.copy()
+    hvd.broadcast_parameters(model, root_rank=0)
+    hvd.broadcast_optimizer_state(model, root_rank=0)
+    steps, state = model.optimizer.get_state()
+    return {"before": before, "after": model.params.copy(), "steps": steps, "state": state}
+
+
+def tf_allreduce(args, ctx):
+    """A TFCluster(num_ps=0) map_fun: one allreduce among the workers through hvd."""
+    import sparkgrad.hvd as hvd
+
+    hvd.init()
+    got = hvd.allreduce(np.full(5, float(hvd.rank() + 1), np.float32), op=hvd.Sum)
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": got.tolist(), "comm_port": ctx.nodes[0].comm_port}
+
+
+def tf_ports(args, ctx):
+    """A TFCluster map_fun: the communicator addresses its node was given (None without them)."""
+    from sparkgrad.cluster import collective
+
+    setup = collective.current()
+    return {"comm": None if setup is None else [list(a) for a in setup.addresses]}
