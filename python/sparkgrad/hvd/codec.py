@@ -42,7 +42,17 @@ def _encode(obj: Any, out: bytearray, where: str, depth: int) -> None:
         out += b"N"
     elif obj is True or obj is False:
         out += b"T" if obj else b"F"
-    elif isinstance(obj, int) and not isinstance(obj, np.generic):
+    elif isinstance(obj, (np.ndarray, np.generic)):
+        arr = np.asarray(obj)
+        if arr.dtype.hasobject or arr.dtype.fields is not None:
+            raise TypeError(f"{where}: NumPy arrays of dtype {arr.dtype} cannot be sent (plain dtypes only)")
+        out += b"a" if isinstance(obj, np.ndarray) else b"g"
+        _put_blob(out, arr.dtype.str.encode("ascii"))
+        _put_len(out, arr.ndim)
+        for dim in arr.shape:
+            _put_len(out, dim)
+        _put_blob(out, np.ascontiguousarray(arr).tobytes())
+    elif isinstance(obj, int):
         n = int(obj)
         out += b"i"
         _put_blob(out, n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True))
@@ -65,16 +75,6 @@ def _encode(obj: Any, out: bytearray, where: str, depth: int) -> None:
         for key, value in obj.items():
             _encode(key, out, f"{where} key {key!r}", depth + 1)
             _encode(value, out, f"{where}[{key!r}]", depth + 1)
-    elif isinstance(obj, (np.ndarray, np.generic)):
-        arr = np.asarray(obj)
-        if arr.dtype.hasobject or arr.dtype.fields is not None:
-            raise TypeError(f"{where}: NumPy arrays of dtype {arr.dtype} cannot be sent (plain dtypes only)")
-        out += b"a" if isinstance(obj, np.ndarray) else b"g"
-        _put_blob(out, arr.dtype.str.encode("ascii"))
-        _put_len(out, arr.ndim)
-        for dim in arr.shape:
-            _put_len(out, dim)
-        _put_blob(out, np.ascontiguousarray(arr).tobytes())
     else:
         raise TypeError(
             f"{where}: cannot send a {type(obj).__module__}.{type(obj).__qualname__}; broadcast_object and "
