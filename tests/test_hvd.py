@@ -43,7 +43,7 @@ def test_codec_round_trips_every_supported_type_exactly():
     assert back["text"] == value["text"] and back[b"raw"] == value[b"raw"] and back[3] == value[3]
     assert back["none"] is None and back["flags"] == [True, False] and type(back["flags"][0]) is bool
     assert str(back["float"][2]) == "-0.0" and back["float"][:2] == [1.5, float("inf")]
-    for got, want in zip(back["arrays"], value["arrays"]):
+    for got, want in zip(back["arrays"], value["arrays"], strict=True):
         assert got.dtype == want.dtype and got.shape == np.shape(want)
         np.testing.assert_array_equal(got, want)
     assert isinstance(back["arrays"][2], np.float64)
