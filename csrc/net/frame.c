@@ -54,6 +54,8 @@ const char *net_frame_type_name(uint8_t type)
         return "ps";
     case NET_FRAME_FEED:
         return "feed";
+    case NET_FRAME_COLL:
+        return "coll";
     default:
         return "unknown";
     }

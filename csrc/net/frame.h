@@ -35,6 +35,7 @@ typedef enum NetFrameType {
     NET_FRAME_HEARTBEAT = 11,     /* empty */
     NET_FRAME_PS = 20,            /* parameter-server request/reply (ps_*.c) */
     NET_FRAME_FEED = 30,          /* feed batch or control (feed.c) */
+    NET_FRAME_COLL = 40,          /* collectives: hello, per-collective header (coll.c) */
 } NetFrameType;
 
 typedef struct NetFrameHeader {

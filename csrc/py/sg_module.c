@@ -134,6 +134,7 @@ static const ModuleInit module_inits[] = {
     rdv_module_init,
     ctl_module_init,
     ps_module_init,
+    coll_module_init,
     feed_module_init,
     rest_module_init,
 };

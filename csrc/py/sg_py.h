@@ -46,6 +46,7 @@ int net_module_init(PyObject *mod);
 int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);
 int ps_module_init(PyObject *mod);
+int coll_module_init(PyObject *mod);
 int feed_module_init(PyObject *mod);
 int rest_module_init(PyObject *mod);
 

@@ -1,0 +1,1015 @@
+/*
+ * coll.c - the ring communicator of coll.h: forming the ring (connect to
+ * the right and accept from the left at once, HMAC handshake and HELLO on
+ * both), the transfer engine (send to the right while receiving from the
+ * left on non-blocking sockets, consuming what arrives as it arrives), the
+ * per-collective header exchange and the collectives themselves.
+ * Not here: the arithmetic (coll_ops.c), the gradient hook (coll_hook.c).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "net/auth.h"
+#include "net/coll_internal.h"
+#include "net/frame.h"
+#include "net/sock.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the collectives send values in host order: little-endian hosts only"
+#endif
+
+#define COLL_HELLO_LEN 16 /* u32 rank, u32 size, u64 check */
+#define COLL_HDR_LEN   48 /* see coll.h */
+#define COLL_HDR_FRAME (NET_FRAME_HEADER_SIZE + COLL_HDR_LEN)
+#define COLL_TMP_BYTES (256u << 10) /* receive chunk of a reducing step */
+#define COLL_HANDSHAKE 10.0         /* seconds for one accepted connection's handshake */
+
+enum { KIND_ALLREDUCE = 1, KIND_BROADCAST, KIND_BROADCAST_VAR, KIND_ALLGATHER, KIND_BARRIER };
+
+static const char *kind_name(uint32_t k)
+{
+    static const char *names[] = {"?",         "allreduce", "broadcast", "broadcast_bytes",
+                                  "allgather", "barrier"};
+    return k < sizeof names / sizeof *names ? names[k] : "?";
+}
+
+struct CollComm {
+    int rank, size, left, right;
+    int fd_left, fd_right;
+    char left_peer[NET_PEER_MAX], right_peer[NET_PEER_MAX];
+    double timeout, cur_timeout;
+    uint64_t check, seq;
+    pthread_mutex_t mu;
+    int closed, broken;
+    SgError broken_err;
+    CollStats stats;
+    uint8_t *tmp, *stage; /* COLL_TMP_BYTES each */
+    char *peers;          /* size * NET_PEER_MAX: "host:port" of every rank */
+};
+
+size_t coll_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case COLL_F32:
+    case COLL_I32:
+        return 4;
+    case COLL_F64:
+    case COLL_I64:
+        return 8;
+    case COLL_BYTES:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ---- forming the ring ----------------------------------------------------------- */
+
+static uint64_t ring_check(int size, const char *const *hosts, const int *ports)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over "size;host:port;..." */
+    char buf[NET_PEER_MAX + 16];
+    for (int i = -1; i < size; i++) {
+        int n = i < 0 ? snprintf(buf, sizeof buf, "%d;", size)
+                      : snprintf(buf, sizeof buf, "%s:%d;", hosts[i], ports[i]);
+        for (int j = 0; j < n && j < (int)sizeof buf; j++)
+            h = (h ^ (uint8_t)buf[j]) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void hello_encode(uint8_t out[COLL_HELLO_LEN], int rank, int size, uint64_t check)
+{
+    put_u32(out, (uint32_t)rank);
+    put_u32(out + 4, (uint32_t)size);
+    put_u64(out + 8, check);
+}
+
+typedef struct Acceptor {
+    CollComm *c;
+    int lfd, wake[2];
+    const uint8_t *secret;
+    size_t secret_len;
+    double deadline;
+    int rc;
+    SgError err;
+    char refused[SG_ERROR_MAX / 2];
+} Acceptor;
+
+/* One accepted connection: handshake and HELLO; 1 if it is our left
+ * neighbour, 0 if refused (reason in a->refused), < 0 never (refusals are
+ * not fatal: the right connection may still come). */
+static int accept_one(Acceptor *a, int fd, const char *peer)
+{
+    CollComm *c = a->c;
+    SgError e;
+    double d = net_now() + COLL_HANDSHAKE;
+    if (d > a->deadline)
+        d = a->deadline;
+    NetFrameHeader h;
+    uint8_t *p = NULL;
+    int rc = net_auth_server(fd, a->secret, a->secret_len, d, peer, &e);
+    if (rc == 0)
+        rc = net_frame_recv(fd, 64, d, peer, &h, &p, &e);
+    if (rc == 0 &&
+        (h.type != NET_FRAME_COLL || h.flags != COLL_FRAME_HELLO || h.length != COLL_HELLO_LEN))
+        rc = sg_fail(&e, SG_EPROTO, "%s sent a %s frame (flags %u) instead of a collective hello",
+                     peer, net_frame_type_name(h.type), h.flags);
+    if (rc == 0) {
+        int prank = (int)get_u32(p), psize = (int)get_u32(p + 4);
+        uint64_t pcheck = get_u64(p + 8);
+        if (psize != c->size || pcheck != c->check)
+            rc = sg_fail(&e, SG_ECLUSTER,
+                         "%s says it is rank %d of a ring of %d with another address list (this "
+                         "ring has %d ranks)",
+                         peer, prank, psize, c->size);
+        else if (prank != c->left)
+            rc = sg_fail(&e, SG_ECLUSTER,
+                         "%s says it is rank %d, but only rank %d (%s) connects to rank %d", peer,
+                         prank, c->left, c->left_peer, c->rank);
+        if (rc < 0)
+            (void)net_frame_send(fd, NET_FRAME_COLL, COLL_FRAME_REFUSE, e.msg, strlen(e.msg), d,
+                                 peer, &(SgError){0});
+    }
+    free(p);
+    if (rc == 0) {
+        uint8_t hello[COLL_HELLO_LEN];
+        hello_encode(hello, c->rank, c->size, c->check);
+        rc = net_frame_send(fd, NET_FRAME_COLL, COLL_FRAME_HELLO_OK, hello, sizeof hello, d, peer,
+                            &e);
+    }
+    if (rc < 0) {
+        snprintf(a->refused, sizeof a->refused,
+                 "a connection from %.80s, where rank %d (%.80s) was expected: %.300s", peer,
+                 c->left, c->left_peer, e.msg);
+        return 0;
+    }
+    return 1;
+}
+
+static void *acceptor_main(void *arg)
+{
+    Acceptor *a = arg;
+    CollComm *c = a->c;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = a->lfd, .events = POLLIN},
+                              {.fd = a->wake[0], .events = POLLIN}};
+        int n = poll(p, 2, net_poll_ms(a->deadline));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            a->rc = sg_fail_errno(&a->err, SG_EIO, errno, "poll on this rank's listener");
+            return NULL;
+        }
+        if (p[1].revents) {
+            a->rc = sg_fail(&a->err, SG_ECANCELLED, "forming the ring was abandoned");
+            return NULL;
+        }
+        if (n == 0) {
+            a->rc = sg_fail(&a->err, SG_ETIMEOUT,
+                            "forming the ring: timed out waiting for rank %d (%s) to connect to "
+                            "rank %d's listener%s%s",
+                            c->left, c->left_peer, c->rank,
+                            a->refused[0] ? "; refused meanwhile: " : "", a->refused);
+            return NULL;
+        }
+        int fd = -1;
+        char peer[NET_PEER_MAX];
+        int got = net_accept(a->lfd, &fd, peer, sizeof peer, &a->err);
+        if (got < 0) {
+            a->rc = got;
+            return NULL;
+        }
+        if (got == 0)
+            continue;
+        if (accept_one(a, fd, peer)) {
+            c->fd_left = fd;
+            a->rc = 0;
+            return NULL;
+        }
+        net_close(&fd);
+    }
+}
+
+/* Connects to the right neighbour, authenticates and says HELLO. */
+static int connect_right(CollComm *c, const char *host, int port, const uint8_t *secret,
+                         size_t secret_len, double deadline, SgError *err)
+{
+    int rc = net_connect(host, port, deadline, &c->fd_right, err);
+    if (rc == 0)
+        rc = net_auth_client(c->fd_right, secret, secret_len, deadline, c->right_peer, err);
+    uint8_t hello[COLL_HELLO_LEN], *p = NULL;
+    hello_encode(hello, c->rank, c->size, c->check);
+    if (rc == 0)
+        rc = net_frame_send(c->fd_right, NET_FRAME_COLL, COLL_FRAME_HELLO, hello, sizeof hello,
+                            deadline, c->right_peer, err);
+    NetFrameHeader h;
+    if (rc == 0)
+        rc = net_frame_recv(c->fd_right, SG_ERROR_MAX, deadline, c->right_peer, &h, &p, err);
+    if (rc == 0 && h.type == NET_FRAME_COLL && h.flags == COLL_FRAME_REFUSE)
+        rc = sg_fail(err, SG_ECLUSTER, "it refused this rank: %.*s", (int)h.length, (char *)p);
+    else if (rc == 0 && (h.type != NET_FRAME_COLL || h.flags != COLL_FRAME_HELLO_OK ||
+                         h.length != COLL_HELLO_LEN))
+        rc = sg_fail(err, SG_EPROTO, "it sent a %s frame (flags %u) instead of a collective hello",
+                     net_frame_type_name(h.type), h.flags);
+    else if (rc == 0 && ((int)get_u32(p) != c->right || get_u64(p + 8) != c->check))
+        rc = sg_fail(err, SG_ECLUSTER, "it answers as rank %d of another ring", (int)get_u32(p));
+    free(p);
+    if (rc < 0)
+        sg_context(err, "forming the ring: connecting to rank %d (%s): ", c->right, c->right_peer);
+    return rc;
+}
+
+int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, int size,
+                  const char *const *hosts, const int *ports, double timeout, CollComm **out,
+                  SgError *err)
+{
+    double deadline;
+    int rc;
+    *out = NULL;
+    if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
+        (rc = net_deadline(timeout, "forming the ring", &deadline, err)) < 0)
+        return rc;
+    if (size < 1 || rank < 0 || rank >= size)
+        return sg_fail(err, SG_EINVAL, "rank %d is outside 0..%d (the address list has %d entries)",
+                       rank, size - 1, size);
+    CollComm *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->tmp = malloc(COLL_TMP_BYTES)) == NULL ||
+        (c->stage = malloc(COLL_TMP_BYTES)) == NULL ||
+        (c->peers = calloc((size_t)size, NET_PEER_MAX)) == NULL) {
+        coll_comm_free(c);
+        return sg_fail(err, SG_ENOMEM, "allocating a communicator");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->rank = rank, c->size = size, c->timeout = timeout;
+    c->left = (rank + size - 1) % size, c->right = (rank + 1) % size;
+    c->fd_left = c->fd_right = -1;
+    c->check = ring_check(size, hosts, ports);
+    for (int i = 0; i < size; i++)
+        snprintf(c->peers + (size_t)i * NET_PEER_MAX, NET_PEER_MAX, "%s:%d", hosts[i], ports[i]);
+    snprintf(c->left_peer, sizeof c->left_peer, "%s:%d", hosts[c->left], ports[c->left]);
+    snprintf(c->right_peer, sizeof c->right_peer, "%s:%d", hosts[c->right], ports[c->right]);
+    if (size == 1) {
+        *out = c;
+        return SG_OK;
+    }
+    Acceptor a = {.c = c,
+                  .lfd = lfd,
+                  .secret = secret,
+                  .secret_len = secret_len,
+                  .deadline = deadline,
+                  .wake = {-1, -1}};
+    pthread_t th;
+    if ((rc = net_wake_pipe(a.wake, err)) < 0) {
+        coll_comm_free(c);
+        return rc;
+    }
+    if (pthread_create(&th, NULL, acceptor_main, &a) != 0) {
+        net_close(&a.wake[0]), net_close(&a.wake[1]);
+        coll_comm_free(c);
+        return sg_fail(err, SG_ENOMEM, "starting the ring's accept thread");
+    }
+    rc = connect_right(c, hosts[c->right], ports[c->right], secret, secret_len, deadline, err);
+    if (rc < 0)
+        net_wake(a.wake[1]);
+    pthread_join(th, NULL);
+    net_close(&a.wake[0]), net_close(&a.wake[1]);
+    if (rc == 0 && a.rc < 0) {
+        *err = a.err;
+        rc = a.rc;
+    } else if (rc < 0 && a.refused[0]) {
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len,
+                 "; meanwhile this rank's listener refused: %s", a.refused);
+    }
+    if (rc < 0) {
+        coll_comm_free(c);
+        return rc;
+    }
+    *out = c;
+    return SG_OK;
+}
+
+int coll_comm_rank(const CollComm *c)
+{
+    return c->rank;
+}
+
+int coll_comm_size(const CollComm *c)
+{
+    return c->size;
+}
+
+double coll_comm_timeout(const CollComm *c)
+{
+    return c->timeout;
+}
+
+void coll_comm_stats(CollComm *c, CollStats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->stats;
+    out->broken = c->broken || c->closed;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void coll_comm_close(CollComm *c)
+{
+    __atomic_store_n(&c->closed, 1, __ATOMIC_SEQ_CST);
+    /* shutdown first, without the lock: a collective blocked in poll wakes
+     * up with an error; then the lock is free to close the descriptors. */
+    if (c->fd_left >= 0)
+        shutdown(c->fd_left, SHUT_RDWR);
+    if (c->fd_right >= 0)
+        shutdown(c->fd_right, SHUT_RDWR);
+    pthread_mutex_lock(&c->mu);
+    net_close(&c->fd_left);
+    net_close(&c->fd_right);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void coll_comm_free(CollComm *c)
+{
+    if (c == NULL)
+        return;
+    net_close(&c->fd_left);
+    net_close(&c->fd_right);
+    free(c->tmp);
+    free(c->stage);
+    free(c->peers);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* ---- the transfer engine ----------------------------------------------------------- */
+
+/* One ring step: send slen wire bytes to the right while receiving rlen from
+ * the left. Send source: sptr (raw) or sconv (float32 values encoded with
+ * comp through c->stage); relay = 1 sends only bytes already received into
+ * sptr (== rdst). Receive: straight into rdst, or through c->tmp to
+ * consume(ctx, element offset, wire bytes, whole elements). */
+typedef struct Xfer {
+    const uint8_t *sptr;
+    const float *sconv;
+    CollCompression comp;
+    size_t slen;
+    int relay;
+    uint8_t *rdst;
+    size_t rlen, wsz;
+    void (*consume)(void *ctx, size_t elem_off, const uint8_t *wire, size_t n);
+    void *ctx;
+    int from_rank; /* whose data arrives (for timeouts), -1: the left neighbour */
+} Xfer;
+
+/* Breaks the communicator: shut both connections down so that neighbours
+ * (and through them the whole ring) fail now rather than at their timeout. */
+static int comm_break(CollComm *c, SgError *err)
+{
+    c->broken = 1;
+    c->broken_err = *err;
+    if (c->fd_left >= 0)
+        shutdown(c->fd_left, SHUT_RDWR);
+    if (c->fd_right >= 0)
+        shutdown(c->fd_right, SHUT_RDWR);
+    return err->code;
+}
+
+static int peer_failure(CollComm *c, int rc, int left, const SgError *e, const char *what,
+                        SgError *err)
+{
+    if (__atomic_load_n(&c->closed, __ATOMIC_SEQ_CST))
+        sg_fail(err, SG_ESTATE, "the communicator was closed during %s", what);
+    else if (rc == SG_EPEER)
+        sg_fail(err, SG_ENODE,
+                "rank %d (%s) is gone: the connection closed during %s (%s; a failure anywhere "
+                "in the ring closes every rank's connections)",
+                left ? c->left : c->right, left ? c->left_peer : c->right_peer, what, e->msg);
+    else
+        sg_fail(err, rc, "%s with rank %d (%s): %s", what, left ? c->left : c->right,
+                left ? c->left_peer : c->right_peer, e->msg);
+    return comm_break(c, err);
+}
+
+static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgError *err)
+{
+    size_t sdone = 0, rdone = 0, tmp_have = 0, stage_have = 0, stage_pos = 0;
+    SgError e;
+    while (sdone < x->slen || rdone < x->rlen) {
+        struct pollfd p[2];
+        int np = 0, is = -1, ir = -1;
+        if (sdone < x->slen && (!x->relay || sdone < rdone)) {
+            p[np] = (struct pollfd){.fd = c->fd_right, .events = POLLOUT};
+            is = np++;
+        }
+        if (rdone < x->rlen) {
+            p[np] = (struct pollfd){.fd = c->fd_left, .events = POLLIN};
+            ir = np++;
+        }
+        int n = poll(p, (nfds_t)np, net_poll_ms(deadline));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            sg_fail_errno(err, SG_EIO, errno, "poll during %s", what);
+            return comm_break(c, err);
+        }
+        if (n == 0) {
+            if (ir >= 0) {
+                int from = x->from_rank >= 0 ? x->from_rank : c->left;
+                char via[NET_PEER_MAX + 32] = "";
+                if (from != c->left)
+                    snprintf(via, sizeof via, ", through rank %d (%s)", c->left, c->left_peer);
+                sg_fail(err, SG_ETIMEOUT,
+                        "timed out after %gs in %s waiting for rank %d (%s%s) (%zu of %zu bytes "
+                        "arrived)",
+                        c->cur_timeout, what, from, c->peers + (size_t)from * NET_PEER_MAX, via,
+                        rdone, x->rlen);
+            } else {
+                sg_fail(err, SG_ETIMEOUT,
+                        "timed out after %gs in %s sending to rank %d (%s) (%zu of %zu bytes "
+                        "taken)",
+                        c->cur_timeout, what, c->right, c->right_peer, sdone, x->slen);
+            }
+            return comm_break(c, err);
+        }
+        if (ir >= 0 && p[ir].revents) {
+            uint8_t *dst;
+            size_t cap = x->rlen - rdone;
+            if (x->rdst != NULL) {
+                dst = x->rdst + rdone;
+            } else {
+                dst = c->tmp + tmp_have;
+                if (cap > COLL_TMP_BYTES - tmp_have)
+                    cap = COLL_TMP_BYTES - tmp_have;
+            }
+            long got = net_read_some(c->fd_left, dst, cap, c->left_peer, &e);
+            if (got < 0)
+                return peer_failure(c, (int)got, 1, &e, what, err);
+            rdone += (size_t)got;
+            c->stats.bytes_received += (uint64_t)got;
+            if (x->rdst == NULL && got > 0) {
+                tmp_have += (size_t)got;
+                size_t whole = tmp_have / x->wsz;
+                if (whole > 0) {
+                    x->consume(x->ctx, (rdone - tmp_have) / x->wsz, c->tmp, whole);
+                    memmove(c->tmp, c->tmp + whole * x->wsz, tmp_have - whole * x->wsz);
+                    tmp_have -= whole * x->wsz;
+                }
+            }
+        }
+        if (is >= 0 && p[is].revents) {
+            const uint8_t *src;
+            size_t len;
+            if (x->sconv != NULL) {
+                if (stage_pos == stage_have) {
+                    size_t left = (x->slen - sdone) / 2;
+                    if (left > COLL_TMP_BYTES / 2)
+                        left = COLL_TMP_BYTES / 2;
+                    coll_encode(c->stage, x->sconv + sdone / 2, left, x->comp);
+                    stage_have = 2 * left, stage_pos = 0;
+                }
+                src = c->stage + stage_pos, len = stage_have - stage_pos;
+            } else {
+                src = x->sptr + sdone, len = (x->relay ? rdone : x->slen) - sdone;
+            }
+            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, what, err);
+            sdone += (size_t)put, stage_pos += (size_t)put;
+            c->stats.bytes_sent += (uint64_t)put;
+        }
+    }
+    return SG_OK;
+}
+
+/* ---- per-collective header ---------------------------------------------------------- */
+
+typedef struct CollHeader {
+    uint64_t seq, count;
+    uint32_t kind, op, dtype, comp, rank;
+    int32_t root;
+} CollHeader;
+
+static void header_encode(uint8_t out[COLL_HDR_FRAME], const CollHeader *h)
+{
+    net_frame_header_encode(out, NET_FRAME_COLL, COLL_FRAME_HEADER, COLL_HDR_LEN);
+    uint8_t *p = out + NET_FRAME_HEADER_SIZE;
+    memset(p, 0, COLL_HDR_LEN);
+    put_u64(p, h->seq);
+    put_u32(p + 8, h->kind);
+    put_u32(p + 12, h->op);
+    put_u32(p + 16, h->dtype);
+    put_u32(p + 20, h->comp);
+    put_u32(p + 24, (uint32_t)h->root);
+    put_u32(p + 28, h->rank);
+    put_u64(p + 32, h->count);
+}
+
+static int header_decode(const uint8_t in[COLL_HDR_FRAME], CollHeader *h, SgError *err)
+{
+    NetFrameHeader fh;
+    int rc = net_frame_header_decode(in, COLL_HDR_FRAME, COLL_HDR_LEN, &fh, err);
+    if (rc < 0)
+        return rc;
+    if (fh.type != NET_FRAME_COLL || fh.flags != COLL_FRAME_HEADER || fh.length != COLL_HDR_LEN)
+        return sg_fail(err, SG_EPROTO, "a %s frame (flags %u, %u bytes) instead of a header",
+                       net_frame_type_name(fh.type), fh.flags, fh.length);
+    const uint8_t *p = in + NET_FRAME_HEADER_SIZE;
+    h->seq = get_u64(p);
+    h->kind = get_u32(p + 8);
+    h->op = get_u32(p + 12);
+    h->dtype = get_u32(p + 16);
+    h->comp = get_u32(p + 20);
+    h->root = (int32_t)get_u32(p + 24);
+    h->rank = get_u32(p + 28);
+    h->count = get_u64(p + 32);
+    return SG_OK;
+}
+
+/* Every rank's header (hs[size]) from a ring allgather of header frames. */
+static int header_exchange(CollComm *c, const CollHeader *mine, CollHeader *hs, double deadline,
+                           const char *what, SgError *err)
+{
+    int n = c->size, r = c->rank;
+    uint8_t *frames = malloc((size_t)n * COLL_HDR_FRAME);
+    if (frames == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating %d headers", n);
+    header_encode(frames + (size_t)r * COLL_HDR_FRAME, mine);
+    hs[r] = *mine;
+    int rc = SG_OK;
+    for (int k = 0; k < n - 1 && rc == 0; k++) {
+        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
+        Xfer x = {.sptr = frames + (size_t)s * COLL_HDR_FRAME,
+                  .slen = COLL_HDR_FRAME,
+                  .rdst = frames + (size_t)t * COLL_HDR_FRAME,
+                  .rlen = COLL_HDR_FRAME,
+                  .from_rank = t};
+        char w[96];
+        snprintf(w, sizeof w, "%s (the header of rank %d)", what, t);
+        rc = xfer_run(c, &x, deadline, w, err);
+        if (rc == 0 && (rc = header_decode(frames + (size_t)t * COLL_HDR_FRAME, &hs[t], err)) < 0) {
+            sg_context(err, "%s: rank %d (%s) sent ", what, c->left, c->left_peer);
+            comm_break(c, err);
+        } else if (rc == 0 && (hs[t].rank != (uint32_t)t || hs[t].seq != mine->seq)) {
+            sg_fail(err, SG_EPROTO,
+                    "%s: the ring is out of step: rank %d's header says rank %u, collective #%llu "
+                    "(this rank is at #%llu)",
+                    what, t, hs[t].rank, (unsigned long long)hs[t].seq,
+                    (unsigned long long)mine->seq);
+            rc = comm_break(c, err);
+        }
+    }
+    free(frames);
+    return rc;
+}
+
+static const char *dtype_name(uint32_t d)
+{
+    static const char *names[] = {"?", "float32", "float64", "int32", "int64", "bytes"};
+    return d < sizeof names / sizeof *names ? names[d] : "?";
+}
+
+static const char *op_name(uint32_t o)
+{
+    static const char *names[] = {"?", "sum", "average", "min", "max"};
+    return o < sizeof names / sizeof *names ? names[o] : "?";
+}
+
+static const char *comp_name(uint32_t o)
+{
+    static const char *names[] = {"none", "fp16", "bf16"};
+    return o < sizeof names / sizeof *names ? names[o] : "?";
+}
+
+/* Formats one field of header h for a mismatch message. */
+static void field_str(char *out, size_t cap, int field, const CollHeader *h)
+{
+    switch (field) {
+    case 0:
+        snprintf(out, cap, "%s", kind_name(h->kind));
+        break;
+    case 1:
+        snprintf(out, cap, "%s", op_name(h->op));
+        break;
+    case 2:
+        snprintf(out, cap, "%s", dtype_name(h->dtype));
+        break;
+    case 3:
+        snprintf(out, cap, "%s", comp_name(h->comp));
+        break;
+    case 4:
+        snprintf(out, cap, "%llu", (unsigned long long)h->count);
+        break;
+    case 5:
+        snprintf(out, cap, "%d", h->root);
+        break;
+    default:
+        snprintf(out, cap, "%u", h->dtype);
+    }
+}
+
+static uint64_t field_val(int field, const CollHeader *h)
+{
+    switch (field) {
+    case 0:
+        return h->kind;
+    case 1:
+        return h->op;
+    case 2:
+    case 6:
+        return h->dtype;
+    case 3:
+        return h->comp;
+    case 4:
+        return h->count;
+    default:
+        return (uint64_t)(uint32_t)h->root;
+    }
+}
+
+/* Checks that every rank agrees on the fields in mask (bit i: field i of
+ * field_str: kind, op, dtype, compression, count, root, tag). Every rank sees
+ * the same headers, so every rank fails the same way, and the streams stay in
+ * step (no data was sent). */
+static int headers_agree(CollComm *c, const CollHeader *hs, unsigned mask, const char *what,
+                         SgError *err)
+{
+    static const char *fields[] = {"collective", "op",   "dtype", "compression",
+                                   "count",      "root", "dtype"};
+    for (int f = 0; f < 7; f++) {
+        if (!(mask & (1u << f)))
+            continue;
+        int odd = 0;
+        for (int i = 1; i < c->size; i++)
+            odd += field_val(f, &hs[i]) != field_val(f, &hs[0]);
+        if (odd == 0)
+            continue;
+        char msg[SG_ERROR_MAX], v[64];
+        int len = snprintf(msg, sizeof msg, "%s: the ranks disagree on the %s%s:", what, fields[f],
+                           f == 4 ? (mask & (1u << 2) ? " (elements)" : " (bytes)") : "");
+        for (int i = 0; i < c->size && len < (int)sizeof msg - 80; i++) {
+            field_str(v, sizeof v, f, &hs[i]);
+            len +=
+                snprintf(msg + len, sizeof msg - (size_t)len, "%s rank %d: %s", i ? "," : "", i, v);
+        }
+        return sg_fail(err, SG_ECLUSTER, "%s", msg);
+    }
+    return SG_OK;
+}
+
+/* Locks c and checks it can run a collective; sets *deadline. */
+static int comm_enter(CollComm *c, double timeout, double *deadline, SgError *err)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = SG_OK;
+    if (__atomic_load_n(&c->closed, __ATOMIC_SEQ_CST))
+        rc = sg_fail(err, SG_ESTATE, "the communicator was closed");
+    else if (c->broken)
+        rc =
+            sg_fail(err, c->broken_err.code,
+                    "the communicator is unusable after an earlier failure: %s", c->broken_err.msg);
+    else if (timeout >= 0 || timeout != timeout)
+        rc = net_deadline(timeout, "a collective", deadline, err);
+    else
+        *deadline = net_now() + c->timeout;
+    c->cur_timeout = timeout >= 0 ? timeout : c->timeout;
+    if (rc < 0)
+        pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int comm_leave(CollComm *c, double t0, int rc)
+{
+    c->stats.collectives++;
+    c->stats.seconds += net_now() - t0;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ---- allreduce ---------------------------------------------------------------------- */
+
+typedef struct ReduceCtx {
+    uint8_t *base; /* the segment's first element */
+    size_t esz;
+    CollDtype dtype;
+    CollOp op;
+    CollCompression comp;
+} ReduceCtx;
+
+static void consume_reduce(void *ctx, size_t off, const uint8_t *wire, size_t n)
+{
+    ReduceCtx *r = ctx;
+    coll_reduce(r->base + off * r->esz, wire, n, r->dtype, r->op, r->comp);
+}
+
+static void consume_decode(void *ctx, size_t off, const uint8_t *wire, size_t n)
+{
+    ReduceCtx *r = ctx;
+    coll_decode((float *)(r->base + off * r->esz), wire, n, r->comp);
+}
+
+static void segment(size_t count, int n, int i, size_t *off, size_t *cnt)
+{
+    size_t q = count / (size_t)n, rem = count % (size_t)n, ii = (size_t)i;
+    *off = ii * q + (ii < rem ? ii : rem);
+    *cnt = q + (ii < rem ? 1 : 0);
+}
+
+static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dtype, CollOp op,
+                          CollCompression comp, double deadline, uint64_t seq, SgError *err)
+{
+    int n = c->size, r = c->rank, rc = SG_OK;
+    size_t esz = coll_dtype_size(dtype), wsz = coll_wire_size(dtype, comp);
+    char what[96];
+    for (int k = 0; k < n - 1 && rc == 0; k++) { /* reduce-scatter */
+        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
+        size_t soff, scnt, toff, tcnt;
+        segment(count, n, s, &soff, &scnt);
+        segment(count, n, t, &toff, &tcnt);
+        ReduceCtx rx = {buf + toff * esz, esz, dtype, op, comp};
+        Xfer x = {.sptr = comp ? NULL : buf + soff * esz,
+                  .sconv = comp ? (const float *)(buf + soff * esz) : NULL,
+                  .comp = comp,
+                  .slen = scnt * wsz,
+                  .rlen = tcnt * wsz,
+                  .wsz = wsz,
+                  .consume = consume_reduce,
+                  .ctx = &rx,
+                  .from_rank = -1};
+        snprintf(what, sizeof what, "allreduce #%llu (reduce-scatter step %d of %d)",
+                 (unsigned long long)seq, k + 1, n - 1);
+        rc = xfer_run(c, &x, deadline, what, err);
+    }
+    if (rc < 0)
+        return rc;
+    size_t ooff, ocnt;
+    segment(count, n, (r + 1) % n, &ooff, &ocnt);
+    coll_finish(buf + ooff * esz, ocnt, dtype, op, comp, n);
+    for (int k = 0; k < n - 1 && rc == 0; k++) { /* allgather */
+        int s = (r + 1 - k + n) % n, t = (r - k + n) % n;
+        size_t soff, scnt, toff, tcnt;
+        segment(count, n, s, &soff, &scnt);
+        segment(count, n, t, &toff, &tcnt);
+        ReduceCtx rx = {buf + toff * esz, esz, dtype, op, comp};
+        Xfer x = {.sptr = comp ? NULL : buf + soff * esz,
+                  .sconv = comp ? (const float *)(buf + soff * esz) : NULL,
+                  .comp = comp,
+                  .slen = scnt * wsz,
+                  .rdst = comp ? NULL : buf + toff * esz,
+                  .rlen = tcnt * wsz,
+                  .wsz = wsz,
+                  .consume = consume_decode,
+                  .ctx = &rx,
+                  .from_rank = -1};
+        snprintf(what, sizeof what, "allreduce #%llu (allgather step %d of %d)",
+                 (unsigned long long)seq, k + 1, n - 1);
+        rc = xfer_run(c, &x, deadline, what, err);
+    }
+    return rc;
+}
+
+int coll_allreduce(CollComm *c, void *buf, size_t count, CollDtype dtype, CollOp op,
+                   CollCompression comp, double timeout, SgError *err)
+{
+    if (coll_dtype_size(dtype) == 0 || dtype == COLL_BYTES)
+        return sg_fail(err, SG_EINVAL,
+                       "allreduce of dtype %d (float32, float64, int32, int64 only)", (int)dtype);
+    if (op < COLL_SUM || op > COLL_MAX)
+        return sg_fail(err, SG_EINVAL, "allreduce op %d (sum, average, min, max only)", (int)op);
+    if (comp != COLL_COMP_NONE && (dtype != COLL_F32 || comp > COLL_COMP_BF16))
+        return sg_fail(err, SG_EINVAL, "%s compression applies to float32 only, not %s",
+                       comp_name(comp), dtype_name(dtype));
+    double deadline, t0 = net_now();
+    int rc = comm_enter(c, timeout, &deadline, err);
+    if (rc < 0)
+        return rc;
+    c->stats.allreduces++;
+    if (c->size == 1)
+        return comm_leave(c, t0, SG_OK);
+    uint64_t seq = ++c->seq;
+    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
+    if (hs == NULL)
+        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
+    CollHeader mine = {.seq = seq,
+                       .count = count,
+                       .kind = KIND_ALLREDUCE,
+                       .op = op,
+                       .dtype = dtype,
+                       .comp = comp,
+                       .rank = (uint32_t)c->rank};
+    char what[64];
+    snprintf(what, sizeof what, "allreduce #%llu", (unsigned long long)seq);
+    rc = header_exchange(c, &mine, hs, deadline, what, err);
+    if (rc == 0)
+        rc = headers_agree(c, hs, 0x1f, what, err);
+    free(hs);
+    if (rc == 0)
+        rc = ring_allreduce(c, buf, count, dtype, op, comp, deadline, seq, err);
+    return comm_leave(c, t0, rc);
+}
+
+/* ---- broadcast, allgather, barrier --------------------------------------------------- */
+
+/* Pipelined relay of bytes from root around the ring (into buf everywhere). */
+static int relay(CollComm *c, uint8_t *buf, size_t bytes, int root, double deadline,
+                 const char *what, SgError *err)
+{
+    int is_root = c->rank == root, last = c->right == root;
+    Xfer x = {.sptr = buf,
+              .slen = last ? 0 : bytes,
+              .relay = !is_root,
+              .rdst = buf,
+              .rlen = is_root ? 0 : bytes,
+              .from_rank = root};
+    return xfer_run(c, &x, deadline, what, err);
+}
+
+static int check_root(const CollComm *c, int root, SgError *err)
+{
+    if (root < 0 || root >= c->size)
+        return sg_fail(err, SG_EINVAL, "broadcast root %d is outside 0..%d", root, c->size - 1);
+    return SG_OK;
+}
+
+int coll_broadcast(CollComm *c, void *buf, size_t bytes, int root, uint32_t tag, double timeout,
+                   SgError *err)
+{
+    double deadline, t0 = net_now();
+    int rc = check_root(c, root, err);
+    if (rc < 0 || (rc = comm_enter(c, timeout, &deadline, err)) < 0)
+        return rc;
+    c->stats.broadcasts++;
+    if (c->size == 1)
+        return comm_leave(c, t0, SG_OK);
+    uint64_t seq = ++c->seq;
+    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
+    if (hs == NULL)
+        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
+    CollHeader mine = {.seq = seq,
+                       .count = bytes,
+                       .kind = KIND_BROADCAST,
+                       .dtype = tag,
+                       .root = root,
+                       .rank = (uint32_t)c->rank};
+    char what[64];
+    snprintf(what, sizeof what, "broadcast #%llu", (unsigned long long)seq);
+    rc = header_exchange(c, &mine, hs, deadline, what, err);
+    if (rc == 0)
+        rc = headers_agree(c, hs, 0x1 | 0x10 | 0x20 | 0x40, what, err);
+    free(hs);
+    if (rc == 0)
+        rc = relay(c, buf, bytes, root, deadline, what, err);
+    return comm_leave(c, t0, rc);
+}
+
+int coll_broadcast_var(CollComm *c, const void *data, size_t len, int root, size_t max_bytes,
+                       void **out, size_t *out_len, double timeout, SgError *err)
+{
+    double deadline, t0 = net_now();
+    *out = NULL, *out_len = 0;
+    int rc = check_root(c, root, err);
+    if (rc < 0 || (rc = comm_enter(c, timeout, &deadline, err)) < 0)
+        return rc;
+    c->stats.broadcasts++;
+    uint64_t seq = ++c->seq;
+    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
+    if (hs == NULL)
+        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
+    CollHeader mine = {.seq = seq,
+                       .count = c->rank == root ? len : 0,
+                       .kind = KIND_BROADCAST_VAR,
+                       .root = root,
+                       .rank = (uint32_t)c->rank};
+    char what[64];
+    snprintf(what, sizeof what, "broadcast_bytes #%llu", (unsigned long long)seq);
+    rc = c->size > 1 ? header_exchange(c, &mine, hs, deadline, what, err) : 0;
+    if (c->size == 1)
+        hs[0] = mine;
+    if (rc == 0)
+        rc = headers_agree(c, hs, 0x1 | 0x20, what, err);
+    size_t bytes = rc == 0 ? (size_t)hs[root].count : 0;
+    free(hs);
+    if (rc == 0 && bytes > max_bytes)
+        rc = sg_fail(err, SG_EINVAL, "%s: rank %d broadcasts %zu bytes, above the limit of %zu",
+                     what, root, bytes, max_bytes);
+    uint8_t *buf = NULL;
+    if (rc == 0 && (buf = malloc(bytes ? bytes : 1)) == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "%s: allocating %zu bytes", what, bytes);
+    if (rc == 0 && c->rank == root && bytes > 0)
+        memcpy(buf, data, bytes);
+    if (rc == 0 && c->size > 1)
+        rc = relay(c, buf, bytes, root, deadline, what, err);
+    if (rc < 0) {
+        free(buf);
+        return comm_leave(c, t0, rc);
+    }
+    *out = buf, *out_len = bytes;
+    return comm_leave(c, t0, rc);
+}
+
+int coll_allgather(CollComm *c, const void *data, size_t len, uint64_t *lens, void **out,
+                   double timeout, SgError *err)
+{
+    double deadline, t0 = net_now();
+    *out = NULL;
+    int rc = comm_enter(c, timeout, &deadline, err);
+    if (rc < 0)
+        return rc;
+    c->stats.allgathers++;
+    int n = c->size, r = c->rank;
+    uint64_t seq = ++c->seq;
+    CollHeader *hs = malloc((size_t)n * sizeof *hs);
+    size_t *offs = malloc((size_t)(n + 1) * sizeof *offs);
+    if (hs == NULL || offs == NULL) {
+        free(hs), free(offs);
+        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
+    }
+    CollHeader mine = {.seq = seq, .count = len, .kind = KIND_ALLGATHER, .rank = (uint32_t)r};
+    char what[64];
+    snprintf(what, sizeof what, "allgather #%llu", (unsigned long long)seq);
+    hs[0] = mine;
+    rc = n > 1 ? header_exchange(c, &mine, hs, deadline, what, err) : 0;
+    if (rc == 0)
+        rc = headers_agree(c, hs, 0x1, what, err);
+    offs[0] = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        lens[i] = hs[i].count;
+        if (hs[i].count > (uint64_t)SIZE_MAX - offs[i])
+            rc = sg_fail(err, SG_EINVAL, "%s: sizes overflow", what);
+        else
+            offs[i + 1] = offs[i] + (size_t)hs[i].count;
+    }
+    uint8_t *buf = NULL;
+    if (rc == 0 && (buf = malloc(offs[n] ? offs[n] : 1)) == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "%s: allocating %zu bytes", what, offs[n]);
+    if (rc == 0 && len > 0)
+        memcpy(buf + offs[r], data, len);
+    for (int k = 0; rc == 0 && k < n - 1; k++) {
+        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
+        Xfer x = {.sptr = buf + offs[s],
+                  .slen = offs[s + 1] - offs[s],
+                  .rdst = buf + offs[t],
+                  .rlen = offs[t + 1] - offs[t],
+                  .from_rank = t};
+        char w[96];
+        snprintf(w, sizeof w, "%s (the block of rank %d)", what, t);
+        rc = xfer_run(c, &x, deadline, w, err);
+    }
+    free(hs), free(offs);
+    if (rc < 0)
+        free(buf);
+    else
+        *out = buf;
+    return comm_leave(c, t0, rc);
+}
+
+int coll_barrier(CollComm *c, double timeout, SgError *err)
+{
+    double deadline, t0 = net_now();
+    int rc = comm_enter(c, timeout, &deadline, err);
+    if (rc < 0)
+        return rc;
+    c->stats.barriers++;
+    if (c->size == 1)
+        return comm_leave(c, t0, SG_OK);
+    uint64_t seq = ++c->seq;
+    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
+    if (hs == NULL)
+        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
+    CollHeader mine = {.seq = seq, .kind = KIND_BARRIER, .rank = (uint32_t)c->rank};
+    char what[64];
+    snprintf(what, sizeof what, "barrier #%llu", (unsigned long long)seq);
+    rc = header_exchange(c, &mine, hs, deadline, what, err);
+    if (rc == 0)
+        rc = headers_agree(c, hs, 0x1, what, err);
+    free(hs);
+    return comm_leave(c, t0, rc);
+}

@@ -1,0 +1,149 @@
+/*
+ * coll.h - collectives among `size` ranks connected as a ring over the
+ * cluster's authenticated transport: allreduce, broadcast, allgather of
+ * unequal sizes, barrier, and the gradient hook of nn/nn_hook.h.
+ *
+ * Ring: rank r connects to rank (r + 1) % size ("right") and accepts one
+ * connection from rank (r - 1) % size ("left") on its own listener. Every
+ * connection does the mutual HMAC handshake of auth.h, then a HELLO naming
+ * rank, size and the communicator's check (a hash of the address list), so a
+ * connection from another rank or another ring is refused, naming it.
+ *
+ * Wire, per collective (NET_FRAME_COLL frames, flags = CollFrame):
+ *   1. header allgather: size - 1 ring steps, each sends one 48-byte header
+ *      frame to the right and receives one from the left, so that every rank
+ *      sees every rank's header (u64 seq, u32 kind, u32 op, u32 dtype,
+ *      u32 compression, i32 root, u32 rank, u64 count, u64 reserved;
+ *      little-endian). Ranks that disagree (kind, op, dtype, count, root)
+ *      all fail with SG_ECLUSTER naming the ranks and their values; the
+ *      streams stay in step, so the communicator remains usable. A barrier is
+ *      this step alone.
+ *   2. data as raw bytes, lengths agreed by step 1: allreduce is a ring
+ *      reduce-scatter then allgather over `size` contiguous segments (sends to
+ *      the right and receives from the left at once on non-blocking sockets,
+ *      reducing what arrives as it arrives); broadcast is a pipelined relay
+ *      from the root around the ring; allgather passes each rank's block
+ *      size - 1 steps around.
+ * Values travel in host order (little-endian hosts only, as ps.h). With
+ * compression a float32 allreduce sends fp16 or bf16 (round to nearest
+ * even) and accumulates in float32; the owner of each segment rounds its
+ * result to the wire format too, so every rank ends with identical values.
+ *
+ * Failures: a transport error or timeout breaks the communicator (both ring
+ * connections are shut down at once, so the failure reaches every rank
+ * promptly instead of each waiting out its timeout); that call and every
+ * later one fail, naming the peer rank and host:port (SG_ENODE when a peer
+ * closed or reset the connection, SG_ETIMEOUT, SG_EPROTO).
+ * Calls are serialized by a mutex; every rank must issue the same collectives
+ * in the same order.
+ */
+#ifndef NET_COLL_H
+#define NET_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+#include "nn/nn_hook.h"
+
+typedef enum CollDtype {
+    COLL_F32 = 1,
+    COLL_F64 = 2,
+    COLL_I32 = 3,
+    COLL_I64 = 4,
+    COLL_BYTES = 5, /* broadcast / allgather only */
+} CollDtype;
+
+typedef enum CollOp { COLL_SUM = 1, COLL_AVERAGE = 2, COLL_MIN = 3, COLL_MAX = 4 } CollOp;
+
+typedef enum CollCompression {
+    COLL_COMP_NONE = 0,
+    COLL_COMP_FP16 = 1,
+    COLL_COMP_BF16 = 2
+} CollCompression;
+
+typedef enum CollFrame {
+    COLL_FRAME_HELLO = 1,
+    COLL_FRAME_HELLO_OK = 2,
+    COLL_FRAME_REFUSE = 3,
+    COLL_FRAME_HEADER = 4
+} CollFrame;
+
+typedef struct CollComm CollComm;
+
+typedef struct CollStats {
+    uint64_t bytes_sent, bytes_received;
+    uint64_t collectives, allreduces, broadcasts, allgathers, barriers;
+    double seconds; /* inside collectives */
+    int broken;
+} CollStats;
+
+/* Forms the ring: rank `rank` of `size`, hosts[i]:ports[i] the listener of
+ * rank i, lfd this rank's listening socket (not owned; it must stay open
+ * while the ring forms). Bounded by timeout seconds, which is also the default
+ * per-collective timeout; an error names the rank and host:port it waited for. */
+int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, int size,
+                  const char *const *hosts, const int *ports, double timeout, CollComm **out,
+                  SgError *err);
+
+int coll_comm_rank(const CollComm *c);
+int coll_comm_size(const CollComm *c);
+double coll_comm_timeout(const CollComm *c);
+void coll_comm_stats(CollComm *c, CollStats *out);
+
+/* Element size of a dtype (1 for COLL_BYTES), 0 if unknown. */
+size_t coll_dtype_size(int dtype);
+
+/* In place on count values. timeout < 0: the communicator's default. */
+int coll_allreduce(CollComm *c, void *buf, size_t count, CollDtype dtype, CollOp op,
+                   CollCompression comp, double timeout, SgError *err);
+
+/* In place: `bytes` bytes from root to everyone. tag is compared across ranks
+ * (e.g. a NumPy type number; 0 for plain bytes). */
+int coll_broadcast(CollComm *c, void *buf, size_t bytes, int root, uint32_t tag, double timeout,
+                   SgError *err);
+
+/* Broadcast of a length only the root knows: non-roots get *out (malloc'd,
+ * at most max_bytes) and *out_len; the root passes data/len and gets a copy. */
+int coll_broadcast_var(CollComm *c, const void *data, size_t len, int root, size_t max_bytes,
+                       void **out, size_t *out_len, double timeout, SgError *err);
+
+/* Each rank contributes len bytes; *out (malloc'd) is the concatenation in
+ * rank order, lens[size] each rank's length. */
+int coll_allgather(CollComm *c, const void *data, size_t len, uint64_t *lens, void **out,
+                   double timeout, SgError *err);
+
+int coll_barrier(CollComm *c, double timeout, SgError *err);
+
+/* Shuts both ring connections down and makes every later call SG_ESTATE;
+ * thread-safe (a collective blocked in another thread fails promptly). */
+void coll_comm_close(CollComm *c);
+void coll_comm_free(CollComm *c);
+
+/* ---- the gradient hook of nn/nn_hook.h ----
+ *
+ * step() allreduces the whole float32 gradient buffer (op, compression) and
+ * returns 0 so the loop applies its own optimizer to the result.
+ *
+ * backward_passes_per_step = k > 1: the hook keeps the sum of the local
+ * gradients of k consecutive calls. On the first k - 1 calls of each cycle
+ * step() only adds grads to that sum and returns 1: the loop skips its
+ * optimizer and params stay untouched. On the k-th call grads is replaced by
+ * (sum of the k local gradients) / k, allreduced with op (so with "average"
+ * it is the mean over k passes and every rank), and step() returns 0.
+ *
+ * bucket_bytes > 0: ready() gathers the ranges it is told about (from the end
+ * of the buffer towards 0) into buckets of at least bucket_bytes and hands
+ * each to a background thread that allreduces it while backward goes on;
+ * step() reduces what no bucket covered and waits for all. bucket_bytes = 0:
+ * ready() does nothing and step() reduces the whole buffer at once. */
+typedef struct CollHook CollHook;
+
+int coll_hook_new(CollComm *c, CollOp op, CollCompression comp, int backward_passes_per_step,
+                  size_t bucket_bytes, CollHook **out, SgError *err);
+/* The NnGradHook inside (valid while the hook lives). */
+NnGradHook *coll_hook_iface(CollHook *h);
+/* Stops and joins the background thread, frees. */
+void coll_hook_free(CollHook *h);
+
+#endif /* NET_COLL_H */

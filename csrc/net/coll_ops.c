@@ -1,0 +1,212 @@
+/*
+ * coll_ops.c - the arithmetic of the collectives (coll_internal.h): fp16 and
+ * bf16 conversions in plain C (round to nearest even), and the reduction
+ * kernels per dtype and op. Integer sums wrap as NumPy's do (computed on
+ * unsigned values, so no signed overflow). No I/O here.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "net/coll_internal.h"
+
+uint16_t coll_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) /* NaN: keep it quiet and non-zero */
+        return (uint16_t)(sign | 0x7e00u);
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity (and infinity itself) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below 2^-14: a half subnormal (or zero) */
+        float a;
+        memcpy(&a, &ax, sizeof a);
+        /* a * 2^24 is exact; nearbyintf rounds to nearest even. 1024 is the
+         * smallest normal's encoding, which is right. */
+        return (uint16_t)(sign | (uint16_t)nearbyintf(a * 16777216.0f));
+    }
+    /* Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits
+     * to nearest even; a carry moves into the exponent as it should. */
+    ax += 0xfffu + ((ax >> 13) & 1u);
+    return (uint16_t)(sign | ((ax - 0x38000000u) >> 13));
+}
+
+float coll_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    if (exp == 0) {
+        float v = (float)mant * (1.0f / 16777216.0f); /* mant * 2^-24, exact */
+        memcpy(&x, &v, sizeof x);
+        x |= sign;
+    } else if (exp == 31) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else {
+        x = sign | ((exp + 112u) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+uint16_t coll_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float coll_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+size_t coll_wire_size(CollDtype dtype, CollCompression comp)
+{
+    return comp != COLL_COMP_NONE ? 2 : coll_dtype_size(dtype);
+}
+
+static float wire_f32(const uint8_t *p, CollCompression comp)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return comp == COLL_COMP_FP16 ? coll_f16_to_f32(h) : coll_bf16_to_f32(h);
+}
+
+/* One loop per (type, op); `a` is dst[i], `b` the arriving value. */
+#define REDUCE_LOOP(T, GET, EXPR)                                                                  \
+    do {                                                                                           \
+        T *d = dst;                                                                                \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T a = d[i], b = GET;                                                                   \
+            d[i] = EXPR;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+#define REDUCE_OPS(T, U, GET)                                                                      \
+    switch (op) {                                                                                  \
+    case COLL_SUM:                                                                                 \
+    case COLL_AVERAGE:                                                                             \
+        REDUCE_LOOP(T, GET, (T)((U)a + (U)b));                                                     \
+        break;                                                                                     \
+    case COLL_MIN:                                                                                 \
+        REDUCE_LOOP(T, GET, b < a ? b : a);                                                        \
+        break;                                                                                     \
+    case COLL_MAX:                                                                                 \
+        REDUCE_LOOP(T, GET, b > a ? b : a);                                                        \
+        break;                                                                                     \
+    }
+
+static float get_f32(const uint8_t *w, size_t i)
+{
+    float v;
+    memcpy(&v, w + 4 * i, sizeof v);
+    return v;
+}
+
+static double get_f64(const uint8_t *w, size_t i)
+{
+    double v;
+    memcpy(&v, w + 8 * i, sizeof v);
+    return v;
+}
+
+static int32_t get_i32(const uint8_t *w, size_t i)
+{
+    int32_t v;
+    memcpy(&v, w + 4 * i, sizeof v);
+    return v;
+}
+
+static int64_t get_i64(const uint8_t *w, size_t i)
+{
+    int64_t v;
+    memcpy(&v, w + 8 * i, sizeof v);
+    return v;
+}
+
+void coll_reduce(void *dst, const uint8_t *wire, size_t n, CollDtype dtype, CollOp op,
+                 CollCompression comp)
+{
+    switch (dtype) {
+    case COLL_F32:
+        if (comp != COLL_COMP_NONE) {
+            REDUCE_OPS(float, float, wire_f32(wire + 2 * i, comp));
+        } else {
+            REDUCE_OPS(float, float, get_f32(wire, i));
+        }
+        break;
+    case COLL_F64:
+        REDUCE_OPS(double, double, get_f64(wire, i));
+        break;
+    case COLL_I32:
+        REDUCE_OPS(int32_t, uint32_t, get_i32(wire, i));
+        break;
+    case COLL_I64:
+        REDUCE_OPS(int64_t, uint64_t, get_i64(wire, i));
+        break;
+    default:
+        break;
+    }
+}
+
+void coll_decode(float *dst, const uint8_t *wire, size_t n, CollCompression comp)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = wire_f32(wire + 2 * i, comp);
+}
+
+void coll_encode(uint8_t *wire, const float *src, size_t n, CollCompression comp)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = comp == COLL_COMP_FP16 ? coll_f32_to_f16(src[i]) : coll_f32_to_bf16(src[i]);
+        memcpy(wire + 2 * i, &h, sizeof h);
+    }
+}
+
+void coll_finish(void *buf, size_t n, CollDtype dtype, CollOp op, CollCompression comp, int size)
+{
+    if (op == COLL_AVERAGE && size > 1) {
+        switch (dtype) {
+        case COLL_F32: {
+            float *p = buf;
+            for (size_t i = 0; i < n; i++)
+                p[i] /= (float)size;
+            break;
+        }
+        case COLL_F64: {
+            double *p = buf;
+            for (size_t i = 0; i < n; i++)
+                p[i] /= (double)size;
+            break;
+        }
+        case COLL_I32: {
+            int32_t *p = buf;
+            for (size_t i = 0; i < n; i++)
+                p[i] /= size;
+            break;
+        }
+        case COLL_I64: {
+            int64_t *p = buf;
+            for (size_t i = 0; i < n; i++)
+                p[i] /= size;
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    if (comp != COLL_COMP_NONE && dtype == COLL_F32) {
+        float *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] = comp == COLL_COMP_FP16 ? coll_f16_to_f32(coll_f32_to_f16(p[i]))
+                                          : coll_bf16_to_f32(coll_f32_to_bf16(p[i]));
+    }
+}

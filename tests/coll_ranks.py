@@ -1,0 +1,349 @@
+"""Rank processes for tests/test_net_coll.py and bench/bench_allreduce.py.
+
+`launch(n, scenario, ...)` starts n "spawn" processes; each binds a Listener
+on 127.0.0.1, reports its port, receives every rank's address, forms a
+_core.Communicator and runs `scenario(comm, *args)` (a function of this
+module, by name). Results and errors come back through a multiprocessing
+queue (a local pipe, never sparkgrad's sockets). Every wait is bounded and
+every process is killed in `Ranks.close()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import time
+import traceback
+
+import numpy as np
+
+# ---- the rank side ------------------------------------------------------------------
+
+
+def _rank_main(rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, out, inbox) -> None:
+    from sparkgrad import _core
+
+    try:
+        lis = _core.Listener("127.0.0.1", 0)
+        out.put(("port", rank, lis.port))
+        addresses = inbox.get(timeout=60)
+        comm = _core.Communicator(lis, secret, rank, addresses, timeout=timeout)
+        value = globals()[scenario](comm, out, *args)
+        out.put(("done", rank, value))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        out.put(("error", rank, (type(exc).__name__, str(exc), time.monotonic(), traceback.format_exc())))
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
+def _inputs(case: int, r: int, length: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(1000 * case + r)
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(0.5, 1.5, length).astype(dtype)
+    return rng.integers(-1000, 1000, length).astype(dtype)
+
+
+def _expected(op: str, xs: list[np.ndarray]) -> np.ndarray:
+    s = np.stack(xs)
+    if op == "min":
+        return s.min(axis=0)
+    if op == "max":
+        return s.max(axis=0)
+    total = s.sum(axis=0, dtype=s.dtype)
+    if op == "sum":
+        return total
+    if s.dtype.kind == "f":
+        return total / s.dtype.type(len(xs))
+    return (np.sign(total) * (np.abs(total) // len(xs))).astype(s.dtype)  # C truncation
+
+
+def allreduce_cases(comm, out, cases: list) -> dict:
+    """cases: (length, dtype name, op, compression); checks against NumPy here
+    and returns a digest per case so the parent can compare ranks."""
+    n, r = comm.size, comm.rank
+    digests = {}
+    for i, (length, dtype, op, comp) in enumerate(cases):
+        xs = [_inputs(i, q, length, dtype) for q in range(n)]
+        a = xs[r].copy()
+        got = comm.allreduce(a, op=op, compression=comp)
+        assert got is a
+        want = _expected(op, xs)
+        what = f"rank {r} of {n}: allreduce length {length} {dtype} {op} compression={comp}"
+        if comp is not None:
+            rtol = {"fp16": 1e-3, "bf16": 8e-3}[comp] * n
+            np.testing.assert_allclose(a, want, rtol=rtol, err_msg=what)
+        elif np.dtype(dtype).kind == "i" or op in ("min", "max"):
+            np.testing.assert_array_equal(a, want, err_msg=what)
+        else:
+            rtol = 1e-6 if dtype == "float32" else 1e-13
+            np.testing.assert_allclose(a, want, rtol=rtol, err_msg=what)
+        digests[i] = _digest(a)
+    return digests
+
+
+def other_collectives(comm, out) -> dict:
+    n, r = comm.size, comm.rank
+    root = n - 1
+    b = np.arange(1000, dtype=np.float64) * (r + 1)
+    comm.broadcast(b, root=root)
+    np.testing.assert_array_equal(b, np.arange(1000, dtype=np.float64) * (root + 1))
+    one = np.array([r], np.int32)
+    comm.broadcast(one, root=0)
+    assert one[0] == 0
+    # unequal rows, rank 0 contributes none
+    mine = np.full((r, 3), r, np.int64)
+    got = comm.allgather(mine)
+    want = np.concatenate([np.full((q, 3), q, np.int64) for q in range(n)])
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape)
+    np.testing.assert_array_equal(got, want)
+    flat = comm.allgather(np.arange(r + 1, dtype=np.float32))
+    np.testing.assert_array_equal(flat, np.concatenate([np.arange(q + 1, dtype=np.float32) for q in range(n)]))
+    blobs = comm.allgather_bytes(bytes([r]) * (r * 7))
+    assert blobs == [bytes([q]) * (q * 7) for q in range(n)], blobs
+    text = comm.broadcast_bytes(b"from the root" if r == root else None, root=root)
+    assert text == b"from the root"
+    empty = comm.broadcast_bytes(b"" if r == 0 else None, root=0)
+    assert empty == b""
+    comm.barrier()
+    stats = comm.stats()
+    return {"stats": stats}
+
+
+def hook_checks(comm, out) -> str:
+    from sparkgrad import _core
+
+    n, r = comm.size, comm.rank
+    total = 10_000
+    g = [_inputs(50 + q, 0, total, np.float32) for q in range(n)]
+    g2 = [_inputs(70 + q, 0, total, np.float32) for q in range(n)]
+    params = np.ones(total, np.float32)
+
+    # step(): the average over ranks, then the loop's own optimizer (rc 0)
+    hook = comm.grad_hook()
+    grads = g[r].copy()
+    rc, step = _core._grad_hook_step(hook, params, grads, 5)
+    assert (rc, step) == (0, 5), (rc, step)
+    np.testing.assert_allclose(grads, np.mean(g, axis=0, dtype=np.float64), rtol=1e-6)
+    assert np.all(params == 1)
+    plain = grads.copy()
+
+    # backward_passes_per_step=2: the first call accumulates (rc 1, params
+    # untouched), the second reduces the mean of both passes
+    hook2 = comm.grad_hook(backward_passes_per_step=2)
+    for cycle in range(2):
+        a = g[r].copy()
+        rc, _ = _core._grad_hook_step(hook2, params, a)
+        assert rc == 1 and np.all(params == 1), (cycle, rc)
+        b = g2[r].copy()
+        rc, _ = _core._grad_hook_step(hook2, params, b)
+        assert rc == 0, (cycle, rc)
+        want = np.mean([(x + y) / 2 for x, y in zip(g, g2)], axis=0)
+        np.testing.assert_allclose(b, want, rtol=1e-6, err_msg=f"cycle {cycle}")
+
+    # buckets: ready() for layers from the end (one layer not reported), then step()
+    layers = [(0, 1490), (1490, 10), (1500, 2500), (4000, 3000), (7000, 3000)]
+    for bucket_bytes in (4096, 16 << 10, 1 << 20):
+        hook3 = comm.grad_hook(bucket_bytes=bucket_bytes)
+        for _ in range(2):
+            c = g[r].copy()
+            for off, cnt in reversed(layers):
+                if off != 1490:
+                    _core._grad_hook_ready(hook3, c, off, cnt)
+            rc, _ = _core._grad_hook_step(hook3, params, c)
+            assert rc == 0
+            np.testing.assert_allclose(c, plain, rtol=1e-6, err_msg=f"bucket_bytes={bucket_bytes}")
+
+    # buckets with accumulation
+    hook4 = comm.grad_hook(backward_passes_per_step=2, bucket_bytes=8192)
+    a = g[r].copy()
+    for off, cnt in reversed(layers):
+        _core._grad_hook_ready(hook4, a, off, cnt)
+    assert _core._grad_hook_step(hook4, params, a)[0] == 1
+    b = g2[r].copy()
+    for off, cnt in reversed(layers):
+        _core._grad_hook_ready(hook4, b, off, cnt)
+    assert _core._grad_hook_step(hook4, params, b)[0] == 0
+    np.testing.assert_allclose(b, np.mean([(x + y) / 2 for x, y in zip(g, g2)], axis=0), rtol=1e-6)
+    del hook, hook2, hook3, hook4
+    return "ok"
+
+
+def mismatch(comm, out) -> str:
+    r = comm.rank
+    msgs = []
+    for make in (
+        lambda: np.zeros(10 + r, np.float32),  # length
+        lambda: np.zeros(10, np.float32 if r == 0 else np.float64),  # dtype
+    ):
+        try:
+            comm.allreduce(make())
+        except Exception as exc:  # noqa: BLE001 - the message is checked by the test
+            msgs.append(f"{type(exc).__name__}: {exc}")
+        else:
+            msgs.append("no error")
+    try:
+        comm.allreduce(np.zeros(4, np.float32), op="sum" if r == 0 else "max")
+    except Exception as exc:  # noqa: BLE001
+        msgs.append(f"{type(exc).__name__}: {exc}")
+    try:
+        comm.allgather(np.zeros((2, 3 + r), np.float32))
+    except Exception as exc:  # noqa: BLE001
+        msgs.append(f"{type(exc).__name__}: {exc}")
+    ok = np.full(5, r + 1, np.int32)
+    comm.allreduce(ok)  # the ring is still usable after a mismatch
+    assert np.all(ok == sum(range(1, comm.size + 1)))
+    comm.close()
+    try:
+        comm.barrier()
+    except Exception as exc:  # noqa: BLE001
+        msgs.append(f"{type(exc).__name__}: {exc}")
+    return "\n".join(msgs)
+
+
+def loop_allreduce(comm, out, length: int) -> str:
+    a = np.ones(length, np.float32)
+    comm.allreduce(a)
+    out.put(("started", comm.rank, None))
+    for _ in range(100_000):
+        comm.allreduce(a, op="average")
+    return "finished"
+
+
+def bench_allreduce(comm, out, sizes: list, seconds: float) -> dict:
+    res = {}
+    for nbytes in sizes:
+        a = np.ones(nbytes // 4, np.float32)
+        comm.allreduce(a)
+        comm.barrier()
+        iters = 0
+        t0 = time.perf_counter()
+        while True:
+            comm.allreduce(a)
+            iters += 1
+            # every rank must run the same number of allreduces: rank 0 decides
+            flag = np.array([time.perf_counter() - t0 < seconds], np.int32)
+            comm.broadcast(flag, root=0)
+            if not flag[0]:
+                break
+        res[nbytes] = (time.perf_counter() - t0, iters)
+    return res
+
+
+def bench_latency(comm, out, nbytes: int, runs: int) -> list:
+    a = np.ones(nbytes // 4, np.float32)
+    for _ in range(20):
+        comm.allreduce(a)
+    times = []
+    for _ in range(runs):
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.allreduce(a)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# ---- the parent side ----------------------------------------------------------------
+
+
+class RankError(AssertionError):
+    pass
+
+
+class Ranks:
+    """n rank processes running one scenario; use as a context manager."""
+
+    def __init__(self, n: int, scenario: str, args: tuple = (), secrets=None, timeout: float = 30.0):
+        ctx = mp.get_context("spawn")
+        secret = os.urandom(32)
+        self.secrets = secrets or [secret] * n
+        self.n = n
+        self.out = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(n)]
+        self.procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(r, n, self.secrets[r], scenario, args, timeout, self.out, self.inboxes[r]),
+                daemon=True,
+            )
+            for r in range(n)
+        ]
+        self.results: dict[int, tuple] = {}
+        self.started: set[int] = set()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        n = self.n
+        for p in self.procs:
+            p.start()
+        ports = {}
+        deadline = time.monotonic() + 120
+        while len(ports) < n:
+            kind, rank, value = self._next(deadline, "rank ports")
+            if kind == "port":
+                ports[rank] = value
+            else:
+                self._record(kind, rank, value)
+        addresses = [("127.0.0.1", ports[r]) for r in range(n)]
+        for box in self.inboxes:
+            box.put(addresses)
+
+    def _next(self, deadline: float, what: str):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RankError(f"timed out waiting for {what}; results so far: {self.results}")
+        try:
+            return self.out.get(timeout=left)
+        except queue.Empty:
+            raise RankError(f"timed out waiting for {what}; results so far: {self.results}") from None
+
+    def _record(self, kind, rank, value):
+        if kind == "started":
+            self.started.add(rank)
+        else:
+            self.results[rank] = (kind, value)
+
+    def wait_started(self, ranks, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not set(ranks) <= self.started:
+            self._record(*self._next(deadline, f"ranks {sorted(ranks)} to start"))
+
+    def collect(self, timeout: float = 60.0, ranks=None) -> dict[int, tuple]:
+        ranks = set(range(self.n) if ranks is None else ranks)
+        deadline = time.monotonic() + timeout
+        while not ranks <= set(self.results):
+            self._record(*self._next(deadline, f"results of ranks {sorted(ranks - set(self.results))}"))
+        return {r: self.results[r] for r in ranks}
+
+    def values(self, timeout: float = 60.0) -> list:
+        res = self.collect(timeout)
+        errors = [f"rank {r}: {v[3]}" for r, (k, v) in sorted(res.items()) if k == "error"]
+        if errors:
+            raise RankError("\n".join(errors))
+        return [res[r][1] for r in range(self.n)]
+
+    def kill(self, rank: int) -> float:
+        os.kill(self.procs[rank].pid, signal.SIGKILL)
+        return time.monotonic()
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+"""Ring collectives of csrc/net/coll.c between real rank processes on
+loopback: allreduce against NumPy for every dtype, op and compression on 1 to 4
+and 8 ranks, broadcast, allgather of unequal sizes, barrier; a rank killed
+mid-allreduce, a rank with a wrong secret, mismatched calls; the gradient hook
+of nn/nn_hook.h (average, accumulation over backward passes, buckets)."""
+
+from __future__ import annotations
+
+import os
+
+import coll_ranks
+import numpy as np
+import pytest
+from coll_ranks import Ranks
+from sparkgrad import _core, errors
+
+pytestmark = pytest.mark.timeout(120)
+
+BIG = 10**6 + 3
+
+
+def cases_for(n: int) -> list:
+    lengths = (1, 7, 1000, BIG) if n <= 4 else (1, 7, 1000, 100_003)
+    cases = []
+    for length in lengths:
+        for dtype in ("float32", "float64", "int32", "int64"):
+            cases.append((length, dtype, "sum", None))
+        if length <= 1000:
+            for dtype in ("float32", "int64"):
+                for op in ("average", "min", "max"):
+                    cases.append((length, dtype, op, None))
+    cases += [(1000, "float32", "average", None), (BIG if n <= 4 else 1000, "float32", "average", None)]
+    cases += [(length, "float32", "sum", comp) for length in (7, 1000, 65_537) for comp in ("fp16", "bf16")]
+    return cases
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_allreduce_matches_numpy_and_ranks_agree(n):
+    cases = cases_for(n)
+    with Ranks(n, "allreduce_cases", (cases,)) as ranks:
+        digests = ranks.values(timeout=100)
+    for i, case in enumerate(cases):
+        assert len({d[i] for d in digests}) == 1, f"ranks ended with different values for {case}"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_broadcast_allgather_unequal_sizes_and_barrier(n):
+    with Ranks(n, "other_collectives") as ranks:
+        out = ranks.values()
+    for r, v in enumerate(out):
+        s = v["stats"]
+        # an array allgather is two: shapes, then rows
+        assert s["allgathers"] == 5 and s["broadcasts"] == 4 and s["barriers"] == 1, (r, s)
+        assert (s["bytes_sent"] > 0) == (n > 1) and not s["broken"]
+
+
+def test_gradient_hook_average_accumulation_and_buckets():
+    with Ranks(3, "hook_checks") as ranks:
+        assert ranks.values() == ["ok"] * 3
+
+
+def test_killed_rank_fails_the_others_naming_it():
+    with Ranks(3, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
+        ranks.wait_started([0, 1, 2])
+        killed_at = ranks.kill(1)
+        res = ranks.collect(timeout=30, ranks=[0, 2])
+    peer = f"rank 1 (127.0.0.1:"
+    for r in (0, 2):
+        kind, (cls, msg, when, tb) = res[r]
+        assert kind == "error", res[r]
+        assert cls in ("NodeFailure", "PeerClosedError"), (r, cls, msg)
+        assert peer in msg, (r, msg)
+        assert when - killed_at < 10, f"rank {r} failed {when - killed_at:.1f}s after the kill"
+
+
+def test_wrong_secret_is_refused_and_formation_names_the_rank():
+    secret = os.urandom(32)
+    with Ranks(3, "mismatch", secrets=[secret, secret, os.urandom(32)], timeout=4.0) as ranks:
+        res = ranks.collect(timeout=60)
+    kind, (cls, msg, _, _) = res[2]
+    assert kind == "error" and cls == "AuthError", res[2]
+    for r in (0, 1):
+        kind, (cls, msg, _, _) = res[r]
+        assert kind == "error", res[r]
+        assert cls in ("AuthError", "SparkgradTimeout", "PeerClosedError"), (r, cls, msg)
+        assert "rank 2 (127.0.0.1:" in msg, (r, msg)
+
+
+def test_mismatched_calls_name_the_ranks_and_values():
+    with Ranks(2, "mismatch") as ranks:
+        out = ranks.values()
+    for msgs in out:
+        length, dtype, op, gather, closed = msgs.split("\n")
+        assert length.startswith("ClusterError") and "rank 0: 10, rank 1: 11" in length, length
+        assert dtype.startswith("ClusterError") and "rank 0: float32, rank 1: float64" in dtype, dtype
+        assert op.startswith("ClusterError") and "rank 0: sum, rank 1: max" in op, op
+        assert gather.startswith("ClusterError") and "rank 1 has float32[*,4], rank 0 has float32[*,3]" in gather
+        assert closed.startswith("StateError"), closed
+
+
+def test_communicator_arguments_are_checked():
+    with _core.Listener("127.0.0.1", 0) as lis:
+        with pytest.raises(errors.InvalidArgumentError, match="16"):
+            _core.Communicator(lis, b"short", 0, [("127.0.0.1", lis.port)])
+        with pytest.raises(errors.InvalidArgumentError, match="rank 3"):
+            _core.Communicator(lis, os.urandom(32), 3, [("127.0.0.1", lis.port)])
+        with _core.Communicator(lis, os.urandom(32), 0, [("127.0.0.1", lis.port)]) as comm:
+            assert (comm.rank, comm.size) == (0, 1)
+            a = np.arange(5, dtype=np.float32)
+            assert comm.allreduce(a, op="average") is a and np.all(a == np.arange(5))
+            with pytest.raises(errors.InvalidArgumentError, match="float32"):
+                comm.allreduce(np.zeros(3, np.uint8))
+            with pytest.raises(errors.InvalidArgumentError, match="float32 arrays only"):
+                comm.allreduce(np.zeros(3), compression="fp16")
+            with pytest.raises(errors.InvalidArgumentError, match="op"):
+                comm.allreduce(a, op="prod")
+            with pytest.raises(errors.InvalidArgumentError, match="in place"):
+                comm.allreduce(np.zeros((4, 4), np.float32)[:, 1])
+            assert comm.allgather_bytes(b"x") == [b"x"]
+            assert comm.broadcast_bytes(b"y") == b"y"
+            hook = comm.grad_hook()
+            assert type(hook).__name__ == "PyCapsule"
+        with pytest.raises(errors.StateError):
+            comm.allreduce(a)
+
+
