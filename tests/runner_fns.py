@@ -132,3 +132,44 @@ def tf_ports(args, ctx):
 
     setup = collective.current()
     return {"comm": None if setup is None else [list(a) for a in setup.addresses]}
+
+
+def callbacks_flow(warmup_epochs):
+    """The hvd callbacks' hooks called as fit calls them, on a model whose ranks start different."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad import nn
+    from sparkgrad.hvd.callbacks import (
+        BroadcastGlobalVariablesCallback,
+        LearningRateWarmupCallback,
+        MetricAverageCallback,
+    )
+
+    hvd.init()
+    r = hvd.rank()
+    model = nn.Sequential([nn.Dense(3, input_shape=(4,))], seed=100 + r)
+    model.compile(optimizer=nn.optimizers.SGD(0.4 * hvd.size()), loss="sparse_categorical_crossentropy")
+    cbs = [
+        BroadcastGlobalVariablesCallback(0),
+        MetricAverageCallback(),
+        LearningRateWarmupCallback(0.4 * hvd.size(), warmup_epochs=warmup_epochs, steps_per_epoch=10),
+    ]
+    for cb in cbs:
+        cb.set_model(model)
+    for cb in cbs:
+        cb.on_train_begin({})
+    params = model.params.copy()
+    lrs, logs_seen = [], []
+    for epoch in range(warmup_epochs + 1):
+        for cb in cbs:
+            cb.on_epoch_begin(epoch, {})
+        lrs.append(model.optimizer.learning_rate)
+        model.step += 5
+        for cb in cbs:
+            cb.on_step_end(model.step, {"loss": 1.0})
+        lrs.append(model.optimizer.learning_rate)
+        model.step += 5
+        logs = {"loss": float(r), "val_loss": 10.0 * r, "note": "text"}
+        for cb in cbs:
+            cb.on_epoch_end(epoch, logs)
+        logs_seen.append(logs)
+    return {"params": params, "lrs": lrs, "logs": logs_seen}

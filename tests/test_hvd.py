@@ -183,3 +183,12 @@ def test_a_single_process_forms_a_communicator_of_one():
     finally:
         hvd.shutdown()
     assert not hvd.is_initialized()
+
+
+def test_callbacks_broadcast_average_metrics_and_warm_up_the_learning_rate():
+    got = sparkgrad.run(runner_fns.callbacks_flow, args=(2,), num_proc=2, stdout=io.StringIO(), local=True)
+    np.testing.assert_array_equal(got[0]["params"], got[1]["params"])
+    for g in got:
+        assert g["logs"] == [{"loss": 0.5, "val_loss": 5.0, "note": "text"}] * 3
+        # initial_lr 0.8 over 2 ranks: from 0.4 at epoch 0 to 0.8 at epoch 2, by fractional epoch
+        np.testing.assert_allclose(g["lrs"], [0.4, 0.5, 0.6, 0.7, 0.8, 0.8], rtol=1e-6)

@@ -122,5 +122,3 @@ def test_communicator_arguments_are_checked():
             assert type(hook).__name__ == "PyCapsule"
         with pytest.raises(errors.StateError):
             comm.allreduce(a)
-
-

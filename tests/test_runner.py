@@ -128,6 +128,16 @@ def test_a_killed_rank_is_named_within_10_s(tmp_path):
     assert _gone(_read_pids(tmp_path, 2))
 
 
+def test_start_timeout_bounds_the_start(monkeypatch, tmp_path):
+    from sparkgrad.errors import RendezvousTimeout
+
+    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "1")  # rank 1 never registers
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout, match="waited 2 s for 2 nodes"):
+        sparkgrad.run(runner_fns.fail_on, args=(-1, str(tmp_path)), num_proc=2, start_timeout=2, local=True)
+    assert time.monotonic() - started < 10
+
+
 # -- Spark ----------------------------------------------------------------------------------------
 
 
