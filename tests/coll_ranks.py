@@ -86,6 +86,31 @@ def allreduce_cases(comm, out, cases: list) -> dict:
     return digests
 
 
+def wire_rounding(comm, out) -> str:
+    """x on rank 0 plus zeros elsewhere, summed with compression: every rank
+    ends with x rounded to fp16 / bf16 (to nearest even), which NumPy gives
+    for fp16 and the bit recipe below for bf16."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate(
+        [
+            rng.standard_normal(5000).astype(np.float32) * np.float32(1000),
+            rng.uniform(-6e-5, 6e-5, 2000).astype(np.float32),  # fp16 subnormals
+            np.float32([65504, 65519, 65520, 1e6, -1e6, 0.0, -0.0, 1 + 2**-11, 1 + 3 * 2**-11, 2**-25, 2**-24]),
+            np.float16(rng.standard_normal(1000)).astype(np.float32) + np.float32(2**-12),  # ties
+        ]
+    )
+    u = x.view(np.uint32).astype(np.uint64)
+    bf16 = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    with np.errstate(over="ignore"):
+        f16 = x.astype(np.float16).astype(np.float32)
+    for comp, want in (("fp16", f16 + np.float32(0)), ("bf16", bf16 + np.float32(0))):  # -0 + 0 = +0
+        a = x.copy() if comm.rank == 0 else np.zeros_like(x)
+        comm.allreduce(a, compression=comp)
+        bad = np.flatnonzero(a.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, f"{comp}: {x[bad[:5]]} -> {a[bad[:5]]}, expected {want[bad[:5]]}"
+    return "ok"
+
+
 def other_collectives(comm, out) -> dict:
     n, r = comm.size, comm.rank
     root = n - 1
@@ -142,7 +167,7 @@ def hook_checks(comm, out) -> str:
         b = g2[r].copy()
         rc, _ = _core._grad_hook_step(hook2, params, b)
         assert rc == 0, (cycle, rc)
-        want = np.mean([(x + y) / 2 for x, y in zip(g, g2)], axis=0)
+        want = np.mean([(x + y) / 2 for x, y in zip(g, g2, strict=True)], axis=0)
         np.testing.assert_allclose(b, want, rtol=1e-6, err_msg=f"cycle {cycle}")
 
     # buckets: ready() for layers from the end (one layer not reported), then step()
@@ -168,7 +193,7 @@ def hook_checks(comm, out) -> str:
     for off, cnt in reversed(layers):
         _core._grad_hook_ready(hook4, b, off, cnt)
     assert _core._grad_hook_step(hook4, params, b)[0] == 0
-    np.testing.assert_allclose(b, np.mean([(x + y) / 2 for x, y in zip(g, g2)], axis=0), rtol=1e-6)
+    np.testing.assert_allclose(b, np.mean([(x + y) / 2 for x, y in zip(g, g2, strict=True)], axis=0), rtol=1e-6)
     del hook, hook2, hook3, hook4
     return "ok"
 
@@ -214,23 +239,17 @@ def loop_allreduce(comm, out, length: int) -> str:
     return "finished"
 
 
-def bench_allreduce(comm, out, sizes: list, seconds: float) -> dict:
+def bench_allreduce(comm, out, plan: list) -> dict:
+    """plan: (bytes, iterations); returns bytes -> seconds per float32 allreduce."""
     res = {}
-    for nbytes in sizes:
+    for nbytes, iters in plan:
         a = np.ones(nbytes // 4, np.float32)
         comm.allreduce(a)
         comm.barrier()
-        iters = 0
         t0 = time.perf_counter()
-        while True:
+        for _ in range(iters):
             comm.allreduce(a)
-            iters += 1
-            # every rank must run the same number of allreduces: rank 0 decides
-            flag = np.array([time.perf_counter() - t0 < seconds], np.int32)
-            comm.broadcast(flag, root=0)
-            if not flag[0]:
-                break
-        res[nbytes] = (time.perf_counter() - t0, iters)
+        res[nbytes] = (time.perf_counter() - t0) / iters
     return res
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-import coll_ranks
 import numpy as np
 import pytest
 from coll_ranks import Ranks
@@ -54,6 +53,12 @@ def test_broadcast_allgather_unequal_sizes_and_barrier(n):
         assert (s["bytes_sent"] > 0) == (n > 1) and not s["broken"]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_fp16_and_bf16_on_the_wire_round_to_nearest_even(n):
+    with Ranks(n, "wire_rounding") as ranks:
+        assert ranks.values() == ["ok"] * n
+
+
 def test_gradient_hook_average_accumulation_and_buckets():
     with Ranks(3, "hook_checks") as ranks:
         assert ranks.values() == ["ok"] * 3
@@ -64,7 +69,7 @@ def test_killed_rank_fails_the_others_naming_it():
         ranks.wait_started([0, 1, 2])
         killed_at = ranks.kill(1)
         res = ranks.collect(timeout=30, ranks=[0, 2])
-    peer = f"rank 1 (127.0.0.1:"
+    peer = "rank 1 (127.0.0.1:"
     for r in (0, 2):
         kind, (cls, msg, when, tb) = res[r]
         assert kind == "error", res[r]
