@@ -237,6 +237,13 @@ class HorovodRunner:
         np = self.num_processor
         quiet = self.driver_log_verbosity == "log_callback_only"
         sink = _Discard() if quiet else None
+        if np > 0 and self._spark is None and active_spark() is None:
+            print(
+                f"sparkgrad: HorovodRunner(np={np}): no active Spark session, running {np} processes on this "
+                "machine (np < 0 says so explicitly)",
+                file=sys.stderr,
+                flush=True,
+            )
         values = run(
             main,
             kwargs=kwargs,
