@@ -173,3 +173,23 @@ def callbacks_flow(warmup_epochs):
             cb.on_epoch_end(epoch, logs)
         logs_seen.append(logs)
     return {"params": params, "lrs": lrs, "logs": logs_seen}
+
+
+def tf_fit(args, ctx):
+    """A TFCluster(num_ps=0) map_fun training with model.fit and a DistributedOptimizer (rank-sharded data)."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad import nn
+    from sparkgrad.hvd.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+
+    hvd.init()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    xs, ys = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
+    model = nn.Sequential([nn.Dense(16, activation="relu", input_shape=(8,)), nn.Dense(2)], seed=1 + hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(nn.SGD(0.1 * hvd.size())), loss="sparse_categorical_crossentropy")
+    history = model.fit(
+        xs, ys, batch_size=16, epochs=3, verbose=0,
+        callbacks=[BroadcastGlobalVariablesCallback(0), MetricAverageCallback()],
+    )  # fmt: skip
+    return {"rank": hvd.rank(), "params": model.params.tolist(), "loss": history.history["loss"]}

@@ -192,3 +192,16 @@ def test_callbacks_broadcast_average_metrics_and_warm_up_the_learning_rate():
         assert g["logs"] == [{"loss": 0.5, "val_loss": 5.0, "note": "text"}] * 3
         # initial_lr 0.8 over 2 ranks: from 0.4 at epoch 0 to 0.8 at epoch 2, by fractional epoch
         np.testing.assert_allclose(g["lrs"], [0.4, 0.5, 0.6, 0.7, 0.8, 0.8], rtol=1e-6)
+
+
+@needs_comm
+def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer():
+    pytest.importorskip("sparkgrad.nn.distributed", reason="DistributedOptimizer (the training loop's branch)")
+    from sparkgrad import TFCluster
+
+    cluster = TFCluster.run(None, runner_fns.tf_fit, None, 2, 0, output=lambda line: None)
+    cluster.shutdown(timeout=90)
+    a, b = cluster.results[0], cluster.results[1]
+    assert (a["rank"], b["rank"]) == (0, 1)
+    np.testing.assert_array_equal(a["params"], b["params"])  # one model: broadcast, then the same reduced steps
+    assert a["loss"] == b["loss"] and a["loss"][-1] < a["loss"][0]  # metrics averaged over the ranks

@@ -42,7 +42,7 @@ class Callback:
 def _optimizer_with_lr(model: Any) -> Any:
     """The optimizer whose learning rate is set: the model's, or the one a DistributedOptimizer wraps."""
     opt = getattr(model, "optimizer", None)
-    while opt is not None and not hasattr(opt, "set_learning_rate") and hasattr(opt, "optimizer"):
+    while opt is not None and getattr(opt, "optimizer", None) is not None:  # unwrap to the optimizer that runs
         opt = opt.optimizer
     if opt is None or not hasattr(opt, "set_learning_rate"):
         raise TypeError(
