@@ -209,3 +209,19 @@ class _EpochLogs:
 
     def on_epoch_end(self, epoch, logs):
         self.loss.append(logs["loss"])
+
+
+def kill_during_allreduce(target):
+    """Every rank allreduces in a loop; rank ``target`` kills itself in the middle."""
+    import sparkgrad.hvd as hvd
+
+    hvd.init()
+    x = np.ones(1 << 16, np.float32)
+    deadline = time.monotonic() + 30
+    i = 0
+    while time.monotonic() < deadline:  # bounded: the test expects the run to end long before
+        if hvd.rank() == target and i == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(x, op=hvd.Sum)
+        i += 1
+    return i

@@ -208,3 +208,17 @@ def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer():
     # the callbacks after MetricAverageCallback (and fit's checkpointing) see the loss averaged over the ranks
     assert a["averaged_loss"] == b["averaged_loss"]
     np.testing.assert_allclose(a["averaged_loss"], (np.array(a["own_loss"]) + b["own_loss"]) / 2, rtol=1e-12)
+
+
+@needs_comm
+def test_a_rank_killed_during_allreduce_ends_the_run_naming_it_within_10_s():
+    import time
+
+    from sparkgrad.errors import NodeFailure
+
+    started = time.monotonic()
+    with pytest.raises(NodeFailure) as info:
+        sparkgrad.run(runner_fns.kill_during_allreduce, args=(1,), num_proc=3, stderr=io.StringIO(), local=True)
+    assert time.monotonic() - started < 10
+    # the dead rank's "lost" (or a peer's error naming it, should that arrive first) ends the run
+    assert "rank 1" in str(info.value).splitlines()[0]
