@@ -211,8 +211,8 @@ class _EpochLogs:
         self.loss.append(logs["loss"])
 
 
-def kill_during_allreduce(target):
-    """Every rank allreduces in a loop; rank ``target`` kills itself in the middle."""
+def kill_during_allreduce(target, how="kill"):
+    """Every rank allreduces in a loop; rank ``target`` kills itself (or raises) in the middle."""
     import sparkgrad.hvd as hvd
 
     hvd.init()
@@ -221,6 +221,8 @@ def kill_during_allreduce(target):
     i = 0
     while time.monotonic() < deadline:  # bounded: the test expects the run to end long before
         if hvd.rank() == target and i == 20:
+            if how == "raise":
+                raise RuntimeError(f"rank {target} gives up")
             os.kill(os.getpid(), signal.SIGKILL)
         hvd.allreduce(x, op=hvd.Sum)
         i += 1

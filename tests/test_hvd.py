@@ -211,14 +211,17 @@ def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer():
 
 
 @needs_comm
-def test_a_rank_killed_during_allreduce_ends_the_run_naming_it_within_10_s():
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_rank_killed_or_raising_during_allreduce_ends_the_run_naming_it_within_10_s(how):
     import time
 
     from sparkgrad.errors import NodeFailure
 
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
-        sparkgrad.run(runner_fns.kill_during_allreduce, args=(1,), num_proc=3, stderr=io.StringIO(), local=True)
+        sparkgrad.run(runner_fns.kill_during_allreduce, args=(1, how), num_proc=3, stderr=io.StringIO(), local=True)
     assert time.monotonic() - started < 10
+    if how == "raise":
+        assert info.value.rank == 1 and "RuntimeError: rank 1 gives up" in info.value.remote_traceback
     # the dead rank's "lost" (or a peer's error naming it, should that arrive first) ends the run
     assert "rank 1" in str(info.value).splitlines()[0]

@@ -97,7 +97,12 @@ def current() -> CommSetup | None:
 
 @contextlib.contextmanager
 def assigned(setup: CommSetup | None, thread_only: bool = False) -> Iterator[CommSetup | None]:
-    """Sets the setup for the duration of the block (for the calling thread only when ``thread_only``)."""
+    """Sets the setup for the duration of the block (for the calling thread only when ``thread_only``).
+
+    It does not release the setup: the node does, once it reported map_fun's
+    outcome, so a failing rank's own error reaches the driver before its
+    peers see the closed ring and report theirs.
+    """
     global _process
     if thread_only:
         saved = getattr(_local, "setup", None)
@@ -106,8 +111,6 @@ def assigned(setup: CommSetup | None, thread_only: bool = False) -> Iterator[Com
             yield setup
         finally:
             _local.setup = saved
-            if setup is not None:
-                setup.release()
         return
     saved_process = _process
     _process = setup
@@ -115,5 +118,3 @@ def assigned(setup: CommSetup | None, thread_only: bool = False) -> Iterator[Com
         yield setup
     finally:
         _process = saved_process
-        if setup is not None:
-            setup.release()

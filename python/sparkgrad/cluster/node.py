@@ -449,6 +449,8 @@ def run_node(
             finally:
                 if feed is not None:
                     feed.close()
+                if comm is not None:  # after an error was reported: the cause reaches the driver first
+                    comm.release()
             if outcome.status != "error":
                 client.done(outcome.result)
         finally:
