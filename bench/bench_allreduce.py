@@ -8,7 +8,14 @@ ceiling: a plain socket copy of the same buffer sizes from one process to
 another (sendall / recv_into). Then the latency of the 436 KB allreduce (the
 MLP's gradient) on 2 ranks: median and spread of many runs.
 
-    python bench/bench_allreduce.py [--quick]
+Where the machine allows it (Linux, root, `ip` and `tc`), also on simulated
+hosts: one network namespace per rank, each joined to a hub namespace by a
+veth pair rate-limited with `tc tbf` to --link-gbit (1 Gbit/s) in both
+directions, so the ring's traffic crosses real links through a router; the
+bus bandwidth is reported against the link rate. The namespaces (names
+carry the pid) are deleted in a finally. --no-netns skips this part.
+
+    python bench/bench_allreduce.py [--quick] [--no-netns] [--link-gbit 1]
 """
 
 from __future__ import annotations
@@ -16,10 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import pathlib
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
+import textwrap
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -83,9 +94,121 @@ def tcp_ceiling(plan: list) -> dict[int, float]:
                 sink.join(5)
 
 
+NETNS_RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    from sparkgrad import _core
+
+    rank, n, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    plan = json.loads(os.environ["SG_PLAN"])
+    addresses = [(f"10.214.{k + 1}.2", port) for k in range(n)]
+    lis = _core.Listener(addresses[rank][0], port)
+    with _core.Communicator(lis, bytes.fromhex(os.environ["SG_SECRET"]), rank, addresses, timeout=60) as comm:
+        res = {}
+        for nbytes, iters in plan:
+            a = np.ones(nbytes // 4, np.float32)
+            comm.allreduce(a)
+            comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                comm.allreduce(a)
+            res[nbytes] = (time.perf_counter() - t0) / iters
+        comm.barrier()
+    print(json.dumps(res))
+    """
+)
+
+
+def _sh(*cmd: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+
+
+def netns_skip_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux-only"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "`ip` and `tc` (iproute2) are needed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    return None
+
+
+def netns_busbw(n: int, plan: list, link_gbit: float) -> dict[int, float]:
+    """Bus bandwidth (bytes/s) per size on n ranks in namespaces behind rate-limited veths."""
+    tag = f"{os.getpid() % 100000}"
+    hub = f"sgb{tag}h"
+    made: list[str] = []
+    procs: list[subprocess.Popen] = []
+    try:
+        for ns in [hub] + [f"sgb{tag}r{k}" for k in range(n)]:
+            _sh("ip", "netns", "add", ns)
+            made.append(ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        rate = f"{link_gbit}gbit"
+        for k in range(n):
+            ns, hub_if, node_if = f"sgb{tag}r{k}", f"sgb{tag}h{k}", f"sgb{tag}n{k}"
+            _sh("ip", "-n", hub, "link", "add", hub_if, "type", "veth", "peer", "name", node_if)
+            _sh("ip", "-n", hub, "link", "set", node_if, "netns", ns)
+            _sh("ip", "-n", hub, "addr", "add", f"10.214.{k + 1}.1/24", "dev", hub_if)
+            _sh("ip", "-n", ns, "addr", "add", f"10.214.{k + 1}.2/24", "dev", node_if)
+            _sh("ip", "-n", hub, "link", "set", hub_if, "up")
+            _sh("ip", "-n", ns, "link", "set", node_if, "up")
+            _sh("ip", "-n", ns, "route", "add", "default", "via", f"10.214.{k + 1}.1")
+            for where, dev in ((hub, hub_if), (ns, node_if)):  # both directions of the link
+                _sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    where,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    "1mb",
+                    "latency",
+                    "100ms",
+                )
+        _sh("ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        env = dict(
+            os.environ,
+            SG_PLAN=json.dumps(plan),
+            SG_SECRET=os.urandom(32).hex(),
+            PYTHONPATH=os.pathsep.join([str(ROOT.parent / "python"), os.environ.get("PYTHONPATH", "")]),
+            OMP_NUM_THREADS="1",
+        )
+        for k in range(n):
+            cmd = ["ip", "netns", "exec", f"sgb{tag}r{k}", sys.executable, "-c", NETNS_RANK, str(k), str(n), "29411"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = []
+        for k, p in enumerate(procs):
+            out, errs = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(f"netns rank {k} failed: {errs.strip()[-2000:]}")
+            results.append({int(b): t for b, t in json.loads(out).items()})
+        return {b: 2 * (n - 1) / n * b / max(r[b] for r in results) for b, _ in plan}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for ns in reversed(made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15, check=False)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-netns", action="store_true", help="skip the rate-limited namespace part")
+    ap.add_argument("--link-gbit", type=float, default=1.0, help="veth rate limit of the namespace part")
     args = ap.parse_args(argv)
     volume = (64 << 20) if args.quick else (512 << 20)
     sizes = SIZES if not args.quick else [64 << 10, 1 << 20, 4 << 20, 64 << 20]
@@ -137,6 +260,33 @@ def main(argv: list[str]) -> int:
                 "unit": "us",
             }
         )
+    reason = "--no-netns" if args.no_netns else netns_skip_reason()
+    if reason:
+        print(f"namespace part skipped: {reason}")
+    else:
+        link = args.link_gbit * 1e9 / 8
+        nsizes = [1 << 20, 16 << 20] if args.quick else SIZES
+        for n in (2, 3) if args.quick else (2, 3, 4):
+            nplan = [(b, max(2, min(50, int(2 * link) // b))) for b in nsizes]  # about 2 s per size
+            bus = netns_busbw(n, nplan, args.link_gbit)
+            for b in nsizes:
+                tag = f"{n}ranks_{label(b)}_{args.link_gbit:g}gbit"
+                rows.append(
+                    {
+                        "system": "sparkgrad",
+                        "metric": f"netns_allreduce_busbw_{tag}",
+                        "value": round(bus[b] / 1e6, 1),
+                        "unit": "MB/s",
+                    }
+                )
+                rows.append(
+                    {
+                        "system": "sparkgrad",
+                        "metric": f"netns_allreduce_busbw_vs_link_{tag}",
+                        "value": round(100 * bus[b] / link, 1),
+                        "unit": "%",
+                    }
+                )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"{'system':<13} {'metric':<44} {'value':>10} unit")

@@ -198,6 +198,25 @@ def hook_checks(comm, out) -> str:
     return "ok"
 
 
+def hook_peer_leaves(comm, out) -> str:
+    """Rank 1 closes its communicator; rank 0's bucketed step() must fail
+    naming it (the error of the communication thread reaches step())."""
+    from sparkgrad import _core
+
+    if comm.rank == 1:
+        comm.close()
+        return "closed"
+    hook = comm.grad_hook(bucket_bytes=4096)
+    grads, params = np.ones(100_000, np.float32), np.ones(100_000, np.float32)
+    for off in range(90_000, -1, -10_000):
+        _core._grad_hook_ready(hook, grads, off, 10_000)
+    try:
+        _core._grad_hook_step(hook, params, grads)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
 def mismatch(comm, out) -> str:
     r = comm.rank
     msgs = []
@@ -228,6 +247,18 @@ def mismatch(comm, out) -> str:
     except Exception as exc:  # noqa: BLE001
         msgs.append(f"{type(exc).__name__}: {exc}")
     return "\n".join(msgs)
+
+
+def straggler(comm, out, late: int, delay: float) -> str:
+    """Rank `late` enters the allreduce `delay` seconds after the others."""
+    if comm.rank == late:
+        time.sleep(delay)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(np.ones(1000, np.float32))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__} after {time.monotonic() - t0:.2f}s: {exc}"
+    return "no error"
 
 
 def loop_allreduce(comm, out, length: int) -> str:

@@ -64,18 +64,35 @@ def test_gradient_hook_average_accumulation_and_buckets():
         assert ranks.values() == ["ok"] * 3
 
 
+def test_gradient_hook_step_fails_naming_a_rank_that_left():
+    with Ranks(2, "hook_peer_leaves") as ranks:
+        out = ranks.values()
+    assert out[1] == "closed"
+    assert out[0].startswith("NodeFailure: rank 1 (127.0.0.1:"), out[0]
+
+
 def test_killed_rank_fails_the_others_naming_it():
-    with Ranks(3, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
-        ranks.wait_started([0, 1, 2])
-        killed_at = ranks.kill(1)
-        res = ranks.collect(timeout=30, ranks=[0, 2])
-    peer = "rank 1 (127.0.0.1:"
-    for r in (0, 2):
-        kind, (cls, msg, when, tb) = res[r]
+    with Ranks(4, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
+        ranks.wait_started([0, 1, 2, 3])
+        killed_at = ranks.kill(2)
+        res = ranks.collect(timeout=30, ranks=[0, 1, 3])
+    for r in (0, 1, 3):
+        kind, (cls, msg, when, _) = res[r]
         assert kind == "error", res[r]
-        assert cls in ("NodeFailure", "PeerClosedError"), (r, cls, msg)
-        assert peer in msg, (r, msg)
+        assert cls == "NodeFailure", (r, cls, msg)
+        assert "rank 2 (127.0.0.1:" in msg and "is gone" in msg, (r, msg)
         assert when - killed_at < 10, f"rank {r} failed {when - killed_at:.1f}s after the kill"
+
+
+def test_rank_that_does_not_come_times_out_the_others_naming_it():
+    with Ranks(3, "straggler", (2, 4.0), timeout=1.0) as ranks:
+        out = ranks.values(timeout=60)
+    for r in (0, 1):
+        cls, rest = out[r].split(" after ", 1)
+        assert cls == "SparkgradTimeout", out[r]
+        assert float(rest.split("s:", 1)[0]) < 3.0, out[r]
+        assert "waiting for rank 2 (127.0.0.1:" in rest, out[r]
+    assert out[2].startswith(("SparkgradTimeout", "NodeFailure")), out[2]
 
 
 def test_wrong_secret_is_refused_and_formation_names_the_rank():

@@ -23,11 +23,12 @@
 #error "the collectives send values in host order: little-endian hosts only"
 #endif
 
-#define COLL_HELLO_LEN 16 /* u32 rank, u32 size, u64 check */
-#define COLL_HDR_LEN   48 /* see coll.h */
-#define COLL_HDR_FRAME (NET_FRAME_HEADER_SIZE + COLL_HDR_LEN)
-#define COLL_TMP_BYTES (256u << 10) /* receive chunk of a reducing step */
-#define COLL_HANDSHAKE 10.0         /* seconds for one accepted connection's handshake */
+#define COLL_HELLO_LEN   16 /* u32 rank, u32 size, u64 check */
+#define COLL_HDR_LEN     48 /* see coll.h */
+#define COLL_HDR_FRAME   (NET_FRAME_HEADER_SIZE + COLL_HDR_LEN)
+#define COLL_TMP_BYTES   (256u << 10) /* receive chunk of a reducing step */
+#define COLL_HANDSHAKE   10.0         /* seconds for one accepted connection's handshake */
+#define COLL_NOTICE_WAIT 0.3 /* seconds a failing rank listens for a notice from the right */
 
 enum { KIND_ALLREDUCE = 1, KIND_BROADCAST, KIND_BROADCAST_VAR, KIND_ALLGATHER, KIND_BARRIER };
 
@@ -50,6 +51,9 @@ struct CollComm {
     CollStats stats;
     uint8_t *tmp, *stage; /* COLL_TMP_BYTES each */
     char *peers;          /* size * NET_PEER_MAX: "host:port" of every rank */
+    int right_eof; /* the right neighbour closed its end (fine once nothing is left to send) */
+    int have_notice, notice_code, notice_origin;
+    char notice[SG_ERROR_MAX - 100]; /* the first failure, passed to the left */
 };
 
 size_t coll_dtype_size(int dtype)
@@ -224,7 +228,14 @@ static void *acceptor_main(void *arg)
 static int connect_right(CollComm *c, const char *host, int port, const uint8_t *secret,
                          size_t secret_len, double deadline, SgError *err)
 {
-    int rc = net_connect(host, port, deadline, &c->fd_right, err);
+    /* A refused connection is retried until the deadline: the right
+     * neighbour's process may not have bound its listener yet. */
+    int rc, tries = 0;
+    while ((rc = net_connect(host, port, deadline, &c->fd_right, err)) == SG_EIO &&
+           net_now() + 0.05 < deadline)
+        tries++, poll(NULL, 0, 50);
+    if (rc < 0 && tries > 0)
+        sg_context(err, "retried for %.1fs: ", 0.05 * tries);
     if (rc == 0)
         rc = net_auth_client(c->fd_right, secret, secret_len, deadline, c->right_peer, err);
     uint8_t hello[COLL_HELLO_LEN], *p = NULL;
@@ -344,6 +355,16 @@ void coll_comm_stats(CollComm *c, CollStats *out)
 
 void coll_comm_close(CollComm *c)
 {
+    /* Between collectives, a goodbye tells the left neighbour (which may
+     * still be receiving the last collective's data) that this is no
+     * failure; during one, the shutdown alone fails it everywhere. */
+    if (pthread_mutex_trylock(&c->mu) == 0) {
+        SgError e;
+        if (!c->broken && !c->closed && c->fd_left >= 0)
+            (void)net_frame_send(c->fd_left, NET_FRAME_COLL, COLL_FRAME_BYE, NULL, 0,
+                                 net_now() + 0.05, c->left_peer, &e);
+        pthread_mutex_unlock(&c->mu);
+    }
     __atomic_store_n(&c->closed, 1, __ATOMIC_SEQ_CST);
     /* shutdown first, without the lock: a collective blocked in poll wakes
      * up with an error; then the lock is free to close the descriptors. */
@@ -390,10 +411,61 @@ typedef struct Xfer {
     int from_rank; /* whose data arrives (for timeouts), -1: the left neighbour */
 } Xfer;
 
-/* Breaks the communicator: shut both connections down so that neighbours
- * (and through them the whole ring) fail now rather than at their timeout. */
+/* A failure notice or a goodbye from the right neighbour (all a right
+ * neighbour ever sends on our connection to it): reads one frame within
+ * `wait` seconds; returns 1 for a notice (out filled), 2 for a goodbye
+ * (coll_comm_close between collectives), 0 for anything else (silence,
+ * EOF, reset: the neighbour died). */
+static int read_notice(CollComm *c, double wait, SgError *out)
+{
+    NetFrameHeader h;
+    uint8_t *p = NULL;
+    SgError e;
+    int got = 0;
+    if (net_frame_recv(c->fd_right, SG_ERROR_MAX + 8, net_now() + wait, c->right_peer, &h, &p,
+                       &e) == 0 &&
+        h.type == NET_FRAME_COLL && h.flags == COLL_FRAME_ABORT && h.length >= 8) {
+        int32_t code = (int32_t)get_u32(p);
+        c->notice_origin = (int)get_u32(p + 4);
+        c->notice_code = code < 0 && code > -100 ? code : SG_ENODE;
+        snprintf(c->notice, sizeof c->notice, "%.*s", (int)(h.length - 8), (char *)p + 8);
+        c->have_notice = 1;
+        sg_fail(out, c->notice_code, "%.900s (reported by rank %d (%s))", c->notice, c->right,
+                c->right_peer);
+        got = 1;
+    } else if (p != NULL && h.type == NET_FRAME_COLL && h.flags == COLL_FRAME_BYE) {
+        got = 2;
+    }
+    free(p);
+    return got;
+}
+
+/* Breaks the communicator. First it looks for a notice from the right (a
+ * failure elsewhere, which then is the error to report, naming the rank that
+ * failed rather than the neighbour whose connection closed because of it),
+ * then passes the notice on to the left neighbour (on the direction of that
+ * connection no data uses) and shuts both connections down, so the whole
+ * ring fails now rather than each rank at its timeout. */
 static int comm_break(CollComm *c, SgError *err)
 {
+    int closed = __atomic_load_n(&c->closed, __ATOMIC_SEQ_CST);
+    SgError n;
+    if (!closed && !c->have_notice && !c->right_eof && c->fd_right >= 0 &&
+        read_notice(c, COLL_NOTICE_WAIT, &n) == 1)
+        *err = n;
+    if (!c->have_notice) {
+        c->notice_code = err->code, c->notice_origin = c->rank;
+        snprintf(c->notice, sizeof c->notice, "%.900s", err->msg);
+    }
+    if (!closed && c->fd_left >= 0) {
+        uint8_t buf[8 + sizeof c->notice];
+        size_t len = strlen(c->notice);
+        put_u32(buf, (uint32_t)c->notice_code);
+        put_u32(buf + 4, (uint32_t)c->notice_origin);
+        memcpy(buf + 8, c->notice, len);
+        (void)net_frame_send(c->fd_left, NET_FRAME_COLL, COLL_FRAME_ABORT, buf, 8 + len,
+                             net_now() + 0.05, c->left_peer, &n);
+    }
     c->broken = 1;
     c->broken_err = *err;
     if (c->fd_left >= 0)
@@ -409,10 +481,8 @@ static int peer_failure(CollComm *c, int rc, int left, const SgError *e, const c
     if (__atomic_load_n(&c->closed, __ATOMIC_SEQ_CST))
         sg_fail(err, SG_ESTATE, "the communicator was closed during %s", what);
     else if (rc == SG_EPEER)
-        sg_fail(err, SG_ENODE,
-                "rank %d (%s) is gone: the connection closed during %s (%s; a failure anywhere "
-                "in the ring closes every rank's connections)",
-                left ? c->left : c->right, left ? c->left_peer : c->right_peer, what, e->msg);
+        sg_fail(err, SG_ENODE, "rank %d (%s) is gone: the connection closed during %s",
+                left ? c->left : c->right, left ? c->left_peer : c->right_peer, what);
     else
         sg_fail(err, rc, "%s with rank %d (%s): %s", what, left ? c->left : c->right,
                 left ? c->left_peer : c->right_peer, e->msg);
@@ -424,10 +494,17 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
     size_t sdone = 0, rdone = 0, tmp_have = 0, stage_have = 0, stage_pos = 0;
     SgError e;
     while (sdone < x->slen || rdone < x->rlen) {
+        /* The right is watched while it is open: it sends nothing but a
+         * failure notice. Its EOF fails the step only if we still have to
+         * send to it (a right neighbour that finished and left is fine). */
+        int want_send = sdone < x->slen && (!x->relay || sdone < rdone);
         struct pollfd p[2];
         int np = 0, is = -1, ir = -1;
-        if (sdone < x->slen && (!x->relay || sdone < rdone)) {
-            p[np] = (struct pollfd){.fd = c->fd_right, .events = POLLOUT};
+        if (sdone < x->slen && c->right_eof)
+            return peer_failure(c, SG_EPEER, 0, &e, what, err);
+        if (!c->right_eof) {
+            p[np] =
+                (struct pollfd){.fd = c->fd_right, .events = POLLIN | (want_send ? POLLOUT : 0)};
             is = np++;
         }
         if (rdone < x->rlen) {
@@ -460,6 +537,15 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
             }
             return comm_break(c, err);
         }
+        if (is >= 0 && (p[is].revents & (POLLIN | POLLHUP | POLLERR))) {
+            int got = read_notice(c, COLL_NOTICE_WAIT, err);
+            if (got == 1)
+                return comm_break(c, err);
+            c->right_eof = 1;
+            if (got == 0 || sdone < x->slen) /* died, or left with data still owed to it */
+                return peer_failure(c, SG_EPEER, 0, &e, what, err);
+            continue;
+        }
         if (ir >= 0 && p[ir].revents) {
             uint8_t *dst;
             size_t cap = x->rlen - rdone;
@@ -485,7 +571,7 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
                 }
             }
         }
-        if (is >= 0 && p[is].revents) {
+        if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
             const uint8_t *src;
             size_t len;
             if (x->sconv != NULL) {

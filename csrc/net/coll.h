@@ -29,11 +29,16 @@
  * even) and accumulates in float32; the owner of each segment rounds its
  * result to the wire format too, so every rank ends with identical values.
  *
- * Failures: a transport error or timeout breaks the communicator (both ring
- * connections are shut down at once, so the failure reaches every rank
- * promptly instead of each waiting out its timeout); that call and every
- * later one fail, naming the peer rank and host:port (SG_ENODE when a peer
- * closed or reset the connection, SG_ETIMEOUT, SG_EPROTO).
+ * Failures: a transport error or timeout breaks the communicator: the rank
+ * writes a notice (ABORT frame: i32 status, u32 rank, text) to its left
+ * neighbour on the direction of that connection no data uses, and shuts both
+ * ring connections down; each rank that reads a notice from its right fails
+ * with it and passes it on, so every rank fails promptly naming the rank
+ * that failed instead of waiting out its timeout. That call and every later
+ * one fail, naming the peer rank and host:port (SG_ENODE when a peer closed
+ * or reset the connection, SG_ETIMEOUT, SG_EPROTO). coll_comm_close between
+ * collectives sends a BYE frame instead: no failure for a neighbour still
+ * receiving the last collective's data.
  * Calls are serialized by a mutex; every rank must issue the same collectives
  * in the same order.
  */
@@ -66,7 +71,9 @@ typedef enum CollFrame {
     COLL_FRAME_HELLO = 1,
     COLL_FRAME_HELLO_OK = 2,
     COLL_FRAME_REFUSE = 3,
-    COLL_FRAME_HEADER = 4
+    COLL_FRAME_HEADER = 4,
+    COLL_FRAME_ABORT = 5,
+    COLL_FRAME_BYE = 6
 } CollFrame;
 
 typedef struct CollComm CollComm;
