@@ -225,3 +225,17 @@ def test_a_rank_killed_or_raising_during_allreduce_ends_the_run_naming_it_within
         assert info.value.rank == 1 and "RuntimeError: rank 1 gives up" in info.value.remote_traceback
     # the dead rank's "lost" (or a peer's error naming it, should that arrive first) ends the run
     assert "rank 1" in str(info.value).splitlines()[0]
+
+
+@needs_comm
+@pytest.mark.spark
+def test_collectives_on_spark_ranks_equal_numpy(spark_context):
+    import pathlib
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "runner_fns.py"))
+    got = sparkgrad.run(runner_fns.collectives, args=(3,), num_proc=2, stdout=io.StringIO(), spark=spark_context)
+    xs = np.stack([g["x"] for g in got])
+    for g in got:
+        np.testing.assert_allclose(g["sum"], xs.sum(0), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(g["bcast"], xs[1])
+        assert g["objs"] == [["rank", r, {"k": r * 1.5}] for r in range(2)]
