@@ -227,3 +227,40 @@ def kill_during_allreduce(target, how="kill"):
         hvd.allreduce(x, op=hvd.Sum)
         i += 1
     return i
+
+
+def _blobs(n, seed):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    centers = np.array([[2.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]], np.float32)
+    x = (centers[y] + rng.standard_normal((n, 4))).astype(np.float32)
+    return x, y.astype(np.int64)
+
+
+def build_blob_model(seed=0):
+    from sparkgrad import nn
+
+    return nn.Sequential([nn.Dense(16, activation="relu", input_shape=(4,)), nn.Dense(3)], seed=seed)
+
+
+def hvd_flow(ckpt_dir):
+    """The HorovodRunner recipe in small: shard by rank, lr x size, broadcast from 0, best-only checkpoint on 0."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad import nn
+    from sparkgrad.hvd.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+
+    hvd.init()
+    x, y = _blobs(1024, 0)
+    xv, yv = _blobs(256, 1)
+    model = build_blob_model(seed=10 + hvd.rank())
+    opt = hvd.DistributedOptimizer(nn.Adadelta(1.0 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(
+        x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()], batch_size=32, epochs=3, verbose=0,
+        validation_data=(xv, yv), callbacks=[BroadcastGlobalVariablesCallback(0), MetricAverageCallback()],
+        checkpoint_dir=ckpt_dir, save_best_only=True, monitor="val_loss",
+    )  # fmt: skip
+    if hvd.rank() != 0:
+        return None
+    with open(os.path.join(ckpt_dir, "best.sgck"), "rb") as f:
+        return f.read()

@@ -239,3 +239,20 @@ def test_collectives_on_spark_ranks_equal_numpy(spark_context):
         np.testing.assert_allclose(g["sum"], xs.sum(0), rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(g["bcast"], xs[1])
         assert g["objs"] == [["rank", r, {"k": r * 1.5}] for r in range(2)]
+
+
+@needs_comm
+def test_horovod_runner_flow_returns_rank_0s_best_checkpoint_which_loads_into_a_fresh_model(tmp_path):
+    pytest.importorskip("sparkgrad.nn.distributed", reason="DistributedOptimizer (the training loop's branch)")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    data = sparkgrad.HorovodRunner(np=-2).run(runner_fns.hvd_flow, ckpt_dir=str(ckpt))
+    assert isinstance(data, bytes) and data
+    path = tmp_path / "best.sgck"
+    path.write_bytes(data)
+    model = runner_fns.build_blob_model(seed=99)
+    model.compile(optimizer="adadelta", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.load(str(path))
+    x, y = runner_fns._blobs(512, 2)
+    accuracy = float((model.predict(x).argmax(1) == y).mean())
+    assert accuracy > 0.85, accuracy
