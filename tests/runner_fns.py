@@ -232,7 +232,7 @@ def kill_during_allreduce(target, how="kill"):
 def _blobs(n, seed):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, n)
-    centers = np.array([[2.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]], np.float32)
+    centers = 4.0 * np.eye(3, 4, dtype=np.float32)
     x = (centers[y] + rng.standard_normal((n, 4))).astype(np.float32)
     return x, y.astype(np.int64)
 
