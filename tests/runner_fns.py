@@ -264,3 +264,10 @@ def hvd_flow(ckpt_dir):
         return None
     with open(os.path.join(ckpt_dir, "best.sgck"), "rb") as f:
         return f.read()
+
+
+def big_value(nbytes):
+    """A value far larger than a pipe's buffer."""
+    from sparkgrad.cluster import rank
+
+    return bytes([rank.current().rank]) * nbytes

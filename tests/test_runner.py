@@ -73,6 +73,11 @@ def test_run_on_local_processes_returns_values_by_rank_with_prefixed_output_and_
     assert "SPARKGRAD_TEST_VAR" not in os.environ
 
 
+def test_values_larger_than_a_pipe_buffer_come_back_whole():
+    values = sparkgrad.run(runner_fns.big_value, args=(8 << 20,), num_proc=2, local=True)
+    assert [len(v) for v in values] == [8 << 20] * 2 and [v[-1] for v in values] == [0, 1]
+
+
 def test_run_prefixes_timestamps_on_request():
     out = io.StringIO()
     sparkgrad.run(
