@@ -271,3 +271,19 @@ def big_value(nbytes):
     from sparkgrad.cluster import rank
 
     return bytes([rank.current().rank]) * nbytes
+
+
+def feed_then_allreduce(args, ctx):
+    """InputMode.SPARK without ps: each worker counts its fed rows, then the workers allreduce the counts."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad import TFNode
+
+    hvd.init()  # its own listener: the node's (ctx.listener) serves the feed
+    feed = TFNode.DataFeed(ctx.mgr, timeout=60)
+    rows = 0
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(50)
+        if cols:
+            rows += len(cols["0"])
+    total = hvd.allreduce(np.array([rows], np.int64), op=hvd.Sum)
+    return {"rows": rows, "total": int(total[0])}

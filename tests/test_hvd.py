@@ -256,3 +256,21 @@ def test_horovod_runner_flow_returns_rank_0s_best_checkpoint_which_loads_into_a_
     x, y = runner_fns._blobs(512, 2)
     accuracy = float((model.predict(x).argmax(1) == y).mean())
     assert accuracy > 0.95, accuracy
+
+
+@needs_comm
+@pytest.mark.spark
+def test_tfcluster_input_mode_spark_without_ps_feeds_and_allreduces(spark_context):
+    import pathlib
+
+    from sparkgrad import InputMode, TFCluster
+
+    spark_context.addPyFile(str(pathlib.Path(__file__).resolve().parent / "runner_fns.py"))
+    cluster = TFCluster.run(
+        spark_context, runner_fns.feed_then_allreduce, None, 2, 0, input_mode=InputMode.SPARK, output=lambda line: None
+    )
+    cluster.train(spark_context.parallelize([(float(i), i % 2) for i in range(300)], 4))
+    cluster.shutdown(timeout=60)
+    got = [cluster.results[i] for i in range(2)]
+    assert sum(g["rows"] for g in got) == 300 and all(g["total"] == 300 for g in got)
+    assert all(n.comm_port not in (0, n.port) for n in cluster.nodes)
