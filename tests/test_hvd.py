@@ -85,6 +85,7 @@ def test_topology_of_ranks_on_hosts_as_horovod_defines_it():
 
 
 def test_before_init_the_functions_say_to_call_init():
+    hvd.shutdown()  # whatever an earlier test of this process left
     assert not hvd.is_initialized()
     with pytest.raises(StateError, match=r"call hvd.init\(\) first"):
         hvd.rank()
@@ -180,6 +181,9 @@ def test_a_single_process_forms_a_communicator_of_one():
         x = np.arange(5, dtype=np.float32)
         np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), x)
         assert hvd.broadcast_object({"a": 1}) == {"a": 1} and hvd.allgather_object(3) == [3]
+        hvd.shutdown()
+        hvd.init()  # again after a shutdown, on the same listener
+        np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Max), x)
     finally:
         hvd.shutdown()
     assert not hvd.is_initialized()
