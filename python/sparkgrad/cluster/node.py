@@ -6,6 +6,10 @@ race), registers with the driver's rendezvous through an authenticated
 ControlClient, builds ctx from the spec the driver sends, exports TF_CONFIG,
 forwards the node's log records and stdout/stderr lines to the driver, runs
 map_fun(args, ctx), and reports "done" or the exception with its traceback.
+Training nodes of a cluster without ps also bind a second socket, the
+allreduce communicator's (registered as comm_port), and run map_fun with
+what hvd.init() needs in sparkgrad.cluster.collective; run_node_keeping_result
+keeps map_fun's value (pickled) for the launcher's own result path.
 A watcher thread listens for the driver's "stop" (or the loss of the driver)
 and stops the node; sockets are always closed on the way out.
 
@@ -221,12 +225,6 @@ def _forward_output(
 
 
 @contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    with _envs(((name, value),)):
-        yield
-
-
-@contextlib.contextmanager
 def _envs(values: tuple[tuple[str, str], ...]) -> Iterator[None]:
     saved = {name: os.environ.get(name) for name, _ in values}
     for name, value in values:
@@ -356,11 +354,11 @@ def _run_map_fun(
 ) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
 
-    # A node in a thread of the driver shares the driver's process: only its own thread's output is
-    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it).
-    def send_err(line: str) -> None:
+    def send_err(line: str) -> None:  # the driver tells the node's stderr from its stdout
         client.log(line, stream="stderr")
 
+    # A node in a thread of the driver shares the driver's process: only its own thread's output is
+    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it) nor cfg.env.
     output = _route_thread_output(client.log, send_err) if in_driver else _forward_output(client.log, echo, send_err)
     env = () if in_driver else (("TF_CONFIG", ctx.tf_config), *cfg.env)
     with output, _envs(env):
