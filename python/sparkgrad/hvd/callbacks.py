@@ -59,7 +59,8 @@ class BroadcastGlobalVariablesCallback(Callback):
     initializations (or only rank 0 restored a checkpoint) train one model.
     """
 
-    def __init__(self, root_rank: int = 0) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        """``device`` is accepted as Horovod's is, and unused: parameters live in host memory."""
         self.root_rank = int(root_rank)
         self.broadcast_done = False
 
@@ -101,12 +102,21 @@ class LearningRateWarmupCallback(Callback):
     ``initial_lr / size * (1 + e * (size - 1) / warmup_epochs)``. It is set at
     each epoch's start and at fit's logging points within the epoch (once the
     steps per epoch are known: ``steps_per_epoch``, else counted in the
-    first epoch). ``verbose``: print when the warmup ends.
+    first epoch). ``verbose``: print when the warmup ends. The arguments are
+    Horovod's, in its order; ``momentum_correction`` is accepted and has no
+    effect (the optimizer's momentum buffers are not rescaled when the rate
+    changes).
     """
 
     def __init__(
-        self, initial_lr: float, warmup_epochs: int = 5, verbose: int = 0, steps_per_epoch: int | None = None
+        self,
+        initial_lr: float,
+        warmup_epochs: int = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
     ) -> None:
+        self.momentum_correction = bool(momentum_correction)
         self.initial_lr = float(initial_lr)
         self.warmup_epochs = int(warmup_epochs)
         self.verbose = int(verbose)
