@@ -238,6 +238,10 @@ def mismatch(comm, out) -> str:
         comm.allgather(np.zeros((2, 3 + r), np.float32))
     except Exception as exc:  # noqa: BLE001
         msgs.append(f"{type(exc).__name__}: {exc}")
+    try:
+        comm.broadcast(np.zeros(8 + r, np.uint8), root=1)
+    except Exception as exc:  # noqa: BLE001
+        msgs.append(f"{type(exc).__name__}: {exc}")
     ok = np.full(5, r + 1, np.int32)
     comm.allreduce(ok)  # the ring is still usable after a mismatch
     assert np.all(ok == sum(range(1, comm.size + 1)))

@@ -28,6 +28,7 @@ def cases_for(n: int) -> list:
             for dtype in ("float32", "int64"):
                 for op in ("average", "min", "max"):
                     cases.append((length, dtype, op, None))
+    cases += [(0, "float32", "sum", None), (0, "int64", "max", None)]
     cases += [(1000, "float32", "average", None), (BIG if n <= 4 else 1000, "float32", "average", None)]
     cases += [(length, "float32", "sum", comp) for length in (7, 1000, 65_537) for comp in ("fp16", "bf16")]
     return cases
@@ -112,11 +113,12 @@ def test_mismatched_calls_name_the_ranks_and_values():
     with Ranks(2, "mismatch") as ranks:
         out = ranks.values()
     for msgs in out:
-        length, dtype, op, gather, closed = msgs.split("\n")
+        length, dtype, op, gather, bcast, closed = msgs.split("\n")
         assert length.startswith("ClusterError") and "rank 0: 10, rank 1: 11" in length, length
         assert dtype.startswith("ClusterError") and "rank 0: float32, rank 1: float64" in dtype, dtype
         assert op.startswith("ClusterError") and "rank 0: sum, rank 1: max" in op, op
         assert gather.startswith("ClusterError") and "rank 1 has float32[*,4], rank 0 has float32[*,3]" in gather
+        assert bcast.startswith("ClusterError") and "count (bytes): rank 0: 8, rank 1: 9" in bcast, bcast
         assert closed.startswith("StateError"), closed
 
 

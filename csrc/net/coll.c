@@ -802,26 +802,6 @@ static int comm_leave(CollComm *c, double t0, int rc)
 
 /* ---- allreduce ---------------------------------------------------------------------- */
 
-typedef struct ReduceCtx {
-    uint8_t *base; /* the segment's first element */
-    size_t esz;
-    CollDtype dtype;
-    CollOp op;
-    CollCompression comp;
-} ReduceCtx;
-
-static void consume_reduce(void *ctx, size_t off, const uint8_t *wire, size_t n)
-{
-    ReduceCtx *r = ctx;
-    coll_reduce(r->base + off * r->esz, wire, n, r->dtype, r->op, r->comp);
-}
-
-static void consume_decode(void *ctx, size_t off, const uint8_t *wire, size_t n)
-{
-    ReduceCtx *r = ctx;
-    coll_decode((float *)(r->base + off * r->esz), wire, n, r->comp);
-}
-
 static void segment(size_t count, int n, int i, size_t *off, size_t *cnt)
 {
     size_t q = count / (size_t)n, rem = count % (size_t)n, ii = (size_t)i;
@@ -829,57 +809,158 @@ static void segment(size_t count, int n, int i, size_t *off, size_t *cnt)
     *cnt = q + (ii < rem ? 1 : 0);
 }
 
+/* Segments sent (*s) and received (*t) at step j of the 2(n-1) ring steps:
+ * n-1 of reduce-scatter, then n-1 of allgather. The segment sent at step
+ * j + 1 is always the one received at step j. */
+static void ring_step(int n, int r, int j, int *s, int *t)
+{
+    int k = j < n - 1 ? j : j - (n - 1), base = j < n - 1 ? r : r + 1;
+    *s = (base - k + 2 * n) % n;
+    *t = (base - k - 1 + 2 * n) % n;
+}
+
+/* The whole allreduce as one stream each way: the bytes of step j + 1 go
+ * out as soon as the same bytes of step j have arrived and been reduced
+ * (and, at the last reduce-scatter step, finished: averaged, rounded to the
+ * wire format), so no step waits for the previous one to complete and the
+ * send never runs more than one step ahead (no cycle, no deadlock). */
 static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dtype, CollOp op,
                           CollCompression comp, double deadline, uint64_t seq, SgError *err)
 {
-    int n = c->size, r = c->rank, rc = SG_OK;
+    int n = c->size, r = c->rank, steps = 2 * (n - 1), sj = 0, rj = 0, s, t;
     size_t esz = coll_dtype_size(dtype), wsz = coll_wire_size(dtype, comp);
+    size_t sdone = 0, rdone = 0, tmp_have = 0, stage_have = 0, stage_pos = 0;
+    size_t soff, scnt, toff, tcnt;
+    SgError e;
     char what[96];
-    for (int k = 0; k < n - 1 && rc == 0; k++) { /* reduce-scatter */
-        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
-        size_t soff, scnt, toff, tcnt;
-        segment(count, n, s, &soff, &scnt);
-        segment(count, n, t, &toff, &tcnt);
-        ReduceCtx rx = {buf + toff * esz, esz, dtype, op, comp};
-        Xfer x = {.sptr = comp ? NULL : buf + soff * esz,
-                  .sconv = comp ? (const float *)(buf + soff * esz) : NULL,
-                  .comp = comp,
-                  .slen = scnt * wsz,
-                  .rlen = tcnt * wsz,
-                  .wsz = wsz,
-                  .consume = consume_reduce,
-                  .ctx = &rx,
-                  .from_rank = -1};
-        snprintf(what, sizeof what, "allreduce #%llu (reduce-scatter step %d of %d)",
-                 (unsigned long long)seq, k + 1, n - 1);
-        rc = xfer_run(c, &x, deadline, what, err);
+    ring_step(n, r, 0, &s, &t);
+    segment(count, n, s, &soff, &scnt);
+    segment(count, n, t, &toff, &tcnt);
+    while (sj < steps || rj < steps) {
+        if (rj < steps && rdone == tcnt * wsz) { /* next receive step */
+            if (++rj < steps) {
+                ring_step(n, r, rj, &s, &t);
+                segment(count, n, t, &toff, &tcnt);
+            }
+            rdone = tmp_have = 0;
+            continue;
+        }
+        if (sj < steps && sdone == scnt * wsz) { /* next send step */
+            if (++sj < steps) {
+                ring_step(n, r, sj, &s, &t);
+                segment(count, n, s, &soff, &scnt);
+            }
+            sdone = stage_have = stage_pos = 0;
+            continue;
+        }
+        /* what of the current send step exists yet: all of it, unless it is
+         * the segment still being received */
+        size_t avail = 0;
+        if (sj < steps && (sj == 0 || sj - 1 < rj))
+            avail = scnt * wsz;
+        else if (sj < steps && sj - 1 == rj)
+            avail = rdone - tmp_have;
+        /* (sj - 1 > rj: past an empty step, wait for the receive to catch up) */
+        int want_send = sdone < avail;
+        int step = rj < steps ? rj : sj;
+        snprintf(what, sizeof what, "allreduce #%llu (%s step %d of %d)", (unsigned long long)seq,
+                 step < n - 1 ? "reduce-scatter" : "allgather", step % (n - 1) + 1, n - 1);
+        if (sj < steps && c->right_eof)
+            return peer_failure(c, SG_EPEER, 0, &e, what, err);
+        struct pollfd p[2];
+        int np = 0, is = -1, ir = -1;
+        if (!c->right_eof) {
+            p[np] =
+                (struct pollfd){.fd = c->fd_right, .events = POLLIN | (want_send ? POLLOUT : 0)};
+            is = np++;
+        }
+        if (rj < steps) {
+            p[np] = (struct pollfd){.fd = c->fd_left, .events = POLLIN};
+            ir = np++;
+        }
+        int pn = poll(p, (nfds_t)np, net_poll_ms(deadline));
+        if (pn < 0 && errno == EINTR)
+            continue;
+        if (pn < 0) {
+            sg_fail_errno(err, SG_EIO, errno, "poll during %s", what);
+            return comm_break(c, err);
+        }
+        if (pn == 0) {
+            if (rj < steps)
+                sg_fail(err, SG_ETIMEOUT,
+                        "timed out after %gs in %s waiting for rank %d (%s) (%zu of %zu bytes "
+                        "arrived)",
+                        c->cur_timeout, what, c->left, c->left_peer, rdone, tcnt * wsz);
+            else
+                sg_fail(err, SG_ETIMEOUT,
+                        "timed out after %gs in %s sending to rank %d (%s) (%zu of %zu bytes "
+                        "taken)",
+                        c->cur_timeout, what, c->right, c->right_peer, sdone, scnt * wsz);
+            return comm_break(c, err);
+        }
+        if (is >= 0 && (p[is].revents & (POLLIN | POLLHUP | POLLERR))) {
+            int got = read_notice(c, COLL_NOTICE_WAIT, err);
+            if (got == 1)
+                return comm_break(c, err);
+            c->right_eof = 1;
+            if (got == 0 || sj < steps)
+                return peer_failure(c, SG_EPEER, 0, &e, what, err);
+            continue;
+        }
+        if (ir >= 0 && p[ir].revents) {
+            int reducing = rj < n - 1, direct = !reducing && comp == COLL_COMP_NONE;
+            uint8_t *seg = buf + toff * esz, *dst;
+            size_t cap = tcnt * wsz - rdone;
+            if (direct) {
+                dst = seg + rdone;
+            } else {
+                dst = c->tmp + tmp_have;
+                if (cap > COLL_TMP_BYTES - tmp_have)
+                    cap = COLL_TMP_BYTES - tmp_have;
+            }
+            long got = net_read_some(c->fd_left, dst, cap, c->left_peer, &e);
+            if (got < 0)
+                return peer_failure(c, (int)got, 1, &e, what, err);
+            rdone += (size_t)got;
+            c->stats.bytes_received += (uint64_t)got;
+            if (!direct && got > 0) {
+                tmp_have += (size_t)got;
+                size_t whole = tmp_have / wsz, at = (rdone - tmp_have) / wsz;
+                if (whole > 0 && reducing) {
+                    coll_reduce(seg + at * esz, c->tmp, whole, dtype, op, comp);
+                    if (rj == n - 2) /* this rank's own segment, complete */
+                        coll_finish(seg + at * esz, whole, dtype, op, comp, n);
+                } else if (whole > 0) {
+                    coll_decode((float *)(seg + at * esz), c->tmp, whole, comp);
+                }
+                memmove(c->tmp, c->tmp + whole * wsz, tmp_have - whole * wsz);
+                tmp_have -= whole * wsz;
+            }
+        }
+        if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
+            const uint8_t *src;
+            size_t len;
+            if (comp != COLL_COMP_NONE) {
+                if (stage_pos == stage_have) {
+                    size_t elems = (avail - sdone) / 2;
+                    if (elems > COLL_TMP_BYTES / 2)
+                        elems = COLL_TMP_BYTES / 2;
+                    coll_encode(c->stage, (const float *)(buf + soff * esz) + sdone / 2, elems,
+                                comp);
+                    stage_have = 2 * elems, stage_pos = 0;
+                }
+                src = c->stage + stage_pos, len = stage_have - stage_pos;
+            } else {
+                src = buf + soff * esz + sdone, len = avail - sdone;
+            }
+            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, what, err);
+            sdone += (size_t)put, stage_pos += (size_t)put;
+            c->stats.bytes_sent += (uint64_t)put;
+        }
     }
-    if (rc < 0)
-        return rc;
-    size_t ooff, ocnt;
-    segment(count, n, (r + 1) % n, &ooff, &ocnt);
-    coll_finish(buf + ooff * esz, ocnt, dtype, op, comp, n);
-    for (int k = 0; k < n - 1 && rc == 0; k++) { /* allgather */
-        int s = (r + 1 - k + n) % n, t = (r - k + n) % n;
-        size_t soff, scnt, toff, tcnt;
-        segment(count, n, s, &soff, &scnt);
-        segment(count, n, t, &toff, &tcnt);
-        ReduceCtx rx = {buf + toff * esz, esz, dtype, op, comp};
-        Xfer x = {.sptr = comp ? NULL : buf + soff * esz,
-                  .sconv = comp ? (const float *)(buf + soff * esz) : NULL,
-                  .comp = comp,
-                  .slen = scnt * wsz,
-                  .rdst = comp ? NULL : buf + toff * esz,
-                  .rlen = tcnt * wsz,
-                  .wsz = wsz,
-                  .consume = consume_decode,
-                  .ctx = &rx,
-                  .from_rank = -1};
-        snprintf(what, sizeof what, "allreduce #%llu (allgather step %d of %d)",
-                 (unsigned long long)seq, k + 1, n - 1);
-        rc = xfer_run(c, &x, deadline, what, err);
-    }
-    return rc;
+    return SG_OK;
 }
 
 int coll_allreduce(CollComm *c, void *buf, size_t count, CollDtype dtype, CollOp op,

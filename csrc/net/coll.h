@@ -19,9 +19,10 @@
  *      streams stay in step, so the communicator remains usable. A barrier is
  *      this step alone.
  *   2. data as raw bytes, lengths agreed by step 1: allreduce is a ring
- *      reduce-scatter then allgather over `size` contiguous segments (sends to
- *      the right and receives from the left at once on non-blocking sockets,
- *      reducing what arrives as it arrives); broadcast is a pipelined relay
+ *      reduce-scatter then allgather over `size` contiguous segments, one
+ *      stream each way (sends to the right and receives from the left at
+ *      once on non-blocking sockets, reducing what arrives as it arrives and
+ *      forwarding it as soon as it is reduced); broadcast is a pipelined relay
  *      from the root around the ring; allgather passes each rank's block
  *      size - 1 steps around.
  * Values travel in host order (little-endian hosts only, as ps.h). With

@@ -397,7 +397,7 @@ static PyObject *Comm_broadcast_bytes(CommObject *self, PyObject *args, PyObject
     PyObject *dobj = Py_None, *tobj = Py_None;
     int root = 0;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|iO:broadcast_bytes", kwlist, &dobj, &root,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OiO:broadcast_bytes", kwlist, &dobj, &root,
                                      &tobj) ||
         comm_live(self) == NULL || parse_timeout(tobj, &timeout) < 0)
         return NULL;
