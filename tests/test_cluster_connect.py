@@ -109,6 +109,7 @@ def connect(tmp_path_factory):
         # Connect's own builder: the generic one refuses a Connect session beside a classic one in this process
         spark = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
         spark.addArtifacts(str(HERE / "cluster_nodes.py"), pyfile=True)
+        spark.addArtifacts(str(HERE / "runner_fns.py"), pyfile=True)
         yield spark
         spark.stop()
     finally:
@@ -130,6 +131,21 @@ def test_connect_session_has_no_spark_context_and_is_told_apart_by_its_class(con
     assert isinstance(session, ConnectSpark)
     assert session.master == f"local[{SLOTS}]" and session.slot_count().slots == SLOTS
     assert session.default_fs() == "file://"
+
+
+def test_sparkgrad_run_over_connect_returns_values_by_rank_through_the_stage_rows(connect):
+    import io
+
+    import runner_fns
+    import sparkgrad
+
+    out = io.StringIO()
+    values = sparkgrad.run(
+        runner_fns.describe, args=("connect",), num_proc=2, stdout=out, stderr=io.StringIO(), spark=connect
+    )
+    assert [(v["rank"], v["size"], v["tag"]) for v in values] == [(0, 2, "connect"), (1, 2, "connect")]
+    assert "rank 1: stdout line of connect from 1" in out.getvalue().splitlines()
+    assert sparkgrad.HorovodRunner(np=2, spark=connect).run(runner_fns.hvd_main) == {"rank": 0, "size": 2, "scaled": 2}
 
 
 def test_cluster_forms_over_connect_with_roles_spec_and_streamed_logs(connect, tmp_path):

@@ -415,3 +415,33 @@ def test_closing_the_server_wakes_a_waiting_next_event(secret):
     srv.close()
     t.join(10)
     assert not t.is_alive() and raised and time.monotonic() - asked < 2.0
+
+
+def test_comm_port_is_kept_in_the_spec_when_given_and_a_log_line_carries_its_stream(secret):
+    with _core.RendezvousServer(secret, 3, "127.0.0.1", 0) as srv:
+        nodes = [dict(net_raw.node(0), comm_port=4242), net_raw.node(1), dict(net_raw.node(2), comm_port=0)]
+        clients: dict[int, _core.ControlClient] = {}
+
+        def run(i: int) -> None:  # register() returns with the spec: each from its own thread
+            clients[i] = _core.ControlClient.register("127.0.0.1", srv.port, secret, nodes[i], 10.0)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        spec = srv.wait(10.0)
+        join(threads)
+        assert spec[0] == nodes[0] and spec[1] == nodes[1]  # absent stays absent
+        assert "comm_port" not in spec[2]  # 0 means none
+        clients[0].log("to stderr", stream="stderr")
+        clients[1].log("to stdout")
+        events = {e["executor_id"]: e for e in (srv.next_event(5.0), srv.next_event(5.0))}
+        assert events[0]["stream"] == "stderr" and events[0]["line"] == "to stderr"
+        assert "stream" not in events[1]
+        for c in clients.values():
+            c.close()
+
+
+def test_a_comm_port_out_of_range_is_rejected_naming_it(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        with pytest.raises(errors.SparkgradError, match="comm_port"):
+            _core.ControlClient.register("127.0.0.1", srv.port, secret, dict(net_raw.node(0), comm_port=70000), 5.0)

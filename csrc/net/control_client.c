@@ -383,10 +383,12 @@ static cJSON *new_msg(const char *type)
     return m;
 }
 
-int ctl_client_log(CtlClient *c, const char *line, double timeout, SgError *err)
+int ctl_client_log(CtlClient *c, const char *line, const char *stream, double timeout, SgError *err)
 {
     cJSON *m = new_msg("log");
     cJSON_AddStringToObject(m, "line", line);
+    if (stream != NULL)
+        cJSON_AddStringToObject(m, "stream", stream);
     return send_json(c, m, timeout, err);
 }
 

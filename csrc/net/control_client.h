@@ -33,7 +33,9 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
 char *ctl_client_spec(CtlClient *c);
 
 /* Messages to the driver; each blocks at most timeout seconds. */
-int ctl_client_log(CtlClient *c, const char *line, double timeout, SgError *err);
+/* stream: NULL for the node's stdout, else the stream's name ("stderr"), passed on in the event. */
+int ctl_client_log(CtlClient *c, const char *line, const char *stream, double timeout,
+                   SgError *err);
 int ctl_client_metric(CtlClient *c, const char *name, double value, long step, double timeout,
                       SgError *err);
 int ctl_client_done(CtlClient *c, const char *result, double timeout, SgError *err);

@@ -2,7 +2,8 @@
  * rendezvous.h - the driver's rendezvous server.
  *
  * Nodes connect, pass the HMAC challenge (auth.h) and send
- *   {"type":"register","node":{"host","port","role","index","executor_id","pid"}}
+ *   {"type":"register","node":{"host","port","role","index","executor_id","pid"[,"comm_port"]}}
+ * (comm_port, optional: a second listening port, the allreduce communicator's; kept in the spec)
  * The server answers {"type":"registered","registered":k,"num_nodes":n}, and
  * when num_nodes distinct executor ids (0..num_nodes-1) have registered it
  * sends every node {"type":"spec","spec":[node, ...]} (sorted by executor_id).

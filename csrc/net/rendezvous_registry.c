@@ -133,6 +133,11 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
         (rc = net_json_int(node, "pid", 0, INT_MAX, c->peer, &pid, err)) < 0 ||
         (rc = net_json_int(node, "executor_id", LONG_MIN, LONG_MAX, c->peer, &eid, err)) < 0)
         return rc;
+    /* Optional: a second listening port (the allreduce communicator's), 0 or absent when none. */
+    long comm_port = 0;
+    if (cJSON_GetObjectItemCaseSensitive(node, "comm_port") != NULL &&
+        (rc = net_json_int(node, "comm_port", 0, 65535, c->peer, &comm_port, err)) < 0)
+        return rc;
     if (eid < 0 || eid >= s->num_nodes)
         return sg_fail(err, SG_ECLUSTER,
                        "executor_id %ld from %s is outside 0..%d (this cluster has %d nodes)", eid,
@@ -148,6 +153,8 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
     cJSON_AddNumberToObject(info, "index", (double)index);
     cJSON_AddNumberToObject(info, "executor_id", (double)eid);
     cJSON_AddNumberToObject(info, "pid", (double)pid);
+    if (comm_port > 0)
+        cJSON_AddNumberToObject(info, "comm_port", (double)comm_port);
     RdvNode *n = &s->nodes[eid];
     if (n->conn != NULL && n->conn != c) {
         /* A retried task: the newer registration wins, the old link goes quietly. */
@@ -195,8 +202,12 @@ int rdv_handle_message(RdvServer *s, RdvConn *c, const cJSON *msg, const char *t
     if (strcmp(type, "log") == 0) {
         if ((rc = net_json_string(msg, "line", c->peer, &a, err)) < 0)
             return rc;
-        if ((ev = event_base(s, c->executor_id, type)) != NULL)
+        const cJSON *stream = cJSON_GetObjectItemCaseSensitive(msg, "stream");
+        if ((ev = event_base(s, c->executor_id, type)) != NULL) {
             cJSON_AddStringToObject(ev, "line", a);
+            if (cJSON_IsString(stream) && strlen(stream->valuestring) <= 16)
+                cJSON_AddStringToObject(ev, "stream", stream->valuestring);
+        }
         push_event(s, ev, 1);
     } else if (strcmp(type, "metric") == 0) {
         if ((rc = net_json_string(msg, "name", c->peer, &a, err)) < 0 ||

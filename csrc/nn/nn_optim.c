@@ -142,6 +142,14 @@ int64_t optim_get_step(const Optimizer *o)
 {
     return o->step;
 }
+int optim_set_base_lr(Optimizer *o, float lr, SgError *err)
+{
+    if (!isfinite(lr) || lr < 0.0f)
+        return sg_fail(err, SG_EINVAL, "learning rate must be finite and >= 0, got %g", (double)lr);
+    o->cfg.lr = lr;
+    return SG_OK;
+}
+
 const OptimConfig *optim_config(const Optimizer *o)
 {
     return &o->cfg;

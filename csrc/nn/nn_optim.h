@@ -84,6 +84,9 @@ float optim_current_lr(const Optimizer *o);
 /* Steps taken so far. */
 int64_t optim_get_step(const Optimizer *o);
 const OptimConfig *optim_config(const Optimizer *o);
+/* Sets the base learning rate (the schedule applies on top of it from the next step);
+ * SG_EINVAL unless lr is finite and >= 0. */
+int optim_set_base_lr(Optimizer *o, float lr, SgError *err);
 
 /* State for checkpoints: nslots * n floats, contiguous. */
 size_t optim_state_size(const Optimizer *o);

@@ -85,15 +85,15 @@ static PyObject *finish(int rc, const SgError *err)
 
 static PyObject *Ctl_log(CtlObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"line", "timeout", NULL};
-    const char *line;
+    static char *kwlist[] = {"line", "timeout", "stream", NULL};
+    const char *line, *stream = NULL;
     double timeout = CTL_SEND_TIMEOUT;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|d:log", kwlist, &line, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|dz:log", kwlist, &line, &timeout, &stream))
         return NULL;
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ctl_client_log(self->cli, line, timeout, &err);
+    rc = ctl_client_log(self->cli, line, stream, timeout, &err);
     Py_END_ALLOW_THREADS
     return finish(rc, &err);
 }
@@ -218,7 +218,8 @@ static PyMethodDef Ctl_methods[] = {
      METH_VARARGS | METH_KEYWORDS | METH_STATIC,
      "register(host, port, secret, node, timeout, heartbeat_interval=1.0, driver_timeout=30.0) -> "
      "ControlClient"},
-    {"log", (PyCFunction)(void (*)(void))Ctl_log, METH_VARARGS | METH_KEYWORDS, "log(line)"},
+    {"log", (PyCFunction)(void (*)(void))Ctl_log, METH_VARARGS | METH_KEYWORDS,
+     "log(line, timeout=30.0, stream=None): stream \"stderr\" marks a line of the node's stderr"},
     {"metric", (PyCFunction)(void (*)(void))Ctl_metric, METH_VARARGS | METH_KEYWORDS,
      "metric(name, value, step)"},
     {"done", (PyCFunction)(void (*)(void))Ctl_done, METH_VARARGS | METH_KEYWORDS,

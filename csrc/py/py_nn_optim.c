@@ -148,6 +148,30 @@ static PyObject *optimizer_get_lr(OptimizerObject *self, void *closure)
     return PyFloat_FromDouble(optim_current_lr(self->opt));
 }
 
+static PyObject *optimizer_get_base_lr(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyFloat_FromDouble(optim_config(self->opt)->lr);
+}
+
+static int optimizer_set_base_lr(OptimizerObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "base_lr cannot be deleted");
+        return -1;
+    }
+    double lr = PyFloat_AsDouble(value);
+    if (lr == -1.0 && PyErr_Occurred())
+        return -1;
+    SgError err;
+    if (optim_set_base_lr(self->opt, (float)lr, &err) < 0) {
+        sg_raise(&err);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *optimizer_get_steps(OptimizerObject *self, void *closure)
 {
     (void)closure;
@@ -178,6 +202,8 @@ static PyMethodDef optimizer_methods[] = {
 
 static PyGetSetDef optimizer_getset[] = {
     {"lr", (getter)optimizer_get_lr, NULL, "learning rate of the next step", NULL},
+    {"base_lr", (getter)optimizer_get_base_lr, (setter)optimizer_set_base_lr,
+     "the configured learning rate, before the schedule; settable between steps", NULL},
     {"steps", (getter)optimizer_get_steps, NULL, "steps taken", NULL},
     {"n", (getter)optimizer_get_n, NULL, "number of parameters", NULL},
     {"kind", (getter)optimizer_get_kind, NULL, "optimizer kind", NULL},

@@ -46,8 +46,25 @@ def build_info() -> dict:
     return info
 
 
+_LAZY = {"run": "run", "HorovodRunner": "HorovodRunner"}  # sparkgrad.runner: loaded on first use
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from sparkgrad import runner
+
+        return getattr(runner, _LAZY[name])
+    if name == "hvd":
+        import importlib
+
+        return importlib.import_module("sparkgrad.hvd")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
+    "run",
+    "HorovodRunner",
     "build_info",
     "TFCluster",
     "TFNode",

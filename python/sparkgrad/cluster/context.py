@@ -53,6 +53,7 @@ class NodeInfo:
     host: str
     port: int
     pid: int
+    comm_port: int = 0  # the allreduce communicator's listening port (training nodes of a cluster without ps)
 
     @property
     def name(self) -> str:
@@ -71,6 +72,7 @@ class NodeInfo:
             host=str(d["host"]),
             port=int(d["port"]),
             pid=int(d["pid"]),
+            comm_port=int(d.get("comm_port") or 0),
         )
 
 

@@ -106,7 +106,14 @@ class Cluster:
         tensorboard: Any = None,
         spark: Any = None,
         secret: bytes = b"",
+        label: Callable[[dict], str] | None = None,
+        on_log: Callable[[dict], None] | None = None,
     ) -> None:
+        """``label(event)``: how the node of an event is named in output and failures (default role:index);
+        ``on_log(event)``: takes the nodes' log events (with "line", and "stream": "stderr" for the
+        node's stderr) instead of ``output``."""
+        self._label = label or (lambda ev: f"{ev.get('role')}:{ev.get('index')}")
+        self._on_log = on_log
         self._spark = spark  # spark.ClassicSpark or spark.ConnectSpark; None for a local cluster
         self._secret = secret
         self.rows_fed = 0
@@ -194,13 +201,16 @@ class Cluster:
                 return
 
     def _handle(self, ev: dict) -> None:
-        kind, name = ev.get("type"), f"{ev.get('role')}:{ev.get('index')}"
+        kind, name = ev.get("type"), self._label(ev)
         if kind in ("done", "error", "lost"):
             with self._cond:
                 self._gone.add(int(ev["executor_id"]))
                 self._cond.notify_all()
         if kind == "log":
-            self._output(f"{name} {ev['line']}")
+            if self._on_log is not None:
+                self._on_log(ev)
+            else:
+                self._output(f"{name} {ev['line']}")
         elif kind == "metric":
             metric = Metric(ev["role"], int(ev["index"]), ev["name"], float(ev["value"]), int(ev["step"]))
             with self._cond:
@@ -217,6 +227,7 @@ class Cluster:
                 NodeFailure(
                     f"{name} (executor {ev['executor_id']}) on {ev.get('host')} raised {ev.get('message')}\n"
                     f"--- traceback on {name} ---\n{tb}",
+                    node=name,
                     role=ev["role"],
                     index=int(ev["index"]),
                     host=ev.get("host"),
@@ -231,6 +242,7 @@ class Cluster:
                 NodeFailure(
                     f"{name} (executor {ev['executor_id']}) on {ev.get('host')} was lost: {ev.get('reason')}. "
                     "Its process died without reporting (killed, out of memory, or its executor was removed)",
+                    node=name,
                     role=ev["role"],
                     index=int(ev["index"]),
                     host=ev.get("host"),
@@ -357,6 +369,15 @@ class Cluster:
             self._close()
             raise
         self._close()
+
+    def node_results(self) -> dict[int, bytes | None]:
+        """With keep_results: map_fun's pickled value by executor id, as the launchers brought it back."""
+        out: dict[int, bytes | None] = {}
+        for launcher in self._launchers:
+            results = getattr(launcher, "results", None)
+            if results is not None:
+                out.update(results())
+        return out
 
     def train(self, data_rdd: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> None:
         """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.

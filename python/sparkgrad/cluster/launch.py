@@ -71,6 +71,10 @@ def run(
     stop_grace: float = 5.0,
     slots_timeout: float = 30.0,
     output: Any = default_output,
+    keep_results: bool = False,
+    env: dict[str, str] | None = None,
+    label: Any = None,
+    on_log: Any = None,
 ) -> Cluster:
     """Starts map_fun(tf_args, ctx) on num_executors nodes and returns once all registered.
 
@@ -84,6 +88,11 @@ def run(
     long a silent node counts as alive; ``stop_grace`` (s) is how long nodes
     get to end after a stop before they are ended; ``slots_timeout`` (s) how
     long to wait for executors to provide enough task slots.
+
+    For sparkgrad.run: ``keep_results`` brings map_fun's values back through
+    the launchers' own result paths (``cluster.node_results()`` after
+    shutdown); ``env`` is set on every node while map_fun runs; ``label``
+    and ``on_log`` are Cluster's.
     """
     if driver_ps_nodes and input_mode != InputMode.TENSORFLOW:
         raise InvalidArgumentError("driver_ps_nodes=True is only supported with InputMode.TENSORFLOW")
@@ -125,16 +134,17 @@ def run(
             register_timeout=float(reservation_timeout),
             stop_grace=float(stop_grace),
             hold_registration=_held_executors(),
+            env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
         )
         launchers: list[Any] = []
         if spark_ids:  # first: Spark's barrier job is the slow part to start
             from sparkgrad.cluster.spark import SparkLauncher
 
-            launchers.append(SparkLauncher(session, cfg, spark_ids, map_fun, tf_args))
+            launchers.append(SparkLauncher(session, cfg, spark_ids, map_fun, tf_args, keep_result=keep_results))
         if local_ids and sc is None:
             from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
 
-            launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host))
+            launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host, keep_result=keep_results))
         elif local_ids:
             from sparkgrad.cluster.local import DriverThreadLauncher
 
@@ -151,6 +161,8 @@ def run(
         output=output,
         spark=session,
         secret=secret,
+        label=label,
+        on_log=on_log,
     )
     cluster.start(float(reservation_timeout))
     if tensorboard:

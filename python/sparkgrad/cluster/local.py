@@ -29,7 +29,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkgrad.cluster.node import MapFun, NodeConfig, run_node
+from sparkgrad.cluster.node import MapFun, NodeConfig, run_node, run_node_keeping_result
 
 KILL_WAIT_SECONDS = 5.0
 
@@ -45,9 +45,17 @@ def _dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj)
 
 
-def _local_node_main(cfg: NodeConfig, executor_id: int, host: str, payload: bytes, threads: int) -> None:
+def _local_node_main(
+    cfg: NodeConfig, executor_id: int, host: str, payload: bytes, threads: int, result_pipe: Any = None
+) -> None:
     map_fun, tf_args = pickle.loads(payload)
-    run_node(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
+    if result_pipe is None:
+        run_node(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
+        return
+    _status, result = run_node_keeping_result(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
+    if result is not None:  # the value goes back through the process's own pipe, never a sparkgrad socket
+        result_pipe.send_bytes(result)
+    result_pipe.close()
 
 
 def _exit_reason(code: int | None) -> str:
@@ -63,9 +71,19 @@ class LocalLauncher:
     """Runs each node in its own spawned process on this machine."""
 
     def __init__(
-        self, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any, host: str = "127.0.0.1"
+        self,
+        cfg: NodeConfig,
+        executor_ids: tuple[int, ...],
+        map_fun: MapFun,
+        tf_args: Any,
+        host: str = "127.0.0.1",
+        keep_result: bool = False,
     ):
+        """``keep_result``: each process sends map_fun's pickled value back on a pipe (see results())."""
         self.executor_ids = executor_ids
+        self._keep_result = keep_result
+        self._pipes: dict[int, Any] = {}  # executor id -> the reading end of its result pipe
+        self._results: dict[int, bytes] = {}
         self._cfg = cfg
         self._host = host
         self._payload = _dumps((map_fun, tf_args))
@@ -77,14 +95,38 @@ class LocalLauncher:
         threads = max(1, (os.cpu_count() or 1) // max(1, len(self.executor_ids)))  # each node's share of the cores
         for eid in self.executor_ids:
             role = self._cfg.template.node(eid)
+            writer = None
+            if self._keep_result:
+                self._pipes[eid], writer = self._mp.Pipe(duplex=False)
             proc = self._mp.Process(
                 target=_local_node_main,
-                args=(self._cfg, eid, self._host, self._payload, threads),
+                args=(self._cfg, eid, self._host, self._payload, threads, writer),
                 name=f"sparkgrad-{role.role}-{role.index}",
                 daemon=False,
             )
             proc.start()
+            if writer is not None:
+                writer.close()  # the child's copy is the one left: its exit makes our end readable (EOF)
             self._procs[eid] = proc
+
+    def _read_results(self, timeout: float = 0.0) -> None:
+        """Takes what the result pipes have (a child blocks on a large value until it is read)."""
+        if not self._pipes:
+            return
+        by_conn = {conn: eid for eid, conn in self._pipes.items()}
+        for conn in wait(list(by_conn), timeout):
+            eid = by_conn[conn]
+            try:
+                self._results[eid] = conn.recv_bytes()
+            except (EOFError, OSError):
+                pass  # ended without a value (failed, or returned nothing to keep)
+            conn.close()
+            del self._pipes[eid]
+
+    def results(self) -> dict[int, bytes | None]:
+        """keep_result: map_fun's pickled value by executor id (None for a process that sent none)."""
+        self._read_results()
+        return {eid: self._results.get(eid) for eid in self.executor_ids}
 
     @property
     def pids(self) -> dict[int, int]:
@@ -109,8 +151,10 @@ class LocalLauncher:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            wait([p.sentinel for p in pending], left)
+            wait([p.sentinel for p in pending] + list(self._pipes.values()), left)
+            self._read_results()
             pending = [p for p in pending if p.exitcode is None]
+        self._read_results()
         for proc in self._procs.values():
             proc.join(0)
         return True

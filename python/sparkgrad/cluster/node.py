@@ -6,6 +6,10 @@ race), registers with the driver's rendezvous through an authenticated
 ControlClient, builds ctx from the spec the driver sends, exports TF_CONFIG,
 forwards the node's log records and stdout/stderr lines to the driver, runs
 map_fun(args, ctx), and reports "done" or the exception with its traceback.
+Training nodes of a cluster without ps also bind a second socket, the
+allreduce communicator's (registered as comm_port), and run map_fun with
+what hvd.init() needs in sparkgrad.cluster.collective; run_node_keeping_result
+keeps map_fun's value (pickled) for the launcher's own result path.
 A watcher thread listens for the driver's "stop" (or the loss of the driver)
 and stops the node; sockets are always closed on the way out.
 
@@ -28,9 +32,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkgrad.cluster import rank
+from sparkgrad.cluster import collective, rank
 from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
-from sparkgrad.cluster.roles import TRAINING_ROLES, ClusterTemplate, InputMode
+from sparkgrad.cluster.roles import PS, TRAINING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.cluster.transport import net
 from sparkgrad.errors import CancelledError, ClusterError, SparkgradError
 
@@ -56,6 +60,13 @@ class NodeConfig:
     feed_capacity_bytes: int = 256 << 20  # per input, on each training node (InputMode.SPARK)
     # Test hook: executor ids that never register (they wait register_timeout, then fail).
     hold_registration: frozenset[int] = frozenset()
+    # Environment variables set on every node while map_fun runs (sparkgrad.run's env=).
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def opens_comm_port(self) -> bool:
+        """Training nodes of a cluster without ps get a second listener for the allreduce communicator."""
+        return not self.template.executors(PS)
 
 
 class NodeStopped(CancelledError):
@@ -110,7 +121,7 @@ class _LineForwarder(io.TextIOBase):
 
 
 class _ForwardHandler(logging.Handler):
-    """Sends formatted log records to the driver."""
+    """Sends formatted log records to the driver (as lines of the node's stderr)."""
 
     def __init__(self, send: Callable[[str], None]) -> None:
         super().__init__()
@@ -158,7 +169,7 @@ _routing_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
+def _route_thread_output(send: Callable[[str], None], send_err: Callable[[str], None] | None = None) -> Iterator[None]:
     """Sends this thread's prints to the driver, leaving every other thread's output alone.
 
     Its log records are the driver process's own and follow the driver's
@@ -167,7 +178,10 @@ def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
     change how the driver's other threads log.
     """
     me = threading.get_ident()
-    forwarders = {"stdout": _LineForwarder(send, None), "stderr": _LineForwarder(send, None)}
+    forwarders = {
+        "stdout": _LineForwarder(send, None),
+        "stderr": _LineForwarder(send_err or send, None),
+    }
     routers: dict[str, _ThreadRouter] = {}
     with _routing_lock:
         for name, forwarder in forwarders.items():
@@ -190,10 +204,13 @@ def _route_thread_output(send: Callable[[str], None]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _forward_output(send: Callable[[str], None], echo: bool) -> Iterator[None]:
+def _forward_output(
+    send: Callable[[str], None], echo: bool, send_err: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """stdout goes to ``send``; stderr and log records to ``send_err`` (default ``send``)."""
     out = _LineForwarder(send, sys.stdout if echo else None)
-    err = _LineForwarder(send, sys.stderr if echo else None)
-    handler = _ForwardHandler(send)
+    err = _LineForwarder(send_err or send, sys.stderr if echo else None)
+    handler = _ForwardHandler(send_err or send)
     saved = sys.stdout, sys.stderr
     root = logging.getLogger()
     root.addHandler(handler)
@@ -208,16 +225,18 @@ def _forward_output(send: Callable[[str], None], echo: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    saved = os.environ.get(name)
-    os.environ[name] = value
+def _envs(values: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name, _ in values}
+    for name, value in values:
+        os.environ[name] = value
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
@@ -283,7 +302,7 @@ class _StopWatcher:
             return
 
 
-def _register(cfg: NodeConfig, executor_id: int, host: str, port: int) -> Any:
+def _register(cfg: NodeConfig, executor_id: int, host: str, port: int, comm_port: int = 0) -> Any:
     role = cfg.template.node(executor_id)
     if executor_id in cfg.hold_registration:
         threading.Event().wait(cfg.register_timeout)
@@ -296,6 +315,8 @@ def _register(cfg: NodeConfig, executor_id: int, host: str, port: int) -> Any:
         "executor_id": executor_id,
         "pid": os.getpid(),
     }
+    if comm_port:
+        node["comm_port"] = comm_port
     return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
 
 
@@ -318,19 +339,32 @@ def _node_rank(ctx: NodeContext) -> rank.ProcessRank:
 
 
 def _run_map_fun(
-    cfg: NodeConfig, ctx: NodeContext, client: Any, map_fun: MapFun, tf_args: Any, echo: bool, in_driver: bool
+    cfg: NodeConfig,
+    ctx: NodeContext,
+    client: Any,
+    map_fun: MapFun,
+    tf_args: Any,
+    echo: bool,
+    in_driver: bool,
+    comm: collective.CommSetup | None = None,
 ) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
+
+    def send_err(line: str) -> None:  # the driver tells the node's stderr from its stdout
+        client.log(line, stream="stderr")
+
     # A node in a thread of the driver shares the driver's process: only its own thread's output is
-    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it).
-    output = _route_thread_output(client.log) if in_driver else _forward_output(client.log, echo)
-    with output, contextlib.nullcontext() if in_driver else _env("TF_CONFIG", ctx.tf_config):
+    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it) nor cfg.env.
+    output = _route_thread_output(client.log, send_err) if in_driver else _forward_output(client.log, echo, send_err)
+    env = () if in_driver else (("TF_CONFIG", ctx.tf_config), *cfg.env)
+    with output, _envs(env):
         if ctx.mgr is not None:  # on stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError)
             ctx.on_stop(ctx.mgr.close)
         watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
         try:
             with watcher, rank.assigned(_node_rank(ctx), thread_only=in_driver):
-                value = map_fun(tf_args, ctx)
+                with collective.assigned(comm, thread_only=in_driver):
+                    value = map_fun(tf_args, ctx)
         except SystemExit as exc:  # map_fun ended its "process": success if the code says so
             if exc.code in (None, 0):
                 return _Outcome("done", "null")
@@ -376,8 +410,11 @@ def run_node(
     role = cfg.template.node(executor_id)
     bind_host = os.environ.get("SPARKGRAD_NODE_BIND", host)
     listener = net().Listener(bind_host, 0)
+    comm_listener = None
     try:
-        client = _register(cfg, executor_id, host, listener.port)
+        if cfg.opens_comm_port and role.role in TRAINING_ROLES:
+            comm_listener = net().Listener(bind_host, 0)
+        client = _register(cfg, executor_id, host, listener.port, comm_listener.port if comm_listener else 0)
         try:
             nodes = tuple(sorted((NodeInfo.from_dict(d) for d in client.spec), key=lambda n: n.executor_id))
             feed = None
@@ -400,15 +437,56 @@ def run_node(
                 mgr=feed,
                 _metric_sink=client.metric,
             )
+            comm = collective.setup_from_nodes(nodes, executor_id, comm_listener, cfg.secret)
             try:
-                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo, in_driver)
+                outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo, in_driver, comm)
             finally:
                 if feed is not None:
                     feed.close()
+                if comm is not None:  # after an error was reported: the cause reaches the driver first
+                    comm.release()
             if outcome.status != "error":
                 client.done(outcome.result)
         finally:
             client.close()
     finally:
         listener.close()
+        if comm_listener is not None:
+            comm_listener.close()
     return json.dumps({"executor_id": executor_id, "status": outcome.status, "result": json.loads(outcome.result)})
+
+
+def dumps_result(obj: Any) -> bytes:
+    """A map_fun's value as bytes for the launcher's own result path (Spark's task result, the local pipe).
+
+    cloudpickle when available (as Spark ships closures), else pickle; these
+    bytes never travel on sparkgrad's sockets.
+    """
+    import pickle
+
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        try:
+            import cloudpickle  # type: ignore[no-redef]
+        except ImportError:
+            return pickle.dumps(obj)
+    return cloudpickle.dumps(obj)
+
+
+def run_node_keeping_result(
+    cfg: NodeConfig, executor_id: int, host: str, map_fun: MapFun, tf_args: Any, **kwargs: Any
+) -> tuple[str, bytes | None]:
+    """run_node, with map_fun's value kept as pickled bytes for the launcher (None unless map_fun returned).
+
+    The value is pickled inside the node's map_fun call, so a value that
+    cannot be pickled fails the node with its traceback like any error; the
+    driver's "done" carries null.
+    """
+    kept: list[bytes] = []
+
+    def keep(args: Any, ctx: NodeContext) -> None:
+        kept.append(dumps_result(map_fun(args, ctx)))
+
+    status = run_node(cfg, executor_id, host, keep, tf_args, **kwargs)
+    return status, (kept[0] if kept else None)

@@ -24,6 +24,7 @@ node's failure means (driver.py) or run the node (node.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -34,13 +35,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sparkgrad.cluster.node import MapFun, NodeConfig, run_node
+from sparkgrad.cluster.node import MapFun, NodeConfig, run_node, run_node_keeping_result
 from sparkgrad.errors import ClusterError, InsufficientSlotsError
 
 logger = logging.getLogger(__name__)
 
 SLOT_POLL_SECONDS = 0.5
 STATUS_SCHEMA = "status string"  # the Connect node stage's output: one row per node, its JSON status
+RESULT_SCHEMA = "status string, result binary"  # the same with map_fun's pickled value (sparkgrad.run)
 
 # Masters whose slots the master string alone tells: local, local[N], local[*], local[N,F], local-cluster[n,c,m]
 _LOCAL_MASTER = re.compile(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?")
@@ -146,7 +148,7 @@ class ClassicSpark:
     def cancel_tag(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)
 
-    def run_barrier(self, n: int, task: SparkNodeTask) -> list[str]:
+    def run_barrier(self, n: int, task: SparkNodeTask) -> list[Any]:
         return self.sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
 
 
@@ -188,9 +190,13 @@ class ConnectSpark:
     def cancel_tag(self, tag: str) -> None:
         self.spark.interruptTag(tag)
 
-    def run_barrier(self, n: int, task: SparkNodeTask) -> list[str]:
-        df = self.spark.range(n, numPartitions=n).mapInArrow(ArrowNodeTask(task), STATUS_SCHEMA, barrier=True)
-        return [row.status for row in df.collect()]  # collect(): barrier stages refuse show()/take()
+    def run_barrier(self, n: int, task: SparkNodeTask) -> list[Any]:
+        schema = RESULT_SCHEMA if task.keep_result else STATUS_SCHEMA
+        df = self.spark.range(n, numPartitions=n).mapInArrow(ArrowNodeTask(task), schema, barrier=True)
+        rows = df.collect()  # collect(): barrier stages refuse show()/take()
+        if task.keep_result:
+            return [(row.status, None if row.result is None else bytes(row.result)) for row in rows]
+        return [row.status for row in rows]
 
 
 SparkSessionKind = ClassicSpark | ConnectSpark
@@ -313,6 +319,9 @@ class SparkNodeTask:
     (its executor log). Off on a local master, whose Python workers share the
     driver's terminal: there the driver's role:index-prefixed copy is the one
     line shown.
+
+    ``keep_result``: yield ``(status, map_fun's pickled value)`` instead of
+    the status alone, so the value comes back in Spark's own task results.
     """
 
     cfg: NodeConfig
@@ -320,14 +329,19 @@ class SparkNodeTask:
     map_fun: MapFun
     tf_args: Any
     echo: bool = True
+    keep_result: bool = False
 
-    def __call__(self, _rows: Iterator[Any]) -> Iterator[str]:
+    def __call__(self, _rows: Iterator[Any]) -> Iterator[Any]:
         from pyspark import BarrierTaskContext
 
         task = BarrierTaskContext.get()
         part = task.partitionId()
         host = os.environ.get("SPARKGRAD_NODE_HOST") or task_host(task.getTaskInfos()[part].address)
-        yield run_node(self.cfg, self.executor_ids[part], host, self.map_fun, self.tf_args, echo=self.echo)
+        eid = self.executor_ids[part]
+        if self.keep_result:
+            yield run_node_keeping_result(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo)
+        else:
+            yield run_node(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo)
 
 
 @dataclass(frozen=True)
@@ -343,8 +357,15 @@ class ArrowNodeTask:
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        for status in self.task(batches):
-            yield pa.RecordBatch.from_pydict({"status": [status]})
+        for out in self.task(batches):
+            if self.task.keep_result:
+                status, result = out
+                yield pa.RecordBatch.from_pydict(
+                    {"status": [status], "result": [result]},
+                    schema=pa.schema([("status", pa.string()), ("result", pa.binary())]),
+                )
+            else:
+                yield pa.RecordBatch.from_pydict({"status": [out]})
 
 
 def _spark_error(exc: BaseException) -> str:
@@ -423,11 +444,18 @@ class SparkLauncher:
     """Runs nodes as one barrier stage of a background SparkJob (classic Spark or Connect)."""
 
     def __init__(
-        self, session: SparkSessionKind, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any
+        self,
+        session: SparkSessionKind,
+        cfg: NodeConfig,
+        executor_ids: tuple[int, ...],
+        map_fun: MapFun,
+        tf_args: Any,
+        keep_result: bool = False,
     ):
         self.executor_ids = executor_ids
         self._session = session
-        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args, echo=not is_local_master(session.master))
+        echo = not is_local_master(session.master)
+        self._task = SparkNodeTask(cfg, executor_ids, map_fun, tf_args, echo=echo, keep_result=keep_result)
         self._job = SparkJob(session, f"sparkgrad cluster of {len(executor_ids)} nodes")
 
     def start(self) -> None:
@@ -435,7 +463,17 @@ class SparkLauncher:
 
     @property
     def statuses(self) -> list[str]:
-        return list(self._job.result or [])
+        rows = list(self._job.result or [])
+        return [row[0] for row in rows] if self._task.keep_result else rows
+
+    def results(self) -> dict[int, bytes | None]:
+        """keep_result: map_fun's pickled value by executor id, from the finished stage's rows."""
+        if not self._task.keep_result:
+            return {}
+        out: dict[int, bytes | None] = {}
+        for status, payload in self._job.result or []:
+            out[int(json.loads(status)["executor_id"])] = payload
+        return out
 
     def failure(self) -> str | None:
         return None if self._job.cancelled else self._job.error

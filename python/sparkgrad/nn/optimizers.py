@@ -75,6 +75,12 @@ class Optimizer:
         """The learning rate of the next step (schedule applied)."""
         return self._c.lr if self._c is not None else self.config["lr"]
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Sets the base learning rate (the schedule applies on top), also between steps of a running fit."""
+        self.config["lr"] = float(lr)
+        if self._c is not None:
+            self._c.base_lr = float(lr)
+
     @property
     def iterations(self) -> int:
         return self._c.steps if self._c is not None else 0

@@ -1,0 +1,164 @@
+"""``fit(callbacks=[...])`` callbacks for allreduce training, as horovod.tensorflow.keras spells them.
+
+They follow sparkgrad's fit callback protocol: ``set_model(model)``,
+``on_train_begin(logs)``, ``on_epoch_begin(epoch, logs)``,
+``on_step_end(step, logs)`` (at fit's logging points: steps run in C
+between them), ``on_epoch_end(epoch, logs)``, ``on_train_end(logs)``.
+Every rank must use the same callbacks in the same order: each one that
+communicates is a collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkgrad import hvd
+
+
+class Callback:
+    """Base: keeps the model fit gives to set_model; every hook does nothing."""
+
+    model: Any = None
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        pass
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_step_end(self, step: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        pass
+
+
+def _optimizer_with_lr(model: Any) -> Any:
+    """The optimizer whose learning rate is set: the model's, or the one a DistributedOptimizer wraps."""
+    opt = getattr(model, "optimizer", None)
+    while opt is not None and getattr(opt, "optimizer", None) is not None:  # unwrap to the optimizer that runs
+        opt = opt.optimizer
+    if opt is None or not hasattr(opt, "set_learning_rate"):
+        raise TypeError(
+            f"LearningRateWarmupCallback: the model's optimizer {type(opt).__name__} has no set_learning_rate "
+            "(compile the model with a sparkgrad optimizer first)"
+        )
+    return opt
+
+
+class BroadcastGlobalVariablesCallback(Callback):
+    """At the start of training, every rank takes rank ``root_rank``'s parameters and optimizer state.
+
+    So that ranks that built their models with different random
+    initializations (or only rank 0 restored a checkpoint) train one model.
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        """``device`` is accepted as Horovod's is, and unused: parameters live in host memory."""
+        self.root_rank = int(root_rank)
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.broadcast_done or self.model is None:
+            return
+        hvd.broadcast_parameters(self.model, root_rank=self.root_rank)
+        if getattr(self.model, "optimizer", None) is not None:
+            hvd.broadcast_optimizer_state(self.model, root_rank=self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(Callback):
+    """At each epoch's end, replaces every numeric metric in ``logs`` by its average over the ranks.
+
+    Put it before callbacks that read the metrics (and fit's own
+    ``save_best_only`` checkpointing reads them after every callback), so
+    every rank decides on the same averaged ``val_loss``. A metric that some
+    rank lacks is left as it is.
+    """
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is None:
+            return
+        mine = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        gathered = hvd.allgather_object(mine)
+        for key in mine:
+            values = [g[key] for g in gathered if key in g]
+            if len(values) == len(gathered):
+                logs[key] = sum(values) / len(values)
+
+
+class LearningRateWarmupCallback(Callback):
+    """Ramps the learning rate from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs`` epochs.
+
+    ``initial_lr`` is the rate after warmup (already scaled by the number of
+    ranks, e.g. ``0.1 * hvd.size()``), as in Horovod (Goyal et al., "Accurate,
+    Large Minibatch SGD"): at fractional epoch e < warmup_epochs the rate is
+    ``initial_lr / size * (1 + e * (size - 1) / warmup_epochs)``. It is set at
+    each epoch's start and at fit's logging points within the epoch (once the
+    steps per epoch are known: ``steps_per_epoch``, else counted in the
+    first epoch). ``verbose``: print when the warmup ends. The arguments are
+    Horovod's, in its order; ``momentum_correction`` is accepted and has no
+    effect (the optimizer's momentum buffers are not rescaled when the rate
+    changes).
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: int = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        self.momentum_correction = bool(momentum_correction)
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = int(warmup_epochs)
+        self.verbose = int(verbose)
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+        self._epoch_start_step = 0
+
+    def lr_at(self, epoch: float) -> float:
+        """The warmup's learning rate at (fractional) ``epoch``."""
+        n = hvd.size()
+        if epoch >= self.warmup_epochs or self.warmup_epochs <= 0:
+            return self.initial_lr
+        return self.initial_lr / n * (1.0 + epoch * (n - 1) / self.warmup_epochs)
+
+    def _set(self, lr: float) -> None:
+        _optimizer_with_lr(self.model).set_learning_rate(lr)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = int(epoch)
+        self._epoch_start_step = int(getattr(self.model, "step", 0))
+        if epoch < self.warmup_epochs:
+            self._set(self.lr_at(epoch))
+
+    def on_step_end(self, step: int, logs: dict | None = None) -> None:
+        if self._epoch >= self.warmup_epochs or not self.steps_per_epoch:
+            return
+        done = max(0, int(step) - self._epoch_start_step)
+        self._set(self.lr_at(self._epoch + min(1.0, done / self.steps_per_epoch)))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.steps_per_epoch is None and epoch == 0:
+            taken = int(getattr(self.model, "step", 0)) - self._epoch_start_step
+            self.steps_per_epoch = taken if taken > 0 else None
+        if epoch == self.warmup_epochs - 1:
+            self._set(self.initial_lr)
+            if self.verbose:
+                print(f"epoch {epoch + 1}: finished the learning rate warmup to {self.initial_lr:g}", flush=True)
+
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "Callback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+]
