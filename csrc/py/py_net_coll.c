@@ -11,6 +11,7 @@
 #include "net/coll.h"
 #include "nn/nn_hook.h"
 #include "py/py_net.h"
+#include "py/py_nn.h"
 
 #define BYTES_MAX ((size_t)1 << 40) /* broadcast_bytes: the same cap on every rank */
 
@@ -445,17 +446,9 @@ static PyObject *Comm_barrier(CommObject *self, PyObject *args, PyObject *kw)
 
 /* ---- the gradient hook capsule -------------------------------------------------------- */
 
-static void hook_capsule_free(PyObject *cap)
+static void hook_release(void *ctx)
 {
-    NnGradHook *g = PyCapsule_GetPointer(cap, NN_GRAD_HOOK_CAPSULE);
-    PyObject *owner = PyCapsule_GetContext(cap);
-    if (g != NULL) {
-        CollHook *h = g->ctx;
-        Py_BEGIN_ALLOW_THREADS
-        coll_hook_free(h);
-        Py_END_ALLOW_THREADS
-    }
-    Py_XDECREF(owner);
+    coll_hook_free(ctx);
 }
 
 static PyObject *Comm_grad_hook(CommObject *self, PyObject *args, PyObject *kw)
@@ -478,18 +471,7 @@ static PyObject *Comm_grad_hook(CommObject *self, PyObject *args, PyObject *kw)
     SgError err;
     if (coll_hook_new(self->comm, op, comp, k, (size_t)bucket, &h, &err) < 0)
         return sg_raise(&err);
-    PyObject *cap = PyCapsule_New(coll_hook_iface(h), NN_GRAD_HOOK_CAPSULE, hook_capsule_free);
-    if (cap == NULL) {
-        coll_hook_free(h);
-        return NULL;
-    }
-    Py_INCREF(self);
-    if (PyCapsule_SetContext(cap, self) < 0) {
-        Py_DECREF(self);
-        Py_DECREF(cap);
-        return NULL;
-    }
-    return cap;
+    return nn_grad_hook_capsule((PyObject *)self, coll_hook_iface(h), hook_release);
 }
 
 static float *hook_grads(PyObject *obj, const char *what)

@@ -643,35 +643,15 @@ static PyObject *PsClient_done(PsClientObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-static void grad_hook_destructor(PyObject *capsule)
-{
-    NnGradHook *h = PyCapsule_GetPointer(capsule, NN_GRAD_HOOK_CAPSULE);
-    PyObject *owner = PyCapsule_GetContext(capsule);
-    PyMem_Free(h);
-    Py_XDECREF(owner);
-}
-
 static PyObject *PsClient_grad_hook(PsClientObject *self, PyObject *noargs)
 {
     (void)noargs;
     if (cli_live(self) == NULL)
         return NULL;
-    NnGradHook *h = PyMem_Malloc(sizeof *h);
-    if (h == NULL)
-        return PyErr_NoMemory();
-    ps_client_grad_hook(self->cli, h);
-    PyObject *cap = PyCapsule_New(h, NN_GRAD_HOOK_CAPSULE, grad_hook_destructor);
-    if (cap == NULL) {
-        PyMem_Free(h);
-        return NULL;
-    }
-    Py_INCREF(self); /* the hook points into this client: the capsule keeps it alive */
-    if (PyCapsule_SetContext(cap, self) < 0) {
-        Py_DECREF(self);
-        Py_DECREF(cap);
-        return NULL;
-    }
-    return cap;
+    NnGradHook h;
+    ps_client_grad_hook(self->cli, &h);
+    /* the hook points into this client: the capsule keeps it alive */
+    return nn_grad_hook_capsule((PyObject *)self, &h, NULL);
 }
 
 static PyObject *PsClient_close(PsClientObject *self, PyObject *noargs)

@@ -270,6 +270,47 @@ static PyObject *stats_tuple(const NnStats *st)
                          (long long)st->steps);
 }
 
+/* What a hook capsule points to: the hook first, so the capsule's pointer is
+ * an NnGradHook * to its readers, then how to release its context. */
+typedef struct HookBox {
+    NnGradHook hook;
+    void (*release)(void *ctx);
+} HookBox;
+
+static void hook_box_free(PyObject *cap)
+{
+    HookBox *box = PyCapsule_GetPointer(cap, NN_GRAD_HOOK_CAPSULE);
+    PyObject *owner = PyCapsule_GetContext(cap);
+    if (box != NULL && box->release != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        box->release(box->hook.ctx);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(box);
+    Py_XDECREF(owner);
+}
+
+PyObject *nn_grad_hook_capsule(PyObject *owner, const NnGradHook *hook, void (*release)(void *ctx))
+{
+    HookBox *box = PyMem_Malloc(sizeof *box);
+    PyObject *cap = box != NULL ? PyCapsule_New(box, NN_GRAD_HOOK_CAPSULE, hook_box_free) : NULL;
+    if (cap == NULL) {
+        PyMem_Free(box);
+        if (release != NULL)
+            release(hook->ctx);
+        return box == NULL ? PyErr_NoMemory() : NULL;
+    }
+    box->hook = *hook;
+    box->release = release;
+    Py_INCREF(owner);
+    if (PyCapsule_SetContext(cap, owner) < 0) {
+        Py_DECREF(owner);
+        Py_DECREF(cap); /* releases the hook */
+        return NULL;
+    }
+    return cap;
+}
+
 /* The NnGradHook of a capsule named NN_GRAD_HOOK_CAPSULE (nn/nn_hook.h). */
 static const NnGradHook *hook_from_capsule(PyObject *o)
 {
