@@ -741,8 +741,19 @@ static uint64_t field_val(int field, const CollHeader *h)
     }
 }
 
-/* Checks that every rank agrees on the fields in mask (bit i: field i of
- * field_str: kind, op, dtype, compression, count, root, tag). Every rank sees
+/* The header fields headers_agree compares (bit i: field i of field_str). */
+enum {
+    AGREE_KIND = 1u << 0,
+    AGREE_OP = 1u << 1,
+    AGREE_DTYPE = 1u << 2,
+    AGREE_COMP = 1u << 3,
+    AGREE_COUNT = 1u << 4,
+    AGREE_ROOT = 1u << 5,
+    AGREE_TAG = 1u << 6,
+};
+
+/* Checks that every rank agrees on the fields in mask (AGREE_*: kind, op,
+ * dtype, compression, count, root, tag). Every rank sees
  * the same headers, so every rank fails the same way, and the streams stay in
  * step (no data was sent). */
 static int headers_agree(CollComm *c, const CollHeader *hs, unsigned mask, const char *what,
@@ -760,7 +771,7 @@ static int headers_agree(CollComm *c, const CollHeader *hs, unsigned mask, const
             continue;
         char msg[SG_ERROR_MAX], v[64];
         int len = snprintf(msg, sizeof msg, "%s: the ranks disagree on the %s%s:", what, fields[f],
-                           f == 4 ? (mask & (1u << 2) ? " (elements)" : " (bytes)") : "");
+                           f == 4 ? (mask & AGREE_DTYPE ? " (elements)" : " (bytes)") : "");
         for (int i = 0; i < c->size && len < (int)sizeof msg - 80; i++) {
             field_str(v, sizeof v, f, &hs[i]);
             len +=
@@ -797,6 +808,30 @@ static int comm_leave(CollComm *c, double t0, int rc)
     c->stats.collectives++;
     c->stats.seconds += net_now() - t0;
     pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Starts the next collective: numbers it (mine->seq, and `what` = "<kind>
+ * #seq" for every message about it), exchanges this rank's header with every
+ * rank's and checks that they agree on the fields in mask. hs (size entries)
+ * receives every rank's header when not NULL. A ring of one agrees with
+ * itself. */
+static int collective_begin(CollComm *c, CollHeader *mine, const char *kind, unsigned mask,
+                            char *what, size_t what_len, CollHeader *hs, double deadline,
+                            SgError *err)
+{
+    mine->seq = ++c->seq;
+    mine->rank = (uint32_t)c->rank;
+    snprintf(what, what_len, "%s #%llu", kind, (unsigned long long)mine->seq);
+    CollHeader *all = hs != NULL ? hs : malloc((size_t)c->size * sizeof *all);
+    if (all == NULL)
+        return sg_fail(err, SG_ENOMEM, "%s: allocating %d headers", what, c->size);
+    all[0] = *mine;
+    int rc = c->size > 1 ? header_exchange(c, mine, all, deadline, what, err) : SG_OK;
+    if (rc == 0)
+        rc = headers_agree(c, all, mask, what, err);
+    if (all != hs)
+        free(all);
     return rc;
 }
 
@@ -981,25 +1016,14 @@ int coll_allreduce(CollComm *c, void *buf, size_t count, CollDtype dtype, CollOp
     c->stats.allreduces++;
     if (c->size == 1)
         return comm_leave(c, t0, SG_OK);
-    uint64_t seq = ++c->seq;
-    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
-    if (hs == NULL)
-        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
-    CollHeader mine = {.seq = seq,
-                       .count = count,
-                       .kind = KIND_ALLREDUCE,
-                       .op = op,
-                       .dtype = dtype,
-                       .comp = comp,
-                       .rank = (uint32_t)c->rank};
+    CollHeader mine = {
+        .count = count, .kind = KIND_ALLREDUCE, .op = op, .dtype = dtype, .comp = comp};
     char what[64];
-    snprintf(what, sizeof what, "allreduce #%llu", (unsigned long long)seq);
-    rc = header_exchange(c, &mine, hs, deadline, what, err);
+    rc = collective_begin(c, &mine, "allreduce",
+                          AGREE_KIND | AGREE_OP | AGREE_DTYPE | AGREE_COMP | AGREE_COUNT, what,
+                          sizeof what, NULL, deadline, err);
     if (rc == 0)
-        rc = headers_agree(c, hs, 0x1f, what, err);
-    free(hs);
-    if (rc == 0)
-        rc = ring_allreduce(c, buf, count, dtype, op, comp, deadline, seq, err);
+        rc = ring_allreduce(c, buf, count, dtype, op, comp, deadline, mine.seq, err);
     return comm_leave(c, t0, rc);
 }
 
@@ -1036,22 +1060,10 @@ int coll_broadcast(CollComm *c, void *buf, size_t bytes, int root, uint32_t tag,
     c->stats.broadcasts++;
     if (c->size == 1)
         return comm_leave(c, t0, SG_OK);
-    uint64_t seq = ++c->seq;
-    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
-    if (hs == NULL)
-        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
-    CollHeader mine = {.seq = seq,
-                       .count = bytes,
-                       .kind = KIND_BROADCAST,
-                       .dtype = tag,
-                       .root = root,
-                       .rank = (uint32_t)c->rank};
+    CollHeader mine = {.count = bytes, .kind = KIND_BROADCAST, .dtype = tag, .root = root};
     char what[64];
-    snprintf(what, sizeof what, "broadcast #%llu", (unsigned long long)seq);
-    rc = header_exchange(c, &mine, hs, deadline, what, err);
-    if (rc == 0)
-        rc = headers_agree(c, hs, 0x1 | 0x10 | 0x20 | 0x40, what, err);
-    free(hs);
+    rc = collective_begin(c, &mine, "broadcast", AGREE_KIND | AGREE_COUNT | AGREE_ROOT | AGREE_TAG,
+                          what, sizeof what, NULL, deadline, err);
     if (rc == 0)
         rc = relay(c, buf, bytes, root, deadline, what, err);
     return comm_leave(c, t0, rc);
@@ -1066,22 +1078,14 @@ int coll_broadcast_var(CollComm *c, const void *data, size_t len, int root, size
     if (rc < 0 || (rc = comm_enter(c, timeout, &deadline, err)) < 0)
         return rc;
     c->stats.broadcasts++;
-    uint64_t seq = ++c->seq;
     CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
     if (hs == NULL)
         return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
-    CollHeader mine = {.seq = seq,
-                       .count = c->rank == root ? len : 0,
-                       .kind = KIND_BROADCAST_VAR,
-                       .root = root,
-                       .rank = (uint32_t)c->rank};
+    CollHeader mine = {
+        .count = c->rank == root ? len : 0, .kind = KIND_BROADCAST_VAR, .root = root};
     char what[64];
-    snprintf(what, sizeof what, "broadcast_bytes #%llu", (unsigned long long)seq);
-    rc = c->size > 1 ? header_exchange(c, &mine, hs, deadline, what, err) : 0;
-    if (c->size == 1)
-        hs[0] = mine;
-    if (rc == 0)
-        rc = headers_agree(c, hs, 0x1 | 0x20, what, err);
+    rc = collective_begin(c, &mine, "broadcast_bytes", AGREE_KIND | AGREE_ROOT, what, sizeof what,
+                          hs, deadline, err);
     size_t bytes = rc == 0 ? (size_t)hs[root].count : 0;
     free(hs);
     if (rc == 0 && bytes > max_bytes)
@@ -1112,20 +1116,15 @@ int coll_allgather(CollComm *c, const void *data, size_t len, uint64_t *lens, vo
         return rc;
     c->stats.allgathers++;
     int n = c->size, r = c->rank;
-    uint64_t seq = ++c->seq;
     CollHeader *hs = malloc((size_t)n * sizeof *hs);
     size_t *offs = malloc((size_t)(n + 1) * sizeof *offs);
     if (hs == NULL || offs == NULL) {
         free(hs), free(offs);
         return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
     }
-    CollHeader mine = {.seq = seq, .count = len, .kind = KIND_ALLGATHER, .rank = (uint32_t)r};
+    CollHeader mine = {.count = len, .kind = KIND_ALLGATHER};
     char what[64];
-    snprintf(what, sizeof what, "allgather #%llu", (unsigned long long)seq);
-    hs[0] = mine;
-    rc = n > 1 ? header_exchange(c, &mine, hs, deadline, what, err) : 0;
-    if (rc == 0)
-        rc = headers_agree(c, hs, 0x1, what, err);
+    rc = collective_begin(c, &mine, "allgather", AGREE_KIND, what, sizeof what, hs, deadline, err);
     offs[0] = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         lens[i] = hs[i].count;
@@ -1167,16 +1166,8 @@ int coll_barrier(CollComm *c, double timeout, SgError *err)
     c->stats.barriers++;
     if (c->size == 1)
         return comm_leave(c, t0, SG_OK);
-    uint64_t seq = ++c->seq;
-    CollHeader *hs = malloc((size_t)c->size * sizeof *hs);
-    if (hs == NULL)
-        return comm_leave(c, t0, sg_fail(err, SG_ENOMEM, "allocating headers"));
-    CollHeader mine = {.seq = seq, .kind = KIND_BARRIER, .rank = (uint32_t)c->rank};
+    CollHeader mine = {.kind = KIND_BARRIER};
     char what[64];
-    snprintf(what, sizeof what, "barrier #%llu", (unsigned long long)seq);
-    rc = header_exchange(c, &mine, hs, deadline, what, err);
-    if (rc == 0)
-        rc = headers_agree(c, hs, 0x1, what, err);
-    free(hs);
+    rc = collective_begin(c, &mine, "barrier", AGREE_KIND, what, sizeof what, NULL, deadline, err);
     return comm_leave(c, t0, rc);
 }
