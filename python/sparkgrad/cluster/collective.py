@@ -14,12 +14,12 @@ of the driver.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkgrad.cluster.context import NodeInfo
+from sparkgrad.cluster.rank import Scoped
 from sparkgrad.cluster.roles import TRAINING_ROLES
 
 
@@ -86,35 +86,19 @@ def setup_from_nodes(nodes: Sequence[NodeInfo], executor_id: int, listener: Any,
     )
 
 
-_local = threading.local()
-_process: CommSetup | None = None
+_setup: Scoped[CommSetup | None] = Scoped(None)
 
 
 def current() -> CommSetup | None:
     """This thread's setup if a launcher set one for it, else the process's, else None (not launched)."""
-    return getattr(_local, "setup", None) or _process
+    return _setup.get()
 
 
-@contextlib.contextmanager
-def assigned(setup: CommSetup | None, thread_only: bool = False) -> Iterator[CommSetup | None]:
+def assigned(setup: CommSetup | None, thread_only: bool = False) -> contextlib.AbstractContextManager[CommSetup | None]:
     """Sets the setup for the duration of the block (for the calling thread only when ``thread_only``).
 
     It does not release the setup: the node does, once it reported map_fun's
     outcome, so a failing rank's own error reaches the driver before its
     peers see the closed ring and report theirs.
     """
-    global _process
-    if thread_only:
-        saved = getattr(_local, "setup", None)
-        _local.setup = setup
-        try:
-            yield setup
-        finally:
-            _local.setup = saved
-        return
-    saved_process = _process
-    _process = setup
-    try:
-        yield setup
-    finally:
-        _process = saved_process
+    return _setup.assigned(setup, thread_only)

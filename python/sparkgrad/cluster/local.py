@@ -29,20 +29,9 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkgrad.cluster.node import MapFun, NodeConfig, run_node, run_node_keeping_result
+from sparkgrad.cluster.node import MapFun, NodeConfig, dumps_result, run_node, run_node_keeping_result
 
 KILL_WAIT_SECONDS = 5.0
-
-
-def _dumps(obj: Any) -> bytes:
-    try:
-        from pyspark import cloudpickle
-    except ImportError:
-        try:
-            import cloudpickle
-        except ImportError:
-            return pickle.dumps(obj)
-    return cloudpickle.dumps(obj)
 
 
 def _local_node_main(
@@ -86,7 +75,7 @@ class LocalLauncher:
         self._results: dict[int, bytes] = {}
         self._cfg = cfg
         self._host = host
-        self._payload = _dumps((map_fun, tf_args))
+        self._payload = dumps_result((map_fun, tf_args))
         self._mp = multiprocessing.get_context("spawn")
         self._procs: dict[int, Any] = {}
         self._cancelled = False

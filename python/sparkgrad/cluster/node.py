@@ -457,7 +457,8 @@ def run_node(
 
 
 def dumps_result(obj: Any) -> bytes:
-    """A map_fun's value as bytes for the launcher's own result path (Spark's task result, the local pipe).
+    """A map_fun (with its args) or its value as bytes for the launcher's own paths (the local process
+    start pipe, Spark's task result, the local result pipe).
 
     cloudpickle when available (as Spark ships closures), else pickle; these
     bytes never travel on sparkgrad's sockets.

@@ -15,6 +15,9 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -30,35 +33,51 @@ class ProcessRank:
         return self.rank == 0
 
 
-_SINGLE = ProcessRank(0, 1, "local")
-_local = threading.local()  # nodes that run as threads of the driver (driver_ps_nodes) set their own
-_process: ProcessRank = _SINGLE
+class Scoped(Generic[T]):
+    """A value a launcher sets for the duration of a block: for the whole process, or for one
+    thread (nodes that run as threads of the driver, driver_ps_nodes, set their own)."""
+
+    def __init__(self, default: T) -> None:
+        self._default = default
+        self._process = default
+        self._local = threading.local()
+
+    def get(self) -> T:
+        """This thread's value if set for it, else the process's, else the default."""
+        value = getattr(self._local, "value", None)
+        return value if value is not None else self._process
+
+    @contextlib.contextmanager
+    def assigned(self, value: T, thread_only: bool = False) -> Iterator[T]:
+        """Sets the value for the block (for the calling thread only when ``thread_only``)."""
+        if thread_only:
+            saved = getattr(self._local, "value", None)
+            self._local.value = value
+            try:
+                yield value
+            finally:
+                self._local.value = saved
+            return
+        saved = self._process
+        self._process = value
+        try:
+            yield value
+        finally:
+            self._process = saved
+
+
+_rank: Scoped[ProcessRank] = Scoped(ProcessRank(0, 1, "local"))
 
 
 def current() -> ProcessRank:
     """This thread's rank if a launcher set one for it, else the process's, else a single process of rank 0."""
-    return getattr(_local, "rank", None) or _process
+    return _rank.get()
 
 
 def is_chief() -> bool:
     return current().is_chief
 
 
-@contextlib.contextmanager
-def assigned(rank: ProcessRank, thread_only: bool = False) -> Iterator[ProcessRank]:
+def assigned(rank: ProcessRank, thread_only: bool = False) -> contextlib.AbstractContextManager[ProcessRank]:
     """Sets the rank for the duration of the block (for the calling thread only when ``thread_only``)."""
-    global _process
-    if thread_only:
-        saved = getattr(_local, "rank", None)
-        _local.rank = rank
-        try:
-            yield rank
-        finally:
-            _local.rank = saved
-        return
-    saved_process = _process
-    _process = rank
-    try:
-        yield rank
-    finally:
-        _process = saved_process
+    return _rank.assigned(rank, thread_only)
