@@ -7,6 +7,7 @@ this module stays on the driver.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -27,6 +28,15 @@ class Lines:
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def port_closed(port: int, within: float = 0.0) -> bool:

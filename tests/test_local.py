@@ -11,6 +11,7 @@ import time
 import cluster_nodes
 import pytest
 import sparkgrad
+from cluster_checks import alive
 from sparkgrad import TFCluster
 from sparkgrad.errors import NodeFailure, RendezvousTimeout
 
@@ -21,21 +22,13 @@ def _quiet(line: str) -> None:
     pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _pids(cluster) -> list[int]:
     return [n.pid for n in cluster.nodes]
 
 
 def _assert_all_gone(cluster) -> None:
     assert cluster.nodes, "the cluster never formed"
-    assert not [pid for pid in _pids(cluster) if _alive(pid)]
+    assert not [pid for pid in _pids(cluster) if alive(pid)]
 
 
 def test_local_run_gives_each_process_its_role_and_the_spec(tmp_path):

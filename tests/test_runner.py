@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import runner_fns
 import sparkgrad
-from cluster_checks import port_closed
+from cluster_checks import alive, port_closed
 from sparkgrad.errors import InvalidArgumentError, NodeFailure
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,17 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _gone(pids, within=5.0) -> bool:
     deadline = time.monotonic() + within
-    while any(_alive(p) for p in pids):
+    while any(alive(p) for p in pids):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
