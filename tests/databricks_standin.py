@@ -34,7 +34,11 @@ Faults: ``inject(pattern, status=429, retry_after="1")``, ``status=503``,
 ``delay=2.0`` (answer late), ``drop=True`` (read the request, close without
 answering), each for ``times`` matching requests.
 
-Not modelled: pagination tokens beyond jobs/list and runs/list, permissions,
+Pages: jobs/list, runs/list (``limit``) and Files API directory listings
+(``page_size``, at most 1000, or ``directory_page`` for tests) answer with
+``next_page_token``.
+
+Not modelled: permissions,
 Repos, Unity Catalog metadata, the 2.0 Jobs API.
 """
 
@@ -146,10 +150,13 @@ class Standin:
         run_steps: int = 1,
         cluster_steps: int = 1,
         tls: tuple[str, str] | None = None,
+        spark_version: str = "14.3.x-scala2.12",
+        directory_page: int = 1000,
     ) -> None:
         self.token, self.client_id, self.client_secret = token, client_id, client_secret
         self.oauth_lifetime = oauth_lifetime
         self.run_steps, self.cluster_steps = run_steps, cluster_steps
+        self.directory_page = directory_page  # entries per Files API directory page at most (the API's: 1000)
         self.lock = threading.RLock()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, faults included
         self.peers: list[int] = []  # the client port of every request (one per connection)
@@ -162,7 +169,13 @@ class Standin:
         self.volume_dirs: set[str] = set()
         self.workspace: dict[str, dict] = {"/": {"object_type": "DIRECTORY"}, "/Users": {"object_type": "DIRECTORY"}}
         self.clusters: dict[str, dict] = {
-            "0101-standin": {"state": "TERMINATED", "steps": 0, "cluster_name": "standin", "libraries": []}
+            "0101-standin": {
+                "state": "TERMINATED",
+                "steps": 0,
+                "cluster_name": "standin",
+                "spark_version": spark_version,
+                "libraries": [],
+            }
         }
         self.jobs: dict[int, dict] = {}
         self.runs: dict[int, Run] = {}
@@ -416,6 +429,11 @@ class Standin:
                 return 204, b"", {}
             if method == "HEAD":
                 return 200, b"", {}
+            size = min(int(q.get("page_size") or 1000), 1000, self.directory_page)  # over 1000: coerced to 1000
+            if size < 1:
+                raise _bad("page_size must be positive")
+            start = int(q.get("page_token") or 0)
+            page = kids[start : start + size]
             contents = [
                 {
                     "path": p,
@@ -423,9 +441,12 @@ class Standin:
                     "is_directory": p in self.volume_dirs,
                     **({"file_size": len(self.volume_files[p])} if p in self.volume_files else {}),
                 }
-                for p in kids
+                for p in page
             ]
-            return 200, json.dumps({"contents": contents}).encode(), {"Content-Type": "application/json"}
+            reply: dict[str, Any] = {"contents": contents}
+            if start + size < len(kids):
+                reply["next_page_token"] = str(start + size)
+            return 200, json.dumps(reply).encode(), {"Content-Type": "application/json"}
 
     # ---- Workspace -----------------------------------------------------------------
 
@@ -533,7 +554,8 @@ class Standin:
                     c["steps"] += 1
                     if c["steps"] > self.cluster_steps:
                         c["state"] = "RUNNING"
-                return {"cluster_id": cid, "cluster_name": c["cluster_name"], "state": c["state"], "state_message": ""}
+                keys = ("cluster_name", "spark_version", "state")
+                return {"cluster_id": cid, **{k: c[k] for k in keys}, "state_message": ""}
             cid = _field(body, "cluster_id")
             c = self._cluster(cid)
             if c["state"] != "TERMINATED":

@@ -104,12 +104,18 @@ def test_dbfs_mkdirs_list_and_recursive_delete(client):
 
 
 def test_standin_refuses_a_dbfs_block_over_1mb(client):
+    over = base64.b64encode(b"x" * (MB + 1)).decode()
     handle = client.api("POST", "/api/2.0/dbfs/create", {"path": "/big"})["handle"]
     with pytest.raises(RestError) as e:
-        client.api(
-            "POST", "/api/2.0/dbfs/add-block", {"handle": handle, "data": base64.b64encode(b"x" * (MB + 1)).decode()}
-        )
+        client.api("POST", "/api/2.0/dbfs/add-block", {"handle": handle, "data": over})
     assert (e.value.status, e.value.error_code) == (400, "MAX_BLOCK_SIZE_EXCEEDED")
+    with pytest.raises(RestError) as e:
+        client.api("POST", "/api/2.0/dbfs/put", {"path": "/big2", "contents": over})
+    assert (e.value.status, e.value.error_code) == (400, "MAX_BLOCK_SIZE_EXCEEDED")
+    client.dbfs_put("/small", b"x")
+    with pytest.raises(RestError) as e:
+        client.api("GET", "/api/2.0/dbfs/read", query={"path": "/small", "length": MB + 1})
+    assert (e.value.status, e.value.error_code) == (400, "MAX_READ_SIZE_EXCEEDED")
 
 
 # ---- Files API --------------------------------------------------------------------------
@@ -292,6 +298,40 @@ def test_standin_enforces_required_fields(client):
     with pytest.raises(RestError) as e:
         client.api("GET", "/api/2.1/jobs/create")
     assert (e.value.status, e.value.error_code) == (404, "ENDPOINT_NOT_FOUND")
+
+
+def test_listings_follow_every_page(standin):
+    client = make_client(standin)
+    path = deploy_notebook(client)
+    ids = [client.jobs_create(notebook_job(f"j{i}", path, existing_cluster_id="0101-standin")) for i in range(101)]
+    assert [j["job_id"] for j in client.jobs_list()] == ids  # 100 a page at most
+    assert standin.count("GET", "/api/2.1/jobs/list") == 2
+    task = {"task_key": "t", "notebook_task": {"notebook_path": path}, "existing_cluster_id": "0101-standin"}
+    runs = [client.runs_submit({"run_name": f"r{i}", "tasks": [task]}) for i in range(26)]
+    assert [r["run_id"] for r in client.runs_list()] == runs[::-1]  # newest first, 25 a page at most
+    assert standin.count("GET", "/api/2.1/jobs/runs/list") == 2
+    standin.directory_page = 2  # the Files API may answer with fewer entries than page_size
+    vol = "/Volumes/main/default/v"
+    for i in range(5):
+        client.files_put(f"{vol}/d/f{i}", b"x")
+    assert [c["name"] for c in client.directories_list(f"{vol}/d")] == [f"f{i}" for i in range(5)]
+    assert standin.count("GET", "/api/2.0/fs/directories/Volumes/main/default/v/d") == 3
+
+
+def test_standin_wants_a_bearer_token_on_every_api_call(standin):
+    from sparkgrad import _core
+
+    transport = _core.RestClient(standin.url, allow_http_loopback=True, budget=5.0)
+    for authorization, status, code in (
+        (None, 401, "UNAUTHENTICATED"),
+        (f"Basic {standin.token}", 401, "UNAUTHENTICATED"),
+        ("Bearer dapi-unknown", 403, "PERMISSION_DENIED"),
+    ):
+        with pytest.raises(RestError) as e:
+            transport.call("GET", "/api/2.0/dbfs/list?path=%2F", authorization=authorization, idempotent=True)
+        assert (e.value.status, e.value.error_code) == (status, code), authorization
+    reply = transport.call("GET", "/api/2.0/dbfs/list?path=%2F", authorization=f"Bearer {standin.token}")
+    assert reply[0] == 200 and json.loads(reply[1]) == {"files": []}
 
 
 # ---- retries ---------------------------------------------------------------------------------

@@ -326,6 +326,25 @@ def test_dbfs_upload_is_refused_for_runtime_15_and_later(env, project, capsys):
     assert env.requests == []
 
 
+def test_dbfs_is_refused_for_a_runtime_15_cluster_and_a_running_cluster_is_asked_once(monkeypatch, project, capsys):
+    argv = ["deploy", "--upload-dir", "dbfs:/FileStore/w"]
+    with Standin(spark_version="14.3.x-scala2.12") as s:
+        _use(monkeypatch, s)
+        assert sg(capsys, *argv)[0] == 0  # started, waited for, installed
+        n = s.count("GET", "/api/2.1/clusters/get")
+        code, out, _ = sg(capsys, *argv)
+        assert code == 0 and "deployed: 0 changes" in out
+        assert s.count("GET", "/api/2.1/clusters/get") == n + 1  # one answer: the runtime, the state
+    with Standin(spark_version="15.4.x-scala2.12") as s:
+        _use(monkeypatch, s)
+        code, _, err = sg(capsys, *argv)
+        assert code == 1 and err.strip().endswith(
+            f"InvalidArgumentError: cluster {CLUSTER} runs 15.4.x-scala2.12, which does not install libraries "
+            "from DBFS (disabled from 15.0): upload to /Volumes/... or /Workspace/..."
+        )
+        assert s.clusters[CLUSTER]["libraries"] == [] and s.jobs == {}
+
+
 def test_bad_settings_are_named(env, project, capsys):
     code, _, err = sg(capsys, "deploy", "--notebook", "trian", "--dry-run")
     assert code == 1 and "the job's notebook 'trian' is not among ['prep', 'train']" in err

@@ -163,9 +163,11 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _job_id(client: Any, job: str) -> int:
+    from sparkgrad.databricks.deploy import jobs_named
+
     if job.isdigit():
         return int(job)
-    found = [j for j in client.jobs_list(name=job) if j.get("settings", {}).get("name") == job]
+    found = jobs_named(client, job)
     if len(found) != 1:
         ids = ", ".join(str(j["job_id"]) for j in found)
         raise InvalidArgumentError(f"{len(found)} jobs are named {job!r}" + (f" ({ids}): give the id" if ids else ""))

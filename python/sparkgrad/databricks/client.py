@@ -15,8 +15,9 @@ Plain http:// is refused, except to a loopback address when
 ``allow_http_loopback=True`` or SPARKGRAD_REST_ALLOW_HTTP_LOOPBACK=1 (test
 servers such as tests/databricks_standin.py).
 
-Not here: pagination beyond ``jobs_list``/``runs_list``, Unity Catalog,
-secrets, Repos, SQL. Deploying in one command builds on this (sparkgrad.databricks.deploy).
+The listings that page (``directories_list``, ``jobs_list``, ``runs_list``)
+follow every page. Not here: Unity Catalog metadata, secrets, Repos, SQL.
+Deploying in one command builds on this (sparkgrad.databricks.deploy).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import os
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from sparkgrad._version import __version__
 from sparkgrad.databricks.config import Config, OAuthM2M, StaticToken, resolve_config
@@ -42,6 +43,9 @@ DBFS_BLOCK = 1 << 20  # bytes per add-block (the API's limit, before base64)
 WORKSPACE_IMPORT_MAX = 10 << 20  # bytes of one workspace import (the API's limit)
 TERMINAL_RUN_STATES = frozenset({"TERMINATED", "SKIPPED", "INTERNAL_ERROR"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+NOT_FOUND_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"})  # DBFS, Workspace; Files API
+
+T = TypeVar("T")
 
 Source = bytes | bytearray | memoryview | IO[bytes] | os.PathLike | str
 
@@ -239,7 +243,7 @@ class Client:
             if len(first) <= DBFS_BLOCK:
                 self.api("POST", "/api/2.0/dbfs/put", {"path": path, "contents": _b64(first), "overwrite": overwrite})
                 return len(first)
-            if not overwrite and self._dbfs_exists(path):
+            if not overwrite and found(lambda: self.dbfs_get_status(path)) is not None:
                 raise RestError(
                     f"dbfs:{path} exists and overwrite=False",
                     status=None,
@@ -301,21 +305,11 @@ class Client:
             {"source_path": _dbfs_path(source_path), "destination_path": _dbfs_path(destination_path)},
         )
 
-    def _dbfs_exists(self, path: str) -> bool:
-        try:
-            self.dbfs_get_status(path)
-        except RestError as exc:
-            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return False
-            raise
-        return True
-
     def _dbfs_delete_quiet(self, path: str) -> None:
         try:
-            self.dbfs_delete(path)
+            found(lambda: self.dbfs_delete(path))
         except RestError as exc:
-            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                logger.debug("could not remove dbfs:%s: %s", path, exc)
+            logger.debug("could not remove dbfs:%s: %s", path, exc)
 
     # ---- Files API (Unity Catalog volumes) -----------------------------------------
 
@@ -348,14 +342,7 @@ class Client:
         self.request("PUT", _files_path("directories", path))
 
     def directories_list(self, path: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        token = None
-        while True:
-            reply = self.api("GET", _files_path("directories", path), query={"page_token": token})
-            out += reply.get("contents", [])
-            token = reply.get("next_page_token")
-            if not token:
-                return out
+        return self._pages(_files_path("directories", path), "contents", {})
 
     def directories_delete(self, path: str) -> None:
         self.request("DELETE", _files_path("directories", path))
@@ -405,10 +392,19 @@ class Client:
     def clusters_start(self, cluster_id: str) -> None:
         self.api("POST", "/api/2.1/clusters/start", {"cluster_id": cluster_id}, idempotent=True)
 
-    def wait_cluster_running(self, cluster_id: str, *, timeout: float = 1200.0, start: bool = True) -> dict[str, Any]:
-        """Starts the cluster if it is TERMINATED (and start) and waits for RUNNING."""
-        for _ in self._polls(timeout, f"cluster {cluster_id} to be RUNNING"):
-            info = self.clusters_get(cluster_id)
+    def wait_cluster_running(
+        self,
+        cluster_id: str,
+        *,
+        timeout: float = 1200.0,
+        start: bool = True,
+        info: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Starts the cluster if it is TERMINATED (and start) and waits for
+        RUNNING. info: its clusters_get answer the caller already has (the
+        first poll then uses it instead of asking again)."""
+        for n in self._polls(timeout, f"cluster {cluster_id} to be RUNNING"):
+            info = dict(info) if n == 0 and info is not None else self.clusters_get(cluster_id)
             state = info.get("state")
             if state == "RUNNING":
                 return info
@@ -474,15 +470,8 @@ class Client:
         return self.api("GET", self._jobs("get"), query={"job_id": job_id})
 
     def jobs_list(self, *, name: str | None = None) -> list[dict[str, Any]]:
-        """Every job (with this exact name, if given), following the pages."""
-        out: list[dict[str, Any]] = []
-        token = None
-        while True:
-            reply = self.api("GET", self._jobs("list"), query={"name": name, "limit": 100, "page_token": token})
-            out += reply.get("jobs", [])
-            token = reply.get("next_page_token")
-            if not token or not reply.get("has_more", True):
-                return out
+        """Every job (with this name, if given), following the pages."""
+        return self._pages(self._jobs("list"), "jobs", {"name": name, "limit": 100})
 
     def jobs_run_now(
         self, job_id: int, *, notebook_params: Mapping[str, str] | None = None, idempotency_token: str | None = None
@@ -524,15 +513,7 @@ class Client:
         self.api("POST", self._jobs("runs/cancel"), {"run_id": run_id}, idempotent=True)
 
     def runs_list(self, *, job_id: int | None = None, active_only: bool = False) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        token = None
-        while True:
-            query = {"job_id": job_id, "active_only": active_only, "limit": 25, "page_token": token}
-            reply = self.api("GET", self._jobs("runs/list"), query=query)
-            out += reply.get("runs", [])
-            token = reply.get("next_page_token")
-            if not token or not reply.get("has_more", True):
-                return out
+        return self._pages(self._jobs("runs/list"), "runs", {"job_id": job_id, "active_only": active_only, "limit": 25})
 
     def wait_run(self, run_id: int, *, timeout: float = 3600.0) -> dict[str, Any]:
         """Waits for the run to end and returns it; the caller reads
@@ -542,6 +523,18 @@ class Client:
             if run.get("state", {}).get("life_cycle_state") in TERMINAL_RUN_STATES:
                 return run
         raise AssertionError("unreachable")
+
+    def _pages(self, path: str, key: str, query: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The items under key of every page of a GET listing: next_page_token
+        goes back as page_token until there is none (or has_more is false)."""
+        out: list[dict[str, Any]] = []
+        token = None
+        while True:
+            reply = self.api("GET", path, query={**query, "page_token": token})
+            out += reply.get(key, [])
+            token = reply.get("next_page_token")
+            if not token or not reply.get("has_more", True):
+                return out
 
     def _polls(self, timeout: float, what: str):
         """Yields until timeout s have passed, waiting poll * min(n, 10) s
@@ -555,6 +548,17 @@ class Client:
             if left <= 0:
                 raise SparkgradTimeout(f"gave up waiting for {what} after {timeout:g} s")
             time.sleep(min(left, self.poll * min(n, 10)))
+
+
+def found(call: Callable[[], T]) -> T | None:
+    """call's answer, or None when the service says the thing is not there
+    (HTTP 404, or RESOURCE_DOES_NOT_EXIST / NOT_FOUND)."""
+    try:
+        return call()
+    except RestError as exc:
+        if exc.status == 404 or exc.error_code in NOT_FOUND_CODES:
+            return None
+        raise
 
 
 def _log_retries(method: str, path: str, retries: list[tuple[int | None, str, float]]) -> None:

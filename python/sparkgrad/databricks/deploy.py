@@ -35,10 +35,11 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from sparkgrad.databricks.client import DBFS_BLOCK, TERMINAL_RUN_STATES, Client, notebook_job
-from sparkgrad.errors import InvalidArgumentError, RestError, SparkgradTimeout, StateError
+from sparkgrad.databricks.client import DBFS_BLOCK, TERMINAL_RUN_STATES, Client, found, notebook_job
+from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout, StateError
 
 NOTEBOOK_HEADER = "# Databricks notebook source"
 Print = Callable[[str], None]
@@ -88,12 +89,8 @@ class DeployConfig:
         if not self.workspace_dir.startswith("/"):
             raise InvalidArgumentError(f"workspace_dir {self.workspace_dir!r} must be absolute")
         if self.upload_dir.startswith("dbfs:/") and self.new_cluster is not None:
-            major = _runtime_major(str(self.new_cluster.get("spark_version", "")))
-            if major is not None and major >= 15:
-                raise InvalidArgumentError(
-                    f"runtime {self.new_cluster['spark_version']} does not install libraries from DBFS "
-                    "(disabled from 15.0): upload to /Volumes/... or /Workspace/..."
-                )
+            version = str(self.new_cluster.get("spark_version", ""))
+            _check_dbfs_runtime(version, f"runtime {version}")
 
     @property
     def notebook_names(self) -> list[str]:
@@ -420,9 +417,11 @@ def deploy(client: Client, config: DeployConfig, log: Print, *, wheel: Wheel | N
     for name in config.notebook_names:
         report("notebook", f"{ws}/{name}", *_import_notebook(client, f"{ws}/{name}", _notebook_source(config, name)))
     if config.cluster_id:
+        cluster = client.clusters_get(config.cluster_id)  # once: the runtime check and the first wait
         if config.upload_dir.startswith("dbfs:/"):
-            _check_dbfs_runtime(client.clusters_get(config.cluster_id))
-        report("library", f"{wheel.name} on {config.cluster_id}", *_install(client, config, wheel, log))
+            version = str(cluster.get("spark_version", ""))
+            _check_dbfs_runtime(version, f"cluster {config.cluster_id} runs {version}, which")
+        report("library", f"{wheel.name} on {config.cluster_id}", *_install(client, config, cluster, wheel, log))
     job_id, changed, how = _upsert_job(client, job_settings(config, wheel))
     report("job", f"{config.job_name} (job {job_id})", changed, how)
     log(f"deployed: {changes} change{'s' if changes != 1 else ''}")
@@ -430,48 +429,48 @@ def deploy(client: Client, config: DeployConfig, log: Print, *, wheel: Wheel | N
 
 
 def _upload(client: Client, wheel: Wheel) -> tuple[bool, str]:
-    assert wheel.local is not None
-    remote = wheel.remote
-    if remote.startswith("/Volumes/"):
-        if _exists(lambda: client.files_head(remote)):
-            return False, "unchanged (same sha256)"
-        client.files_put(remote, wheel.local, overwrite=False)
-    elif remote.startswith("/Workspace/"):
-        path = remote.removeprefix("/Workspace")
-        if _exists(lambda: client.workspace_get_status(path)):
-            return False, "unchanged (same sha256)"
+    local, remote = wheel.local, wheel.remote
+    assert local is not None
+    path = remote.removeprefix("/Workspace")
+
+    def to_workspace() -> None:
         client.workspace_mkdirs(path.rsplit("/", 1)[0])
-        client.workspace_import(path, wheel.local.read_bytes(), format="AUTO", language=None, overwrite=False)
+        client.workspace_import(path, local.read_bytes(), format="AUTO", language=None, overwrite=False)
+
+    if remote.startswith("/Volumes/"):
+        check, send = partial(client.files_head, remote), partial(client.files_put, remote, local, overwrite=False)
+    elif remote.startswith("/Workspace/"):
+        check, send = partial(client.workspace_get_status, path), to_workspace
     else:
-        if _exists(lambda: client.dbfs_get_status(remote)):
-            return False, "unchanged (same sha256)"
-        client.dbfs_put(remote, wheel.local, overwrite=False)
+        check, send = partial(client.dbfs_get_status, remote), partial(client.dbfs_put, remote, local, overwrite=False)
+    if found(check) is not None:
+        return False, "unchanged (same sha256)"
+    send()
     return True, f"uploaded {_size(wheel.size)}"
 
 
 def _import_notebook(client: Client, path: str, source: str) -> tuple[bool, str]:
-    try:
-        current = client.workspace_export(path).decode("utf-8", "replace")
-    except RestError as exc:
-        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        current = None
+    exported = found(lambda: client.workspace_export(path))
+    current = None if exported is None else exported.decode("utf-8", "replace")
     if current is not None and _same_source(current, source):
         return False, "unchanged"
     client.workspace_import(path, source, format="SOURCE", language="PYTHON", overwrite=True)
     return True, "imported" if current is None else "updated"
 
 
-def _install(client: Client, config: DeployConfig, wheel: Wheel, log: Print) -> tuple[bool, str]:
+def _install(
+    client: Client, config: DeployConfig, cluster: Mapping[str, Any], wheel: Wheel, log: Print
+) -> tuple[bool, str]:
+    """cluster: the cluster's clusters_get answer, just fetched."""
     cid = config.cluster_id
     assert cid is not None
     lib = {"whl": wheel.remote}
-    state = client.clusters_get(cid).get("state")
+    state = cluster.get("state")
     if state != "RUNNING":
         start = " starting it," if state == "TERMINATED" else ""
         log(f"  cluster   {cid}: {state},{start} waiting up to {config.cluster_timeout:g} s for RUNNING")
     try:
-        client.wait_cluster_running(cid, timeout=config.cluster_timeout)
+        client.wait_cluster_running(cid, timeout=config.cluster_timeout, info=cluster)
     except SparkgradTimeout:
         raise SparkgradTimeout(
             f"cluster {cid} did not reach RUNNING within {config.cluster_timeout:g} s (cluster_timeout)"
@@ -491,23 +490,27 @@ def _install(client: Client, config: DeployConfig, wheel: Wheel, log: Print) -> 
     return True, "installed"
 
 
+def jobs_named(client: Client, name: str) -> list[dict[str, Any]]:
+    """The jobs named exactly name (the service's name filter ignores case)."""
+    return [j for j in client.jobs_list(name=name) if j.get("settings", {}).get("name") == name]
+
+
 def _upsert_job(client: Client, settings: dict[str, Any]) -> tuple[int, bool, str]:
     name = settings["name"]
-    found = client.jobs_list(name=name)
-    found = [j for j in found if j.get("settings", {}).get("name") == name]
-    if len(found) > 1:
-        ids = ", ".join(str(j["job_id"]) for j in found)
+    named = jobs_named(client, name)
+    if len(named) > 1:
+        ids = ", ".join(str(j["job_id"]) for j in named)
         raise StateError(
-            f"{len(found)} jobs are named {name!r} (job ids {ids}): deploy updates one job by name; "
+            f"{len(named)} jobs are named {name!r} (job ids {ids}): deploy updates one job by name; "
             "delete or rename the others"
         )
     schedule = settings.get("schedule")
     when = ", no schedule"
     if schedule:
         when = f", schedule {schedule['quartz_cron_expression']!r} {schedule['timezone_id']} {schedule['pause_status']}"
-    if not found:
+    if not named:
         return client.jobs_create(settings), True, "created" + when
-    job_id = int(found[0]["job_id"])
+    job_id = int(named[0]["job_id"])
     current = client.jobs_get(job_id).get("settings", {})
     if _covers(current, settings) and _same_shape(current, settings):
         return job_id, False, "unchanged"
@@ -609,28 +612,19 @@ def _same_shape(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return all((k in c) == (k in w) for c, w in tasks for k in TASK_OPTIONAL)
 
 
-def _exists(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except RestError as exc:
-        if exc.status == 404 or exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
-            return False
-        raise
-    return True
-
-
 def _runtime_major(spark_version: str) -> int | None:
     m = re.match(r"(\d+)\.", spark_version)
     return int(m.group(1)) if m else None
 
 
-def _check_dbfs_runtime(cluster: Mapping[str, Any]) -> None:
-    version = str(cluster.get("spark_version", ""))
+def _check_dbfs_runtime(version: str, subject: str) -> None:
+    """Refuses a DBFS upload_dir for a runtime of 15.0 or later; subject
+    says whose runtime ("runtime 15.4.x-scala2.12", "cluster C runs ..., which")."""
     major = _runtime_major(version)
     if major is not None and major >= 15:
         raise InvalidArgumentError(
-            f"cluster {cluster.get('cluster_id')} runs {version}, which does not install libraries from DBFS "
-            "(disabled from 15.0): upload to /Volumes/... or /Workspace/..."
+            f"{subject} does not install libraries from DBFS (disabled from 15.0): "
+            "upload to /Volumes/... or /Workspace/..."
         )
 
 
