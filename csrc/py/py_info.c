@@ -29,17 +29,16 @@ static PyObject *py_build_info(PyObject *self, PyObject *noargs)
      * read now); an invalid value is reported as such, not raised. */
     SgInflateBackend backend;
     SgError err;
-    const char *inflate = sg_inflate_choose(&backend, &err) == 0
-                              ? sg_inflate_backend_name(backend)
-                              : "invalid SPARKGRAD_INFLATE";
+    const char *inflate = sg_inflate_choose(&backend, &err) == 0 ? sg_inflate_backend_name(backend)
+                                                                 : "invalid SPARKGRAD_INFLATE";
     const char *isal = sg_inflate_isal_version();
     return Py_BuildValue("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s, s:s, s:z}", "sparkgrad",
                          SG_VERSION, "onednn", runtime, "onednn_headers", headers, "numpy_abi",
                          (unsigned)NPY_ABI_VERSION, "numpy_runtime_api",
                          (unsigned)PyArray_GetNDArrayCFeatureVersion(), "libcurl",
                          rest_curl_version(), "cjson", rest_cjson_version(), "zlib", zlibVersion(),
-                         "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other",
-                         "inflate", inflate, "isal", isal);
+                         "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other", "inflate",
+                         inflate, "isal", isal);
 }
 
 static PyMethodDef info_methods[] = {

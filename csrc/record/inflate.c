@@ -120,6 +120,22 @@ static const char *isal_message(int rc)
 }
 #endif
 
+#ifdef HAVE_ISAL
+/* The start of a member as every writer makes it, which ISA-L and zlib judge
+ * alike: gzip without a header CRC or reserved flags; zlib with deflate, a
+ * window of at most 32 KiB, no preset dictionary and a valid check. Anything
+ * else (or fewer than 4 bytes in view) is left to zlib. */
+static int plain_header(const uint8_t *p, size_t n, int gzip)
+{
+    if (n < 4)
+        return 0;
+    if (gzip)
+        return p[0] == 0x1f && p[1] == 0x8b && p[2] == 8 && (p[3] & ~0x1Du) == 0;
+    return (p[0] & 0x0f) == 8 && (p[0] >> 4) <= 7 && (p[1] & 0x20) == 0 &&
+           ((unsigned)p[0] * 256u + p[1]) % 31u == 0;
+}
+#endif
+
 int sg_inflate_step(SgInflate *z, const uint8_t **in, size_t *in_len, uint8_t **out,
                     size_t *out_len)
 {
@@ -129,6 +145,10 @@ int sg_inflate_step(SgInflate *z, const uint8_t **in, size_t *in_len, uint8_t **
 #ifdef HAVE_ISAL
     if (z->isal != NULL) {
         struct inflate_state *s = z->isal;
+        if (z->member_in == 0 && !plain_header(*in, *in_len, z->gzip)) {
+            z->msg = "header ISA-L does not check as zlib does";
+            return SG_ECORRUPT;
+        }
         s->next_in = (uint8_t *)*in;
         s->avail_in = ain;
         s->next_out = *out;
@@ -145,7 +165,22 @@ int sg_inflate_step(SgInflate *z, const uint8_t **in, size_t *in_len, uint8_t **
             z->msg = isal_message(irc);
             return SG_ECORRUPT;
         }
-        return s->block_state == ISAL_BLOCK_FINISH ? 1 : 0;
+        if (s->block_state != ISAL_BLOCK_FINISH)
+            return 0;
+        /* After a zlib trailer ISA-L may hold the next bytes in its bit
+         * buffer: give them back (from this call's input), as they start
+         * whatever follows. */
+        size_t ahead = (size_t)(s->read_in_length > 0 ? s->read_in_length / 8 : 0);
+        if (ahead > used) {
+            z->msg = "ISA-L read past the end of the stream";
+            return SG_ECORRUPT;
+        }
+        *in -= ahead;
+        *in_len += ahead;
+        z->member_in -= ahead;
+        s->read_in = 0;
+        s->read_in_length = 0;
+        return 1;
     }
 #endif
     z->zs.next_in = (Bytef *)*in;

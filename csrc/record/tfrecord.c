@@ -178,7 +178,7 @@ struct TfrReader {
     const uint8_t *mem; /* memory source (compressed or not) */
     size_t mem_len, mem_pos;
     uint64_t raw_left; /* plain sources: undecoded bytes not yet in the window */
-    SgInflate inf; /* ZLIB / GZIP: the decoder (inflate.h) */
+    SgInflate inf;     /* ZLIB / GZIP: the decoder (inflate.h) */
     int z_ready, z_done;
     const uint8_t *in; /* compressed bytes not yet given to the decoder */
     size_t in_len;
