@@ -153,7 +153,16 @@ int sg_inflate_step(SgInflate *z, const uint8_t **in, size_t *in_len, uint8_t **
         s->avail_in = ain;
         s->next_out = *out;
         s->avail_out = aout;
-        int irc = isal_inflate(s);
+        /* Go as far as the buffers allow, as zlib's inflate does (ISA-L may
+         * return after a stored block with both input and room left). */
+        int irc;
+        for (;;) {
+            uint32_t in0 = s->avail_in, out0 = s->avail_out;
+            irc = isal_inflate(s);
+            if (irc != ISAL_DECOMP_OK || s->block_state == ISAL_BLOCK_FINISH || s->avail_in == 0 ||
+                s->avail_out == 0 || (s->avail_in == in0 && s->avail_out == out0))
+                break;
+        }
         size_t used = ain - s->avail_in, made = aout - s->avail_out;
         *in += used;
         *in_len -= used;

@@ -184,6 +184,7 @@ struct TfrReader {
     size_t in_len;
     uint8_t *zin;        /* compressed input from fd */
     uint64_t z_consumed; /* compressed bytes consumed so far, for messages */
+    uint64_t src_size;   /* a regular file's size at open */
     uint8_t *buf;        /* decoded window; == mem for plain memory, == map when mapped */
     int own_buf;
     void *map; /* plain files: the whole file mapped, or NULL */
@@ -275,7 +276,7 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
     }
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: more read-ahead */
     r->fd = fd;
-    r->raw_left = (uint64_t)st.st_size;
+    r->raw_left = r->src_size = (uint64_t)st.st_size;
     r->size_known = S_ISREG(st.st_mode); /* a FIFO or device: only EOF tells the end */
     r->own_buf = 1;
     if (comp == TFR_NONE && S_ISREG(st.st_mode) && st.st_size > 0 &&
@@ -342,6 +343,7 @@ static int feed_input(TfrReader *r, SgError *err)
             return rc;
         r->in = r->zin;
         r->in_len = got;
+        r->raw_left = r->raw_left > got ? r->raw_left - got : 0;
     } else if (r->mem_pos < r->mem_len) {
         size_t n = r->mem_len - r->mem_pos;
         if (n > (1u << 30))
@@ -383,6 +385,7 @@ static int handover_to_zlib(TfrReader *r, SgError *err)
     if (r->fd >= 0 && lseek(r->fd, 0, SEEK_SET) != 0)
         return 1;
     uint64_t skip = r->buf_offset + r->end;
+    r->raw_left = r->src_size;
     sg_inflate_end(&r->inf); /* (a z_stream cannot be copied: zlib keeps its address) */
     if (sg_inflate_init(&r->inf, r->comp == TFR_GZIP, SG_INFLATE_ZLIB) < 0) {
         sg_inflate_end(&r->inf);
@@ -424,15 +427,24 @@ static int handover_to_zlib(TfrReader *r, SgError *err)
     return 0;
 }
 
+/* Every compressed byte of the source is in r->in or already decoded. */
+static int input_at_end(const TfrReader *r)
+{
+    return r->fd >= 0 ? r->size_known && r->raw_left == 0 : r->mem_pos == r->mem_len;
+}
+
 /* Decodes more compressed bytes into buf[end..cap). */
 static int inflate_some(TfrReader *r, SgError *err)
 {
+    size_t entry_end = r->end;
     for (;;) {
         if (r->in_len == 0) {
             int rc = feed_input(r, err);
             if (rc < 0)
                 return rc;
             if (r->in_len == 0) {
+                if (r->end > entry_end)
+                    return 0; /* ISA-L decoded some of it, then handed over */
                 if (!r->z_done && (r->inf.member_in > 0 || r->inf.member_out > 0)) {
                     if (r->inf.backend == SG_INFLATE_ISAL && (rc = handover_to_zlib(r, err)) != 1) {
                         if (rc < 0)
@@ -457,6 +469,12 @@ static int inflate_some(TfrReader *r, SgError *err)
         int zrc = sg_inflate_step(&r->inf, &r->in, &r->in_len, &out, &room);
         r->z_consumed += in0 - r->in_len;
         r->end += room0 - room;
+        if (zrc == 0 && r->in_len == 0 && r->inf.backend == SG_INFLATE_ISAL && input_at_end(r)) {
+            /* The stream is cut short: zlib may have decoded further (or
+             * failed on the partial trailer) in this very call, and returns
+             * the same output only then, so it goes on from here. */
+            zrc = SG_ECORRUPT;
+        }
         if (zrc == 1) {
             r->z_done = 1;
         } else if (zrc < 0) {
