@@ -174,3 +174,37 @@ def test_backend_is_reported_and_the_override_is_checked(monkeypatch, tmp_path):
     # Plain records never look at it.
     write_records(tmp_path / "p", [b"y"])
     assert list(tfrecord_iterator(tmp_path / "p")) == [b"y"]
+
+
+CHUNK = 256 << 10  # the reader's compressed read size (TFR_ZIN)
+
+
+def fast_frames(tmp_path, records) -> bytes:
+    path = tmp_path / "frames.tfrecord"
+    write_records(path, records)
+    return path.read_bytes()
+
+
+@needs_isal
+def test_file_read_boundaries(tmp_path, monkeypatch):
+    """Member ends, damage and cuts at the reader's 256 KiB read boundaries."""
+    r = random.Random(7)
+    small = fast_frames(tmp_path, [r.randbytes(r.randrange(10, 3000)) for _ in range(40)])
+    cases = []
+    for k in (-9, -8, -5, -4, -1, 0, 1, 4, 8):
+        size = CHUNK
+        for _ in range(4):  # a stored gzip member ending at byte CHUNK + k exactly
+            member = gzip.compress(fast_frames(tmp_path, [b"f" * size]), compresslevel=0)
+            size += CHUNK + k - len(member)
+        member = gzip.compress(fast_frames(tmp_path, [r.randbytes(size)]), compresslevel=0)
+        assert len(member) == CHUNK + k
+        blob = member + gzip.compress(small)
+        cases += [blob, blob[:-3], blob[: len(member) + 20] + b"\xff" + blob[len(member) + 21 :]]
+    big = gzip.compress(small * 120, 6)
+    assert len(big) > CHUNK + 100
+    for pos in (CHUNK - 5, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK + 4):
+        cases += [big[:pos], big[:pos] + bytes([big[pos] ^ 0x55]) + big[pos + 1 :]]
+    path = tmp_path / "b.gz"
+    for blob in cases:
+        path.write_bytes(blob)
+        both(monkeypatch, path, "GZIP")

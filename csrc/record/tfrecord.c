@@ -437,8 +437,9 @@ static int input_at_end(const TfrReader *r)
 static int inflate_some(TfrReader *r, SgError *err)
 {
     size_t entry_end = r->end;
+    int handed = 0; /* zlib just took over: let it decode what it holds */
     for (;;) {
-        if (r->in_len == 0) {
+        if (r->in_len == 0 && !handed) {
             int rc = feed_input(r, err);
             if (rc < 0)
                 return rc;
@@ -449,6 +450,7 @@ static int inflate_some(TfrReader *r, SgError *err)
                     if (r->inf.backend == SG_INFLATE_ISAL && (rc = handover_to_zlib(r, err)) != 1) {
                         if (rc < 0)
                             return rc;
+                        handed = 1;
                         continue;
                     }
                     return truncated_stream(r, r->buf_offset + r->end, err);
@@ -458,11 +460,16 @@ static int inflate_some(TfrReader *r, SgError *err)
             }
         }
         if (r->z_done) {
+            if (r->in_len == 0) { /* (only right after a hand-over) */
+                handed = 0;
+                continue;
+            }
             /* More input after a finished stream: another gzip member. */
             if (sg_inflate_reset(&r->inf) < 0)
                 return sg_fail(err, SG_ECORRUPT, "inflateReset failed");
             r->z_done = 0;
         }
+        handed = 0;
         uint8_t *out = r->buf + r->end;
         size_t room = r->cap - r->end, room0 = room;
         size_t in0 = r->in_len;
@@ -482,6 +489,7 @@ static int inflate_some(TfrReader *r, SgError *err)
             if (r->inf.backend == SG_INFLATE_ISAL && (rc = handover_to_zlib(r, err)) != 1) {
                 if (rc < 0)
                     return rc;
+                handed = 1;
                 continue;
             }
             return corrupt_stream(r, err);
