@@ -4,8 +4,10 @@ and on damaged input the same exception, message and offset."""
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import struct
+import threading
 import zlib
 
 import pytest
@@ -208,3 +210,19 @@ def test_file_read_boundaries(tmp_path, monkeypatch):
     for blob in cases:
         path.write_bytes(blob)
         both(monkeypatch, path, "GZIP")
+
+
+def test_a_pipe_is_read_with_zlib_and_fails_the_same(tmp_path, monkeypatch):
+    """A FIFO cannot be read twice for the hand-over: it is inflated by zlib throughout."""
+    blob = gzip.compress(frames(TEXT[:30]))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for data in (blob, blob[:-3], blob[:40] + bytes([blob[40] ^ 1]) + blob[41:]):
+        results = []
+        for backend in BACKENDS if HAVE_ISAL else ["zlib"]:
+            writer = threading.Thread(target=fifo.write_bytes, args=(data,))
+            writer.start()
+            results.append(outcome(monkeypatch, backend, fifo, "GZIP"))
+            writer.join(timeout=10)
+            assert not writer.is_alive()
+        assert all(r == results[0] for r in results)

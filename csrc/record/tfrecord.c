@@ -292,6 +292,13 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
             r->src_eof = 1;
         }
     }
+    if (comp != TFR_NONE && !S_ISREG(st.st_mode) && r->inf.backend == SG_INFLATE_ISAL &&
+        (rc = tfr_reader_use_inflate(r, SG_INFLATE_ZLIB, err)) < 0) {
+        /* A pipe cannot be read again for the hand-over to zlib (see
+         * handover_to_zlib), so it is read with zlib throughout. */
+        tfr_reader_close(r);
+        return rc;
+    }
     if (comp != TFR_NONE && (r->zin = malloc(TFR_ZIN)) == NULL) {
         tfr_reader_close(r);
         return sg_fail(err, SG_ENOMEM, "out of memory reading '%s'", resolved);
