@@ -63,8 +63,8 @@ core = Extension(
     depends=depends(),
     include_dirs=["csrc", numpy_include(), buildcfg.onednn_include_dir()],
     library_dirs=[buildcfg.onednn_library_dir()],
-    libraries=["dnnl"] + buildcfg.SYSTEM_LIBS,
-    define_macros=[("SG_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", "1")],
+    libraries=["dnnl"] + buildcfg.system_libs(),
+    define_macros=[("SG_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", "1")] + buildcfg.define_macros(),
     extra_compile_args=compile_args(),
     extra_link_args=link_args(),
 )

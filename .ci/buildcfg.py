@@ -5,7 +5,8 @@
                                                    means [build-system].requires,
                                                    "runtime" the dependencies)
     python .ci/buildcfg.py cflags | libs           compiler / linker flags for
-                                                   oneDNN, libcurl, cJSON, zlib
+                                                   oneDNN, libcurl, cJSON, zlib,
+                                                   ISA-L
 
 oneDNN comes from PyPI (onednn-cpu-gomp / onednn-devel-cpu-gomp 2023.2.0,
 oneDNN 3.2 on the GNU OpenMP runtime); its wheels put headers and libdnnl.so.3
@@ -32,6 +33,28 @@ ONEDNN_REQUIREMENT = f"{ONEDNN_RUNTIME}==2023.2.0"
 RUNTIME_DEPENDENCIES = ["numpy>=1.21", "tqdm>=4.60"]
 # libcurl is not linked: csrc/rest opens it with dlopen when it is first used.
 SYSTEM_LIBS = ["cjson", "crypto", "z", "m", "pthread", "dl"]
+# ISA-L's igzip (Debian's libisal-dev) inflates GZIP / ZLIB records when its
+# header is there at build time (HAVE_ISAL); zlib does otherwise. A release
+# wheel carries libisal.so.2 (auditwheel vendors it). SPARKGRAD_NO_ISAL=1
+# builds without it even where it is installed.
+ISAL_HEADER = "isa-l/igzip_lib.h"
+INCLUDE_DIRS = ["/usr/include", "/usr/local/include", "/usr/include/x86_64-linux-gnu"]
+
+
+def have_isal() -> bool:
+    import os
+
+    if os.environ.get("SPARKGRAD_NO_ISAL", "") not in ("", "0"):
+        return False
+    return any((pathlib.Path(d) / ISAL_HEADER).is_file() for d in INCLUDE_DIRS)
+
+
+def system_libs() -> list[str]:
+    return (["isal"] if have_isal() else []) + SYSTEM_LIBS
+
+
+def define_macros() -> list[tuple[str, str]]:
+    return [("HAVE_ISAL", "1")] if have_isal() else []
 
 
 def _pyproject() -> dict:
@@ -90,10 +113,10 @@ def main(argv: list[str]) -> int:
     if cmd == "requirements":
         print("\n".join(requirements(rest)))
     elif cmd == "cflags":
-        print(f"-I{onednn_include_dir()}")
+        print(" ".join([f"-I{onednn_include_dir()}"] + [f"-D{k}={v}" for k, v in define_macros()]))
     elif cmd == "libs":
         libdir = onednn_library_dir()
-        print(" ".join([f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-ldnnl"] + [f"-l{lib}" for lib in SYSTEM_LIBS]))
+        print(" ".join([f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-ldnnl"] + [f"-l{lib}" for lib in system_libs()]))
     else:
         print(__doc__, file=sys.stderr)
         return 2

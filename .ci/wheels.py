@@ -10,7 +10,7 @@ wheels: for each Python version, a build venv under build/release/cpXY
 build requirements; the extension is built there with
 SPARKGRAD_BUNDLED_LIBS=1 (no oneDNN dependency declared) and the wheel is
 repaired by auditwheel to the MANYLINUX policy, which vendors every library
-outside that policy (oneDNN, GNU OpenMP, cJSON, libcrypto) into
+outside that policy (oneDNN, GNU OpenMP, cJSON, libcrypto, ISA-L) into
 sparkgrad.libs with mangled sonames. The result is checked: its tag, its
 vendored libraries, and no oneDNN in its requirements.
 
@@ -48,7 +48,7 @@ import buildcfg  # noqa: E402
 MANYLINUX = os.environ.get("MANYLINUX", "manylinux_2_34_x86_64")
 # Newest policy a wheel may carry: Ubuntu 22.04's glibc 2.35 (Databricks Runtime 13.3-15.4 LTS).
 NEWEST_GLIBC = (2, 35)
-VENDORED = ("libdnnl", "libgomp", "libcjson", "libcrypto")
+VENDORED = ("libdnnl", "libgomp", "libcjson", "libcrypto", "libisal")
 BUILD_TIMEOUT = 1800
 
 

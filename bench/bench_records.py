@@ -169,6 +169,20 @@ def main() -> int:
             for label, path, comp in (("plain", plain, None), ("gzip", gz, "GZIP")):
                 n, dt, cpu = run_sparkgrad(path, comp, 0, runs)
                 results.append({"system": "sparkgrad (1 core)", "file": label, "records": n, "seconds": dt, "cpu": cpu})
+            # GZIP through each inflate backend (the row above used the default one).
+            from sparkgrad import _core
+
+            saved = os.environ.get("SPARKGRAD_INFLATE")
+            for backend in ("isal", "zlib") if _core.build_info()["isal"] else ("zlib",):
+                os.environ["SPARKGRAD_INFLATE"] = backend
+                try:
+                    n, dt, cpu = run_sparkgrad(gz, "GZIP", 0, runs)
+                finally:
+                    os.environ.pop("SPARKGRAD_INFLATE")
+                    if saved is not None:
+                        os.environ["SPARKGRAD_INFLATE"] = saved
+                system = f"sparkgrad (1 core, {backend} inflate)"
+                results.append({"system": system, "file": "gzip", "records": n, "seconds": dt, "cpu": cpu})
         finally:
             os.sched_setaffinity(0, allowed)
         for label, path, comp in (("plain", plain, None), ("gzip", gz, "GZIP")):

@@ -40,3 +40,15 @@ def spark():
 def spark_context(spark):
     """The SparkContext of the shared session."""
     return spark.sparkContext
+
+
+@pytest.fixture(params=["isal", "zlib"])
+def inflate(request, monkeypatch):
+    """Runs a GZIP / ZLIB test once per inflate backend (SPARKGRAD_INFLATE is
+    read each time a reader opens)."""
+    from sparkgrad import _core
+
+    if request.param == "isal" and _core.build_info()["isal"] is None:
+        pytest.skip("built without ISA-L")
+    monkeypatch.setenv("SPARKGRAD_INFLATE", request.param)
+    return request.param

@@ -84,7 +84,7 @@ def test_shards_partition_the_data(files, num_shards):
         assert shards[1][:2] == [1, 6]
 
 
-def test_prefetch_modes_agree_and_gzip(files, tmp_path):
+def test_prefetch_modes_agree_and_gzip(files, tmp_path, inflate):
     expect = xs(TFRecordDataset(files, SCHEMA, 5, prefetch=0))
     assert xs(TFRecordDataset(files, SCHEMA, 5, prefetch=4)) == expect
     gz = tmp_path / "g.tfrecord.gz"

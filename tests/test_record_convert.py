@@ -40,7 +40,7 @@ def test_cli_convert_image_raw_layout_matches_the_idx_files(tmp_path, capsys):
 
 
 @needs_data
-def test_int64_layout_sharded_and_gzipped(tmp_path):
+def test_int64_layout_sharded_and_gzipped(tmp_path, inflate):
     paths = convert_mnist(TEST_IMAGES, TEST_LABELS, str(tmp_path), layout="int64", shards=3, gzip=True)
     assert [os.path.basename(p) for p in paths] == [f"test-{i:05d}-of-00003.tfrecords.gz" for i in range(3)]
     gzip.decompress(open(paths[0], "rb").read())  # a real gzip file

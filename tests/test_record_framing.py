@@ -60,7 +60,7 @@ def test_writer_output_matches_reference_framing(tmp_path):
 
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB", "gzip"])
-def test_compressed_round_trip_and_stdlib_compatibility(tmp_path, compression):
+def test_compressed_round_trip_and_stdlib_compatibility(tmp_path, compression, inflate):
     path = tmp_path / "c.tfrecord"
     with TFRecordWriter(str(path), compression=compression) as w:
         for r in RECORDS:
@@ -72,13 +72,13 @@ def test_compressed_round_trip_and_stdlib_compatibility(tmp_path, compression):
     assert read_records(raw, compression=compression) == RECORDS
 
 
-def test_concatenated_gzip_members(tmp_path):
+def test_concatenated_gzip_members(tmp_path, inflate):
     path = tmp_path / "cat.tfrecord.gz"
     path.write_bytes(gzip.compress(frame(b"one")) + gzip.compress(frame(b"two") + frame(b"three")))
     assert list(tfrecord_iterator(path, "GZIP")) == [b"one", b"two", b"three"]
 
 
-def test_large_records_cross_window_boundaries(tmp_path):
+def test_large_records_cross_window_boundaries(tmp_path, inflate):
     big = [bytes([i]) * (1 << 20) + b"x" * i for i in range(7)]
     path = tmp_path / "big.tfrecord"
     write_records(path, big)
@@ -165,7 +165,7 @@ def test_bad_data_crc_and_the_off_switch(tmp_path):
     assert _read_file(tmp_path, bytes(data), verify_crc=False)[0] == [b"ok", b"Abc"]
 
 
-def test_absurd_length_is_not_allocated(tmp_path):
+def test_absurd_length_is_not_allocated(tmp_path, inflate):
     header = struct.pack("<Q", 1 << 60)
     data = header + struct.pack("<I", mask(crc32c_reference(header))) + b"\0" * 16
     with pytest.raises(TruncatedRecordError, match="1152921504606846976") as info:
@@ -186,7 +186,7 @@ def test_absurd_length_is_not_allocated(tmp_path):
     assert not writer.is_alive()
 
 
-def test_corrupt_and_truncated_gzip(tmp_path):
+def test_corrupt_and_truncated_gzip(tmp_path, inflate):
     blob = gzip.compress(frame(b"abc" * 100))
     with pytest.raises(TruncatedRecordError, match="GZIP"):
         _read_file(tmp_path, blob[:-10], compression="GZIP")

@@ -44,7 +44,7 @@ def as_list(v):
     "name, compression",
     [("examples.tfrecord", None), ("examples.tfrecord.gz", "GZIP"), ("examples.tfrecord.zz", "ZLIB")],
 )
-def test_tensorflow_fixtures_decode_to_tensorflows_values(name, compression):
+def test_tensorflow_fixtures_decode_to_tensorflows_values(name, compression, inflate):
     records = list(tfrecord_iterator(FIXTURES / name, compression))
     assert len(records) == EXPECTED["records"] == EXPECTED["read_back"][name]
     for i, (record, want) in enumerate(zip(records, EXPECTED["decoded"], strict=True)):

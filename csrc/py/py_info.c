@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "nn/nn_version.h"
+#include "record/inflate.h"
 #include "rest/rest_version.h"
 
 #ifndef SG_VERSION
@@ -24,12 +25,20 @@ static PyObject *py_build_info(PyObject *self, PyObject *noargs)
     char runtime[32], headers[32];
     snprintf(runtime, sizeof runtime, "%d.%d.%d", rt.major, rt.minor, rt.patch);
     snprintf(headers, sizeof headers, "%d.%d.%d", bt.major, bt.minor, bt.patch);
-    return Py_BuildValue("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s}", "sparkgrad", SG_VERSION,
-                         "onednn", runtime, "onednn_headers", headers, "numpy_abi",
+    /* The inflate backend a reader opened now would use (SPARKGRAD_INFLATE
+     * read now); an invalid value is reported as such, not raised. */
+    SgInflateBackend backend;
+    SgError err;
+    const char *inflate = sg_inflate_choose(&backend, &err) == 0 ? sg_inflate_backend_name(backend)
+                                                                 : "invalid SPARKGRAD_INFLATE";
+    const char *isal = sg_inflate_isal_version();
+    return Py_BuildValue("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s, s:s, s:z}", "sparkgrad",
+                         SG_VERSION, "onednn", runtime, "onednn_headers", headers, "numpy_abi",
                          (unsigned)NPY_ABI_VERSION, "numpy_runtime_api",
                          (unsigned)PyArray_GetNDArrayCFeatureVersion(), "libcurl",
                          rest_curl_version(), "cjson", rest_cjson_version(), "zlib", zlibVersion(),
-                         "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other");
+                         "onednn_cpu_runtime", rt.cpu_runtime == 2u ? "OpenMP" : "other", "inflate",
+                         inflate, "isal", isal);
 }
 
 static PyMethodDef info_methods[] = {

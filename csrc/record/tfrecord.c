@@ -32,6 +32,7 @@
 #include <zlib.h>
 
 #include "record/crc32c.h"
+#include "record/inflate.h"
 
 #define TFR_WINDOW    (4u << 20)   /* plain-file read size */
 #define TFR_ZIN       (256u << 10) /* compressed input chunk */
@@ -177,10 +178,13 @@ struct TfrReader {
     const uint8_t *mem; /* memory source (compressed or not) */
     size_t mem_len, mem_pos;
     uint64_t raw_left; /* plain sources: undecoded bytes not yet in the window */
-    z_stream zs;
+    SgInflate inf;     /* ZLIB / GZIP: the decoder (inflate.h) */
     int z_ready, z_done;
+    const uint8_t *in; /* compressed bytes not yet given to the decoder */
+    size_t in_len;
     uint8_t *zin;        /* compressed input from fd */
     uint64_t z_consumed; /* compressed bytes consumed so far, for messages */
+    uint64_t src_size;   /* a regular file's size at open */
     uint8_t *buf;        /* decoded window; == mem for plain memory, == map when mapped */
     int own_buf;
     void *map; /* plain files: the whole file mapped, or NULL */
@@ -204,12 +208,17 @@ static int reader_alloc(TfrReader **out, const char *name, TfrCompression comp, 
     r->comp = comp;
     r->verify_crc = verify_crc;
     if (comp != TFR_NONE) {
-        /* 15 = zlib header, 15 + 16 = gzip header (TF's window bits). */
-        int bits = comp == TFR_GZIP ? 15 + 16 : 15;
-        if (inflateInit2(&r->zs, bits) != Z_OK) {
+        SgInflateBackend backend;
+        int rc = sg_inflate_choose(&backend, err);
+        if (rc == 0 && sg_inflate_init(&r->inf, comp == TFR_GZIP, backend) < 0) {
+            sg_inflate_end(&r->inf);
+            rc = sg_fail(err, SG_ENOMEM, "out of memory starting the %s decoder for '%s'",
+                         sg_inflate_backend_name(backend), name);
+        }
+        if (rc < 0) {
             free(r->name);
             free(r);
-            return sg_fail(err, SG_ENOMEM, "inflateInit2 failed for '%s'", name);
+            return rc;
         }
         r->z_ready = 1;
     }
@@ -267,7 +276,7 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
     }
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a hint: more read-ahead */
     r->fd = fd;
-    r->raw_left = (uint64_t)st.st_size;
+    r->raw_left = r->src_size = (uint64_t)st.st_size;
     r->size_known = S_ISREG(st.st_mode); /* a FIFO or device: only EOF tells the end */
     r->own_buf = 1;
     if (comp == TFR_NONE && S_ISREG(st.st_mode) && st.st_size > 0 &&
@@ -282,6 +291,13 @@ int tfr_reader_open(TfrReader **out, const char *path, TfrCompression comp, int 
             r->raw_left = 0;
             r->src_eof = 1;
         }
+    }
+    if (comp != TFR_NONE && !S_ISREG(st.st_mode) && r->inf.backend == SG_INFLATE_ISAL &&
+        (rc = tfr_reader_use_inflate(r, SG_INFLATE_ZLIB, err)) < 0) {
+        /* A pipe cannot be read again for the hand-over to zlib (see
+         * handover_to_zlib), so it is read with zlib throughout. */
+        tfr_reader_close(r);
+        return rc;
     }
     if (comp != TFR_NONE && (r->zin = malloc(TFR_ZIN)) == NULL) {
         tfr_reader_close(r);
@@ -324,59 +340,168 @@ static int read_some(int fd, uint8_t *dst, size_t n, size_t *got, const char *na
     return 0;
 }
 
+/* Refills r->in from the file or the memory buffer; in_len stays 0 at EOF. */
+static int feed_input(TfrReader *r, SgError *err)
+{
+    if (r->fd >= 0) {
+        size_t got = 0;
+        int rc = read_some(r->fd, r->zin, TFR_ZIN, &got, r->name, err);
+        if (rc < 0)
+            return rc;
+        r->in = r->zin;
+        r->in_len = got;
+        r->raw_left = r->raw_left > got ? r->raw_left - got : 0;
+    } else if (r->mem_pos < r->mem_len) {
+        size_t n = r->mem_len - r->mem_pos;
+        if (n > (1u << 30))
+            n = 1u << 30;
+        r->in = r->mem + r->mem_pos;
+        r->in_len = n;
+        r->mem_pos += n;
+    }
+    return 0;
+}
+
+static const char *comp_name(const TfrReader *r)
+{
+    return r->comp == TFR_GZIP ? "GZIP" : "ZLIB";
+}
+
+static int truncated_stream(const TfrReader *r, uint64_t decoded, SgError *err)
+{
+    return sg_fail(err, SG_ETRUNCATED,
+                   "truncated %s stream: it ends at compressed byte %llu (decoded byte %llu) "
+                   "without its end marker",
+                   comp_name(r), (unsigned long long)r->z_consumed, (unsigned long long)decoded);
+}
+
+static int corrupt_stream(const TfrReader *r, SgError *err)
+{
+    return sg_fail(err, SG_ECORRUPT, "corrupt %s data near compressed byte %llu: %s", comp_name(r),
+                   (unsigned long long)r->z_consumed, r->inf.msg);
+}
+
+/* ISA-L found the stream damaged (or cut short): restart it with zlib from
+ * compressed byte 0, discard the bytes already decoded, and go on with zlib,
+ * so that the error (its kind, message and offsets) is the one the zlib
+ * backend reports. Returns 0 when zlib now continues the stream, 1 when the
+ * source cannot be read again (a pipe: ISA-L's own error stands), or a
+ * negative status (zlib's) when the replay itself fails. */
+static int handover_to_zlib(TfrReader *r, SgError *err)
+{
+    if (r->fd >= 0 && lseek(r->fd, 0, SEEK_SET) != 0)
+        return 1;
+    uint64_t skip = r->buf_offset + r->end;
+    r->raw_left = r->src_size;
+    sg_inflate_end(&r->inf); /* (a z_stream cannot be copied: zlib keeps its address) */
+    if (sg_inflate_init(&r->inf, r->comp == TFR_GZIP, SG_INFLATE_ZLIB) < 0) {
+        sg_inflate_end(&r->inf);
+        r->z_ready = 0;
+        return sg_fail(err, SG_ENOMEM, "out of memory restarting the zlib decoder");
+    }
+    r->mem_pos = 0;
+    r->in_len = 0;
+    r->z_consumed = 0;
+    r->z_done = 0;
+    uint8_t scratch[16384];
+    while (skip > 0) {
+        if (r->in_len == 0) {
+            int rc = feed_input(r, err);
+            if (rc < 0)
+                return rc;
+            if (r->in_len == 0) {
+                if (!r->z_done && (r->inf.member_in > 0 || r->inf.member_out > 0))
+                    return truncated_stream(r, r->buf_offset + r->end - skip, err);
+                return 1;
+            }
+        }
+        if (r->z_done) {
+            if (sg_inflate_reset(&r->inf) < 0)
+                return sg_fail(err, SG_ECORRUPT, "inflateReset failed");
+            r->z_done = 0;
+        }
+        uint8_t *out = scratch;
+        size_t room = skip < sizeof scratch ? (size_t)skip : sizeof scratch, room0 = room;
+        size_t in0 = r->in_len;
+        int zrc = sg_inflate_step(&r->inf, &r->in, &r->in_len, &out, &room);
+        r->z_consumed += in0 - r->in_len;
+        skip -= room0 - room;
+        if (zrc < 0)
+            return corrupt_stream(r, err);
+        if (zrc == 1)
+            r->z_done = 1;
+    }
+    return 0;
+}
+
+/* Every compressed byte of the source is in r->in or already decoded. */
+static int input_at_end(const TfrReader *r)
+{
+    return r->fd >= 0 ? r->size_known && r->raw_left == 0 : r->mem_pos == r->mem_len;
+}
+
 /* Decodes more compressed bytes into buf[end..cap). */
 static int inflate_some(TfrReader *r, SgError *err)
 {
+    size_t entry_end = r->end;
+    int handed = 0; /* zlib just took over: let it decode what it holds */
     for (;;) {
-        if (r->zs.avail_in == 0) {
-            if (r->fd >= 0) {
-                size_t got = 0;
-                int rc = read_some(r->fd, r->zin, TFR_ZIN, &got, r->name, err);
-                if (rc < 0)
-                    return rc;
-                r->zs.next_in = r->zin;
-                r->zs.avail_in = (uInt)got;
-            } else if (r->mem_pos < r->mem_len) {
-                size_t n = r->mem_len - r->mem_pos;
-                if (n > (1u << 30))
-                    n = 1u << 30;
-                r->zs.next_in = (Bytef *)(r->mem + r->mem_pos);
-                r->zs.avail_in = (uInt)n;
-                r->mem_pos += n;
-            }
-            if (r->zs.avail_in == 0) {
-                if (!r->z_done && (r->zs.total_in > 0 || r->zs.total_out > 0))
-                    return sg_fail(err, SG_ETRUNCATED,
-                                   "truncated %s stream: it ends at compressed byte %llu "
-                                   "(decoded byte %llu) without its end marker",
-                                   r->comp == TFR_GZIP ? "GZIP" : "ZLIB",
-                                   (unsigned long long)r->z_consumed,
-                                   (unsigned long long)(r->buf_offset + r->end));
+        if (r->in_len == 0 && !handed) {
+            int rc = feed_input(r, err);
+            if (rc < 0)
+                return rc;
+            if (r->in_len == 0) {
+                if (r->end > entry_end)
+                    return 0; /* ISA-L decoded some of it, then handed over */
+                if (!r->z_done && (r->inf.member_in > 0 || r->inf.member_out > 0)) {
+                    if (r->inf.backend == SG_INFLATE_ISAL && (rc = handover_to_zlib(r, err)) != 1) {
+                        if (rc < 0)
+                            return rc;
+                        handed = 1;
+                        continue;
+                    }
+                    return truncated_stream(r, r->buf_offset + r->end, err);
+                }
                 r->src_eof = 1;
                 return 0;
             }
         }
         if (r->z_done) {
+            if (r->in_len == 0) { /* (only right after a hand-over) */
+                handed = 0;
+                continue;
+            }
             /* More input after a finished stream: another gzip member. */
-            if (inflateReset(&r->zs) != Z_OK)
+            if (sg_inflate_reset(&r->inf) < 0)
                 return sg_fail(err, SG_ECORRUPT, "inflateReset failed");
             r->z_done = 0;
         }
-        uInt in_before = r->zs.avail_in;
-        r->zs.next_out = r->buf + r->end;
-        r->zs.avail_out = (uInt)(r->cap - r->end > (1u << 30) ? (1u << 30) : r->cap - r->end);
-        uInt out_before = r->zs.avail_out;
-        int zrc = inflate(&r->zs, Z_NO_FLUSH);
-        r->z_consumed += in_before - r->zs.avail_in;
-        r->end += out_before - r->zs.avail_out;
-        if (zrc == Z_STREAM_END) {
-            r->z_done = 1;
-        } else if (zrc != Z_OK && zrc != Z_BUF_ERROR) {
-            return sg_fail(err, SG_ECORRUPT, "corrupt %s data near compressed byte %llu: %s",
-                           r->comp == TFR_GZIP ? "GZIP" : "ZLIB", (unsigned long long)r->z_consumed,
-                           r->zs.msg ? r->zs.msg : "inflate failed");
+        handed = 0;
+        uint8_t *out = r->buf + r->end;
+        size_t room = r->cap - r->end, room0 = room;
+        size_t in0 = r->in_len;
+        int zrc = sg_inflate_step(&r->inf, &r->in, &r->in_len, &out, &room);
+        r->z_consumed += in0 - r->in_len;
+        r->end += room0 - room;
+        if (zrc == 0 && r->in_len == 0 && r->inf.backend == SG_INFLATE_ISAL && input_at_end(r)) {
+            /* The stream is cut short: zlib may have decoded further (or
+             * failed on the partial trailer) in this very call, and returns
+             * the same output only then, so it goes on from here. */
+            zrc = SG_ECORRUPT;
         }
-        if (out_before != r->zs.avail_out)
+        if (zrc == 1) {
+            r->z_done = 1;
+        } else if (zrc < 0) {
+            int rc;
+            if (r->inf.backend == SG_INFLATE_ISAL && (rc = handover_to_zlib(r, err)) != 1) {
+                if (rc < 0)
+                    return rc;
+                handed = 1;
+                continue;
+            }
+            return corrupt_stream(r, err);
+        }
+        if (room0 != room)
             return 0;
     }
 }
@@ -480,6 +605,30 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
     return rc;
 }
 
+int tfr_reader_use_inflate(TfrReader *r, int backend, SgError *err)
+{
+    if (r->comp == TFR_NONE)
+        return 0;
+    if (r->z_consumed > 0 || r->buf_offset + r->end > 0)
+        return sg_fail(err, SG_EINVAL, "'%s': the decoder is chosen before the first read",
+                       r->name);
+    if (backend == SG_INFLATE_ISAL && !sg_inflate_have_isal())
+        return sg_fail(err, SG_EINVAL, "this build of sparkgrad has no ISA-L");
+    sg_inflate_end(&r->inf);
+    r->z_ready = 0;
+    if (sg_inflate_init(&r->inf, r->comp == TFR_GZIP, (SgInflateBackend)backend) < 0) {
+        sg_inflate_end(&r->inf);
+        return sg_fail(err, SG_ENOMEM, "out of memory starting the decoder for '%s'", r->name);
+    }
+    r->z_ready = 1;
+    return 0;
+}
+
+int tfr_reader_inflate(const TfrReader *r)
+{
+    return r->comp == TFR_NONE ? 0 : (int)r->inf.backend;
+}
+
 uint64_t tfr_reader_offset(const TfrReader *r)
 {
     return r->last_offset;
@@ -512,7 +661,7 @@ void tfr_reader_close(TfrReader *r)
     if (r->fd >= 0)
         close(r->fd);
     if (r->z_ready)
-        inflateEnd(&r->zs);
+        sg_inflate_end(&r->inf);
     if (r->own_buf)
         free(r->buf);
     if (r->map)

@@ -4,7 +4,7 @@ sparkgrad arrives in one of three layouts, told apart by what lies beside
 the package:
 
 - **wheel** (``make wheel``, repaired by auditwheel): oneDNN, GNU OpenMP,
-  cJSON and libcrypto sit in ``site-packages/sparkgrad.libs`` under mangled
+  cJSON, libcrypto and ISA-L sit in ``site-packages/sparkgrad.libs`` under mangled
   sonames, and the extension's RPATH finds them. Nothing is preloaded, so the
   process maps exactly one OpenMP runtime: the one oneDNN and the extension
   share.
@@ -56,6 +56,7 @@ _SYSTEM_PACKAGES = {
     "libgomp.so.1": "libgomp1",
     "libcjson.so.1": "libcjson1",
     "libcrypto.so.3": "libssl3",
+    "libisal.so.2": "libisal2",
 }
 
 
@@ -370,7 +371,7 @@ def load_core() -> ModuleType:
 
 def mapped_libraries() -> dict[str, str]:
     """The native libraries this process has mapped that sparkgrad uses: {file name: path}."""
-    wanted = ("libdnnl", "libgomp", "libiomp", "libomp", "libcjson", "libcrypto", "libcurl")
+    wanted = ("libdnnl", "libgomp", "libiomp", "libomp", "libcjson", "libcrypto", "libisal", "libcurl")
     found: dict[str, str] = {}
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:

@@ -72,3 +72,14 @@ for name, (head, body) in rest_replies.items():
     total = len(head) + len(body)
     split_byte = next(k for k in range(256) if k * total // 255 >= len(head))
     open(os.path.join(HERE, "corpus/fuzz_rest_reply", name), "wb").write(bytes([split_byte]) + head + body)
+
+# fuzz_inflate: compressed streams only (levels, stored blocks, members).
+os.makedirs(os.path.join(HERE, "corpus/fuzz_inflate"), exist_ok=True)
+for name, data in {
+    "zlib": zlib.compress(plain),
+    "gzip": gzip.compress(plain) + gzip.compress(frames([b"more"])),
+    "gzip_level9_members": gzip.compress(plain, 9) + gzip.compress(plain[:40], 1),
+    "zlib_stored": zlib.compress(plain, 0),
+    "gzip_stored": gzip.compress(plain, 0),
+}.items():
+    open(os.path.join(HERE, "corpus/fuzz_inflate", name), "wb").write(data)

@@ -158,7 +158,7 @@ def step_libraries() -> str:
     print("  system copies of a vendored library, mapped too: " + (", ".join(twins) or "none"))
     check(len(openmp) == 1 and "gomp" in os.path.basename(openmp[0]), f"want one libgomp mapped, have {openmp}")
     check(openmp[0] in vendored, f"libgomp {openmp[0]} is not the wheel's own")
-    for name in ("libdnnl", "libcjson", "libcrypto"):
+    for name in ("libdnnl", "libcjson", "libcrypto", "libisal"):
         check(any(os.path.basename(p).startswith(name + "-") for p in vendored), f"the wheel's {name} is not mapped")
     return f"one OpenMP runtime ({os.path.basename(openmp[0])}), {len(vendored)} vendored libraries mapped"
 
