@@ -104,6 +104,15 @@ typedef struct NnData {
 
 typedef struct Model Model;
 
+/* Arithmetic of the Dense and Conv2D primitives. NN_BF16: their inputs
+ * (activations, weights, output gradients) are converted to bf16 and they
+ * accumulate in f32; the parameters, their gradients, the optimizer, the
+ * loss, pooling and dropout stay f32 (see nn_plan.c). */
+typedef enum NnPrecision {
+    NN_FP32 = 0,
+    NN_BF16 = 1,
+} NnPrecision;
+
 /* Declares the network on an input of h x w x c (a flat input: 1 x 1 x c),
  * validates every layer, computes shapes and the size table and allocates the
  * parameter and gradient buffers (zeroed). */
@@ -122,6 +131,20 @@ int model_num_layers(const Model *m);
 const LayerSpec *model_layer_spec(const Model *m, int layer);
 int model_num_classes(const Model *m);
 size_t model_input_size(const Model *m);
+
+/* 1 if this CPU (as oneDNN sees it, ONEDNN_MAX_CPU_ISA included) computes
+ * bf16 natively (AVX512_BF16 or AMX). */
+int nn_bf16_supported(void);
+
+/* Sets the precision of every later pass (the cached plans are dropped) and
+ * returns the precision in use: NN_BF16 falls back to NN_FP32 where
+ * nn_bf16_supported() is 0. A layer whose bf16 primitives oneDNN does not
+ * implement for its shapes runs in f32 (model_bf16_layers counts the others). */
+NnPrecision model_set_precision(Model *m, NnPrecision p);
+NnPrecision model_precision(const Model *m);
+/* Weighted layers whose primitives run in bf16, in the plan of batch size B
+ * (built if needed); 0 in NN_FP32. */
+int model_bf16_layers(Model *m, int B, int *count, SgError *err);
 
 /* Fills the parameters from the seeded initialisers (biases zero). */
 void model_init_params(Model *m, uint64_t seed);
