@@ -255,7 +255,13 @@ class PsServer:
 
 class PsClient:
     def __init__(
-        self, addresses: list[tuple[str, int]], secret: bytes, total: int, worker_id: int, timeout: float = 60.0
+        self,
+        addresses: list[tuple[str, int]],
+        secret: bytes,
+        total: int,
+        worker_id: int,
+        timeout: float = 60.0,
+        compression: str | None = None,
     ) -> None: ...
     def pull(self, params: np.ndarray) -> int: ...
     def wait_others(self, params: np.ndarray, timeout: float) -> int: ...
