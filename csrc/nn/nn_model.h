@@ -161,7 +161,8 @@ void model_shuffle(Model *m, int64_t *order, size_t n);
  * hook is not NULL, nn_hook.h: ready() per layer during backward, last layer
  * first, then step()) and, if opt is not NULL and step() did not return 1,
  * the optimizer update. When opt is plain SGD (optim_take_plain_sgd_step),
- * there is no hook and every layer is Dense, Dropout or Flatten, the update
+ * there is no hook, the precision is NN_FP32 and every layer is Dense,
+ * Dropout or Flatten, the update
  * is folded into the weight-gradient GEMMs and the gradient buffer is not
  * written. *step (may be NULL) is the model's step count: on entry before
  * this batch, on return after it (+1, or what the hook's step() set). Adds
