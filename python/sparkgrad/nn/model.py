@@ -210,8 +210,8 @@ class Sequential:
 
         compute_gradients writes it, and so do training steps with any
         optimizer except plain SGD on a model of Dense, Dropout and Flatten
-        layers: that update is folded into the weight-gradient products and
-        leaves this buffer untouched.
+        layers in fp32: that update is folded into the weight-gradient
+        products and leaves this buffer untouched.
         """
         return self._core.grads
 
