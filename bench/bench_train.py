@@ -9,6 +9,8 @@ and peak RSS are its own; each times 5 segments (1000 MLP / 20 CNN steps) and
 reports the best (as timeit: the one least disturbed by other work on the
 machine) and the median, and the ratios are given for both. Keras runs in /work/tfvenv (or $SPARKGRAD_TF_PYTHON)
 when that interpreter has tensorflow; otherwise it is reported as not measured.
+sparkgrad_bf16 is sparkgrad with compile(precision="bf16") (its ratio is the
+speedup over sparkgrad's fp32; a CPU without native bf16 gets a row saying so).
 
     python bench/bench_train.py [--quick] [--threads 1,2]
 
@@ -83,7 +85,7 @@ def summarise(rates: list[float]) -> dict:
 # ---- workers (run in subprocesses) -------------------------------------------------
 
 
-def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int) -> dict:
+def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int, precision: str = "fp32") -> dict:
     import numpy as np
     from sparkgrad.nn import SGD, Adadelta, set_num_threads
     from sparkgrad.nn.models import horovod_cnn, walkthrough_mlp
@@ -92,11 +94,11 @@ def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int) -> dict:
     x, y = load_data(model)
     if model == "mlp":
         m = walkthrough_mlp(seed=1)
-        m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy")
+        m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", precision=precision)
         target = y
     else:
         m = horovod_cnn(seed=1)
-        m.compile(optimizer=Adadelta(0.1), loss="categorical_crossentropy")
+        m.compile(optimizer=Adadelta(0.1), loss="categorical_crossentropy", precision=precision)
         target = np.eye(10, dtype=np.float32)[y]
     b = BATCH[model]
     m.fit(x, target, batch_size=b, epochs=1, max_steps=warmup, verbose=0)
@@ -106,6 +108,16 @@ def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int) -> dict:
         m.fit(x, target, batch_size=b, epochs=10**6, max_steps=m.step + steps, verbose=0, log_every=1000)
         rates.append(steps * b / (time.perf_counter() - t))
     return summarise(rates)
+
+
+def worker_sparkgrad_bf16(model: str, threads: int, steps: int, warmup: int) -> dict:
+    """sparkgrad with compile(precision="bf16"); where the CPU has no native bf16
+    it would run fp32, so it reports that instead of a rate."""
+    from sparkgrad import _core
+
+    if not _core.bf16_supported():
+        return {"unsupported": "no native bf16 on this CPU (AVX512_BF16/AMX, as oneDNN sees it)"}
+    return worker_sparkgrad(model, threads, steps, warmup, precision="bf16")
 
 
 def worker_torch(model: str, threads: int, steps: int, warmup: int) -> dict:
@@ -219,7 +231,12 @@ def worker_gemm(threads: int) -> dict:
     return {"gflops": best / 1e9}
 
 
-WORKERS = {"sparkgrad": worker_sparkgrad, "torch": worker_torch, "keras": worker_keras}
+WORKERS = {
+    "sparkgrad": worker_sparkgrad,
+    "sparkgrad_bf16": worker_sparkgrad_bf16,
+    "torch": worker_torch,
+    "keras": worker_keras,
+}
 
 
 WAIT_POLICY = "passive"
@@ -298,18 +315,23 @@ def main() -> int:
             row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s")
         for model in ("mlp", "cnn"):
             res = {}
-            for system in ("sparkgrad", "torch", "keras"):
+            why: dict[str, str] = {}
+            for system in ("sparkgrad", "sparkgrad_bf16", "torch", "keras"):
                 python = TF_PYTHON if system == "keras" else sys.executable
                 if system == "keras" and not has_keras:
                     res[system] = None
                     continue
                 res[system] = spawn(python, [system, model, str(t), str(steps[model]), str(warmup[model])], t, 1800)
+                if res[system] is not None and "unsupported" in res[system]:
+                    why[system] = res[system]["unsupported"]
+                    res[system] = None
             tag = f"{model}_b{BATCH[model]}_t{t}"
             ours = res["sparkgrad"]["samples_per_s"] if res["sparkgrad"] else float("nan")
             ours_med = res["sparkgrad"]["samples_per_s_median"] if res["sparkgrad"] else float("nan")
             for system, r in res.items():
                 if r is None:
-                    row(system, f"{tag}_samples_per_s", None, "not measured" if system == "keras" else "failed")
+                    unit = "not measured" if system == "keras" else why.get(system, "failed")
+                    row(system, f"{tag}_samples_per_s", None, unit)
                     table.append((tag, system, "not measured", "", "", "", "", ""))
                     continue
                 share = r["samples_per_s"] * flops[model] / (peak * 1e9)
@@ -319,7 +341,13 @@ def main() -> int:
                 row(system, f"{tag}_share_of_gemm_peak", round(share, 4), "fraction")
                 ratio = ours / r["samples_per_s"]
                 med = float("nan")
-                if system != "sparkgrad":
+                if system == "sparkgrad_bf16":
+                    # bf16 against sparkgrad's own fp32 (the share above is of the fp32 GEMM peak)
+                    ratio = r["samples_per_s"] / ours
+                    med = r["samples_per_s_median"] / ours_med
+                    row("sparkgrad_bf16", f"{tag}_speedup_vs_fp32", round(ratio, 2), "x")
+                    row("sparkgrad_bf16", f"{tag}_speedup_vs_fp32_of_medians", round(med, 2), "x")
+                elif system != "sparkgrad":
                     row("sparkgrad", f"{tag}_ratio_vs_{system}", round(ratio, 2), "x")
                     med = ours_med / r["samples_per_s_median"]
                     row("sparkgrad", f"{tag}_ratio_vs_{system}_of_medians", round(med, 2), "x")

@@ -383,3 +383,52 @@ def test_wait_others_times_out_naming_how_many_workers_finished():
         other.close()
     finally:
         cl.close()
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bf16 (ties to even), as float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("num_ps", [1, 3])
+def test_bf16_compression_pushes_bf16_gradients_that_the_shards_widen_to_float32(num_ps):
+    total, steps = 1001, 3
+    cl = Cluster(total, num_ps, 2, "sync", lr=1.0)
+    rng = np.random.default_rng(5)
+    grads = [rng.standard_normal((steps, total)).astype(np.float32) for _ in range(2)]
+    try:
+
+        def worker(w: int):
+            c = _core.PsClient(cl.addresses, cl.secret, total, w, 10.0, compression="bf16")
+            params = np.empty(total, dtype=np.float32)
+            out = [(c.push_pull(grads[w][k], params), params.copy()) for k in range(steps)]
+            c.done()
+            return out
+
+        out = run_workers(worker, 2)
+        assert all(isinstance(o, list) for o in out), out
+        expect, exact = cl.init.copy(), cl.init.copy()
+        for k in range(steps):
+            expect -= (_bf16(grads[0][k]) + _bf16(grads[1][k])) / np.float32(2)
+            exact -= (grads[0][k] + grads[1][k]) / np.float32(2)
+            assert out[0][k][0] == out[1][k][0] == k + 1
+            np.testing.assert_allclose(out[0][k][1], expect, rtol=0, atol=1e-6)
+        # bf16 on the wire, not float32
+        assert np.abs(out[0][-1][1] - exact).max() > 1e-4
+        assert cl.join() == ["done"] * num_ps
+    finally:
+        cl.close()
+
+
+def test_ps_compression_other_than_bf16_is_refused():
+    cl = Cluster(8, 1, 1, "async")
+    try:
+        with pytest.raises(errors.InvalidArgumentError, match="bf16"):
+            _core.PsClient(cl.addresses, cl.secret, 8, 0, 5.0, compression="fp16")
+        c = _core.PsClient(cl.addresses, cl.secret, 8, 0, 5.0, compression=None)
+        c.push(np.ones(8, np.float32))
+        c.done()
+    finally:
+        cl.close()

@@ -390,3 +390,77 @@ def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes)
         assert m.step == steps
         np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(results[0].params, results[1].params)
+
+
+# ---- bf16 models with bf16 gradients on the wire (issue 16) -------------------
+
+needs_bf16 = pytest.mark.skipif(not _core.bf16_supported(), reason="this CPU has no native bf16")
+
+
+def _bf16_mlp(seed=3, opt=None):
+    m = Sequential([Dense(16, activation="relu", input_shape=(12,)), Dense(4)], seed=seed)
+    m.compile(
+        optimizer=opt if opt is not None else Adam(0.01), loss="sparse_categorical_crossentropy", precision="bf16"
+    )
+    m.set_input_transform(scale=1 / 255)
+    return m
+
+
+def _close_in_bf16(got, want, start, tol=1e-2):
+    """got moved from start as want did, to bf16 rounding (about 1e-3 here)."""
+    assert np.linalg.norm(got - want) <= tol * np.linalg.norm(want - start)
+
+
+@needs_bf16
+def test_a_bf16_model_fits_through_the_ps_with_bf16_gradients():
+    x, y = data()
+    local = _bf16_mlp()
+    start = local.params.copy()
+    local.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    served = _bf16_mlp()
+    with PsCluster(workers=1, model=served) as cluster:
+        worker = _bf16_mlp()
+        assert worker.precision == "bf16"
+        with TFNode.ps_client(cluster.workers[0], worker, compression="bf16") as ps:
+            worker.fit(x, y, batch_size=32, epochs=2, verbose=0, ps=ps)
+        assert cluster.join() == "done"
+    assert worker.step == 16
+    _close_in_bf16(worker.params, local.params, start)
+    assert not np.array_equal(worker.params, local.params)  # the gradients were rounded on the wire
+
+
+@needs_bf16
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+def test_two_bf16_ranks_allreducing_bf16_gradients_track_one_bf16_process():
+    steps = 20
+    x, y = data(steps * 128, 12, seed=4)
+    whole = _bf16_mlp(seed=7, opt=SGD(0.1))
+    start = whole.params.copy()
+    whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    secret = os.urandom(32)
+    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
+    addresses = [("127.0.0.1", lis.port) for lis in listeners]
+    results: list = [None, None]
+
+    def rank(r):
+        try:
+            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
+                m = _bf16_mlp(seed=7, opt=DistributedOptimizer(SGD(0.1), communicator=comm, compression="bf16"))
+                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+                results[r] = m
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for lis in listeners:
+        lis.close()
+    for m in results:
+        assert isinstance(m, Sequential), m
+        assert m.step == steps and m.precision == "bf16"
+        _close_in_bf16(m.params, whole.params, start)
+    np.testing.assert_array_equal(results[0].params, results[1].params)

@@ -8,8 +8,11 @@
  * op header (u64 a, b, c, d) followed by the op's data:
  *   HELLO      a=worker_id b=total c=offset d=count  -> a=step b=initialized c=num_workers d=mode
  *   PULL       -                                     -> a=step, count floats
- *   PUSH       count floats (gradients)              -> a=step after apply
- *   PUSH_PULL  count floats (gradients)              -> a=step, count floats (params after apply)
+ *   PUSH       a=wire, count gradients              -> a=step after apply
+ *   PUSH_PULL  a=wire, count gradients              -> a=step, count floats (params after apply)
+ *              (wire PS_WIRE_F32: float32; PS_WIRE_BF16: bf16, 2 bytes each, rounded
+ *              to nearest even, widened to float32 by the shard before it applies
+ *              or accumulates them)
  *   INIT       count floats                          -> a=step b=1 if this call initialized
  *   SET_STATE  a=step b=optimizer step c=k d=has_optimizer_state,
  *              count + k floats (params, then the optimizer state;
@@ -64,6 +67,8 @@ typedef enum PsOp {
     PS_OP_REPLY = 100,
     PS_OP_ERROR = 101,
 } PsOp;
+
+typedef enum PsWire { PS_WIRE_F32 = 0, PS_WIRE_BF16 = 1 } PsWire;
 
 typedef enum PsMode { PS_MODE_ASYNC = 0, PS_MODE_SYNC = 1 } PsMode;
 
@@ -159,6 +164,9 @@ int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t
                         SgError *err);
 /* Sets the parameters if no worker did yet; *initialized = 1 if this call did. */
 int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err);
+/* Gradients of later pushes travel as `wire` (PS_WIRE_BF16 halves the bytes;
+ * parameters always travel as float32). */
+int ps_client_set_wire(PsClient *c, PsWire wire, SgError *err);
 int ps_client_num_ps(const PsClient *c);
 /* Restores every shard: params (total floats), the global step and, if opt
  * is not NULL, each shard's optimizer state (opt[num_ps]; present = 0 leaves

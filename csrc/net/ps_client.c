@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 
 #include "net/auth.h"
+#include "net/coll_internal.h" /* the bf16 conversion the allreduce uses */
 #include "net/frame.h"
 #include "net/ps.h"
 #include "net/sock.h"
@@ -32,14 +33,16 @@ struct PsClient {
     pthread_mutex_t mu;
     int broken;
     SgError broken_err;
+    PsWire wire;      /* of pushed gradients */
+    uint16_t *wire16; /* [total] bf16 gradients being pushed (PS_WIRE_BF16) */
 };
 
-/* Sends op with header v, this shard's slice of data (if any) and extra
- * (len2 floats, e.g. optimizer state). */
-static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *data,
+/* Sends op with header v, this shard's slice of data (if any; elements of
+ * `elem` bytes) and extra (len2 floats, e.g. optimizer state). */
+static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const void *data, size_t elem,
                     const float *extra, size_t len2, double deadline, SgError *err)
 {
-    size_t len = data != NULL ? (size_t)sh->count * sizeof(float) : 0;
+    size_t len = data != NULL ? (size_t)sh->count * elem : 0;
     len2 *= sizeof(float);
     if (PS_OP_HEADER + len + len2 > UINT32_MAX)
         return sg_fail(err, SG_EINVAL, "ps request of %zu bytes for %s does not fit one frame",
@@ -47,10 +50,11 @@ static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const float *d
     uint8_t hdr[NET_FRAME_HEADER_SIZE], oph[PS_OP_HEADER];
     net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len + len2));
     ps_op_encode(oph, v[0], v[1], v[2], v[3]);
-    struct iovec iov[4] = {{hdr, sizeof hdr},
-                           {oph, sizeof oph},
-                           {(void *)(data != NULL ? data + sh->offset : NULL), len},
-                           {(void *)extra, len2}};
+    struct iovec iov[4] = {
+        {hdr, sizeof hdr},
+        {oph, sizeof oph},
+        {(void *)(data != NULL ? (const uint8_t *)data + sh->offset * elem : NULL), len},
+        {(void *)extra, len2}};
     return net_writev_all(sh->fd, iov, 4, deadline, sh->peer, "a ps request", err);
 }
 
@@ -137,15 +141,25 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
     }
     double deadline = net_now() + timeout;
     int rc = SG_OK, sent = 0, transport = 0;
+    const void *payload = data;
+    size_t elem = sizeof(float);
+    uint64_t vp[4] = {v[0], v[1], v[2], v[3]};
+    if (data != NULL && c->wire == PS_WIRE_BF16 && (op == PS_OP_PUSH || op == PS_OP_PUSH_PULL)) {
+        for (uint64_t i = 0; i < c->total; i++)
+            c->wire16[i] = coll_f32_to_bf16(data[i]);
+        payload = c->wire16;
+        elem = sizeof(uint16_t);
+        vp[0] = PS_WIRE_BF16;
+    }
     for (int i = 0; i < c->num_ps && rc == 0; i++, sent++) {
         if (opt_in != NULL) {
             const PsOptState *o = &opt_in[i];
             uint64_t vi[4] = {v[0], (uint64_t)o->step, o->present ? o->len : 0,
                               (uint64_t)(o->present != 0)};
-            rc = send_req(&c->shards[i], op, vi, data, o->present ? o->state : NULL,
+            rc = send_req(&c->shards[i], op, vi, payload, elem, o->present ? o->state : NULL,
                           o->present ? o->len : 0, deadline, err);
         } else {
-            rc = send_req(&c->shards[i], op, v, data, NULL, 0, deadline, err);
+            rc = send_req(&c->shards[i], op, vp, payload, elem, NULL, 0, deadline, err);
         }
     }
     transport = rc < 0;
@@ -208,6 +222,23 @@ int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *
     uint64_t v[4] = {0}, r[4] = {0};
     int rc = call_all(c, PS_OP_INIT, v, params, NULL, r, err);
     *initialized = (int)r[1];
+    return rc;
+}
+
+int ps_client_set_wire(PsClient *c, PsWire wire, SgError *err)
+{
+    if (wire != PS_WIRE_F32 && wire != PS_WIRE_BF16)
+        return sg_fail(err, SG_EINVAL, "ps gradient wire format %d is neither f32 nor bf16",
+                       (int)wire);
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    if (wire == PS_WIRE_BF16 && c->wire16 == NULL &&
+        (c->wire16 = malloc((c->total ? c->total : 1) * sizeof *c->wire16)) == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "ps client: cannot allocate %llu bf16 gradients",
+                     (unsigned long long)c->total);
+    else
+        c->wire = wire;
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
@@ -318,7 +349,7 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
             break;
         uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
         int remote;
-        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, NULL, 0, deadline, err)) < 0 ||
+        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, sizeof(float), NULL, 0, deadline, err)) < 0 ||
             (rc = recv_reply(sh, i, r, NULL, NULL, deadline, &remote, err)) < 0)
             break;
     }
@@ -349,6 +380,7 @@ void ps_client_free(PsClient *c)
     for (int i = 0; i < c->num_ps; i++)
         net_close(&c->shards[i].fd);
     free(c->shards);
+    free(c->wire16);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

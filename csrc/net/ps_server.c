@@ -20,6 +20,7 @@
 
 #include "net/auth.h"
 #include "net/frame.h"
+#include "net/coll_internal.h" /* bf16 widening, as the allreduce does */
 #include "net/ps.h"
 #include "net/sock.h"
 
@@ -401,8 +402,15 @@ static int serve_one(PsConn *c, SgError *err)
         return rc;
     ps_op_decode(oph, v);
     size_t data = h.length - PS_OP_HEADER;
-    int carries = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL || h.flags == PS_OP_INIT ||
-                  h.flags == PS_OP_SET_STATE;
+    int push = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL;
+    int carries = push || h.flags == PS_OP_INIT || h.flags == PS_OP_SET_STATE;
+    if (push && v[0] != PS_WIRE_F32 && v[0] != PS_WIRE_BF16)
+        return sg_fail(err, SG_EPROTO,
+                       "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->peer,
+                       (unsigned long long)v[0]);
+    const int bf16 = push && v[0] == PS_WIRE_BF16;
+    /* bf16 gradients land in the upper half of buf, widened in place below */
+    size_t in_bytes = bf16 ? (size_t)s->cfg.count * sizeof(uint16_t) : bytes;
     size_t extra =
         h.flags == PS_OP_SET_STATE && v[2] <= s->opt_floats ? (size_t)v[2] * sizeof(float) : 0;
     if (h.flags == PS_OP_SET_STATE && v[2] > s->opt_floats)
@@ -410,12 +418,23 @@ static int serve_one(PsConn *c, SgError *err)
                        "SET_STATE from %s carries %llu floats of optimizer state, this ps shard's "
                        "optimizer holds %zu",
                        c->peer, (unsigned long long)v[2], s->opt_floats);
-    if (data != (carries ? bytes + extra : 0))
-        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu",
-                       h.flags, c->peer, data, carries ? bytes + extra : (size_t)0);
-    if (carries &&
-        (rc = net_read_exact(c->fd, c->buf, bytes, deadline, c->peer, "ps data", err)) < 0)
+    if (data != (carries ? in_bytes + extra : 0))
+        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu%s",
+                       h.flags, c->peer, data, carries ? in_bytes + extra : (size_t)0,
+                       bf16 ? " (bf16 gradients)" : "");
+    uint8_t *in = (uint8_t *)c->buf + (bytes - in_bytes);
+    if (carries && (rc = net_read_exact(c->fd, in, in_bytes, deadline, c->peer,
+                                        bf16 ? "bf16 gradients" : "ps data", err)) < 0)
         return rc;
+    if (bf16) {
+        /* ascending: element i is read before float i is written, and float
+         * i never overlaps a later element */
+        for (size_t i = 0; i < (size_t)s->cfg.count; i++) {
+            uint16_t g;
+            memcpy(&g, in + 2 * i, sizeof g);
+            c->buf[i] = coll_bf16_to_f32(g);
+        }
+    }
     free(c->extra);
     c->extra = NULL;
     c->extra_len = extra / sizeof(float);

@@ -37,6 +37,18 @@ int nn_md(dnnl_memory_desc_t *out, int ndims, const dnnl_dim_t *dims, dnnl_forma
     return DNNL(err, dnnl_memory_desc_create_with_tag, out, ndims, dims, dnnl_f32, tag);
 }
 
+int nn_md_dt(dnnl_memory_desc_t *out, int ndims, const dnnl_dim_t *dims, dnnl_data_type_t dt,
+             dnnl_format_tag_t tag, SgError *err)
+{
+    return DNNL(err, dnnl_memory_desc_create_with_tag, out, ndims, dims, dt, tag);
+}
+
+int nn_bf16_native(void)
+{
+    const unsigned need = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    return ((unsigned)dnnl_get_effective_cpu_isa() & need) == need;
+}
+
 int nn_mem(dnnl_memory_t *out, const_dnnl_memory_desc_t md, dnnl_engine_t eng, void *data,
            SgError *err)
 {

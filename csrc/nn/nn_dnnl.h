@@ -30,6 +30,15 @@ typedef struct NnExec {
 int nn_md(dnnl_memory_desc_t *out, int ndims, const dnnl_dim_t *dims, dnnl_format_tag_t tag,
           SgError *err);
 
+/* The same with data type dt (dnnl_f32 or dnnl_bf16). */
+int nn_md_dt(dnnl_memory_desc_t *out, int ndims, const dnnl_dim_t *dims, dnnl_data_type_t dt,
+             dnnl_format_tag_t tag, SgError *err);
+
+/* 1 if oneDNN runs bf16 dot products natively on this CPU: the effective ISA
+ * (capped by ONEDNN_MAX_CPU_ISA) includes AVX512_BF16 (or AMX). Without it
+ * oneDNN would emulate bf16, slower than f32. */
+int nn_bf16_native(void);
+
 /* Creates a memory object over caller-owned data (not freed by oneDNN). */
 int nn_mem(dnnl_memory_t *out, const_dnnl_memory_desc_t md, dnnl_engine_t eng, void *data,
            SgError *err);

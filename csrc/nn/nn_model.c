@@ -15,7 +15,9 @@
  *   Loss     training: softmax cross-entropy, its gradient and the hits in one
  *            C pass (nn_loss.c); evaluation: oneDNN log-softmax, then C
  * Plain SGD on a Dense stack is folded into the weight-gradient GEMMs
- * (model_backward_sgd in nn_plan.c). The training loops are in nn_train.c.
+ * (model_backward_sgd in nn_plan.c). With NN_BF16 precision the Dense and
+ * Conv2D primitives run on bf16 copies of their inputs (build_weighted in
+ * nn_plan.c). The training loops are in nn_train.c.
  */
 #include "nn/nn_model_impl.h"
 

@@ -104,6 +104,15 @@ typedef struct NnData {
 
 typedef struct Model Model;
 
+/* Arithmetic of the Dense and Conv2D primitives. NN_BF16: their inputs
+ * (activations, weights, output gradients) are converted to bf16 and they
+ * accumulate in f32; the parameters, their gradients, the optimizer, the
+ * loss, pooling and dropout stay f32 (see nn_plan.c). */
+typedef enum NnPrecision {
+    NN_FP32 = 0,
+    NN_BF16 = 1,
+} NnPrecision;
+
 /* Declares the network on an input of h x w x c (a flat input: 1 x 1 x c),
  * validates every layer, computes shapes and the size table and allocates the
  * parameter and gradient buffers (zeroed). */
@@ -123,6 +132,20 @@ const LayerSpec *model_layer_spec(const Model *m, int layer);
 int model_num_classes(const Model *m);
 size_t model_input_size(const Model *m);
 
+/* 1 if this CPU (as oneDNN sees it, ONEDNN_MAX_CPU_ISA included) computes
+ * bf16 natively (AVX512_BF16 or AMX). */
+int nn_bf16_supported(void);
+
+/* Sets the precision of every later pass (the cached plans are dropped) and
+ * returns the precision in use: NN_BF16 falls back to NN_FP32 where
+ * nn_bf16_supported() is 0. A layer whose bf16 primitives oneDNN does not
+ * implement for its shapes runs in f32 (model_bf16_layers counts the others). */
+NnPrecision model_set_precision(Model *m, NnPrecision p);
+NnPrecision model_precision(const Model *m);
+/* Weighted layers whose primitives run in bf16, in the plan of batch size B
+ * (built if needed); 0 in NN_FP32. */
+int model_bf16_layers(Model *m, int B, int *count, SgError *err);
+
 /* Fills the parameters from the seeded initialisers (biases zero). */
 void model_init_params(Model *m, uint64_t seed);
 
@@ -138,7 +161,8 @@ void model_shuffle(Model *m, int64_t *order, size_t n);
  * hook is not NULL, nn_hook.h: ready() per layer during backward, last layer
  * first, then step()) and, if opt is not NULL and step() did not return 1,
  * the optimizer update. When opt is plain SGD (optim_take_plain_sgd_step),
- * there is no hook and every layer is Dense, Dropout or Flatten, the update
+ * there is no hook, the precision is NN_FP32 and every layer is Dense,
+ * Dropout or Flatten, the update
  * is folded into the weight-gradient GEMMs and the gradient buffer is not
  * written. *step (may be NULL) is the model's step count: on entry before
  * this batch, on return after it (+1, or what the hook's step() set). Adds

@@ -12,15 +12,16 @@
 #define PLAN_CACHE 2
 
 typedef struct LayerPlan {
-    NnExec fwd[2]; /* [weights reorder,] compute */
+    NnExec fwd[3]; /* [src to bf16,] [weights reorder,] compute */
     int nfwd;
-    NnExec bwd[8]; /* [act bwd,] [src, diff_dst reorders,] bwd weights, [diff weights reorder,]
-                      [weights reorder,] bwd data */
+    NnExec bwd[10]; /* [act bwd,] [diff_dst to bf16,] [src, diff_dst reorders,] bwd weights,
+                      [diff weights reorder,] [weights reorder,] bwd data */
     int nbwd;
     float *mask; /* Dropout [B, out] */
     /* Dense and Conv2D: bwd[iww .. iww+nww) compute the weight gradients
      * (the weights backward and its reorder); model_backward_sgd skips them */
     int iww, nww;
+    int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
@@ -36,6 +37,7 @@ typedef struct Plan {
     float *onehot;   /* [B, K] */
     LayerPlan *lp;   /* [L] */
     NnExec logsoftmax;
+    int nbf16; /* weighted layers built in bf16 */
     dnnl_memory_t *mems;
     int nmems, capmems;
     dnnl_primitive_t *prims;
@@ -59,6 +61,7 @@ struct Model {
     Plan *plans[PLAN_CACHE];
     uint64_t use_clock;
     uint64_t rng_seed, rng_counter;
+    NnPrecision precision; /* in use: NN_BF16 only where nn_bf16_native() */
 };
 
 /* nn_plan.c */

@@ -100,41 +100,86 @@ static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
     }
 }
 
-static int build_weighted(Model *m, Plan *p, int l, SgError *err)
+/* Picks, among the memories have[0..n) (NULL entries skipped), the one whose
+ * descriptor is want; else a new memory of want filled by a reorder from
+ * `from`, appended to the layer's backward list. */
+static int bind_as(Model *m, Plan *p, LayerPlan *lp, const_dnnl_memory_desc_t want,
+                   dnnl_memory_t *have, int n, dnnl_memory_t from, dnnl_memory_t *out, SgError *err)
+{
+    for (int i = 0; i < n; i++) {
+        const_dnnl_memory_desc_t md;
+        int rc;
+        if (have[i] == NULL)
+            continue;
+        if ((rc = DNNL(err, dnnl_memory_get_memory_desc, have[i], &md)) < 0)
+            return rc;
+        if (dnnl_memory_desc_equal(md, want)) {
+            *out = have[i];
+            return 0;
+        }
+    }
+    int rc = plan_mem(m, p, out, want, DNNL_MEMORY_ALLOCATE, err);
+    if (rc < 0)
+        return rc;
+    return plan_reorder(m, p, &lp->bwd[lp->nbwd++], from, *out, err);
+}
+
+/* A Dense or Conv2D layer. The activations, their gradients, the parameters
+ * and their gradients are f32 buffers of the plan and the model. With bf16
+ * (the model's precision), the primitives take bf16 copies of their inputs,
+ * made by reorders: the layer input and the f32 master weights before the
+ * forward (so the weights are converted once per step, and the backward data
+ * reuses that copy), the output gradient after the activation backward; they
+ * accumulate in f32 and write f32 outputs (forward dst, diff_src, diff
+ * weights and bias), so everything outside these primitives is unchanged. */
+static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
 {
     const LayerSpec *sp = &m->specs[l];
     const LayerShape *s = &m->shapes[l];
     LayerPlan *lp = &p->lp[l];
     const int conv = sp->kind == LAYER_CONV2D, B = p->B;
     const int fused = act_alg(sp->act, 0) != dnnl_alg_kind_undef;
+    const dnnl_data_type_t lt = bf16 ? dnnl_bf16 : dnnl_f32; /* the primitives' input type */
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
     dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL,
-                       src_any = NULL, dst_any = NULL;
+                       src_any = NULL, dst_any = NULL, dw_any = NULL, src16_md = NULL,
+                       dst16_md = NULL;
     dnnl_primitive_desc_t fwd_pd = NULL, efwd_pd = NULL, ebwd_pd = NULL, bww_pd = NULL,
                           bwd_pd = NULL;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, tmp;
+    dnnl_memory_t src16_m = NULL, g16_m = NULL;
     const dnnl_dims_t strides = {sp->stride, sp->stride}, dil = {0, 0}, pl = {s->pt, s->pl},
                       pr = {s->pb, s->pr};
     int rc;
 
+    lp->bf16 = bf16;
     if (conv) {
         dnnl_dims_t sd = {B, s->c, s->h, s->w}, dd = {B, s->oc, s->oh, s->ow},
                     wd = {s->oc, s->c, sp->kh, sp->kw};
         if ((rc = nn_md(&src_md, 4, sd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&dst_md, 4, dd, dnnl_nhwc, err)) < 0 ||
             (rc = nn_md(&w_md, 4, wd, dnnl_hwio, err)) < 0 ||
-            (rc = nn_md(&w_any, 4, wd, dnnl_format_tag_any, err)) < 0 ||
-            (rc = nn_md(&src_any, 4, sd, dnnl_format_tag_any, err)) < 0 ||
-            (rc = nn_md(&dst_any, 4, dd, dnnl_format_tag_any, err)) < 0)
+            (rc = nn_md_dt(&w_any, 4, wd, lt, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md(&dw_any, 4, wd, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md_dt(&src_any, 4, sd, lt, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md_dt(&dst_any, 4, dd, lt, dnnl_format_tag_any, err)) < 0 ||
+            (rc = nn_md_dt(&src16_md, 4, sd, lt, dnnl_nhwc, err)) < 0 ||
+            (rc = nn_md_dt(&dst16_md, 4, dd, lt, dnnl_nhwc, err)) < 0)
             goto cleanup;
     } else {
         dnnl_dims_t sd = {B, s->c}, dd = {B, s->oc}, wd = {s->oc, s->c};
+        /* f32: the weights stay in the flat buffer's layout (io); bf16: the
+         * conversion reorder writes the layout oneDNN prefers */
+        dnnl_format_tag_t wt = bf16 ? dnnl_format_tag_any : dnnl_io;
         if ((rc = nn_md(&src_md, 2, sd, dnnl_ab, err)) < 0 ||
             (rc = nn_md(&dst_md, 2, dd, dnnl_ab, err)) < 0 ||
             (rc = nn_md(&w_md, 2, wd, dnnl_io, err)) < 0 ||
-            (rc = nn_md(&w_any, 2, wd, dnnl_io, err)) < 0)
+            (rc = nn_md_dt(&w_any, 2, wd, lt, wt, err)) < 0 ||
+            (rc = nn_md(&dw_any, 2, wd, dnnl_io, err)) < 0 ||
+            (rc = nn_md_dt(&src16_md, 2, sd, lt, dnnl_ab, err)) < 0 ||
+            (rc = nn_md_dt(&dst16_md, 2, dd, lt, dnnl_ab, err)) < 0)
             goto cleanup;
     }
     {
@@ -151,10 +196,10 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
             goto cleanup;
     }
     rc = conv ? DNNL(err, dnnl_convolution_forward_primitive_desc_create, &fwd_pd, m->eng,
-                     dnnl_forward_training, dnnl_convolution_direct, src_md, w_any, b_md, dst_md,
+                     dnnl_forward_training, dnnl_convolution_direct, src16_md, w_any, b_md, dst_md,
                      strides, dil, pl, pr, attr)
               : DNNL(err, dnnl_inner_product_forward_primitive_desc_create, &fwd_pd, m->eng,
-                     dnnl_forward_training, src_md, w_any, b_md, dst_md, attr);
+                     dnnl_forward_training, src16_md, w_any, b_md, dst_md, attr);
     if (rc < 0)
         goto cleanup;
 
@@ -168,7 +213,13 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         (rc = plan_mem(m, p, &db_m, b_md, m->grads + bt->offset, err)) < 0)
         goto cleanup;
 
-    /* forward: [reorder HWIO -> preferred,] compute */
+    /* forward: [input to bf16,] [weights to the preferred layout (and bf16),] compute */
+    dnnl_memory_t fsrc_m = src_m;
+    if (bf16 && ((rc = plan_mem(m, p, &src16_m, src16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+                 (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], src_m, src16_m, err)) < 0))
+        goto cleanup;
+    if (bf16)
+        fsrc_m = src16_m;
     const_dnnl_memory_desc_t fw_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
     fw_m = w_m;
     if (!dnnl_memory_desc_equal(fw_md, w_md)) {
@@ -179,12 +230,12 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     NnExec *e = &lp->fwd[lp->nfwd++];
     if ((rc = plan_prim(p, &e->prim, fwd_pd, err)) < 0)
         goto cleanup;
-    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_SRC, fsrc_m);
     nn_exec_arg(e, DNNL_ARG_WEIGHTS, fw_m);
     nn_exec_arg(e, DNNL_ARG_BIAS, b_m);
     nn_exec_arg(e, DNNL_ARG_DST, dst_m);
 
-    /* backward: activation (from dst), weights + bias, data */
+    /* backward: activation (from dst), [output gradient to bf16,] weights + bias, data */
     g_m = ddst_m;
     if (fused) {
         if ((rc = DNNL(err, dnnl_eltwise_forward_primitive_desc_create, &efwd_pd, m->eng,
@@ -201,12 +252,15 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
         nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_SRC, ddst_m);
     }
-    /* conv weight gradients: oneDNN may prefer blocked activations; reorder to them */
+    if (bf16 && ((rc = plan_mem(m, p, &g16_m, dst16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+                 (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, g16_m, err)) < 0))
+        goto cleanup;
+    /* weight gradients (f32): oneDNN may prefer blocked activations; reorder to them */
     rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
-                     dnnl_convolution_direct, src_any, w_any, b_md, dst_any, strides, dil, pl, pr,
+                     dnnl_convolution_direct, src_any, dw_any, b_md, dst_any, strides, dil, pl, pr,
                      fwd_pd, NULL)
               : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
-                     m->eng, src_md, w_any, b_md, dst_md, fwd_pd, NULL);
+                     m->eng, src16_md, dw_any, b_md, dst16_md, fwd_pd, NULL);
     if (rc < 0)
         goto cleanup;
     const_dnnl_memory_desc_t dw_md =
@@ -215,16 +269,12 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
     if (!dnnl_memory_desc_equal(dw_md, w_md) &&
         (rc = plan_mem(m, p, &tmp, dw_md, DNNL_MEMORY_ALLOCATE, err)) < 0)
         goto cleanup;
-    dnnl_memory_t wsrc_m = src_m, wdd_m = g_m;
-    const_dnnl_memory_desc_t q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_src_md, 0);
-    if (!dnnl_memory_desc_equal(q_md, src_md) &&
-        ((rc = plan_mem(m, p, &wsrc_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], src_m, wsrc_m, err)) < 0))
-        goto cleanup;
-    q_md = dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_dst_md, 0);
-    if (!dnnl_memory_desc_equal(q_md, dst_md) &&
-        ((rc = plan_mem(m, p, &wdd_m, q_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-         (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, wdd_m, err)) < 0))
+    dnnl_memory_t wsrc_m, wdd_m;
+    dnnl_memory_t srcs[2] = {src_m, src16_m}, grads[2] = {g_m, g16_m};
+    if ((rc = bind_as(m, p, lp, dnnl_primitive_desc_query_md(bww_pd, dnnl_query_src_md, 0), srcs, 2,
+                      src_m, &wsrc_m, err)) < 0 ||
+        (rc = bind_as(m, p, lp, dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_dst_md, 0),
+                      grads, 2, g_m, &wdd_m, err)) < 0)
         goto cleanup;
     lp->iww = lp->nbwd;
     e = &lp->bwd[lp->nbwd++];
@@ -240,35 +290,30 @@ static int build_weighted(Model *m, Plan *p, int l, SgError *err)
 
     if (l > 0) {
         rc = conv ? DNNL(err, dnnl_convolution_backward_data_primitive_desc_create, &bwd_pd, m->eng,
-                         dnnl_convolution_direct, src_md, w_any, dst_md, strides, dil, pl, pr,
+                         dnnl_convolution_direct, src_md, w_any, dst16_md, strides, dil, pl, pr,
                          fwd_pd, NULL)
                   : DNNL(err, dnnl_inner_product_backward_data_primitive_desc_create, &bwd_pd,
-                         m->eng, src_md, w_any, dst_md, fwd_pd, NULL);
+                         m->eng, src_md, w_any, dst16_md, fwd_pd, NULL);
         if (rc < 0)
             goto cleanup;
         const_dnnl_memory_desc_t bw_md =
             dnnl_primitive_desc_query_md(bwd_pd, dnnl_query_weights_md, 0);
-        dnnl_memory_t bw_m = fw_m;
-        if (dnnl_memory_desc_equal(bw_md, w_md))
-            bw_m = w_m;
-        else if (!dnnl_memory_desc_equal(bw_md, fw_md)) {
-            if ((rc = plan_mem(m, p, &bw_m, bw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-                (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], w_m, bw_m, err)) < 0)
-                goto cleanup;
-        }
-        if ((rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
+        dnnl_memory_t bw_m, ws[2] = {fw_m, w_m};
+        if ((rc = bind_as(m, p, lp, bw_md, ws, 2, w_m, &bw_m, err)) < 0 ||
+            (rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
             goto cleanup;
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
             goto cleanup;
-        nn_exec_arg(e, DNNL_ARG_DIFF_DST, g_m);
+        nn_exec_arg(e, DNNL_ARG_DIFF_DST, bf16 ? g16_m : g_m);
         nn_exec_arg(e, DNNL_ARG_WEIGHTS, bw_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dsrc_m);
     }
     rc = 0;
 cleanup:
     if (rc < 0)
-        sg_context(err, "building layer %d (%s, batch %d): ", l, conv ? "Conv2D" : "Dense", B);
+        sg_context(err, "building layer %d (%s, batch %d, %s): ", l, conv ? "Conv2D" : "Dense", B,
+                   bf16 ? "bf16" : "f32");
     dnnl_primitive_desc_destroy(fwd_pd);
     dnnl_primitive_desc_destroy(efwd_pd);
     dnnl_primitive_desc_destroy(ebwd_pd);
@@ -283,6 +328,9 @@ cleanup:
     dnnl_memory_desc_destroy(b_md);
     dnnl_memory_desc_destroy(src_any);
     dnnl_memory_desc_destroy(dst_any);
+    dnnl_memory_desc_destroy(dw_any);
+    dnnl_memory_desc_destroy(src16_md);
+    dnnl_memory_desc_destroy(dst16_md);
     return rc;
 }
 
@@ -442,7 +490,20 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
         switch (m->specs[l].kind) {
         case LAYER_DENSE:
         case LAYER_CONV2D:
-            rc = build_weighted(m, p, l, err);
+            if (m->precision == NN_BF16) {
+                rc = build_weighted(m, p, l, 1, err);
+                if (rc == 0) {
+                    p->nbf16++;
+                    break;
+                }
+                /* no bf16 implementation for this layer's shapes: f32 (what
+                 * the failed attempt created stays listed in p, freed with it) */
+                if (rc != SG_EDNNL)
+                    goto fail;
+                sg_error_clear(err);
+                memset(&p->lp[l], 0, sizeof p->lp[l]);
+            }
+            rc = build_weighted(m, p, l, 0, err);
             break;
         case LAYER_MAXPOOL:
         case LAYER_AVGPOOL:
@@ -462,6 +523,39 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
 fail:
     plan_free(p);
     return rc;
+}
+
+int nn_bf16_supported(void)
+{
+    return nn_bf16_native();
+}
+
+NnPrecision model_set_precision(Model *m, NnPrecision prec)
+{
+    NnPrecision use = prec == NN_BF16 && nn_bf16_native() ? NN_BF16 : NN_FP32;
+    if (use != m->precision) {
+        for (int i = 0; i < PLAN_CACHE; i++) {
+            plan_free(m->plans[i]);
+            m->plans[i] = NULL;
+        }
+        m->precision = use;
+    }
+    return use;
+}
+
+NnPrecision model_precision(const Model *m)
+{
+    return m->precision;
+}
+
+int model_bf16_layers(Model *m, int B, int *count, SgError *err)
+{
+    Plan *p = NULL;
+    int rc = model_plan(m, B, &p, err);
+    if (rc < 0)
+        return rc;
+    *count = p->nbf16;
+    return 0;
 }
 
 int model_plan(Model *m, int B, Plan **out, SgError *err)

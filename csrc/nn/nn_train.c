@@ -146,8 +146,8 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
     int64_t next = (step ? *step : 0) + 1;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
      * GEMMs, with no gradient buffer pass and no optimizer pass; never with a
-     * hook, which needs the gradients */
-    if (opt && !hook && model_dense_only(m)) {
+     * hook, which needs the gradients, nor in bf16 (the f32 GEMM would undo it) */
+    if (opt && !hook && model_dense_only(m) && m->precision == NN_FP32) {
         if ((rc = optim_take_plain_sgd_step(opt, m->nparams, &lr, err)) < 0)
             return rc;
         if (rc == 1) {

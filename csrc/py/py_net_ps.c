@@ -384,15 +384,27 @@ typedef struct {
 
 static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"addresses", "secret", "total", "worker_id", "timeout", NULL};
+    static char *kwlist[] = {"addresses", "secret",      "total", "worker_id",
+                             "timeout",   "compression", NULL};
     PyObject *addresses;
     Py_buffer secret;
     unsigned long long total;
     int worker_id;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|d:PsClient", kwlist, &addresses, &secret,
-                                     &total, &worker_id, &timeout))
+    const char *compression = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|dz:PsClient", kwlist, &addresses, &secret,
+                                     &total, &worker_id, &timeout, &compression))
         return -1;
+    PsWire wire = PS_WIRE_F32;
+    if (compression != NULL && strcmp(compression, "none") != 0) {
+        if (strcmp(compression, "bf16") != 0) {
+            PyBuffer_Release(&secret);
+            sg_raise_code(SG_EINVAL, "PsClient compression must be None or 'bf16', not '%s'",
+                          compression);
+            return -1;
+        }
+        wire = PS_WIRE_BF16;
+    }
     PyObject *seq = PySequence_Fast(addresses, "addresses must be a sequence of (host, port)");
     Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0;
     const char **hosts = seq != NULL ? calloc((size_t)n + 1, sizeof *hosts) : NULL;
@@ -415,6 +427,10 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
         rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, total,
                                worker_id, timeout, &self->cli, &err);
         Py_END_ALLOW_THREADS
+        if (rc == 0 && (rc = ps_client_set_wire(self->cli, wire, &err)) < 0) {
+            ps_client_free(self->cli);
+            self->cli = NULL;
+        }
         if (rc < 0) {
             sg_raise(&err);
             ok = 0;

@@ -8,6 +8,7 @@
 #include "py/py_nn.h"
 
 #include <math.h>
+#include <string.h>
 
 typedef struct ModelObject {
     PyObject_HEAD
@@ -187,6 +188,45 @@ static PyObject *model_shuffle_py(ModelObject *self, PyObject *args)
         return NULL;
     model_shuffle(self->model, (int64_t *)PyArray_DATA((PyArrayObject *)arr), (size_t)n);
     return arr;
+}
+
+static const char *precision_name(NnPrecision p)
+{
+    return p == NN_BF16 ? "bf16" : "fp32";
+}
+
+static PyObject *model_set_precision_py(ModelObject *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:set_precision", &name) || model_ready(self) < 0)
+        return NULL;
+    NnPrecision want;
+    if (strcmp(name, "fp32") == 0)
+        want = NN_FP32;
+    else if (strcmp(name, "bf16") == 0)
+        want = NN_BF16;
+    else
+        return sg_raise_code(SG_EINVAL, "precision must be 'fp32' or 'bf16', not '%s'", name);
+    return PyUnicode_FromString(precision_name(model_set_precision(self->model, want)));
+}
+
+static PyObject *model_bf16_layers_py(ModelObject *self, PyObject *args)
+{
+    int batch, count = 0;
+    if (!PyArg_ParseTuple(args, "i:bf16_layers", &batch) || model_ready(self) < 0)
+        return NULL;
+    SgError err = {0};
+    if (model_bf16_layers(self->model, batch, &count, &err) < 0)
+        return sg_raise(&err);
+    return PyLong_FromLong(count);
+}
+
+static PyObject *model_get_precision(ModelObject *self, void *closure)
+{
+    (void)closure;
+    return model_ready(self) < 0
+               ? NULL
+               : PyUnicode_FromString(precision_name(model_precision(self->model)));
 }
 
 /* A contiguous float32 array of n values (n == (size_t)-1: any) or None. */
@@ -466,6 +506,10 @@ static PyMethodDef model_methods[] = {
     {"set_rng", (PyCFunction)model_set_rng_py, METH_VARARGS, "set_rng(seed, counter)."},
     {"shuffle", (PyCFunction)model_shuffle_py, METH_VARARGS,
      "shuffle(n) -> int64 permutation drawn from the model RNG."},
+    {"set_precision", (PyCFunction)model_set_precision_py, METH_VARARGS,
+     "set_precision('fp32'|'bf16') -> the precision in use ('fp32' where the CPU has no bf16)."},
+    {"bf16_layers", (PyCFunction)model_bf16_layers_py, METH_VARARGS,
+     "bf16_layers(batch) -> Dense/Conv2D layers running bf16 primitives at that batch size."},
     {"train_steps", (PyCFunction)(void (*)(void))model_train_steps, METH_VARARGS | METH_KEYWORDS,
      "train_steps(opt|None, x, labels|None, onehot|None, order|None, start, batch, nsteps, *, "
      "hook=None, step=0, scale=nan, mean=None, std=None) -> (loss_sum, correct, seen, steps, "
@@ -483,6 +527,8 @@ static PyGetSetDef model_getset[] = {
     {"params", (getter)model_get_params, NULL, "flat parameter buffer (float32 view)", NULL},
     {"grads", (getter)model_get_grads, NULL, "flat gradient buffer (float32 view)", NULL},
     {"classes", (getter)model_get_classes, NULL, "output width K", NULL},
+    {"precision", (getter)model_get_precision, NULL, "'fp32' or 'bf16': the precision in use",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -518,7 +564,16 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(nn_get_num_threads());
 }
 
+static PyObject *py_bf16_supported(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(nn_bf16_supported());
+}
+
 static PyMethodDef nn_functions[] = {
+    {"bf16_supported", py_bf16_supported, METH_NOARGS,
+     "bf16_supported() -> True if oneDNN computes bf16 natively on this CPU (AVX512_BF16/AMX)."},
     {"set_num_threads", py_set_num_threads, METH_VARARGS,
      "set_num_threads(n): OpenMP threads for oneDNN and the C loops (of the calling thread)."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int."},

@@ -61,11 +61,11 @@ def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False
     return ClusterServer(ctx)
 
 
-def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0) -> ParameterClient:
+def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> ParameterClient:
     """On a training node: a client of every ps shard of the parameter buffer of
     ``total``, a model (``model.fit(..., ps=TFNode.ps_client(ctx, model))``) or
-    a parameter count."""
-    return ParameterClient(ctx, total, timeout)
+    a parameter count; ``compression="bf16"`` pushes bf16 gradients."""
+    return ParameterClient(ctx, total, timeout, compression)
 
 
 __all__ = [

@@ -41,8 +41,26 @@ static float frand(uint64_t *s)
     return (float)((*s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-static void check_model(const char *name, int h, int w, int c, const LayerSpec *specs, int L, int B,
-                        int sparse)
+/* dst[i] = src[i] rounded to the nearest bf16 (ties to even), as oneDNN's
+ * reorders round (NaN-free inputs here). */
+static void round_bf16(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+/* With bf16 (NN_BF16 precision), the references of Dense and Conv2D take
+ * bf16-rounded copies of what the primitives convert (input, weights, output
+ * gradient): bf16 products are exact in f32, so the f32 tolerance holds. The
+ * backward references then start from the plan's own upstream gradient at
+ * every layer, since a rounding boundary would amplify the chain's f32
+ * differences. */
+static void check_model_prec(const char *name, int h, int w, int c, const LayerSpec *specs, int L,
+                             int B, int sparse, int bf16)
 {
     SgError err = {0};
     Model *m = NULL;
@@ -51,6 +69,8 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
         failures++;
         return;
     }
+    if (bf16)
+        CHECK(model_set_precision(m, NN_BF16) == NN_BF16);
     model_init_params(m, 7);
     for (size_t i = 0; i < m->nparams; i++) /* non-zero biases exercise the bias path */
         if (m->params[i] == 0.0f)
@@ -82,6 +102,15 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     }
     float *want = malloc(sizeof(float) * maxn), *pre = malloc(sizeof(float) * maxn),
           *dpre = malloc(sizeof(float) * maxn), *gw = malloc(sizeof(float) * m->nparams);
+    float *xr = malloc(sizeof(float) * maxn), *wr = malloc(sizeof(float) * m->nparams);
+    if (bf16) {
+        int nb = 0;
+        CHECK(model_bf16_layers(m, B, &nb, &err) == 0 && nb > 0);
+        CHECK(p->nbf16 == nb);
+        round_bf16(wr, m->params, m->nparams);
+    } else {
+        memcpy(wr, m->params, sizeof(float) * m->nparams);
+    }
 
     /* loss kernels: training ran the one-pass loss (nn_loss.c); evaluation's
      * oneDNN log-softmax runs here on the same logits */
@@ -105,7 +134,11 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
         case LAYER_DENSE:
         case LAYER_CONV2D: {
             const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
-            const float *W = m->params + kt->offset, *bias = m->params + bt->offset;
+            const float *W = wr + kt->offset, *bias = m->params + bt->offset;
+            if (p->lp[l].bf16) {
+                round_bf16(xr, X, (size_t)B * sh->h * sh->w * sh->c);
+                X = xr;
+            }
             if (sp->kind == LAYER_DENSE)
                 dense_forward_ref(pre, X, W, bias, B, sh->c, sh->oc);
             else
@@ -160,12 +193,22 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
         const float *X = p->act[l], *Y = p->act[l + 1];
         NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
         const char *what = "data gradient";
+        if (bf16 && sp->kind != LAYER_FLATTEN) /* the plan's own upstream (see above) */
+            memcpy(up, p->dact[l + 1], sizeof(float) * o);
         switch (sp->kind) {
         case LAYER_DENSE:
         case LAYER_CONV2D: {
             const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
-            const float *W = m->params + kt->offset;
-            act_backward_ref(dpre, up, Y, o, act);
+            const float *W = wr + kt->offset;
+            if (p->lp[l].bf16) {
+                /* dact[l+1] now holds the gradient before the activation, as
+                 * the weights and data primitives took it */
+                round_bf16(dpre, p->dact[l + 1], o);
+                round_bf16(xr, X, in);
+                X = xr;
+            } else {
+                act_backward_ref(dpre, up, Y, o, act);
+            }
             if (sp->kind == LAYER_DENSE)
                 dense_backward_ref(down, gw + kt->offset, gw + bt->offset, dpre, X, W, B, sh->c,
                                    sh->oc);
@@ -221,6 +264,8 @@ static void check_model(const char *name, int h, int w, int c, const LayerSpec *
     free(pre);
     free(dpre);
     free(gw);
+    free(xr);
+    free(wr);
     free(lp);
     free(dl);
 done:
@@ -228,6 +273,17 @@ done:
     free(onehot);
     free(labels);
     model_free(m);
+}
+
+static void check_model(const char *name, int h, int w, int c, const LayerSpec *specs, int L, int B,
+                        int sparse)
+{
+    check_model_prec(name, h, w, c, specs, L, B, sparse, 0);
+    if (nn_bf16_supported()) {
+        char bname[64];
+        snprintf(bname, sizeof bname, "%s (bf16)", name);
+        check_model_prec(bname, h, w, c, specs, L, B, sparse, 1);
+    }
 }
 
 static void test_mlp_kernels(void)

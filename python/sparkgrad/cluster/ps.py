@@ -104,16 +104,18 @@ class ParameterClient:
     ``total``: a sparkgrad.nn model or its number of parameters. Pass the
     client to ``model.fit(..., ps=client)``: fit initialises the servers from
     the chief (worker_id 0), runs every step through ``grad_hook()`` in the C
-    loop and says done() at the end.
+    loop and says done() at the end. ``compression="bf16"`` sends the
+    gradients as bf16 (half the bytes; the shards widen them to float32 before
+    they apply or average them); parameters always come back as float32.
     """
 
-    def __init__(self, ctx: NodeContext, total: Any, timeout: float = 60.0) -> None:
+    def __init__(self, ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> None:
         addresses = [(n.host, n.port) for n in ctx.nodes_of(PS)]
         if not addresses:
             raise ClusterError("the cluster has no ps nodes (num_ps=0): nothing to pull parameters from")
         self.total = _total_of(total)
         self.worker_id = worker_rank(ctx)
-        self._client = net().PsClient(addresses, ctx.secret, self.total, self.worker_id, timeout)
+        self._client = net().PsClient(addresses, ctx.secret, self.total, self.worker_id, timeout, compression)
         self._done = False
 
     def init(self, params: np.ndarray) -> bool:

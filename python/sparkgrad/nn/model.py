@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,21 @@ from sparkgrad.nn.training import Trainer
 __all__ = ["LOSSES", "History", "ParamTensor", "Sequential", "TrainState", "steps_per_epoch"]
 
 LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy")
+PRECISIONS = ("fp32", "bf16")
+_warned_no_bf16 = False
+
+
+def _warn_no_bf16() -> None:
+    """Says once per process that bf16 was asked for and fp32 runs instead."""
+    global _warned_no_bf16
+    if not _warned_no_bf16:
+        _warned_no_bf16 = True
+        warnings.warn(
+            "precision='bf16': this CPU has no native bf16 (AVX512_BF16 or AMX, as oneDNN reports it, "
+            "ONEDNN_MAX_CPU_ISA included); running fp32",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @dataclass(frozen=True)
@@ -194,8 +210,8 @@ class Sequential:
 
         compute_gradients writes it, and so do training steps with any
         optimizer except plain SGD on a model of Dense, Dropout and Flatten
-        layers: that update is folded into the weight-gradient products and
-        leaves this buffer untouched.
+        layers in fp32: that update is folded into the weight-gradient
+        products and leaves this buffer untouched.
         """
         return self._core.grads
 
@@ -264,8 +280,20 @@ class Sequential:
         optimizer: str | _optimizers.Optimizer = "sgd",
         loss: str = "sparse_categorical_crossentropy",
         metrics: Sequence[str] = ("accuracy",),
+        precision: str = "fp32",
     ) -> None:
-        """Chooses the optimizer (bound to the flat buffer) and the loss."""
+        """Chooses the optimizer (bound to the flat buffer), the loss and the
+        precision of the Dense and Conv2D layers.
+
+        ``precision="bf16"``: their forward and backward primitives take bf16
+        copies of the activations, of the weights (converted from the float32
+        parameters once per step) and of the output gradients, and accumulate
+        in float32; parameters, gradients, optimizer state, loss, pooling,
+        dropout and checkpoints stay float32. Where the CPU has no native bf16
+        (AVX512_BF16 or AMX, as oneDNN sees it) the model warns once and runs
+        float32; ``model.precision`` says which is in use."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
         for m in metrics:
@@ -278,6 +306,14 @@ class Sequential:
             self.optimizer.set_state(s.optimizer_steps, s.optimizer_slots)
         self.loss = loss
         self.metrics = list(metrics)
+        used = self._core.set_precision(precision)
+        if used != precision:
+            _warn_no_bf16()
+
+    @property
+    def precision(self) -> str:
+        """'fp32' or 'bf16': the precision the Dense and Conv2D layers run in."""
+        return self._core.precision
 
     # ---- data -------------------------------------------------------------
 
