@@ -16,9 +16,10 @@ batches).
   fitting its shard with BroadcastGlobalVariablesCallback(0).
 - TorchDistributor: ``TorchDistributor(num_processes=2, local_mode=True,
   use_gpu=False)`` with DistributedDataParallel over gloo and a
-  DistributedSampler; "torch" eagerly, "torch_compile" through
-  torch.compile (its first step, which compiles, is reported apart as
-  compile_s and left out of its training time).
+  DistributedSampler; "torch" eagerly, "torch_compile" with the model
+  through torch.compile inside DDP (its first step, which compiles, is reported apart as
+  compile_s and left out of its training time; each run has an empty
+  inductor cache, TORCHINDUCTOR_CACHE_DIR, as a fresh cluster has).
 - horovod: ``pip install horovod`` is tried in a throwaway venv that sees
   this venv's packages (torch among them), with a timeout, and if it fails
   once more with the settings a user would try next (HOROVOD_RETRY_ENV:
@@ -253,6 +254,9 @@ def summarize(res: dict, system: str) -> dict:
     first, last = min(n["first_step_wall"] for n in nodes), max(n["last_step_wall"] for n in nodes)
     train = last - first
     if system == "torch_compile":
+        if any(not n.get("compiled_graphs") for n in nodes):
+            raise ValueError("torch.compile compiled no graph (it ran eagerly)")
+        out["graph_breaks"] = max(n.get("graph_breaks", 0) for n in nodes)
         # the first step compiles forward and backward: apart, less one ordinary step
         step = statistics.median(n["step_seconds"] for n in nodes)
         compile_s = max(n["first_step_end_wall"] - n["first_step_wall"] for n in nodes) - step
@@ -274,12 +278,15 @@ UNITS = {
     "run_wall_s": "s (run() called -> returned)",
     "train_s": "s (first step -> last step, the processes' own clocks)",
     "compile_s": "s (torch.compile's first step less one step)",
+    "graph_breaks": "graph breaks (torch._dynamo's count, rank with most)",
     "samples": "samples (both processes, all epochs)",
     "samples_per_s": "samples/s (over the training time)",
     "test_accuracy": "fraction (rank 0, 10,000 test images)",
     "spark_start_s": "s (SparkSession start, before run())",
 }
-DIGITS = {"test_accuracy": 4, "samples": 0, "compile_s": 2, "spark_start_s": 2}
+METRICS = ("run_wall_s", "train_s", "compile_s", "graph_breaks", "samples", "samples_per_s", "test_accuracy",
+           "spark_start_s")  # fmt: skip
+DIGITS = {"test_accuracy": 4, "samples": 0, "compile_s": 2, "spark_start_s": 2, "graph_breaks": 0}
 
 
 def main() -> int:
@@ -291,7 +298,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="runs per system (default 3, quick 1)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default 600 quick, 2400 full)")
     ap.add_argument("--no-horovod", action="store_true", help="do not try pip install horovod")
-    ap.add_argument("--horovod-timeout", type=float, default=300.0, help="seconds for pip install horovod")
+    ap.add_argument("--horovod-timeout", type=float, default=600.0, help="seconds for each pip install horovod")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
@@ -341,7 +348,10 @@ def main() -> int:
                 cmd = [sys.executable, str(BENCH / "hvd_torch.py"), *common, "--num-processes", str(NP)]
                 cmd += ["--compile"] if system == "torch_compile" else []
             print(f"run {rep + 1}/{repeat}: {LABELS[system]}...", flush=True)
-            res, why = run_child(cmd, env, timeout, log)
+            run_env = env
+            if system == "torch_compile":  # a cold compile cache for each run, as on a fresh cluster
+                run_env = dict(env, TORCHINDUCTOR_CACHE_DIR=str(work / f"{tag}-inductor-cache"))
+            res, why = run_child(cmd, run_env, timeout, log)
             one = None
             if res is not None:
                 try:
@@ -369,8 +379,7 @@ def main() -> int:
             row(LABELS[system], "train_s", None, UNITS["train_s"], reason=reason)
             continue
         medians[system] = {m: statistics.median(r[m] for r in done) for m in done[0]}
-        for metric in ("run_wall_s", "train_s", "compile_s", "samples", "samples_per_s", "test_accuracy",
-                       "spark_start_s"):  # fmt: skip
+        for metric in METRICS:
             if metric not in done[0]:
                 continue
             d = DIGITS.get(metric, 1)
