@@ -22,7 +22,7 @@ batches).
   inductor cache, TORCHINDUCTOR_CACHE_DIR, as a fresh cluster has).
 - horovod: ``pip install horovod`` is tried in a throwaway venv that sees
   this venv's packages (torch among them), with a timeout, and if it fails
-  once more with the settings a user would try next (HOROVOD_RETRY_ENV:
+  (not with --quick) once more with the settings a user would try next (HOROVOD_RETRY_ENV:
   CMake's policy-minimum escape, PyTorch and gloo only); the rows say
   whether it built, else the first line of the error. Nothing is installed
   into this venv.
@@ -39,7 +39,8 @@ equal accuracy.
 
     python bench/bench_hvd.py [--quick] [--systems sparkgrad,torch,torch_compile] [--repeat N] [--no-horovod]
 
-``--quick``: 12,800 samples, 1 epoch, 1 run, no torch.compile (a few minutes).
+``--quick``: 12,800 samples, 1 epoch, 1 run, no torch.compile, horovod's
+plain install only (about 3 minutes).
 Default: 3 epochs of the 60,000 samples, 3 runs. Prints the table and writes
 bench/results/hvd.json (rows system, metric, value, unit; min/max/runs where
 a figure is a median).
@@ -193,7 +194,7 @@ def first_error(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def try_horovod(timeout: float, work: pathlib.Path) -> list[tuple[str, bool, str]]:
+def try_horovod(timeout: float, work: pathlib.Path, retry: bool = True) -> list[tuple[str, bool, str]]:
     """[(attempt, built, what happened)]: pip install horovod in a throwaway venv that sees this venv's packages."""
     venv = work / "horovod-venv"
     try:
@@ -205,7 +206,7 @@ def try_horovod(timeout: float, work: pathlib.Path) -> list[tuple[str, bool, str
     pathlib.Path(site, "zz_sparkgrad_venv.pth").write_text("\n".join(ours) + "\n")  # torch, for its build
     cmd = [str(venv / "bin" / "pip"), "--disable-pip-version-check", "install", "--no-cache-dir", "horovod"]
     attempts = []
-    for name, extra in (("plain", {}), ("retry", HOROVOD_RETRY_ENV)):
+    for name, extra in (("plain", {}), ("retry", HOROVOD_RETRY_ENV))[: 2 if retry else 1]:
         log = work / f"horovod-pip-{name}.log"
         try:
             with open(log, "w") as f:
@@ -291,7 +292,9 @@ DIGITS = {"test_accuracy": 4, "samples": 0, "compile_s": 2, "spark_start_s": 2, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="12,800 samples, 1 epoch, 1 run, no torch.compile")
+    ap.add_argument(
+        "--quick", action="store_true", help="12,800 samples, 1 epoch, 1 run, no torch.compile, no horovod retry"
+    )
     ap.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--samples", type=int, default=None, help="training samples per epoch (default 60,000)")
     ap.add_argument("--epochs", type=int, default=None, help="default 3 (quick 1)")
@@ -415,7 +418,7 @@ def main() -> int:
         row("horovod", "pip_install_horovod", None, "", reason="not tried (--no-horovod)")
     else:
         print(f"pip install horovod in a throwaway venv (timeout {args.horovod_timeout:.0f} s)...", flush=True)
-        for attempt, built, what in try_horovod(args.horovod_timeout, work):
+        for attempt, built, what in try_horovod(args.horovod_timeout, work, retry=not args.quick):
             label = "pip install horovod" + (
                 "" if attempt == "plain" else " with " + " ".join(f"{k}={v}" for k, v in HOROVOD_RETRY_ENV.items())
             )
