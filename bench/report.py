@@ -4,7 +4,9 @@
     python bench/report.py --check    exit 1 if README.md is out of date
 
 Each results file is a list of rows {"system", "metric", "value", "unit"};
-the table shows them grouped by benchmark, in file order, with the date the
+a row's value may be None (not measured: its "reason", else its unit, says
+why), and a median may carry "min" and "max" (shown beside it). The table
+shows them grouped by benchmark, in file order, with the date the
 figures were measured, so figures in the README are always the measured ones.
 That date is the file's last commit when git has it unchanged (a fresh clone
 gives every file today's modification time), else its modification time.
@@ -35,6 +37,20 @@ def _fmt(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def _cell(row: dict) -> str:
+    """The value column: the figure (with its min-max), or why there is none."""
+    value = row["value"]
+    if value is None:
+        return f"not measured: {row.get('reason') or row['unit'] or 'no reason given'}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    text = _fmt(value)
+    lo, hi = row.get("min"), row.get("max")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and not isinstance(lo, bool):
+        text += f" ({_fmt(lo)}–{_fmt(hi)})"
+    return text
 
 
 def load_rows(path: pathlib.Path) -> list[dict]:
@@ -87,7 +103,8 @@ def render() -> str:
         parts.append(f"**{path.stem}** (`bench/{script}`, {day})\n")
         parts.append("| system | metric | value | unit |\n|---|---|---:|---|")
         for row in load_rows(path):
-            parts.append(f"| {row['system']} | {row['metric']} | {_fmt(row['value'])} | {row['unit']} |")
+            unit = "" if row["value"] is None and not row.get("reason") else row["unit"]
+            parts.append(f"| {row['system']} | {row['metric']} | {_cell(row)} | {unit} |")
         parts.append("")
     return "\n".join(parts).rstrip()
 

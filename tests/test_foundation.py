@@ -193,3 +193,19 @@ def test_readme_performance_tables_render_the_committed_results():
     assert undated(shown) == undated(report.render()), (
         "README.md differs from bench/results: run `python bench/report.py`"
     )
+
+
+def test_report_renders_rows_not_measured_and_medians_with_their_spread():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    reason = {"system": "horovod", "metric": "pip_install", "value": None, "unit": "", "reason": "cmake failed"}
+    assert report._cell(reason) == "not measured: cmake failed"
+    bare = {"system": "s", "metric": "m", "value": None, "unit": "timed out"}
+    assert report._cell(bare) == "not measured: timed out"
+    assert report._cell({"system": "s", "metric": "m", "value": None, "unit": ""}) == "not measured: no reason given"
+    median = {"system": "s", "metric": "m", "value": 12.5, "unit": "s", "min": 11.0, "max": 14.25, "runs": 3}
+    assert report._cell(median) == "12.5 (11–14.2)"
+    assert report._cell({"system": "s", "metric": "m", "value": 1234, "unit": "x"}) == "1,234"

@@ -263,6 +263,11 @@ def test_distributed_optimizer_is_the_wrapped_optimizer_for_compile_and_checkpoi
         DistributedOptimizer(SGD(), compression="int8")
     with pytest.raises(InvalidArgumentError, match="op must be"):
         DistributedOptimizer(SGD(), op="product")
+    assert DistributedOptimizer(SGD()).bucket_bytes == 0
+    assert DistributedOptimizer(SGD(), bucket_bytes=np.int64(1 << 20)).bucket_bytes == 1 << 20
+    for bad in (-1, True, 2.5, "1MB"):
+        with pytest.raises(InvalidArgumentError, match=r"bucket_bytes must be an int >= 0"):
+            DistributedOptimizer(SGD(), bucket_bytes=bad)
 
 
 def test_fit_with_a_distributed_optimizer_needs_a_communicator_and_refuses_a_ps():
@@ -333,24 +338,14 @@ def test_errors_from_the_ps_hook_are_sparkgrad_errors():
 # ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
 
 
-class Bucketed:
-    """A communicator whose hooks reduce in buckets of ``bucket_bytes`` (0: after backward)."""
-
-    def __init__(self, comm, bucket_bytes: int) -> None:
-        self.comm, self.bucket_bytes = comm, bucket_bytes
-
-    def grad_hook(self, **kw):
-        return self.comm.grad_hook(bucket_bytes=self.bucket_bytes, **kw)
-
-
 @pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
 @pytest.mark.parametrize("opt,bucket_bytes", [("sgd", 0), ("adam", 0), ("sgd", 256)])
 def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes):
     """20 steps: 2 ranks (threads, a real ring over loopback) each fitting its
     64 rows of every 128-row batch with DistributedOptimizer(op="average") end
     with the parameters of one model fitting the whole batches (to 1e-5).
-    bucket_bytes > 0: the hook starts reducing each layer's gradients when the
-    C backward calls ready() for it."""
+    bucket_bytes > 0 (DistributedOptimizer's argument): the hook starts
+    reducing each layer's gradients when the C backward calls ready() for it."""
     steps, features = 20, 12
     x, y = data(steps * 128, features, seed=4)
     make_opt = (lambda: SGD(0.1)) if opt == "sgd" else (lambda: Adam(0.01))
@@ -371,7 +366,7 @@ def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes)
     def rank(r):
         try:
             with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
-                m = model(DistributedOptimizer(make_opt(), communicator=Bucketed(comm, bucket_bytes)))
+                m = model(DistributedOptimizer(make_opt(), communicator=comm, bucket_bytes=bucket_bytes))
                 rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
                 m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
                 results[r] = m

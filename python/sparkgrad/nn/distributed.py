@@ -11,7 +11,12 @@ reduced across the ranks of the communicator (``op``: "average", "sum",
 "min", "max"; ``compression``: None, "fp16" or "bf16" on the wire, or an
 object with such a ``.name`` as ``hvd.Compression.fp16``), then the wrapped
 optimizer applies them on every rank. ``backward_passes_per_step`` > 1
-accumulates that many local gradients per reduction. The communicator
+accumulates that many local gradients per reduction. ``bucket_bytes`` > 0
+overlaps the reduction with backward: a background thread reduces each
+bucket of about that many bytes of gradient as the C backward reports its
+layers done (0, the default: the whole gradient after backward; the
+results are equal either way; bench/bench_overlap.py measures whether it
+pays for a model). The communicator
 defaults to ``sparkgrad.hvd.communicator()`` (the one ``hvd.init()`` set up
 in this process), looked up when fit starts.
 """
@@ -51,6 +56,7 @@ class DistributedOptimizer(Optimizer):
         compression: Any = None,
         op: str = "average",
         communicator: Any = None,
+        bucket_bytes: int = 0,
     ) -> None:
         # no Optimizer.__init__: the configuration and the C state are the wrapped optimizer's
         if isinstance(optimizer, DistributedOptimizer):
@@ -64,6 +70,11 @@ class DistributedOptimizer(Optimizer):
         if not isinstance(op, str) or op.lower() not in OPS:
             raise InvalidArgumentError(f"op must be one of {OPS}, not {op!r}")
         self.op = op.lower()
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
+            raise InvalidArgumentError(
+                f"bucket_bytes must be an int >= 0 (0: reduce after backward), not {bucket_bytes!r}"
+            )
+        self.bucket_bytes = int(bucket_bytes)
         self.communicator = communicator
 
     # ---- the wrapped optimizer, for compile, fit and checkpoints -------------
@@ -120,11 +131,14 @@ class DistributedOptimizer(Optimizer):
     def grad_hook(self) -> object:
         """The capsule (sparkgrad._core.NnGradHook) fit hands to the C loop."""
         return self.resolve_communicator().grad_hook(
-            op=self.op, compression=self.compression, backward_passes_per_step=self.backward_passes_per_step
+            op=self.op,
+            compression=self.compression,
+            backward_passes_per_step=self.backward_passes_per_step,
+            bucket_bytes=self.bucket_bytes,
         )
 
     def __repr__(self) -> str:
         return (
             f"DistributedOptimizer({self.optimizer!r}, backward_passes_per_step={self.backward_passes_per_step}, "
-            f"compression={self.compression!r}, op={self.op!r})"
+            f"compression={self.compression!r}, op={self.op!r}, bucket_bytes={self.bucket_bytes})"
         )
