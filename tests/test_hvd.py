@@ -232,11 +232,17 @@ def test_callbacks_broadcast_average_metrics_and_warm_up_the_learning_rate():
 
 
 @needs_comm
-def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer():
-    pytest.importorskip("sparkgrad.nn.distributed", reason="DistributedOptimizer (the training loop's branch)")
+@pytest.mark.parametrize("on", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer(on, request):
+    import pathlib
+
     from sparkgrad import TFCluster
 
-    cluster = TFCluster.run(None, runner_fns.tf_fit, None, 2, 0, output=lambda line: None)
+    sc = None
+    if on == "spark":  # TensorFlowOnSpark's way: TFCluster.run(sc, map_fun, ..., num_ps=0) on real local Spark
+        sc = request.getfixturevalue("spark_context")
+        sc.addPyFile(str(pathlib.Path(__file__).resolve().parent / "runner_fns.py"))
+    cluster = TFCluster.run(sc, runner_fns.tf_fit, None, 2, 0, output=lambda line: None)
     cluster.shutdown(timeout=90)
     a, b = cluster.results[0], cluster.results[1]
     assert (a["rank"], b["rank"]) == (0, 1)
