@@ -4,20 +4,16 @@
 # MAGIC
 # MAGIC The flow of Databricks' HorovodRunner MNIST tutorial: a data function that gives each process its shard,
 # MAGIC a model function (the tutorial's Keras CNN: `sparkgrad.nn.models.horovod_cnn`), training on the driver
-# MAGIC first, then the same training on `np` processes with the learning rate scaled by `np`, a checkpoint per
-# MAGIC epoch written by rank 0, and finally the checkpoint loaded back on the driver and evaluated.
-# MAGIC
-# MAGIC **What runs the distributed part today.** sparkgrad's allreduce runner (issue 13) has not landed; this
-# MAGIC notebook uses a *synchronous* parameter server instead, which does the same arithmetic as Horovod's
-# MAGIC averaged allreduce: each step applies the mean of the `np` workers' gradients, with Adadelta at
-# MAGIC `learning_rate × np` (Horovod's `DistributedOptimizer` averages, then each process applies the same
-# MAGIC update). It costs one extra task slot (the ps) and a round trip through it per step.
+# MAGIC first, then the same training on `np` processes with `sparkgrad.HorovodRunner` and `sparkgrad.hvd` (the
+# MAGIC Horovod idioms unchanged: `hvd.init()`, shard by `hvd.rank()` / `hvd.size()`, learning rate × `hvd.size()`,
+# MAGIC `hvd.DistributedOptimizer`, `BroadcastGlobalVariablesCallback(0)`, the best checkpoint kept by rank 0
+# MAGIC only), and finally the checkpoint rank 0 returned, loaded on the driver and evaluated.
 # MAGIC
 # MAGIC | widget | meaning |
 # MAGIC |---|---|
 # MAGIC | `data_path` | TFRecords from `10_prep` (`train*.tfrecords`, `test.tfrecords`) |
-# MAGIC | `output_path` | gets `checkpoints/epoch-N.sgckpt` |
-# MAGIC | `np` | worker processes (HorovodRunner's `np`) |
+# MAGIC | `output_path` | gets `checkpoints/best.sgck` (rank 0's best epoch by `val_loss`) |
+# MAGIC | `np` | processes (HorovodRunner's `np`: > 0 a barrier stage of Spark tasks, < 0 on the driver) |
 # MAGIC | `epochs`, `learning_rate` | the tutorial's 3 epochs (distributed) and Adadelta 0.1 |
 
 # COMMAND ----------
@@ -47,23 +43,25 @@ checkpoints = fuse_path(dbutils, f"{output_path}/checkpoints")
 
 
 def get_dataset(data_dir, split, rank=0, size=1):
-    """This process's shard of a split: images float32[N, 28, 28, 1] in [0, 1], one-hot labels float32[N, 10]."""
-    from sparkgrad.data import TFRecordDataset
-    from sparkgrad.data.convert import mnist_schema
+    """This process's shard of a split: images uint8[N, 784] as stored, one-hot labels float32[N, 10]."""
+    from sparkgrad.data import FixedLenFeature, RawBytesFeature, TFRecordDataset
 
+    schema = {"image_raw": RawBytesFeature([784], "uint8"), "label": FixedLenFeature([], "int64")}
     files = sorted(glob.glob(f"{data_dir}/{split}*.tfrecords"))
     xs, ys = [], []
-    for batch in TFRecordDataset(files, mnist_schema(), 1000):
+    for batch in TFRecordDataset(files, schema, 1000):
         xs.append(batch["image_raw"])
         ys.append(batch["label"])
     x, y = np.concatenate(xs)[rank::size], np.concatenate(ys)[rank::size]
-    return x.reshape(-1, 28, 28, 1), np.eye(NUM_CLASSES, dtype=np.float32)[y]
+    return x, np.eye(NUM_CLASSES, dtype=np.float32)[y]
 
 
-def get_model():
+def get_model(seed=1):
     from sparkgrad.nn.models import horovod_cnn
 
-    return horovod_cnn(seed=1)
+    model = horovod_cnn(seed=seed)
+    model.set_input_transform(scale=1 / 255)  # the uint8 pixels are scaled in C as each batch is gathered
+    return model
 
 
 # COMMAND ----------
@@ -83,65 +81,73 @@ model.fit(x_train, y_train, batch_size=BATCH_SIZE, epochs=1, verbose=1)
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## Distributed: `np` workers, the learning rate scaled by `np`, checkpoints from rank 0
+# MAGIC ## Distributed: `np` processes, the learning rate scaled by `hvd.size()`, the best checkpoint from rank 0
 
 # COMMAND ----------
 
 
-def train_hvd(args, ctx):
+def train_hvd(learning_rate=0.1, data_dir=data, epochs=epochs):
     import os
-    import shutil
     import tempfile
 
-    from sparkgrad import TFNode
+    import sparkgrad.hvd as hvd
     from sparkgrad.nn import Adadelta
 
-    model = get_model()
-    model.compile(optimizer="adadelta", loss="categorical_crossentropy", metrics=["accuracy"])
-    server = TFNode.start_cluster_server(ctx)
-    size = args["np"]
-    if ctx.job_name == "ps":  # one averaged gradient per worker and step, then Adadelta at lr x np
-        optimizer = Adadelta(args["learning_rate"] * size)
-        return {"ps": server.serve_parameters(model.num_params, mode="sync", optimizer=optimizer, init=model.params)}
-    rank = ctx.task_index
-    x, y = get_dataset(args["data"], "train", rank, size)
+    hvd.init()
+    x, y = get_dataset(data_dir, "train", hvd.rank(), hvd.size())
+    x_test, y_test = get_dataset(data_dir, "test")
+    model = get_model(seed=1 + hvd.rank())  # rank 0's weights go to every rank at the start
+    optimizer = hvd.DistributedOptimizer(Adadelta(learning_rate * hvd.size()))
+    model.compile(optimizer=optimizer, loss="categorical_crossentropy", metrics=["accuracy"])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
     local = tempfile.mkdtemp(prefix="sparkgrad-hvd-")
-    with TFNode.ps_client(ctx, model.num_params) as ps:
-        ps.pull(model.params)
-        for epoch in range(args["epochs"]):
-            for start in range(0, len(x), BATCH_SIZE):
-                loss, accuracy = model.compute_gradients(x[start : start + BATCH_SIZE], y[start : start + BATCH_SIZE])
-                step = ps.push_pull(model.grads, model.params)
-            ctx.metric("loss", loss, step)
-            if rank == 0:  # write locally, then copy the whole file
-                name = f"epoch-{epoch + 1}.sgckpt"
-                model.save(os.path.join(local, name))
-                os.makedirs(args["checkpoints"], exist_ok=True)
-                shutil.copyfile(os.path.join(local, name), os.path.join(args["checkpoints"], name))
-    shutil.rmtree(local)
-    return {"rank": rank, "step": step, "loss": loss, "accuracy": accuracy}
+    checkpointing = {}
+    if hvd.rank() == 0:  # only rank 0 keeps checkpoints, on its local disk
+        checkpointing = dict(checkpoint_dir=local, save_best_only=True, monitor="val_loss")
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH_SIZE,
+        epochs=epochs,
+        callbacks=callbacks,
+        validation_data=(x_test, y_test),
+        verbose=2 if hvd.rank() == 0 else 0,
+        **checkpointing,
+    )
+    workers = hvd.allgather_object({"rank": hvd.rank(), "step": model.step})
+    if hvd.rank() != 0:
+        return None
+    with open(os.path.join(local, "best.sgck"), "rb") as f:
+        return {"checkpoint": f.read(), "workers": workers}
 
 
 # COMMAND ----------
 
-from sparkgrad import TFCluster
+import os
+import shutil
+import tempfile
 
-args = {"np": np_workers, "epochs": epochs, "learning_rate": learning_rate, "data": data, "checkpoints": checkpoints}
-cluster = TFCluster.run(sc, train_hvd, args, num_executors=np_workers + 1, num_ps=1, reservation_timeout=120)
-cluster.shutdown(timeout=6 * 3600)
-results = sorted((r for r in cluster.results.values() if "rank" in r), key=lambda r: r["rank"])
+import sparkgrad
+
+out = sparkgrad.HorovodRunner(np=np_workers).run(train_hvd, learning_rate=learning_rate, data_dir=data, epochs=epochs)
+results = out["workers"]
 print(results)
+local_copy = os.path.join(tempfile.mkdtemp(), "best.sgck")  # write locally, then copy the whole file
+with open(local_copy, "wb") as f:
+    f.write(out["checkpoint"])
+os.makedirs(checkpoints, exist_ok=True)
+shutil.copyfile(local_copy, f"{checkpoints}/best.sgck")
 
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## Load the last checkpoint and evaluate it
+# MAGIC ## Load the best checkpoint into a fresh model and evaluate it
 
 # COMMAND ----------
 
 x_test, y_test = get_dataset(data, "test")
 trained = get_model()
 trained.compile(optimizer="adadelta", loss="categorical_crossentropy", metrics=["accuracy"])
-trained.load(f"{checkpoints}/epoch-{epochs}.sgckpt")
+trained.load(f"{checkpoints}/best.sgck")
 test_loss, test_accuracy = trained.evaluate(x_test, y_test, batch_size=1000, verbose=0)
 print(f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}")

@@ -147,7 +147,8 @@ def callbacks_flow(warmup_epochs):
     hvd.init()
     r = hvd.rank()
     model = nn.Sequential([nn.Dense(3, input_shape=(4,))], seed=100 + r)
-    model.compile(optimizer=nn.optimizers.SGD(0.4 * hvd.size()), loss="sparse_categorical_crossentropy")
+    opt = hvd.DistributedOptimizer(nn.optimizers.SGD(0.4 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     cbs = [
         BroadcastGlobalVariablesCallback(0),
         MetricAverageCallback(),
@@ -188,27 +189,66 @@ def tf_fit(args, ctx):
     xs, ys = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
     model = nn.Sequential([nn.Dense(16, activation="relu", input_shape=(8,)), nn.Dense(2)], seed=1 + hvd.rank())
     model.compile(optimizer=hvd.DistributedOptimizer(nn.SGD(0.1 * hvd.size())), loss="sparse_categorical_crossentropy")
-    seen = _EpochLogs()
+    own, seen = _EpochLogs(), _EpochLogs()
     history = model.fit(
         xs, ys, batch_size=16, epochs=3, verbose=0,
-        callbacks=[BroadcastGlobalVariablesCallback(0), MetricAverageCallback(), seen],
+        callbacks=[own, BroadcastGlobalVariablesCallback(0), MetricAverageCallback(), seen],
     )  # fmt: skip
     return {
         "rank": hvd.rank(),
         "params": model.params.tolist(),
-        "own_loss": history.history["loss"],
-        "averaged_loss": seen.loss,
+        "own_loss": own.key("loss"),
+        "averaged_loss": seen.key("loss"),
+        "history_loss": history.history["loss"],
     }
 
 
 class _EpochLogs:
-    """Records the epoch loss as the callbacks after MetricAverageCallback see it."""
+    """Records each epoch's logs as the callbacks at its place in the list see them."""
 
     def __init__(self):
-        self.loss = []
+        self.logs = []
 
     def on_epoch_end(self, epoch, logs):
-        self.loss.append(logs["loss"])
+        self.logs.append(dict(logs))
+
+    def key(self, name):
+        return [logs[name] for logs in self.logs]
+
+
+def fit_logs_and_checkpoints(ckpt_root):
+    """fit on every rank with checkpoint_dir (its own) and validation data that differs by rank.
+
+    What each rank's callbacks saw before and after MetricAverageCallback,
+    its History, whether it is sparkgrad.cluster.rank's chief, and the files
+    its checkpoint directory holds after fit.
+    """
+    import sparkgrad.hvd as hvd
+    from sparkgrad import nn
+    from sparkgrad.cluster import rank as _rank
+    from sparkgrad.hvd.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+
+    hvd.init()
+    x, y = _blobs(256, 0)
+    xv, yv = _blobs(64, 5 + hvd.rank())  # a different validation set on each rank: different val_loss
+    model = build_blob_model(seed=20 + hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(nn.SGD(0.05)), loss="sparse_categorical_crossentropy")
+    ckpt_dir = os.path.join(ckpt_root, f"rank{hvd.rank()}")
+    own, seen = _EpochLogs(), _EpochLogs()
+    history = model.fit(
+        x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()], batch_size=32, epochs=3, verbose=0,
+        validation_data=(xv, yv), callbacks=[own, BroadcastGlobalVariablesCallback(0), MetricAverageCallback(), seen],
+        checkpoint_dir=ckpt_dir, save_best_only=True, monitor="val_loss",
+    )  # fmt: skip
+    return {
+        "rank": hvd.rank(),
+        "is_chief": _rank.is_chief(),
+        "own": own.key("val_loss"),
+        "averaged": seen.key("val_loss"),
+        "history": history.history["val_loss"],
+        "files": sorted(os.listdir(ckpt_dir)) if os.path.isdir(ckpt_dir) else [],
+        "dir": ckpt_dir,
+    }
 
 
 def kill_during_allreduce(target, how="kill"):
@@ -287,3 +327,41 @@ def feed_then_allreduce(args, ctx):
             rows += len(cols["0"])
     total = hvd.allreduce(np.array([rows], np.int64), op=hvd.Sum)
     return {"rows": rows, "total": int(total[0])}
+
+
+def train_hvd(learning_rate, checkpoint_dir, epochs=3, train_rows=None, test_rows=None):
+    """The HorovodRunner tutorial's train_hvd on sparkgrad: the seed's CNN on Fashion-MNIST.
+
+    Each rank shards the training set by rank, scales the learning rate by the
+    number of ranks, wraps Adadelta in hvd.DistributedOptimizer, takes rank 0's
+    initial weights, validates on the test set, and only rank 0 keeps the best
+    checkpoint (by val_loss), whose bytes rank 0 returns.
+    """
+    import sparkgrad.hvd as hvd
+    from sparkgrad.data.idx import fashion_mnist
+    from sparkgrad.hvd.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+    from sparkgrad.nn import Adadelta
+    from sparkgrad.nn.models import horovod_cnn
+
+    hvd.init()
+    x, y = fashion_mnist("train")
+    xt, yt = fashion_mnist("test")
+    x, y, xt, yt = x[:train_rows], y[:train_rows], xt[:test_rows], yt[:test_rows]
+    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]  # this rank's shard, uint8 as read
+    onehot = np.eye(10, dtype=np.float32)
+    model = horovod_cnn(seed=1 + hvd.rank())  # rank 0's horovod_cnn(seed=1) is broadcast to every rank
+    model.set_input_transform(scale=1 / 255)  # C scales the uint8 pixels as it gathers each batch
+    optimizer = hvd.DistributedOptimizer(Adadelta(learning_rate * hvd.size()))
+    model.compile(optimizer=optimizer, loss="categorical_crossentropy", metrics=["accuracy"])
+    checkpoints = {}
+    if hvd.rank() == 0:
+        checkpoints = dict(checkpoint_dir=checkpoint_dir, save_best_only=True, monitor="val_loss")
+    history = model.fit(
+        x, onehot[y], batch_size=128, epochs=epochs, verbose=2 if hvd.rank() == 0 else 0,
+        validation_data=(xt, onehot[yt]), callbacks=[BroadcastGlobalVariablesCallback(0), MetricAverageCallback()],
+        **checkpoints,
+    )  # fmt: skip
+    if hvd.rank() != 0:
+        return None
+    with open(os.path.join(checkpoint_dir, "best.sgck"), "rb") as f:
+        return {"checkpoint": f.read(), "history": history.history, "steps": model.step, "size": hvd.size()}

@@ -65,6 +65,20 @@ def test_mnist_dist_rerun_resumes_from_the_last_checkpoint(mnist_records, tmp_pa
     assert "global step 2400" in second
 
 
+def test_mnist_dist_allreduce_trains_without_ps_and_ends_with_identical_workers(mnist_records, tmp_path):
+    """--allreduce: TFCluster.run(num_ps=0) on real local Spark, each worker fit with hvd.DistributedOptimizer.
+
+    1 epoch, each of the 2 workers on its 2 of the 4 training files (30,000
+    rows, 300 steps of 100), the gradients averaged every step."""
+    out = run_example(
+        "--allreduce", "--shard-data", "--epochs", "1", "--data-dir", str(mnist_records), "--model-dir", str(tmp_path)
+    )
+    assert "tensorflow mode, 2 workers, allreduce" in out and "60000 samples" in out and "global step 300" in out
+    assert "parameters identical on every worker: True" in out
+    assert accuracy(out) >= 0.8
+    assert (tmp_path / "model.sgckpt").exists()
+
+
 def test_mnist_dist_spark_mode_feeds_binary_rows_and_trains(mnist_records, tmp_path):
     """InputMode.SPARK: an RDD of (image_raw bytes, label) rows fed by Spark tasks, packed in C.
 

@@ -113,6 +113,38 @@ def test_distributed_optimizer_and_callbacks_are_reachable_from_hvd():
         assert hvd.DistributedOptimizer is DistributedOptimizer
 
 
+def test_distributed_optimizer_is_one_class_at_top_level_in_hvd_and_in_nn():
+    from sparkgrad.nn.distributed import DistributedOptimizer
+
+    assert sparkgrad.DistributedOptimizer is hvd.DistributedOptimizer is DistributedOptimizer
+    assert "DistributedOptimizer" in sparkgrad.__all__
+
+
+def test_distributed_optimizer_serves_every_optimizer_method_from_the_wrapped_one():
+    from sparkgrad import nn
+
+    inner = nn.optimizers.Adam(0.5)
+    opt = hvd.DistributedOptimizer(inner)
+    names = [n for n in dir(nn.optimizers.Optimizer) if not n.startswith("__")]
+    for name in names:  # every attribute of the base class is reachable (none raises)
+        getattr(opt, name)
+    params = np.ones(4, np.float32)
+    opt.apply(params, np.ones(4, np.float32))
+    assert opt.iterations == inner.iterations == 1 and opt.kind == "adam"
+    opt.set_learning_rate(0.125)
+    assert opt.learning_rate == inner.learning_rate == 0.125 and inner.config["lr"] == 0.125
+    before = params.copy()
+    opt.apply(params, np.ones(4, np.float32))
+    np.testing.assert_allclose(before - params, 0.125, rtol=1e-4)  # Adam's step is about lr for a constant grad
+    steps, state = opt.get_state()
+    fresh = hvd.DistributedOptimizer(nn.optimizers.Adam(0.5))
+    fresh.bind(4)
+    fresh.set_state(steps, state)
+    assert fresh.iterations == 2
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        opt.no_such_thing  # noqa: B018
+
+
 def test_optimizer_learning_rate_can_be_set_between_steps():
     from sparkgrad import nn
 
@@ -190,6 +222,7 @@ def test_a_single_process_forms_a_communicator_of_one():
 
 
 def test_callbacks_broadcast_average_metrics_and_warm_up_the_learning_rate():
+    # the model's optimizer is a DistributedOptimizer: the warmup sets the wrapped optimizer's rate through it
     got = sparkgrad.run(runner_fns.callbacks_flow, args=(2,), num_proc=2, stdout=io.StringIO(), local=True)
     np.testing.assert_array_equal(got[0]["params"], got[1]["params"])
     for g in got:
@@ -199,19 +232,47 @@ def test_callbacks_broadcast_average_metrics_and_warm_up_the_learning_rate():
 
 
 @needs_comm
-def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer():
-    pytest.importorskip("sparkgrad.nn.distributed", reason="DistributedOptimizer (the training loop's branch)")
+@pytest.mark.parametrize("on", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+def test_tfcluster_without_ps_trains_with_fit_and_a_distributed_optimizer(on, request):
+    import pathlib
+
     from sparkgrad import TFCluster
 
-    cluster = TFCluster.run(None, runner_fns.tf_fit, None, 2, 0, output=lambda line: None)
+    sc = None
+    if on == "spark":  # TensorFlowOnSpark's way: TFCluster.run(sc, map_fun, ..., num_ps=0) on real local Spark
+        sc = request.getfixturevalue("spark_context")
+        sc.addPyFile(str(pathlib.Path(__file__).resolve().parent / "runner_fns.py"))
+    cluster = TFCluster.run(sc, runner_fns.tf_fit, None, 2, 0, output=lambda line: None)
     cluster.shutdown(timeout=90)
     a, b = cluster.results[0], cluster.results[1]
     assert (a["rank"], b["rank"]) == (0, 1)
     np.testing.assert_array_equal(a["params"], b["params"])  # one model: broadcast, then the same reduced steps
     assert a["own_loss"][-1] < a["own_loss"][0] and b["own_loss"][-1] < b["own_loss"][0]
-    # the callbacks after MetricAverageCallback (and fit's checkpointing) see the loss averaged over the ranks
-    assert a["averaged_loss"] == b["averaged_loss"]
+    assert a["own_loss"] != b["own_loss"]  # each rank's own shard
+    # the callbacks after MetricAverageCallback, and History, see the loss averaged over the ranks
+    assert a["averaged_loss"] == b["averaged_loss"] == a["history_loss"] == b["history_loss"]
     np.testing.assert_allclose(a["averaged_loss"], (np.array(a["own_loss"]) + b["own_loss"]) / 2, rtol=1e-12)
+
+
+@needs_comm
+def test_history_and_checkpoints_see_averaged_metrics_and_only_rank_0_writes(tmp_path):
+    from sparkgrad.nn.checkpoint import decode
+
+    got = sparkgrad.run(
+        runner_fns.fit_logs_and_checkpoints, args=(str(tmp_path),), num_proc=2, stdout=io.StringIO(), local=True
+    )
+    a, b = got
+    assert (a["rank"], a["is_chief"], b["rank"], b["is_chief"]) == (0, True, 1, False)
+    assert a["own"] != b["own"]  # validation sets differ by rank
+    np.testing.assert_allclose(a["averaged"], (np.array(a["own"]) + b["own"]) / 2, rtol=1e-12)
+    assert a["history"] == b["history"] == a["averaged"] == b["averaged"]
+    # rank 0 wrote one checkpoint per epoch and the best; rank 1, given a directory too, wrote nothing
+    assert b["files"] == []
+    ckpts = [f for f in a["files"] if f.startswith("ckpt-")]
+    assert len(ckpts) == 3 and "best.sgck" in a["files"]
+    metrics = [decode((tmp_path / "rank0" / f).read_bytes(), f)["metric"] for f in ckpts]
+    assert metrics == a["averaged"]  # the checkpoints' monitor is the averaged val_loss, not rank 0's own
+    assert decode((tmp_path / "rank0" / "best.sgck").read_bytes(), "best.sgck")["metric"] == min(a["averaged"])
 
 
 @needs_comm

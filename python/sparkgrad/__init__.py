@@ -54,6 +54,10 @@ def __getattr__(name: str):
         from sparkgrad import runner
 
         return getattr(runner, _LAZY[name])
+    if name == "DistributedOptimizer":
+        from sparkgrad.nn.distributed import DistributedOptimizer
+
+        return DistributedOptimizer
     if name == "hvd":
         import importlib
 
@@ -65,6 +69,7 @@ __all__ = [
     "__version__",
     "run",
     "HorovodRunner",
+    "DistributedOptimizer",
     "build_info",
     "TFCluster",
     "TFNode",

@@ -4,6 +4,7 @@
     python -m sparkgrad.examples.mnist_dist --mode spark        # Spark feeds the workers
     python -m sparkgrad.examples.mnist_dist --local             # no Spark: local processes
     python -m sparkgrad.examples.mnist_dist --connect --mode spark  # over Spark Connect (pyspark >= 4.0)
+    python -m sparkgrad.examples.mnist_dist --allreduce --shard-data  # no ps: allreduce among the workers
 
 The walkthrough's MLP (784 -> 128 -> 64 -> 10, ReLU, truncated-normal weights
 with stddev 1/sqrt(fan_in), zero biases, sparse softmax cross-entropy, SGD
@@ -30,6 +31,17 @@ started by ``SparkSession.builder.remote("local[N]")``): no SparkContext, the
 nodes start as a barrier mapInArrow stage, and in spark mode the training
 set is a DataFrame (binary ``image_raw``, int64 ``label``) read from the
 TFRecords on the executors and fed as Arrow record batches.
+
+``--allreduce`` trains without parameter servers (``num_ps=0``), as
+TensorFlowOnSpark's MultiWorkerMirroredStrategy examples do: each worker
+calls ``hvd.init()``, compiles the model with
+``hvd.DistributedOptimizer(SGD(learning_rate * hvd.size()))`` and calls
+``model.fit`` with ``BroadcastGlobalVariablesCallback(0)``; every step
+averages the gradients across the workers in the C loop, so the workers end
+with identical parameters (the driver checks their digests). Every worker
+must take the same number of steps: TFRecords input mode only, with equal
+shards (``--shard-data`` over files of equal size) or every file read by
+every worker.
 
 What changed from the TensorFlowOnSpark version: imports, and the model code
 (sparkgrad.nn's fit instead of a tf.train loop); TFCluster.run, ctx, TFNode
@@ -65,6 +77,7 @@ class Args:
     sync: bool
     checkpoint_every: int
     shard_data: bool
+    allreduce: bool = False
     # Per-pixel mean and standard deviation of the training images (float32[784] each), from
     # pixel_stats(); None trains on the raw [0, 1] pixels as the walkthrough does.
     pixel_mean: np.ndarray | None = None
@@ -162,10 +175,55 @@ class _Report:
         self.model = model
 
 
+def _test_result(model, args: Args) -> dict:
+    test_x, test_y = load_test_set(args.data_dir, raw=True)
+    loss, accuracy = model.evaluate(test_x, test_y, batch_size=1000, verbose=0)
+    print(f"chief: step {model.step}, test loss {loss:.4f}, test accuracy {accuracy:.4f}")
+    return {"step": model.step, "test_loss": loss, "test_accuracy": accuracy}
+
+
+def allreduce_map_fun(args: Args, ctx) -> dict:
+    """--allreduce: no ps; every worker runs fit with a DistributedOptimizer, rank 0 checkpoints and evaluates."""
+    import hashlib
+
+    import sparkgrad.hvd as hvd
+    from sparkgrad.nn import SGD
+
+    hvd.init()
+    rank = hvd.rank()
+    model = build_model()
+    optimizer = hvd.DistributedOptimizer(SGD(args.learning_rate * hvd.size()))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    args.set_input_transform(model)
+    path = _checkpoint(args.model_dir)
+    os.makedirs(args.model_dir, exist_ok=True)
+    if rank == 0 and os.path.exists(path):  # the callback below gives every worker rank 0's state
+        model.load(path)
+        print(f"resumed from {path} at step {model.step}")
+    started, samples = time.monotonic(), [0]
+    report = _Report(ctx, path if rank == 0 else None, args.checkpoint_every, model.step)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), report]
+    batches = _train_batches(args, ctx, rank, samples)
+    model.fit(batches, epochs=1, initial_epoch=0, verbose=0, log_every=100, callbacks=callbacks)
+    result = {
+        "rank": rank,
+        "samples": samples[0],
+        "seconds": time.monotonic() - started,
+        "params_sha256": hashlib.sha256(model.params.tobytes()).hexdigest(),
+    }
+    if rank != 0:
+        return result
+    model.save(path)
+    return {**result, **_test_result(model, args)}
+
+
 def map_fun(args: Args, ctx) -> dict:
     """Runs on every node, as in TensorFlowOnSpark: ps nodes serve, workers train."""
     from sparkgrad import TFNode
     from sparkgrad.nn import SGD
+
+    if args.allreduce:
+        return allreduce_map_fun(args, ctx)
 
     server = TFNode.start_cluster_server(ctx)
     model = build_model()
@@ -192,17 +250,7 @@ def map_fun(args: Args, ctx) -> dict:
         return {"rank": rank, "samples": samples[0], "seconds": elapsed}
     # fit left the chief with the final parameters, after every worker's updates
     model.save(path)
-    test_x, test_y = load_test_set(args.data_dir, raw=True)
-    loss, accuracy = model.evaluate(test_x, test_y, batch_size=1000, verbose=0)
-    print(f"chief: step {model.step}, test loss {loss:.4f}, test accuracy {accuracy:.4f}")
-    return {
-        "rank": rank,
-        "samples": samples[0],
-        "seconds": elapsed,
-        "step": model.step,
-        "test_loss": loss,
-        "test_accuracy": accuracy,
-    }
+    return {"rank": rank, "samples": samples[0], "seconds": elapsed, **_test_result(model, args)}
 
 
 def prepare_data(data_dir: str, source: str, shards: int) -> None:
@@ -339,6 +387,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=0.07)
     p.add_argument("--sync", action="store_true", help="synchronous training (one gradient per worker per step)")
     p.add_argument(
+        "--allreduce",
+        action="store_true",
+        help="no parameter servers (num_ps=0): the workers average their gradients by allreduce "
+        "(hvd.DistributedOptimizer, learning rate x workers); TFRecords mode only",
+    )
+    p.add_argument(
         "--shard-data",
         action="store_true",
         help="give each worker its own shard of the training files (default: as the walkthrough, every worker "
@@ -363,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     from sparkgrad.cluster.roles import InputMode
 
     ns = parse_args(argv)
+    if ns.allreduce and ns.mode == "spark":
+        raise SystemExit(
+            "--allreduce needs the same number of steps on every worker: use --mode tensorflow (Spark's feed "
+            "splits the rows unevenly)"
+        )
+    if ns.allreduce:
+        ns.num_ps = 0
     num_nodes = ns.num_ps + ns.num_workers
     prepare_data(ns.data_dir, ns.source, shards=max(4, ns.num_workers))
     model_dir = ns.model_dir or tempfile.mkdtemp(prefix="sparkgrad-mnist-")
@@ -377,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         sync=ns.sync,
         checkpoint_every=ns.checkpoint_every,
         shard_data=ns.shard_data,
+        allreduce=ns.allreduce,
         pixel_mean=mean,
         pixel_std=std,
     )
@@ -425,9 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         print("the chief returned no result", file=sys.stderr)
         return 1
     samples = sum(r.get("samples", 0) for r in cluster.results.values() if isinstance(r, dict))
+    nodes, how = f"{ns.num_ps} ps + {ns.num_workers} workers", "sync" if ns.sync else "async"
+    if ns.allreduce:
+        digests = {r.get("params_sha256") for r in cluster.results.values() if isinstance(r, dict)}
+        nodes, how = f"{ns.num_workers} workers", "allreduce"
+        print(f"parameters identical on every worker: {len(digests) == 1}")
     print(
-        f"mnist_dist ({ns.mode} mode, {ns.num_ps} ps + {ns.num_workers} workers, "
-        f"{'sync' if ns.sync else 'async'}): {ns.epochs} epochs, {samples} samples in {wall:.1f} s, "
+        f"mnist_dist ({ns.mode} mode, {nodes}, {how}): {ns.epochs} epochs, {samples} samples in {wall:.1f} s, "
         f"global step {chief['step']}, checkpoints in {model_dir}{' (over Spark Connect)' if ns.connect else ''}"
     )
     print(f"test accuracy: {chief['test_accuracy']:.4f}")

@@ -40,10 +40,8 @@ class Callback:
 
 
 def _optimizer_with_lr(model: Any) -> Any:
-    """The optimizer whose learning rate is set: the model's, or the one a DistributedOptimizer wraps."""
+    """The model's optimizer (a DistributedOptimizer sets the rate of the optimizer it wraps)."""
     opt = getattr(model, "optimizer", None)
-    while opt is not None and getattr(opt, "optimizer", None) is not None:  # unwrap to the optimizer that runs
-        opt = opt.optimizer
     if opt is None or not hasattr(opt, "set_learning_rate"):
         raise TypeError(
             f"LearningRateWarmupCallback: the model's optimizer {type(opt).__name__} has no set_learning_rate "
@@ -76,9 +74,10 @@ class BroadcastGlobalVariablesCallback(Callback):
 class MetricAverageCallback(Callback):
     """At each epoch's end, replaces every numeric metric in ``logs`` by its average over the ranks.
 
-    Put it before callbacks that read the metrics (and fit's own
-    ``save_best_only`` checkpointing reads them after every callback), so
-    every rank decides on the same averaged ``val_loss``. A metric that some
+    Put it before callbacks that read the metrics: fit runs the callbacks
+    in order, then records the epoch in History and checkpoints (its
+    ``save_best_only`` monitor), so both see the averages and every rank
+    decides on the same averaged ``val_loss``. A metric that some
     rank lacks is left as it is.
     """
 

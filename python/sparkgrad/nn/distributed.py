@@ -4,8 +4,9 @@
     model.compile(optimizer=DistributedOptimizer(Adadelta(0.1 * hvd.size())), loss=...)
     model.fit(x, y, ...)
 
-For ``compile`` it is the wrapped optimizer: kind, learning rate, state and
-checkpoints are the wrapped one's. At fit time it supplies the gradient hook
+For ``compile`` it is the wrapped optimizer: kind, learning rate (read and
+``set_learning_rate``), state, checkpoints and any other attribute are the
+wrapped one's. At fit time it supplies the gradient hook
 of the C training loop (csrc/nn/nn_hook.h): every step the gradients are
 reduced across the ranks of the communicator (``op``: "average", "sum",
 "min", "max"; ``compression``: None, "fp16" or "bf16" on the wire, or an
@@ -106,6 +107,17 @@ class DistributedOptimizer(Optimizer):
 
     def set_state(self, steps: int, state: np.ndarray) -> None:
         self.optimizer.set_state(steps, state)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Sets the wrapped optimizer's base learning rate (callbacks such as
+        hvd.callbacks.LearningRateWarmupCallback call it between steps of fit)."""
+        self.optimizer.set_learning_rate(lr)
+
+    def __getattr__(self, name: str) -> Any:
+        # anything else an Optimizer (or the wrapped subclass) has is the wrapped one's
+        if name == "optimizer":  # not set yet (a half-built instance): no recursion
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
 
     # ---- fit time --------------------------------------------------------------
 

@@ -24,8 +24,14 @@ global step); the chief (worker rank 0) initialises the servers from the
 model (or from the checkpoint it resumed) and, at the end, waits for the
 other workers and takes the final parameters; only the chief writes
 checkpoints. A model compiled with a DistributedOptimizer reduces the
-gradients across ranks in the C loop instead; rank 0
-(sparkgrad.cluster.rank) writes the checkpoints.
+gradients across ranks in the C loop instead; rank 0 of its communicator
+(hvd.rank(), which is sparkgrad.cluster.rank's) writes the checkpoints and
+the other ranks never do.
+
+At an epoch's end the callbacks run first, in order, then fit records the
+epoch in History, reports it and checkpoints (``monitor``): what a callback
+wrote into ``logs`` (MetricAverageCallback's averages) is what History and
+``save_best_only`` see, as in Keras.
 
 Callbacks (Keras' names): objects with any of ``set_model(model)``,
 ``on_train_begin(logs)``, ``on_epoch_begin(epoch, logs)``,
@@ -239,6 +245,9 @@ class Trainer:
 
     def _epoch_end(self, history, epoch: int, logs: dict[str, float], started: float) -> None:
         m = self.model
+        # as Keras: the callbacks first, in order (one may change logs, e.g. hvd's
+        # MetricAverageCallback), then History, the report and the checkpoint's monitor
+        self._callbacks("on_epoch_end", epoch, logs)
         history.add_epoch(epoch, logs)
         if self.verbose == 2 or (self.verbose == 1 and self.bar is None):
             parts = " ".join(f"{k} {v:.4f}" for k, v in logs.items())
@@ -248,7 +257,6 @@ class Trainer:
         if self.writer is not None:
             for k, v in logs.items():
                 self.writer.scalar(f"epoch/{k}", v, m.step)
-        self._callbacks("on_epoch_end", epoch, logs)
         self._save(logs)
 
     def _callbacks(self, method: str, *args: object) -> None:
@@ -437,7 +445,10 @@ class _Distribution:
                 )
             self.chief = ps.worker_id == 0
         elif distributed:
-            self.chief = _rank.is_chief()
+            # rank 0 of the allreduce writes the checkpoints: the communicator's rank, which is
+            # sparkgrad.cluster.rank's under sparkgrad.run, HorovodRunner and TFCluster(num_ps=0)
+            rank = getattr(model.optimizer.resolve_communicator(), "rank", None)
+            self.chief = _rank.is_chief() if rank is None else rank == 0  # a wrapper without .rank: the process's
         else:
             self.chief = True
 
