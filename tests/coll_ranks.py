@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import multiprocessing.connection
 import os
-import queue
 import signal
 import time
 import traceback
@@ -23,9 +23,22 @@ import numpy as np
 # ---- the rank side ------------------------------------------------------------------
 
 
-def _rank_main(rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, out, inbox) -> None:
+class _Sender:
+    """A rank's own pipe to the parent. One pipe per rank, not one shared queue: a rank
+    SIGKILLed while writing to a shared multiprocessing.Queue dies holding its lock and
+    blocks every other rank's report."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def put(self, item) -> None:
+        self.conn.send(item)
+
+
+def _rank_main(rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, conn, inbox) -> None:
     from sparkgrad import _core
 
+    out = _Sender(conn)
     try:
         lis = _core.Listener("127.0.0.1", 0)
         out.put(("port", rank, lis.port))
@@ -316,12 +329,14 @@ class Ranks:
         secret = os.urandom(32)
         self.secrets = secrets or [secret] * n
         self.n = n
-        self.out = ctx.Queue()
+        pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
+        self.readers = [reader for reader, _ in pipes]
+        self._writers = [writer for _, writer in pipes]  # closed here once the ranks hold them
         self.inboxes = [ctx.Queue() for _ in range(n)]
         self.procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, n, self.secrets[r], scenario, args, timeout, self.out, self.inboxes[r]),
+                args=(r, n, self.secrets[r], scenario, args, timeout, pipes[r][1], self.inboxes[r]),
                 daemon=True,
             )
             for r in range(n)
@@ -338,6 +353,8 @@ class Ranks:
         n = self.n
         for p in self.procs:
             p.start()
+        for writer in self._writers:
+            writer.close()
         ports = {}
         deadline = time.monotonic() + 120
         while len(ports) < n:
@@ -351,13 +368,16 @@ class Ranks:
             box.put(addresses)
 
     def _next(self, deadline: float, what: str):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RankError(f"timed out waiting for {what}; results so far: {self.results}")
-        try:
-            return self.out.get(timeout=left)
-        except queue.Empty:
-            raise RankError(f"timed out waiting for {what}; results so far: {self.results}") from None
+        """The next message from any rank; a rank whose pipe closed (it died) is dropped."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.readers:
+                raise RankError(f"timed out waiting for {what}; results so far: {self.results}")
+            for reader in mp.connection.wait(self.readers, timeout=left):
+                try:
+                    return reader.recv()
+                except (EOFError, OSError):
+                    self.readers.remove(reader)
 
     def _record(self, kind, rank, value):
         if kind == "started":
