@@ -371,7 +371,9 @@ class Ranks:
         """The next message from any rank; a rank whose pipe closed (it died) is dropped."""
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.readers:
+            if not self.readers:
+                raise RankError(f"every rank process ended before {what}; results so far: {self.results}")
+            if left <= 0:
                 raise RankError(f"timed out waiting for {what}; results so far: {self.results}")
             for reader in mp.connection.wait(self.readers, timeout=left):
                 try:
