@@ -83,12 +83,14 @@ def map_fun(args, ctx):
     )
     with TFNode.ps_client(ctx, model.num_params) as ps:
         step = ps.pull(model.params)
-        for batch in batches:
+        for i, batch in enumerate(batches):
             loss, accuracy = model.compute_gradients(batch["image_raw"], batch["label"])
             step = ps.push_pull(model.grads, model.params)
-            if step % 10 == 0:
+            if i % 10 == 0:  # every 10th batch of this worker's own (the global step interleaves across workers)
                 ctx.metric("loss", loss, step)
                 ctx.metric("accuracy", accuracy, step)
+        ctx.metric("loss", loss, step)  # and its last one
+        ctx.metric("accuracy", accuracy, step)
         if ctx.task_index != 0:
             return {"step": step}
         step = ps.wait_for_workers(model.params)  # worker 0, the chief, evaluates the final weights
