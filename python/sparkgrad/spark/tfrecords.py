@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.data.example import FixedLenFeature, Ragged, RawBytesFeature, Schema, VarLenFeature, as_schema
+from sparkgrad.data.example import FixedLenFeature, Ragged, RawBytesFeature, Schema, as_schema
 from sparkgrad.errors import InvalidArgumentError, SchemaError, SparkgradError, SparkgradIOError
 
 PREDICTION_COL = "prediction"
@@ -131,26 +131,34 @@ def _inputs(path: str, name: str, batch: dict, model: Any) -> np.ndarray:
     return x
 
 
-def _arrow_column(values: Any, spec: Any) -> Any:
-    """A parsed feature's batch values -> the Arrow array of its spark_schema column."""
+def _flat_array(values: np.ndarray) -> Any:
+    """A 1-D array of numbers or bytes (object dtype, as the parser returns bytes features) -> Arrow."""
     import pyarrow as pa
 
-    if isinstance(spec, VarLenFeature) or isinstance(values, Ragged):
-        flat = values.values
-        child = pa.array(flat, pa.binary()) if isinstance(flat, list) else pa.array(np.asarray(flat))
-        return pa.ListArray.from_arrays(pa.array(np.asarray(values.row_splits, np.int32)), child)
-    values = np.asarray(values)
+    if values.dtype == object:
+        return pa.array(list(values), pa.binary())
     if values.dtype == np.uint8:
         values = values.astype(np.int32)  # Spark has no unsigned byte: IntegerType (data.spark.spark_schema)
-    if values.ndim == 1:
-        return pa.array(
-            values if values.dtype != object else list(values), pa.binary() if values.dtype == object else None
+    return pa.array(values)
+
+
+def _arrow_column(values: Any) -> Any:
+    """A parsed feature's batch values -> the Arrow array of its spark_schema column (lists for shapes)."""
+    import pyarrow as pa
+
+    if isinstance(values, Ragged):
+        splits = pa.array(np.asarray(values.row_splits, np.int32))
+        flat = values.values  # a list for bytes features
+        return pa.ListArray.from_arrays(
+            splits, _flat_array(np.array(flat, dtype=object) if isinstance(flat, list) else flat)
         )
+    values = np.asarray(values)
+    if values.ndim == 1:
+        return _flat_array(values)
     rows = values.shape[0]
     flat = values.reshape(rows, -1)
-    width = flat.shape[1]
-    child = pa.array(flat.reshape(-1) if flat.dtype != object else list(flat.reshape(-1)))
-    return pa.ListArray.from_arrays(pa.array(np.arange(rows + 1, dtype=np.int32) * width), child)
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * flat.shape[1])
+    return pa.ListArray.from_arrays(offsets, _flat_array(flat.reshape(-1)))
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ class _Predict:
                 offsets = pa.array(np.arange(probs.shape[0] + 1, dtype=np.int32) * k)
                 cols[PROBABILITY_COL] = pa.ListArray.from_arrays(offsets, pa.array(probs.reshape(-1)))
             for name in self.keep:
-                cols[name] = _arrow_column(batch[name], self.reader.features[name])
+                cols[name] = _arrow_column(batch[name])
             yield pa.RecordBatch.from_pydict(cols)
 
 
