@@ -42,11 +42,15 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+
+import pandas as pd
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
@@ -109,7 +113,6 @@ def images(rows: int):
 def prepare(spark, work: pathlib.Path, rows: int) -> dict[str, str]:
     """Parquet files of the three DataFrames and 2 TFRecord files of the same rows; their paths."""
     import numpy as np
-    import pandas as pd
     from pyspark.ml.functions import array_to_vector
     from sparkgrad.data import TFRecordWriter, encode_example
 
@@ -268,11 +271,10 @@ def time_mlflow_udf(spark, df, rows: int, work: pathlib.Path):
 
 def torch_udf(state: dict, threads: int):
     """An iterator pandas UDF: the MLP in torch, built once per task, scoring Arrow batches."""
-    import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
     @pandas_udf("double")
-    def predict(batches):
+    def predict(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:  # resolved in this module's globals
         import numpy as np
         import torch
 
@@ -330,13 +332,20 @@ def row(system: str, metric: str, values: list[float], unit: str, reason: str = 
     }
 
 
+def failure(e: BaseException) -> str:
+    """The innermost Python error in an exception's text (a Spark task's traceback), else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln) and "Traceback" not in ln]
+    return (errors[-1] if errors else f"{type(e).__name__}: {lines[0] if lines else ''}")[:300]
+
+
 def measure(fn, repeat: int) -> tuple[list[float], str]:
     values = []
     for _ in range(repeat):
         try:
             value, *why = fn()
         except Exception as e:  # a system that fails is reported, not fatal to the others
-            return values, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            return values, failure(e)
         if value is None:
             return values, why[0] if why else "not measured"
         values.append(value)
@@ -349,6 +358,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=None, help="runs of each system (default 3; --quick: 1)")
     p.add_argument("--rows", type=int, default=None, help="rows of each DataFrame (default 60,000)")
     p.add_argument("--skip-tfos", action="store_true")
+    p.add_argument("--parts", default="feed,score", help="feed, score or both (comma-separated)")
     args = p.parse_args()
     rows = args.rows or (10_000 if args.quick else 60_000)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -373,14 +383,15 @@ def main() -> int:
     paths = prepare(spark, work, rows)
     out = []
 
-    frames = {k: cached(spark, paths[k]) for k in ("array", "vector", "binary")}
+    parts = set(args.parts.split(","))
+    frames = {k: cached(spark, paths[k]) for k in ("array", "vector", "binary")} if "feed" in parts else {}
     labels = {"array": "array<float>[784]", "vector": "VectorUDT", "binary": "binary[784]"}
     for kind, df in frames.items():
         metric = f"feed rows/s, {labels[kind]} + label"
         for system, data in (("sparkgrad Arrow feed", lambda d=df: d), ("sparkgrad RDD path", lambda d=df: d.rdd)):
             values, why = measure(lambda data=data: (time_feed(spark, data(), rows),), repeat)
             out.append(row(system, metric, values, "rows/s", why))
-    python, why_not = (None, "--skip-tfos") if args.skip_tfos else tfos_python()
+    python, why_not = (None, "--skip-tfos") if args.skip_tfos or not frames else tfos_python()
     for kind in frames:
         metric = f"feed rows/s, {labels[kind]} + label"
         if python is None:
@@ -388,20 +399,22 @@ def main() -> int:
             continue
         values, why = run_tfos(python, kind, paths[kind], rows, repeat, work)
         out.append(row("TensorFlowOnSpark 2.2.5", metric, values, "rows/s", why))
-    files = paths["tfrecords"].split(",")
-    values, why = measure(lambda: (time_tfrecords(spark, files, rows),), repeat)
-    out.append(row("sparkgrad TFRecordDataset", "read rows/s, image_raw + label", values, "rows/s", why))
+    if "feed" in parts:
+        files = paths["tfrecords"].split(",")
+        values, why = measure(lambda: (time_tfrecords(spark, files, rows),), repeat)
+        out.append(row("sparkgrad TFRecordDataset", "read rows/s, image_raw + label", values, "rows/s", why))
     for df in frames.values():
         df.unpersist()
 
     scoring = spark.read.parquet(paths["array"]).repartition(SCORE_PARTITIONS).cache()
     scoring.count()
     metric = "transform rows/s, MLP 784-128-64-10"
-    for system, fn in (
+    scorers = (
         ("sparkgrad Model.transform", lambda: time_transform(scoring, rows)),
         ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", lambda: time_mlflow_udf(spark, scoring, rows, work)),
         ("PyTorch pandas UDF", lambda: time_torch_udf(spark, scoring, rows)),
-    ):
+    )
+    for system, fn in scorers if "score" in parts else ():
         values, why = measure(fn, repeat)
         out.append(row(system, metric, values, "rows/s", why))
     spark.stop()

@@ -309,8 +309,6 @@ def evaluate_tfrecords(
     that carries none (a saved model keeps the loss it was compiled with).
     Arguments as predict_tfrecords.
     """
-    from pyspark.sql import functions as F
-
     from sparkgrad.spark.shipping import ShippedModel
 
     model, schema, files = _prepare(paths, model, schema, batch_size, check_paths)
@@ -326,7 +324,8 @@ def evaluate_tfrecords(
         sums = _file_frame(spark, files, files_per_task).mapInArrow(
             _Evaluate(reader, shipped, name, label_col), EVAL_SCHEMA
         )
-        row = sums.agg(F.sum("loss_sum"), F.sum("correct"), F.sum("count")).collect()[0]
+        # DataFrame methods only: pyspark.sql.functions takes a Connect session made without SPARK_REMOTE for classic
+        row = sums.groupBy().sum("loss_sum", "correct", "count").collect()[0]
     finally:
         shipped.release()
     loss_sum, correct, count = float(row[0] or 0.0), int(row[1] or 0), int(row[2] or 0)
