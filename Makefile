@@ -80,7 +80,7 @@ MATRIX_DIR ?= .venv-matrix
 MATRIX_LEGS := py312-spark40 py310-spark34
 MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_cluster_feed.py \
   tests/test_cluster_ps.py tests/test_cluster_local_cluster.py tests/test_record_spark.py tests/test_nn_spark.py \
-  tests/test_examples.py tests/test_runner.py
+  tests/test_examples.py tests/test_runner.py tests/test_spark_tfrecords.py
 # Each leg runs under one NumPy already (1.21.5 in py310-spark34): no venvs of other NumPys per leg.
 MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_numpy_1_and_2
 # DBR 17.3 LTS: Spark 4.0, Python 3.12; the connect extra brings pandas, pyarrow and grpcio for Spark Connect.
@@ -98,7 +98,7 @@ py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.22.5
 # Under that NumPy, also the suites that hand arrays to and from the C core (30 s).
 py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
   tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \
-  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py
+  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py
 
 # $(1): the leg. Its venv holds the build, runtime and test requirements and
 # the leg's pyspark. A leg that names its .numpy runs under that NumPy but is
