@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+import benchlib
+
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "spark_floor.json"
 TASKS = (2, 3)
@@ -73,6 +75,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    meta = benchlib.metadata("spark_floor")
     if args.child:
         return child(args.child, args.cold, args.out)
 
@@ -126,7 +129,7 @@ def main() -> int:
             print(f"{context}: local[{tasks}] median {statistics.median(starts):.3f} s "
                   f"({min(starts):.3f}-{max(starts):.3f} s over {len(starts)} fresh contexts)")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
     print(f"wrote {RESULTS}")
     return 0
