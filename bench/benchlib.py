@@ -163,8 +163,11 @@ def summarise(values: Iterable[float]) -> dict:
 def median_row(system: str, metric: str, values: Iterable[float], unit: str, digits: int = 1, **extra) -> dict:
     """A row whose value is the median of ``values``, with min, max and runs beside it."""
     s = summarise(values)
-    return row(system, metric, round(s["median"], digits), unit, min=round(s["min"], digits),
-               max=round(s["max"], digits), runs=s["runs"], **extra)  # fmt: skip
+
+    def rnd(x: float):
+        return round(x) if digits == 0 else round(x, digits)
+
+    return row(system, metric, rnd(s["median"]), unit, min=rnd(s["min"]), max=rnd(s["max"]), runs=s["runs"], **extra)
 
 
 def repeat(measure: Callable[[], float], runs: int) -> dict:

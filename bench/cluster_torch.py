@@ -27,8 +27,6 @@ import anchor_driver
 def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) -> dict:
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
     import math
-    import os
-    import time
 
     import numpy as np
     import torch
@@ -82,6 +80,7 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
         "rank": rank,
         "first_step_wall": first_step,
         "fit_seconds": trained - started,
+        "trained_wall": trained,
         "samples": done * batch_size,
         "steps": done,
     }
@@ -103,17 +102,9 @@ def main() -> int:
     p.add_argument("--num-processes", type=int, default=2)
     args = p.parse_args()
 
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    os.makedirs(args.out_dir, exist_ok=True)
-    spark, spark_seconds = anchor_driver.start_spark("bench_cluster-torch", args.num_processes, args.cold)
-    t0 = time.time()
-    TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(
-        train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
+    return anchor_driver.run_torch_distributor(
+        args, "bench_cluster-torch", train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
     )
-    t_end = time.time()
-    spark.stop()
-    return anchor_driver.write_result(args, "torch", {"t0": t0, "end": t_end}, spark_seconds, ("torch", "pyspark"))
 
 
 if __name__ == "__main__":
