@@ -222,7 +222,7 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 
 bench: build $(ANCHORS_STAMP)
 	@mkdir -p bench/results
-	@set -e; for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
+	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 	$(PY) bench/report.py
 
 clean:
