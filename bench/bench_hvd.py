@@ -383,14 +383,14 @@ def main() -> int:
             reason = reasons.get(system, "not run")
             row(LABELS[system], "train_s", None, UNITS["train_s"], reason=reason)
             continue
-        medians[system] = {m: statistics.median(r[m] for r in done) for m in done[0]}
+        medians[system] = benchlib.summarise_runs(done)
         for metric in METRICS:
             if metric not in done[0]:
                 continue
             d = DIGITS.get(metric, 1)
-            vals = [r[metric] for r in done]
-            spread = {"min": round(min(vals), d), "max": round(max(vals), d), "runs": len(vals)} if repeat > 1 else {}
-            row(LABELS[system], metric, round(medians[system][metric], d), UNITS[metric], **spread)
+            s = medians[system]
+            spread = {"min": round(s[f"{metric}_min"], d), "max": round(s[f"{metric}_max"], d), "runs": s["runs"]}
+            row(LABELS[system], metric, round(s[metric], d), UNITS[metric], **(spread if repeat > 1 else {}))
 
     ratio_lines = []
     mine = medians.get("sparkgrad")

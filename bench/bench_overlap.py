@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -143,7 +142,8 @@ def main() -> int:
         rates = {}
         for b in MODELS[m][1]:
             got = [t["steps"] / t["s"] for t in timings if t["model"] == m and t["bucket"] == b]
-            rates[b] = (statistics.median(got), min(got), max(got))
+            sm = benchlib.summarise(got)
+            rates[b] = (sm["median"], sm["min"], sm["max"])
         base = rates[0][0]
         for b in MODELS[m][1]:
             med, lo, hi = rates[b]

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
@@ -112,11 +111,11 @@ def main() -> int:
                 why = failed.get((tasks, context), "not run")
                 rows.append({"system": system, "metric": f"not_measured{sfx}", "value": 1, "unit": why})
                 continue
-            starts = [r["last_task_start_s"] for r in done]
+            sm = benchlib.summarise(r["last_task_start_s"] for r in done)
             for metric, value in (
-                ("last_task_start_s", statistics.median(starts)),
-                ("last_task_start_min_s", min(starts)),
-                ("last_task_start_max_s", max(starts)),
+                ("last_task_start_s", sm["median"]),
+                ("last_task_start_min_s", sm["min"]),
+                ("last_task_start_max_s", sm["max"]),
             ):
                 rows.append(
                     {
@@ -126,8 +125,8 @@ def main() -> int:
                         "unit": "s (job submitted -> its last task's Python function starts)",
                     }
                 )
-            print(f"{context}: local[{tasks}] median {statistics.median(starts):.3f} s "
-                  f"({min(starts):.3f}-{max(starts):.3f} s over {len(starts)} fresh contexts)")  # fmt: skip
+            print(f"{context}: local[{tasks}] median {sm['median']:.3f} s "
+                  f"({sm['min']:.3f}-{sm['max']:.3f} s over {sm['runs']} fresh contexts)")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(RESULTS, rows, meta)
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
