@@ -17,9 +17,7 @@ test set. The driver writes ``--out`` (JSON) with the run() wall time.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 
 import anchor_driver
 
@@ -27,6 +25,8 @@ import anchor_driver
 def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) -> dict:
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
     import math
+    import os
+    import time
 
     import numpy as np
     import torch

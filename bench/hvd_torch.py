@@ -23,9 +23,7 @@ images. The driver writes ``--out`` (JSON) with the run() wall time.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 
 import anchor_driver
 
@@ -33,6 +31,8 @@ import anchor_driver
 def train_fn(samples: int, epochs: int, batch_size: int, lr: float, threads: int, compile_: bool, out_dir: str):
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
     import json
+    import os
+    import time
 
     import numpy as np
     import torch
