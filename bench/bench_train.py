@@ -189,6 +189,8 @@ def worker_keras(model: str, threads: int, steps: int, warmup: int, spe: int = 1
     import numpy as np
     import tensorflow as tf
 
+    spe, jit = int(spe), int(jit)  # from the worker's command line
+
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     x, y = load_data(model)
