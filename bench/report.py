@@ -25,6 +25,7 @@ import datetime
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -226,8 +227,7 @@ def _records_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
-CLUSTER_SYNC = {"synchronous": ("sparkgrad sync",), "asynchronous (against the synchronous anchors)":
-                ("sparkgrad async ps",)}  # fmt: skip
+CLUSTER_SYNC = {"synchronous": ("sparkgrad sync",), "asynchronous vs synchronous": ("sparkgrad async ps",)}
 
 
 def _cluster_lines(rows: list[dict]) -> list[tuple]:
@@ -422,6 +422,7 @@ def render() -> str:
 def draw_charts() -> list[pathlib.Path]:
     """bench/results/<stem>.png: a bar of sparkgrad's ratio per comparison line (1 = parity)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -434,14 +435,20 @@ def draw_charts() -> list[pathlib.Path]:
         lines = [ln for ln in comparison_lines(stem, load(path)[1]) if ln["ratio"] is not None and ln["kind"] != "diff"]
         if not lines:
             continue
-        labels = [f"{ln['name']}: {ln['system']} / {ln['anchor']}" for ln in lines]
+        labels = [textwrap.fill(f"{ln['name']}: {ln['system']} / {ln['anchor']}", 48) for ln in lines]
         values = [ln["ratio"] for ln in lines]
-        fig, ax = plt.subplots(figsize=(9, 0.32 * len(lines) + 1.2))
-        ax.barh(range(len(lines)), values, color=["#3a7" if v >= 1 else "#c55" for v in values])
+        tall = max(label.count("\n") + 1 for label in labels)
+        fig, ax = plt.subplots(figsize=(9, (0.18 + 0.14 * tall) * len(lines) + 1.2))
+        # green: sparkgrad ahead, red: behind, grey: a share of a bound (the GEMM bound), not a contest
+        colors = ["#999" if ln["anchor"] == "fp32 GEMM bound" else "#3a7" if v >= 1 else "#c55"
+                  for ln, v in zip(lines, values, strict=True)]  # fmt: skip
+        ax.barh(range(len(lines)), values, color=colors)
         ax.set_yticks(range(len(lines)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("sparkgrad's advantage (x, log scale; 1 = parity)")
         ax.set_title(title, fontsize=9)
         for i, v in enumerate(values):
