@@ -453,7 +453,8 @@ def main() -> int:
         for system in systems:
             s = summary.get((system, context))
             if s is None:
-                row(LABELS[system], f"not_measured{sfx}", 1, reasons.get((system, context), "not run"))
+                why = reasons.get((system, context), "not run")
+                rows.append(benchlib.not_measured(LABELS[system], f"wall_s{sfx}", why, UNITS["wall_s"]))
                 continue
             for metric in (
                 "formation_s",

@@ -109,7 +109,7 @@ def main() -> int:
             done = runs.get((tasks, context), [])
             if len(done) < repeat:
                 why = failed.get((tasks, context), "not run")
-                rows.append({"system": system, "metric": f"not_measured{sfx}", "value": 1, "unit": why})
+                rows.append(benchlib.not_measured(system, f"last_task_start_s{sfx}", why))
                 continue
             sm = benchlib.summarise(r["last_task_start_s"] for r in done)
             for metric, value in (
