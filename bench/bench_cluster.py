@@ -468,7 +468,7 @@ def main() -> int:
             ):
                 if metric not in s:  # map_fun_start_s: sparkgrad's runs only; shutdown_sleep_s: TensorFlowOnSpark's
                     continue
-                d = 3 if metric.endswith("start_s") or metric == "formation_s" else 1
+                d = 3 if metric.endswith("start_s") or metric == "formation_s" else 2 if metric == "train_s" else 1
                 spread = {"min": round(s[metric + "_min"], d), "max": round(s[metric + "_max"], d), "runs": s["runs"]}
                 row(LABELS[system], metric + sfx, round(s[metric], d), UNITS[metric], **spread)
             row(LABELS[system], "test_accuracy" + sfx, round(s["test_accuracy"], 4), UNITS["test_accuracy"])
