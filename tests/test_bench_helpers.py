@@ -95,3 +95,10 @@ def test_report_renders_a_file_with_metadata_and_rows_not_measured(tmp_path, mon
     assert f"sparkgrad {benchlib.sparkgrad_version()}" in raw
     (tmp_path / "train.json").write_text(json.dumps(rows))  # the same rows without metadata
     assert "not recorded" in report.render() and "not recorded" in report.render_raw()
+
+
+def test_every_bench_script_writes_its_results_through_benchlib():
+    """One writer for every results file, so each records its metadata (versions, CPU, threads, load)."""
+    scripts = sorted((ROOT / "bench").glob("bench_*.py")) + [ROOT / "bench" / "accuracy_cnn.py"]
+    missing = [p.name for p in scripts if "benchlib.write_results(" not in p.read_text()]
+    assert scripts and not missing, f"results written without bench/benchlib.py: {missing}"
