@@ -123,12 +123,11 @@ def sparkgrad_map_fun(bench_args, ctx):
 
 
 def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bool) -> int:
-    from pyspark.sql import SparkSession
+    import anchor_driver
     from sparkgrad import TFCluster
     from sparkgrad.cluster.roles import InputMode
     from sparkgrad.examples.mnist_dist import Args
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     sync = system.startswith("sparkgrad_sync")
     ps_in_driver = not system.endswith("_ps_task")
     slots = NUM_WORKERS if ps_in_driver else NUM_WORKERS + 1
@@ -144,17 +143,7 @@ def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bo
         checkpoint_every=500,
         shard_data=True,  # raw [0, 1] pixels, as every system gets (no per-pixel standardisation)
     )
-    t_spark = time.time()
-    spark = (
-        SparkSession.builder.master(f"local[{slots}]")
-        .appName("bench_cluster-sparkgrad")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    if not cold:  # a context that has run a Python job already, as in a notebook
-        spark.sparkContext.parallelize(range(slots), slots).map(lambda x: x).count()
-    spark_seconds = time.time() - t_spark
+    spark, spark_seconds = anchor_driver.start_spark("bench_cluster-sparkgrad", slots, cold)
     try:
         t0 = time.time()
         cluster = TFCluster.run(

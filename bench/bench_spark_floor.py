@@ -35,19 +35,10 @@ from bench_cluster import CONTEXTS, run_child  # noqa: E402 - the same child run
 
 
 def child(tasks: int, cold: bool, out: str) -> int:
-    from pyspark.sql import SparkSession
+    import anchor_driver
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master(f"local[{tasks}]")
-        .appName("bench_spark_floor")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark, _ = anchor_driver.start_spark("bench_spark_floor", tasks, cold)  # warm: bench_cluster.py's warm-up job
     sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
-    if not cold:  # bench_cluster.py's warm-up job
-        sc.parallelize(range(tasks), tasks).map(lambda x: x).count()
 
     def started(_rows):
         import time
