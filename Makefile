@@ -220,9 +220,14 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)
 	touch $@
 
+# make bench BENCH_ARGS=--quick: every bench once, a smoke run (its figures are not comparable).
+# Estimated at 10-15 minutes on 2 quiet cores, after the anchors are installed: bench_train is the
+# longest (about 20 subprocesses, two torch.compile and four XLA compiles), then bench_hvd and
+# bench_cluster (TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll). Measured one script at
+# a time at a load average of 10-22 on the shared machine, the scripts took 32 minutes in all.
 bench: build $(ANCHORS_STAMP)
 	@mkdir -p bench/results
-	@set -e; for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
+	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 	$(PY) bench/report.py
 
 clean:
