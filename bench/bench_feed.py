@@ -15,8 +15,8 @@ cluster formed before and shut down after):
   sparkgrad Arrow feed     cluster.train(df): mapInArrow, Arrow buffers into the C feed
   sparkgrad RDD path       cluster.train(df.rdd): a Row per row, packed by the feeder
   TensorFlowOnSpark 2.2.5  bench/feed_tfos.py in the first interpreter with tensorflow and
-                           tensorflowonspark ($SPARKGRAD_TF_PYTHON, /work/tfvenv/bin/python, this
-                           one): cluster.train(df.rdd), as TFoS takes a DataFrame, DataFeed.next_batch
+                           tensorflowonspark (this one, or
+                           $SPARKGRAD_TF_PYTHON): cluster.train(df.rdd), as TFoS takes a DataFrame, DataFeed.next_batch
   sparkgrad TFRecords      2 InputMode.TENSORFLOW workers reading their file with TFRecordDataset
                            (rows / the slower worker's read time)
 
@@ -43,19 +43,19 @@ import json
 import os
 import pathlib
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
+import benchlib
 import pandas as pd
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 RESULTS = ROOT / "bench" / "results" / "feed.json"
-TF_PYTHONS = [os.environ.get("SPARKGRAD_TF_PYTHON", ""), "/work/tfvenv/bin/python", sys.executable]
+TF_PYTHONS = [sys.executable, os.environ.get("SPARKGRAD_TF_PYTHON", "")]  # make bench installs the anchors here
 PIXELS, CLASSES, WORKERS, BATCH = 784, 10, 2, 100
 SCORE_PARTITIONS, UDF_BATCH = 2, 1024
 
@@ -319,17 +319,10 @@ def time_torch_udf(spark, df, rows: int):
 
 
 def row(system: str, metric: str, values: list[float], unit: str, reason: str = "") -> dict:
+    """The median of a system's runs, or a not-measured row with the reason."""
     if not values:
-        return {"system": system, "metric": metric, "value": None, "unit": unit, "reason": reason or "no run"}
-    return {
-        "system": system,
-        "metric": metric,
-        "value": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "runs": len(values),
-        "unit": unit,
-    }
+        return benchlib.not_measured(system, metric, reason or "no run", unit)
+    return benchlib.median_row(system, metric, values, unit, digits=0)
 
 
 def failure(e: BaseException) -> str:
@@ -360,6 +353,7 @@ def main() -> int:
     p.add_argument("--skip-tfos", action="store_true")
     p.add_argument("--parts", default="feed,score", help="feed, score or both (comma-separated)")
     args = p.parse_args()
+    meta = benchlib.metadata("feed")
     rows = args.rows or (10_000 if args.quick else 60_000)
     repeat = args.repeat or (1 if args.quick else 3)
 
@@ -425,8 +419,7 @@ def main() -> int:
         else:
             shown = f"{r['value']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f}, {r['runs']} runs)"
         print(f"{r['system']:<45} {r['metric']:<42} {shown}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    benchlib.write_results(RESULTS, out, meta)
     print(f"wrote {RESULTS}")
     return 0
 
