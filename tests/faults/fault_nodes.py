@@ -40,9 +40,13 @@ def _mark(args, ctx, what: str, **extra) -> None:
 
 
 def train_until_stopped(args, ctx):
-    """ps: serve NUM_PARAMS with SGD; workers and the chief: push/pull until the driver stops them."""
+    """ps: serve NUM_PARAMS with SGD; workers and the chief: push/pull until the driver stops them, until
+    args["steps"], or until args["until_file"] exists (and 20 steps after); args["nofile"]: RLIMIT_NOFILE."""
     import numpy as np
 
+    if args.get("nofile"):  # a descriptor limit as on most hosts (soft 1024), whatever this one has
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(args["nofile"], hard), hard))
     server = TFNode.start_cluster_server(ctx)
     _mark(args, ctx, "started", listener=server.listener.port)
     if ctx.job_name == "ps":
@@ -52,7 +56,13 @@ def train_until_stopped(args, ctx):
     steps = 0
     end = time.monotonic() + args.get("seconds", RUN_SECONDS)
     with TFNode.ps_client(ctx, NUM_PARAMS) as ps:
+        until = args.get("until_file")  # train until this file exists (then 20 steps more), if given
+        more = None
         while not ctx.should_stop() and time.monotonic() < end and steps < args.get("steps", 10**9):
+            if until and more is None and os.path.exists(until):
+                more = steps + 20
+            if more is not None and steps >= more:
+                break
             ps.pull(params)
             ps.push(grads)
             steps += 1
