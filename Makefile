@@ -73,7 +73,7 @@ test: build ctest
 # The fault suite: SIGKILL / SIGSTOP of nodes and executor JVMs on a standalone Spark cluster the suite starts
 # (a master and three workers, one core each), links cut and delayed between network namespaces, a full
 # checkpoint disk, floods. Needs root for the namespaces and tmpfs (those tests skip, saying so, without it).
-# Writes bench/results/faults.json; bench/faults_table.py renders it into README.md.
+# Writes tests/faults/results.json; tests/faults/render_table.py renders it into README.md.
 test-faults: build
 	SPARKGRAD_FAULT_SUITE=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/faults
 

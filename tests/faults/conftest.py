@@ -4,8 +4,8 @@ Not collected by `make test` (tests/conftest.py ignores this directory unless
 SPARKGRAD_FAULT_SUITE=1). Each test fills a `fault` record (what was done, what
 was expected, what was seen, how long it took, what was left behind); at the
 end of the session every record, with the test's pass/fail outcome, goes to
-bench/results/faults.json (SPARKGRAD_FAULT_RESULTS overrides the path), which
-bench/faults_table.py renders as the README's fault table.
+tests/faults/results.json (SPARKGRAD_FAULT_RESULTS overrides the path), which
+tests/faults/render_table.py renders as the README's fault table.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def pytest_runtest_makereport(item, call):
         rec.row["outcome"] = "skipped" if report.skipped else ("passed" if report.passed else "failed")
         if report.failed:
             rec.row["error"] = _error_line(report)
+            if not rec.row["observed"]:
+                rec.row["observed"] = rec.row["error"]
             if rec.row["seconds"] is None and rec._t0 is not None:  # failed between start() and stop()
                 rec.row["seconds"] = round(time.monotonic() - rec._t0, 2)
         if report.skipped:
@@ -112,7 +114,7 @@ def _error_line(report) -> str:
 def pytest_sessionfinish(session, exitstatus):
     if not RESULTS:
         return
-    path = Path(os.environ.get("SPARKGRAD_FAULT_RESULTS", ROOT / "bench" / "results" / "faults.json"))
+    path = Path(os.environ.get("SPARKGRAD_FAULT_RESULTS", HERE / "results.json"))
     rows = []
     for rec in RESULTS:
         row = dict(rec.row)

@@ -82,7 +82,7 @@ def count_feed(args, ctx):
     rows = total = 0
     end = time.monotonic() + args.get("seconds", 600)
     while not feed.should_stop() and time.monotonic() < end:
-        batch = feed.next_batch(256)
+        batch = feed.next_batch(args.get("batch", 256))
         rows += len(batch)
         total += sum(int(r) for r in batch)
     return {"rows": rows, "sum": total, "nofile": min(want, hard)}
