@@ -157,7 +157,15 @@ def test_connection_flood_during_training(tmp_path, fault):
         for f in floods:
             f.join(120)
         done_file.write_text("")
-        cluster.shutdown(timeout=60)
+        try:
+            cluster.shutdown(timeout=60)
+        except Exception as exc:
+            fault.stop()
+            fault.observed(f"{type(exc).__name__} after {fault.row['seconds']:.1f} s: {str(exc).splitlines()[0]}")
+            for s in held:
+                s.close()
+            fault.row["leftovers"] = "; ".join(_left(nodes)) or "none"
+            raise
         seconds = fault.stop()
     finally:
         for s in held:
@@ -165,15 +173,22 @@ def test_connection_flood_during_training(tmp_path, fault):
         done_file.write_text("")
         if not all(launcher.finished() for launcher in cluster._launchers):
             cluster._abort("test teardown")
+        cluster._close()
     assert not any(f.is_alive() for f in floods)
     results = cluster.results
     assert set(results) == {0, 1, 2} and all(results[i]["steps"] > 20 for i in (1, 2)), results
     fault.observed(
         f"finished in {seconds:.1f} s; steps {[results[i]['steps'] for i in (1, 2)]}; flood connects refused: {stats}"
     )
+    fault.leftovers(_left(nodes))
+
+
+def _left(nodes: dict[str, dict]) -> list[str]:
+    deadline = time.monotonic() + 10
+    while any(alive(info["pid"]) for info in nodes.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     left = [f"node {n} alive" for n, info in nodes.items() if alive(info["pid"])]
-    left += [f"port {info['port']} of {n} open" for n, info in nodes.items() if not port_closed(info["port"], 10)]
-    fault.leftovers(left)
+    return left + [f"port {info['port']} of {n} open" for n, info in nodes.items() if not port_closed(info["port"], 10)]
 
 
 def test_flood_helper_can_fill_a_listener():

@@ -81,6 +81,7 @@ def _finish(cluster, standalone, nodes, fault, feed) -> float:
     finally:
         if not all(launcher.finished() for launcher in cluster._launchers):
             cluster._abort("test teardown")
+        cluster._close()  # idempotent: the driver's event thread and rendezvous end here at the latest
 
 
 def test_ten_thousand_partitions_to_one_worker_under_ulimit_256(sc, standalone, tmp_path, fault):
