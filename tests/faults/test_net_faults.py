@@ -199,14 +199,24 @@ def test_link_down_between_worker_and_ps(hosts, tmp_path, fault):
 
 
 def _has_netem(net: TwoHosts) -> bool:
-    r = _run(["tc", "-n", net.a, "qdisc", "add", "dev", net.if_a, "root", "netem", "delay", "200ms"])
-    return r.returncode == 0
+    """Delays both ends' egress by 200 ms (each way, as the relay does), if the kernel has netem."""
+    for ns, dev in ((net.a, net.if_a), (net.b, net.if_b)):
+        r = _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", "200ms"])
+        if r.returncode != 0:
+            if ns == net.b:
+                raise RuntimeError(f"netem on {net.if_a} but not on {dev}: {r.stderr.strip()}")
+            return False
+    return True
 
 
 def test_delayed_link_200ms(hosts, tmp_path, fault):
     steps = 15
     netem = shutil.which("tc") is not None and _has_netem(hosts)
-    how = "tc netem delay 200ms on the veth" if netem else "200 ms each way by a relay (this kernel has no netem)"
+    how = (
+        "tc netem delay 200ms on both ends of the veth"
+        if netem
+        else "200 ms each way by a relay (this kernel has no netem)"
+    )
     fault.describe(f"a link delayed 200 ms ({how}); {steps} push_pull steps", "training finishes, every step served")
     extra = {"SG_STEPS": str(steps), "SG_TIMEOUT": "10", "SG_HEARTBEAT": "5"}
     relay_env = {}
