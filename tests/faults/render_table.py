@@ -44,8 +44,9 @@ def render(data: dict) -> str:
     for r in rows:
         outcome = {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}.get(r.get("outcome"), "?")
         observed = r["observed"]
-        if r.get("outcome") != "passed" and r.get("error") and r.get("error") != observed:
-            observed = f"{observed} - failed: {r['error']}" if observed else r["error"]
+        error = r.get("error") or ""
+        if r.get("outcome") != "passed" and error.startswith("AssertionError") and error not in observed:
+            observed = f"{observed} - failed check: {error[len('AssertionError: ') :]}" if observed else error
         seconds = "-" if r["seconds"] is None else f"{r['seconds']:.1f}"
         left = r["leftovers"]
         lines.append(

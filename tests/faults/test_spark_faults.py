@@ -96,7 +96,10 @@ def test_sigkill_of_the_executor_jvm(cluster3, standalone, tmp_path, fault, targ
     fault.row["leftovers"] = "none" if not left else "; ".join(left)[:300]
     assert nodes[target]["jvm"] in jvms, (nodes[target], jvms)  # the fault hit an executor JVM, not something else
     role, index = target.split(":")
-    assert (exc.role, exc.index, exc.host) == (role, int(index), "127.0.0.1"), str(exc).splitlines()[0]
+    named = f"{exc.role}:{exc.index} on {exc.host}"
+    assert (exc.role, exc.index, exc.host) == (role, int(index), "127.0.0.1"), (
+        f"NodeFailure names {named}, not {target}"
+    )
     assert seconds < 30, f"NodeFailure after {seconds} s"
     fault.leftovers(left)
 
