@@ -29,7 +29,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench clean
+.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench clean
 
 all: build
 
@@ -69,6 +69,13 @@ ctest: deps $(CTESTS)
 
 test: build ctest
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The fault suite: SIGKILL / SIGSTOP of nodes and executor JVMs on a standalone Spark cluster the suite starts
+# (a master and three workers, one core each), links cut and delayed between network namespaces, a full
+# checkpoint disk, floods. Needs root for the namespaces and tmpfs (those tests skip, saying so, without it).
+# Writes tests/faults/results.json; tests/faults/render_table.py renders it into README.md.
+test-faults: build
+	SPARKGRAD_FAULT_SUITE=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/faults
 
 # The Spark-facing tests again on the other Spark/Python pairs of the Databricks
 # LTS runtimes (README, section Runtimes): each leg is a venv of its own under

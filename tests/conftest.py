@@ -8,6 +8,10 @@ import pytest
 # MLflow 3 reports usage to its makers unless told not to: never from the tests (nor their subprocesses).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+# The fault suite (tests/faults, `make test-faults`) starts its own standalone Spark cluster and network
+# namespaces: `make test` leaves it out.
+collect_ignore = [] if os.environ.get("SPARKGRAD_FAULT_SUITE") == "1" else ["faults"]
+
 
 @pytest.fixture(scope="session")
 def spark():
