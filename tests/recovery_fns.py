@@ -105,7 +105,8 @@ def ps_fit(args, ctx):
 
 
 def allreduce_fit(ckpt, marker, target, epochs, every_time=False):
-    """sparkgrad.run: every rank fits its shard with a DistributedOptimizer; rank 0 checkpoints."""
+    """sparkgrad.run: every rank fits its shard with a DistributedOptimizer; only rank 0 has a checkpoint_dir
+    (the other ranks resume from the state rank 0 resumed, which fit shares)."""
     import sparkgrad.hvd as hvd
     from sparkgrad import nn
     from sparkgrad.cluster import rank as _rank
@@ -121,7 +122,7 @@ def allreduce_fit(ckpt, marker, target, epochs, every_time=False):
         callbacks.append(DieAtEpochEnd(1, ckpt, marker, every_time))
     model.fit(
         x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()], batch_size=16, epochs=epochs, verbose=2,
-        checkpoint_dir=ckpt, callbacks=callbacks,
+        checkpoint_dir=ckpt if hvd.rank() == 0 else None, callbacks=callbacks,  # Horovod's idiom: rank 0's only
     )  # fmt: skip
     xt, yt = blobs(600, 9)
     _, acc = model.evaluate(xt, yt)

@@ -125,14 +125,16 @@ def test_allreduce_run_restarts_a_lost_rank_and_resumes_from_rank_0s_checkpoint(
     died = json.loads(pathlib.Path(marker).read_text())
     restarts = [line for line in err.getvalue().splitlines() if line.startswith("sparkgrad: restart ")]
     assert len(restarts) == 1, err.getvalue()
-    assert restarts[0].startswith("sparkgrad: restart 1 of 1: starting every node again after: rank 1 ")
-    assert "Spark executor driver on 127.0.0.1" in restarts[0] and "was lost" in restarts[0]
+    # the cause: rank 1's loss, or rank 0's allreduce that broke on it first
+    assert restarts[0].startswith("sparkgrad: restart 1 of 1: starting every node again after: rank ")
+    assert "rank 1 " in restarts[0] and "Spark executor driver on 127.0.0.1" in restarts[0]
     assert [v["attempt"] for v in values] == [1, 1]
     assert [v["start_step"] for v in values] == [died["step"], died["step"]] == [2 * STEPS_PER_EPOCH] * 2
     assert [v["step"] for v in values] == [EPOCHS * STEPS_PER_EPOCH] * 2
     assert values[0]["params_crc"] == values[1]["params_crc"]  # the ranks still agree after the resume
     assert values[0]["accuracy"] > 0.9
-    assert f"rank 0: resumed from {ckpt}/ckpt-{died['step']:010d}.sgck at step {died['step']}" in out.getvalue()
+    for r in (0, 1):  # rank 1 has no checkpoint_dir: it took rank 0's resumed state
+        assert f"rank {r}: resumed from {ckpt}/ckpt-{died['step']:010d}.sgck at step {died['step']}" in out.getvalue()
 
 
 def test_allreduce_run_without_restarts_raises_naming_the_rank_and_sparks_executor(sc, spark, tmp_path):

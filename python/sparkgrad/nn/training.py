@@ -54,7 +54,7 @@ import numpy as np
 from sparkgrad.cluster import rank as _rank
 from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout
 from sparkgrad.nn import batches as _batches
-from sparkgrad.nn.checkpoint import CheckpointManager
+from sparkgrad.nn.checkpoint import CheckpointManager, encode, restore_bytes
 from sparkgrad.nn.distributed import DistributedOptimizer
 from sparkgrad.nn.history import History
 
@@ -304,8 +304,9 @@ class Trainer:
         restored = None
         if self.checkpoints is not None and self.resume:
             restored = self.checkpoints.restore_latest(m)
-            if restored is not None and self.verbose:
-                print(f"resumed from {restored} at step {m.step}", flush=True)
+        restored = self.dist.share_resume(restored)
+        if restored is not None and self.verbose:
+            print(f"resumed from {restored} at step {m.step}", flush=True)
         resume_pos = m.state.epoch_pos if restored is not None else 0
         if initial_epoch is not None:
             m.epoch = int(initial_epoch)
@@ -467,6 +468,29 @@ class _Distribution:
             self.hook = self.ps.grad_hook()
         elif isinstance(m.optimizer, DistributedOptimizer):
             self.hook = m.optimizer.grad_hook()
+
+    def share_resume(self, restored: str | None) -> str | None:
+        """Allreduce: when any rank resumed a checkpoint, every rank takes rank 0's resumed state
+        (parameters, optimizer state, step, epoch, position, RNG), so ranks whose checkpoint_dir
+        was not rank 0's (or was None) resume in step with it. Returns the checkpoint resumed."""
+        if self.ps is not None or not isinstance(self.model.optimizer, DistributedOptimizer):
+            return restored
+        comm = self.model.optimizer.resolve_communicator()
+        if int(getattr(comm, "size", 1)) <= 1 or not hasattr(comm, "broadcast_bytes"):
+            return restored
+        flag = comm.allreduce(np.array([1.0 if restored is not None else 0.0], np.float32), op="max")
+        if float(flag[0]) == 0.0:
+            return restored
+        if comm.rank == 0:
+            name = (restored or "").encode()
+            payload = len(name).to_bytes(4, "little") + name + encode(self.model)
+            comm.broadcast_bytes(payload, root=0)
+            return restored
+        payload = comm.broadcast_bytes(None, root=0)
+        n = int.from_bytes(payload[:4], "little")
+        name = payload[4 : 4 + n].decode()
+        restore_bytes(self.model, payload[4 + n :], f"rank 0's resumed state ({name or 'none'})")
+        return name or None
 
     def _servers_optimizer_state(self):
         """The model's optimizer state (restored from the checkpoint) split into the ps shards' (None: none)."""
