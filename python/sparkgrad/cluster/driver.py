@@ -35,6 +35,7 @@ from sparkgrad.cluster.context import NodeInfo, cluster_spec
 from sparkgrad.cluster.feed import DEFAULT_INPUT, FeedTarget, PartitionFeeder
 from sparkgrad.cluster.roles import SERVING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.errors import (
+    CancelledError,
     ClusterError,
     InvalidArgumentError,
     NodeFailure,
@@ -371,6 +372,9 @@ class Cluster:
             old_pump.join(EVENT_POLL_SECONDS * 4)
         assert self._relaunch is not None
         generation = self._relaunch(self.restarts)
+        if self._closed.is_set():  # the driver was interrupted meanwhile: start nothing
+            generation.server.close()
+            raise CancelledError(f"restart {self.restarts} cancelled: the cluster was closed")
         with self._cond:
             self._server = generation.server
             self._launchers = tuple(generation.launchers)
