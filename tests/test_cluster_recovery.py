@@ -65,10 +65,8 @@ def test_ps_cluster_restarts_a_lost_worker_and_resumes_from_the_chiefs_checkpoin
 
     out = Lines()
     args = {**_ps_args(tmp_path), "shuffle": False}
-    started = time.monotonic()
     cluster = _ps_cluster(sc, args, out, 1)
     cluster.shutdown(timeout=120)
-    took = time.monotonic() - started
     died = json.loads((tmp_path / "marker").read_text())
     assert died["step"] == 2 * STEPS_PER_EPOCH and died["step"] in died["checkpoints"]
 
@@ -90,7 +88,6 @@ def test_ps_cluster_restarts_a_lost_worker_and_resumes_from_the_chiefs_checkpoin
     assert chief["accuracy"] > 0.9
     # parameters, Adam's moments on the ps, step and position all came back: the very same model
     assert chief["params_crc"] == ref.results[1]["params_crc"]
-    assert took < 60
 
 
 def test_ps_cluster_without_restarts_raises_naming_sparks_executor_and_host(sc, tmp_path):
