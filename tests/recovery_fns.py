@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import zlib
 
@@ -40,8 +41,9 @@ def _checkpoint_steps(ckpt_dir: str) -> list[int]:
 class DieAtEpochEnd:
     """At the end of epoch ``epoch``: waits for the chief's checkpoint of this step, notes it, and dies."""
 
-    def __init__(self, epoch: int, ckpt_dir: str, marker: str, every_time: bool = False) -> None:
+    def __init__(self, epoch: int, ckpt_dir: str, marker: str, every_time: bool = False, how: str = "exit") -> None:
         self.epoch, self.ckpt_dir, self.marker, self.every_time = epoch, ckpt_dir, marker, every_time
+        self.how = how  # "exit": the process dies; "stop": SIGSTOP, silent but alive
         self.model = None
 
     def set_model(self, model) -> None:
@@ -56,6 +58,8 @@ class DieAtEpochEnd:
             time.sleep(0.05)
         with open(self.marker, "w") as f:
             json.dump({"step": step, "checkpoints": _checkpoint_steps(self.ckpt_dir)}, f)
+        if self.how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # silent: only the missing heartbeats tell
         os._exit(3)  # dies without a word: the driver sees the node lost
 
 
@@ -86,7 +90,9 @@ def ps_fit(args, ctx):
     start = StartStep()
     callbacks = [start]
     if rank == args["target"]:
-        callbacks.append(DieAtEpochEnd(1, args["ckpt"], args["marker"], args.get("every_time", False)))
+        callbacks.append(
+            DieAtEpochEnd(1, args["ckpt"], args["marker"], args.get("every_time", False), args.get("how", "exit"))
+        )
     with TFNode.ps_client(ctx, model) as ps:
         model.fit(
             x[rank::size], y[rank::size], batch_size=16, epochs=args["epochs"], verbose=2,

@@ -90,6 +90,21 @@ def test_ps_cluster_restarts_a_lost_worker_and_resumes_from_the_chiefs_checkpoin
     assert chief["params_crc"] == ref.results[1]["params_crc"]
 
 
+def test_ps_cluster_restarts_after_a_worker_goes_silent(sc, tmp_path):
+    out = Lines()
+    args = {**_ps_args(tmp_path), "how": "stop"}  # SIGSTOP: alive, but no heartbeat
+    cluster = TFCluster.run(
+        sc, recovery_fns.ps_fit, args, 3, 1, output=out, reservation_timeout=60, stop_grace=2,
+        heartbeat_timeout=2, max_restarts=1,
+    )  # fmt: skip
+    cluster.shutdown(timeout=120)
+    died = json.loads((tmp_path / "marker").read_text())
+    restarts = _restart_lines(out.lines)
+    assert len(restarts) == 1 and "Spark executor driver on 127.0.0.1" in restarts[0], out.lines
+    chief = cluster.results[1]
+    assert chief["attempt"] == 1 and chief["start_step"] == died["step"] and chief["accuracy"] > 0.9
+
+
 def test_ps_cluster_without_restarts_raises_naming_sparks_executor_and_host(sc, tmp_path):
     out = Lines()
     cluster = _ps_cluster(sc, _ps_args(tmp_path), out, 0)
