@@ -80,7 +80,7 @@ MATRIX_DIR ?= .venv-matrix
 MATRIX_LEGS := py312-spark40 py310-spark34
 MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_cluster_feed.py \
   tests/test_cluster_ps.py tests/test_cluster_local_cluster.py tests/test_record_spark.py tests/test_nn_spark.py \
-  tests/test_examples.py tests/test_runner.py tests/test_cluster_recovery.py
+  tests/test_examples.py tests/test_runner.py tests/test_spark_tfrecords.py tests/test_cluster_recovery.py
 # Each leg runs under one NumPy already (1.21.5 in py310-spark34): no venvs of other NumPys per leg.
 MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_numpy_1_and_2
 # DBR 17.3 LTS: Spark 4.0, Python 3.12; the connect extra brings pandas, pyarrow and grpcio for Spark Connect.
@@ -98,7 +98,7 @@ py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.22.5
 # Under that NumPy, also the suites that hand arrays to and from the C core (30 s).
 py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
   tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \
-  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py
+  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py
 
 # $(1): the leg. Its venv holds the build, runtime and test requirements and
 # the leg's pyspark. A leg that names its .numpy runs under that NumPy but is
@@ -220,9 +220,14 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)
 	touch $@
 
+# make bench BENCH_ARGS=--quick: every bench once, a smoke run (its figures are not comparable).
+# Estimated at 10-15 minutes on 2 quiet cores, after the anchors are installed: bench_train is the
+# longest (about 20 subprocesses, two torch.compile and four XLA compiles), then bench_hvd and
+# bench_cluster (TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll). Measured one script at
+# a time at a load average of 10-22 on the shared machine, the scripts took 32 minutes in all.
 bench: build $(ANCHORS_STAMP)
 	@mkdir -p bench/results
-	@set -e; for b in bench/bench_*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
+	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 	$(PY) bench/report.py
 
 clean:

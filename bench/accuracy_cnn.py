@@ -13,9 +13,11 @@ recipes a user porting that code would try:
                  so one process with batch 256 and lr 0.2 takes the same steps)
 
 Each (system, recipe) trains in its own subprocess under the shared benchmark
-lock (`flock /work/bench.lock`), one thread, seed 1. Keras runs in /work/tfvenv
-(or $SPARKGRAD_TF_PYTHON). --quick: 1 epoch on the first 6000 rows, issue recipe
-only (a smoke run; its figures are not comparable).
+lock (`flock $SPARKGRAD_BENCH_LOCK`, default /work/bench.lock, when it exists), one
+thread, seed 1. Keras runs in this interpreter (`make bench` installs the anchors
+extra into it) or in $SPARKGRAD_TF_PYTHON; without TensorFlow its rows say why.
+--quick: 1 epoch on the first 6000 rows, issue recipe only (a smoke run; its
+figures are not comparable).
 
     python bench/accuracy_cnn.py [--quick] [--recipes issue,keras_lr1,hvd2] [--systems sparkgrad,keras]
 
@@ -33,9 +35,12 @@ import sys
 import tempfile
 import time
 
+import benchlib
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "accuracy_cnn.json"
-TF_PYTHON = os.environ.get("SPARKGRAD_TF_PYTHON", "/work/tfvenv/bin/python")
+# Keras: this interpreter (where `make bench` installs the anchors extra), or $SPARKGRAD_TF_PYTHON.
+TF_PYTHON = os.environ.get("SPARKGRAD_TF_PYTHON") or sys.executable
 LOCK = os.environ.get("SPARKGRAD_BENCH_LOCK", "/work/bench.lock")
 
 # name -> (Adadelta learning rate, batch size, description)
@@ -159,9 +164,15 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown recipes {unknown}; choose from {list(RECIPES)}")
     systems = [s for s in args.systems.split(",") if s]
-    if "keras" in systems and not os.path.exists(TF_PYTHON):
-        print(f"keras: not measured (no interpreter at {TF_PYTHON})", file=sys.stderr)
-        systems.remove("keras")
+    meta = benchlib.metadata("accuracy_cnn")
+    keras_missing = ""
+    if "keras" in systems:
+        probe = subprocess.run([TF_PYTHON, "-c", "import tensorflow"], capture_output=True, text=True, timeout=300) \
+            if os.path.exists(TF_PYTHON) else None  # fmt: skip
+        if probe is None or probe.returncode != 0:
+            last = (probe.stderr.strip().splitlines() or ["import failed"])[-1] if probe else "absent"
+            keras_missing = f"{TF_PYTHON} cannot import tensorflow ({last})"
+            print(f"keras: not measured: {keras_missing}", file=sys.stderr)
     epochs, rows = (1, 6000) if args.quick else (EPOCHS, None)
     out: list[dict] = []
     table: list[tuple] = []
@@ -177,10 +188,16 @@ def main() -> int:
     for recipe in recipes:
         lr, batch, desc = RECIPES[recipe]
         for system in systems:
-            r = spawn(data, system, recipe, epochs, rows, timeout=3600)
             tag = f"cnn_{recipe}_lr{lr:g}_b{batch}"
+            if system == "keras" and keras_missing:
+                out.append(benchlib.not_measured(system, f"{tag}_test_accuracy", keras_missing))
+                table.append((recipe, desc, system, "not measured", "", "", ""))
+                continue
+            r = spawn(data, system, recipe, epochs, rows, timeout=3600)
             if r is None:
-                row(system, f"{tag}_test_accuracy", None, "failed")
+                out.append(
+                    benchlib.not_measured(system, f"{tag}_test_accuracy", "failed (its stderr is printed above)")
+                )
                 table.append((recipe, desc, system, "failed", "", "", ""))
                 continue
             row(system, f"{tag}_test_accuracy", round(r["test_accuracy"], 4), "fraction")
@@ -193,8 +210,7 @@ def main() -> int:
             )  # fmt: skip
             print(f"  {recipe} {system}: accuracy {r['test_accuracy']:.4f}", file=sys.stderr, flush=True)
     tmp.cleanup()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    benchlib.write_results(RESULTS, out, meta)
     head = ("recipe", "description", "system", "test acc", "test loss", "train s", "load avg")
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
     print(f"Model (b), Fashion-MNIST, {epochs} epoch(s) on {rows or 60000} rows, test on 10000, 1 thread, seed 1")

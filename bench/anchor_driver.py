@@ -63,3 +63,41 @@ def write_result(args: argparse.Namespace, prefix: str, timings: dict[str, float
         json.dump(out, f)
     print(json.dumps(out))
     return 0
+
+
+def run_torch_distributor(args: argparse.Namespace, app: str, train_fn, *fn_args) -> int:
+    """The driver of a TorchDistributor anchor: a SparkSession on local[num_processes], then
+    TorchDistributor(local_mode=True, CPU).run(train_fn, *fn_args) timed, then the result file."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    spark, spark_seconds = start_spark(app, args.num_processes, args.cold)
+    t0 = time.time()
+    TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(train_fn, *fn_args)
+    t_end = time.time()
+    spark.stop()
+    return write_result(args, "torch", {"t0": t0, "end": t_end}, spark_seconds, ("torch", "pyspark"))
+
+
+class SleepCounter:
+    """Sums the time.sleep calls made from the modules under ``prefix`` while active (a framework's
+    own fixed waits, e.g. in its shutdown), sleeping them as usual; other callers are not counted."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.seconds, self.calls = prefix, 0.0, 0
+        self._real = time.sleep
+
+    def _sleep(self, seconds: float) -> None:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith(self.prefix):
+            self.seconds += seconds
+            self.calls += 1
+        self._real(seconds)
+
+    def __enter__(self):
+        time.sleep = self._sleep
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep = self._real
+        return False

@@ -33,6 +33,8 @@ import sys
 import textwrap
 import time
 
+import benchlib
+
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
@@ -210,6 +212,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-netns", action="store_true", help="skip the rate-limited namespace part")
     ap.add_argument("--link-gbit", type=float, default=1.0, help="veth rate limit of the namespace part")
     args = ap.parse_args(argv)
+    meta = benchlib.metadata("allreduce")
     volume = (64 << 20) if args.quick else (512 << 20)
     sizes = SIZES if not args.quick else [64 << 10, 1 << 20, 4 << 20, 64 << 20]
     plan = [(b, iterations(b, volume)) for b in sizes]
@@ -288,7 +291,7 @@ def main(argv: list[str]) -> int:
                     }
                 )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"{'system':<13} {'metric':<44} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<13} {r['metric']:<44} {r['value']:>10} {r['unit']}")

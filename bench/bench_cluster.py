@@ -14,17 +14,15 @@ compute thread (OMP_NUM_THREADS=1 and the framework's own thread setting):
   InputMode.TENSORFLOW) through sparkgrad.TFCluster.run. Two placements of
   the ps: a thread of the driver (driver_ps_nodes=True) with the 2 workers
   as Spark tasks on local[2], the same 2 task slots TensorFlowOnSpark uses;
-  and the ps as a third Spark task on local[3] ("ps as a task"). The
-  one difference from the walkthrough's model code: the images are
-  standardised per pixel ((x - mean) / std with the training set's per-pixel
-  statistics; mnist_dist --standardize), a preprocessing choice that lifts
-  this MLP markedly. The statistics are computed once, with the data
-  conversion, before any timed run (pixel_stats.npz beside the TFRecords).
-  Same initialisation as the others (truncated normal, stddev 1/sqrt(fan_in)).
+  and the ps as a third Spark task on local[3] ("ps as a task"). Raw [0, 1]
+  pixels, as every system (no per-pixel standardisation: the same inputs for
+  all), and the same initialisation (truncated normal, stddev 1/sqrt(fan_in)).
+  Synchronous sparkgrad is compared with the anchors (both synchronous);
+  asynchronous sparkgrad is reported apart.
 - TensorFlowOnSpark 2.2.5 + tensorflow-cpu: bench/cluster_tfos.py in the
   first interpreter with tensorflow, tf_keras and tensorflowonspark among
-  $SPARKGRAD_TF_PYTHON, /work/tfvenv/bin/python and this one (`make bench`
-  installs the `anchors` extra into .venv),
+  this one (`make bench` installs the `anchors` extra into .venv) and
+  $SPARKGRAD_TF_PYTHON,
   the Keras MultiWorkerMirroredStrategy path of its examples/mnist (chief +
   worker, InputMode.TENSORFLOW) on local[2]; raw [0, 1] pixels.
 - TorchDistributor: bench/cluster_torch.py, DDP over gloo, local_mode=True,
@@ -33,6 +31,8 @@ compute thread (OMP_NUM_THREADS=1 and the framework's own thread setting):
 Measured for each: formation (run() called on the driver -> every worker has
 started its first training step, wall clock on this one machine), total wall
 time (run() -> the cluster is shut down and run()/shutdown() returned),
+training time (the first worker's first step -> the last worker's last step),
+for TensorFlowOnSpark the time.sleep calls of its own shutdown() (in the wall time),
 samples/s over that wall time, and the chief's final test accuracy on the
 10,000 test images. Spark's own start (SparkSession) is before run() and is
 reported apart. Every system runs on a warm SparkContext (one that has
@@ -55,16 +55,17 @@ import os
 import pathlib
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import benchlib
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results" / "cluster.json"
-TF_PYTHONS = [os.environ.get("SPARKGRAD_TF_PYTHON", ""), "/work/tfvenv/bin/python", sys.executable]
+TF_PYTHONS = [sys.executable, os.environ.get("SPARKGRAD_TF_PYTHON", "")]
 SOURCE = "/usr/share/datasets/fashion-mnist"
 SYSTEMS = ("sparkgrad_async", "sparkgrad_sync", "sparkgrad_async_ps_task", "sparkgrad_sync_ps_task", "tfos", "torch")
 OURS = tuple(s for s in SYSTEMS if s.startswith("sparkgrad"))
@@ -91,6 +92,7 @@ def sparkgrad_map_fun(bench_args, ctx):
     wraps it (in the node's process only, restored afterwards) to note when the
     first batch reaches the training loop and to stop after ``max_steps``.
     """
+    import itertools
     import time
 
     from sparkgrad.examples import mnist_dist as ex
@@ -98,15 +100,15 @@ def sparkgrad_map_fun(bench_args, ctx):
     args, max_steps = bench_args
     entered = time.time()
     first: list[float] = []
+    last: list[float] = []
     original = ex._train_batches
 
-    def batches(a, c, rank):
-        for i, batch in enumerate(original(a, c, rank)):
-            if i >= max_steps:
-                return
+    def batches(a, c, rank, *rest):
+        for batch in itertools.islice(original(a, c, rank, *rest), max_steps):
             if not first:
                 first.append(time.time())
             yield batch
+        last.append(time.time())  # fit asks for the next batch once the last step is done
 
     ex._train_batches = batches
     try:
@@ -115,22 +117,21 @@ def sparkgrad_map_fun(bench_args, ctx):
         ex._train_batches = original
     if isinstance(result, dict) and "rank" in result:
         result["first_step_wall"] = first[0] if first else None
+        result["trained_wall"] = last[0] if last else None
         result["map_fun_wall"] = entered
     return result
 
 
 def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bool) -> int:
-    from pyspark.sql import SparkSession
+    import anchor_driver
     from sparkgrad import TFCluster
     from sparkgrad.cluster.roles import InputMode
-    from sparkgrad.examples.mnist_dist import Args, pixel_stats
+    from sparkgrad.examples.mnist_dist import Args
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     sync = system.startswith("sparkgrad_sync")
     ps_in_driver = not system.endswith("_ps_task")
     slots = NUM_WORKERS if ps_in_driver else NUM_WORKERS + 1
     model_dir = tempfile.mkdtemp(prefix="bench-cluster-sg-")
-    mean, std = pixel_stats(data_dir)  # made by prepare_data() before any run: a file read here
     args = Args(
         mode="tensorflow",
         data_dir=data_dir,
@@ -140,21 +141,9 @@ def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bo
         learning_rate=LR,
         sync=sync,
         checkpoint_every=500,
-        shard_data=True,
-        pixel_mean=mean,
-        pixel_std=std,
+        shard_data=True,  # raw [0, 1] pixels, as every system gets (no per-pixel standardisation)
     )
-    t_spark = time.time()
-    spark = (
-        SparkSession.builder.master(f"local[{slots}]")
-        .appName("bench_cluster-sparkgrad")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    if not cold:  # a context that has run a Python job already, as in a notebook
-        spark.sparkContext.parallelize(range(slots), slots).map(lambda x: x).count()
-    spark_seconds = time.time() - t_spark
+    spark, spark_seconds = anchor_driver.start_spark("bench_cluster-sparkgrad", slots, cold)
     try:
         t0 = time.time()
         cluster = TFCluster.run(
@@ -194,11 +183,9 @@ def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bo
 
 def prepare_data(data_dir: str) -> None:
     sys.path.insert(0, str(ROOT / "python"))
-    from sparkgrad.examples.mnist_dist import pixel_stats
     from sparkgrad.examples.mnist_dist import prepare_data as convert
 
     convert(data_dir, SOURCE, shards=4)
-    pixel_stats(data_dir)
 
 
 def compile_bytecode() -> None:
@@ -296,6 +283,11 @@ def summarize(res: dict) -> dict:
     samples = sum(int(n["samples"]) for n in nodes)
     entered = [n["map_fun_wall"] for n in nodes if n.get("map_fun_wall")]
     extra = {"map_fun_start_s": max(entered) - res["t0"]} if len(entered) == len(firsts) else {}
+    trained = [n["trained_wall"] for n in nodes if n.get("trained_wall")]
+    if len(trained) == len(firsts):  # training alone: the first worker's first step -> the last worker's last
+        extra["train_s"] = max(trained) - min(firsts)
+    if res.get("shutdown_sleep_s") is not None:
+        extra["shutdown_sleep_s"] = res["shutdown_sleep_s"]
     return {
         **extra,
         "formation_s": formation,
@@ -314,6 +306,8 @@ UNITS = {
         "s (run() -> every worker's map_fun called: Spark's task start, then sparkgrad's import and registration)"
     ),
     "wall_s": "s (run() -> shut down)",
+    "train_s": "s (training alone: first worker's first step -> last worker's last step)",
+    "shutdown_sleep_s": "s (time.sleep calls of TensorFlowOnSpark's own TFCluster.shutdown(), measured; in wall_s)",
     "samples": "samples",
     "samples_per_s": "samples/s (end to end)",
     "samples_per_s_after_formation": "samples/s (first step -> shut down)",
@@ -360,11 +354,20 @@ def main() -> int:
     sg_env = dict(base_env, PYTHONPATH=str(ROOT / "python"))
     rows: list[dict] = []
 
-    def row(system, metric, value, unit):
-        rows.append({"system": system, "metric": metric, "value": value, "unit": unit})
+    def row(system, metric, value, unit, **extra):
+        rows.append(benchlib.row(system, metric, value, unit, **extra))
 
-    load_before = os.getloadavg()[0]
-    row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
+    meta = benchlib.metadata("cluster")
+    meta["notes"] = [
+        "every system gets the same inputs: raw [0, 1] pixels (no per-pixel standardisation)",
+        "synchronous sparkgrad is compared with the synchronous anchors (TensorFlowOnSpark's "
+        "MultiWorkerMirroredStrategy, TorchDistributor's DDP); asynchronous sparkgrad (a different algorithm: "
+        "each worker's updates applied as they come) is reported apart",
+        "wall time is run() -> shut down; training time is the first worker's first step -> the last worker's "
+        "last step; TensorFlowOnSpark's wall time includes the time.sleep calls of its own TFCluster.shutdown() "
+        "(measured: shutdown_sleep_s)",
+        f"figures are medians of {args.repeat} runs with min and max",
+    ]
     row("machine", "training_samples", samples, "samples (1 epoch = 60,000)")
     row("machine", "runs_per_system", args.repeat, "runs (figures are medians)")
     summary: dict[tuple[str, str], dict | None] = {}
@@ -430,7 +433,7 @@ def main() -> int:
                 summary[key] = None
                 reasons.setdefault(key, "not run")
                 continue
-            summary[key] = {m: statistics.median(r[m] for r in done) for m in done[0]}
+            summary[key] = benchlib.summarise_runs(done)
             reasons.pop(key, None)
 
     ratio_lines = []
@@ -439,26 +442,32 @@ def main() -> int:
         for system in systems:
             s = summary.get((system, context))
             if s is None:
-                row(LABELS[system], f"not_measured{sfx}", 1, reasons.get((system, context), "not run"))
+                why = reasons.get((system, context), "not run")
+                rows.append(benchlib.not_measured(LABELS[system], f"wall_s{sfx}", why, UNITS["wall_s"]))
                 continue
             for metric in (
                 "formation_s",
                 "map_fun_start_s",
                 "wall_s",
+                "train_s",
+                "shutdown_sleep_s",
                 "samples",
                 "samples_per_s",
                 "samples_per_s_after_formation",
             ):
-                if metric not in s:  # map_fun_start_s: sparkgrad's runs only
+                if metric not in s:  # map_fun_start_s: sparkgrad's runs only; shutdown_sleep_s: TensorFlowOnSpark's
                     continue
-                value = round(s[metric], 3 if metric.endswith("start_s") or metric == "formation_s" else 1)
-                row(LABELS[system], metric + sfx, value, UNITS[metric])
+                d = 3 if metric.endswith("start_s") or metric == "formation_s" else 2 if metric == "train_s" else 1
+                spread = {"min": round(s[metric + "_min"], d), "max": round(s[metric + "_max"], d), "runs": s["runs"]}
+                row(LABELS[system], metric + sfx, round(s[metric], d), UNITS[metric], **spread)
             row(LABELS[system], "test_accuracy" + sfx, round(s["test_accuracy"], 4), UNITS["test_accuracy"])
             row(LABELS[system], "spark_start_s" + sfx, round(s["spark_start_s"], 2), UNITS["spark_start_s"])
         for ours in OURS:
             mine = summary.get((ours, context))
             if mine is None:
                 continue
+            # the anchors are synchronous (all-reduce): sparkgrad's asynchronous ps is a different algorithm
+            how = "synchronous" if "sync" in ours and "async" not in ours else "asynchronous against synchronous"
             for anchor in ("tfos", "torch"):
                 theirs = summary.get((anchor, context))
                 if theirs is None:
@@ -466,16 +475,21 @@ def main() -> int:
                 f_ratio = theirs["formation_s"] / mine["formation_s"]
                 w_ratio = theirs["wall_s"] / mine["wall_s"]
                 acc_delta = mine["test_accuracy"] - theirs["test_accuracy"]
-                row(LABELS[ours], f"formation_speedup_vs_{anchor}{sfx}", round(f_ratio, 2), "x")
-                row(LABELS[ours], f"end_to_end_speedup_vs_{anchor}{sfx}", round(w_ratio, 2), "x")
-                row(LABELS[ours], f"accuracy_minus_{anchor}{sfx}", round(acc_delta, 4), "fraction")
+                tag = {"comparison": how}
+                row(LABELS[ours], f"formation_speedup_vs_{anchor}{sfx}", round(f_ratio, 2), "x (medians)", **tag)
+                row(LABELS[ours], f"end_to_end_speedup_vs_{anchor}{sfx}", round(w_ratio, 2), "x (medians)", **tag)
+                t_text = ""
+                if "train_s" in mine and "train_s" in theirs:
+                    t_ratio = theirs["train_s"] / mine["train_s"]
+                    row(LABELS[ours], f"training_speedup_vs_{anchor}{sfx}", round(t_ratio, 2), "x (medians)", **tag)
+                    t_text = f", training {t_ratio:.1f}x faster"
+                row(LABELS[ours], f"accuracy_minus_{anchor}{sfx}", round(acc_delta, 4), "fraction", **tag)
                 ratio_lines.append(
-                    f"{context}: {LABELS[ours]} vs {LABELS[anchor]}: formation {f_ratio:.1f}x faster, "
-                    f"end to end {w_ratio:.1f}x faster, accuracy {acc_delta:+.4f}"
+                    f"{context}, {how}: {LABELS[ours]} vs {LABELS[anchor]}: formation {f_ratio:.1f}x faster, "
+                    f"end to end {w_ratio:.1f}x faster{t_text}, accuracy {acc_delta:+.4f}"
                 )
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
 
     head = ("context", "system", "formation s", "wall s", "samples", "samples/s", "test acc", "Spark start s")
     table = []
@@ -504,7 +518,8 @@ def main() -> int:
     for system, v in versions.items():
         print(f"{LABELS[system]}: {', '.join(f'{k} {x}' for k, x in v.items())}")
     print("targets: formation < 2 s and >= 10x faster than TensorFlowOnSpark; end to end >= 5x faster than both")
-    print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
+    print(f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end "
+          f"{os.getloadavg()[0]:.2f}; logs in {work}")  # fmt: skip
     print(f"wrote {RESULTS}")
     return 0
 

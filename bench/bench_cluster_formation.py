@@ -13,7 +13,6 @@ Writes bench/results/cluster_formation.json (rows of system, metric, value, unit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import signal
@@ -21,6 +20,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+import benchlib
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -85,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 10")
     args = parser.parse_args()
+    meta = benchlib.metadata("cluster_formation")
     repeats = 3 if args.quick else 10
     sys.path.insert(0, str(HERE))  # so Spark's workers can import this module's map_funs by reference
     rows = measure(None, repeats)
@@ -110,7 +112,7 @@ def main() -> int:
         spark.stop()
     out = HERE / "results" / "cluster_formation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
+    benchlib.write_results(out, rows, meta)
     width = max(len(r["system"]) for r in rows)
     for r in rows:
         print(f"{r['system']:<{width}}  {r['metric']:<52} {r['value']:8.3f} {r['unit']}")

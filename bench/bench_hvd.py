@@ -62,6 +62,8 @@ import sys
 import tempfile
 import time
 
+import benchlib
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results" / "hvd.json"
@@ -80,7 +82,6 @@ BATCH = 128
 
 def sparkgrad_main(samples: int, epochs: int, threads: int, out_dir: str) -> dict:
     """What a HorovodRunner user's main() does, plus the process's own timestamps."""
-    import json
     import os
     import time
 
@@ -307,6 +308,7 @@ def main() -> int:
     ap.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    meta = benchlib.metadata("hvd")
     if args.child:
         return child_sparkgrad(args)
 
@@ -381,14 +383,14 @@ def main() -> int:
             reason = reasons.get(system, "not run")
             row(LABELS[system], "train_s", None, UNITS["train_s"], reason=reason)
             continue
-        medians[system] = {m: statistics.median(r[m] for r in done) for m in done[0]}
+        medians[system] = benchlib.summarise_runs(done)
         for metric in METRICS:
             if metric not in done[0]:
                 continue
             d = DIGITS.get(metric, 1)
-            vals = [r[metric] for r in done]
-            spread = {"min": round(min(vals), d), "max": round(max(vals), d), "runs": len(vals)} if repeat > 1 else {}
-            row(LABELS[system], metric, round(medians[system][metric], d), UNITS[metric], **spread)
+            s = medians[system]
+            spread = {"min": round(s[f"{metric}_min"], d), "max": round(s[f"{metric}_max"], d), "runs": s["runs"]}
+            row(LABELS[system], metric, round(s[metric], d), UNITS[metric], **(spread if repeat > 1 else {}))
 
     ratio_lines = []
     mine = medians.get("sparkgrad")
@@ -432,7 +434,7 @@ def main() -> int:
     shutil.rmtree(work / "horovod-venv", ignore_errors=True)
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
 
     head = ("system", "run() s", "training s", "samples", "samples/s", "test acc", "compile s")
     table = []

@@ -27,12 +27,12 @@ its speed relative to B = 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import statistics
 import sys
 import time
+
+import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "overlap.json"
@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--mlp-steps", type=int, default=None, help="default 600 (quick 150)")
     ap.add_argument("--cnn-steps", type=int, default=None, help="default 60 (quick 8)")
     args = ap.parse_args()
+    meta = benchlib.metadata("overlap")
     sys.path.insert(0, str(ROOT / "python"))
     import sparkgrad
 
@@ -141,7 +142,8 @@ def main() -> int:
         rates = {}
         for b in MODELS[m][1]:
             got = [t["steps"] / t["s"] for t in timings if t["model"] == m and t["bucket"] == b]
-            rates[b] = (statistics.median(got), min(got), max(got))
+            sm = benchlib.summarise(got)
+            rates[b] = (sm["median"], sm["min"], sm["max"])
         base = rates[0][0]
         for b in MODELS[m][1]:
             med, lo, hi = rates[b]
@@ -153,7 +155,7 @@ def main() -> int:
                 row(LABELS[m], f"speed_vs_bucket_0_bucket_{b}", round(med / base, 3), "x (steps/s / bucket_bytes=0's)")
             print(f"{LABELS[m]:<36}{name:<24}{med:>10.2f}{lo:>9.2f}{hi:>9.2f}{med / base:>9.3f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"\n{time.monotonic() - started:.0f} s; load average (1 min) at start {load_before:.2f}, "
           f"at end {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"wrote {RESULTS}")

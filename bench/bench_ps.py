@@ -12,13 +12,13 @@ The MLP of the issue's example (784-128-10 dense) has 101,770 parameters.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
 import threading
 import time
 
+import benchlib
 import numpy as np
 from sparkgrad import _core
 
@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
+    meta = benchlib.metadata("ps")
     seconds = 0.5 if args.quick else 2.0
     rows = []
     for total in (101_770, 1_000_000):
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
                 {"system": "sparkgrad", "metric": f"push_pull_bandwidth_{tag}", "value": round(mbs, 1), "unit": "MB/s"}
             )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"{'system':<10} {'metric':<46} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<10} {r['metric']:<46} {r['value']:>10} {r['unit']}")

@@ -13,7 +13,6 @@ Target from issue 5: 256 nodes in under 200 ms.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import resource
@@ -22,6 +21,7 @@ import sys
 import threading
 import time
 
+import benchlib
 from sparkgrad import _core
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "rendezvous.json"
@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--nodes", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    meta = benchlib.metadata("rendezvous")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = 8 * args.nodes + 64  # client socket + wake pipe, server socket, per node
     if soft < need:
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
         {"system": "target (issue 5)", "metric": "rendezvous_256_nodes", "value": 200.0, "unit": "ms"},
     ]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"{'system':<18} {'metric':<34} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<18} {r['metric']:<34} {r['value']:>10} {r['unit']}")

@@ -21,10 +21,11 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
+
+import benchlib
 
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "spark_floor.json"
@@ -34,19 +35,10 @@ from bench_cluster import CONTEXTS, run_child  # noqa: E402 - the same child run
 
 
 def child(tasks: int, cold: bool, out: str) -> int:
-    from pyspark.sql import SparkSession
+    import anchor_driver
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master(f"local[{tasks}]")
-        .appName("bench_spark_floor")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark, _ = anchor_driver.start_spark("bench_spark_floor", tasks, cold)  # warm: bench_cluster.py's warm-up job
     sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
-    if not cold:  # bench_cluster.py's warm-up job
-        sc.parallelize(range(tasks), tasks).map(lambda x: x).count()
 
     def started(_rows):
         import time
@@ -73,6 +65,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    meta = benchlib.metadata("spark_floor")
     if args.child:
         return child(args.child, args.cold, args.out)
 
@@ -107,13 +100,13 @@ def main() -> int:
             done = runs.get((tasks, context), [])
             if len(done) < repeat:
                 why = failed.get((tasks, context), "not run")
-                rows.append({"system": system, "metric": f"not_measured{sfx}", "value": 1, "unit": why})
+                rows.append(benchlib.not_measured(system, f"last_task_start_s{sfx}", why))
                 continue
-            starts = [r["last_task_start_s"] for r in done]
+            sm = benchlib.summarise(r["last_task_start_s"] for r in done)
             for metric, value in (
-                ("last_task_start_s", statistics.median(starts)),
-                ("last_task_start_min_s", min(starts)),
-                ("last_task_start_max_s", max(starts)),
+                ("last_task_start_s", sm["median"]),
+                ("last_task_start_min_s", sm["min"]),
+                ("last_task_start_max_s", sm["max"]),
             ):
                 rows.append(
                     {
@@ -123,10 +116,10 @@ def main() -> int:
                         "unit": "s (job submitted -> its last task's Python function starts)",
                     }
                 )
-            print(f"{context}: local[{tasks}] median {statistics.median(starts):.3f} s "
-                  f"({min(starts):.3f}-{max(starts):.3f} s over {len(starts)} fresh contexts)")  # fmt: skip
+            print(f"{context}: local[{tasks}] median {sm['median']:.3f} s "
+                  f"({sm['min']:.3f}-{sm['max']:.3f} s over {sm['runs']} fresh contexts)")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    benchlib.write_results(RESULTS, rows, meta)
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
     print(f"wrote {RESULTS}")
     return 0

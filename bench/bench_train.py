@@ -4,13 +4,24 @@ Models and data as issue 4: (a) the TFoS walkthrough MLP 784-128-64-10 ReLU,
 SGD lr 0.07, batch 100; (b) the HorovodRunner Keras CNN (Conv32-Conv64-MaxPool-
 Dropout-Flatten-Dense128-Dropout-Dense10, Adadelta lr 0.1, batch 128). Data:
 Fashion-MNIST in memory (random data of the same shape if it is absent).
-Each (system, model, threads) runs in its own subprocess, so thread settings
-and peak RSS are its own; each times 5 segments (1000 MLP / 20 CNN steps) and
-reports the best (as timeit: the one least disturbed by other work on the
-machine) and the median, and the ratios are given for both. Keras runs in /work/tfvenv (or $SPARKGRAD_TF_PYTHON)
-when that interpreter has tensorflow; otherwise it is reported as not measured.
-sparkgrad_bf16 is sparkgrad with compile(precision="bf16") (its ratio is the
-speedup over sparkgrad's fp32; a CPU without native bf16 gets a row saying so).
+Each (system, configuration, model, threads) runs in its own subprocess, so
+thread settings and peak RSS are its own; each times 5 segments (1000 MLP / 20
+CNN steps; --quick: 3 of 200 / 5, 1 thread) after a warm-up and reports their
+median with the spread. The anchors run as a skilled user would run them, and
+sparkgrad is compared with each one's best configuration:
+
+  PyTorch   eager; torch.compile (the compile, in the first step, is reported
+            apart and excluded from the rate); bf16 autocast where the CPU has
+            bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo, else a row saying so)
+  Keras     steps_per_execution 1, 10, 100 x jit_compile False / True, each over
+            one model.fit whose first epoch is the warm-up and whose following
+            epochs are the timed segments (a tf.data pipeline built once)
+
+Keras runs in this interpreter (where `make bench` installs the anchors extra)
+or in $SPARKGRAD_TF_PYTHON; without TensorFlow its rows say why. sparkgrad_bf16
+is compile(precision="bf16") (its ratio is the speedup over sparkgrad's fp32; a
+CPU without native bf16 gets a row saying so). The fp32 GEMM bound is the best of
+NumPy's and torch.mm's 1536^3 product over the FLOPs of one training sample.
 
     python bench/bench_train.py [--quick] [--threads 1,2]
 
@@ -28,9 +39,10 @@ import subprocess
 import sys
 import time
 
+import benchlib
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "train.json"
-TF_PYTHON = os.environ.get("SPARKGRAD_TF_PYTHON", "/work/tfvenv/bin/python")
 
 # FLOPs per training sample (multiply-add = 2): forward, weight gradient,
 # and data gradient except for the first layer.
@@ -66,20 +78,14 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-# Each worker times REPEATS segments of `steps` steps in one process and reports
-# the best (the least disturbed by other work on this shared machine, as timeit
-# does) and the median; every system is measured the same way.
+# Each worker times REPEATS segments of `steps` steps in one process, after a
+# warm-up, and reports every segment's rate; the figure is their median, with
+# the spread beside it. Every system is measured the same way.
 REPEATS = 5
 
 
-def summarise(rates: list[float]) -> dict:
-    rates = sorted(rates)
-    return {
-        "samples_per_s": rates[-1],
-        "samples_per_s_median": rates[len(rates) // 2],
-        "segments": len(rates),
-        "peak_rss_mb": peak_rss_mb(),
-    }
+def rates_result(rates: list[float], **extra) -> dict:
+    return {"rates": rates, "peak_rss_mb": peak_rss_mb(), **extra}
 
 
 # ---- workers (run in subprocesses) -------------------------------------------------
@@ -107,7 +113,7 @@ def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int, precisio
         t = time.perf_counter()
         m.fit(x, target, batch_size=b, epochs=10**6, max_steps=m.step + steps, verbose=0, log_every=1000)
         rates.append(steps * b / (time.perf_counter() - t))
-    return summarise(rates)
+    return rates_result(rates, precision=m.precision)
 
 
 def worker_sparkgrad_bf16(model: str, threads: int, steps: int, warmup: int) -> dict:
@@ -120,10 +126,15 @@ def worker_sparkgrad_bf16(model: str, threads: int, steps: int, warmup: int) -> 
     return worker_sparkgrad(model, threads, steps, warmup, precision="bf16")
 
 
-def worker_torch(model: str, threads: int, steps: int, warmup: int) -> dict:
+def worker_torch(model: str, threads: int, steps: int, warmup: int, mode: str = "eager") -> dict:
+    """PyTorch eager, torch.compile (its compile, in the first step, timed apart) or bf16 autocast."""
+    import contextlib
+
     import torch
     import torch.nn as tnn
 
+    if mode == "bf16" and not benchlib.cpu_info()["bf16"]:
+        return {"unsupported": "no avx512_bf16/amx_bf16 in /proc/cpuinfo: bf16 autocast would be emulated"}
     torch.set_num_threads(threads)
     x, y = load_data(model)
     x, y = torch.from_numpy(x), torch.from_numpy(y)
@@ -138,32 +149,47 @@ def worker_torch(model: str, threads: int, steps: int, warmup: int) -> dict:
             tnn.Flatten(), tnn.Linear(9216, 128), tnn.ReLU(), tnn.Dropout(0.5), tnn.Linear(128, 10),
         )  # fmt: skip
         opt = torch.optim.Adadelta(net.parameters(), lr=0.1, rho=0.95, eps=1e-7)
+    fwd = torch.compile(net) if mode == "compile" else net
     b = BATCH[model]
     n = x.shape[0]
     lossf = tnn.CrossEntropyLoss()
 
+    def cast():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
+
+    perm = torch.randperm(n)
+
     def run(k: int, start: int) -> None:
-        perm = torch.randperm(n)
         for s in range(k):
             i = ((start + s) * b) % (n - b)
             idx = perm[i : i + b]
-            opt.zero_grad()
-            loss = lossf(net(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            with cast():
+                loss = lossf(fwd(x[idx]), y[idx])
             loss.backward()
             opt.step()
 
-    run(warmup, 0)
+    t = time.perf_counter()
+    run(1, 0)  # torch.compile compiles forward and backward here
+    first_step_s = time.perf_counter() - t
+    run(warmup, 1)
     rates = []
     for r in range(REPEATS):
         t = time.perf_counter()
-        run(steps, warmup + r * steps)
+        run(steps, 1 + warmup + r * steps)
         rates.append(steps * b / (time.perf_counter() - t))
-    return summarise(rates)
+    return rates_result(rates, **({"compile_s": first_step_s} if mode == "compile" else {}))
 
 
-def worker_keras(model: str, threads: int, steps: int, warmup: int) -> dict:
+def worker_keras(model: str, threads: int, steps: int, warmup: int, spe: int = 1, jit: int = 0) -> dict:
+    """Keras model.fit with steps_per_execution=spe and jit_compile=jit, over one long fit:
+    its first epoch (of `warmup` steps, where tracing and compiling happen) is the warm-up,
+    each following epoch of `steps` steps one timed segment (epoch ends stamped by a callback)."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import numpy as np
     import tensorflow as tf
+
+    spe, jit = int(spe), int(jit)  # from the worker's command line
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -179,9 +205,7 @@ def worker_keras(model: str, threads: int, steps: int, warmup: int) -> dict:
                 keras.layers.Dense(10),
             ]
         )
-        net.compile(
-            optimizer=keras.optimizers.SGD(0.07), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        )
+        opt, loss = keras.optimizers.SGD(0.07), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         target = y
     else:
         L = keras.layers
@@ -190,20 +214,30 @@ def worker_keras(model: str, threads: int, steps: int, warmup: int) -> dict:
              L.MaxPooling2D(2), L.Dropout(0.25), L.Flatten(), L.Dense(128, activation="relu"), L.Dropout(0.5),
              L.Dense(10, activation="softmax")]
         )  # fmt: skip
-        net.compile(optimizer=keras.optimizers.Adadelta(0.1), loss="categorical_crossentropy")
-        import numpy as np
-
+        opt, loss = keras.optimizers.Adadelta(0.1), "categorical_crossentropy"
         target = np.eye(10, dtype=np.float32)[y]
+    net.compile(optimizer=opt, loss=loss, steps_per_execution=spe, jit_compile=bool(jit))
     b = BATCH[model]
-    net.fit(x[: warmup * b], target[: warmup * b], batch_size=b, epochs=1, verbose=0)
-    rows = min(steps * b, (len(x) // b) * b)
-    epochs = -(-steps * b // rows)
-    rates = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        net.fit(x[:rows], target[:rows], batch_size=b, epochs=epochs, verbose=0)
-        rates.append(rows * epochs / (time.perf_counter() - t))
-    return summarise(rates)
+    # Shuffled once here, outside the timer; batched and repeated as a tf.data pipeline (built once).
+    order = np.random.default_rng(1).permutation(len(x))
+    ds = tf.data.Dataset.from_tensor_slices((x[order], target[order])).batch(b, drop_remainder=True)
+    ds = ds.repeat().prefetch(tf.data.AUTOTUNE)
+    seg = -(-max(steps, spe) // spe) * spe  # a whole number of executions per segment
+    stamps: list[float] = []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if not stamps:
+                stamps.append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            stamps.append(time.perf_counter())
+
+    # One fit: its first epoch (tracing, and XLA's compile with jit_compile) is the warm-up,
+    # each of the REPEATS epochs after it one timed segment.
+    net.fit(ds, epochs=1 + REPEATS, steps_per_epoch=seg, verbose=0, callbacks=[Stamp()])
+    rates = [seg * b / (stamps[i + 1] - stamps[i]) for i in range(1, len(stamps) - 1)]
+    return rates_result(rates, steps_per_segment=seg, first_epoch_s=stamps[1] - stamps[0])
 
 
 def worker_gemm(threads: int) -> dict:
@@ -242,7 +276,8 @@ WORKERS = {
 WAIT_POLICY = "passive"
 
 
-def spawn(python: str, args: list[str], threads: int, timeout: float) -> dict | None:
+def spawn(python: str, args: list[str], threads: int, timeout: float) -> tuple[dict | None, str]:
+    """Runs one worker; (its result, why it has none)."""
     env = dict(
         os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)
     )
@@ -256,111 +291,152 @@ def spawn(python: str, args: list[str], threads: int, timeout: float) -> dict | 
         )
     except subprocess.TimeoutExpired:
         print(f"  {' '.join(args)}: timed out after {timeout:.0f} s", file=sys.stderr)
-        return None
+        return None, f"timed out after {timeout:.0f} s"
     if out.returncode != 0:
         print(f"  {' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"exit status {out.returncode}: {last[-200:]}"
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if "unsupported" in res:
+        return None, res["unsupported"]
+    return res, ""
 
 
-def keras_available() -> bool:
-    if not os.path.exists(TF_PYTHON):
-        return False
-    r = subprocess.run([TF_PYTHON, "-c", "import tensorflow"], capture_output=True, timeout=300)
-    return r.returncode == 0
+def tf_python() -> tuple[str | None, str]:
+    """The interpreter with TensorFlow: $SPARKGRAD_TF_PYTHON if set, else this one (where
+    `make bench` installs the anchors extra); (path, why not)."""
+    python = os.environ.get("SPARKGRAD_TF_PYTHON") or sys.executable
+    if not os.path.exists(python):
+        return None, f"no interpreter at {python} ($SPARKGRAD_TF_PYTHON)"
+    r = subprocess.run([python, "-c", "import tensorflow"], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
+        return None, f"{python} cannot import tensorflow ({last}; `make bench` installs the anchors extra)"
+    return python, ""
+
+
+# Each anchor's configurations: (label, extra worker arguments); its best is the one compared.
+def anchor_configs(quick: bool, model: str) -> dict[str, list[tuple[str, list[str]]]]:
+    spes = (1, 10) if quick and model == "cnn" else (1, 10, 100)
+    return {
+        "torch": [("eager", ["eager"]), ("torch.compile", ["compile"]), ("bf16 autocast", ["bf16"])],
+        "keras": [(f"steps_per_execution={s}, jit_compile={bool(j)}", [str(s), str(j)]) for s in spes for j in (0, 1)],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and runs, 1 thread (a few minutes)")
+    ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick: 1)")
     ap.add_argument("--wait-policy", default="passive", choices=["passive", "active"], help="OMP_WAIT_POLICY for all")
     ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global REPEATS, WAIT_POLICY
     if args.worker is not None:
         if args.worker[0] == "gemm":
             res = worker_gemm(int(args.worker[1]))
         else:
-            system, model, threads, steps, warmup = args.worker
-            res = WORKERS[system](model, int(threads), int(steps), int(warmup))
+            system, model, threads, steps, warmup, repeats, *extra = args.worker
+            REPEATS = int(repeats)
+            res = WORKERS[system](model, int(threads), int(steps), int(warmup), *extra)
         print(json.dumps(res))
         return 0
 
-    global WAIT_POLICY
+    meta = benchlib.metadata("train", omp_wait_policy=args.wait_policy)
     WAIT_POLICY = args.wait_policy
+    REPEATS = 3 if args.quick else 5
     steps = {"mlp": 200 if args.quick else 1000, "cnn": 5 if args.quick else 20}  # per timed segment
     warmup = {"mlp": 50, "cnn": 3}
-    threads = [int(t) for t in args.threads.split(",")]
-    has_keras = keras_available()
+    threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",")]
+    keras_python, keras_missing = tf_python()
     flops = {"mlp": MLP_FLOPS, "cnn": CNN_FLOPS}
     rows: list[dict] = []
     table: list[tuple] = []
-
-    def row(system, metric, value, unit):
-        rows.append({"system": system, "metric": metric, "value": value, "unit": unit})
-
-    load_before = os.getloadavg()[0]
-    row("machine", "load_average_1min_at_start", round(load_before, 2), "runnable tasks (2 cores)")
-    row("machine", f"omp_wait_policy_{WAIT_POLICY}", 1, "flag")
+    row = rows.append
+    meta["notes"] = [
+        f"each figure is the median of {REPEATS} timed segments ({steps['mlp']} MLP / {steps['cnn']} CNN steps, "
+        "Keras: a whole number of steps_per_execution) in one process after a warm-up; OMP_WAIT_POLICY="
+        f"{WAIT_POLICY} for every system",
+        "PyTorch: eager, torch.compile (its compile, in the first step, reported apart and not in the rate) and "
+        "bf16 autocast where the CPU has bf16; Keras: steps_per_execution 1, 10, 100 x jit_compile False/True, "
+        "each over one fit whose first epoch is the warm-up; ratios are against each anchor's best configuration",
+        "sparkgrad_bf16 is compile(precision='bf16'); its ratio is against sparkgrad's own fp32",
+    ]
     for model in ("mlp", "cnn"):
-        row("machine", f"{model}_flops_per_training_sample", flops[model], "FLOP")
+        row(benchlib.row("machine", f"{model}_flops_per_training_sample", flops[model], "FLOP"))
     bounds: dict[str, float] = {}
+
+    def measure(system: str, label: str, model: str, t: int, extra: list[str]) -> tuple[dict | None, str]:
+        if system == "keras" and not keras_python:
+            return None, keras_missing
+        python = keras_python if system == "keras" else sys.executable
+        cmd = [system, model, str(t), str(steps[model]), str(warmup[model]), str(REPEATS), *extra]
+        print(f"  {model} t{t}: {system} {label}...", file=sys.stderr, flush=True)
+        return spawn(python, cmd, t, 1800)
+
     for t in threads:
-        g = spawn(sys.executable, ["gemm", str(t)], t, 300)
+        g, _ = spawn(sys.executable, ["gemm", str(t)], t, 300)
         peak = g["gflops"] if g else float("nan")
-        row("machine", f"fp32_gemm_peak_t{t}", round(peak, 1), "GFLOP/s")
+        row(benchlib.row("machine", f"fp32_gemm_peak_t{t}", round(peak, 1), "GFLOP/s"))
         for model in ("mlp", "cnn"):
             # no system can train faster than the measured GEMM peak over the FLOPs of one sample
             bounds[f"{model}_t{t}"] = peak * 1e9 / flops[model]
-            row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s")
+            row(benchlib.row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s"))
         for model in ("mlp", "cnn"):
-            res = {}
-            why: dict[str, str] = {}
-            for system in ("sparkgrad", "sparkgrad_bf16", "torch", "keras"):
-                python = TF_PYTHON if system == "keras" else sys.executable
-                if system == "keras" and not has_keras:
-                    res[system] = None
-                    continue
-                res[system] = spawn(python, [system, model, str(t), str(steps[model]), str(warmup[model])], t, 1800)
-                if res[system] is not None and "unsupported" in res[system]:
-                    why[system] = res[system]["unsupported"]
-                    res[system] = None
             tag = f"{model}_b{BATCH[model]}_t{t}"
-            ours = res["sparkgrad"]["samples_per_s"] if res["sparkgrad"] else float("nan")
-            ours_med = res["sparkgrad"]["samples_per_s_median"] if res["sparkgrad"] else float("nan")
-            for system, r in res.items():
-                if r is None:
-                    unit = "not measured" if system == "keras" else why.get(system, "failed")
-                    row(system, f"{tag}_samples_per_s", None, unit)
-                    table.append((tag, system, "not measured", "", "", "", "", ""))
+            metric = f"{tag}_samples_per_s"
+            unit = f"samples/s (median of {REPEATS} segments)"
+            medians: dict[str, float] = {}
+
+            def record(system, res, config=None, tag=tag, metric=metric, unit=unit, model=model, peak=peak) -> float:
+                s = benchlib.summarise(res["rates"])
+                extra = {"config": config} if config else {}
+                row(benchlib.median_row(system, metric, res["rates"], unit, **extra))
+                row(benchlib.row(system, f"{tag}_peak_rss", round(res["peak_rss_mb"], 1), "MB"))
+                share = s["median"] * flops[model] / (peak * 1e9)
+                row(benchlib.row(system, f"{tag}_share_of_gemm_peak", round(share, 4), "fraction"))
+                for key, what in (("compile_s", "s (torch.compile's compile, in the first step; not in the rate)"),
+                                  ("first_epoch_s", "s (warm-up epoch: tracing/XLA compile)")):  # fmt: skip
+                    if key in res:
+                        row(benchlib.row(system, f"{tag}_{key}", round(res[key], 2), what))
+                return s["median"]
+
+            for system in ("sparkgrad", "sparkgrad_bf16"):
+                res, why = measure(system, "", model, t, [])
+                if res is None:
+                    row(benchlib.not_measured(system, metric, why))
+                    table.append((tag, system, "", f"not measured: {why}", ""))
                     continue
-                share = r["samples_per_s"] * flops[model] / (peak * 1e9)
-                row(system, f"{tag}_samples_per_s", round(r["samples_per_s"], 1), f"samples/s (best of {REPEATS})")
-                row(system, f"{tag}_samples_per_s_median", round(r["samples_per_s_median"], 1), "samples/s")
-                row(system, f"{tag}_peak_rss", round(r["peak_rss_mb"], 1), "MB")
-                row(system, f"{tag}_share_of_gemm_peak", round(share, 4), "fraction")
-                ratio = ours / r["samples_per_s"]
-                med = float("nan")
-                if system == "sparkgrad_bf16":
-                    # bf16 against sparkgrad's own fp32 (the share above is of the fp32 GEMM peak)
-                    ratio = r["samples_per_s"] / ours
-                    med = r["samples_per_s_median"] / ours_med
-                    row("sparkgrad_bf16", f"{tag}_speedup_vs_fp32", round(ratio, 2), "x")
-                    row("sparkgrad_bf16", f"{tag}_speedup_vs_fp32_of_medians", round(med, 2), "x")
-                elif system != "sparkgrad":
-                    row("sparkgrad", f"{tag}_ratio_vs_{system}", round(ratio, 2), "x")
-                    med = ours_med / r["samples_per_s_median"]
-                    row("sparkgrad", f"{tag}_ratio_vs_{system}_of_medians", round(med, 2), "x")
-                table.append(
-                    (tag, system, f"{r['samples_per_s']:,.0f}", f"{ratio:.2f}x" if system != "sparkgrad" else "",
-                     f"{r['samples_per_s_median']:,.0f}", f"{med:.2f}x" if system != "sparkgrad" else "",
-                     f"{100 * share:.1f}%", f"{r['peak_rss_mb']:.0f}")
-                )  # fmt: skip
-    load_after = os.getloadavg()[0]
-    row("machine", "load_average_1min_at_end", round(load_after, 2), "runnable tasks (2 cores)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
-    head = ("config", "system", "best samples/s", "sg ratio", "median", "sg ratio", "% GEMM peak", "peak RSS MB")
+                medians[system] = record(system, res)
+                table.append((tag, system, "", f"{medians[system]:,.0f}", ""))
+            ours = medians.get("sparkgrad")
+            if ours and "sparkgrad_bf16" in medians:
+                row(benchlib.row("sparkgrad_bf16", f"{tag}_speedup_vs_fp32", round(medians["sparkgrad_bf16"] / ours, 2),
+                                 "x (medians)"))  # fmt: skip
+            for anchor, configs in anchor_configs(args.quick, model).items():
+                best: tuple[float, str, dict] | None = None
+                reasons = []
+                for label, extra in configs:
+                    res, why = measure(anchor, label, model, t, extra)
+                    name = f"{anchor} ({label})"
+                    if res is None:
+                        row(benchlib.not_measured(name, metric, why))
+                        reasons.append(f"{label}: {why}")
+                        table.append((tag, anchor, label, f"not measured: {why}", ""))
+                        continue
+                    med = record(name, res)
+                    table.append((tag, anchor, label, f"{med:,.0f}", f"{ours / med:.2f}x" if ours else ""))
+                    if best is None or med > best[0]:
+                        best = (med, label, res)
+                if best is None:
+                    row(benchlib.not_measured(anchor, metric, "; ".join(dict.fromkeys(reasons))))
+                    continue
+                record(anchor, best[2], config=best[1])  # the anchor at its best, the one compared
+                if ours:
+                    row(benchlib.row("sparkgrad", f"{tag}_ratio_vs_{anchor}", round(ours / best[0], 2),
+                                     f"x (medians; {anchor} at its best: {best[1]})"))  # fmt: skip
+    meta = benchlib.write_results(RESULTS, rows, meta)
+    head = ("config", "system", "configuration", "median samples/s", "sparkgrad's ratio")
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
     print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in table:
@@ -371,10 +447,10 @@ def main() -> int:
             f"fp32 GEMM peak, {t} thread(s): {peak_t} GFLOP/s; compute bound (peak / FLOPs per sample): "
             f"MLP {bounds[f'mlp_t{t}']:,.0f} samples/s, CNN {bounds[f'cnn_t{t}']:,.0f} samples/s"
         )
-    keras_note = "measured" if has_keras else f"not measured (no tensorflow at {TF_PYTHON})"
+    keras_note = f"measured with {keras_python}" if keras_python else f"not measured: {keras_missing}"
     print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {keras_note}")
-    print(f"load average (1 min) at start {load_before:.2f}, at end {load_after:.2f}: other work on the")
-    print(f"machine takes cores from multi-threaded runs; OMP_WAIT_POLICY={WAIT_POLICY} for every system")
+    print(f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end {meta['load_average_end'][0]:.2f}"
+          f"; OMP_WAIT_POLICY={WAIT_POLICY} for every system")  # fmt: skip
     print(f"wrote {RESULTS}")
     return 0
 

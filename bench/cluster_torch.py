@@ -17,9 +17,7 @@ test set. The driver writes ``--out`` (JSON) with the run() wall time.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 
 import anchor_driver
 
@@ -82,6 +80,7 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
         "rank": rank,
         "first_step_wall": first_step,
         "fit_seconds": trained - started,
+        "trained_wall": trained,
         "samples": done * batch_size,
         "steps": done,
     }
@@ -103,17 +102,9 @@ def main() -> int:
     p.add_argument("--num-processes", type=int, default=2)
     args = p.parse_args()
 
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    os.makedirs(args.out_dir, exist_ok=True)
-    spark, spark_seconds = anchor_driver.start_spark("bench_cluster-torch", args.num_processes, args.cold)
-    t0 = time.time()
-    TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(
-        train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
+    return anchor_driver.run_torch_distributor(
+        args, "bench_cluster-torch", train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
     )
-    t_end = time.time()
-    spark.stop()
-    return anchor_driver.write_result(args, "torch", {"t0": t0, "end": t_end}, spark_seconds, ("torch", "pyspark"))
 
 
 if __name__ == "__main__":

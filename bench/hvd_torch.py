@@ -23,9 +23,7 @@ images. The driver writes ``--out`` (JSON) with the run() wall time.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 
 import anchor_driver
 
@@ -134,17 +132,10 @@ def main() -> int:
     args = p.parse_args()
     lr = args.learning_rate if args.learning_rate is not None else 0.1 * args.num_processes
 
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    os.makedirs(args.out_dir, exist_ok=True)
-    spark, spark_seconds = anchor_driver.start_spark("bench_hvd-torch", args.num_processes, args.cold)
-    t0 = time.time()
-    TorchDistributor(num_processes=args.num_processes, local_mode=True, use_gpu=False).run(
-        train_fn, args.samples, args.epochs, args.batch_size, lr, args.threads, args.compile, args.out_dir
-    )
-    t_end = time.time()
-    spark.stop()
-    return anchor_driver.write_result(args, "torch", {"t0": t0, "end": t_end}, spark_seconds, ("torch", "pyspark"))
+    return anchor_driver.run_torch_distributor(
+        args, "bench_hvd-torch", train_fn, args.samples, args.epochs, args.batch_size, lr, args.threads,
+        args.compile, args.out_dir,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

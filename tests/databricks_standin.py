@@ -863,6 +863,9 @@ for _ver in ("2.1", "2.2"):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: with Nagle on, each answer waited ~40 ms for the
+    # client's delayed ACK (44 ms per request measured, 0.6 ms without).
+    disable_nagle_algorithm = True
     standin: Standin
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet

@@ -24,6 +24,7 @@ import threading
 import time
 
 import cluster_nodes
+import numpy as np
 import pytest
 from cluster_checks import (
     Lines,
@@ -333,3 +334,30 @@ def test_mnist_dist_example_runs_over_connect_in_both_input_modes(mnist_records,
     assert re.search(r"^worker:0 chief: step \d+, test loss", out, re.M)  # streamed, prefixed
     accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
     assert accuracy >= 0.8
+
+
+def test_predict_and_evaluate_tfrecords_over_connect(connect, tmp_path):
+    """predict_tfrecords / evaluate_tfrecords with no SparkContext: the model rides in the closure."""
+    from sparkgrad.data import FixedLenFeature, encode_example, write_records
+    from sparkgrad.nn import Dense, Sequential
+    from sparkgrad.spark import evaluate_tfrecords, predict_tfrecords
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(90, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 90)
+    for f in range(3):
+        records = [encode_example({"x": x[i], "label": np.array([y[i]]), "id": np.array([i])}) for i in range(f, 90, 3)]
+        write_records(tmp_path / f"part-{f}", records)
+    model = Sequential([Dense(6, activation="relu", input_shape=(8,)), Dense(3, activation="softmax")], seed=9)
+    model.compile(loss="sparse_categorical_crossentropy")
+    schema = {
+        "x": FixedLenFeature([8], "float32"),
+        "label": FixedLenFeature([], "int64"),
+        "id": FixedLenFeature([], "int64"),
+    }
+    rows = sorted(predict_tfrecords(connect, str(tmp_path), model, schema, keep=["id"]).collect(), key=lambda r: r.id)
+    np.testing.assert_allclose(np.array([r.probability for r in rows]), model.predict(x), rtol=1e-5, atol=1e-6)
+    stats = evaluate_tfrecords(connect, str(tmp_path), model, schema)
+    loss, accuracy = model.evaluate(x, y)
+    assert stats["count"] == 90
+    assert stats["loss"] == pytest.approx(loss, rel=1e-6) and stats["accuracy"] == pytest.approx(accuracy)

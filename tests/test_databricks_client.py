@@ -145,6 +145,18 @@ def test_files_api_put_get_head_delete_and_directories(client):
         client.files_get("/tmp/not-a-volume")
 
 
+def test_found_means_the_thing_is_missing_not_that_the_endpoint_is(client):
+    """found(): None for RESOURCE_DOES_NOT_EXIST / NOT_FOUND and a body-less 404 to a HEAD;
+    ENDPOINT_NOT_FOUND (a wrong path or workspace URL) is raised, not taken for absence."""
+    from sparkgrad.databricks.client import found
+
+    assert found(lambda: client.dbfs_get_status("/FileStore/nothing-here")) is None
+    assert found(lambda: client.files_head("/Volumes/main/default/wheels/none.whl")) is None
+    with pytest.raises(RestError) as e:
+        found(lambda: client.request("GET", "/api/2.0/dbfs/get-statuz", query={"path": "/x"}))
+    assert (e.value.status, e.value.error_code) == (404, "ENDPOINT_NOT_FOUND")
+
+
 # ---- Workspace ----------------------------------------------------------------------------
 
 

@@ -174,33 +174,42 @@ def test_onednn_distribution_is_recognised_by_its_normalised_name(info_dir, ours
     assert _is_distribution(info_dir) is ours
 
 
-def test_readme_performance_tables_render_the_committed_results():
-    """README's tables are bench/report.py's rendering of bench/results/*.json.
-
-    The dates are left out of the comparison: they come from git history,
-    which a shallow clone does not have."""
+def _bench_report():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def _undated(text: str) -> str:
+    """The dates come from git history, which a shallow clone does not have."""
+    return re.sub(r"\d{4}-\d{2}-\d{2}", "DATE", text)
+
+
+def test_readme_performance_tables_render_the_committed_results():
+    """README's comparison tables are bench/report.py's rendering of bench/results/*.json."""
+    report = _bench_report()
     readme = (ROOT / "README.md").read_text()
     shown = readme.split(report.START, 1)[1].split(report.END, 1)[0].strip()
-
-    def undated(text: str) -> str:
-        return re.sub(r", \d{4}-\d{2}-\d{2}\)", ", DATE)", text)
-
-    assert undated(shown) == undated(report.render()), (
+    assert _undated(shown) == _undated(report.render()), (
         "README.md differs from bench/results: run `python bench/report.py`"
+    )
+    for chart in re.findall(r"\]\((bench/results/[^)]+\.png)\)", shown):  # every chart it shows is committed
+        assert (ROOT / chart).is_file(), f"{chart} is linked from README.md but absent: run `python bench/report.py`"
+
+
+def test_results_readme_has_every_committed_row():
+    """bench/results/README.md is bench/report.py's rendering of every row of bench/results/*.json."""
+    report = _bench_report()
+    assert _undated((ROOT / "bench" / "results" / "README.md").read_text()) == _undated(report.render_raw()), (
+        "bench/results/README.md differs from bench/results/*.json: run `python bench/report.py`"
     )
 
 
 def test_report_renders_rows_not_measured_and_medians_with_their_spread():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _bench_report()
     reason = {"system": "horovod", "metric": "pip_install", "value": None, "unit": "", "reason": "cmake failed"}
     assert report._cell(reason) == "not measured: cmake failed"
     bare = {"system": "s", "metric": "m", "value": None, "unit": "timed out"}

@@ -174,22 +174,28 @@ def test_sync_stops_waiting_for_a_worker_that_said_done():
         cl.close()
 
 
+def _push_in_thread(client, total: int) -> tuple[threading.Thread, list]:
+    """Starts client.push(ones) in a thread; the list receives its result or exception."""
+    result: list = []
+
+    def push() -> None:
+        try:
+            result.append(client.push(np.ones(total, dtype=np.float32)))
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
+            result.append(exc)
+
+    t = threading.Thread(target=push)
+    t.start()
+    return t, result
+
+
 def test_sync_worker_dying_mid_step_fails_the_others_instead_of_hanging():
     total = 32
     cl = Cluster(total, 2, 2, "sync")
     try:
         dying = cl.client(1)
         survivor = cl.client(0)
-        result: list = []
-
-        def push() -> None:
-            try:
-                result.append(survivor.push(np.ones(total, dtype=np.float32)))
-            except BaseException as exc:  # noqa: BLE001
-                result.append(exc)
-
-        t = threading.Thread(target=push)
-        t.start()
+        t, result = _push_in_thread(survivor, total)
         time.sleep(0.2)  # the survivor's push is waiting for worker 1
         assert not result
         t0 = time.monotonic()
@@ -208,16 +214,7 @@ def test_stop_exits_the_serve_loop_promptly_and_cancels_waiting_pushes():
     total = 16
     cl = Cluster(total, 1, 2, "sync")
     c = cl.client(0)
-    result: list = []
-
-    def push() -> None:
-        try:
-            result.append(c.push(np.ones(total, dtype=np.float32)))
-        except BaseException as exc:  # noqa: BLE001
-            result.append(exc)
-
-    t = threading.Thread(target=push)
-    t.start()
+    t, result = _push_in_thread(c, total)
     time.sleep(0.2)
     t0 = time.monotonic()
     cl.servers[0].stop()
@@ -313,16 +310,7 @@ def test_sync_worker_killed_with_sigkill_fails_the_others_with_node_failure():
     try:
         assert proc.stdout.readline().strip() == b"connected"
         survivor = cl.client(0)
-        result: list = []
-
-        def push() -> None:
-            try:
-                result.append(survivor.push(np.ones(total, dtype=np.float32)))
-            except BaseException as exc:  # noqa: BLE001
-                result.append(exc)
-
-        t = threading.Thread(target=push)
-        t.start()
+        t, result = _push_in_thread(survivor, total)
         time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)
         t.join(10)

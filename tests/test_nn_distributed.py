@@ -338,6 +338,34 @@ def test_errors_from_the_ps_hook_are_sparkgrad_errors():
 # ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
 
 
+def _fit_two_ranks(make_model, x, y, steps):
+    """Two ranks (threads, a real ring over loopback): rank r fits rows 64r..64r+63
+    of every 128-row batch with make_model(communicator); their models (or errors)."""
+    secret = os.urandom(32)
+    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
+    addresses = [("127.0.0.1", lis.port) for lis in listeners]
+    results: list = [None, None]
+
+    def rank(r):
+        try:
+            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
+                m = make_model(comm)
+                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+                results[r] = m
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for lis in listeners:
+        lis.close()
+    return results
+
+
 @pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
 @pytest.mark.parametrize("opt,bucket_bytes", [("sgd", 0), ("adam", 0), ("sgd", 256)])
 def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes):
@@ -358,28 +386,9 @@ def test_two_ranks_of_batch_64_equal_one_process_of_batch_128(opt, bucket_bytes)
 
     whole = model(make_opt())
     whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
-    secret = os.urandom(32)
-    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
-    addresses = [("127.0.0.1", lis.port) for lis in listeners]
-    results: list = [None, None]
-
-    def rank(r):
-        try:
-            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
-                m = model(DistributedOptimizer(make_opt(), communicator=comm, bucket_bytes=bucket_bytes))
-                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
-                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
-                results[r] = m
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            results[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for lis in listeners:
-        lis.close()
+    results = _fit_two_ranks(
+        lambda comm: model(DistributedOptimizer(make_opt(), communicator=comm, bucket_bytes=bucket_bytes)), x, y, steps
+    )
     for m in results:
         assert isinstance(m, Sequential), m
         assert m.step == steps
@@ -432,28 +441,12 @@ def test_two_bf16_ranks_allreducing_bf16_gradients_track_one_bf16_process():
     whole = _bf16_mlp(seed=7, opt=SGD(0.1))
     start = whole.params.copy()
     whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
-    secret = os.urandom(32)
-    listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
-    addresses = [("127.0.0.1", lis.port) for lis in listeners]
-    results: list = [None, None]
-
-    def rank(r):
-        try:
-            with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
-                m = _bf16_mlp(seed=7, opt=DistributedOptimizer(SGD(0.1), communicator=comm, compression="bf16"))
-                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
-                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
-                results[r] = m
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            results[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for lis in listeners:
-        lis.close()
+    results = _fit_two_ranks(
+        lambda comm: _bf16_mlp(seed=7, opt=DistributedOptimizer(SGD(0.1), communicator=comm, compression="bf16")),
+        x,
+        y,
+        steps,
+    )
     for m in results:
         assert isinstance(m, Sequential), m
         assert m.step == steps and m.precision == "bf16"

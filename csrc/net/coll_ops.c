@@ -104,33 +104,19 @@ static float wire_f32(const uint8_t *p, CollCompression comp)
         break;                                                                                     \
     }
 
-static float get_f32(const uint8_t *w, size_t i)
-{
-    float v;
-    memcpy(&v, w + 4 * i, sizeof v);
-    return v;
-}
+/* Unaligned readers of wire element i (the wire buffer has no alignment guarantee). */
+#define DEFINE_WIRE_GET(NAME, T)                                                                   \
+    static T NAME(const uint8_t *w, size_t i)                                                      \
+    {                                                                                              \
+        T v;                                                                                       \
+        memcpy(&v, w + sizeof(T) * i, sizeof v);                                                   \
+        return v;                                                                                  \
+    }
 
-static double get_f64(const uint8_t *w, size_t i)
-{
-    double v;
-    memcpy(&v, w + 8 * i, sizeof v);
-    return v;
-}
-
-static int32_t get_i32(const uint8_t *w, size_t i)
-{
-    int32_t v;
-    memcpy(&v, w + 4 * i, sizeof v);
-    return v;
-}
-
-static int64_t get_i64(const uint8_t *w, size_t i)
-{
-    int64_t v;
-    memcpy(&v, w + 8 * i, sizeof v);
-    return v;
-}
+DEFINE_WIRE_GET(get_f32, float)
+DEFINE_WIRE_GET(get_f64, double)
+DEFINE_WIRE_GET(get_i32, int32_t)
+DEFINE_WIRE_GET(get_i64, int64_t)
 
 void coll_reduce(void *dst, const uint8_t *wire, size_t n, CollDtype dtype, CollOp op,
                  CollCompression comp)

@@ -270,13 +270,8 @@ static PyMethodDef net_methods[] = {
 
 int net_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&Listener_Type) < 0)
+    if (PyModule_AddType(mod, &Listener_Type) < 0)
         return -1;
-    Py_INCREF(&Listener_Type);
-    if (PyModule_AddObject(mod, "Listener", (PyObject *)&Listener_Type) < 0) {
-        Py_DECREF(&Listener_Type);
-        return -1;
-    }
     if (PyModule_AddIntConstant(mod, "FRAME_MAX_DEFAULT", NET_FRAME_MAX_DEFAULT) < 0 ||
         PyModule_AddIntConstant(mod, "FRAME_HEADER_SIZE", NET_FRAME_HEADER_SIZE) < 0)
         return -1;

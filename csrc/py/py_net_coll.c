@@ -656,12 +656,7 @@ static PyMethodDef coll_functions[] = {
 
 int coll_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&Comm_Type) < 0)
+    if (PyModule_AddType(mod, &Comm_Type) < 0)
         return -1;
-    Py_INCREF(&Comm_Type);
-    if (PyModule_AddObject(mod, "Communicator", (PyObject *)&Comm_Type) < 0) {
-        Py_DECREF(&Comm_Type);
-        return -1;
-    }
     return PyModule_AddFunctions(mod, coll_functions);
 }

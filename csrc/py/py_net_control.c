@@ -256,12 +256,7 @@ static PyTypeObject Ctl_Type = {
 
 int ctl_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&Ctl_Type) < 0)
+    if (PyModule_AddType(mod, &Ctl_Type) < 0)
         return -1;
-    Py_INCREF(&Ctl_Type);
-    if (PyModule_AddObject(mod, "ControlClient", (PyObject *)&Ctl_Type) < 0) {
-        Py_DECREF(&Ctl_Type);
-        return -1;
-    }
     return 0;
 }

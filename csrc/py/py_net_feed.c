@@ -612,17 +612,7 @@ static PyMethodDef feed_functions[] = {
 
 int feed_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&FeedServer_Type) < 0 || PyType_Ready(&FeedClient_Type) < 0)
+    if (PyModule_AddType(mod, &FeedServer_Type) < 0 || PyModule_AddType(mod, &FeedClient_Type) < 0)
         return -1;
-    Py_INCREF(&FeedServer_Type);
-    if (PyModule_AddObject(mod, "FeedServer", (PyObject *)&FeedServer_Type) < 0) {
-        Py_DECREF(&FeedServer_Type);
-        return -1;
-    }
-    Py_INCREF(&FeedClient_Type);
-    if (PyModule_AddObject(mod, "FeedClient", (PyObject *)&FeedClient_Type) < 0) {
-        Py_DECREF(&FeedClient_Type);
-        return -1;
-    }
     return PyModule_AddFunctions(mod, feed_functions);
 }

@@ -730,17 +730,7 @@ static PyMethodDef ps_functions[] = {
 
 int ps_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&PsServer_Type) < 0 || PyType_Ready(&PsClient_Type) < 0)
+    if (PyModule_AddType(mod, &PsServer_Type) < 0 || PyModule_AddType(mod, &PsClient_Type) < 0)
         return -1;
-    Py_INCREF(&PsServer_Type);
-    if (PyModule_AddObject(mod, "PsServer", (PyObject *)&PsServer_Type) < 0) {
-        Py_DECREF(&PsServer_Type);
-        return -1;
-    }
-    Py_INCREF(&PsClient_Type);
-    if (PyModule_AddObject(mod, "PsClient", (PyObject *)&PsClient_Type) < 0) {
-        Py_DECREF(&PsClient_Type);
-        return -1;
-    }
     return PyModule_AddFunctions(mod, ps_functions);
 }

@@ -277,12 +277,7 @@ static PyTypeObject Rdv_Type = {
 
 int rdv_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&Rdv_Type) < 0)
+    if (PyModule_AddType(mod, &Rdv_Type) < 0)
         return -1;
-    Py_INCREF(&Rdv_Type);
-    if (PyModule_AddObject(mod, "RendezvousServer", (PyObject *)&Rdv_Type) < 0) {
-        Py_DECREF(&Rdv_Type);
-        return -1;
-    }
     return 0;
 }

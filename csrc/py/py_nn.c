@@ -582,12 +582,7 @@ static PyMethodDef nn_functions[] = {
 
 int nn_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&ModelType) < 0)
+    if (PyModule_AddType(mod, &ModelType) < 0)
         return -1;
-    Py_INCREF(&ModelType);
-    if (PyModule_AddObject(mod, "Model", (PyObject *)&ModelType) < 0) {
-        Py_DECREF(&ModelType);
-        return -1;
-    }
     return PyModule_AddFunctions(mod, nn_functions);
 }

@@ -226,12 +226,7 @@ PyTypeObject OptimizerType = {
 
 int nn_optim_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&OptimizerType) < 0)
+    if (PyModule_AddType(mod, &OptimizerType) < 0)
         return -1;
-    Py_INCREF(&OptimizerType);
-    if (PyModule_AddObject(mod, "Optimizer", (PyObject *)&OptimizerType) < 0) {
-        Py_DECREF(&OptimizerType);
-        return -1;
-    }
     return 0;
 }

@@ -391,13 +391,7 @@ static PyMethodDef record_methods[] = {
 
 int record_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&WriterType) < 0)
-        return -1;
-    Py_INCREF(&ReaderType);
-    if (PyModule_AddObject(mod, "TFRecordReader", (PyObject *)&ReaderType) < 0)
-        return -1;
-    Py_INCREF(&WriterType);
-    if (PyModule_AddObject(mod, "TFRecordWriter", (PyObject *)&WriterType) < 0)
+    if (PyModule_AddType(mod, &ReaderType) < 0 || PyModule_AddType(mod, &WriterType) < 0)
         return -1;
     return PyModule_AddFunctions(mod, record_methods);
 }

@@ -202,8 +202,5 @@ static PyTypeObject DatasetType = {
 
 int record_dataset_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&DatasetType) < 0)
-        return -1;
-    Py_INCREF(&DatasetType);
-    return PyModule_AddObject(mod, "Dataset", (PyObject *)&DatasetType);
+    return PyModule_AddType(mod, &DatasetType);
 }

@@ -693,10 +693,7 @@ static PyMethodDef example_methods[] = {
 
 int record_example_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&SchemaType) < 0)
-        return -1;
-    Py_INCREF(&SchemaType);
-    if (PyModule_AddObject(mod, "Schema", (PyObject *)&SchemaType) < 0)
+    if (PyModule_AddType(mod, &SchemaType) < 0)
         return -1;
     return PyModule_AddFunctions(mod, example_methods);
 }

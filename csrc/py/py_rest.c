@@ -226,12 +226,7 @@ static PyTypeObject RestClient_Type = {
 
 int rest_module_init(PyObject *mod)
 {
-    if (PyType_Ready(&RestClient_Type) < 0)
+    if (PyModule_AddType(mod, &RestClient_Type) < 0)
         return -1;
-    Py_INCREF(&RestClient_Type);
-    if (PyModule_AddObject(mod, "RestClient", (PyObject *)&RestClient_Type) < 0) {
-        Py_DECREF(&RestClient_Type);
-        return -1;
-    }
     return 0;
 }

@@ -551,12 +551,14 @@ class Client:
 
 
 def found(call: Callable[[], T]) -> T | None:
-    """call's answer, or None when the service says the thing is not there
-    (HTTP 404, or RESOURCE_DOES_NOT_EXIST / NOT_FOUND)."""
+    """call's answer, or None when the service says the thing is not there:
+    RESOURCE_DOES_NOT_EXIST / NOT_FOUND, or a 404 to a HEAD (which has no body
+    to say more). Any other 404, such as ENDPOINT_NOT_FOUND or a proxy's page
+    for a wrong workspace URL, is an error, not an absence."""
     try:
         return call()
     except RestError as exc:
-        if exc.status == 404 or exc.error_code in NOT_FOUND_CODES:
+        if exc.error_code in NOT_FOUND_CODES or (exc.status == 404 and exc.method == "HEAD" and not exc.error_code):
             return None
         raise
 

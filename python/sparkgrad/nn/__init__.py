@@ -23,11 +23,16 @@ from sparkgrad.nn.layers import (
 )
 from sparkgrad.nn.model import ParamTensor, Sequential
 from sparkgrad.nn.optimizers import SGD, Adadelta, Adam, AdamW, RMSprop
+from sparkgrad.nn.saved import load_model, model_from_bytes, model_to_bytes, save_model
 from sparkgrad.nn.state import TrainState
 from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_threads
 
 __all__ = [
     "Sequential",
+    "save_model",
+    "load_model",
+    "model_to_bytes",
+    "model_from_bytes",
     "History",
     "ParamTensor",
     "TrainState",

@@ -1,0 +1,192 @@
+"""What every bench script shares: the results file, its metadata, and the median of repeated runs.
+
+A results file (bench/results/<name>.json) is
+
+    {"metadata": {...}, "rows": [{"system", "metric", "value", "unit", ...}, ...]}
+
+Rows keep the one format bench/report.py renders: a figure, or ``value``
+None with a ``reason`` (not measured, and why); a median of repeated runs
+carries ``min``, ``max`` and ``runs``. The metadata says what the figures
+were measured with: versions (sparkgrad and every library a bench compares
+against), the CPU's model and the flags that decide the fast paths (AVX-512,
+bf16, AMX), the thread settings, and the load average at the start and the
+end of the run, since other work on the machine takes cores from every system.
+Files written before the metadata existed are a bare list of rows; readers
+take both (read_results).
+
+Standard library only: the TensorFlowOnSpark driver imports it too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The distributions whose versions every results file records (None: not installed here).
+PACKAGES = ("numpy", "torch", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "pyspark", "tensorflowonspark",
+            "tfrecord", "setuptools")  # fmt: skip
+# /proc/cpuinfo flags that decide which kernels run: vector width, bf16 dot products, AMX tiles.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "TF_NUM_INTRAOP_THREADS",
+)
+
+
+def sparkgrad_version() -> str:
+    """The source tree's version (python/sparkgrad/_version.py), read without importing the extension."""
+    text = (ROOT / "python" / "sparkgrad" / "_version.py").read_text()
+    found = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", text)
+    return found.group(1) if found else "unknown"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+    return out.stdout.strip() + ("+changes" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def versions(packages: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version(), "sparkgrad": sparkgrad_version()}
+    for name in packages:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+    """The CPU's model, which of CPU_FLAGS it has, and whether it does bf16 natively (AVX512_BF16 or AMX)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), None)
+    flags_line = next((ln.split(":", 1)[1] for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
+    flags = set(flags_line.split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    return {
+        "model": model or platform.processor() or None,
+        "flags": have,
+        "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
+        "amx": "amx_tile" in flags,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def metadata(bench: str, argv: list[str] | None = None, packages: Iterable[str] = PACKAGES, **extra) -> dict:
+    """Taken at a bench's start; write_results adds the end."""
+    return {
+        "bench": bench,
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "versions": versions(packages),
+        "cpu": cpu_info(),
+        "threads": {v: os.environ.get(v) for v in THREAD_VARS},
+        "load_average_start": load_average(),
+        **extra,
+    }
+
+
+def write_results(path: str | os.PathLike, rows: list[dict], meta: dict) -> dict:
+    """Writes {"metadata", "rows"} with the end's time and load average; returns the metadata."""
+    meta = dict(meta)
+    meta["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    meta["load_average_end"] = load_average()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
+    return meta
+
+
+def read_results(path: str | os.PathLike) -> tuple[dict | None, list[dict]]:
+    """(metadata or None for a file that predates it, rows)."""
+    data = json.loads(pathlib.Path(path).read_text())
+    if isinstance(data, list):
+        return None, data
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        return data.get("metadata"), data["rows"]
+    raise ValueError(f"{path}: expected a list of rows or {{'metadata', 'rows'}}")
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+
+def row(system: str, metric: str, value, unit: str, **extra) -> dict:
+    return {"system": system, "metric": metric, "value": value, "unit": unit, **extra}
+
+
+def not_measured(system: str, metric: str, reason: str, unit: str = "") -> dict:
+    """A row for a figure that could not be measured: value None and why."""
+    return {"system": system, "metric": metric, "value": None, "unit": unit, "reason": reason}
+
+
+def summarise(values: Iterable[float]) -> dict:
+    """Median, min, max, number of runs and the spread ((max - min) / median) of repeated measurements."""
+    got = sorted(float(v) for v in values)
+    if not got:
+        raise ValueError("summarise: no measurements")
+    median = statistics.median(got)
+    spread = (got[-1] - got[0]) / median if median else 0.0
+    return {"median": median, "min": got[0], "max": got[-1], "runs": len(got), "spread": spread}
+
+
+def median_row(system: str, metric: str, values: Iterable[float], unit: str, digits: int = 1, **extra) -> dict:
+    """A row whose value is the median of ``values``, with min, max and runs beside it."""
+    s = summarise(values)
+
+    def rnd(x: float):
+        return round(x) if digits == 0 else round(x, digits)
+
+    return row(system, metric, rnd(s["median"]), unit, min=rnd(s["min"]), max=rnd(s["max"]), runs=s["runs"], **extra)
+
+
+def repeat(measure: Callable[[], float], runs: int) -> dict:
+    """Calls ``measure`` ``runs`` times and summarises what it returned."""
+    if runs < 1:
+        raise ValueError(f"repeat: runs must be at least 1, got {runs}")
+    return summarise(measure() for _ in range(runs))
+
+
+def summarise_runs(runs: list[dict]) -> dict:
+    """The median of every numeric key over a list of per-run dicts (keys of the first run),
+    with ``<key>_min`` and ``<key>_max`` beside each."""
+    out: dict = {}
+    for key, first in runs[0].items():
+        if isinstance(first, bool) or not isinstance(first, (int, float)):
+            continue
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        if values:
+            s = summarise(values)
+            out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
+    out["runs"] = len(runs)
+    return out

@@ -1,0 +1,288 @@
+/*
+ * session.c - HKDF-SHA256 session keys and AES-256-GCM frame protection (session.h) on
+ * OpenSSL libcrypto.
+ */
+#include "net/session.h"
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <string.h>
+
+#include "net/frame.h"
+
+#define DIR_C2S     1u
+#define DIR_S2C     2u
+#define INFO_PREFIX "sparkgrad-session-v1 "
+
+static int ossl_fail(SgError *err, const char *what)
+{
+    unsigned long e = ERR_get_error();
+    char buf[160] = "no OpenSSL error queued";
+    if (e)
+        ERR_error_string_n(e, buf, sizeof buf);
+    ERR_clear_error();
+    return sg_fail(err, SG_EIO, "OpenSSL %s failed: %s", what, buf);
+}
+
+int net_security_parse(const char *text, NetSecurity *mode, SgError *err)
+{
+    static const char *const names[] = {"none", "auth", "encrypt"};
+    for (int i = 0; i < 3; i++) {
+        if (text && strcmp(text, names[i]) == 0) {
+            *mode = (NetSecurity)i;
+            return SG_OK;
+        }
+    }
+    return sg_fail(err, SG_EINVAL, "security must be 'none', 'auth' or 'encrypt', not '%s'",
+                   text ? text : "(null)");
+}
+
+const char *net_security_name(NetSecurity mode)
+{
+    switch (mode) {
+    case NET_SEC_NONE:
+        return "none";
+    case NET_SEC_AUTH:
+        return "auth";
+    case NET_SEC_ENCRYPT:
+        return "encrypt";
+    }
+    return "unknown";
+}
+
+static int hkdf(const uint8_t *secret, size_t secret_len, const uint8_t *salt, size_t salt_len,
+                const char *info, uint8_t out[NET_SESSION_KEY], SgError *err)
+{
+    EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+    if (kdf == NULL)
+        return ossl_fail(err, "EVP_KDF_fetch(HKDF)");
+    EVP_KDF_CTX *kctx = EVP_KDF_CTX_new(kdf);
+    EVP_KDF_free(kdf);
+    if (kctx == NULL)
+        return ossl_fail(err, "EVP_KDF_CTX_new");
+    OSSL_PARAM params[5];
+    params[0] = OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0);
+    params[1] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)secret, secret_len);
+    params[2] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, (void *)salt, salt_len);
+    params[3] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)info, strlen(info));
+    params[4] = OSSL_PARAM_construct_end();
+    int ok = EVP_KDF_derive(kctx, out, NET_SESSION_KEY, params) == 1;
+    EVP_KDF_CTX_free(kctx);
+    return ok ? SG_OK : ossl_fail(err, "HKDF-SHA256 derive");
+}
+
+static int dir_init(NetSessionDir *d, uint32_t direction, uint32_t send_dir, const uint8_t *secret,
+                    size_t secret_len, const uint8_t *salt, NetSecurity mode, SgError *err)
+{
+    char info[64];
+    snprintf(info, sizeof info, INFO_PREFIX "%s %s", direction == DIR_C2S ? "c2s" : "s2c",
+             net_security_name(mode));
+    d->direction = direction;
+    d->seq = 0;
+    d->active = 0;
+    int rc = hkdf(secret, secret_len, salt, 2 * NET_AUTH_NONCE, info, d->key, err);
+    if (rc < 0)
+        return rc;
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    if (ctx == NULL)
+        return ossl_fail(err, "EVP_CIPHER_CTX_new");
+    d->ctx = ctx;
+    /* Keyed once: each frame only sets its nonce. The send side encrypts, the receive side
+     * decrypts (in NET_SEC_AUTH both only authenticate associated data). */
+    int ok = direction == send_dir ? EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, d->key, NULL)
+                                   : EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, d->key, NULL);
+    return ok == 1 ? SG_OK : ossl_fail(err, "AES-256-GCM key setup");
+}
+
+int net_session_init(NetSession *s, NetSecurity mode, const uint8_t *secret, size_t secret_len,
+                     const uint8_t server_nonce[NET_AUTH_NONCE],
+                     const uint8_t client_nonce[NET_AUTH_NONCE], int is_server, SgError *err)
+{
+    memset(s, 0, sizeof *s);
+    s->mode = mode;
+    if (mode == NET_SEC_NONE)
+        return SG_OK;
+    if (mode != NET_SEC_AUTH && mode != NET_SEC_ENCRYPT)
+        return sg_fail(err, SG_EINVAL, "unknown security mode %d", (int)mode);
+    uint8_t salt[2 * NET_AUTH_NONCE];
+    memcpy(salt, server_nonce, NET_AUTH_NONCE);
+    memcpy(salt + NET_AUTH_NONCE, client_nonce, NET_AUTH_NONCE);
+    uint32_t send_dir = is_server ? DIR_S2C : DIR_C2S, recv_dir = is_server ? DIR_C2S : DIR_S2C;
+    int rc = dir_init(&s->send, send_dir, send_dir, secret, secret_len, salt, mode, err);
+    if (rc == SG_OK)
+        rc = dir_init(&s->recv, recv_dir, send_dir, secret, secret_len, salt, mode, err);
+    OPENSSL_cleanse(salt, sizeof salt);
+    if (rc < 0)
+        net_session_free(s);
+    return rc;
+}
+
+static void dir_free(NetSessionDir *d)
+{
+    if (d->ctx)
+        EVP_CIPHER_CTX_free((EVP_CIPHER_CTX *)d->ctx);
+    OPENSSL_cleanse(d, sizeof *d);
+}
+
+void net_session_free(NetSession *s)
+{
+    dir_free(&s->send);
+    dir_free(&s->recv);
+    s->mode = NET_SEC_NONE;
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Starts GCM for the frame numbered d->seq: nonce, then header || seq as associated data. */
+static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_t header_len,
+                     SgError *err)
+{
+    EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
+    uint8_t nonce[12], seq[NET_SESSION_SEQ];
+    for (int i = 0; i < 4; i++)
+        nonce[i] = (uint8_t)(d->direction >> (8 * i));
+    put_u64(nonce + 4, d->seq);
+    put_u64(seq, d->seq);
+    int outl = 0;
+    int ok = encrypt ? EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce)
+                     : EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce);
+    if (ok != 1)
+        return ossl_fail(err, "AES-256-GCM init");
+    if (header_len > 0 && EVP_CipherUpdate(ctx, NULL, &outl, header, (int)header_len) != 1)
+        return ossl_fail(err, "AES-256-GCM header");
+    if (EVP_CipherUpdate(ctx, NULL, &outl, seq, NET_SESSION_SEQ) != 1)
+        return ossl_fail(err, "AES-256-GCM seq");
+    d->active = 1;
+    return SG_OK;
+}
+
+/* GCM's update takes an int length: feed large payloads in pieces. */
+#define GCM_PIECE ((size_t)1 << 30)
+
+static int dir_update(NetSessionDir *d, NetSecurity mode, const uint8_t *in, uint8_t *out,
+                      size_t len, SgError *err)
+{
+    if (!d->active)
+        return sg_fail(err, SG_ESTATE, "session update outside a frame");
+    EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
+    for (size_t off = 0; off < len;) {
+        size_t n = len - off < GCM_PIECE ? len - off : GCM_PIECE;
+        int outl = 0;
+        if (mode == NET_SEC_AUTH) {
+            if (EVP_CipherUpdate(ctx, NULL, &outl, in + off, (int)n) != 1)
+                return ossl_fail(err, "AES-256-GCM (GMAC) update");
+            if (out != in)
+                memcpy(out + off, in + off, n);
+        } else if (EVP_CipherUpdate(ctx, out + off, &outl, in + off, (int)n) != 1 ||
+                   (size_t)outl != n) {
+            return ossl_fail(err, "AES-256-GCM update");
+        }
+        off += n;
+    }
+    return SG_OK;
+}
+
+int net_session_seal_begin(NetSession *s, const uint8_t *header, size_t header_len,
+                           uint8_t seq_out[NET_SESSION_SEQ], SgError *err)
+{
+    if (s->mode == NET_SEC_NONE)
+        return SG_OK;
+    put_u64(seq_out, s->send.seq);
+    return dir_begin(&s->send, 1, header, header_len, err);
+}
+
+int net_session_seal_update(NetSession *s, const uint8_t *in, uint8_t *out, size_t len,
+                            SgError *err)
+{
+    if (s->mode == NET_SEC_NONE) {
+        if (out != in)
+            memcpy(out, in, len);
+        return SG_OK;
+    }
+    return dir_update(&s->send, s->mode, in, out, len, err);
+}
+
+int net_session_seal_end(NetSession *s, uint8_t tag[NET_SESSION_TAG], SgError *err)
+{
+    if (s->mode == NET_SEC_NONE)
+        return SG_OK;
+    NetSessionDir *d = &s->send;
+    EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
+    int outl = 0;
+    uint8_t none[16];
+    if (!d->active)
+        return sg_fail(err, SG_ESTATE, "session seal_end outside a frame");
+    d->active = 0;
+    if (EVP_EncryptFinal_ex(ctx, none, &outl) != 1 ||
+        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, NET_SESSION_TAG, tag) != 1)
+        return ossl_fail(err, "AES-256-GCM tag");
+    d->seq++;
+    return SG_OK;
+}
+
+int net_session_open_begin(NetSession *s, const uint8_t *header, size_t header_len,
+                           const uint8_t seq_in[NET_SESSION_SEQ], const char *peer,
+                           uint8_t frame_type, SgError *err)
+{
+    if (s->mode == NET_SEC_NONE)
+        return SG_OK;
+    NetSessionDir *d = &s->recv;
+    uint64_t got = get_u64(seq_in);
+    if (got != d->seq)
+        return sg_fail(
+            err, SG_EAUTH, "%s: %s frame with sequence number %llu where %llu was due (%s)", peer,
+            net_frame_type_name(frame_type), (unsigned long long)got, (unsigned long long)d->seq,
+            got < d->seq ? "replayed or reordered" : "frames dropped or injected");
+    return dir_begin(d, 0, header, header_len, err);
+}
+
+int net_session_open_update(NetSession *s, const uint8_t *in, uint8_t *out, size_t len,
+                            SgError *err)
+{
+    if (s->mode == NET_SEC_NONE) {
+        if (out != in)
+            memcpy(out, in, len);
+        return SG_OK;
+    }
+    return dir_update(&s->recv, s->mode, in, out, len, err);
+}
+
+int net_session_open_end(NetSession *s, const uint8_t tag[NET_SESSION_TAG], const char *peer,
+                         uint8_t frame_type, SgError *err)
+{
+    if (s->mode == NET_SEC_NONE)
+        return SG_OK;
+    NetSessionDir *d = &s->recv;
+    EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
+    int outl = 0;
+    uint8_t none[16];
+    if (!d->active)
+        return sg_fail(err, SG_ESTATE, "session open_end outside a frame");
+    d->active = 0;
+    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, NET_SESSION_TAG, (void *)tag) != 1)
+        return ossl_fail(err, "AES-256-GCM set tag");
+    if (EVP_DecryptFinal_ex(ctx, none, &outl) != 1) {
+        ERR_clear_error();
+        return sg_fail(err, SG_EAUTH,
+                       "%s: %s frame %llu failed its integrity check (altered, injected or "
+                       "truncated on the way, or the peer uses another security mode)",
+                       peer, net_frame_type_name(frame_type), (unsigned long long)d->seq);
+    }
+    d->seq++;
+    return SG_OK;
+}

@@ -1,0 +1,271 @@
+"""An MLflow model flavor for sparkgrad.nn models, and its python_function (pyfunc) face.
+
+    import sparkgrad.mlflow
+    info = sparkgrad.mlflow.log_model(model, name="model")          # in an MLflow run
+    model = sparkgrad.mlflow.load_model(info.model_uri)             # a sparkgrad.nn model again
+    mlflow.pyfunc.load_model(info.model_uri).predict(x)             # x: ndarray or pandas DataFrame
+    mlflow.pyfunc.spark_udf(spark, info.model_uri, "array<float>")  # scoring in Spark tasks
+
+The artifact is a directory in MLflow's model layout: ``MLmodel`` (flavors
+``sparkgrad`` and ``python_function``, the signature), the environment files
+(requirements.txt, conda.yaml, python_env.yaml) and ``data/model.sgmodel``,
+the saved-model file of sparkgrad.nn.saved (architecture, weights, input
+transform and loss in one file), beside ``data/pyfunc.json`` (what the pyfunc
+returns). Without a signature, one is inferred from the model: input a
+float32 tensor of shape [-1, *input_shape], output float32 [-1, classes].
+MLflow enforces it: inputs must be float32 (an array column of a DataFrame
+is stacked into one tensor, and flat rows are reshaped to the input shape).
+
+The pyfunc predicts with sparkgrad's C engine: it returns the model's outputs
+(``pyfunc_output="probability"``: float32 [n, classes], softmax probabilities
+or logits as model.predict), or the argmax as float64 [n]
+(``pyfunc_output="prediction"``: what Spark ML's prediction column holds,
+and the default ``double`` result of spark_udf).
+
+Works with MLflow 2.22 and 3.x clients: 3.x names a logged model ``name``,
+2.x ``artifact_path``; log_model takes either. This module imports ``mlflow``
+(the real package, absolute imports) only when called. What it does not do:
+track training (sparkgrad.nn.tracking does) or register models beyond
+passing ``registered_model_name`` to MLflow.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from sparkgrad.errors import InvalidArgumentError, ModelError
+
+FLAVOR_NAME = "sparkgrad"
+MODEL_FILE = "model.sgmodel"
+PYFUNC_FILE = "pyfunc.json"
+DATA_DIR = "data"
+PYFUNC_OUTPUTS = ("probability", "prediction")
+
+
+def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
+    """The tensor signature of ``model``: input float32 [-1, *input_shape]; output float32 [-1, classes]
+    ("probability") or one double column ("prediction"). MLflow 3's spark_udf takes its default result
+    type from the output: array<float> or double."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, DataType, Schema, TensorSpec
+
+    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *(int(d) for d in model.input_shape)))])
+    if pyfunc_output == "prediction":
+        outputs = Schema([ColSpec(DataType.double)])
+    else:
+        outputs = Schema([TensorSpec(np.dtype(np.float32), (-1, int(model.output_classes)))])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def get_default_pip_requirements() -> list[str]:
+    """sparkgrad and NumPy at the versions of this interpreter."""
+    from sparkgrad._version import __version__
+
+    return [f"sparkgrad=={__version__}", f"numpy=={np.__version__}"]
+
+
+def _write_environment(path: str, conda_env: Any, pip_requirements: Any, extra_pip_requirements: Any) -> None:
+    """requirements.txt, conda.yaml and python_env.yaml as MLflow's own flavors write them."""
+    import yaml
+    from mlflow.utils import environment as env
+
+    if conda_env is None:
+        default = get_default_pip_requirements()
+        conda_env, reqs, constraints = env._process_pip_requirements(default, pip_requirements, extra_pip_requirements)
+    else:
+        conda_env, reqs, constraints = env._process_conda_env(conda_env)
+    with open(os.path.join(path, env._CONDA_ENV_FILE_NAME), "w") as f:
+        yaml.safe_dump(conda_env, stream=f, default_flow_style=False)
+    if constraints:
+        with open(os.path.join(path, env._CONSTRAINTS_FILE_NAME), "w") as f:
+            f.write("\n".join(constraints) + "\n")
+    with open(os.path.join(path, env._REQUIREMENTS_FILE_NAME), "w") as f:
+        f.write("\n".join(reqs) + "\n")
+    env._PythonEnv.current().to_yaml(os.path.join(path, env._PYTHON_ENV_FILE_NAME))
+
+
+def _check_model(model: Any) -> None:
+    from sparkgrad.nn.model import Sequential
+
+    if not isinstance(model, Sequential):
+        raise InvalidArgumentError(f"sparkgrad.mlflow saves sparkgrad.nn.Sequential models, not {type(model).__name__}")
+
+
+def save_model(
+    model: Any,
+    path: str | os.PathLike,
+    mlflow_model: Any = None,
+    signature: Any = None,
+    input_example: Any = None,
+    pyfunc_output: str = "probability",
+    conda_env: Any = None,
+    pip_requirements: Any = None,
+    extra_pip_requirements: Any = None,
+    metadata: dict | None = None,
+    **kwargs: Any,
+) -> None:
+    """Writes ``model`` as an MLflow model directory at ``path`` (which must not exist, or be empty).
+
+    ``signature``: an mlflow ModelSignature (default: infer_signature(model));
+    ``input_example``: saved with the model as MLflow saves examples;
+    ``pyfunc_output``: "probability" or "prediction" (see the module docstring).
+    The rest as in MLflow's own flavors.
+    """
+    from mlflow.models import Model
+    from mlflow.models.utils import _save_example
+
+    from sparkgrad._version import __version__
+    from sparkgrad.nn.saved import save_model as save_sgmodel
+
+    _check_model(model)
+    if pyfunc_output not in PYFUNC_OUTPUTS:
+        raise InvalidArgumentError(f"pyfunc_output must be one of {PYFUNC_OUTPUTS}, not {pyfunc_output!r}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and os.listdir(path):
+        raise InvalidArgumentError(f"{path}: an MLflow model cannot be saved into a directory that is not empty")
+    os.makedirs(os.path.join(path, DATA_DIR), exist_ok=True)
+    if mlflow_model is None:
+        mlflow_model = Model()
+    if input_example is not None:
+        _save_example(mlflow_model, input_example, path)
+    mlflow_model.signature = infer_signature(model, pyfunc_output) if signature is None else signature
+    if metadata is not None:
+        mlflow_model.metadata = metadata
+
+    data = os.path.join(DATA_DIR, MODEL_FILE)
+    save_sgmodel(model, os.path.join(path, data))
+    with open(os.path.join(path, DATA_DIR, PYFUNC_FILE), "w") as f:
+        json.dump({"output": pyfunc_output}, f)
+
+    from mlflow.pyfunc import add_to_model
+
+    add_to_model(
+        mlflow_model,
+        loader_module="sparkgrad.mlflow",
+        data=DATA_DIR,
+        conda_env="conda.yaml",
+        python_env="python_env.yaml",
+    )
+    mlflow_model.add_flavor(
+        FLAVOR_NAME,
+        sparkgrad_version=__version__,
+        model_file=data,
+        input_shape=[int(d) for d in model.input_shape],
+        classes=int(model.output_classes),
+        pyfunc_output=pyfunc_output,
+    )
+    mlflow_model.save(os.path.join(path, "MLmodel"))
+    _write_environment(path, conda_env, pip_requirements, extra_pip_requirements)
+
+
+def log_model(
+    model: Any,
+    artifact_path: str | None = None,
+    *,
+    name: str | None = None,
+    signature: Any = None,
+    input_example: Any = None,
+    registered_model_name: str | None = None,
+    pyfunc_output: str = "probability",
+    conda_env: Any = None,
+    pip_requirements: Any = None,
+    extra_pip_requirements: Any = None,
+    metadata: dict | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Logs ``model`` to the active MLflow run (one is started if none is) and returns MLflow's ModelInfo.
+
+    ``name`` (MLflow 3) or ``artifact_path`` (MLflow 2) names it, default
+    "model"; either works with either client. Other arguments as save_model;
+    further keyword arguments go to ``mlflow.models.Model.log``.
+    """
+    import sys
+
+    from mlflow.models import Model
+
+    _check_model(model)
+    if name is not None and artifact_path is not None and name != artifact_path:
+        raise InvalidArgumentError(f"log_model: name={name!r} and artifact_path={artifact_path!r} differ: pass one")
+    label = name or artifact_path or "model"
+    where = {"name": label, "artifact_path": None} if "name" in inspect.signature(Model.log).parameters else {}
+    return Model.log(
+        **(where or {"artifact_path": label}),
+        flavor=sys.modules[__name__],
+        registered_model_name=registered_model_name,
+        model=model,
+        signature=signature,
+        input_example=input_example,
+        pyfunc_output=pyfunc_output,
+        conda_env=conda_env,
+        pip_requirements=pip_requirements,
+        extra_pip_requirements=extra_pip_requirements,
+        metadata=metadata,
+        **kwargs,
+    )
+
+
+def _local_dir(model_uri: str, dst_path: str | None) -> str:
+    if os.path.isdir(model_uri):
+        return model_uri
+    from mlflow.artifacts import download_artifacts
+
+    return download_artifacts(artifact_uri=model_uri, dst_path=dst_path)
+
+
+def load_model(model_uri: str, dst_path: str | None = None) -> Any:
+    """The sparkgrad.nn model logged or saved at ``model_uri`` (runs:/..., models:/..., a path)."""
+    from mlflow.models import Model
+
+    local = _local_dir(str(model_uri), dst_path)
+    mlmodel = os.path.join(local, "MLmodel")
+    if not os.path.exists(mlmodel):
+        raise ModelError(f"{model_uri}: no MLmodel file in {local}: not an MLflow model")
+    conf = Model.load(mlmodel).flavors.get(FLAVOR_NAME)
+    if conf is None:
+        raise ModelError(f"{model_uri}: the model has no {FLAVOR_NAME!r} flavor (saved by another library)")
+    from sparkgrad.nn.saved import load_model as load_sgmodel
+
+    return load_sgmodel(os.path.join(local, conf["model_file"]))
+
+
+class _PyfuncModel:
+    """The python_function face: predict(ndarray | pandas DataFrame | dict of one array) with the C engine."""
+
+    def __init__(self, model: Any, output: str) -> None:
+        self.model = model
+        self.output = output
+
+    def _inputs(self, data: Any) -> np.ndarray:
+        if isinstance(data, dict):
+            if len(data) != 1:
+                raise InvalidArgumentError(f"sparkgrad pyfunc: one input tensor, not {len(data)} ({', '.join(data)})")
+            data = next(iter(data.values()))
+        if hasattr(data, "columns") and hasattr(data, "iloc"):  # a pandas DataFrame (no signature enforced it)
+            if len(data.columns) == 1 and len(data) and not np.isscalar(data.iloc[0, 0]):
+                return np.stack([np.asarray(v, np.float32).reshape(-1) for v in data.iloc[:, 0]])
+            return data.to_numpy(np.float32)
+        return np.asarray(data)
+
+    def predict(self, model_input: Any, params: dict | None = None) -> np.ndarray:
+        x = self._inputs(model_input)
+        out = self.model.predict(x, batch_size=int((params or {}).get("batch_size", 256)))
+        if self.output == "prediction":
+            return np.argmax(out, axis=1).astype(np.float64)
+        return out
+
+    def get_raw_model(self) -> Any:
+        return self.model
+
+
+def _load_pyfunc(path: str) -> _PyfuncModel:
+    """mlflow.pyfunc's loader: ``path`` is the model's data directory."""
+    from sparkgrad.nn.saved import load_model as load_sgmodel
+
+    with open(os.path.join(path, PYFUNC_FILE)) as f:
+        output = json.load(f).get("output", "probability")
+    return _PyfuncModel(load_sgmodel(os.path.join(path, MODEL_FILE)), output)

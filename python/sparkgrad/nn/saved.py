@@ -1,0 +1,165 @@
+"""A trained model as one self-describing file: architecture, weights, input transform.
+
+Checkpoints (sparkgrad.nn.checkpoint) hold weights and training state for a
+model the reader already built; a saved model also carries what is needed to
+build it, so a scoring worker, a Spark ML ``Model`` or an MLflow flavor can
+load it knowing nothing else. Layout (little-endian)::
+
+    magic "SGMODEL\\x00"  u32 version  u32 header_len  header (UTF-8 JSON)
+    params float32[num_params]  mean float32[features]?  std float32[features]?
+    u32 crc32 of everything before it
+
+The JSON header names the layers and their arguments (the layer classes of
+sparkgrad.nn.layers), the input shape, the seed, the input transform's scale
+and whether mean/std follow, and optionally the loss and metrics the model was
+compiled with (a loaded model is compiled again with them and SGD, so evaluate
+works; the optimizer state is not kept: that is what checkpoints are for).
+Every error names the source and the byte offset or header field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from sparkgrad.errors import ModelError
+from sparkgrad.nn import layers as _layers
+
+MAGIC = b"SGMODEL\x00"
+VERSION = 1
+_PREFIX = struct.Struct("<8sII")
+_MAX_HEADER = 1 << 20
+
+LAYER_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        _layers.Dense,
+        _layers.Conv2D,
+        _layers.MaxPool2D,
+        _layers.AveragePooling2D,
+        _layers.Dropout,
+        _layers.Flatten,
+    )
+}
+
+
+def _layer_config(layer: _layers.Layer) -> dict[str, Any]:
+    name = type(layer).__name__
+    if name not in LAYER_TYPES:
+        raise ModelError(f"layer {layer!r}: type {name} cannot be saved (one of {sorted(LAYER_TYPES)})")
+    args = {}
+    for f in dataclasses.fields(layer):
+        v = getattr(layer, f.name)
+        args[f.name] = list(v) if isinstance(v, tuple) else v
+    return {"type": name, "args": args}
+
+
+def model_to_bytes(model) -> bytes:
+    """The saved-model bytes of ``model`` (a sparkgrad.nn.Sequential)."""
+    scale, mean, std = model.input_transform
+    header = {
+        "format": "sparkgrad.saved_model",
+        "name": model.name,
+        "seed": int(model.seed),
+        "input_shape": list(model.input_shape),
+        "layers": [_layer_config(layer) for layer in model.layers],
+        "num_params": int(model.num_params),
+        "precision": getattr(model, "precision", "fp32"),
+        "input_transform": {"scale": scale, "mean": mean is not None, "std": std is not None},
+        "loss": model.loss,
+        "metrics": list(model.metrics),
+    }
+    text = json.dumps(header, sort_keys=True).encode()
+    parts = [_PREFIX.pack(MAGIC, VERSION, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
+    for a in (mean, std):
+        if a is not None:
+            parts.append(np.ascontiguousarray(a, np.float32).tobytes())
+    body = b"".join(parts)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _fail(source: str, what: str) -> ModelError:
+    return ModelError(f"{source}: not a loadable sparkgrad saved model: {what}")
+
+
+def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes>"):
+    """Builds the model that model_to_bytes wrote; ``source`` names it in errors."""
+    from sparkgrad.nn.model import Sequential
+
+    data = memoryview(data).cast("B")
+    if len(data) < _PREFIX.size + 4:
+        raise _fail(source, f"{len(data)} bytes, shorter than the {_PREFIX.size + 4}-byte frame")
+    magic, version, hlen = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise _fail(source, f"bad magic {bytes(magic)!r} at offset 0 (expected {MAGIC!r})")
+    if version != VERSION:
+        raise _fail(source, f"format version {version} at offset 8; this sparkgrad reads version {VERSION}")
+    if hlen > _MAX_HEADER or _PREFIX.size + hlen + 4 > len(data):
+        raise _fail(source, f"header length {hlen} at offset 12 runs past the end ({len(data)} bytes)")
+    (crc,) = struct.unpack_from("<I", data, len(data) - 4)
+    if zlib.crc32(data[:-4]) != crc:
+        raise _fail(
+            source, f"crc32 mismatch over bytes 0..{len(data) - 4} (stored {crc:#010x} at offset {len(data) - 4})"
+        )
+    try:
+        header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + hlen]))
+        specs = [(LAYER_TYPES[c["type"]], c["args"]) for c in header["layers"]]
+        shape = tuple(int(v) for v in header["input_shape"])
+        transform = header["input_transform"]
+    except KeyError as e:
+        raise _fail(source, f"header field {e} is missing or names an unknown layer type") from None
+    except (ValueError, TypeError) as e:
+        raise _fail(source, f"header at offset {_PREFIX.size} is not the expected JSON ({e})") from None
+    built = []
+    for i, (cls, args) in enumerate(specs):
+        args = dict(args)
+        args["input_shape"] = shape if i == 0 else None
+        try:
+            built.append(cls(**args))
+        except (TypeError, ValueError) as e:
+            raise _fail(source, f"layer {i} ({cls.__name__}) arguments {args}: {e}") from None
+    model = Sequential(built, seed=int(header.get("seed", 0)), name=str(header.get("name", "sequential")))
+    if model.num_params != int(header.get("num_params", -1)):
+        raise _fail(source, f"header says {header.get('num_params')} parameters, the layers make {model.num_params}")
+    off = _PREFIX.size + hlen
+    features = int(np.prod(shape))
+    want = off + 4 * model.num_params + 4 * features * (bool(transform["mean"]) + bool(transform["std"])) + 4
+    if want != len(data):
+        raise _fail(source, f"{len(data)} bytes, the header describes {want}")
+    model.params[:] = np.frombuffer(data, np.float32, model.num_params, off)
+    off += 4 * model.num_params
+    arrays = {}
+    for key in ("mean", "std"):
+        if transform[key]:
+            arrays[key] = np.frombuffer(data, np.float32, features, off).copy()
+            off += 4 * features
+    if transform["scale"] is not None or arrays:
+        model.set_input_transform(transform["scale"], arrays.get("mean"), arrays.get("std"))
+    if header.get("loss"):
+        kw = {"precision": header["precision"]} if header.get("precision", "fp32") != "fp32" else {}
+        model.compile(optimizer="sgd", loss=header["loss"], metrics=list(header.get("metrics") or []), **kw)
+    return model
+
+
+def save_model(model, path: str | os.PathLike) -> None:
+    """Writes model_to_bytes(model) to ``path`` atomically (temporary file, then rename)."""
+    from sparkgrad.nn.checkpoint import write_atomic
+
+    write_atomic(os.fspath(path), model_to_bytes(model))
+
+
+def load_model(path: str | os.PathLike):
+    """Reads a model that save_model wrote; errors name the file."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read the saved model: {e.strerror or e}") from None
+    return model_from_bytes(data, path)

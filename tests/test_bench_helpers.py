@@ -1,0 +1,104 @@
+"""bench/benchlib.py (results metadata, medians) and bench/report.py's rendering of a results file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))  # report.py imports benchlib from beside it
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchlib = _load("benchlib")
+
+CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8488C
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8488C
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16
+"""
+
+
+def test_cpu_info_reads_the_model_and_the_flags_that_choose_the_kernels():
+    info = benchlib.cpu_info(CPUINFO)
+    assert info["model"] == "Intel(R) Xeon(R) Platinum 8488C"
+    assert info["flags"] == ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"]
+    assert info["bf16"] is True and info["amx"] is True
+    old = benchlib.cpu_info("model name\t: Old CPU\nflags\t\t: sse2 avx2\n")
+    assert old["flags"] == ["avx2"] and old["bf16"] is False and old["amx"] is False
+
+
+def test_metadata_records_versions_threads_and_the_load_at_both_ends(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    meta = benchlib.metadata("unit", argv=["--quick"], packages=("numpy", "no-such-distribution-sg"))
+    assert meta["versions"]["sparkgrad"] == benchlib.sparkgrad_version() != "unknown"
+    assert meta["versions"]["numpy"] and meta["versions"]["no-such-distribution-sg"] is None
+    assert meta["threads"]["OMP_NUM_THREADS"] == "3" and meta["argv"] == ["--quick"]
+    assert len(meta["load_average_start"]) == 3 and "model" in meta["cpu"]
+    rows = [benchlib.row("s", "m", 1.5, "s"), benchlib.not_measured("anchor", "m", "no tensorflow")]
+    written = benchlib.write_results(tmp_path / "r.json", rows, meta)
+    assert len(written["load_average_end"]) == 3 and "load_average_end" not in meta
+    got_meta, got_rows = benchlib.read_results(tmp_path / "r.json")
+    assert got_rows == rows and got_meta["bench"] == "unit" and got_meta["finished"]
+    (tmp_path / "old.json").write_text(json.dumps(rows))  # a file from before the metadata
+    assert benchlib.read_results(tmp_path / "old.json") == (None, rows)
+    (tmp_path / "bad.json").write_text('{"rows": 3}')
+    with pytest.raises(ValueError, match="expected a list of rows"):
+        benchlib.read_results(tmp_path / "bad.json")
+
+
+def test_summarise_gives_median_min_max_runs_and_spread():
+    s = benchlib.summarise([3.0, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": 3, "spread": 1.0}
+    assert benchlib.summarise([4.0, 2.0])["median"] == 3.0
+    with pytest.raises(ValueError, match="no measurements"):
+        benchlib.summarise([])
+    r = benchlib.median_row("sg", "rate", [10.04, 12.0, 11.26], "1/s", digits=1, config="x")
+    assert r == {"system": "sg", "metric": "rate", "value": 11.3, "unit": "1/s", "min": 10.0, "max": 12.0,
+                 "runs": 3, "config": "x"}  # fmt: skip
+    assert benchlib.median_row("sg", "n", [1.4, 2.6], "", digits=0)["value"] == 2
+    calls = iter([5.0, 7.0, 6.0])
+    assert benchlib.repeat(lambda: next(calls), 3)["median"] == 6.0
+    runs = [{"wall_s": 2.0, "ok": True, "name": "a"}, {"wall_s": 4.0}, {"wall_s": 3.0}]
+    assert benchlib.summarise_runs(runs) == {"wall_s": 3.0, "wall_s_min": 2.0, "wall_s_max": 4.0, "runs": 3}
+
+
+def test_report_renders_a_file_with_metadata_and_rows_not_measured(tmp_path, monkeypatch):
+    report = _load("report")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    meta = benchlib.metadata("train", argv=[])
+    meta["notes"] = ["a note the bench wrote"]
+    rows = [
+        benchlib.median_row("sparkgrad", "mlp_b100_t1_samples_per_s", [90.0, 100.0, 110.0], "samples/s (median)"),
+        benchlib.row("torch", "mlp_b100_t1_samples_per_s", 50.0, "samples/s", config="torch.compile"),
+        benchlib.not_measured("keras", "mlp_b100_t1_samples_per_s", "no tensorflow here"),
+    ]
+    benchlib.write_results(tmp_path / "train.json", rows, meta)
+    text = report.render()
+    assert "| MLP, 1 thread | sparkgrad | torch (torch.compile) | 100 samples/s | 50 samples/s | 2.00x |" in text
+    assert "not measured: no tensorflow here" in text and "- a note the bench wrote" in text
+    assert "median of 3, 90–110 (20%)" in text
+    raw = report.render_raw()
+    assert "| keras | mlp_b100_t1_samples_per_s | not measured: no tensorflow here |" in raw
+    assert f"sparkgrad {benchlib.sparkgrad_version()}" in raw
+    (tmp_path / "train.json").write_text(json.dumps(rows))  # the same rows without metadata
+    assert "not recorded" in report.render() and "not recorded" in report.render_raw()
+
+
+def test_every_bench_script_writes_its_results_through_benchlib():
+    """One writer for every results file, so each records its metadata (versions, CPU, threads, load)."""
+    scripts = sorted((ROOT / "bench").glob("bench_*.py")) + [ROOT / "bench" / "accuracy_cnn.py"]
+    missing = [p.name for p in scripts if "benchlib.write_results(" not in p.read_text()]
+    assert scripts and not missing, f"results written without bench/benchlib.py: {missing}"

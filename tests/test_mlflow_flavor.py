@@ -1,0 +1,163 @@
+"""sparkgrad.mlflow: the model flavor and its pyfunc, against a local file-store tracking URI of each test's own.
+
+Logged, loaded back (as a sparkgrad.nn model and as an MLflow pyfunc) and scored through
+``mlflow.pyfunc.spark_udf`` on the real local Spark, every prediction compared with the model's own
+predict. The py310-spark34 matrix leg runs these under an MLflow 2 client (``artifact_path``), the main
+leg under MLflow 3 (``name``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import sparkgrad.mlflow as sgmlflow
+from sparkgrad.errors import InvalidArgumentError, ModelError
+from sparkgrad.nn import Conv2D, Dense, Flatten, Sequential
+from sparkgrad.nn.saved import load_model as load_sgmodel
+
+mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed (the test extra has it)")
+pd = pytest.importorskip("pandas")
+import mlflow.pyfunc  # noqa: E402, F811  (the pyfunc submodule, for MLflow 2 too)
+from mlflow.models import Model  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+FEATURES, CLASSES = 16, 4
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    uri = "file:" + str(tmp_path / "mlruns")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
+def _mlp():
+    m = Sequential(
+        [Dense(12, activation="relu", input_shape=(FEATURES,)), Dense(CLASSES, activation="softmax")], seed=4
+    )
+    m.compile(loss="sparse_categorical_crossentropy")
+    m.set_input_transform(0.5, mean=np.linspace(-1, 1, FEATURES), std=np.full(FEATURES, 2.0))
+    return m
+
+
+def _cnn():
+    layers = [
+        Conv2D(3, (3, 3), activation="relu", input_shape=(6, 6, 1)),
+        Flatten(),
+        Dense(CLASSES, activation="softmax"),
+    ]
+    return Sequential(layers, seed=2)
+
+
+def _x(n, width=FEATURES, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, width)).astype(np.float32)
+
+
+def _log(model, **kw):
+    with mlflow.start_run():
+        return sgmlflow.log_model(model, name="model", **kw)
+
+
+def test_log_model_then_load_model_gives_the_same_model(store):
+    model, x = _mlp(), _x(40)
+    info = _log(model, input_example=x[:2])
+    loaded = sgmlflow.load_model(info.model_uri)
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+    np.testing.assert_array_equal(loaded.params, model.params)
+    assert loaded.loss == model.loss
+    assert loaded.evaluate(x, np.arange(40) % CLASSES) == model.evaluate(x, np.arange(40) % CLASSES)
+
+
+def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(store, tmp_path):
+    model = _cnn()
+    path = tmp_path / "saved"
+    sgmlflow.save_model(model, path)
+    meta = Model.load(str(path / "MLmodel"))
+    spec = meta.signature.inputs.inputs[0]
+    assert (spec.type, spec.shape) == (np.dtype(np.float32), (-1, 6, 6, 1))
+    out = meta.signature.outputs.inputs[0]
+    assert (out.type, out.shape) == (np.dtype(np.float32), (-1, CLASSES))
+    assert meta.flavors["python_function"]["loader_module"] == "sparkgrad.mlflow"
+    assert meta.flavors["sparkgrad"]["model_file"] == "data/model.sgmodel"
+    x = _x(5, 36).reshape(5, 6, 6, 1)
+    np.testing.assert_array_equal(load_sgmodel(path / "data" / "model.sgmodel").predict(x), model.predict(x))
+    assert "sparkgrad==" in (path / "requirements.txt").read_text()
+
+
+def test_pyfunc_predicts_an_ndarray_and_a_dataframe_of_one_array_column(store):
+    model, x = _mlp(), _x(30)
+    pyfunc = mlflow.pyfunc.load_model(_log(model).model_uri)
+    want = model.predict(x)
+    np.testing.assert_array_equal(pyfunc.predict(x), want)
+    np.testing.assert_array_equal(np.asarray(pyfunc.predict(pd.DataFrame({"features": list(x)}))), want)
+    lists = pd.DataFrame({"features": [row.tolist() for row in x]})
+    np.testing.assert_allclose(np.asarray(pyfunc.predict(lists)), want, rtol=1e-6)
+
+
+def test_pyfunc_reshapes_flat_rows_to_a_conv_models_input_shape(store):
+    model, x = _cnn(), _x(12, 36)
+    pyfunc = mlflow.pyfunc.load_model(_log(model).model_uri)
+    got = pyfunc.predict(pd.DataFrame({"pixels": list(x)}))
+    np.testing.assert_array_equal(np.asarray(got), model.predict(x.reshape(12, 6, 6, 1)))
+
+
+def test_pyfunc_prediction_output_is_the_argmax(store):
+    model, x = _mlp(), _x(25)
+    pyfunc = mlflow.pyfunc.load_model(_log(model, pyfunc_output="prediction").model_uri)
+    got = pyfunc.predict(x)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, model.predict(x).argmax(1).astype(np.float64))
+
+
+@pytest.mark.spark
+def test_spark_udf_scores_like_model_predict(store, spark):
+    from pyspark.sql import functions as F
+
+    model, x = _mlp(), _x(60)
+    with mlflow.start_run():
+        probs = sgmlflow.log_model(model, name="probs")
+        preds = sgmlflow.log_model(model, name="preds", pyfunc_output="prediction")
+    rows = [(i, x[i].tolist()) for i in range(len(x))]
+    df = spark.createDataFrame(rows, "id long, features array<float>").coalesce(2)  # 2 Python workers import mlflow
+    prob_udf = mlflow.pyfunc.spark_udf(spark, probs.model_uri, result_type="array<float>")
+    pred_udf = mlflow.pyfunc.spark_udf(spark, preds.model_uri, result_type="double")
+    out = df.select("id", prob_udf(F.col("features")).alias("p"), pred_udf(F.col("features")).alias("c"))
+    got = sorted(out.collect(), key=lambda r: r.id)
+    want = model.predict(x)
+    np.testing.assert_allclose(np.array([r.p for r in got]), want, rtol=1e-6)
+    assert [r.c for r in got] == want.argmax(1).astype(float).tolist()
+
+
+def test_log_model_takes_artifact_path_or_name(store):
+    model = _mlp()
+    with mlflow.start_run():
+        info = sgmlflow.log_model(model, "old_style")
+        with pytest.raises(InvalidArgumentError, match="differ"):
+            sgmlflow.log_model(model, "a", name="b")
+    np.testing.assert_array_equal(sgmlflow.load_model(info.model_uri).params, model.params)
+
+
+def test_bad_models_and_paths_are_refused(store, tmp_path):
+    with pytest.raises(InvalidArgumentError, match="Sequential"):
+        sgmlflow.save_model(object(), tmp_path / "x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    with pytest.raises(InvalidArgumentError, match="not empty"):
+        sgmlflow.save_model(_mlp(), tmp_path / "full")
+    with pytest.raises(InvalidArgumentError, match="pyfunc_output"):
+        sgmlflow.save_model(_mlp(), tmp_path / "y", pyfunc_output="logits")
+    with pytest.raises(ModelError, match="no MLmodel"):
+        sgmlflow.load_model(str(tmp_path / "full"))
+    other = tmp_path / "other"
+    other.mkdir()
+    Model(flavors={"sklearn": {}}).save(os.path.join(other, "MLmodel"))
+    with pytest.raises(ModelError, match="no 'sparkgrad' flavor"):
+        sgmlflow.load_model(str(other))
