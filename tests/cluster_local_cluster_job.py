@@ -2,7 +2,8 @@
 
 local-cluster[2,1,1024] starts a master, two workers and one executor JVM per
 worker (1 core each), so each node runs in its own executor process, as on a
-real cluster. Prints one JSON line: {"spec", "results", "ctx"}.
+real cluster. Prints one JSON line: {"spec", "results", "ctx", "driver", "spark"}
+("spark": each node's Spark executor id and host, as its registration carried them).
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ def main(out_dir: str) -> None:
         )
         cluster.shutdown(timeout=90)
         ctx = [json.load(open(os.path.join(out_dir, f"ctx-{i}.json"))) for i in range(2)]
-        print(json.dumps({"spec": cluster.cluster_spec, "results": cluster.results, "ctx": ctx, "driver": os.getpid()}))
+        spark_names = {n.name: [n.spark_executor, n.spark_host] for n in cluster.nodes}
+        print(
+            json.dumps(
+                {
+                    "spec": cluster.cluster_spec,
+                    "results": cluster.results,
+                    "ctx": ctx,
+                    "driver": os.getpid(),
+                    "spark": spark_names,
+                }
+            )
+        )
     finally:
         spark.stop()
 

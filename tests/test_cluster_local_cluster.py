@@ -45,3 +45,7 @@ def test_nodes_run_in_separate_executor_processes(tmp_path):
     jvms = {c["grandparent_pid"] for c in result["ctx"]}
     assert len(jvms) == 2, f"both nodes ran under one executor JVM: {result['ctx']}"
     assert result["driver"] not in {c["pid"] for c in result["ctx"]}
+    # each node names its executor as Spark does ("Lost executor 1 on 127.0.0.1"): the JVM's --executor-id
+    executors = result["spark"]
+    assert sorted(e for e, _ in executors.values()) == ["0", "1"], executors
+    assert {h for _, h in executors.values()} == {"127.0.0.1"}

@@ -445,3 +445,20 @@ def test_a_comm_port_out_of_range_is_rejected_naming_it(secret):
     with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
         with pytest.raises(errors.SparkgradError, match="comm_port"):
             _core.ControlClient.register("127.0.0.1", srv.port, secret, dict(net_raw.node(0), comm_port=70000), 5.0)
+
+
+def test_registration_carries_sparks_executor_id_and_host_and_refuses_overlong_ones(secret):
+    spark_node = {**net_raw.node(0), "spark_executor": "7", "spark_host": "10.1.2.3"}
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        long_node = {**net_raw.node(1), "spark_executor": "x" * 256}
+        with pytest.raises(errors.SparkgradError, match='"spark_executor" is longer than 255 bytes'):
+            _core.ControlClient.register("127.0.0.1", srv.port, secret, long_node, 5.0)
+        threads, clients, failures = register_all(srv.port, secret, [1])
+        first = _core.ControlClient.register("127.0.0.1", srv.port, secret, spark_node, 10.0)
+        spec = srv.wait(10.0)
+        join(threads)
+        assert not failures
+        assert spec[0] == spark_node  # kept as given, beside the node's own host
+        assert spec[1] == net_raw.node(1)  # optional: a node off Spark sends none
+        first.close()
+        clients[1].close()

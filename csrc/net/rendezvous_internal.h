@@ -17,6 +17,9 @@
 
 enum { CONN_AUTH, CONN_READY, CONN_CLOSING };
 
+/* Longest "spark_executor" / "spark_host" a registration may carry (bytes). */
+#define RDV_SPARK_FIELD_MAX 255
+
 typedef struct RdvConn {
     int fd;
     char peer[NET_PEER_MAX];

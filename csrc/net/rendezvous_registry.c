@@ -138,6 +138,20 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
     if (cJSON_GetObjectItemCaseSensitive(node, "comm_port") != NULL &&
         (rc = net_json_int(node, "comm_port", 0, 65535, c->peer, &comm_port, err)) < 0)
         return rc;
+    /* Optional: Spark's executor id and host of the task that runs the node, as Spark names them
+     * ("2", "driver"; the executor's host), so failures can name what Spark's own log names. */
+    const char *spark_fields[] = {"spark_executor", "spark_host"};
+    const char *spark_values[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        if (cJSON_GetObjectItemCaseSensitive(node, spark_fields[i]) == NULL)
+            continue;
+        if ((rc = net_json_string(node, spark_fields[i], c->peer, &spark_values[i], err)) < 0)
+            return rc;
+        if (strlen(spark_values[i]) > RDV_SPARK_FIELD_MAX)
+            return sg_fail(err, SG_EPROTO,
+                           "register message from %s: \"%s\" is longer than %d bytes", c->peer,
+                           spark_fields[i], RDV_SPARK_FIELD_MAX);
+    }
     if (eid < 0 || eid >= s->num_nodes)
         return sg_fail(err, SG_ECLUSTER,
                        "executor_id %ld from %s is outside 0..%d (this cluster has %d nodes)", eid,
@@ -155,6 +169,9 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
     cJSON_AddNumberToObject(info, "pid", (double)pid);
     if (comm_port > 0)
         cJSON_AddNumberToObject(info, "comm_port", (double)comm_port);
+    for (int i = 0; i < 2; i++)
+        if (spark_values[i] != NULL)
+            cJSON_AddStringToObject(info, spark_fields[i], spark_values[i]);
     RdvNode *n = &s->nodes[eid];
     if (n->conn != NULL && n->conn != c) {
         /* A retried task: the newer registration wins, the old link goes quietly. */

@@ -144,6 +144,7 @@ def run(
     spark: Any = None,
     *,
     local: bool = False,
+    max_restarts: int = 0,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks and returns its values, by rank.
 
@@ -167,6 +168,14 @@ def run(
     ranks are stopped and every process ends before the error is raised.
     fn's values must be picklable; they come back through Spark's task
     results or the local process's pipe, never on sparkgrad's sockets.
+
+    ``max_restarts``: after a rank is lost or fails, stop the others and
+    run every rank again (a new barrier stage), up to this many times, each
+    restart printed with its cause (verbose >= 1); then the last
+    NodeFailure is raised. In the restarted ranks
+    ``sparkgrad.cluster.rank.attempt()`` is the number of restarts so far,
+    and model.fit with a checkpoint_dir resumes from rank 0's last
+    checkpoint. Default 0: the first failure is raised.
     """
     from sparkgrad.cluster.launch import run as launch
 
@@ -191,6 +200,7 @@ def run(
         env=dict(env or {}),
         label=_label,
         on_log=out.log,
+        max_restarts=max_restarts,
     )
     try:
         cluster.shutdown(timeout=-1)

@@ -54,6 +54,15 @@ class NodeInfo:
     port: int
     pid: int
     comm_port: int = 0  # the allreduce communicator's listening port (training nodes of a cluster without ps)
+    spark_executor: str = ""  # Spark's id of the executor running the node ("2", "driver"); "" off Spark
+    spark_host: str = ""  # that executor's host, as Spark names it
+
+    @property
+    def spark_name(self) -> str:
+        """``executor 2 on host`` as Spark's own log names the node's executor ("" off Spark)."""
+        if not self.spark_executor:
+            return ""
+        return f"executor {self.spark_executor} on {self.spark_host or self.host}"
 
     @property
     def name(self) -> str:
@@ -73,6 +82,8 @@ class NodeInfo:
             port=int(d["port"]),
             pid=int(d["pid"]),
             comm_port=int(d.get("comm_port") or 0),
+            spark_executor=str(d.get("spark_executor") or ""),
+            spark_host=str(d.get("spark_host") or ""),
         )
 
 
@@ -143,6 +154,9 @@ class NodeContext:
     secret: bytes = field(default=b"", repr=False)  # authenticates peers of this cluster
     log_dir: str | None = None
     mgr: Any = None  # the node's FeedServer on training nodes under InputMode.SPARK (for TFNode.DataFeed)
+    # How many times the driver restarted the cluster before this run of map_fun (max_restarts): 0 on the
+    # first run; > 0 means resume from the last checkpoint (model.fit with checkpoint_dir does by default).
+    attempt: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _metric_sink: Callable[[str, float, int], None] | None = field(default=None, repr=False, compare=False)
     _stop_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
@@ -180,6 +194,11 @@ class NodeContext:
             f"{self.job_name}:{self.task_index} (executor {self.executor_id}) is not among the registered "
             "training nodes"
         )
+
+    @property
+    def is_restart(self) -> bool:
+        """True when the driver restarted the cluster after a lost node (ctx.attempt > 0)."""
+        return self.attempt > 0
 
     @property
     def tf_config(self) -> str:

@@ -8,6 +8,14 @@ NodeFailure, after which every other node is told to stop and the launchers
 cancel what is left (Spark job group, local processes). The main thread sees
 the failure at its next call (run, shutdown, train) and raises it.
 
+Recovery (``max_restarts`` > 0): once every node of the failed generation
+has ended, the driver prints the restart with its cause and starts a new
+generation of every node (a new rendezvous with a fresh secret, new
+launchers: a new barrier stage on Spark) whose ctx.attempt counts the
+restarts; training resumes from the chief's last checkpoint (model.fit with
+checkpoint_dir does). The failure is raised only when no restart is left,
+or when the restarted cluster cannot form.
+
 Launchers only start and stop nodes; this module decides what an event means.
 """
 
@@ -20,13 +28,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sparkgrad.cluster.context import NodeInfo, cluster_spec
 from sparkgrad.cluster.feed import DEFAULT_INPUT, FeedTarget, PartitionFeeder
 from sparkgrad.cluster.roles import SERVING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.errors import (
+    CancelledError,
     ClusterError,
     InvalidArgumentError,
     NodeFailure,
@@ -66,6 +75,15 @@ class Launcher(Protocol):
 
     def missing_hint(self) -> str:
         """Why nodes of this launcher usually fail to register."""
+
+
+@dataclass
+class Generation:
+    """One start of every node: its rendezvous server, its launchers and its secret (see Cluster.restart)."""
+
+    server: Any
+    launchers: Sequence[Launcher]
+    secret: bytes = field(repr=False)
 
 
 def default_output(line: str) -> None:
@@ -108,10 +126,13 @@ class Cluster:
         secret: bytes = b"",
         label: Callable[[dict], str] | None = None,
         on_log: Callable[[dict], None] | None = None,
+        relaunch: Callable[[int], Generation] | None = None,
+        max_restarts: int = 0,
     ) -> None:
         """``label(event)``: how the node of an event is named in output and failures (default role:index);
         ``on_log(event)``: takes the nodes' log events (with "line", and "stream": "stderr" for the
-        node's stderr) instead of ``output``."""
+        node's stderr) instead of ``output``. ``relaunch(attempt)``: a new Generation of every node,
+        which the cluster starts after a node failure, up to ``max_restarts`` times."""
         self._label = label or (lambda ev: f"{ev.get('role')}:{ev.get('index')}")
         self._on_log = on_log
         self._spark = spark  # spark.ClassicSpark or spark.ConnectSpark; None for a local cluster
@@ -134,13 +155,20 @@ class Cluster:
         self._gone: set[int] = set()  # nodes that ended: done, error or lost
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
-        self._aborted = threading.Event()  # set once a failure's stop/cancel has completed
+        self._settled = False  # a failure's stop/cancel (and restart attempt) has completed: raise it
         self._launcher_failed_at: float | None = None
+        self._relaunch = relaunch
+        self._max_restarts = max(0, int(max_restarts))
+        self._reservation_timeout = 600.0
+        self._generation = 0  # bumped by each restart: the old pump and its events are ignored
+        self.restarts = 0
+        self.restart_causes: list[str] = []  # the first line of each failure that caused a restart
 
     # -- formation ---------------------------------------------------------
 
     def start(self, reservation_timeout: float) -> None:
         """Starts the nodes and waits until all registered; raises on timeout or failure."""
+        self._reservation_timeout = float(reservation_timeout)
         try:
             for launcher in self._launchers:
                 launcher.start()
@@ -155,7 +183,9 @@ class Cluster:
         self.nodes = tuple(NodeInfo.from_dict(d) for d in spec)
         self.cluster_spec = cluster_spec(self.nodes)
         self._output(f"sparkgrad: cluster formed: {json.dumps(self.cluster_spec, sort_keys=True)}")
-        self._pump = threading.Thread(target=self._pump_events, name="sparkgrad-events", daemon=True)
+        self._pump = threading.Thread(
+            target=self._pump_events, args=(self._server, self._generation), name="sparkgrad-events", daemon=True
+        )
         self._pump.start()
 
     def _await_registration(self, timeout: float) -> list[dict]:
@@ -188,17 +218,33 @@ class Cluster:
 
     # -- events --------------------------------------------------------------
 
-    def _pump_events(self) -> None:
-        while not self._closed.is_set():
+    def _pump_events(self, server: Any, generation: int) -> None:
+        while not self._closed.is_set() and generation == self._generation:
             try:
-                event = self._server.next_event(EVENT_POLL_SECONDS)
+                event = server.next_event(EVENT_POLL_SECONDS)
+                if generation != self._generation:
+                    return  # restarted meanwhile: the old generation's events mean nothing now
                 if event is not None:
                     self._handle(event)
                 self._check_launchers()
             except Exception as exc:  # noqa: BLE001 - a dead event loop would leave shutdown() waiting blind
-                if not self._closed.is_set():
+                if not self._closed.is_set() and generation == self._generation:
                     self._fail(ClusterError(f"the driver's event loop failed: {type(exc).__name__}: {exc}"))
                 return
+
+    def _registered(self, executor_id: int) -> NodeInfo | None:
+        for node in self.nodes:
+            if node.executor_id == executor_id:
+                return node
+        return None
+
+    def _where(self, ev: dict) -> tuple[str, dict]:
+        """ " (executor 1; Spark executor 2 on host)" for a failure's message, and its details."""
+        eid = int(ev["executor_id"])
+        node = self._registered(eid)
+        spark = node.spark_name if node is not None else ""
+        details = {"spark_executor": node.spark_executor, "spark_host": node.spark_host} if spark else {}
+        return f"(executor {eid}{f'; Spark {spark}' if spark else ''})", details
 
     def _handle(self, ev: dict) -> None:
         kind, name = ev.get("type"), self._label(ev)
@@ -223,24 +269,26 @@ class Cluster:
                 self._cond.notify_all()
         elif kind == "error":
             tb = ev.get("traceback", "")
+            where, spark = self._where(ev)
             self._fail(
                 NodeFailure(
-                    f"{name} (executor {ev['executor_id']}) on {ev.get('host')} raised {ev.get('message')}\n"
-                    f"--- traceback on {name} ---\n{tb}",
+                    f"{name} {where} on {ev.get('host')} raised {ev.get('message')}\n--- traceback on {name} ---\n{tb}",
                     node=name,
                     role=ev["role"],
                     index=int(ev["index"]),
                     host=ev.get("host"),
                     executor_id=int(ev["executor_id"]),
                     remote_traceback=tb,
+                    **spark,
                 )
             )
         elif kind == "lost":
             if self._closed.is_set() or self._failure is not None:
                 return
+            where, spark = self._where(ev)
             self._fail(
                 NodeFailure(
-                    f"{name} (executor {ev['executor_id']}) on {ev.get('host')} was lost: {ev.get('reason')}. "
+                    f"{name} {where} on {ev.get('host')} was lost: {ev.get('reason')}. "
                     "Its process died without reporting (killed, out of memory, or its executor was removed)",
                     node=name,
                     role=ev["role"],
@@ -248,6 +296,7 @@ class Cluster:
                     host=ev.get("host"),
                     executor_id=int(ev["executor_id"]),
                     remote_traceback="",
+                    **spark,
                 )
             )
 
@@ -268,16 +317,75 @@ class Cluster:
             if self._failure is not None:
                 return
             self._failure = exc
+            self._settled = False
             self._cond.notify_all()
         self._output(f"sparkgrad: {exc}".splitlines()[0] + " - stopping every node")
         reason = f"another node failed: {str(exc).splitlines()[0]}"
-        threading.Thread(target=self._abort_then_signal, args=(reason,), name="sparkgrad-abort", daemon=True).start()
+        threading.Thread(
+            target=self._abort_then_signal, args=(reason, exc), name="sparkgrad-abort", daemon=True
+        ).start()
 
-    def _abort_then_signal(self, reason: str) -> None:
+    def _may_restart(self, exc: BaseException) -> bool:
+        """A lost or failed node (or the nodes' job) while training, with a restart left."""
+        with self._cond:
+            training_left = not self._training_ids() <= self._finished
+        return (
+            isinstance(exc, ClusterError)
+            and self._relaunch is not None
+            and self.restarts < self._max_restarts
+            and training_left
+            and not self._closed.is_set()
+        )
+
+    def _abort_then_signal(self, reason: str, exc: BaseException) -> None:
+        restarted = False
+        failure: BaseException = exc
         try:
             self._abort(reason)
+            if self._may_restart(exc):
+                restarted = self._restart(exc)
+        except BaseException as error:  # noqa: BLE001 - the restarted cluster did not form: that is raised
+            error.__cause__ = exc
+            failure = error
         finally:
-            self._aborted.set()
+            with self._cond:
+                if restarted:
+                    self._failure = None
+                else:
+                    self._failure = failure
+                    self._settled = True
+                self._cond.notify_all()
+
+    def _restart(self, exc: BaseException) -> bool:
+        """Starts a new generation of every node (the old one has ended); raises if it cannot form."""
+        self.restarts += 1
+        cause = str(exc).splitlines()[0]
+        self.restart_causes.append(cause)
+        self._output(
+            f"sparkgrad: restart {self.restarts} of {self._max_restarts}: starting every node again after: {cause}"
+        )
+        old_server, old_pump = self._server, self._pump
+        with self._cond:
+            self._generation += 1
+        old_server.close()
+        if old_pump is not None and old_pump is not threading.current_thread():
+            old_pump.join(EVENT_POLL_SECONDS * 4)
+        assert self._relaunch is not None
+        generation = self._relaunch(self.restarts)
+        if self._closed.is_set():  # the driver was interrupted meanwhile: start nothing
+            generation.server.close()
+            raise CancelledError(f"restart {self.restarts} cancelled: the cluster was closed")
+        with self._cond:
+            self._server = generation.server
+            self._launchers = tuple(generation.launchers)
+            self._secret = generation.secret
+            self._finished.clear()
+            self._gone.clear()
+            self.results.clear()
+            self._launcher_failed_at = None
+            self._pump = None
+        self.start(self._reservation_timeout)
+        return True
 
     def _stop_node(self, executor_id: int, reason: str) -> None:
         self._send_quietly(executor_id, {"type": "stop", "reason": reason})
@@ -314,12 +422,27 @@ class Cluster:
                     return
                 self._cond.wait(min(left, EVENT_POLL_SECONDS))
 
-    def _raise_failure(self) -> None:
-        if self._failure is None:
-            return
-        self._aborted.wait(2 * self._stop_grace + ABORT_WAIT_SECONDS + 45.0)  # cancel + wait_gone, bounded
+    def _raise_failure(self) -> bool:
+        """Raises a failure once every node has ended; False when there is none, True when the cluster
+        restarted instead (the caller waits for the new generation)."""
+        with self._cond:
+            if self._failure is None:
+                return False
+            # cancel + wait_gone, and a restart's formation: bounded
+            bound = 2 * self._stop_grace + ABORT_WAIT_SECONDS + 45.0
+            if self._max_restarts:
+                bound += self._reservation_timeout + 30.0
+            deadline = time.monotonic() + bound
+            while self._failure is not None and not self._settled:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            failure = self._failure
+        if failure is None:
+            return True
         self._close()
-        raise self._failure
+        raise failure
 
     # -- user API --------------------------------------------------------------
 
@@ -347,8 +470,10 @@ class Cluster:
             if self.input_mode == InputMode.SPARK:  # no more data: every input of every worker ends
                 for eid in self._training_ids() - self._finished:
                     self._send_quietly(eid, {"type": "feed_end", "input": None})
-            self._wait_finished(self._training_ids(), deadline, "training nodes")
-            self._raise_failure()
+            while True:  # again after each restart (max_restarts)
+                self._wait_finished(self._training_ids(), deadline, "training nodes")
+                if not self._raise_failure():
+                    break
             if grace_secs > 0:
                 self._closed.wait(grace_secs)
             for node in self.template.nodes:

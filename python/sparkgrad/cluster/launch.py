@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sparkgrad.cluster.driver import Cluster, default_output, new_secret
+from sparkgrad.cluster.driver import Cluster, Generation, default_output, new_secret
 from sparkgrad.cluster.node import MapFun, NodeConfig
 from sparkgrad.cluster.roles import PS, InputMode, build_template
 from sparkgrad.cluster.transport import net
@@ -75,6 +75,7 @@ def run(
     env: dict[str, str] | None = None,
     label: Any = None,
     on_log: Any = None,
+    max_restarts: int = 0,
 ) -> Cluster:
     """Starts map_fun(tf_args, ctx) on num_executors nodes and returns once all registered.
 
@@ -93,7 +94,25 @@ def run(
     the launchers' own result paths (``cluster.node_results()`` after
     shutdown); ``env`` is set on every node while map_fun runs; ``label``
     and ``on_log`` are Cluster's.
+
+    ``max_restarts``: when a node is lost or fails while training (its
+    process died, it raised, it went silent, its task failed), the driver
+    stops the others and starts every node again, up to this many times,
+    printing each restart with its cause; the last NodeFailure is raised
+    once none is left. The restarted nodes see ``ctx.attempt`` (the
+    restarts so far; also ``sparkgrad.cluster.rank.attempt()``) and
+    model.fit with a checkpoint_dir resumes from the chief's last
+    checkpoint (its default resume=True), so at most one checkpoint
+    interval of training is lost. 0 (default): a failure is raised at once.
+    InputMode.TENSORFLOW only (fed data cannot be rewound to a checkpoint).
     """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if max_restarts and InputMode(input_mode) != InputMode.TENSORFLOW:
+        raise InvalidArgumentError(
+            "max_restarts > 0 needs InputMode.TENSORFLOW: with InputMode.SPARK the data fed by cluster.train() "
+            "cannot be rewound to the position of a checkpoint"
+        )
     if driver_ps_nodes and input_mode != InputMode.TENSORFLOW:
         raise InvalidArgumentError("driver_ps_nodes=True is only supported with InputMode.TENSORFLOW")
     if eval_node and input_mode != InputMode.TENSORFLOW:
@@ -118,13 +137,23 @@ def run(
 
     if tensorboard and log_dir is None:  # TensorFlowOnSpark's default: a fixed path under the working directory
         log_dir = os.path.join(os.getcwd(), "tensorboard")
-    secret = new_secret()
-    server = _rendezvous_server(secret, num_executors, bind, session)
-    try:
-        server.heartbeat_timeout = float(heartbeat_timeout)
+
+    def generation(attempt: int) -> Generation:
+        """A fresh rendezvous (new secret, new port) and launchers for every node; attempt: restarts so far."""
+        secret = new_secret()
+        server = _rendezvous_server(secret, num_executors, bind, session)
+        try:
+            server.heartbeat_timeout = float(heartbeat_timeout)
+            launchers = launchers_for(secret, server.port, attempt)
+        except BaseException:
+            server.close()
+            raise
+        return Generation(server, launchers, secret)
+
+    def launchers_for(secret: bytes, port: int, attempt: int) -> list[Any]:
         cfg = NodeConfig(
             driver_host=host,
-            driver_port=server.port,
+            driver_port=port,
             secret=secret,
             template=template,
             default_fs=_default_fs(session),
@@ -135,6 +164,7 @@ def run(
             stop_grace=float(stop_grace),
             hold_registration=_held_executors(),
             env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
+            attempt=attempt,
         )
         launchers: list[Any] = []
         if spark_ids:  # first: Spark's barrier job is the slow part to start
@@ -149,22 +179,24 @@ def run(
             from sparkgrad.cluster.local import DriverThreadLauncher
 
             launchers.append(DriverThreadLauncher(cfg, local_ids, map_fun, tf_args, host=host))
-    except BaseException:
-        server.close()
-        raise
+        return launchers
+
+    first = generation(0)
     cluster = Cluster(
         template=template,
-        server=server,
-        launchers=launchers,
+        server=first.server,
+        launchers=first.launchers,
         input_mode=InputMode(input_mode),
         stop_grace=float(stop_grace),
         output=output,
         spark=session,
-        secret=secret,
+        secret=first.secret,
         label=label,
         on_log=on_log,
+        relaunch=generation,
+        max_restarts=max_restarts,
     )
     cluster.start(float(reservation_timeout))
     if tensorboard:
-        cluster.start_tensorboard(cfg.log_dir or "", host)
+        cluster.start_tensorboard(log_dir or "", host)
     return cluster

@@ -62,6 +62,8 @@ class NodeConfig:
     hold_registration: frozenset[int] = frozenset()
     # Environment variables set on every node while map_fun runs (sparkgrad.run's env=).
     env: tuple[tuple[str, str], ...] = ()
+    # Restarts of the cluster before this generation of nodes (TFCluster.run's max_restarts): ctx.attempt.
+    attempt: int = 0
 
     @property
     def opens_comm_port(self) -> bool:
@@ -302,7 +304,14 @@ class _StopWatcher:
             return
 
 
-def _register(cfg: NodeConfig, executor_id: int, host: str, port: int, comm_port: int = 0) -> Any:
+def _register(
+    cfg: NodeConfig,
+    executor_id: int,
+    host: str,
+    port: int,
+    comm_port: int = 0,
+    spark: tuple[str, str] | None = None,
+) -> Any:
     role = cfg.template.node(executor_id)
     if executor_id in cfg.hold_registration:
         threading.Event().wait(cfg.register_timeout)
@@ -317,6 +326,8 @@ def _register(cfg: NodeConfig, executor_id: int, host: str, port: int, comm_port
     }
     if comm_port:
         node["comm_port"] = comm_port
+    if spark is not None:  # Spark's executor id and host, so the driver names the node as Spark's log does
+        node["spark_executor"], node["spark_host"] = spark
     return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
 
 
@@ -362,7 +373,11 @@ def _run_map_fun(
             ctx.on_stop(ctx.mgr.close)
         watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
         try:
-            with watcher, rank.assigned(_node_rank(ctx), thread_only=in_driver):
+            with (
+                watcher,
+                rank.assigned(_node_rank(ctx), thread_only=in_driver),
+                rank.attempt_assigned(ctx.attempt, thread_only=in_driver),
+            ):
                 with collective.assigned(comm, thread_only=in_driver):
                     value = map_fun(tf_args, ctx)
         except SystemExit as exc:  # map_fun ended its "process": success if the code says so
@@ -387,6 +402,7 @@ def run_node(
     echo: bool = True,
     threads: int | None = None,
     in_driver: bool = False,
+    spark: tuple[str, str] | None = None,
 ) -> str:
     """Runs one node to its end; returns a JSON status ({"executor_id", "status", "result"}).
 
@@ -399,7 +415,8 @@ def run_node(
 
     ``in_driver``: the node is a thread of the driver process
     (driver_ps_nodes): its output is told apart by thread and TF_CONFIG is
-    not exported (see _run_map_fun).
+    not exported (see _run_map_fun). ``spark``: (Spark's executor id, its
+    host) of the task running the node, carried in the registration.
 
     A map_fun exception is reported to the driver (which raises NodeFailure)
     and returned as status "error"; failures to reach the driver raise.
@@ -414,7 +431,7 @@ def run_node(
     try:
         if cfg.opens_comm_port and role.role in TRAINING_ROLES:
             comm_listener = net().Listener(bind_host, 0)
-        client = _register(cfg, executor_id, host, listener.port, comm_listener.port if comm_listener else 0)
+        client = _register(cfg, executor_id, host, listener.port, comm_listener.port if comm_listener else 0, spark)
         try:
             nodes = tuple(sorted((NodeInfo.from_dict(d) for d in client.spec), key=lambda n: n.executor_id))
             feed = None
@@ -435,6 +452,7 @@ def run_node(
                 secret=cfg.secret,
                 log_dir=cfg.log_dir,
                 mgr=feed,
+                attempt=cfg.attempt,
                 _metric_sink=client.metric,
             )
             comm = collective.setup_from_nodes(nodes, executor_id, comm_listener, cfg.secret)

@@ -115,6 +115,7 @@ class ParameterClient:
             raise ClusterError("the cluster has no ps nodes (num_ps=0): nothing to pull parameters from")
         self.total = _total_of(total)
         self.worker_id = worker_rank(ctx)
+        self._num_ps = len(addresses)
         self._client = net().PsClient(addresses, ctx.secret, self.total, self.worker_id, timeout, compression)
         self._done = False
 
@@ -144,6 +145,38 @@ class ParameterClient:
     def set_state(self, params: np.ndarray, step: int, optimizer_state: Any = None) -> None:
         """Restores a checkpoint into every shard."""
         self._client.set_state(params, step, optimizer_state)
+
+    def _shard_ranges(self) -> list[tuple[int, int]]:
+        core = net()
+        return [core.ps_shard_range(self.total, self._num_ps, i) for i in range(self._num_ps)]
+
+    def optimizer_state(self) -> tuple[int, np.ndarray] | None:
+        """The servers' optimizer state as one optimizer over the whole model holds it ([slots, total]
+        float32, flat) with its step count, for the chief's checkpoint; None when the servers keep none
+        (plain SGD)."""
+        _, _, shards = self._client.get_state()
+        if not shards or any(s is None for s in shards):
+            return None
+        sizes = sum(int(np.asarray(s[1]).size) for s in shards)
+        if self.total == 0 or sizes == 0 or sizes % self.total:
+            return None
+        slots = sizes // self.total
+        full = np.empty((slots, self.total), np.float32)
+        for (offset, count), (_, state) in zip(self._shard_ranges(), shards, strict=True):
+            full[:, offset : offset + count] = np.asarray(state, np.float32).reshape(slots, count)
+        return int(shards[0][0]), full.reshape(-1)
+
+    def shard_optimizer_state(self, steps: int, state: np.ndarray) -> list[tuple[int, np.ndarray]] | None:
+        """``optimizer_state()``'s layout split back into one entry per shard (for set_state); None when
+        ``state`` holds nothing (a checkpoint of plain SGD)."""
+        state = np.asarray(state, np.float32).reshape(-1)
+        if self.total == 0 or state.size == 0 or state.size % self.total:
+            return None
+        full = state.reshape(state.size // self.total, self.total)
+        return [
+            (int(steps), np.ascontiguousarray(full[:, offset : offset + count]).reshape(-1))
+            for offset, count in self._shard_ranges()
+        ]
 
     @property
     def is_chief(self) -> bool:

@@ -67,6 +67,7 @@ class Scoped(Generic[T]):
 
 
 _rank: Scoped[ProcessRank] = Scoped(ProcessRank(0, 1, "local"))
+_attempt: Scoped[int] = Scoped(0)
 
 
 def current() -> ProcessRank:
@@ -78,6 +79,21 @@ def is_chief() -> bool:
     return current().is_chief
 
 
+def attempt() -> int:
+    """How many times the driver restarted the cluster before this run (0: the first run).
+
+    Under ``sparkgrad.run(..., max_restarts=N)`` and ``TFCluster.run(...,
+    max_restarts=N)`` a hand-written loop resumes from its last checkpoint
+    when this is > 0 (``ctx.attempt`` says the same on TFCluster nodes).
+    """
+    return _attempt.get()
+
+
 def assigned(rank: ProcessRank, thread_only: bool = False) -> contextlib.AbstractContextManager[ProcessRank]:
     """Sets the rank for the duration of the block (for the calling thread only when ``thread_only``)."""
     return _rank.assigned(rank, thread_only)
+
+
+def attempt_assigned(value: int, thread_only: bool = False) -> contextlib.AbstractContextManager[int]:
+    """Sets attempt() for the duration of the block (for the calling thread only when ``thread_only``)."""
+    return _attempt.assigned(int(value), thread_only)

@@ -311,6 +311,47 @@ def check_spark(
         )
 
 
+# Levels of parent processes spark_executor_id looks through for the executor JVM (the Python
+# worker's parent is pyspark's daemon, whose parent is the JVM; a few more allow for wrappers).
+_PARENT_LEVELS = 6
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])  # after "pid (comm) state": ppid
+
+
+def spark_executor_id(local_master: bool) -> str:
+    """Spark's id of the executor this Python worker runs for ("2"; "driver" on a local master; "" unknown).
+
+    pyspark's TaskContext does not carry it (3.4 to 4.0): it comes from
+    SPARK_EXECUTOR_ID where the cluster manager sets it (Kubernetes), else
+    from the ``--executor-id`` argument of the executor JVM this worker
+    descends from (standalone, local-cluster and YARN start executors with
+    it), read from /proc. A local master's tasks run in the driver's JVM,
+    whose executor Spark calls "driver".
+    """
+    env = os.environ.get("SPARK_EXECUTOR_ID")
+    if env:
+        return env
+    pid = os.getppid()
+    for _ in range(_PARENT_LEVELS):
+        if pid <= 1:
+            break
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if b"--executor-id" in args:
+                at = args.index(b"--executor-id") + 1
+                if at < len(args) and args[at]:
+                    return args[at].decode("utf-8", "replace")
+            pid = _parent_pid(pid)
+        except (OSError, ValueError, IndexError):
+            break
+    return "driver" if local_master else ""
+
+
 @dataclass(frozen=True)
 class SparkNodeTask:
     """The barrier-partition function: partition i runs the node of executor_ids[i].
@@ -336,12 +377,14 @@ class SparkNodeTask:
 
         task = BarrierTaskContext.get()
         part = task.partitionId()
-        host = os.environ.get("SPARKGRAD_NODE_HOST") or task_host(task.getTaskInfos()[part].address)
+        spark_host = task_host(task.getTaskInfos()[part].address)
+        host = os.environ.get("SPARKGRAD_NODE_HOST") or spark_host
+        spark = (spark_executor_id(not self.echo), spark_host)  # echo is off exactly on a local master
         eid = self.executor_ids[part]
         if self.keep_result:
-            yield run_node_keeping_result(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo)
+            yield run_node_keeping_result(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo, spark=spark)
         else:
-            yield run_node(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo)
+            yield run_node(self.cfg, eid, host, self.map_fun, self.tf_args, echo=self.echo, spark=spark)
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,11 @@ def load(model, path) -> dict:
             data = f.read()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint: {exc}", path=path) from exc
+    return restore_bytes(model, data, path)
+
+
+def restore_bytes(model, data: bytes, path: str) -> dict:
+    """Restores the checkpoint bytes ``data`` (named ``path`` in errors) into the model, as load() does."""
     ck = decode(data, path)
     if ck["arch_crc"] != architecture_crc(model) or ck["params"].size != model.num_params:
         raise CheckpointError(

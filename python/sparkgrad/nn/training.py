@@ -54,7 +54,7 @@ import numpy as np
 from sparkgrad.cluster import rank as _rank
 from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout
 from sparkgrad.nn import batches as _batches
-from sparkgrad.nn.checkpoint import CheckpointManager
+from sparkgrad.nn.checkpoint import CheckpointManager, encode, restore_bytes
 from sparkgrad.nn.distributed import DistributedOptimizer
 from sparkgrad.nn.history import History
 
@@ -291,6 +291,7 @@ class Trainer:
 
     def _save(self, logs) -> None:
         if self.checkpoints is not None and self.dist.chief:
+            self.dist.before_checkpoint()
             self.checkpoints.save(self.model, logs)
 
     def run(self, x, y, batch_size, epochs, validation_data, max_steps, shuffle, x_key, y_key, initial_epoch, ps=None):
@@ -299,12 +300,13 @@ class Trainer:
             raise InvalidArgumentError(f"batch_size must be > 0 and epochs >= 0 (got {batch_size}, {epochs})")
         if max_steps is not None and max_steps < 0:
             raise InvalidArgumentError(f"max_steps must be >= 0, not {max_steps}")
-        self.dist = _Distribution(m, ps)
+        self.dist = _Distribution(m, ps, checkpoints=self.checkpoints is not None)
         restored = None
         if self.checkpoints is not None and self.resume:
             restored = self.checkpoints.restore_latest(m)
-            if restored is not None and self.verbose:
-                print(f"resumed from {restored} at step {m.step}", flush=True)
+        restored = self.dist.share_resume(restored)
+        if restored is not None and self.verbose:
+            print(f"resumed from {restored} at step {m.step}", flush=True)
         resume_pos = m.state.epoch_pos if restored is not None else 0
         if initial_epoch is not None:
             m.epoch = int(initial_epoch)
@@ -424,8 +426,10 @@ class _Distribution:
     ``hook``: the capsule for the C loop; ``chief``: whether this process
     writes checkpoints."""
 
-    def __init__(self, model, ps) -> None:
+    def __init__(self, model, ps, checkpoints: bool = False) -> None:
         self.model, self.ps, self.hook = model, ps, None
+        self.checkpoints = checkpoints  # fit writes checkpoints (on the chief)
+        self.servers_done = False  # the ps client said done: the servers' state is no longer there to read
         distributed = isinstance(model.optimizer, DistributedOptimizer)
         if ps is not None and distributed:
             raise InvalidArgumentError(
@@ -457,13 +461,60 @@ class _Distribution:
         if self.ps is not None:
             if self.chief:
                 if restored or m.step > 0:  # a resumed chief's state overrides what the servers hold
-                    self.ps.set_state(m.params, m.step)
+                    self.ps.set_state(m.params, m.step, self._servers_optimizer_state())
                 else:
                     self.ps.init(m.params)
             m.step = self.ps.pull(m.params)  # waits until the chief initialised every shard
             self.hook = self.ps.grad_hook()
         elif isinstance(m.optimizer, DistributedOptimizer):
             self.hook = m.optimizer.grad_hook()
+
+    def share_resume(self, restored: str | None) -> str | None:
+        """Allreduce: when any rank resumed a checkpoint, every rank takes rank 0's resumed state
+        (parameters, optimizer state, step, epoch, position, RNG), so ranks whose checkpoint_dir
+        was not rank 0's (or was None) resume in step with it. Returns the checkpoint resumed."""
+        if self.ps is not None or not isinstance(self.model.optimizer, DistributedOptimizer):
+            return restored
+        comm = self.model.optimizer.resolve_communicator()
+        if int(getattr(comm, "size", 1)) <= 1 or not hasattr(comm, "broadcast_bytes"):
+            return restored
+        flag = comm.allreduce(np.array([1.0 if restored is not None else 0.0], np.float32), op="max")
+        if float(flag[0]) == 0.0:
+            return restored
+        if comm.rank == 0:
+            name = (restored or "").encode()
+            payload = len(name).to_bytes(4, "little") + name + encode(self.model)
+            comm.broadcast_bytes(payload, root=0)
+            return restored
+        payload = comm.broadcast_bytes(None, root=0)
+        n = int.from_bytes(payload[:4], "little")
+        name = payload[4 : 4 + n].decode()
+        restore_bytes(self.model, payload[4 + n :], f"rank 0's resumed state ({name or 'none'})")
+        return name or None
+
+    def _servers_optimizer_state(self):
+        """The model's optimizer state (restored from the checkpoint) split into the ps shards' (None: none)."""
+        split = getattr(self.ps, "shard_optimizer_state", None)
+        opt = self.model.optimizer
+        if split is None or opt is None:
+            return None
+        steps, state = opt.get_state()
+        return split(steps, state)
+
+    def before_checkpoint(self) -> None:
+        """Under a ps the optimizer runs on the servers: the chief's checkpoint takes their state
+        (Adam's moments...) into the model's optimizer, so a resumed run continues it."""
+        fetch = getattr(self.ps, "optimizer_state", None)
+        opt = self.model.optimizer
+        if fetch is None or opt is None or self.servers_done:
+            return
+        got = fetch()
+        if got is None:
+            return
+        steps, state = got
+        opt.bind(self.model.num_params)
+        if opt.get_state()[1].size == state.size:  # the servers run the model's optimizer kind
+            opt.set_state(steps, state)
 
     def end(self, finished: bool) -> bool:
         """Ends the distributed run; True when the chief then holds final
@@ -474,7 +525,10 @@ class _Distribution:
         m = self.model
         if self.chief:
             m.step = self.ps.wait_for_workers(m.params)
+            if self.checkpoints:
+                self.before_checkpoint()  # for the last checkpoint: the servers may end once the chief said done
         self.ps.done()
+        self.servers_done = True
         return self.chief
 
 
