@@ -222,7 +222,10 @@ int net_accept(int lfd, int *fd_out, char *peer, size_t peer_len, SgError *err)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return 0;
-            return sg_fail_errno(err, SG_EIO, errno, "accept on listening socket");
+            int e = errno;
+            sg_fail_errno(err, SG_EIO, e, "accept on listening socket");
+            errno = e; /* for the caller's backoff (accept.c) */
+            return SG_EIO;
         }
         set_nodelay(fd);
         char h[INET6_ADDRSTRLEN];

@@ -41,7 +41,9 @@ int net_connect(const char *host, int port, double deadline, int *fd_out, SgErro
 
 /* Accepts one pending connection from the non-blocking listener lfd.
  * Returns 1 and fills *fd_out / peer ("ip:port") when one was accepted,
- * 0 when none is pending, or a negative status. */
+ * 0 when none is pending, or a negative status with errno still set to the
+ * accept error (EINTR and ECONNABORTED are retried here). Servers use the
+ * gate of accept.h, which backs off instead of failing. */
 int net_accept(int lfd, int *fd_out, char *peer, size_t peer_len, SgError *err);
 
 /* Writes all iov bytes before deadline (partial writes resumed, EINTR
