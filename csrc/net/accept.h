@@ -25,7 +25,7 @@
 #include "common/sg_status.h"
 #include "net/sock.h"
 
-#define NET_GATE_MAX_UNAUTH      128 /* unauthenticated connections per server */
+#define NET_GATE_MAX_UNAUTH      256 /* unauthenticated connections per server */
 #define NET_GATE_MAX_PER_PEER    32  /* ... and per peer address */
 #define NET_GATE_BACKOFF_MIN     0.005
 #define NET_GATE_BACKOFF_MAX     0.1

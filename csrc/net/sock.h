@@ -15,7 +15,8 @@
 
 #include "common/sg_status.h"
 
-#define NET_PEER_MAX 300 /* "host:port" of any resolvable name */
+#define NET_PEER_MAX        300  /* "host:port" of any resolvable name */
+#define NET_RESOLVE_TIMEOUT 10.0 /* seconds net_listen waits for the name resolver */
 
 /* Seconds on CLOCK_MONOTONIC. */
 double net_now(void);
@@ -26,6 +27,10 @@ int net_poll_ms(double deadline);
 /* Converts a relative timeout (seconds, finite, >= 0) into a deadline;
  * fails with SG_EINVAL naming what the timeout was for. */
 int net_deadline(double timeout, const char *what, double *deadline, SgError *err);
+
+/* Names are resolved with a deadline (getaddrinfo_a): net_connect's, and
+ * NET_RESOLVE_TIMEOUT for net_listen; a resolver that does not answer in
+ * time is SG_ETIMEOUT naming the host and the seconds waited. */
 
 /* Binds host:port (port 0 = any free port) and listens. Sets SO_REUSEADDR,
  * CLOEXEC, O_NONBLOCK. *port_out is the port actually bound; bound_host (if
