@@ -352,3 +352,43 @@ def test_unauthenticated_peer_reads_nothing_but_the_handshake_and_eof(kind):
         target.new_client()
     finally:
         target.close()
+
+
+RESOLVER_SCRIPT = r"""
+import socket, sys, time
+from sparkgrad import _core, errors
+dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dns.bind(("127.0.0.1", 53))  # the resolver's queries arrive here and are never answered
+t0 = time.monotonic()
+try:
+    _core.feed_send("sparkgrad-unanswered.test", 5555, b"k" * 32, {}, 1.0)
+except errors.SparkgradTimeout as exc:
+    print(f"{time.monotonic() - t0:.2f} {exc}")
+else:
+    print("resolved")
+"""
+
+
+def test_name_resolution_that_gets_no_answer_times_out_naming_host_and_timeout(tmp_path):
+    """A name server that never answers (a UDP socket on 127.0.0.1:53 in a private network and
+    mount namespace whose resolv.conf points there, 30 s per try): connecting with a 1 s timeout
+    fails within 5 s with SparkgradTimeout naming the host and the time waited."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private network and mount namespace (unshare)")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\noptions timeout:30 attempts:2\n")
+    script = tmp_path / "resolve.py"
+    script.write_text(RESOLVER_SCRIPT)
+    cmd = f"ip link set lo up && mount --bind {resolv} /etc/resolv.conf && exec {sys.executable} {script}"
+    try:
+        out = subprocess.run(
+            ["unshare", "--net", "--mount", "sh", "-c", cmd], capture_output=True, text=True, timeout=30
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare")
+    if out.returncode != 0 and "unshare" in out.stderr:
+        pytest.skip(f"namespaces refused: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    waited, _, message = out.stdout.strip().partition(" ")
+    assert float(waited) < 5.0, out.stdout
+    assert "sparkgrad-unanswered.test" in message and "1.0 s" in message and "5555" in message, message
