@@ -288,7 +288,7 @@ static PyTypeObject FeedServer_Type = {
     .tp_basicsize = sizeof(FeedServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "FeedServer(listener, secret, capacity_bytes=256 MiB, expected_feeders=0, "
-              "max_frame=64 MiB)",
+              "max_frame=64 MiB, auth_timeout=10.0)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedServer_init,
     .tp_dealloc = (destructor)FeedServer_dealloc,

@@ -372,7 +372,8 @@ static PyTypeObject PsServer_Type = {
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
-              "lr=0.01, params=None, step=0, optimizer=None): one parameter-server shard; "
+              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0): one "
+              "parameter-server shard; "
               "optimizer (a name, a sparkgrad.nn.optimizers.Optimizer or a dict with 'kind') "
               "replaces plain SGD with lr and keeps its state on the shard.",
     .tp_new = PyType_GenericNew,

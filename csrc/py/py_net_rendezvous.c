@@ -275,8 +275,8 @@ static PyTypeObject Rdv_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.RendezvousServer",
     .tp_basicsize = sizeof(RdvObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc =
-        "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0): the driver's rendezvous.",
+    .tp_doc = "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0, auth_timeout=10.0): the "
+              "driver's rendezvous.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Rdv_init,
     .tp_dealloc = (destructor)Rdv_dealloc,
