@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -276,13 +277,9 @@ def test_emfile_on_accept_backs_off_and_keeps_serving(kind):
         port = json.loads(proc.stdout.readline())["port"]
         socks = [dial(port, "127.0.0.2") for _ in range(20)]
         assert None not in socks
-        got = 0
-        for s in socks:
-            s.settimeout(1.0)
-            try:
-                got += len(net_raw.recv_exact(s, CHALLENGE_BYTES)) == CHALLENGE_BYTES
-            except (TimeoutError, ConnectionError):
-                pass
+        time.sleep(1.0)  # the server accepts what its descriptors allow and challenges each
+        readable, _, _ = select.select(socks, [], [], 0)
+        got = len(readable)
         assert 0 < got < 20, f"{got} of 20 got a challenge: the descriptor limit was not reached"
         waiting = dial(port, "127.0.0.3")  # queued in the backlog while the server has no descriptor
         assert waiting is not None
