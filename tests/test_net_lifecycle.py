@@ -389,3 +389,32 @@ def test_name_resolution_that_gets_no_answer_times_out_naming_host_and_timeout(t
     waited, _, message = out.stdout.strip().partition(" ")
     assert float(waited) < 5.0, out.stdout
     assert "sparkgrad-unanswered.test" in message and "1.0 s" in message and "5555" in message, message
+
+
+def test_a_burst_of_clients_from_one_address_beyond_the_per_address_cap_all_get_in():
+    """120 nodes register at once from 127.0.0.1 (more than the 32 unauthenticated connections one
+    address may hold): those closed before their challenge retry, and every one registers."""
+    secret = os.urandom(32)
+    n = 120
+    with _core.RendezvousServer(secret, n, "127.0.0.1", 0) as srv:
+        clients, failures = [], []
+        go = threading.Event()
+
+        def register(eid: int) -> None:
+            go.wait(10)
+            try:
+                clients.append(_core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(eid), 30.0))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failures.append(exc)
+
+        threads = [threading.Thread(target=register, args=(eid,)) for eid in range(n)]
+        for t in threads:
+            t.start()
+        go.set()
+        spec = srv.wait(30.0)
+        for t in threads:
+            t.join(30)
+        assert not failures, failures[:3]
+        assert len(spec) == n and len(clients) == n
+        for c in clients:
+            c.close()
