@@ -54,6 +54,7 @@ def write_ctx(args, ctx):
         "thread": threading.current_thread().name,
         "rank": list(dataclasses.astuple(rank.current())),
         "listener_port": server.listener.port,
+        "listener_host": server.listener.host,
         "pid": os.getpid(),
         "parent_pid": os.getppid(),
         "grandparent_pid": _parent_of(os.getppid()),  # on Spark: the executor JVM (worker <- daemon <- JVM)

@@ -104,6 +104,29 @@ def test_driver_ps_nodes_run_the_ps_as_a_thread_of_the_driver(sc, tmp_path, caps
     assert port_closed(ps["listener_port"])
 
 
+def test_rendezvous_and_driver_ps_bind_the_bind_host_and_never_spark_s_wildcard(sc, tmp_path):
+    """spark.driver.bindAddress=0.0.0.0 (Spark's wildcard) is not taken for the rendezvous: it binds
+    the advertised host; an explicit spark.sparkgrad.driver.bindAddress is, and the ps run by the
+    driver (driver_ps_nodes) listens there too while the spec keeps the advertised host."""
+    from sparkgrad.cluster.spark import ClassicSpark, driver_address
+
+    conf = sc._conf  # the live configuration: changed for this test only, and restored
+    saved = conf.get("spark.driver.bindAddress")
+    try:
+        conf.set("spark.driver.bindAddress", "0.0.0.0")
+        assert driver_address(ClassicSpark(sc)) == ("127.0.0.1", "127.0.0.1")
+        conf.set("spark.sparkgrad.driver.bindAddress", "0.0.0.0")
+        assert driver_address(ClassicSpark(sc)) == ("127.0.0.1", "0.0.0.0")
+        cluster = TFCluster.run(sc, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 1, driver_ps_nodes=True)
+        cluster.shutdown(timeout=60)
+        ps = json.loads((tmp_path / "ctx-0.json").read_text())
+        assert ps["job_name"] == "ps" and ps["listener_host"] == "0.0.0.0"
+        assert ps["cluster_spec"]["ps"] == [f"127.0.0.1:{ps['listener_port']}"]
+    finally:
+        conf._jconf.remove("spark.sparkgrad.driver.bindAddress")
+        conf.set("spark.driver.bindAddress", saved)
+
+
 def test_exception_in_a_driver_ps_thread_raises_node_failure_and_stops_the_workers(sc, tmp_path):
     import threading
 

@@ -13,7 +13,10 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "net/frame.h"
 #include "net/sock.h"
@@ -158,4 +161,55 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
 cleanup:
     free(buf);
     return rc;
+}
+
+/* 1 when the server closed fd before sending a byte (waited for until
+ * deadline), 0 otherwise (data, or nothing yet: the handshake reports it). */
+static int closed_before_challenge(int fd, double deadline)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int n;
+    do {
+        n = poll(&p, 1, net_poll_ms(deadline));
+    } while (n < 0 && errno == EINTR);
+    if (n != 1)
+        return 0;
+    char b;
+    ssize_t r;
+    do {
+        r = recv(fd, &b, 1, MSG_PEEK);
+    } while (r < 0 && errno == EINTR);
+    return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                     double deadline, int *fd_out, const char *peer, const char *connect_context,
+                     SgError *err)
+{
+    double backoff = 0.01, first = net_now();
+    for (int attempt = 1;; attempt++) {
+        int fd = -1;
+        int rc = net_connect(host, port, deadline, &fd, err);
+        if (rc < 0)
+            return sg_context(err, "%s", connect_context);
+        if (closed_before_challenge(fd, deadline)) {
+            net_close(&fd);
+            if (net_now() + backoff >= deadline)
+                return sg_fail(err, SG_EPEER,
+                               "%s closed each of %d connections before its auth challenge over "
+                               "%.1f s (a server at its cap of unauthenticated connections, "
+                               "flooded, or not a sparkgrad server)",
+                               peer, attempt, net_now() - first);
+            poll(NULL, 0, (int)(backoff * 1000.0));
+            backoff = backoff * 2 > 0.2 ? 0.2 : backoff * 2;
+            continue;
+        }
+        rc = net_auth_client(fd, secret, secret_len, deadline, peer, err);
+        if (rc < 0) {
+            net_close(&fd);
+            return rc;
+        }
+        *fd_out = fd;
+        return SG_OK;
+    }
 }

@@ -45,6 +45,16 @@ int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double dea
 int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double deadline,
                     const char *peer, SgError *err);
 
+/* Connects to host:port and authenticates before deadline (*fd_out open
+ * only on success). A server at its cap of unauthenticated connections
+ * (accept.h) closes a connection before sending the challenge: that is
+ * retried (10 ms, doubling to 200 ms) until the deadline, so a burst of
+ * clients from one address (a big executor host, a NAT) all get in.
+ * connect_context prefixes errors of the connect itself ("feed: "). */
+int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                     double deadline, int *fd_out, const char *peer, const char *connect_context,
+                     SgError *err);
+
 /* The labels that separate the two directions' MACs. */
 #define NET_AUTH_LABEL_CLIENT "sparkgrad-auth-v1 client"
 #define NET_AUTH_LABEL_SERVER "sparkgrad-auth-v1 server"

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "net/accept.h"
 #include "net/auth.h"
 #include "net/coll_internal.h"
 #include "net/frame.h"
@@ -127,6 +128,7 @@ typedef struct Acceptor {
     int rc;
     SgError err;
     char refused[SG_ERROR_MAX / 2];
+    NetGate gate;
 } Acceptor;
 
 /* One accepted connection: handshake and HELLO; 1 if it is our left
@@ -185,9 +187,11 @@ static void *acceptor_main(void *arg)
     Acceptor *a = arg;
     CollComm *c = a->c;
     for (;;) {
-        struct pollfd p[2] = {{.fd = a->lfd, .events = POLLIN},
-                              {.fd = a->wake[0], .events = POLLIN}};
-        int n = poll(p, 2, net_poll_ms(a->deadline));
+        int ms = net_poll_ms(a->deadline);
+        /* the listener is left out while the gate backs off after EMFILE & co */
+        int lfd = net_gate_poll_fd(&a->gate, a->lfd, &ms);
+        struct pollfd p[2] = {{.fd = lfd, .events = POLLIN}, {.fd = a->wake[0], .events = POLLIN}};
+        int n = poll(p, 2, ms);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
@@ -198,6 +202,8 @@ static void *acceptor_main(void *arg)
             a->rc = sg_fail(&a->err, SG_ECANCELLED, "forming the ring was abandoned");
             return NULL;
         }
+        if (n == 0 && lfd < 0 && net_now() < a->deadline)
+            n = 1; /* the backoff is over: accept again */
         if (n == 0) {
             a->rc = sg_fail(&a->err, SG_ETIMEOUT,
                             "forming the ring: timed out waiting for rank %d (%s) to connect to "
@@ -208,13 +214,12 @@ static void *acceptor_main(void *arg)
         }
         int fd = -1;
         char peer[NET_PEER_MAX];
-        int got = net_accept(a->lfd, &fd, peer, sizeof peer, &a->err);
-        if (got < 0) {
-            a->rc = got;
-            return NULL;
-        }
-        if (got == 0)
+        /* a failed accept backs off, it does not end the formation (no caps: one
+         * connection is handled at a time, each within COLL_HANDSHAKE) */
+        int got = net_gate_accept(&a->gate, a->lfd, &fd, peer, sizeof peer);
+        if (got != 1)
             continue;
+        net_gate_release(&a->gate, peer);
         if (accept_one(a, fd, peer)) {
             c->fd_left = fd;
             a->rc = 0;
@@ -300,12 +305,18 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, i
                   .deadline = deadline,
                   .wake = {-1, -1}};
     pthread_t th;
+    if ((rc = net_gate_init(&a.gate, 0, 0, err)) < 0) {
+        coll_comm_free(c);
+        return rc;
+    }
     if ((rc = net_wake_pipe(a.wake, err)) < 0) {
+        net_gate_free(&a.gate);
         coll_comm_free(c);
         return rc;
     }
     if (pthread_create(&th, NULL, acceptor_main, &a) != 0) {
         net_close(&a.wake[0]), net_close(&a.wake[1]);
+        net_gate_free(&a.gate);
         coll_comm_free(c);
         return sg_fail(err, SG_ENOMEM, "starting the ring's accept thread");
     }
@@ -314,6 +325,7 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, i
         net_wake(a.wake[1]);
     pthread_join(th, NULL);
     net_close(&a.wake[0]), net_close(&a.wake[1]);
+    net_gate_free(&a.gate);
     if (rc == 0 && a.rc < 0) {
         *err = a.err;
         rc = a.rc;

@@ -264,10 +264,9 @@ static CtlClient *client_new(void)
 static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
                                 size_t secret_len, cJSON *node, double deadline, SgError *err)
 {
-    int rc = net_connect(host, port, deadline, &c->fd, err);
+    int rc = net_connect_auth(host, port, secret, secret_len, deadline, &c->fd, c->peer,
+                              "rendezvous: ", err);
     if (rc < 0)
-        return sg_context(err, "rendezvous: ");
-    if ((rc = net_auth_client(c->fd, secret, secret_len, deadline, c->peer, err)) < 0)
         return rc;
     cJSON *msg = cJSON_CreateObject();
     if (msg == NULL)

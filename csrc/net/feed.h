@@ -135,6 +135,9 @@ void feed_server_stats(FeedServer *s, FeedStats *out);
  * (from FeedOut.sources). SG_EPEER if that feeder has gone. */
 int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b, double timeout,
                              SgError *err);
+/* Seconds a connection may take to authenticate (default 10; applies to
+ * later connections). Unauthenticated connections are capped (accept.h). */
+void feed_server_set_auth_timeout(FeedServer *s, double seconds);
 void feed_server_stop(FeedServer *s);
 void feed_server_free(FeedServer *s);
 void feed_out_free(FeedOut *out);

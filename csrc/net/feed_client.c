@@ -230,10 +230,9 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    if ((rc = net_connect(host, port, deadline, &c->fd, err)) < 0)
-        sg_context(err, "feed: ");
-    else if ((rc = net_auth_client(c->fd, secret, secret_len, deadline, c->peer, err)) == 0 &&
-             (rc = net_wake_pipe(c->wake, err)) == 0) {
+    if ((rc = net_connect_auth(host, port, secret, secret_len, deadline, &c->fd, c->peer,
+                               "feed: ", err)) == 0 &&
+        (rc = net_wake_pipe(c->wake, err)) == 0) {
         if (pthread_create(&c->thread, NULL, reader_main, c) != 0)
             rc = sg_fail(err, SG_EIO, "cannot start the feed client's reader thread");
         else

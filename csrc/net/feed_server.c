@@ -18,13 +18,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
+#include "net/accept.h"
 #include "net/auth.h"
 #include "net/feed.h"
 #include "net/frame.h"
 #include "net/sock.h"
 
-#define FEED_IO_TIMEOUT   60.0
-#define FEED_AUTH_TIMEOUT 10.0
+#define FEED_IO_TIMEOUT 60.0
 
 typedef struct FeedItem {
     uint32_t source; /* id of the feeder connection it came from */
@@ -53,7 +55,10 @@ typedef struct FeedConn {
     pthread_mutex_t send_mu; /* the conn thread (ACK, ERROR) and result senders write */
     char peer[NET_PEER_MAX];
     pthread_t thread;
-    FeedBatch *batch; /* decode scratch */
+    FeedBatch *batch; /* decode scratch, allocated once the feeder authenticated */
+    double auth_deadline;
+    int ended; /* the thread is done: the accept thread joins and frees it */
+    int refs;  /* feed_server_send_results calls using it (under s->mu) */
 } FeedConn;
 
 struct FeedServer {
@@ -71,8 +76,11 @@ struct FeedServer {
     FeedInput inputs[FEED_MAX_INPUTS];
     int ninputs;
     int finish_all, stopping;
-    FeedConn **conns; /* appended under mu, freed only when the accept thread ends */
+    FeedConn **conns; /* live connections, under mu; ended ones are reaped at once */
     size_t nconns, capconns;
+    uint32_t next_id; /* ids given so far */
+    double auth_timeout;
+    NetGate gate;
     int senders; /* feed_server_send_results calls in flight (they use conns without mu) */
     FeedStats stats;
 };
@@ -250,8 +258,19 @@ static void *conn_main(void *arg)
     FeedConn *c = arg;
     FeedServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + FEED_AUTH_TIMEOUT,
-                             c->peer, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, c->auth_deadline, c->peer, &err);
+    int authed = rc == 0;
+    if (authed)
+        net_gate_authenticated(&s->gate, c->peer);
+    else
+        net_gate_release(&s->gate, c->peer);
+    if (authed) {
+        pthread_mutex_lock(&s->mu);
+        s->stats.feeders++;
+        pthread_mutex_unlock(&s->mu);
+        if ((c->batch = malloc(sizeof *c->batch)) == NULL)
+            rc = sg_fail(&err, SG_ENOMEM, "allocating a decode buffer for feeder %s", c->peer);
+    }
     if (rc == 0)
         rc = serve_feeder(s, c, &err);
     if (rc < 0 && rc != SG_EPEER) {
@@ -259,8 +278,8 @@ static void *conn_main(void *arg)
         note(s, "%s", err.msg);
         pthread_mutex_unlock(&s->mu);
     }
-    if (rc < 0 && rc != SG_EPEER && rc != SG_EAUTH) {
-        /* Tell the feeder why: u32 code + message. */
+    if (authed && rc < 0 && rc != SG_EPEER && rc != SG_EAUTH) {
+        /* Tell the feeder why: u32 code + message (never a peer that did not authenticate). */
         uint8_t buf[4 + SG_ERROR_MAX];
         size_t n = strlen(err.msg);
         uint32_t code = (uint32_t)(int32_t)rc;
@@ -274,40 +293,73 @@ static void *conn_main(void *arg)
         pthread_mutex_unlock(&c->send_mu);
     }
     shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_lock(&s->mu);
+    c->ended = 1;
+    net_wake(s->wake[1]); /* the accept thread reaps it */
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
+/* Starts a thread for an admitted (unauthenticated) connection; on failure
+ * closes it and gives its place in the gate back. */
 static void add_conn(FeedServer *s, int fd, const char *peer)
 {
     FeedConn *c = calloc(1, sizeof *c);
-    FeedBatch *b = c != NULL ? malloc(sizeof *b) : NULL;
     pthread_mutex_lock(&s->mu);
-    FeedConn **grown = b != NULL && s->nconns == s->capconns
+    FeedConn **grown = c != NULL && s->nconns == s->capconns
                            ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 8) * sizeof *grown)
                            : s->conns;
-    if (b != NULL && grown != NULL && s->nconns == s->capconns) {
+    if (c != NULL && grown != NULL && s->nconns == s->capconns) {
         s->conns = grown;
         s->capconns = s->capconns ? 2 * s->capconns : 8;
     }
-    int ok = b != NULL && grown != NULL;
+    int ok = c != NULL && grown != NULL;
     if (ok) {
-        *c = (FeedConn){.s = s, .id = (uint32_t)s->nconns + 1, .fd = fd, .batch = b};
+        *c = (FeedConn){
+            .s = s, .id = ++s->next_id, .fd = fd, .auth_deadline = net_now() + s->auth_timeout};
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         pthread_mutex_init(&c->send_mu, NULL);
         ok = pthread_create(&c->thread, NULL, conn_main, c) == 0;
         if (!ok)
             pthread_mutex_destroy(&c->send_mu);
     }
-    if (ok) {
+    if (ok)
         s->conns[s->nconns++] = c;
-        s->stats.feeders++;
-    }
     pthread_mutex_unlock(&s->mu);
     if (!ok) {
-        free(b);
         free(c);
         close(fd);
+        net_gate_release(&s->gate, peer);
     }
+}
+
+static void conn_free(FeedConn *c)
+{
+    pthread_join(c->thread, NULL);
+    net_close(&c->fd);
+    pthread_mutex_destroy(&c->send_mu);
+    free(c->batch);
+    free(c);
+}
+
+/* Joins and frees ended connections no result sender holds: their socket,
+ * thread and buffer go as soon as the feeder is done, not at shutdown. */
+static void reap_conns(FeedServer *s)
+{
+    FeedConn *ended[64];
+    size_t n = 0, j = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nconns; i++) {
+        FeedConn *c = s->conns[i];
+        if (c->ended && c->refs == 0 && n < sizeof ended / sizeof *ended)
+            ended[n++] = c;
+        else
+            s->conns[j++] = c;
+    }
+    s->nconns = j;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        conn_free(ended[i]);
 }
 
 static void *accept_main(void *arg)
@@ -319,18 +371,25 @@ static void *accept_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         if (stop)
             break;
-        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN},
+        int ms = 1000;
+        /* the listener is left out while the gate backs off (EMFILE & co) */
+        struct pollfd p[2] = {{.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN},
                               {.fd = s->wake[0], .events = POLLIN}};
-        int n = poll(p, 2, 1000);
-        if (n <= 0)
-            continue; /* timeout or EINTR; other poll errors cannot happen on valid fds */
+        int n = poll(p, 2, ms);
+        if (n < 0)
+            continue; /* EINTR; other poll errors cannot happen on valid fds */
         if (p[1].revents)
             net_wake_drain(s->wake[0]);
-        SgError err;
-        int fd;
-        char peer[NET_PEER_MAX];
-        if ((p[0].revents & POLLIN) && net_accept(s->lfd, &fd, peer, sizeof peer, &err) == 1)
-            add_conn(s, fd, peer);
+        reap_conns(s);
+        for (int i = 0; i < 64 && (p[0].fd < 0 || (p[0].revents & POLLIN)); i++) {
+            int fd;
+            char peer[NET_PEER_MAX];
+            int a = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
+            if (a == 0)
+                break;
+            if (a == 1)
+                add_conn(s, fd, peer);
+        }
     }
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)
@@ -338,13 +397,8 @@ static void *accept_main(void *arg)
     while (s->senders > 0) /* result senders fail fast on the shut sockets */
         wait_until(s, net_now() + 1.0);
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++) {
-        pthread_join(s->conns[i]->thread, NULL);
-        net_close(&s->conns[i]->fd);
-        pthread_mutex_destroy(&s->conns[i]->send_mu);
-        free(s->conns[i]->batch);
-        free(s->conns[i]);
-    }
+    for (size_t i = 0; i < s->nconns; i++)
+        conn_free(s->conns[i]);
     s->nconns = 0;
     return NULL;
 }
@@ -373,9 +427,11 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t 
     pthread_condattr_destroy(&ca);
     s->lfd = lfd, s->capacity = capacity_bytes, s->expected = expected_feeders,
     s->max_frame = max_frame;
-    if ((s->secret = malloc(secret_len)) == NULL)
+    s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
+    rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err);
+    if (rc == 0 && (s->secret = malloc(secret_len)) == NULL)
         rc = sg_fail(err, SG_ENOMEM, "allocating a feed server");
-    else
+    else if (rc == 0)
         memcpy(s->secret, secret, s->secret_len = secret_len);
     if (rc == 0)
         rc = net_wake_pipe(s->wake, err);
@@ -514,6 +570,13 @@ void feed_server_stats(FeedServer *s, FeedStats *out)
     pthread_mutex_unlock(&s->mu);
 }
 
+void feed_server_set_auth_timeout(FeedServer *s, double seconds)
+{
+    pthread_mutex_lock(&s->mu);
+    s->auth_timeout = seconds;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void feed_server_stop(FeedServer *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -547,7 +610,10 @@ void feed_server_free(FeedServer *s)
     net_close(&s->wake[0]);
     net_close(&s->wake[1]);
     free(s->conns);
+    if (s->secret != NULL)
+        OPENSSL_cleanse(s->secret, s->secret_len);
     free(s->secret);
+    net_gate_free(&s->gate);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -572,10 +638,21 @@ int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b,
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->mu);
-    FeedConn *c = !s->stopping && source >= 1 && source <= s->nconns ? s->conns[source - 1] : NULL;
+    FeedConn *c = NULL;
+    for (size_t i = 0; !s->stopping && i < s->nconns && c == NULL; i++)
+        if (s->conns[i]->id == source)
+            c = s->conns[i];
+    if (c != NULL && c->ended && c->batch == NULL)
+        c = NULL; /* never authenticated: not a feeder */
+    int gone = c == NULL && !s->stopping && source >= 1 && source <= s->next_id;
     if (c != NULL)
-        s->senders++;
+        s->senders++, c->refs++;
     pthread_mutex_unlock(&s->mu);
+    if (gone)
+        return sg_fail(err, SG_EPEER,
+                       "sending results to feeder %u: its connection has ended (the feeder "
+                       "closed it)",
+                       source);
     if (c == NULL)
         return sg_fail(err, s->stopping ? SG_ESTATE : SG_EINVAL,
                        "no feeder connection with source id %u%s", source,
@@ -587,6 +664,8 @@ int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b,
         sg_context(err, "sending results to feeder %u: ", source);
     pthread_mutex_lock(&s->mu);
     s->senders--;
+    if (--c->refs == 0 && c->ended)
+        net_wake(s->wake[1]); /* reap it now */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return rc;

@@ -107,6 +107,10 @@ typedef struct PsServerConfig {
     Optimizer *optim;
     const float *init; /* count initial values, or NULL: wait for a worker's INIT */
     uint64_t step;
+    /* Seconds a connection may take to authenticate; 0: 10 s. Connections
+     * that have not authenticated are capped (accept.h); a worker's buffer
+     * (count floats) is allocated only once it has authenticated. */
+    double auth_timeout;
 } PsServerConfig;
 
 /* Serves on the listening socket lfd (not owned: the caller closes it). */

@@ -341,11 +341,10 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
         snprintf(sh->peer, sizeof sh->peer, "%s:%d", hosts[i], ports[i]);
         if ((rc = ps_shard_range(total, num_ps, i, &sh->offset, &sh->count, err)) < 0)
             break;
-        if ((rc = net_connect(hosts[i], ports[i], deadline, &sh->fd, err)) < 0) {
-            sg_context(err, "ps shard %d: ", i);
-            break;
-        }
-        if ((rc = net_auth_client(sh->fd, secret, secret_len, deadline, sh->peer, err)) < 0)
+        char what[32];
+        snprintf(what, sizeof what, "ps shard %d: ", i);
+        if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, deadline, &sh->fd,
+                                   sh->peer, what, err)) < 0)
             break;
         uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
         int remote;

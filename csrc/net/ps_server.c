@@ -18,14 +18,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
+#include "net/accept.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/coll_internal.h" /* bf16 widening, as the allreduce does */
 #include "net/ps.h"
 #include "net/sock.h"
 
-#define PS_IO_TIMEOUT   60.0 /* seconds for one request body or reply to cross */
-#define PS_AUTH_TIMEOUT 10.0
+#define PS_IO_TIMEOUT 60.0 /* seconds for one request body or reply to cross */
 
 typedef struct PsConn {
     struct PsServer *s;
@@ -35,7 +37,8 @@ typedef struct PsConn {
     long worker_id; /* -1 until HELLO */
     int said_done;
     int first_done; /* this connection marked its worker done: ack it, then count */
-    float *buf;     /* count floats: gradients in, parameters out */
+    int ended;      /* the thread is done: serve joins and frees it */
+    float *buf;     /* count floats: gradients in, parameters out (after auth) */
     float *extra;   /* SET_STATE / GET_STATE: optimizer state (malloc'd per request) */
     size_t extra_len;
 } PsConn;
@@ -62,8 +65,9 @@ struct PsServer {
     int broken;
     SgError broken_err;
     int stopping, closing;
-    PsConn **conns;
+    PsConn **conns; /* live connections; ended ones are reaped by serve */
     size_t nconns, capconns;
+    NetGate gate;
 };
 
 /* ---- shard state (s->mu held) ---------------------------------------------- */
@@ -462,11 +466,20 @@ static void *conn_main(void *arg)
     PsConn *c = arg;
     PsServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + PS_AUTH_TIMEOUT, c->peer,
-                             &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + s->cfg.auth_timeout,
+                             c->peer, &err);
+    int authed = rc == 0;
+    if (authed)
+        net_gate_authenticated(&s->gate, c->peer);
+    else
+        net_gate_release(&s->gate, c->peer);
+    if (authed && (c->buf = malloc((size_t)s->cfg.count * sizeof(float))) == NULL)
+        rc = sg_fail(&err, SG_ENOMEM, "allocating a %llu-float buffer for %s",
+                     (unsigned long long)s->cfg.count, c->peer);
     while (rc == 0)
         rc = serve_one(c, &err);
-    if (rc != 1 && rc != SG_EPEER && rc != SG_EAUTH)
+    /* an unauthenticated peer gets nothing but the close */
+    if (authed && rc != 1 && rc != SG_EPEER && rc != SG_EAUTH)
         reply_error(c, &err);
     pthread_mutex_lock(&s->mu);
     if (c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC && !s->closing)
@@ -475,39 +488,71 @@ static void *conn_main(void *arg)
             "worker %ld (%s) disconnected during synchronous step %llu without saying done; the "
             "step cannot complete",
             c->worker_id, c->peer, (unsigned long long)s->step);
-    pthread_mutex_unlock(&s->mu);
     shutdown(c->fd, SHUT_RDWR);
+    c->ended = 1;
+    net_wake(s->wake[1]); /* serve reaps it */
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
 /* ---- serve ------------------------------------------------------------------ */
 
-static int add_conn(PsServer *s, int fd, const char *peer, SgError *err)
+static void conn_free(PsConn *c)
 {
+    pthread_join(c->thread, NULL);
+    net_close(&c->fd);
+    free(c->buf);
+    free(c->extra);
+    free(c);
+}
+
+/* Starts a thread for an admitted (unauthenticated) connection; on failure
+ * closes it and gives its place in the gate back. */
+static void add_conn(PsServer *s, int fd, const char *peer)
+{
+    pthread_mutex_lock(&s->mu);
+    int ok = 1;
     if (s->nconns == s->capconns) {
         size_t cap = s->capconns ? 2 * s->capconns : 8;
         PsConn **p = realloc(s->conns, cap * sizeof *p);
-        if (p == NULL)
-            return sg_fail(err, SG_ENOMEM, "growing the ps connection table");
-        s->conns = p;
-        s->capconns = cap;
+        ok = p != NULL;
+        if (ok)
+            s->conns = p, s->capconns = cap;
     }
-    PsConn *c = calloc(1, sizeof *c);
-    float *buf = c != NULL ? malloc((size_t)s->cfg.count * sizeof(float)) : NULL;
-    if (buf == NULL) {
-        free(c);
-        return sg_fail(err, SG_ENOMEM, "allocating a %llu-float buffer for %s",
-                       (unsigned long long)s->cfg.count, peer);
+    PsConn *c = ok ? calloc(1, sizeof *c) : NULL;
+    if (c != NULL) {
+        c->s = s, c->fd = fd, c->worker_id = -1;
+        snprintf(c->peer, sizeof c->peer, "%s", peer);
+        if (pthread_create(&c->thread, NULL, conn_main, c) == 0)
+            s->conns[s->nconns++] = c;
+        else
+            free(c), c = NULL;
     }
-    c->s = s, c->fd = fd, c->worker_id = -1, c->buf = buf;
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
-    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-        free(buf);
-        free(c);
-        return sg_fail(err, SG_EIO, "cannot start a thread for ps connection %s", peer);
+    pthread_mutex_unlock(&s->mu);
+    if (c == NULL) {
+        close(fd);
+        net_gate_release(&s->gate, peer);
     }
-    s->conns[s->nconns++] = c;
-    return SG_OK;
+}
+
+/* Joins and frees the connections whose thread ended (their socket closes
+ * now, not at shutdown). Only serve's thread changes the table's length. */
+static void reap_conns(PsServer *s)
+{
+    PsConn *ended[64];
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    size_t j = 0;
+    for (size_t i = 0; i < s->nconns; i++) {
+        if (s->conns[i]->ended && n < sizeof ended / sizeof *ended)
+            ended[n++] = s->conns[i];
+        else
+            s->conns[j++] = s->conns[i];
+    }
+    s->nconns = j;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        conn_free(ended[i]);
 }
 
 static void close_conns(PsServer *s)
@@ -518,13 +563,8 @@ static void close_conns(PsServer *s)
         shutdown(s->conns[i]->fd, SHUT_RDWR);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++) {
-        pthread_join(s->conns[i]->thread, NULL);
-        net_close(&s->conns[i]->fd);
-        free(s->conns[i]->buf);
-        free(s->conns[i]->extra);
-        free(s->conns[i]);
-    }
+    for (size_t i = 0; i < s->nconns; i++)
+        conn_free(s->conns[i]);
     s->nconns = 0;
 }
 
@@ -545,9 +585,11 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
         int ms = deadline < 0 ? 1000 : net_poll_ms(deadline);
         if (deadline >= 0 && ms == 0)
             break;
-        struct pollfd p[2] = {{.fd = s->lfd, .events = POLLIN},
+        ms = ms > 1000 ? 1000 : ms;
+        /* the listener is left out while the gate backs off (EMFILE & co) */
+        struct pollfd p[2] = {{.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN},
                               {.fd = s->wake[0], .events = POLLIN}};
-        int n = poll(p, 2, ms > 1000 ? 1000 : ms);
+        int n = poll(p, 2, ms);
         if (n == -1) {
             if (errno == EINTR)
                 continue;
@@ -556,16 +598,15 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
         }
         if (p[1].revents)
             net_wake_drain(s->wake[0]);
-        if (p[0].revents & POLLIN) {
+        reap_conns(s);
+        for (int i = 0; i < 64 && (p[0].fd < 0 || (p[0].revents & POLLIN)); i++) {
             int fd;
             char peer[NET_PEER_MAX];
-            int a = net_accept(s->lfd, &fd, peer, sizeof peer, err);
-            if (a < 0) {
-                rc = a;
+            int a = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
+            if (a == 0)
                 break;
-            }
-            if (a == 1 && (rc = add_conn(s, fd, peer, err)) < 0)
-                close(fd);
+            if (a == 1)
+                add_conn(s, fd, peer);
         }
     }
     close_conns(s);
@@ -629,6 +670,10 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         return sg_fail(err, SG_ENOMEM, "allocating a ps shard");
     s->opt_floats = opt_floats;
     s->wake[0] = s->wake[1] = -1;
+    if ((rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err)) < 0) {
+        free(s);
+        return rc;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -649,6 +694,8 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     s->lfd = lfd;
     s->cfg = *cfg;
     s->cfg.init = NULL;
+    if (!(s->cfg.auth_timeout > 0))
+        s->cfg.auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     s->lr = cfg->lr;
     if (s->cfg.apply == NULL && s->cfg.optim != NULL) {
         s->cfg.apply = ps_apply_optim;
@@ -718,7 +765,10 @@ void ps_server_free(PsServer *s)
     net_close(&s->wake[0]);
     net_close(&s->wake[1]);
     free(s->conns);
+    if (s->secret != NULL)
+        OPENSSL_cleanse(s->secret, s->secret_len);
     free(s->secret);
+    net_gate_free(&s->gate);
     free(s->params);
     free(s->accum);
     free(s->contributed);

@@ -57,6 +57,9 @@ int rdv_server_broadcast(RdvServer *s, const char *json, int *sent, SgError *err
 
 void rdv_server_set_heartbeat_timeout(RdvServer *s, double seconds);
 double rdv_server_heartbeat_timeout(RdvServer *s);
+/* Seconds a connection may take to authenticate (default 10; later
+ * connections). Unauthenticated connections are capped (accept.h). */
+void rdv_server_set_auth_timeout(RdvServer *s, double seconds);
 void rdv_server_stats(RdvServer *s, RdvStats *out);
 
 /* Stops the thread, closes every socket; later calls fail with SG_ESTATE.

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "net/accept.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/rendezvous.h"
@@ -31,6 +32,7 @@ typedef struct RdvConn {
     long executor_id; /* -1 until registered */
     int finished;     /* sent "done" or "error": closing is not a loss */
     int dead;         /* freed at the end of the loop iteration */
+    int gated;        /* counted by the gate as unauthenticated */
     double last_seen; /* net_now() of the last frame */
     double deadline;  /* CONN_AUTH / CONN_CLOSING deadline */
 } RdvConn;
@@ -60,7 +62,9 @@ struct RdvServer {
     int stopping, stopped, loop_done;
     SgError loop_err;
     double heartbeat_timeout;
-    double last_beat; /* net_now() of the last heartbeat sent to the nodes */
+    double auth_timeout; /* seconds an unauthenticated peer may take */
+    NetGate gate;        /* caps on unauthenticated connections, accept backoff */
+    double last_beat;    /* net_now() of the last heartbeat sent to the nodes */
     RdvConn **conns;
     size_t nconns, capconns;
     RdvNode *nodes; /* [num_nodes], by executor_id */

@@ -19,13 +19,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/json_msg.h"
 #include "net/rendezvous_internal.h"
 #include "net/sock.h"
 
-#define RDV_AUTH_TIMEOUT 10.0  /* seconds an unauthenticated peer may take */
 #define RDV_CLOSE_LINGER 2.0   /* seconds to flush a reject before closing */
 #define RDV_MAX_EVENTS   65536 /* queued events before log/metric are dropped */
 #define RDV_ACCEPT_BATCH 64
@@ -123,8 +124,10 @@ static void conn_flush(RdvServer *s, RdvConn *c)
         c->dead = 1;
 }
 
-static void conn_free(RdvConn *c)
+static void conn_free(RdvServer *s, RdvConn *c)
 {
+    if (c->gated)
+        net_gate_release(&s->gate, c->peer);
     net_close(&c->fd);
     net_frame_parser_free(&c->parser);
     free(c->out);
@@ -137,9 +140,11 @@ static void accept_new(RdvServer *s)
         SgError err;
         int fd = -1;
         char peer[NET_PEER_MAX];
-        int rc = net_accept(s->lfd, &fd, peer, sizeof peer, &err);
-        if (rc <= 0)
-            return; /* none pending, or a transient accept error: retry next poll */
+        int rc = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
+        if (rc == 2)
+            continue; /* over a cap: closed unanswered */
+        if (rc == 0)
+            return; /* none pending, or backing off after an accept error */
         RdvConn **grown =
             s->nconns == s->capconns
                 ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 16) * sizeof *grown)
@@ -152,13 +157,15 @@ static void accept_new(RdvServer *s)
         if (c == NULL || net_auth_random(c->challenge, sizeof c->challenge, &err) < 0) {
             free(c);
             close(fd);
+            net_gate_release(&s->gate, peer);
             continue;
         }
+        c->gated = 1;
         c->fd = fd;
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         c->state = CONN_AUTH;
         c->executor_id = -1;
-        c->deadline = net_now() + RDV_AUTH_TIMEOUT;
+        c->deadline = net_now() + s->auth_timeout;
         net_frame_parser_init(&c->parser, NET_FRAME_MAX_UNAUTH);
         s->conns[s->nconns++] = c;
         s->stats.accepted++;
@@ -190,6 +197,8 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
     }
     conn_queue(c, NET_FRAME_AUTH_OK, ok, sizeof ok);
     c->state = CONN_READY;
+    net_gate_authenticated(&s->gate, c->peer);
+    c->gated = 0;
     c->last_seen = net_now();
     c->parser.max_payload = s->max_frame;
 }
@@ -274,8 +283,8 @@ static void check_timeouts(RdvServer *s, double now)
         if (c->dead)
             continue;
         if (c->state == CONN_AUTH && now > c->deadline) {
-            note(s, &s->stats.auth_failures, "%s did not authenticate within %.0f s", c->peer,
-                 RDV_AUTH_TIMEOUT);
+            note(s, &s->stats.auth_failures, "%s did not authenticate within %.1f s", c->peer,
+                 s->auth_timeout);
             rdv_conn_drop(s, c, "authentication timeout");
         } else if (c->state == CONN_CLOSING && now > c->deadline) {
             rdv_conn_drop(s, c, "closed after rejection");
@@ -295,7 +304,7 @@ static void sweep(RdvServer *s)
     size_t j = 0;
     for (size_t i = 0; i < s->nconns; i++) {
         if (s->conns[i]->dead)
-            conn_free(s->conns[i]);
+            conn_free(s, s->conns[i]);
         else
             s->conns[j++] = s->conns[i];
     }
@@ -322,15 +331,16 @@ static void *serve(void *arg)
             pcap = n * 2;
         }
         pfd[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        int ms = (int)(s->heartbeat_timeout * 250.0);
+        ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
+        /* -1 (not polled) while the gate backs off after EMFILE & co: no spin */
+        pfd[1] = (struct pollfd){.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN};
         size_t polled = s->nconns;
         for (size_t i = 0; i < polled; i++) {
             RdvConn *c = s->conns[i];
             pfd[i + 2] = (struct pollfd){
                 .fd = c->fd, .events = (short)(POLLIN | (c->out_len > c->out_off ? POLLOUT : 0))};
         }
-        int ms = (int)(s->heartbeat_timeout * 250.0);
-        ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
         pthread_mutex_unlock(&s->mu);
         int r = poll(pfd, polled + 2, ms);
         int poll_errno = errno;
@@ -354,8 +364,8 @@ static void *serve(void *arg)
             if (!c->dead && c->out_len > c->out_off)
                 conn_flush(s, c);
         }
-        if (pfd[1].revents & POLLIN)
-            accept_new(s);
+        if (pfd[1].fd < 0 || (pfd[1].revents & POLLIN))
+            accept_new(s); /* while backing off, the gate accepts once the backoff is over */
         double now = net_now();
         check_timeouts(s, now);
         if (now - s->last_beat >= RDV_DRIVER_BEAT) {
@@ -397,6 +407,7 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, co
     s->secret_len = secret_len;
     s->num_nodes = num_nodes;
     s->heartbeat_timeout = 10.0;
+    s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     s->max_frame = 1u << 20;
     s->lfd = s->wake[0] = s->wake[1] = -1;
     pthread_condattr_t ca;
@@ -406,7 +417,9 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, co
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->mu, NULL);
     s->stopped = 1; /* until the thread runs: lets rdv_server_free clean up */
-    rc = net_listen(host, port, 1024, &s->lfd, &s->port, s->host, sizeof s->host, err);
+    rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err);
+    if (rc == 0)
+        rc = net_listen(host, port, 1024, &s->lfd, &s->port, s->host, sizeof s->host, err);
     if (rc == 0)
         rc = net_wake_pipe(s->wake, err);
     if (rc == 0 && pthread_create(&s->thread, NULL, serve, s) != 0)
@@ -418,6 +431,13 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, co
     s->stopped = 0;
     *out = s;
     return SG_OK;
+}
+
+void rdv_server_set_auth_timeout(RdvServer *s, double seconds)
+{
+    pthread_mutex_lock(&s->mu);
+    s->auth_timeout = seconds;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void rdv_server_stop(RdvServer *s)
@@ -433,7 +453,7 @@ void rdv_server_stop(RdvServer *s)
     }
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s->conns[i]);
+        conn_free(s, s->conns[i]);
     s->nconns = 0;
     for (int i = 0; i < s->num_nodes; i++)
         s->nodes[i].conn = NULL;
@@ -451,7 +471,10 @@ void rdv_server_free(RdvServer *s)
     rdv_server_stop(s);
     rdv_registry_free(s);
     free(s->conns);
+    if (s->secret != NULL)
+        OPENSSL_cleanse(s->secret, s->secret_len);
     free(s->secret);
+    net_gate_free(&s->gate);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -18,7 +18,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -84,7 +86,106 @@ static void format_addr(const struct sockaddr *sa, char *host, size_t hlen, int 
         *port = p;
 }
 
-static int resolve(const char *host, int port, int passive, struct addrinfo **res, SgError *err)
+/* One lookup on a thread of its own, shared by the waiter and that thread:
+ * whoever drops the last reference frees it, so a lookup the waiter gave up
+ * on finishes (and frees its result) without it. */
+typedef struct Lookup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct addrinfo hints, *result;
+    char node[NET_PEER_MAX];
+    char service[16];
+    int done, rc, refs;
+} Lookup;
+
+static void lookup_unref(Lookup *l)
+{
+    pthread_mutex_lock(&l->mu);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->mu);
+    if (last) {
+        if (l->result != NULL)
+            freeaddrinfo(l->result);
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        free(l);
+    }
+}
+
+static void *lookup_main(void *arg)
+{
+    Lookup *l = arg;
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(l->node, l->service, &l->hints, &res);
+    pthread_mutex_lock(&l->mu);
+    l->rc = rc, l->result = res, l->done = 1;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    lookup_unref(l);
+    return NULL;
+}
+
+/* getaddrinfo of a name on a detached thread, waited for until deadline: a
+ * name resolver that does not answer cannot block the caller past it. */
+static int resolve_name(const char *node, const char *service, const struct addrinfo *hints,
+                        double deadline, struct addrinfo **res, int *gai_rc, SgError *err)
+{
+    Lookup *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return sg_fail(err, SG_ENOMEM, "resolving host '%s'", node);
+    snprintf(l->node, sizeof l->node, "%s", node);
+    snprintf(l->service, sizeof l->service, "%s", service);
+    l->hints = *hints;
+    l->refs = 2;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int started = pthread_create(&th, &ta, lookup_main, l) == 0;
+    pthread_attr_destroy(&ta);
+    if (!started) {
+        l->refs = 1;
+        lookup_unref(l);
+        return sg_fail(err, SG_ENOMEM, "starting a thread to resolve host '%s'", node);
+    }
+    double t0 = net_now();
+    pthread_mutex_lock(&l->mu);
+    while (!l->done && net_now() < deadline) {
+        double until = deadline;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double left = until - net_now();
+        double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left > 0 ? left : 0);
+        ts.tv_sec = (time_t)whole;
+        ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+    }
+    int done = l->done;
+    if (done) {
+        *gai_rc = l->rc;
+        *res = l->result;
+        l->result = NULL; /* the caller's now */
+    }
+    pthread_mutex_unlock(&l->mu);
+    lookup_unref(l);
+    if (!done)
+        return sg_fail(err, SG_ETIMEOUT,
+                       "timed out resolving host '%s' (port %s): no answer from the name "
+                       "resolver within %.1f s",
+                       node, service, net_now() - t0);
+    return SG_OK;
+}
+
+/* getaddrinfo bounded by deadline: numeric addresses directly, names on a
+ * thread waited for until the deadline. */
+static int resolve(const char *host, int port, int passive, double deadline, struct addrinfo **res,
+                   SgError *err)
 {
     if (port < 0 || port > 65535)
         return sg_fail(err, SG_EINVAL, "port %d of %s is outside 0..65535", port, host);
@@ -96,7 +197,20 @@ static int resolve(const char *host, int port, int passive, struct addrinfo **re
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
     const char *node = host != NULL && host[0] != '\0' ? host : NULL;
-    int rc = getaddrinfo(node, service, &hints, res);
+    unsigned char probe[sizeof(struct in6_addr)];
+    int rc = 0;
+    if (node == NULL || inet_pton(AF_INET, node, probe) == 1 ||
+        inet_pton(AF_INET6, node, probe) == 1) {
+        hints.ai_flags |= node != NULL ? AI_NUMERICHOST : 0;
+        rc = getaddrinfo(node, service, &hints, res);
+    } else if (strlen(node) >= NET_PEER_MAX) {
+        return sg_fail(err, SG_EINVAL, "host name of %zu characters is too long to resolve",
+                       strlen(node));
+    } else {
+        int st = resolve_name(node, service, &hints, deadline, res, &rc, err);
+        if (st < 0)
+            return st;
+    }
     if (rc != 0)
         return sg_fail(err, SG_EIO, "cannot resolve host '%s' (port %d): %s", host ? host : "",
                        port, gai_strerror(rc));
@@ -107,7 +221,7 @@ int net_listen(const char *host, int port, int backlog, int *fd_out, int *port_o
                char *bound_host, size_t bound_len, SgError *err)
 {
     struct addrinfo *res = NULL;
-    int rc = resolve(host, port, 1, &res, err);
+    int rc = resolve(host, port, 1, net_now() + NET_RESOLVE_TIMEOUT, &res, err);
     if (rc < 0)
         return rc;
     int fd = -1, last_errno = 0;
@@ -178,7 +292,7 @@ static int connect_wait(int fd, double deadline)
 int net_connect(const char *host, int port, double deadline, int *fd_out, SgError *err)
 {
     struct addrinfo *res = NULL;
-    int rc = resolve(host, port, 0, &res, err);
+    int rc = resolve(host, port, 0, deadline, &res, err);
     if (rc < 0)
         return rc;
     int fd = -1, last_errno = ECONNREFUSED;
@@ -222,7 +336,10 @@ int net_accept(int lfd, int *fd_out, char *peer, size_t peer_len, SgError *err)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return 0;
-            return sg_fail_errno(err, SG_EIO, errno, "accept on listening socket");
+            int e = errno;
+            sg_fail_errno(err, SG_EIO, e, "accept on listening socket");
+            errno = e; /* for the caller's backoff (accept.c) */
+            return SG_EIO;
         }
         set_nodelay(fd);
         char h[INET6_ADDRSTRLEN];

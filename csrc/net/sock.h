@@ -15,7 +15,8 @@
 
 #include "common/sg_status.h"
 
-#define NET_PEER_MAX 300 /* "host:port" of any resolvable name */
+#define NET_PEER_MAX        300  /* "host:port" of any resolvable name */
+#define NET_RESOLVE_TIMEOUT 10.0 /* seconds net_listen waits for the name resolver */
 
 /* Seconds on CLOCK_MONOTONIC. */
 double net_now(void);
@@ -26,6 +27,10 @@ int net_poll_ms(double deadline);
 /* Converts a relative timeout (seconds, finite, >= 0) into a deadline;
  * fails with SG_EINVAL naming what the timeout was for. */
 int net_deadline(double timeout, const char *what, double *deadline, SgError *err);
+
+/* Names are resolved with a deadline (getaddrinfo_a): net_connect's, and
+ * NET_RESOLVE_TIMEOUT for net_listen; a resolver that does not answer in
+ * time is SG_ETIMEOUT naming the host and the seconds waited. */
 
 /* Binds host:port (port 0 = any free port) and listens. Sets SO_REUSEADDR,
  * CLOEXEC, O_NONBLOCK. *port_out is the port actually bound; bound_host (if
@@ -41,7 +46,9 @@ int net_connect(const char *host, int port, double deadline, int *fd_out, SgErro
 
 /* Accepts one pending connection from the non-blocking listener lfd.
  * Returns 1 and fills *fd_out / peer ("ip:port") when one was accepted,
- * 0 when none is pending, or a negative status. */
+ * 0 when none is pending, or a negative status with errno still set to the
+ * accept error (EINTR and ECONNABORTED are retried here). Servers use the
+ * gate of accept.h, which backs off instead of failing. */
 int net_accept(int lfd, int *fd_out, char *peer, size_t peer_len, SgError *err);
 
 /* Writes all iov bytes before deadline (partial writes resumed, EINTR

@@ -4,6 +4,7 @@
  * bounded C queue (csrc/net/feed.h). Waits and sends release the GIL; the
  * arrays next_batch returns own the C buffers they were filled in (no copy).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,15 +47,17 @@ typedef struct {
 
 static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener",         "secret",    "capacity_bytes",
-                             "expected_feeders", "max_frame", NULL};
+    static char *kwlist[] = {
+        "listener",     "secret", "capacity_bytes", "expected_feeders", "max_frame",
+        "auth_timeout", NULL};
     PyObject *listener;
     Py_buffer secret;
     Py_ssize_t capacity = (Py_ssize_t)256 << 20;
     int expected = 0;
     unsigned int max_frame = 64u << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niI:FeedServer", kwlist, &listener, &secret,
-                                     &capacity, &expected, &max_frame))
+    double auth_timeout = 10.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niId:FeedServer", kwlist, &listener, &secret,
+                                     &capacity, &expected, &max_frame, &auth_timeout))
         return -1;
     int fd = py_listener_fd(listener);
     SgError err;
@@ -67,11 +70,18 @@ static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
         sg_raise_code(SG_EINVAL, "capacity_bytes must be > 0");
         rc = -1;
     }
+    if (rc == 0 && (!isfinite(auth_timeout) || auth_timeout <= 0)) {
+        sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
+                      auth_timeout);
+        rc = -1;
+    }
     if (rc == 0 && feed_server_start(fd, secret.buf, (size_t)secret.len, (size_t)capacity, expected,
                                      max_frame, &self->srv, &err) < 0) {
         sg_raise(&err);
         rc = -1;
     }
+    if (rc == 0)
+        feed_server_set_auth_timeout(self->srv, auth_timeout);
     PyBuffer_Release(&secret);
     if (rc < 0)
         return -1;
@@ -278,7 +288,7 @@ static PyTypeObject FeedServer_Type = {
     .tp_basicsize = sizeof(FeedServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "FeedServer(listener, secret, capacity_bytes=256 MiB, expected_feeders=0, "
-              "max_frame=64 MiB)",
+              "max_frame=64 MiB, auth_timeout=10.0)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedServer_init,
     .tp_dealloc = (destructor)FeedServer_dealloc,

@@ -154,20 +154,27 @@ static int parse_opt_state(PyObject *obj, PsOptState *o, PyObject **keep, const 
 
 static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret", "offset", "count", "total",     "num_workers",
-                             "mode",     "lr",     "params", "step",  "optimizer", NULL};
+    static char *kwlist[] = {"listener",    "secret",       "offset", "count",  "total",
+                             "num_workers", "mode",         "lr",     "params", "step",
+                             "optimizer",   "auth_timeout", NULL};
     PyObject *listener, *params = Py_None, *optspec = Py_None, *optimizer = NULL;
     Py_buffer secret;
     unsigned long long offset, count, total, step = 0;
     int num_workers;
     const char *mode = "async";
     float lr = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKO:PsServer", kwlist, &listener, &secret,
-                                     &offset, &count, &total, &num_workers, &mode, &lr, &params,
-                                     &step, &optspec))
+    double auth_timeout = 10.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKOd:PsServer", kwlist, &listener,
+                                     &secret, &offset, &count, &total, &num_workers, &mode, &lr,
+                                     &params, &step, &optspec, &auth_timeout))
         return -1;
     int fd = py_listener_fd(listener);
     int ok = fd >= 0;
+    if (ok && (!isfinite(auth_timeout) || auth_timeout <= 0)) {
+        sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
+                      auth_timeout);
+        ok = 0;
+    }
     if (ok && optspec != Py_None && !isnan(lr)) {
         sg_raise_code(SG_EINVAL, "PsServer takes lr= (plain SGD) or optimizer=, not both (give the "
                                  "learning rate to the optimizer)");
@@ -181,6 +188,7 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
                           .num_workers = num_workers,
                           .lr = isnan(lr) ? 0.01f : lr,
                           .step = step,
+                          .auth_timeout = auth_timeout,
                           .optim = optimizer != NULL ? ((OptimizerObject *)optimizer)->opt : NULL};
     if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
         sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
@@ -364,7 +372,8 @@ static PyTypeObject PsServer_Type = {
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
-              "lr=0.01, params=None, step=0, optimizer=None): one parameter-server shard; "
+              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0): one "
+              "parameter-server shard; "
               "optimizer (a name, a sparkgrad.nn.optimizers.Optimizer or a dict with 'kind') "
               "replaces plain SGD with lr and keeps its state on the shard.",
     .tp_new = PyType_GenericNew,

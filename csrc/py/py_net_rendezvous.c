@@ -25,13 +25,20 @@ static RdvServer *live(RdvObject *self)
 
 static int Rdv_init(RdvObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"secret", "num_nodes", "host", "port", NULL};
+    static char *kwlist[] = {"secret", "num_nodes", "host", "port", "auth_timeout", NULL};
     Py_buffer secret;
     int num_nodes, port = 0;
     const char *host = "0.0.0.0";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|si:RendezvousServer", kwlist, &secret,
-                                     &num_nodes, &host, &port))
+    double auth_timeout = 10.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|sid:RendezvousServer", kwlist, &secret,
+                                     &num_nodes, &host, &port, &auth_timeout))
         return -1;
+    if (!isfinite(auth_timeout) || auth_timeout <= 0) {
+        PyBuffer_Release(&secret);
+        sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
+                      auth_timeout);
+        return -1;
+    }
     if (self->srv != NULL) {
         PyBuffer_Release(&secret);
         sg_raise_code(SG_ESTATE, "RendezvousServer is already initialized");
@@ -41,6 +48,8 @@ static int Rdv_init(RdvObject *self, PyObject *args, PyObject *kw)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = rdv_server_start(secret.buf, (size_t)secret.len, num_nodes, host, port, &self->srv, &err);
+    if (rc == 0)
+        rdv_server_set_auth_timeout(self->srv, auth_timeout);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&secret);
     if (rc < 0) {
@@ -266,8 +275,8 @@ static PyTypeObject Rdv_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.RendezvousServer",
     .tp_basicsize = sizeof(RdvObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc =
-        "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0): the driver's rendezvous.",
+    .tp_doc = "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0, auth_timeout=10.0): the "
+              "driver's rendezvous.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Rdv_init,
     .tp_dealloc = (destructor)Rdv_dealloc,

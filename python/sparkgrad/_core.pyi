@@ -32,7 +32,9 @@ class Listener:
 
 class RendezvousServer:
     heartbeat_timeout: float
-    def __init__(self, secret: bytes, num_nodes: int, host: str = "0.0.0.0", port: int = 0) -> None: ...
+    def __init__(
+        self, secret: bytes, num_nodes: int, host: str = "0.0.0.0", port: int = 0, auth_timeout: float = 10.0
+    ) -> None: ...
     @property
     def host(self) -> str: ...
     @property
@@ -245,6 +247,7 @@ class PsServer:
         params: np.ndarray | None = None,
         step: int = 0,
         optimizer: str | Any | dict[str, Any] | None = None,
+        auth_timeout: float = 10.0,
     ) -> None: ...
     @property
     def step(self) -> int: ...
@@ -324,6 +327,7 @@ class FeedServer:
         capacity_bytes: int = 256 << 20,
         expected_feeders: int = 0,
         max_frame: int = 64 << 20,
+        auth_timeout: float = 10.0,
     ) -> None: ...
     def next_batch(
         self, n: int, timeout: float, input: str = "train", with_source: bool = False, partial: bool = False

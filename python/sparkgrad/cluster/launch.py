@@ -178,7 +178,7 @@ def run(
         elif local_ids:
             from sparkgrad.cluster.local import DriverThreadLauncher
 
-            launchers.append(DriverThreadLauncher(cfg, local_ids, map_fun, tf_args, host=host))
+            launchers.append(DriverThreadLauncher(cfg, local_ids, map_fun, tf_args, host=host, bind_host=bind))
         return launchers
 
     first = generation(0)

@@ -178,11 +178,18 @@ class DriverThreadLauncher:
     """
 
     def __init__(
-        self, cfg: NodeConfig, executor_ids: tuple[int, ...], map_fun: MapFun, tf_args: Any, host: str
+        self,
+        cfg: NodeConfig,
+        executor_ids: tuple[int, ...],
+        map_fun: MapFun,
+        tf_args: Any,
+        host: str,
+        bind_host: str | None = None,
     ) -> None:
         self.executor_ids = executor_ids
         self._cfg = cfg
         self._host = host
+        self._bind_host = bind_host or host  # the driver's bind address: the ps listens there
         self._map_fun = map_fun
         self._tf_args = tf_args
         self._threads: dict[int, threading.Thread] = {}
@@ -201,7 +208,17 @@ class DriverThreadLauncher:
     def _run(self, eid: int) -> None:
         try:
             # one OpenMP thread: applies to this thread only, and a ps must not take the workers' cores
-            run_node(self._cfg, eid, self._host, self._map_fun, self._tf_args, echo=False, threads=1, in_driver=True)
+            run_node(
+                self._cfg,
+                eid,
+                self._host,
+                self._map_fun,
+                self._tf_args,
+                echo=False,
+                threads=1,
+                in_driver=True,
+                bind_host=self._bind_host,
+            )
         except BaseException as exc:  # noqa: BLE001 - kept for failure(), and shown with its traceback
             name = self._cfg.template.node(eid).name
             self._errors[eid] = f"{type(exc).__name__}: {exc}"

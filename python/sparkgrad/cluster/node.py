@@ -403,8 +403,14 @@ def run_node(
     threads: int | None = None,
     in_driver: bool = False,
     spark: tuple[str, str] | None = None,
+    bind_host: str | None = None,
 ) -> str:
     """Runs one node to its end; returns a JSON status ({"executor_id", "status", "result"}).
+
+    The node listens on ``bind_host`` (default: env SPARKGRAD_NODE_BIND, else
+    ``host``) and registers ``host``, the address the others connect to
+    (they differ behind a NAT: a ps run by the driver binds the driver's bind
+    address and advertises its advertised host).
 
     ``echo`` keeps the node's output on its own stdout/stderr too (executor
     logs); local processes share the driver's terminal and do not echo.
@@ -425,7 +431,7 @@ def run_node(
 
     configure_threads(threads)
     role = cfg.template.node(executor_id)
-    bind_host = os.environ.get("SPARKGRAD_NODE_BIND", host)
+    bind_host = bind_host or os.environ.get("SPARKGRAD_NODE_BIND", host)
     listener = net().Listener(bind_host, 0)
     comm_listener = None
     try:

@@ -227,13 +227,20 @@ def spark_session(obj: Any) -> SparkSessionKind:
     )
 
 
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", "[::]", "*"})
+
+
 def driver_address(session: SparkSessionKind) -> tuple[str, str]:
     """(advertised host, bind host) of the driver's rendezvous server.
 
     Advertised: env SPARKGRAD_DRIVER_HOST, else Spark conf
     spark.sparkgrad.driver.host, else spark.driver.host (the address executors
-    already use to reach the driver). Bound: spark.sparkgrad.driver.bindAddress,
-    else the override, else spark.driver.bindAddress, else the advertised host.
+    already use to reach the driver). Bound: spark.sparkgrad.driver.bindAddress
+    (taken as given, a wildcard included: the explicit way to listen on every
+    interface), else the override, else spark.driver.bindAddress unless it is
+    a wildcard (0.0.0.0, ::), else the advertised host: the rendezvous listens
+    only where the executors are told to connect, not on every interface of
+    the driver's machine.
 
     On Spark Connect, spark.driver.host is the Connect server's driver: right
     where this Python process runs on that machine (a Databricks notebook in
@@ -250,12 +257,10 @@ def driver_address(session: SparkSessionKind) -> tuple[str, str]:
             "cannot tell the executors where the driver is: spark.driver.host is not set; "
             "set SPARKGRAD_DRIVER_HOST or spark.sparkgrad.driver.host"
         )
-    bind = (
-        session.conf("spark.sparkgrad.driver.bindAddress")
-        or override
-        or session.conf("spark.driver.bindAddress")
-        or host
-    )
+    spark_bind = session.conf("spark.driver.bindAddress")
+    if spark_bind is not None and spark_bind.strip() in WILDCARD_ADDRESSES:
+        spark_bind = None
+    bind = session.conf("spark.sparkgrad.driver.bindAddress") or override or spark_bind or host
     return host, bind
 
 
