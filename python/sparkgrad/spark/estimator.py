@@ -57,18 +57,16 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasSeed
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparkgrad import errors as _errors
 from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError
 from sparkgrad.spark import columns as C
 from sparkgrad.spark import persist
-from sparkgrad.spark.model import Model, _ModelParams
+from sparkgrad.spark.model import Model, _ModelParams, task_error
 
 logger = logging.getLogger(__name__)
 
 MODES = ("allreduce", "ps")
 RESERVATION_TIMEOUT = 120.0
 FEED_TIMEOUT = 600.0
-_TASK_ERROR = re.compile(r"sparkgrad\.errors\.(\w+): (.+)")
 
 
 def _is_nn_model(value: Any) -> bool:
@@ -95,18 +93,6 @@ def _check_writable(model_dir: str) -> str:
             "and the trained model; nothing was trained"
         ) from None
     return path
-
-
-def _task_error(exc: BaseException) -> BaseException:
-    """The sparkgrad error a feeding task raised, from the Spark job's failure text (else ``exc``)."""
-    found = _TASK_ERROR.findall(str(exc))
-    if not found:
-        return exc
-    name, message = found[-1]
-    cls = getattr(_errors, name, None)
-    if not isinstance(cls, type) or not issubclass(cls, _errors.SparkgradError):
-        return exc
-    return cls(message.strip())
 
 
 class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
@@ -303,7 +289,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
             cluster.train(train_df, num_epochs=epochs, feed_timeout=FEED_TIMEOUT, prepare=spec)
         except ClusterError as exc:
             cluster.abort(f"Estimator.fit: feeding failed: {str(exc).splitlines()[0]}")
-            raise _task_error(exc) from None
+            raise task_error(exc) from None
         except BaseException:
             cluster.abort("Estimator.fit was interrupted")
             raise

@@ -27,6 +27,7 @@ with ``Model.load(path)`` and inside ``PipelineModel.load``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,21 @@ from sparkgrad.spark import columns as C
 from sparkgrad.spark import persist
 
 SCORE_BATCH = 1024
+_TASK_ERROR = re.compile(r"sparkgrad\.errors\.(\w+): (.+)")
+
+
+def task_error(exc: BaseException) -> BaseException:
+    """The sparkgrad error a Spark task raised, from the job's failure text (else ``exc`` itself)."""
+    from sparkgrad import errors
+
+    found = _TASK_ERROR.findall(str(exc))
+    if not found:
+        return exc
+    name, message = found[-1]
+    cls = getattr(errors, name, None)
+    if not isinstance(cls, type) or not issubclass(cls, errors.SparkgradError):
+        return exc
+    return cls(message.strip())
 
 
 class _ModelParams(HasFeaturesCol, HasInputCols, HasLabelCol, HasOutputCol, HasPredictionCol, HasProbabilityCol):
@@ -314,12 +330,18 @@ class Model(_SparkModel, _ModelParams, MLWritable, MLReadable):
             self.getOrDefault(self.loss),
             max(1, int(self.getOrDefault(self.batch_size))) * 16,
         )
-        totals = (
+        sums = (
             dataset.select(*spec.columns)
             .mapInArrow(ev, "loss_sum double, correct long, seen long")
             .agg(F.sum("loss_sum").alias("l"), F.sum("correct").alias("c"), F.sum("seen").alias("n"))
-            .first()
         )
+        try:
+            totals = sums.first()
+        except Exception as exc:  # noqa: BLE001 - a task's sparkgrad error, raised as itself
+            found = task_error(exc)
+            if found is exc:
+                raise
+            raise found from None
         seen = int(totals.n or 0)
         if seen == 0:
             raise InvalidArgumentError("Model.evaluate: the DataFrame has no rows")
