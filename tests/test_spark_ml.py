@@ -12,13 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from spark_ml_data import mlp, write_parquet
 from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
 from sparkgrad.errors import InsufficientSlotsError, InvalidArgumentError
-from sparkgrad.nn import Adam, Dense, Sequential
+from sparkgrad.nn import Adam
 
 pytest.importorskip("pyspark")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow")
 
 pytestmark = [
     pytest.mark.spark,
@@ -33,37 +33,14 @@ TRAIN_ROWS = 10_000
 TEST_ROWS = 2_000
 
 
-def mlp(seed: int = 3, scale: float | None = None) -> Sequential:
-    m = Sequential([Dense(64, activation="relu", input_shape=(784,)), Dense(10, activation="softmax")], seed=seed)
-    if scale is not None:
-        m.set_input_transform(scale=scale)
-    return m
-
-
-def _write(path: str, images: np.ndarray, labels: np.ndarray, files: int) -> None:
-    n = len(images)
-    flat = images.reshape(n, 784)
-    pixels = pa.ListArray.from_arrays(
-        pa.array(np.arange(n + 1, dtype=np.int32) * 784), pa.array((flat / 255).astype(np.float32).reshape(-1))
-    )
-    raw = pa.array([bytes(r) for r in flat], pa.binary())
-    table = pa.table(
-        {"id": pa.array(np.arange(n, dtype=np.int64)), "pixels": pixels, "raw": raw, "label": labels.astype(np.int64)}
-    )
-    os.makedirs(path)
-    step = -(-n // files)
-    for i in range(files):
-        pq.write_table(table.slice(i * step, step), os.path.join(path, f"part-{i}.parquet"))
-
-
 @pytest.fixture(scope="module")
 def fashion(spark, tmp_path_factory):
     """(train DataFrame of 10k rows, test DataFrame of 2k rows): id, pixels array<float>, raw binary, label long."""
     root = tmp_path_factory.mktemp("fashion")
     x, y = fashion_mnist("train")
     xt, yt = fashion_mnist("test")
-    _write(str(root / "train"), x[:TRAIN_ROWS], y[:TRAIN_ROWS], 4)
-    _write(str(root / "test"), xt[:TEST_ROWS], yt[:TEST_ROWS], 2)
+    write_parquet(str(root / "train"), x[:TRAIN_ROWS], y[:TRAIN_ROWS], 4)
+    write_parquet(str(root / "test"), xt[:TEST_ROWS], yt[:TEST_ROWS], 2)
     return spark.read.parquet(str(root / "train")), spark.read.parquet(str(root / "test"))
 
 

@@ -52,7 +52,7 @@ def _join(path: str, part: str) -> str:
 
 
 def write_stage(spark: Any, path: str, metadata: str, model_bytes: bytes | None, overwrite: bool) -> None:
-    mode = "overwrite" if overwrite else "errorifexists"
+    mode = "overwrite" if overwrite else "error"  # "errorifexists" is not a mode name Connect knows
     spark.createDataFrame([(metadata,)], "value string").coalesce(1).write.mode(mode).text(_join(path, "metadata"))
     if model_bytes is not None:
         rows = [(i, model_bytes[off : off + CHUNK]) for i, off in enumerate(range(0, len(model_bytes), CHUNK))]
