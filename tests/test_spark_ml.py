@@ -263,3 +263,15 @@ def test_nulls_and_wrong_widths_in_feature_columns_are_refused_naming_column_par
         r"list<element: float>: lists differ in length \(row 0: 784, row 7: 700\)",
     ):
         model.transform(short).collect()  # a lazy transform fails in Spark's action, with the task's error inside
+
+
+def test_cluster_input_mapping_feeds_the_mapped_columns_sorted_or_names_a_missing_one(fashion):
+    from sparkgrad.cluster.driver import _select_mapped
+
+    assert _select_mapped("train", fashion[1], {"raw": "x", "label": "y"}, None).columns == ["label", "raw"]
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^cluster.inference: input_mapping names column\(s\) 'image' that the DataFrame does not have "
+        r"\(it has 'id', 'pixels', 'raw', 'label'\)$",
+    ):
+        _select_mapped("inference", fashion[1], {"image": "x"}, None)
