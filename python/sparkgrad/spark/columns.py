@@ -149,6 +149,8 @@ class FeatureSpec:
     classes: int = 0
 
     def x(self, cols: dict[str, np.ndarray], partition: int | None, first_row: int) -> np.ndarray:
+        if not len(cols[self.features[0]]):  # an empty batch: no row to tell a width from
+            return np.zeros((0, self.width), np.float32)
         parts = []
         for name in self.features:
             a = cols[name]
