@@ -199,8 +199,21 @@ def _bad_fit(train, **params):
         ),
         ({"mode": "allreduce", "num_ps": 1}, r"^Estimator: mode 'allreduce' has no parameter servers \(num_ps=1\)"),
         ({"validation": 1.5}, r"^validation must be a fraction in \(0, 1\) or a column name, not 1.5$"),
+        (
+            {"validation": "name"},
+            r"^validation column 'name' has type string: a boolean column marking the validation rows is needed$",
+        ),
     ],
-    ids=["missing_column", "string_features", "vector_size", "string_label", "mapped_label", "mode", "validation"],
+    ids=[
+        "missing_column",
+        "string_features",
+        "vector_size",
+        "string_label",
+        "mapped_label",
+        "mode",
+        "validation",
+        "validation_column",
+    ],
 )
 def test_bad_input_that_the_schema_shows_fails_fit_before_training(fashion, params, message):
     from pyspark.ml.feature import VectorAssembler
