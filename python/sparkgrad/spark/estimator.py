@@ -57,7 +57,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasSeed
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError
+from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError, NodeFailure
 from sparkgrad.spark import columns as C
 from sparkgrad.spark import persist
 from sparkgrad.spark.model import Model, _ModelParams, task_error
@@ -287,7 +287,10 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
         )
         try:
             cluster.train(train_df, num_epochs=epochs, feed_timeout=FEED_TIMEOUT, prepare=spec)
-        except ClusterError as exc:
+        except NodeFailure:  # a node's own error, with its traceback: raised as it is
+            cluster.abort("Estimator.fit: a node failed")
+            raise
+        except ClusterError as exc:  # the feeding job failed: a feeding task's check, raised as itself
             cluster.abort(f"Estimator.fit: feeding failed: {str(exc).splitlines()[0]}")
             raise task_error(exc) from None
         except BaseException:
