@@ -75,7 +75,7 @@ def is_vector_type(kind: Any) -> bool:
     """True for the Arrow struct a Spark ML VectorUDT column arrives as."""
     import pyarrow as pa
 
-    return pa.types.is_struct(kind) and tuple(kind.field(i).name for i in range(kind.num_fields)) == VECTOR_FIELDS
+    return pa.types.is_struct(kind) and tuple(f.name for f in kind) == VECTOR_FIELDS  # iterating: pyarrow 8 too
 
 
 def _first_null(arr: Any) -> int:
@@ -180,8 +180,10 @@ def _values(name: str, arr: Any, first_row: int | None = 0) -> np.ndarray:
     if pa.types.is_boolean(kind):
         return arr.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: unpacked to one byte per value
     if pa.types.is_fixed_size_list(kind):
-        child = _values(name, arr.flatten(), None)  # flatten() honours the array's offset (a sliced batch)
-        return child.reshape(len(arr), kind.list_size, *child.shape[1:])
+        # the child values of this (maybe sliced) array: flatten() ignores a slice's offset on pyarrow < 9
+        size = kind.list_size
+        child = _values(name, arr.values.slice(arr.offset * size, len(arr) * size), None)
+        return child.reshape(len(arr), size, *child.shape[1:])
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         offsets = arr.offsets.to_numpy()
         width = _equal_lengths(name, arr, offsets, "lists", first_row or 0)
