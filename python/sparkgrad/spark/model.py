@@ -114,6 +114,25 @@ def _ends_in_softmax(model: Any) -> bool:
     return getattr(model.layers[-1], "activation", None) == "softmax"
 
 
+def _check_vector_output(fields: list, probability: str) -> None:
+    """pyspark < 3.5 cannot return a Spark ML vector column from mapInArrow: say so before the job."""
+    import pyspark
+    from pyspark.ml.linalg import VectorUDT
+
+    major, minor = (int(v) for v in pyspark.__version__.split(".")[:2])
+    if (major, minor) >= (3, 5):
+        return
+    vectors = [f.name for f in fields if isinstance(f.dataType, VectorUDT)]
+    if vectors or probability:
+        what = f"the vector column(s) {', '.join(map(repr, vectors))}" if vectors else "probabilityCol (a vector)"
+        raise InvalidArgumentError(
+            f"Model.transform on pyspark {pyspark.__version__}: mapInArrow returns no Spark ML vector columns before "
+            f"pyspark 3.5, and the output would hold {what}: drop vector columns before transform (keep the "
+            "features as an array, e.g. vector_to_array) and set probabilityCol='' (outputCol gives the outputs "
+            "as an array), or use pyspark >= 3.5"
+        )
+
+
 def _select(batch: Any, names: tuple[str, ...]) -> Any:
     import pyarrow as pa
 
@@ -292,6 +311,7 @@ class Model(_SparkModel, _ModelParams, MLWritable, MLReadable):
             "outputCol": self.getOrDefault(self.outputCol),
         }
         fields = list(dataset.schema.fields)
+        _check_vector_output(fields, names["probabilityCol"])
         types = {
             "predictionCol": T.DoubleType(),
             "probabilityCol": VectorUDT(),
