@@ -65,3 +65,12 @@ def test_feature_columns_come_from_input_mapping_then_input_cols_then_features_c
     assert feature_columns("f", None, None, "E") == ("f",)
     with pytest.raises(InvalidArgumentError, match=r"input_mapping maps columns to 'x' \(features\) or 'y'"):
         feature_columns("f", None, {"p": "image"}, "E")
+
+
+def test_importing_sparkgrad_spark_does_not_import_pyspark():
+    import subprocess
+    import sys
+
+    code = "import sys, sparkgrad, sparkgrad.spark, sparkgrad.spark.columns; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False", out.stderr
