@@ -128,3 +128,69 @@ def test_inference_results_that_do_not_fit_the_schema_are_refused_by_column(cols
 
     with pytest.raises(InvalidArgumentError, match=match):
         _result_batch(cols, result_fields("score double, id long"))
+
+
+def _vector_column(rows):
+    """An Arrow array shaped as Spark sends a VectorUDT column: ("dense", values) or ("sparse", size, {i: v})."""
+    kinds, sizes, indices, values = [], [], [], []
+    for r in rows:
+        if r is None:
+            kinds.append(None)
+            sizes.append(None)
+            indices.append(None)
+            values.append(None)
+        elif r[0] == "dense":
+            kinds.append(1)
+            sizes.append(None)
+            indices.append(None)
+            values.append(list(r[1]))
+        else:
+            kinds.append(0)
+            sizes.append(r[1])
+            indices.append(sorted(r[2]))
+            values.append([r[2][i] for i in sorted(r[2])])
+    struct = pa.struct(
+        [
+            pa.field("type", pa.int8(), nullable=False),
+            pa.field("size", pa.int32()),
+            pa.field("indices", pa.list_(pa.int32())),
+            pa.field("values", pa.list_(pa.float64())),
+        ]
+    )
+    mask = pa.array([r is None for r in rows])
+    children = [
+        pa.array([k or 0 for k in kinds], pa.int8()),
+        pa.array(sizes, pa.int32()),
+        pa.array(indices, pa.list_(pa.int32())),
+        pa.array(values, pa.list_(pa.float64())),
+    ]
+    return pa.StructArray.from_arrays(children, fields=list(struct), mask=mask)
+
+
+def test_dense_vectors_are_the_values_buffer_and_sparse_ones_are_densified():
+    dense = _vector_column([("dense", [i, i + 0.5, -i]) for i in range(4)])
+    mixed = _vector_column([("dense", [1, 2, 3]), ("sparse", 3, {2: 7.0}), ("sparse", 3, {}), ("dense", [0, 0, 9])])
+    cols = batch_to_columns(pa.RecordBatch.from_arrays([dense, mixed], names=["d", "m"]))
+    assert cols["d"].dtype == np.float32 and cols["d"].shape == (4, 3)
+    assert cols["d"][2].tolist() == [2, 2.5, -2]
+    assert cols["m"].tolist() == [[1, 2, 3], [0, 0, 7], [0, 0, 0], [0, 0, 9]]
+    sliced = batch_to_columns(pa.RecordBatch.from_arrays([mixed], names=["m"]).slice(1, 2))
+    assert sliced["m"].tolist() == [[0, 0, 7], [0, 0, 0]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([("dense", [1, 2]), ("dense", [1, 2, 3])], r"dense vectors differ in length \(row 10: 2, row 11: 3\)"),
+        ([("dense", [1, 2]), ("sparse", 5, {4: 1.0})], r"vectors differ in size \(row 10: 2, row 11: 5\)"),
+        ([("dense", [1, 2]), None], r"1 of its vectors are null \(the first in row 11\)"),
+    ],
+    ids=["dense_lengths", "sparse_size", "null"],
+)
+def test_vectors_of_different_sizes_or_nulls_are_refused_naming_partition_and_row(rows, message):
+    batch = pa.RecordBatch.from_arrays([_vector_column(rows)], names=["vec"])
+    with pytest.raises(
+        InvalidArgumentError, match=r"^partition 3: column 'vec' has Arrow type struct<.*" + message
+    ) as e:
+        batch_to_columns(batch, partition=3, first_row=10)
+    assert e.value.column == "vec" and e.value.partition == 3

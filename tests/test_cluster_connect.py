@@ -361,3 +361,43 @@ def test_predict_and_evaluate_tfrecords_over_connect(connect, tmp_path):
     loss, accuracy = model.evaluate(x, y)
     assert stats["count"] == 90
     assert stats["loss"] == pytest.approx(loss, rel=1e-6) and stats["accuracy"] == pytest.approx(accuracy)
+
+
+@pytest.mark.timeout(400)
+def test_estimator_pipeline_over_connect_fits_saves_loads_and_predicts_the_same(connect, tmp_path, monkeypatch):
+    """The Spark ML Pipeline test (test_spark_ml.py) on a Connect session, on 2000 Fashion-MNIST rows."""
+    from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
+
+    if not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")):
+        pytest.skip(f"Fashion-MNIST not installed in {FASHION_MNIST_DIR}")
+    from spark_ml_data import mlp, write_parquet
+
+    # pyspark.ml's JVM stages (VectorAssembler, StandardScaler) go through Connect only in "connect mode"
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import StandardScaler, VectorAssembler
+    from pyspark.ml.functions import array_to_vector
+    from sparkgrad.spark import Estimator, Model
+
+    x, y = fashion_mnist("train")
+    write_parquet(str(tmp_path / "data"), x[:2000], y[:2000], 2)
+    df = connect.read.parquet(str(tmp_path / "data")).withColumn("vec", array_to_vector("pixels"))
+    train, test = df.filter("id < 1600"), df.filter("id >= 1600")
+    estimator = Estimator(model=mlp(), featuresCol="scaled", batch_size=32, epochs=2, num_workers=2)
+    pipeline = Pipeline(
+        stages=[
+            VectorAssembler(inputCols=["vec"], outputCol="assembled"),
+            StandardScaler(inputCol="assembled", outputCol="scaled"),
+            estimator,
+        ]
+    )
+    fitted = pipeline.fit(train)
+    assert isinstance(fitted.stages[-1], Model) and fitted.stages[-1].history[0]["rows"] > 0
+    before = fitted.transform(test).select("id", "prediction", "probability").orderBy("id").collect()
+    accuracy = np.mean([r.prediction == label for r, label in zip(before, y[1600:2000], strict=True)])
+    assert accuracy > 0.6, accuracy
+    fitted.write().overwrite().save(str(tmp_path / "pipeline_model"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline_model"))
+    after = loaded.transform(test).select("id", "prediction", "probability").orderBy("id").collect()
+    assert [r.prediction for r in after] == [r.prediction for r in before]
+    np.testing.assert_array_equal([r.probability.toArray() for r in after], [r.probability.toArray() for r in before])

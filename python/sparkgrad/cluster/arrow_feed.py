@@ -12,12 +12,19 @@ worker cannot tell the two apart. The columns are what the row path makes:
 - fixed-size lists and lists of one length per row, of numbers (nesting
   allowed): the child array's values as [rows, width, ...];
 - binary (and fixed-size binary) values of one length per row, such as raw
-  image pixels: uint8[rows, length], read from the offsets and data buffers.
+  image pixels: uint8[rows, length], read from the offsets and data buffers;
+- Spark ML vectors (``VectorUDT``, which reaches Arrow as its SQL struct
+  ``type int8, size int32, indices list<int32>, values list<double>``):
+  float32[rows, size]. Dense rows (type 1) are the values buffer as it is;
+  sparse rows (type 0, as VectorAssembler writes rows with many zeros) are
+  densified by one NumPy scatter of the batch's indices and values. Every
+  row of a column must have the same size.
 
 Anything else (strings, ragged lists, binary values of different lengths,
-nulls, structs, maps, dates) is refused with an InvalidArgumentError naming
-the column and its Arrow type: convert it first. It does not do the
-transport (feed.py) or choose partitions (the DataFrame's own).
+nulls, other structs, maps, dates) is refused with an InvalidArgumentError
+naming the column, its Arrow type and, for a null or an odd row, the row
+(and, in a feeding task, the partition): convert it first. It does not do
+the transport (feed.py) or choose partitions (the DataFrame's own).
 """
 
 from __future__ import annotations
@@ -51,20 +58,80 @@ _RESULT_TYPES = {
 }
 
 
+VECTOR_FIELDS = ("type", "size", "indices", "values")  # pyspark.ml.linalg.VectorUDT.sqlType(), in order
+DENSE, SPARSE = 1, 0  # VectorUDT's "type" values
+
+
 def _refuse(name: str, arr: Any, why: str) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"column {name!r} has Arrow type {arr.type}: {why}; only numbers, bools, lists of numbers of one length "
-        "per row and binary values of one length per row can be fed (convert it first)",
+        "per row, binary values of one length per row and Spark ML vectors of one size can be fed "
+        "(convert it first)",
         column=name,
     )
 
 
-def _equal_lengths(name: str, arr: Any, offsets: np.ndarray, what: str) -> int:
+def is_vector_type(kind: Any) -> bool:
+    """True for the Arrow struct a Spark ML VectorUDT column arrives as."""
+    import pyarrow as pa
+
+    return pa.types.is_struct(kind) and tuple(f.name for f in kind) == VECTOR_FIELDS  # iterating: pyarrow 8 too
+
+
+def _first_null(arr: Any) -> int:
+    return int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def _vectors(name: str, arr: Any, first_row: int) -> np.ndarray:
+    """A VectorUDT column (dense and/or sparse rows of one size) -> float64[rows, size]."""
+    if arr.null_count:
+        row = first_row + _first_null(arr)
+        raise _refuse(name, arr, f"{arr.null_count} of its vectors are null (the first in row {row})")
+    kinds, sizes, indices, values = arr.flatten()  # flatten() honours the array's offset (a sliced batch)
+    rows = len(arr)
+    kind = kinds.to_numpy(zero_copy_only=False)
+    offsets = values.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    flat = values.flatten().to_numpy(zero_copy_only=False)
+    dense = kind == DENSE
+    if dense.all():
+        width = _equal_lengths(name, arr, offsets, "dense vectors", first_row)
+        return flat.reshape(rows, width)
+    size = sizes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    width_of_row = np.where(dense, lengths, size)
+    if (width_of_row != width_of_row[0]).any():
+        row = int(np.flatnonzero(width_of_row != width_of_row[0])[0])
+        raise _refuse(
+            name,
+            arr,
+            f"vectors differ in size (row {first_row}: {width_of_row[0]}, row {first_row + row}: {width_of_row[row]})",
+        )
+    width = int(width_of_row[0])
+    row_of = np.repeat(np.arange(rows), lengths)
+    col = np.empty(len(flat), np.int64)
+    in_dense = dense[row_of]
+    col[in_dense] = np.arange(len(flat))[in_dense] - (offsets[row_of[in_dense]] - offsets[0])
+    sparse_index = indices.flatten().to_numpy(zero_copy_only=False)  # dense rows have no indices
+    if len(sparse_index) != int((~in_dense).sum()) or (len(sparse_index) and sparse_index.min() < 0):
+        raise _refuse(name, arr, "a sparse vector's indices and values do not match")
+    col[~in_dense] = sparse_index
+    if len(col) and col.max() >= width:
+        raise _refuse(name, arr, f"a sparse vector has an index {int(col.max())} beyond its size {width}")
+    out = np.zeros((rows, width), np.float64)
+    out[row_of, col] = flat
+    return out
+
+
+def _equal_lengths(name: str, arr: Any, offsets: np.ndarray, what: str, first_row: int = 0) -> int:
     """The one length of every row (offsets int32/int64[rows + 1]); refuses rows of different lengths."""
     lengths = np.diff(offsets)
     if len(lengths) and (lengths != lengths[0]).any():
         row = int(np.flatnonzero(lengths != lengths[0])[0])
-        raise _refuse(name, arr, f"{what} differ in length (row 0: {lengths[0]}, row {row}: {lengths[row]})")
+        raise _refuse(
+            name,
+            arr,
+            f"{what} differ in length (row {first_row}: {lengths[0]}, row {first_row + row}: {lengths[row]})",
+        )
     return int(lengths[0]) if len(lengths) else 0
 
 
@@ -75,7 +142,7 @@ def _buffer(buf: Any, dtype: Any, start: int, stop: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=stop)[start:]
 
 
-def _binary(name: str, arr: Any) -> np.ndarray:
+def _binary(name: str, arr: Any, first_row: int = 0) -> np.ndarray:
     """binary / large_binary / fixed_size_binary values of one length -> uint8[rows, length] (no copy)."""
     import pyarrow as pa
 
@@ -87,42 +154,59 @@ def _binary(name: str, arr: Any) -> np.ndarray:
         return data.reshape(rows, width)
     offset_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
     offsets = _buffer(buffers[1], offset_type, arr.offset, arr.offset + rows + 1)
-    width = _equal_lengths(name, arr, offsets, "binary values")
+    width = _equal_lengths(name, arr, offsets, "binary values", first_row)
     if rows == 0 or width == 0:
         return np.empty((rows, width), np.uint8)
     data = _buffer(buffers[2], np.uint8, int(offsets[0]), int(offsets[-1]))
     return data.reshape(rows, width)
 
 
-def _values(name: str, arr: Any) -> np.ndarray:
-    """A non-null Arrow array of numbers or lists of numbers -> ndarray[rows, ...]."""
+def _values(name: str, arr: Any, first_row: int | None = 0) -> np.ndarray:
+    """A non-null Arrow array of numbers or lists of numbers -> ndarray[rows, ...].
+
+    ``first_row``: the row number of arr[0] in errors (None: arr holds the
+    values inside a column's lists, which are not rows).
+    """
     import pyarrow as pa
 
-    if arr.null_count:
-        raise _refuse(name, arr, f"{arr.null_count} of its values are null")
     kind = arr.type
+    if is_vector_type(kind):
+        return _vectors(name, arr, first_row or 0)
+    if arr.null_count:
+        where = "" if first_row is None else f" (the first in row {first_row + _first_null(arr)})"
+        raise _refuse(name, arr, f"{arr.null_count} of its values are null{where}")
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return arr.to_numpy(zero_copy_only=True)
     if pa.types.is_boolean(kind):
         return arr.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: unpacked to one byte per value
     if pa.types.is_fixed_size_list(kind):
-        child = _values(name, arr.flatten())  # flatten() honours the array's offset (a sliced batch)
-        return child.reshape(len(arr), kind.list_size, *child.shape[1:])
+        # the child values of this (maybe sliced) array: flatten() ignores a slice's offset on pyarrow < 9
+        size = kind.list_size
+        child = _values(name, arr.values.slice(arr.offset * size, len(arr) * size), None)
+        return child.reshape(len(arr), size, *child.shape[1:])
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         offsets = arr.offsets.to_numpy()
-        width = _equal_lengths(name, arr, offsets, "lists")
-        child = _values(name, arr.flatten())
+        width = _equal_lengths(name, arr, offsets, "lists", first_row or 0)
+        child = _values(name, arr.flatten(), None)
         return child.reshape(len(arr), width, *child.shape[1:])
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
-        return _binary(name, arr)
+        return _binary(name, arr, first_row or 0)
     raise _refuse(name, arr, "not a number, a list of numbers or a binary value")
 
 
-def batch_to_columns(batch: Any) -> dict[str, np.ndarray]:
-    """A pyarrow RecordBatch -> {column name: ndarray[rows, ...]}, as the row path (feed.rows_to_columns) makes."""
+def batch_to_columns(batch: Any, partition: int | None = None, first_row: int = 0) -> dict[str, np.ndarray]:
+    """A pyarrow RecordBatch -> {column name: ndarray[rows, ...]}, as the row path (feed.rows_to_columns) makes.
+
+    Errors number rows from ``first_row`` and, with ``partition``, name it.
+    """
     columns: dict[str, np.ndarray] = {}
     for name, arr in zip(batch.schema.names, batch.columns, strict=True):
-        col = _values(name, arr)
+        try:
+            col = _values(name, arr, first_row)
+        except InvalidArgumentError as exc:
+            if partition is None:
+                raise
+            raise InvalidArgumentError(f"partition {partition}: {exc}", column=name, partition=partition) from None
         if col.dtype == np.float64:
             col = col.astype(np.float32)  # the training engine is float32
         columns[name] = col
@@ -209,21 +293,30 @@ class ArrowFeeder:
 
     target: FeedTarget
     result_fields: tuple[ResultField, ...] = ()
+    # prepare(columns, partition, first_row) -> columns: runs in the task on each frame before it is sent
+    # (checks and conversions of a caller such as sparkgrad.spark.Estimator); picklable
+    prepare: Any = None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from pyspark import TaskContext
 
         index = TaskContext.get().partitionId()
-        out = self.target.feed(index, self._columns(batches))
+        out = self.target.feed(index, self._columns(batches, index))
         if not self.target.want_results:
             yield pa.RecordBatch.from_pydict({"rows": pa.array([sum(out)], pa.int64())})
             return
         for cols in out:
             yield _result_batch(cols, self.result_fields)
 
-    def _columns(self, batches: Iterator[Any]) -> Iterator[dict[str, np.ndarray]]:
+    def _columns(self, batches: Iterator[Any], partition: int) -> Iterator[dict[str, np.ndarray]]:
         step = self.target.batch_rows
+        row = 0
         for batch in batches:
             for start in range(0, batch.num_rows, step):  # slices are views: frames stay bounded, nothing is copied
-                yield batch_to_columns(batch.slice(start, step))
+                part = batch.slice(start, step)
+                cols = batch_to_columns(part, partition, row)
+                if self.prepare is not None:
+                    cols = self.prepare(cols, partition, row)
+                row += part.num_rows
+                yield cols

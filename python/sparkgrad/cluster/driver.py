@@ -104,6 +104,27 @@ def _is_dataframe(data: Any) -> bool:
     return hasattr(data, "mapInArrow")
 
 
+def _select_mapped(what: str, data: Any, input_mapping: dict[str, str] | None, prepare: Any) -> Any:
+    """The DataFrame's columns that ``input_mapping`` names (sorted, as TensorFlowOnSpark selects them)."""
+    if not _is_dataframe(data):
+        if input_mapping is not None or prepare is not None:
+            raise InvalidArgumentError(f"cluster.{what}(rdd): input_mapping= and prepare= apply to a DataFrame only")
+        return data
+    if input_mapping is None:
+        return data
+    if not isinstance(input_mapping, dict) or not input_mapping:
+        raise InvalidArgumentError(f"cluster.{what}: input_mapping must be a non-empty dict {{column: tensor name}}")
+    columns = list(data.columns)
+    missing = sorted(c for c in input_mapping if c not in columns)
+    if missing:
+        raise InvalidArgumentError(
+            f"cluster.{what}: input_mapping names column(s) {', '.join(map(repr, missing))} that the DataFrame "
+            f"does not have (it has {', '.join(map(repr, columns))})",
+            column=missing[0],
+        )
+    return data.select(*sorted(input_mapping))
+
+
 def new_secret() -> bytes:
     """A random per-cluster secret for the HMAC handshake (32 bytes)."""
     return secrets.token_bytes(32)
@@ -495,6 +516,13 @@ class Cluster:
             raise
         self._close()
 
+    def abort(self, reason: str) -> None:
+        """Stops every node now (what a failure does) and ends the cluster; for callers such as
+        sparkgrad.spark.Estimator whose own step failed (bounded like a node failure's stop)."""
+        if not self._closed.is_set():
+            self._abort(reason)
+        self._close()
+
     def node_results(self) -> dict[int, bytes | None]:
         """With keep_results: map_fun's pickled value by executor id, as the launchers brought it back."""
         out: dict[int, bytes | None] = {}
@@ -504,7 +532,16 @@ class Cluster:
                 out.update(results())
         return out
 
-    def train(self, data_rdd: Any, num_epochs: int = 1, feed_timeout: float = 600, qname: str = DEFAULT_INPUT) -> None:
+    def train(
+        self,
+        data_rdd: Any,
+        num_epochs: int = 1,
+        feed_timeout: float = 600,
+        qname: str = DEFAULT_INPUT,
+        *,
+        input_mapping: dict[str, str] | None = None,
+        prepare: Any = None,
+    ) -> None:
         """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.
 
         ``data_rdd``: an RDD (classic Spark), or a DataFrame (classic Spark or
@@ -514,8 +551,15 @@ class Cluster:
         that input ``qname`` ended (DataFeed.should_stop() turns true once it
         has taken the rest). A node failure during feeding is raised as
         NodeFailure; a failed feeding job as ClusterError.
+
+        DataFrames only: ``input_mapping`` ({column: tensor name}, as
+        TensorFlowOnSpark's) feeds just those columns (sorted by name), which
+        the workers read with ``DataFeed(ctx.mgr, input_mapping=...)``;
+        ``prepare(columns, partition, first_row) -> columns`` (picklable) runs
+        in the feeding task on each frame before it is sent.
         """
         self._check_feedable("train", data_rdd)
+        data_rdd = _select_mapped("train", data_rdd, input_mapping, prepare)
         training = [n for n in self.nodes if n.role not in SERVING_ROLES]
         target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout))
         epochs = max(1, int(num_epochs))
@@ -525,7 +569,8 @@ class Cluster:
             df = functools.reduce(lambda a, b: a.union(b), [data_rdd] * epochs)
 
             def action() -> int:
-                return sum(row.rows for row in df.mapInArrow(ArrowFeeder(target), COUNT_SCHEMA).collect())
+                feeder = ArrowFeeder(target, prepare=prepare)
+                return sum(row.rows for row in df.mapInArrow(feeder, COUNT_SCHEMA).collect())
 
         else:
             rdd = data_rdd if epochs == 1 else self._spark.sc.union([data_rdd] * epochs)
@@ -557,7 +602,14 @@ class Cluster:
         self.rows_fed = int(job.result or 0)
 
     def inference(
-        self, data_rdd: Any, feed_timeout: float = 600, qname: str = DEFAULT_INPUT, *, schema: str | None = None
+        self,
+        data_rdd: Any,
+        feed_timeout: float = 600,
+        qname: str = DEFAULT_INPUT,
+        *,
+        schema: str | None = None,
+        input_mapping: dict[str, str] | None = None,
+        prepare: Any = None,
     ) -> Any:
         """InputMode.SPARK: map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
 
@@ -569,15 +621,17 @@ class Cluster:
         result columns). A DataFrame gives a DataFrame of ``schema``: Spark
         DDL of numeric columns, one per result column in batch_results order
         (a dict's columns by name, numbered ones first), each result cast to
-        its column's type; default "result double".
+        its column's type; default "result double". ``input_mapping`` and
+        ``prepare``: as for train (DataFrames only).
         """
         self._check_feedable("inference", data_rdd)
+        data_rdd = _select_mapped("inference", data_rdd, input_mapping, prepare)
         target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True)
         if _is_dataframe(data_rdd):
             from sparkgrad.cluster.arrow_feed import DEFAULT_RESULT_SCHEMA, ArrowFeeder, result_fields
 
             ddl = schema or DEFAULT_RESULT_SCHEMA
-            return data_rdd.mapInArrow(ArrowFeeder(target, result_fields(ddl)), ddl)
+            return data_rdd.mapInArrow(ArrowFeeder(target, result_fields(ddl), prepare), ddl)
         if schema is not None:
             raise InvalidArgumentError("cluster.inference(rdd): schema= applies to a DataFrame only")
         return data_rdd.mapPartitionsWithIndex(PartitionFeeder(target), preservesPartitioning=True)

@@ -1,0 +1,364 @@
+"""``sparkgrad.spark.Estimator``: distributed training from a DataFrame as a Spark ML Estimator.
+
+    est = Estimator(model=build_model, optimizer=Adam(1e-3), featuresCol="scaled", labelCol="label",
+                    batch_size=64, epochs=2, num_workers=2, mode="allreduce")
+    fitted = Pipeline(stages=[VectorAssembler(...), StandardScaler(...), est]).fit(df)
+
+``fit(df)``:
+
+1. before any job: builds the model (``model`` is a sparkgrad.nn model, or
+   a function returning one, called once on the driver), checks the schema
+   (feature and label columns exist and have types that can be fed, a
+   vector size the schema tells matches the model's input, the label's type
+   suits the loss; sparkgrad.spark.columns) and that ``model_dir`` can be
+   written;
+2. splits off the validation rows (``validation``: a fraction, drawn with
+   ``seed``, or the name of a boolean column marking them);
+3. starts a TFCluster in InputMode.SPARK of ``num_workers`` workers (plus
+   ``num_ps`` parameter servers in mode "ps") and feeds it the training rows
+   ``epochs`` times through Arrow (cluster/arrow_feed.py), repartitioned
+   round-robin into one partition per worker. The feeding tasks make each
+   frame the model's x and y and check it there: a null in a feature or
+   label column, a row of the wrong width or a label out of range for the
+   loss fails the job with a message naming the column, the partition, the
+   row and what was expected, raised here as InvalidArgumentError once the
+   cluster is stopped (never a hang). What the nodes run:
+   sparkgrad/spark/training.py;
+4. returns a ``sparkgrad.spark.Model`` with the chief's trained weights,
+   its last training loss/accuracy in ``history`` and, with validation, the
+   validation loss/accuracy (``Model.evaluate`` in the tasks) in
+   ``validation_metrics``. With ``model_dir``, the chief writes checkpoints
+   there (every ``checkpoint_every`` steps and at the end) and the driver
+   writes the trained model as ``model_dir/model.sgmodel``.
+
+``batch_size`` is per worker; in mode "allreduce" each step averages the
+workers' gradients (the learning rate is the optimizer's, not scaled).
+Mode "allreduce" needs a task slot per worker for its feeding task beside
+the workers' own (the workers step together, so each must be fed at once);
+fit checks the slots first.
+
+Saved with ``save(path)`` / loaded with ``Estimator.load(path)`` and inside
+Pipeline persistence; the model param is saved as a saved model, and a
+function is refused (it cannot be saved: set a model instance to save).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+from typing import Any
+
+import numpy as np
+from pyspark import keyword_only
+from pyspark.ml import Estimator as _SparkEstimator
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasSeed
+from pyspark.ml.util import MLReadable, MLWritable
+
+from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError, NodeFailure
+from sparkgrad.spark import columns as C
+from sparkgrad.spark import persist
+from sparkgrad.spark.model import Model, _ModelParams, task_error
+
+logger = logging.getLogger(__name__)
+
+MODES = ("allreduce", "ps")
+RESERVATION_TIMEOUT = 120.0
+FEED_TIMEOUT = 600.0
+
+
+def _is_nn_model(value: Any) -> bool:
+    return hasattr(value, "layers") and hasattr(value, "params") and hasattr(value, "input_shape")
+
+
+def _check_writable(model_dir: str) -> str:
+    path = model_dir[len("file:") :] if model_dir.startswith("file:") else model_dir
+    if "://" in path or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:/", path):
+        raise InvalidArgumentError(
+            f"model_dir {model_dir!r}: a local or mounted path is needed (e.g. /dbfs/..., /Volumes/...), "
+            "which the driver and every executor can write"
+        )
+    path = path.replace("//", "/") if path.startswith("//") else path
+    probe = os.path.join(path, f".sparkgrad-write-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"model_dir {model_dir!r} cannot be written ({exc.strerror or exc}): fit needs it for checkpoints "
+            "and the trained model; nothing was trained"
+        ) from None
+    return path
+
+
+class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
+    """Trains a sparkgrad.nn model on a DataFrame across a cluster (see the module doc)."""
+
+    model = Param(
+        Params._dummy(), "model", "a sparkgrad.nn model, or a function returning one", TypeConverters.identity
+    )
+    optimizer = Param(
+        Params._dummy(), "optimizer", "a sparkgrad.nn.optimizers instance or name", TypeConverters.identity
+    )
+    epochs = Param(Params._dummy(), "epochs", "passes over the training rows", TypeConverters.toInt)
+    num_workers = Param(Params._dummy(), "num_workers", "training nodes", TypeConverters.toInt)
+    num_ps = Param(Params._dummy(), "num_ps", "parameter servers (mode 'ps')", TypeConverters.toInt)
+    mode = Param(Params._dummy(), "mode", "'allreduce' or 'ps'", TypeConverters.toString)
+    validation = Param(
+        Params._dummy(),
+        "validation",
+        "a fraction of the rows, or the name of a boolean column marking them",
+        TypeConverters.identity,
+    )
+    model_dir = Param(Params._dummy(), "model_dir", "checkpoints and the trained model", TypeConverters.identity)
+    checkpoint_every = Param(Params._dummy(), "checkpoint_every", "steps between checkpoints", TypeConverters.toInt)
+
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        model: Any = None,
+        optimizer: Any = "adam",
+        loss: str = C.SPARSE_LOSS,
+        featuresCol: str = "features",
+        inputCols: list[str] | None = None,
+        input_mapping: dict[str, str] | None = None,
+        labelCol: str = "label",
+        batch_size: int = 64,
+        epochs: int = 1,
+        num_workers: int = 2,
+        num_ps: int = 0,
+        mode: str = "allreduce",
+        validation: Any = None,
+        model_dir: str | None = None,
+        checkpoint_every: int = 0,
+        seed: int | None = None,
+        outputCol: str = "",
+        predictionCol: str = "prediction",
+        probabilityCol: str = "probability",
+    ) -> None:
+        super().__init__()
+        self._setDefault(
+            model=None,
+            optimizer="adam",
+            epochs=1,
+            num_workers=2,
+            num_ps=0,
+            mode="allreduce",
+            validation=None,
+            model_dir=None,
+            checkpoint_every=0,
+            seed=0,
+        )
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def setParams(self, **kwargs: Any) -> Estimator:
+        return self._set(**kwargs)
+
+    # ---- fit -------------------------------------------------------------------
+
+    def _resolved_model(self) -> Any:
+        value = self.getOrDefault(self.model)
+        if value is None:
+            raise InvalidArgumentError("Estimator: set model= (a sparkgrad.nn model or a function returning one)")
+        if not _is_nn_model(value):
+            if not callable(value):
+                raise InvalidArgumentError(
+                    f"Estimator: model must be a sparkgrad.nn model or a function returning one, not "
+                    f"{type(value).__name__}"
+                )
+            value = value()
+            if not _is_nn_model(value):
+                raise InvalidArgumentError(
+                    f"Estimator: the model function returned {type(value).__name__}, not a sparkgrad.nn model"
+                )
+        return value
+
+    def _settings(self) -> tuple[str, int, int]:
+        mode = self.getOrDefault(self.mode)
+        if mode not in MODES:
+            raise InvalidArgumentError(f"Estimator: mode must be one of {MODES}, not {mode!r}")
+        workers = int(self.getOrDefault(self.num_workers))
+        ps = int(self.getOrDefault(self.num_ps))
+        if workers < 1:
+            raise InvalidArgumentError(f"Estimator: num_workers must be >= 1, not {workers}")
+        if mode == "allreduce" and ps:
+            raise InvalidArgumentError(
+                f"Estimator: mode 'allreduce' has no parameter servers (num_ps={ps}); use mode='ps'"
+            )
+        if mode == "ps":
+            ps = max(ps, 1)
+        return mode, workers, ps
+
+    def _split(self, df: Any) -> tuple[Any, Any]:
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        v = self.getOrDefault(self.validation)
+        if v is None or v == 0:
+            return df, None
+        if isinstance(v, str):
+            if v not in df.columns:
+                raise InvalidArgumentError(
+                    f"validation column {v!r} is not in the DataFrame "
+                    f"(its columns: {', '.join(map(repr, df.columns))})",
+                    column=v,
+                )
+            if not isinstance(df.schema[v].dataType, T.BooleanType):
+                raise InvalidArgumentError(
+                    f"validation column {v!r} has type {df.schema[v].dataType.simpleString()}: a boolean column "
+                    "marking the validation rows is needed",
+                    column=v,
+                )
+            flag = F.coalesce(F.col(v), F.lit(False))
+            return df.filter(~flag), df.filter(flag)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) < 1:
+            raise InvalidArgumentError(f"validation must be a fraction in (0, 1) or a column name, not {v!r}")
+        train, val = df.randomSplit([1 - float(v), float(v)], seed=int(self.getOrDefault(self.seed)))
+        return train, val
+
+    def _fit(self, dataset: Any) -> Model:
+        from sparkgrad import TFCluster
+        from sparkgrad.cluster.roles import InputMode
+        from sparkgrad.cluster.spark import spark_session
+        from sparkgrad.nn.saved import model_to_bytes, save_model
+        from sparkgrad.spark.training import TrainArgs, node_main, optimizer_spec
+
+        nn = self._resolved_model()
+        mode, workers, ps = self._settings()
+        loss = self.getOrDefault(self.loss)
+        if loss not in (C.SPARSE_LOSS, C.ONEHOT_LOSS):
+            raise InvalidArgumentError(f"Estimator: loss must be {C.SPARSE_LOSS!r} or {C.ONEHOT_LOSS!r}, not {loss!r}")
+        features = self._feature_columns("Estimator")
+        label = self._label_column()
+        if not label:
+            raise InvalidArgumentError("Estimator: set labelCol (or map a column to 'y' in input_mapping)")
+        width = int(np.prod(nn.input_shape))
+        spec = C.FeatureSpec(features, width, tuple(nn.input_shape), label, loss, int(nn.output_classes))
+        C.check_schema(dataset.schema, features, width, spec.input_shape, label, loss, spec.classes)
+        model_dir = self.getOrDefault(self.model_dir)
+        local_dir = _check_writable(model_dir) if model_dir else None
+        every = int(self.getOrDefault(self.checkpoint_every))
+        if every and not local_dir:
+            raise InvalidArgumentError("Estimator: checkpoint_every needs model_dir (where the checkpoints go)")
+        batch = int(self.getOrDefault(self.batch_size))
+        epochs = int(self.getOrDefault(self.epochs))
+        if batch < 1 or epochs < 1:
+            raise InvalidArgumentError(f"Estimator: batch_size and epochs must be >= 1 (got {batch}, {epochs})")
+        opt = optimizer_spec(self.getOrDefault(self.optimizer))
+
+        session = dataset.sparkSession
+        if mode == "allreduce" and workers > 1:
+            count = spark_session(session).slot_count()
+            if count.slots is not None and count.slots < 2 * workers:
+                raise InsufficientSlotsError(
+                    f"Estimator mode 'allreduce' with {workers} workers needs {2 * workers} task slots (one per "
+                    f"worker and one per worker's feeding task, all at once: the workers step together) but Spark "
+                    f"has {count.slots} ({count.source}): lower num_workers or use mode='ps'",
+                    needed=2 * workers,
+                    available=count.slots,
+                )
+        train_df, val_df = self._split(dataset)
+        train_df = train_df.select(*spec.columns).repartition(workers)
+        args = TrainArgs(
+            model_to_bytes(nn),
+            opt,
+            loss,
+            batch,
+            mode,
+            os.path.join(local_dir, "checkpoints") if local_dir else None,
+            every,
+            FEED_TIMEOUT,
+        )
+        cluster = TFCluster.run(
+            session,
+            node_main,
+            args,
+            num_executors=workers + ps,
+            num_ps=ps,
+            input_mode=InputMode.SPARK,
+            reservation_timeout=RESERVATION_TIMEOUT,
+            keep_results=True,
+            output=logger.info,
+        )
+        try:
+            cluster.train(train_df, num_epochs=epochs, feed_timeout=FEED_TIMEOUT, prepare=spec)
+        except NodeFailure:  # a node's own error, with its traceback: raised as it is
+            cluster.abort("Estimator.fit: a node failed")
+            raise
+        except ClusterError as exc:  # the feeding job failed: a feeding task's check, raised as itself
+            cluster.abort(f"Estimator.fit: feeding failed: {str(exc).splitlines()[0]}")
+            raise task_error(exc) from None
+        except BaseException:
+            cluster.abort("Estimator.fit was interrupted")
+            raise
+        cluster.shutdown()
+        import pickle
+
+        results = [pickle.loads(v) for v in cluster.node_results().values() if v is not None]
+        results = [r for r in results if isinstance(r, dict)]  # ps nodes return None
+        chief = next((r for r in results if isinstance(r, dict) and "model" in r), None)
+        if chief is None:
+            raise ClusterError("Estimator.fit: the chief worker returned no trained model")
+        fitted = Model.from_nn(chief["model"])
+        self._copyValues(fitted)
+        fitted.history = [
+            {k: v for k, v in r.items() if k != "model"} for r in sorted(results, key=lambda r: r.get("rank", 0))
+        ]
+        if val_df is not None:
+            ev = fitted.evaluate(val_df)
+            fitted.validation_metrics = {"val_loss": ev["loss"], "val_accuracy": ev["accuracy"], "val_rows": ev["rows"]}
+        if local_dir:
+            save_model(fitted.nn_model, os.path.join(local_dir, "model.sgmodel"))
+        return fitted
+
+    # ---- persistence -----------------------------------------------------------
+
+    def write(self) -> Any:
+        return persist.writer_class()(self)
+
+    @classmethod
+    def read(cls) -> Any:
+        return persist.reader_class()(cls)
+
+    def _save_to(self, spark: Any, path: str, overwrite: bool) -> None:
+        from sparkgrad.nn.optimizers import Optimizer
+        from sparkgrad.nn.saved import model_to_bytes
+
+        value = self.getOrDefault(self.model)
+        if value is not None and not _is_nn_model(value):
+            raise InvalidArgumentError(
+                "Estimator.save: the model param is a function, which cannot be saved; set model= to a "
+                "sparkgrad.nn model (e.g. model=build_model()) to save the Estimator"
+            )
+        extra: dict = {}
+        opt = self.getOrDefault(self.optimizer)
+        if isinstance(opt, Optimizer):
+            from sparkgrad.spark.training import optimizer_spec
+
+            kind, config = optimizer_spec(opt)
+            extra["optimizer"] = {"kind": kind, "config": config}
+        meta = persist.metadata_json(self, spark, skip=("model",), extra=extra)
+        persist.write_stage(spark, path, meta, None if value is None else model_to_bytes(value), overwrite)
+
+    @classmethod
+    def _load_from(cls, spark: Any, path: str) -> Estimator:
+        from sparkgrad.nn.saved import model_from_bytes
+        from sparkgrad.spark.training import build_optimizer
+
+        meta = persist.read_metadata(spark, path, f"{cls.__module__}.{cls.__name__}")
+        out = cls()
+        persist.set_params(out, meta)
+        if meta.get("optimizer"):
+            out._set(optimizer=build_optimizer((meta["optimizer"]["kind"], meta["optimizer"]["config"])))
+        try:
+            data = persist.read_model_bytes(spark, path)
+        except Exception:  # noqa: BLE001 - no model part: the Estimator was saved without a model
+            data = b""
+        if data:
+            out._set(model=model_from_bytes(data, f"{path}/model"))
+        return out
