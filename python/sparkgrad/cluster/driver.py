@@ -53,6 +53,11 @@ EVENT_POLL_SECONDS = 0.5
 ABORT_WAIT_SECONDS = 15.0
 # Seconds registered-but-idle nodes get to end after a failed formation.
 FORMATION_CANCEL_GRACE = 1.0
+# A node that raised because a peer vanished (its connection closed, its step timed out) often reports
+# before the driver hears that the peer itself was lost; a loss reported this soon after such an error
+# is the cause and is raised instead.
+ROOT_CAUSE_WINDOW_SECONDS = 2.0
+CONSEQUENCE_ERRORS = ("PeerClosedError", "NodeFailure", "SparkgradTimeout", "ProtocolError", "CancelledError")
 
 
 class Launcher(Protocol):
@@ -172,6 +177,7 @@ class Cluster:
         self._tensorboard = tensorboard
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
+        self._failure_at = 0.0  # time.monotonic() of the first failure
         self._finished: set[int] = set()
         self._gone: set[int] = set()  # nodes that ended: done, error or lost
         self._closed = threading.Event()
@@ -304,10 +310,10 @@ class Cluster:
                 )
             )
         elif kind == "lost":
-            if self._closed.is_set() or self._failure is not None:
+            if self._closed.is_set():
                 return
             where, spark = self._where(ev)
-            self._fail(
+            (self._fail if self._failure is None else self._prefer_cause)(
                 NodeFailure(
                     f"{name} {where} on {ev.get('host')} was lost: {ev.get('reason')}. "
                     "Its process died without reporting (killed, out of memory, or its executor was removed)",
@@ -338,6 +344,7 @@ class Cluster:
             if self._failure is not None:
                 return
             self._failure = exc
+            self._failure_at = time.monotonic()
             self._settled = False
             self._cond.notify_all()
         self._output(f"sparkgrad: {exc}".splitlines()[0] + " - stopping every node")
@@ -345,6 +352,25 @@ class Cluster:
         threading.Thread(
             target=self._abort_then_signal, args=(reason, exc), name="sparkgrad-abort", daemon=True
         ).start()
+
+    def _prefer_cause(self, lost: NodeFailure) -> None:
+        """A node lost just after another raised because of a vanished peer: the loss is the failure raised."""
+        with self._cond:
+            first = self._failure
+            message = str(first).split(" raised ", 1)[-1] if isinstance(first, NodeFailure) else ""
+            if (
+                first is None
+                or self._settled
+                or not getattr(first, "remote_traceback", "")
+                or not message.startswith(CONSEQUENCE_ERRORS)
+                or getattr(first, "executor_id", None) == lost.executor_id
+                or time.monotonic() - self._failure_at > ROOT_CAUSE_WINDOW_SECONDS
+            ):
+                return
+            lost.__context__ = first
+            self._failure = lost
+        first_node = getattr(first, "node", "another node")
+        self._output(f"sparkgrad: {lost}".splitlines()[0] + f" (the cause of {first_node}'s error)")
 
     def _may_restart(self, exc: BaseException) -> bool:
         """A lost or failed node (or the nodes' job) while training, with a restart left."""
@@ -373,7 +399,8 @@ class Cluster:
                 if restarted:
                     self._failure = None
                 else:
-                    self._failure = failure
+                    if failure is not exc or self._failure is None:  # else _prefer_cause may have put the cause there
+                        self._failure = failure
                     self._settled = True
                 self._cond.notify_all()
 
