@@ -87,7 +87,8 @@ MATRIX_DIR ?= .venv-matrix
 MATRIX_LEGS := py312-spark40 py310-spark34
 MATRIX_TESTS := tests/test_foundation.py tests/test_cluster_spark.py tests/test_cluster_feed.py \
   tests/test_cluster_ps.py tests/test_cluster_local_cluster.py tests/test_record_spark.py tests/test_nn_spark.py \
-  tests/test_examples.py tests/test_runner.py tests/test_spark_tfrecords.py tests/test_cluster_recovery.py
+  tests/test_examples.py tests/test_runner.py tests/test_spark_tfrecords.py tests/test_cluster_recovery.py \
+  tests/test_spark_ml.py tests/test_spark_columns.py tests/test_cluster_arrow_feed.py tests/test_spark_shipping.py
 # Each leg runs under one NumPy already (1.21.5 in py310-spark34): no venvs of other NumPys per leg.
 MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_numpy_1_and_2
 # DBR 17.3 LTS: Spark 4.0, Python 3.12; the connect extra brings pandas, pyarrow and grpcio for Spark Connect.

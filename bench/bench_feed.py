@@ -23,7 +23,7 @@ cluster formed before and shut down after):
 Scoring (rows/s of a DataFrame of 784-float arrays in 2 partitions through
 the walkthrough MLP, 784-128-64-10 softmax, written to Spark's ``noop`` sink):
 
-  sparkgrad Model.transform         sparkgrad.spark.Model(featuresCol="features"): mapInArrow, C engine
+  sparkgrad Model.transform         sparkgrad.spark.Model.from_nn(model, featuresCol="features"): mapInArrow, C engine
   mlflow.pyfunc.spark_udf           the sparkgrad MLflow flavor's pyfunc (pyfunc_output="prediction")
   PyTorch pandas UDF                the same weights in torch.nn, eval() + inference_mode, one
                                     thread per task (2 tasks on 2 cores), Arrow batches of 1,024
@@ -240,15 +240,10 @@ def noop(df) -> None:
 
 
 def time_transform(df, rows: int):
-    """Model.transform over df, or the reason it cannot run here."""
-    try:
-        from sparkgrad.spark import Model
-    except ImportError:
-        return None, "sparkgrad.spark.Model missing"
-    try:
-        scorer = Model(model=mlp(), featuresCol="features")
-    except TypeError as e:
-        return None, f"sparkgrad.spark.Model(model=..., featuresCol=...) refused: {e}"
+    """Model.transform over df: mapInArrow, the weights shipped once, the model built once per worker."""
+    from sparkgrad.spark import Model
+
+    scorer = Model.from_nn(mlp(), featuresCol="features")
     start = time.perf_counter()
     noop(scorer.transform(df))
     return rows / (time.perf_counter() - start), ""

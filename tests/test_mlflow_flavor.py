@@ -118,7 +118,7 @@ def test_pyfunc_prediction_output_is_the_argmax(store):
 
 
 @pytest.mark.spark
-def test_spark_udf_scores_like_model_predict(store, spark):
+def test_spark_udf_scores_like_model_predict_and_model_transform(store, spark):
     from pyspark.sql import functions as F
 
     model, x = _mlp(), _x(60)
@@ -134,6 +134,15 @@ def test_spark_udf_scores_like_model_predict(store, spark):
     want = model.predict(x)
     np.testing.assert_allclose(np.array([r.p for r in got]), want, rtol=1e-6)
     assert [r.c for r in got] == want.argmax(1).astype(float).tolist()
+    import pyspark
+
+    if tuple(int(v) for v in pyspark.__version__.split(".")[:2]) < (3, 5):
+        return  # Model.transform's vector column needs mapInArrow of pyspark >= 3.5 (test_spark_ml.py)
+    from sparkgrad.spark import Model as SparkModel  # and as sparkgrad.spark.Model.transform scores
+
+    scored = sorted(SparkModel.from_nn(model, featuresCol="features").transform(df).collect(), key=lambda r: r.id)
+    np.testing.assert_array_equal(np.array([r.probability.toArray() for r in scored], np.float32), [r.p for r in got])
+    assert [r.prediction for r in scored] == [r.c for r in got]
 
 
 def test_log_model_takes_artifact_path_or_name(store):
