@@ -56,3 +56,17 @@ def inflate(request, monkeypatch):
         pytest.skip("built without ISA-L")
     monkeypatch.setenv("SPARKGRAD_INFLATE", request.param)
     return request.param
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A file-store MLflow tracking URI of the test's own, also in the environment (subprocesses, cluster nodes)."""
+    mlflow = pytest.importorskip("mlflow")
+    uri = "file:" + str(tmp_path / "mlruns")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)

@@ -27,18 +27,6 @@ pytestmark = pytest.mark.timeout(180)
 FEATURES, CLASSES = 16, 4
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    uri = "file:" + str(tmp_path / "mlruns")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.set_tracking_uri(None)
-
-
 def _mlp():
     m = Sequential(
         [Dense(12, activation="relu", input_shape=(FEATURES,)), Dense(CLASSES, activation="softmax")], seed=4
@@ -66,7 +54,7 @@ def _log(model, **kw):
         return sgmlflow.log_model(model, name="model", **kw)
 
 
-def test_log_model_then_load_model_gives_the_same_model(store):
+def test_log_model_then_load_model_gives_the_same_model(mlflow_store):
     model, x = _mlp(), _x(40)
     info = _log(model, input_example=x[:2])
     loaded = sgmlflow.load_model(info.model_uri)
@@ -76,7 +64,7 @@ def test_log_model_then_load_model_gives_the_same_model(store):
     assert loaded.evaluate(x, np.arange(40) % CLASSES) == model.evaluate(x, np.arange(40) % CLASSES)
 
 
-def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(store, tmp_path):
+def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(mlflow_store, tmp_path):
     model = _cnn()
     path = tmp_path / "saved"
     sgmlflow.save_model(model, path)
@@ -92,7 +80,7 @@ def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(
     assert "sparkgrad==" in (path / "requirements.txt").read_text()
 
 
-def test_pyfunc_predicts_an_ndarray_and_a_dataframe_of_one_array_column(store):
+def test_pyfunc_predicts_an_ndarray_and_a_dataframe_of_one_array_column(mlflow_store):
     model, x = _mlp(), _x(30)
     pyfunc = mlflow.pyfunc.load_model(_log(model).model_uri)
     want = model.predict(x)
@@ -102,14 +90,14 @@ def test_pyfunc_predicts_an_ndarray_and_a_dataframe_of_one_array_column(store):
     np.testing.assert_allclose(np.asarray(pyfunc.predict(lists)), want, rtol=1e-6)
 
 
-def test_pyfunc_reshapes_flat_rows_to_a_conv_models_input_shape(store):
+def test_pyfunc_reshapes_flat_rows_to_a_conv_models_input_shape(mlflow_store):
     model, x = _cnn(), _x(12, 36)
     pyfunc = mlflow.pyfunc.load_model(_log(model).model_uri)
     got = pyfunc.predict(pd.DataFrame({"pixels": list(x)}))
     np.testing.assert_array_equal(np.asarray(got), model.predict(x.reshape(12, 6, 6, 1)))
 
 
-def test_pyfunc_prediction_output_is_the_argmax(store):
+def test_pyfunc_prediction_output_is_the_argmax(mlflow_store):
     model, x = _mlp(), _x(25)
     pyfunc = mlflow.pyfunc.load_model(_log(model, pyfunc_output="prediction").model_uri)
     got = pyfunc.predict(x)
@@ -118,7 +106,7 @@ def test_pyfunc_prediction_output_is_the_argmax(store):
 
 
 @pytest.mark.spark
-def test_spark_udf_scores_like_model_predict_and_model_transform(store, spark):
+def test_spark_udf_scores_like_model_predict_and_model_transform(mlflow_store, spark):
     from pyspark.sql import functions as F
 
     model, x = _mlp(), _x(60)
@@ -145,7 +133,7 @@ def test_spark_udf_scores_like_model_predict_and_model_transform(store, spark):
     assert [r.prediction for r in scored] == [r.c for r in got]
 
 
-def test_log_model_takes_artifact_path_or_name(store):
+def test_log_model_takes_artifact_path_or_name(mlflow_store):
     model = _mlp()
     with mlflow.start_run():
         info = sgmlflow.log_model(model, "old_style")
@@ -154,7 +142,7 @@ def test_log_model_takes_artifact_path_or_name(store):
     np.testing.assert_array_equal(sgmlflow.load_model(info.model_uri).params, model.params)
 
 
-def test_bad_models_and_paths_are_refused(store, tmp_path):
+def test_bad_models_and_paths_are_refused(mlflow_store, tmp_path):
     with pytest.raises(InvalidArgumentError, match="Sequential"):
         sgmlflow.save_model(object(), tmp_path / "x")
     (tmp_path / "full").mkdir()

@@ -26,19 +26,6 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A file-store tracking URI of the test's own, also in the environment (subprocesses, cluster nodes)."""
-    uri = "file:" + str(tmp_path / "mlruns")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.set_tracking_uri(None)
-
-
 def _data(n=200, seed=0):
     return cluster_nodes._blobs(np.random.default_rng(seed), n)
 
@@ -63,7 +50,7 @@ def _artifacts(run_id, path):
     return sorted(f.path for f in MlflowClient().list_artifacts(run_id, path))
 
 
-def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(store, tmp_path):
+def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(mlflow_store, tmp_path):
     x, y = _data()
     model = _model()
     with mlflow.start_run() as run:
@@ -109,7 +96,7 @@ def test_fit_in_an_active_run_logs_params_metrics_checkpoints_and_the_model(stor
     assert summary == model.summary(print_fn=None)
 
 
-def test_mlflow_true_starts_a_run_and_ends_it_each_fit(store):
+def test_mlflow_true_starts_a_run_and_ends_it_each_fit(mlflow_store):
     x, y = _data()
     model = _model()
     assert mlflow.active_run() is None
@@ -121,7 +108,7 @@ def test_mlflow_true_starts_a_run_and_ends_it_each_fit(store):
     assert [_steps(r.info.run_id, "epoch") for r in runs] == [[(4, 1.0)], [(8, 1.0)]]
 
 
-def test_a_second_fit_in_the_same_run_keeps_the_first_params_and_goes_on_with_the_metrics(store):
+def test_a_second_fit_in_the_same_run_keeps_the_first_params_and_goes_on_with_the_metrics(mlflow_store):
     x, y = _data()
     model = _model()
     with mlflow.start_run() as run:
@@ -132,7 +119,7 @@ def test_a_second_fit_in_the_same_run_keeps_the_first_params_and_goes_on_with_th
     assert [s for s, _ in _steps(run.info.run_id, "loss")] == [4, 6]
 
 
-def test_a_fit_that_raises_ends_the_run_it_started_as_failed(store):
+def test_a_fit_that_raises_ends_the_run_it_started_as_failed(mlflow_store):
     class Boom:
         def on_epoch_end(self, epoch, logs):
             raise RuntimeError("boom at epoch end")
@@ -145,7 +132,7 @@ def test_a_fit_that_raises_ends_the_run_it_started_as_failed(store):
     assert run.info.status == "FAILED" and _steps(run.info.run_id, "loss")
 
 
-def test_mlflow_false_logs_nothing_even_in_an_active_run(store):
+def test_mlflow_false_logs_nothing_even_in_an_active_run(mlflow_store):
     x, y = _data()
     with mlflow.start_run() as run:
         _model().fit(x, y, batch_size=50, epochs=1, verbose=0, mlflow=False)
@@ -166,7 +153,7 @@ def _python(code: str, tmp_path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_without_the_option_or_an_active_run_mlflow_is_neither_imported_nor_written(store, tmp_path):
+def test_without_the_option_or_an_active_run_mlflow_is_neither_imported_nor_written(mlflow_store, tmp_path):
     seen = _python(
         """
         model.fit(x, y, epochs=1, verbose=0)
@@ -184,7 +171,7 @@ def test_without_the_option_or_an_active_run_mlflow_is_neither_imported_nor_writ
         tmp_path,
     )
     assert seen == {"active": False}
-    assert not os.path.exists(store[len("file:") :]) and not os.path.exists(tmp_path / "mlflow.db")
+    assert not os.path.exists(mlflow_store[len("file:") :]) and not os.path.exists(tmp_path / "mlflow.db")
 
 
 def test_mlflow_true_without_mlflow_says_what_to_install(tmp_path):
@@ -203,7 +190,7 @@ def test_mlflow_true_without_mlflow_says_what_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(store):
+def test_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(mlflow_store):
     lines: list[str] = []
     cluster = sparkgrad.local.run(cluster_nodes.fit_with_mlflow, {}, 2, 0, output=lines.append)
     cluster.shutdown(timeout=90)
@@ -220,7 +207,7 @@ def test_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(store):
 
 
 @pytest.mark.slow
-def test_the_chief_of_a_cluster_logs_into_the_drivers_run_named_by_mlflow_run_id(store, monkeypatch):
+def test_the_chief_of_a_cluster_logs_into_the_drivers_run_named_by_mlflow_run_id(mlflow_store, monkeypatch):
     with mlflow.start_run() as run:
         monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)  # the nodes' mlflow.start_run() resumes it
         cluster = sparkgrad.local.run(cluster_nodes.fit_with_mlflow, {}, 2, 0, output=lambda line: None)

@@ -169,3 +169,16 @@ int net_gate_unauth(NetGate *g)
     pthread_mutex_unlock(&g->mu);
     return n;
 }
+
+void net_gate_accept_ready(NetGate *g, int lfd, int ready, NetGateAdd add, void *ctx)
+{
+    for (int i = 0; i < NET_GATE_BURST && ready; i++) {
+        int fd;
+        char peer[NET_PEER_MAX];
+        int a = net_gate_accept(g, lfd, &fd, peer, sizeof peer);
+        if (a == 0)
+            break;
+        if (a == 1)
+            add(ctx, fd, peer);
+    }
+}

@@ -65,6 +65,13 @@ int net_gate_poll_fd(NetGate *g, int lfd, int *ms);
  * backing off. Never fails. */
 int net_gate_accept(NetGate *g, int lfd, int *fd_out, char *peer, size_t peer_len);
 
+/* A server loop's accept step: when `ready` (the listener polled readable, or
+ * out of the poll set), accepts up to NET_GATE_BURST pending connections and
+ * hands each admitted one to add(ctx, fd, peer), which owns it from then on. */
+#define NET_GATE_BURST 64
+typedef void (*NetGateAdd)(void *ctx, int fd, const char *peer);
+void net_gate_accept_ready(NetGate *g, int lfd, int ready, NetGateAdd add, void *ctx);
+
 /* The admitted connection from peer authenticated / ended unauthenticated:
  * it no longer counts against the caps. */
 void net_gate_authenticated(NetGate *g, const char *peer);

@@ -333,6 +333,11 @@ static void add_conn(FeedServer *s, int fd, const char *peer)
     }
 }
 
+static void add_conn_cb(void *ctx, int fd, const char *peer)
+{
+    add_conn((FeedServer *)ctx, fd, peer);
+}
+
 static void conn_free(FeedConn *c)
 {
     pthread_join(c->thread, NULL);
@@ -381,15 +386,8 @@ static void *accept_main(void *arg)
         if (p[1].revents)
             net_wake_drain(s->wake[0]);
         reap_conns(s);
-        for (int i = 0; i < 64 && (p[0].fd < 0 || (p[0].revents & POLLIN)); i++) {
-            int fd;
-            char peer[NET_PEER_MAX];
-            int a = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
-            if (a == 0)
-                break;
-            if (a == 1)
-                add_conn(s, fd, peer);
-        }
+        net_gate_accept_ready(&s->gate, s->lfd, p[0].fd < 0 || (p[0].revents & POLLIN), add_conn_cb,
+                              s);
     }
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)

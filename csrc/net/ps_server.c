@@ -535,6 +535,11 @@ static void add_conn(PsServer *s, int fd, const char *peer)
     }
 }
 
+static void add_conn_cb(void *ctx, int fd, const char *peer)
+{
+    add_conn((PsServer *)ctx, fd, peer);
+}
+
 /* Joins and frees the connections whose thread ended (their socket closes
  * now, not at shutdown). Only serve's thread changes the table's length. */
 static void reap_conns(PsServer *s)
@@ -599,15 +604,8 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
         if (p[1].revents)
             net_wake_drain(s->wake[0]);
         reap_conns(s);
-        for (int i = 0; i < 64 && (p[0].fd < 0 || (p[0].revents & POLLIN)); i++) {
-            int fd;
-            char peer[NET_PEER_MAX];
-            int a = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
-            if (a == 0)
-                break;
-            if (a == 1)
-                add_conn(s, fd, peer);
-        }
+        net_gate_accept_ready(&s->gate, s->lfd, p[0].fd < 0 || (p[0].revents & POLLIN), add_conn_cb,
+                              s);
     }
     close_conns(s);
     return rc < 0 ? rc : result;

@@ -95,7 +95,7 @@ def _check_writable(model_dir: str) -> str:
     return path
 
 
-class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
+class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWritable, MLReadable):
     """Trains a sparkgrad.nn model on a DataFrame across a cluster (see the module doc)."""
 
     model = Param(
@@ -317,13 +317,6 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, MLWritable, MLReadable):
         return fitted
 
     # ---- persistence -----------------------------------------------------------
-
-    def write(self) -> Any:
-        return persist.writer_class()(self)
-
-    @classmethod
-    def read(cls) -> Any:
-        return persist.reader_class()(cls)
 
     def _save_to(self, spark: Any, path: str, overwrite: bool) -> None:
         from sparkgrad.nn.optimizers import Optimizer

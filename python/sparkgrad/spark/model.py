@@ -212,7 +212,7 @@ class _Evaluator:
         )
 
 
-class Model(_SparkModel, _ModelParams, MLWritable, MLReadable):
+class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable):
     """A trained sparkgrad.nn model as a Spark ML Transformer (see the module doc)."""
 
     @keyword_only
@@ -368,13 +368,6 @@ class Model(_SparkModel, _ModelParams, MLWritable, MLReadable):
         return {"loss": float(totals.l) / seen, "accuracy": int(totals.c) / seen, "rows": seen}
 
     # ---- persistence -----------------------------------------------------------
-
-    def write(self) -> Any:
-        return persist.writer_class()(self)
-
-    @classmethod
-    def read(cls) -> Any:
-        return persist.reader_class()(cls)
 
     def _save_to(self, spark: Any, path: str, overwrite: bool) -> None:
         extra = {"validation_metrics": self.validation_metrics, "history": self.history}

@@ -119,3 +119,15 @@ def reader_class():
             return self.cls._load_from(self.sparkSession, path)
 
     return StageReader
+
+
+class Persisted:
+    """write() and read() for a stage that saves itself with ``_save_to`` and loads with ``_load_from``;
+    listed before MLWritable/MLReadable among the stage's bases."""
+
+    def write(self) -> Any:
+        return writer_class()(self)
+
+    @classmethod
+    def read(cls) -> Any:
+        return reader_class()(cls)
