@@ -266,6 +266,26 @@ def _accuracy_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
+FEED_COLUMNS = ("array<float>[784]", "VectorUDT", "binary[784]")
+
+
+def _feed_lines(rows: list[dict]) -> list[tuple]:
+    lines = []
+    for col in FEED_COLUMNS:
+        m = f"feed rows/s, {col} + label"
+        lines.append(
+            (f"feeding a DataFrame, {col}", ("sparkgrad Arrow feed", m), ("TensorFlowOnSpark 2.2.5", m), "higher")
+        )
+        lines.append((f"feeding a DataFrame, {col}", ("sparkgrad Arrow feed", m), ("sparkgrad RDD path", m), "higher"))
+        lines.append((f"feeding a DataFrame, {col}", ("sparkgrad Arrow feed", m),
+                      ("sparkgrad TFRecordDataset", "read rows/s, image_raw + label"), "higher"))  # fmt: skip
+    m = "transform rows/s, MLP 784-128-64-10"
+    lines.append(("scoring a DataFrame", ("sparkgrad Model.transform", m), ("PyTorch pandas UDF", m), "higher"))
+    lines.append(("scoring a DataFrame", ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", m), ("PyTorch pandas UDF", m),
+                  "higher"))  # fmt: skip
+    return lines
+
+
 # file stem -> (title, what it compares, lines)
 COMPARISONS = {
     "train": (
@@ -288,6 +308,12 @@ COMPARISONS = {
         "Model (b) test accuracy after 3 epochs, and training time",
         "the same recipe in sparkgrad and Keras",
         _accuracy_lines,
+    ),
+    "feed": (
+        "DataFrames into the workers and scored (rows/s)",
+        "Arrow feeding against the RDD path, TensorFlowOnSpark and reading TFRecords; Model.transform and the "
+        "MLflow flavor's spark_udf against a pandas UDF calling PyTorch",
+        _feed_lines,
     ),
 }
 
