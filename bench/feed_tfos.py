@@ -50,7 +50,9 @@ def main() -> int:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (
-        SparkSession.builder.master("local[2]")
+        # two executor processes: on local[N] every task shares one working directory, where TensorFlowOnSpark
+        # keeps the executor id, so every feeding task finds the last node's queue and the other worker gets nothing
+        SparkSession.builder.master("local-cluster[2,1,2048]")
         .appName("bench_feed-tfos")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
