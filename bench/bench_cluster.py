@@ -204,21 +204,7 @@ def compile_bytecode() -> None:
 
 def tfos_python() -> tuple[str | None, str]:
     """The first interpreter that has tensorflow, tf_keras and tensorflowonspark; (path, why not)."""
-    tried = []
-    for python in dict.fromkeys(p for p in TF_PYTHONS if p):
-        if not os.path.exists(python):
-            tried.append(f"{python}: absent")
-            continue
-        probe = "import tensorflow, tf_keras, tensorflowonspark, pyspark"
-        try:
-            r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            tried.append(f"{python}: importing tensorflow took over 300 s")
-            continue
-        if r.returncode == 0:
-            return python, ""
-        tried.append(f"{python}: {(r.stderr.strip().splitlines() or ['import failed'])[-1]}")
-    return None, "no interpreter with tensorflow, tf_keras, tensorflowonspark and pyspark (" + "; ".join(tried) + ")"
+    return benchlib.python_with(TF_PYTHONS, ("tensorflow", "tf_keras", "tensorflowonspark", "pyspark"))
 
 
 def run_child(system: str, cmd: list[str], env: dict, timeout: float, log: pathlib.Path) -> tuple[dict | None, str]:

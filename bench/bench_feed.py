@@ -182,25 +182,7 @@ def time_tfrecords(spark, files: list[str], rows: int) -> float:
 
 def tfos_python() -> tuple[str | None, str]:
     """The first interpreter with tensorflow, tensorflowonspark and pyspark; (path, why not)."""
-    tried = []
-    for python in dict.fromkeys(p for p in TF_PYTHONS if p):
-        if not os.path.exists(python):
-            tried.append(f"{python}: absent")
-            continue
-        try:
-            probe = subprocess.run(
-                [python, "-c", "import tensorflow, tensorflowonspark, pyspark"],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-        except subprocess.TimeoutExpired:
-            tried.append(f"{python}: importing tensorflow took over 300 s")
-            continue
-        if probe.returncode == 0:
-            return python, ""
-        tried.append(f"{python}: {(probe.stderr.strip().splitlines() or ['import failed'])[-1]}")
-    return None, "no interpreter with tensorflow, tensorflowonspark and pyspark (" + "; ".join(tried) + ")"
+    return benchlib.python_with(TF_PYTHONS, ("tensorflow", "tensorflowonspark", "pyspark"))
 
 
 def run_tfos(python: str, kind: str, path: str, rows: int, repeat: int, work: pathlib.Path) -> tuple[list, str]:

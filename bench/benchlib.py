@@ -138,6 +138,27 @@ def read_results(path: str | os.PathLike) -> tuple[dict | None, list[dict]]:
     raise ValueError(f"{path}: expected a list of rows or {{'metadata', 'rows'}}")
 
 
+def python_with(candidates: Iterable[str], modules: Iterable[str], timeout: float = 300.0) -> tuple[str | None, str]:
+    """The first interpreter of ``candidates`` that imports every module; (path, "") or (None, why not)."""
+    modules = list(modules)
+    tried = []
+    for python in dict.fromkeys(p for p in candidates if p):
+        if not os.path.exists(python):
+            tried.append(f"{python}: absent")
+            continue
+        try:
+            r = subprocess.run(
+                [python, "-c", "import " + ", ".join(modules)], capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            tried.append(f"{python}: importing {', '.join(modules)} took over {timeout:g} s")
+            continue
+        if r.returncode == 0:
+            return python, ""
+        tried.append(f"{python}: {(r.stderr.strip().splitlines() or ['import failed'])[-1]}")
+    return None, f"no interpreter with {', '.join(modules)} (" + "; ".join(tried) + ")"
+
+
 # ---- rows ------------------------------------------------------------------------------------
 
 

@@ -102,3 +102,10 @@ def test_every_bench_script_writes_its_results_through_benchlib():
     scripts = sorted((ROOT / "bench").glob("bench_*.py")) + [ROOT / "bench" / "accuracy_cnn.py"]
     missing = [p.name for p in scripts if "benchlib.write_results(" not in p.read_text()]
     assert scripts and not missing, f"results written without bench/benchlib.py: {missing}"
+
+
+def test_python_with_finds_the_first_interpreter_that_imports_the_modules_or_says_why():
+    assert benchlib.python_with(["/nonexistent/python", sys.executable], ["json"]) == (sys.executable, "")
+    python, why = benchlib.python_with(["/nonexistent/python", sys.executable], ["no_such_module_here"])
+    assert python is None
+    assert "/nonexistent/python: absent" in why and "No module named 'no_such_module_here'" in why
