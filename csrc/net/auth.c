@@ -1,9 +1,10 @@
 /*
  * auth.c - the HMAC-SHA256 handshake of auth.h on OpenSSL libcrypto.
  *
- * Not here: transport encryption. The secret proves membership of the
- * cluster; payloads after the handshake travel in clear over the cluster's
- * private network (as Spark's own RPC does without spark.network.crypto).
+ * Each end announces its security mode in its handshake frame's flags and
+ * refuses a peer with another; on success the caller's NetSession (session.h)
+ * is keyed from the secret and both nonces. Not here: protecting the frames
+ * that follow (frame.c with session.c).
  */
 #include "net/auth.h"
 
@@ -19,6 +20,7 @@
 #include <sys/socket.h>
 
 #include "net/frame.h"
+#include "net/session.h"
 #include "net/sock.h"
 
 int net_auth_check_secret(size_t len, SgError *err)
@@ -57,10 +59,37 @@ int net_auth_mac(const uint8_t *secret, size_t secret_len, const char *label, co
     return SG_OK;
 }
 
-int net_auth_server_check(const uint8_t *secret, size_t secret_len,
-                          const uint8_t challenge[NET_AUTH_NONCE], const uint8_t *resp,
-                          size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC], const char *peer,
-                          SgError *err)
+/* The mode each end announces in its handshake frame's flags must be the other's. */
+static int mode_check(uint16_t theirs, NetSecurity ours, const char *who, const char *peer,
+                      SgError *err)
+{
+    if (theirs == (uint16_t)ours)
+        return SG_OK;
+    return sg_fail(err, SG_EAUTH,
+                   "%s %s uses security='%s' and this node security='%s': every node of a "
+                   "cluster must use the same security mode",
+                   who, peer,
+                   theirs <= NET_SEC_ENCRYPT ? net_security_name((NetSecurity)theirs) : "?",
+                   net_security_name(ours));
+}
+
+static int start_session(NetSession *session, NetSecurity mode, const uint8_t *secret,
+                         size_t secret_len, const uint8_t *server_nonce,
+                         const uint8_t *client_nonce, int is_server, SgError *err)
+{
+    if (session == NULL)
+        return mode == NET_SEC_NONE
+                   ? SG_OK
+                   : sg_fail(err, SG_EINVAL, "security='%s' needs a session to keep its keys",
+                             net_security_name(mode));
+    return net_session_init(session, mode, secret, secret_len, server_nonce, client_nonce,
+                            is_server, err);
+}
+
+int net_auth_server_check(const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                          const uint8_t challenge[NET_AUTH_NONCE], uint16_t resp_flags,
+                          const uint8_t *resp, size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC],
+                          const char *peer, NetSession *session, SgError *err)
 {
     if (resp_len != NET_AUTH_NONCE + NET_AUTH_MAC)
         return sg_fail(err, SG_EAUTH, "auth response from %s has %zu bytes, expected %d", peer,
@@ -73,50 +102,58 @@ int net_auth_server_check(const uint8_t *secret, size_t secret_len,
         return sg_fail(
             err, SG_EAUTH,
             "client %s failed the HMAC challenge (it does not hold this cluster's secret)", peer);
-    return net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, ok_payload,
-                        err);
+    if ((rc = mode_check(resp_flags, mode, "client", peer, err)) < 0 ||
+        (rc = net_auth_mac(secret, secret_len, NET_AUTH_LABEL_SERVER, resp, challenge, ok_payload,
+                           err)) < 0)
+        return rc;
+    return start_session(session, mode, secret, secret_len, challenge, resp, 1, err);
 }
 
-int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double deadline,
-                    const char *peer, SgError *err)
+int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                    double deadline, const char *peer, NetSession *session, SgError *err)
 {
     uint8_t challenge[NET_AUTH_NONCE], ok[NET_AUTH_MAC];
     int rc = net_auth_random(challenge, sizeof challenge, err);
     if (rc < 0)
         return rc;
-    rc = net_frame_send(fd, NET_FRAME_AUTH_CHALLENGE, 0, challenge, sizeof challenge, deadline,
-                        peer, err);
+    rc = net_frame_send(fd, NULL, NET_FRAME_AUTH_CHALLENGE, (uint16_t)mode, challenge,
+                        sizeof challenge, deadline, peer, err);
     if (rc < 0)
         return rc;
     NetFrameHeader h;
     uint8_t *resp = NULL;
-    rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &resp, err);
+    rc = net_frame_recv(fd, NULL, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &resp, err);
     if (rc < 0)
         return sg_context(err, "authenticating client: ");
     if (h.type != NET_FRAME_AUTH_RESPONSE)
         rc = sg_fail(err, SG_EAUTH, "client %s sent a %s frame instead of an auth response", peer,
                      net_frame_type_name(h.type));
     else
-        rc = net_auth_server_check(secret, secret_len, challenge, resp, h.length, ok, peer, err);
+        rc = net_auth_server_check(secret, secret_len, mode, challenge, h.flags, resp, h.length, ok,
+                                   peer, session, err);
     free(resp);
     if (rc < 0) {
         static const char reason[] = "authentication failed: wrong cluster secret";
         SgError ignored;
         /* Best effort, short deadline: tell the peer why before closing. */
         double d = net_now() + 0.5 < deadline ? net_now() + 0.5 : deadline;
-        net_frame_send(fd, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1, d, peer, &ignored);
+        net_frame_send(fd, NULL, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1, d, peer,
+                       &ignored);
         return rc;
     }
-    return net_frame_send(fd, NET_FRAME_AUTH_OK, 0, ok, sizeof ok, deadline, peer, err);
+    rc = net_frame_send(fd, NULL, NET_FRAME_AUTH_OK, 0, ok, sizeof ok, deadline, peer, err);
+    if (rc < 0 && session != NULL)
+        net_session_free(session);
+    return rc;
 }
 
-int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double deadline,
-                    const char *peer, SgError *err)
+int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                    double deadline, const char *peer, NetSession *session, SgError *err)
 {
     NetFrameHeader h;
     uint8_t *buf = NULL;
     uint8_t challenge[NET_AUTH_NONCE], resp[NET_AUTH_NONCE + NET_AUTH_MAC], expect[NET_AUTH_MAC];
-    int rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
+    int rc = net_frame_recv(fd, NULL, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
     if (rc < 0)
         return sg_context(err, "waiting for the auth challenge: ");
     if (h.type != NET_FRAME_AUTH_CHALLENGE || h.length != NET_AUTH_NONCE) {
@@ -124,16 +161,18 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
                      peer, h.length, net_frame_type_name(h.type));
         goto cleanup;
     }
+    if ((rc = mode_check(h.flags, mode, "server", peer, err)) < 0)
+        goto cleanup;
     memcpy(challenge, buf, NET_AUTH_NONCE);
     if ((rc = net_auth_random(resp, NET_AUTH_NONCE, err)) < 0 ||
         (rc = net_auth_mac(secret, secret_len, NET_AUTH_LABEL_CLIENT, challenge, resp,
                            resp + NET_AUTH_NONCE, err)) < 0 ||
-        (rc = net_frame_send(fd, NET_FRAME_AUTH_RESPONSE, 0, resp, sizeof resp, deadline, peer,
-                             err)) < 0)
+        (rc = net_frame_send(fd, NULL, NET_FRAME_AUTH_RESPONSE, (uint16_t)mode, resp, sizeof resp,
+                             deadline, peer, err)) < 0)
         goto cleanup;
     free(buf);
     buf = NULL;
-    rc = net_frame_recv(fd, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
+    rc = net_frame_recv(fd, NULL, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
     if (rc == SG_EPEER) {
         rc = sg_fail(err, SG_EAUTH,
                      "%s closed the connection during authentication (wrong secret?)", peer);
@@ -158,6 +197,8 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
                      "server %s failed to prove it holds the cluster secret (wrong secret or "
                      "impostor)",
                      peer);
+    else
+        rc = start_session(session, mode, secret, secret_len, challenge, resp, 0, err);
 cleanup:
     free(buf);
     return rc;
@@ -183,8 +224,8 @@ static int closed_before_challenge(int fd, double deadline)
 }
 
 int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                     double deadline, int *fd_out, const char *peer, const char *connect_context,
-                     SgError *err)
+                     NetSecurity mode, double deadline, int *fd_out, NetSession *session,
+                     const char *peer, const char *connect_context, SgError *err)
 {
     double backoff = 0.01, first = net_now();
     for (int attempt = 1;; attempt++) {
@@ -204,7 +245,7 @@ int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t s
             backoff = backoff * 2 > 0.2 ? 0.2 : backoff * 2;
             continue;
         }
-        rc = net_auth_client(fd, secret, secret_len, deadline, peer, err);
+        rc = net_auth_client(fd, secret, secret_len, mode, deadline, peer, session, err);
         if (rc < 0) {
             net_close(&fd);
             return rc;

@@ -15,8 +15,9 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 
-#define NET_AUTH_NONCE 32
+#define NET_AUTH_NONCE NET_SESSION_NONCE /* the nonces key the session */
 #define NET_AUTH_MAC   32
 #define NET_SECRET_MIN 16
 #define NET_SECRET_MAX 1024
@@ -31,19 +32,26 @@ int net_auth_random(uint8_t *out, size_t len, SgError *err);
 int net_auth_mac(const uint8_t *secret, size_t secret_len, const char *label, const uint8_t *a,
                  const uint8_t *b, uint8_t out[NET_AUTH_MAC], SgError *err);
 
-/* Server side, no I/O: checks an AUTH_RESPONSE payload against the
- * challenge; on success fills the AUTH_OK payload. SG_EAUTH names the peer. */
-int net_auth_server_check(const uint8_t *secret, size_t secret_len,
-                          const uint8_t challenge[NET_AUTH_NONCE], const uint8_t *resp,
-                          size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC], const char *peer,
-                          SgError *err);
+/* Every handshake below takes the node's security mode (session.h), which
+ * travels in the flags of AUTH_CHALLENGE (the server's) and AUTH_RESPONSE
+ * (the client's): a peer with another mode is refused with SG_EAUTH naming
+ * both. On success *session (which may be NULL only for NET_SEC_NONE) holds
+ * the connection's keys; the caller frees it with net_session_free. */
+
+/* Server side, no I/O: checks an AUTH_RESPONSE (its flags and payload)
+ * against the challenge; on success fills the AUTH_OK payload and keys
+ * *session. SG_EAUTH names the peer. */
+int net_auth_server_check(const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                          const uint8_t challenge[NET_AUTH_NONCE], uint16_t resp_flags,
+                          const uint8_t *resp, size_t resp_len, uint8_t ok_payload[NET_AUTH_MAC],
+                          const char *peer, NetSession *session, SgError *err);
 
 /* Blocking handshakes (bounded by deadline) for connection-per-thread
  * servers and for clients. */
-int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, double deadline,
-                    const char *peer, SgError *err);
-int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double deadline,
-                    const char *peer, SgError *err);
+int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                    double deadline, const char *peer, NetSession *session, SgError *err);
+int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                    double deadline, const char *peer, NetSession *session, SgError *err);
 
 /* Connects to host:port and authenticates before deadline (*fd_out open
  * only on success). A server at its cap of unauthenticated connections
@@ -52,8 +60,8 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, double dea
  * clients from one address (a big executor host, a NAT) all get in.
  * connect_context prefixes errors of the connect itself ("feed: "). */
 int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                     double deadline, int *fd_out, const char *peer, const char *connect_context,
-                     SgError *err);
+                     NetSecurity mode, double deadline, int *fd_out, NetSession *session,
+                     const char *peer, const char *connect_context, SgError *err);
 
 /* The labels that separate the two directions' MACs. */
 #define NET_AUTH_LABEL_CLIENT "sparkgrad-auth-v1 client"

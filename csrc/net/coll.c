@@ -143,9 +143,9 @@ static int accept_one(Acceptor *a, int fd, const char *peer)
         d = a->deadline;
     NetFrameHeader h;
     uint8_t *p = NULL;
-    int rc = net_auth_server(fd, a->secret, a->secret_len, d, peer, &e);
+    int rc = net_auth_server(fd, a->secret, a->secret_len, NET_SEC_NONE, d, peer, NULL, &e);
     if (rc == 0)
-        rc = net_frame_recv(fd, 64, d, peer, &h, &p, &e);
+        rc = net_frame_recv(fd, NULL, 64, d, peer, &h, &p, &e);
     if (rc == 0 &&
         (h.type != NET_FRAME_COLL || h.flags != COLL_FRAME_HELLO || h.length != COLL_HELLO_LEN))
         rc = sg_fail(&e, SG_EPROTO, "%s sent a %s frame (flags %u) instead of a collective hello",
@@ -163,15 +163,15 @@ static int accept_one(Acceptor *a, int fd, const char *peer)
                          "%s says it is rank %d, but only rank %d (%s) connects to rank %d", peer,
                          prank, c->left, c->left_peer, c->rank);
         if (rc < 0)
-            (void)net_frame_send(fd, NET_FRAME_COLL, COLL_FRAME_REFUSE, e.msg, strlen(e.msg), d,
-                                 peer, &(SgError){0});
+            (void)net_frame_send(fd, NULL, NET_FRAME_COLL, COLL_FRAME_REFUSE, e.msg, strlen(e.msg),
+                                 d, peer, &(SgError){0});
     }
     free(p);
     if (rc == 0) {
         uint8_t hello[COLL_HELLO_LEN];
         hello_encode(hello, c->rank, c->size, c->check);
-        rc = net_frame_send(fd, NET_FRAME_COLL, COLL_FRAME_HELLO_OK, hello, sizeof hello, d, peer,
-                            &e);
+        rc = net_frame_send(fd, NULL, NET_FRAME_COLL, COLL_FRAME_HELLO_OK, hello, sizeof hello, d,
+                            peer, &e);
     }
     if (rc < 0) {
         snprintf(a->refused, sizeof a->refused,
@@ -242,15 +242,16 @@ static int connect_right(CollComm *c, const char *host, int port, const uint8_t 
     if (rc < 0 && tries > 0)
         sg_context(err, "retried for %.1fs: ", 0.05 * tries);
     if (rc == 0)
-        rc = net_auth_client(c->fd_right, secret, secret_len, deadline, c->right_peer, err);
+        rc = net_auth_client(c->fd_right, secret, secret_len, NET_SEC_NONE, deadline, c->right_peer,
+                             NULL, err);
     uint8_t hello[COLL_HELLO_LEN], *p = NULL;
     hello_encode(hello, c->rank, c->size, c->check);
     if (rc == 0)
-        rc = net_frame_send(c->fd_right, NET_FRAME_COLL, COLL_FRAME_HELLO, hello, sizeof hello,
-                            deadline, c->right_peer, err);
+        rc = net_frame_send(c->fd_right, NULL, NET_FRAME_COLL, COLL_FRAME_HELLO, hello,
+                            sizeof hello, deadline, c->right_peer, err);
     NetFrameHeader h;
     if (rc == 0)
-        rc = net_frame_recv(c->fd_right, SG_ERROR_MAX, deadline, c->right_peer, &h, &p, err);
+        rc = net_frame_recv(c->fd_right, NULL, SG_ERROR_MAX, deadline, c->right_peer, &h, &p, err);
     if (rc == 0 && h.type == NET_FRAME_COLL && h.flags == COLL_FRAME_REFUSE)
         rc = sg_fail(err, SG_ECLUSTER, "it refused this rank: %.*s", (int)h.length, (char *)p);
     else if (rc == 0 && (h.type != NET_FRAME_COLL || h.flags != COLL_FRAME_HELLO_OK ||
@@ -373,7 +374,7 @@ void coll_comm_close(CollComm *c)
     if (pthread_mutex_trylock(&c->mu) == 0) {
         SgError e;
         if (!c->broken && !c->closed && c->fd_left >= 0)
-            (void)net_frame_send(c->fd_left, NET_FRAME_COLL, COLL_FRAME_BYE, NULL, 0,
+            (void)net_frame_send(c->fd_left, NULL, NET_FRAME_COLL, COLL_FRAME_BYE, NULL, 0,
                                  net_now() + 0.05, c->left_peer, &e);
         pthread_mutex_unlock(&c->mu);
     }
@@ -434,7 +435,7 @@ static int read_notice(CollComm *c, double wait, SgError *out)
     uint8_t *p = NULL;
     SgError e;
     int got = 0;
-    if (net_frame_recv(c->fd_right, SG_ERROR_MAX + 8, net_now() + wait, c->right_peer, &h, &p,
+    if (net_frame_recv(c->fd_right, NULL, SG_ERROR_MAX + 8, net_now() + wait, c->right_peer, &h, &p,
                        &e) == 0 &&
         h.type == NET_FRAME_COLL && h.flags == COLL_FRAME_ABORT && h.length >= 8) {
         int32_t code = (int32_t)get_u32(p);
@@ -475,7 +476,7 @@ static int comm_break(CollComm *c, SgError *err)
         put_u32(buf, (uint32_t)c->notice_code);
         put_u32(buf + 4, (uint32_t)c->notice_origin);
         memcpy(buf + 8, c->notice, len);
-        (void)net_frame_send(c->fd_left, NET_FRAME_COLL, COLL_FRAME_ABORT, buf, 8 + len,
+        (void)net_frame_send(c->fd_left, NULL, NET_FRAME_COLL, COLL_FRAME_ABORT, buf, 8 + len,
                              net_now() + 0.05, c->left_peer, &n);
     }
     c->broken = 1;

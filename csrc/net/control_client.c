@@ -169,7 +169,7 @@ static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, d
 {
     pthread_mutex_lock(&c->send_mu);
     int rc = c->fd < 0 ? sg_fail(err, SG_ESTATE, "control connection to %s is closed", c->peer)
-                       : net_frame_send(c->fd, type, 0, buf, len, deadline, c->peer, err);
+                       : net_frame_send(c->fd, NULL, type, 0, buf, len, deadline, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     return rc;
 }
@@ -264,8 +264,8 @@ static CtlClient *client_new(void)
 static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
                                 size_t secret_len, cJSON *node, double deadline, SgError *err)
 {
-    int rc = net_connect_auth(host, port, secret, secret_len, deadline, &c->fd, c->peer,
-                              "rendezvous: ", err);
+    int rc = net_connect_auth(host, port, secret, secret_len, NET_SEC_NONE, deadline, &c->fd, NULL,
+                              c->peer, "rendezvous: ", err);
     if (rc < 0)
         return rc;
     cJSON *msg = cJSON_CreateObject();

@@ -230,8 +230,8 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    if ((rc = net_connect_auth(host, port, secret, secret_len, deadline, &c->fd, c->peer,
-                               "feed: ", err)) == 0 &&
+    if ((rc = net_connect_auth(host, port, secret, secret_len, NET_SEC_NONE, deadline, &c->fd, NULL,
+                               c->peer, "feed: ", err)) == 0 &&
         (rc = net_wake_pipe(c->wake, err)) == 0) {
         if (pthread_create(&c->thread, NULL, reader_main, c) != 0)
             rc = sg_fail(err, SG_EIO, "cannot start the feed client's reader thread");
@@ -269,8 +269,8 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 int feed_client_end(FeedClient *c, const char *input, SgError *err)
 {
     double deadline = net_now() + c->timeout;
-    int rc = net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_END, input, strlen(input), deadline,
-                            c->peer, err);
+    int rc = net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_END, input, strlen(input),
+                            deadline, c->peer, err);
     if (rc < 0)
         return explain_failure(c, rc, err);
     FeedMsg *m;

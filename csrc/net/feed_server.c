@@ -203,7 +203,7 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
         return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
                        FEED_MAX_INPUTS);
     pthread_mutex_lock(&c->send_mu);
-    int rc = net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
+    int rc = net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
                             net_now() + FEED_IO_TIMEOUT, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     return rc;
@@ -233,8 +233,8 @@ static int serve_feeder(FeedServer *s, FeedConn *c, SgError *err)
     while ((rc = wait_frame(s, c, err)) == 0) {
         NetFrameHeader h;
         uint8_t *payload = NULL;
-        if ((rc = net_frame_recv(c->fd, s->max_frame, net_now() + FEED_IO_TIMEOUT, c->peer, &h,
-                                 &payload, err)) < 0)
+        if ((rc = net_frame_recv(c->fd, NULL, s->max_frame, net_now() + FEED_IO_TIMEOUT, c->peer,
+                                 &h, &payload, err)) < 0)
             return rc;
         if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
             rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection",
@@ -258,7 +258,8 @@ static void *conn_main(void *arg)
     FeedConn *c = arg;
     FeedServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, c->auth_deadline, c->peer, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, NET_SEC_NONE, c->auth_deadline,
+                             c->peer, NULL, &err);
     int authed = rc == 0;
     if (authed)
         net_gate_authenticated(&s->gate, c->peer);
@@ -288,8 +289,8 @@ static void *conn_main(void *arg)
         memcpy(buf + 4, err.msg, n);
         SgError ignored;
         pthread_mutex_lock(&c->send_mu);
-        net_frame_send(c->fd, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0, c->peer,
-                       &ignored);
+        net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0,
+                       c->peer, &ignored);
         pthread_mutex_unlock(&c->send_mu);
     }
     shutdown(c->fd, SHUT_RDWR);

@@ -108,31 +108,69 @@ void net_frame_parser_init(NetFrameParser *p, uint32_t max_payload)
     p->max_payload = max_payload;
 }
 
+void net_frame_parser_protect(NetFrameParser *p, NetSession *s, uint32_t max_payload,
+                              const char *peer)
+{
+    p->session = net_session_on(s) ? s : NULL;
+    p->max_payload = max_payload;
+    p->peer = peer;
+}
+
+static void parser_reset(NetFrameParser *p)
+{
+    p->hdr_have = 0;
+    p->have_header = 0;
+    p->payload_have = 0;
+    p->tag_have = 0;
+}
+
 void net_frame_parser_free(NetFrameParser *p)
 {
     free(p->payload);
     p->payload = NULL;
-    p->hdr_have = 0;
-    p->have_header = 0;
-    p->payload_have = 0;
+    parser_reset(p);
+}
+
+/* Copies up to want - *have bytes from buf[*used..len) into dst + *have. */
+static void take_into(uint8_t *dst, size_t *have, size_t want, const uint8_t *buf, size_t len,
+                      size_t *used)
+{
+    size_t n = want - *have;
+    if (n > len - *used)
+        n = len - *used;
+    if (n > 0)
+        memcpy(dst + *have, buf + *used, n);
+    *have += n;
+    *used += n;
+}
+
+/* A protected frame is whole: check seq, open the payload in place, check the tag. */
+static int parser_open(NetFrameParser *p, SgError *err)
+{
+    NetSession *s = p->session;
+    const char *peer = p->peer ? p->peer : "peer";
+    int rc = net_session_open_begin(s, p->hdr, NET_FRAME_HEADER_SIZE,
+                                    p->hdr + NET_FRAME_HEADER_SIZE, peer, p->header.type, err);
+    if (rc == SG_OK)
+        rc = net_session_open_update(s, p->payload, p->payload, p->header.length, err);
+    if (rc == SG_OK)
+        rc = net_session_open_end(s, p->tag, peer, p->header.type, err);
+    return rc;
 }
 
 int net_frame_parser_feed(NetFrameParser *p, const uint8_t *buf, size_t len, size_t *consumed,
                           SgError *err)
 {
     size_t used = 0;
+    size_t seq = p->session ? NET_SESSION_SEQ : 0, tag = p->session ? NET_SESSION_TAG : 0;
     *consumed = 0;
     if (!p->have_header) {
-        size_t take = NET_FRAME_HEADER_SIZE - p->hdr_have;
-        if (take > len)
-            take = len;
-        memcpy(p->hdr + p->hdr_have, buf, take);
-        p->hdr_have += take;
-        used += take;
+        take_into(p->hdr, &p->hdr_have, NET_FRAME_HEADER_SIZE, buf, len, &used);
         *consumed = used;
         if (p->hdr_have < NET_FRAME_HEADER_SIZE)
             return 0;
-        int rc = net_frame_header_decode(p->hdr, sizeof p->hdr, p->max_payload, &p->header, err);
+        int rc =
+            net_frame_header_decode(p->hdr, NET_FRAME_HEADER_SIZE, p->max_payload, &p->header, err);
         if (rc < 0)
             return rc;
         /* Length validated above: now allocation is bounded by max_payload. */
@@ -140,16 +178,24 @@ int net_frame_parser_feed(NetFrameParser *p, const uint8_t *buf, size_t len, siz
         if (p->payload == NULL)
             return sg_fail(err, SG_ENOMEM, "allocating a %u-byte frame payload", p->header.length);
         p->payload_have = 0;
+        p->tag_have = 0;
         p->have_header = 1;
     }
-    size_t want = p->header.length - p->payload_have;
-    size_t take = len - used < want ? len - used : want;
-    if (take > 0)
-        memcpy(p->payload + p->payload_have, buf + used, take);
-    p->payload_have += take;
-    used += take;
+    take_into(p->hdr, &p->hdr_have, NET_FRAME_HEADER_SIZE + seq, buf, len, &used);
+    if (p->hdr_have == NET_FRAME_HEADER_SIZE + seq)
+        take_into(p->payload, &p->payload_have, p->header.length, buf, len, &used);
+    if (p->payload_have == p->header.length)
+        take_into(p->tag, &p->tag_have, tag, buf, len, &used);
     *consumed = used;
-    return p->payload_have == p->header.length ? 1 : 0;
+    if (p->hdr_have < NET_FRAME_HEADER_SIZE + seq || p->payload_have < p->header.length ||
+        p->tag_have < tag)
+        return 0;
+    if (p->session) {
+        int rc = parser_open(p, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 1;
 }
 
 void net_frame_parser_take(NetFrameParser *p, NetFrameHeader *h, uint8_t **payload)
@@ -158,48 +204,149 @@ void net_frame_parser_take(NetFrameParser *p, NetFrameHeader *h, uint8_t **paylo
     p->payload[p->header.length] = '\0';
     *payload = p->payload;
     p->payload = NULL;
-    p->hdr_have = 0;
-    p->have_header = 0;
-    p->payload_have = 0;
+    parser_reset(p);
 }
 
-int net_frame_send(int fd, uint8_t type, uint16_t flags, const void *payload, size_t len,
-                   double deadline, const char *peer, SgError *err)
+/* Encrypts pieces in scratch-sized blocks, writing each block as it is ready. */
+static int sendv_encrypted(int fd, NetSession *s, const struct iovec *pieces, int n,
+                           double deadline, const char *peer, const char *what, SgError *err)
 {
+    uint8_t *block;
+    int rc = net_session_scratch(s, &block, err);
+    size_t fill = 0;
+    for (int i = 0; i < n && rc == SG_OK; i++) {
+        const uint8_t *src = pieces[i].iov_base;
+        for (size_t off = 0; off < pieces[i].iov_len && rc == SG_OK;) {
+            size_t take = pieces[i].iov_len - off;
+            if (take > NET_SESSION_SCRATCH - fill)
+                take = NET_SESSION_SCRATCH - fill;
+            rc = net_session_seal_update(s, src + off, block + fill, take, err);
+            off += take, fill += take;
+            if (rc == SG_OK && fill == NET_SESSION_SCRATCH) {
+                struct iovec one = {block, fill};
+                rc = net_writev_all(fd, &one, 1, deadline, peer, what, err);
+                fill = 0;
+            }
+        }
+    }
+    if (rc == SG_OK && fill > 0) {
+        struct iovec one = {block, fill};
+        rc = net_writev_all(fd, &one, 1, deadline, peer, what, err);
+    }
+    return rc;
+}
+
+int net_frame_sendv(int fd, NetSession *s, uint8_t type, uint16_t flags, const struct iovec *pieces,
+                    int n, double deadline, const char *peer, const char *what, SgError *err)
+{
+    size_t len = 0;
+    for (int i = 0; i < n; i++)
+        len += pieces[i].iov_len;
     if (len > UINT32_MAX)
         return sg_fail(err, SG_EFRAME, "%s frame of %zu bytes exceeds the 4 GiB format limit",
                        net_frame_type_name(type), len);
-    uint8_t hdr[NET_FRAME_HEADER_SIZE];
+    uint8_t hdr[NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ], tag[NET_SESSION_TAG];
     net_frame_header_encode(hdr, type, flags, (uint32_t)len);
-    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, len}};
-    return net_writev_all(fd, iov, 2, deadline, peer, net_frame_type_name(type), err);
+    int on = net_session_on(s), rc;
+    /* header (+ seq), the pieces, (tag): one writev unless encrypting. */
+    struct iovec small[8], *iov = small;
+    if (n + 2 > (int)(sizeof small / sizeof *small) &&
+        (iov = malloc((size_t)(n + 2) * sizeof *iov)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating %d iovecs for %s", n + 2, what);
+    int k = 0;
+    iov[k++] = (struct iovec){hdr, NET_FRAME_HEADER_SIZE + (on ? NET_SESSION_SEQ : 0)};
+    if (on && (rc = net_session_seal_begin(s, hdr, NET_FRAME_HEADER_SIZE,
+                                           hdr + NET_FRAME_HEADER_SIZE, err)) < 0)
+        goto done;
+    if (on && s->mode == NET_SEC_ENCRYPT) {
+        if ((rc = net_writev_all(fd, iov, 1, deadline, peer, what, err)) == SG_OK &&
+            (rc = sendv_encrypted(fd, s, pieces, n, deadline, peer, what, err)) == SG_OK &&
+            (rc = net_session_seal_end(s, tag, err)) == SG_OK) {
+            struct iovec t = {tag, sizeof tag};
+            rc = net_writev_all(fd, &t, 1, deadline, peer, what, err);
+        }
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        if (on && (rc = net_session_seal_update(s, pieces[i].iov_base, pieces[i].iov_base,
+                                                pieces[i].iov_len, err)) < 0)
+            goto done;
+        iov[k++] = pieces[i];
+    }
+    if (on) {
+        if ((rc = net_session_seal_end(s, tag, err)) < 0)
+            goto done;
+        iov[k++] = (struct iovec){tag, sizeof tag};
+    }
+    rc = net_writev_all(fd, iov, k, deadline, peer, what, err);
+done:
+    if (iov != small)
+        free(iov);
+    return rc;
 }
 
-int net_frame_recv_header(int fd, uint32_t max_payload, double deadline, const char *peer,
-                          NetFrameHeader *h, SgError *err)
+int net_frame_send(int fd, NetSession *s, uint8_t type, uint16_t flags, const void *payload,
+                   size_t len, double deadline, const char *peer, SgError *err)
 {
-    uint8_t hdr[NET_FRAME_HEADER_SIZE];
-    int rc = net_read_exact(fd, hdr, sizeof hdr, deadline, peer, "a frame header", err);
+    struct iovec one = {(void *)payload, len};
+    return net_frame_sendv(fd, s, type, flags, &one, len > 0 ? 1 : 0, deadline, peer,
+                           net_frame_type_name(type), err);
+}
+
+int net_frame_recv_header(int fd, NetSession *s, uint32_t max_payload, double deadline,
+                          const char *peer, NetFrameHeader *h, SgError *err)
+{
+    uint8_t hdr[NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ];
+    int rc = net_read_exact(fd, hdr, NET_FRAME_HEADER_SIZE, deadline, peer, "a frame header", err);
     if (rc < 0)
         return rc;
-    rc = net_frame_header_decode(hdr, sizeof hdr, max_payload, h, err);
+    rc = net_frame_header_decode(hdr, NET_FRAME_HEADER_SIZE, max_payload, h, err);
     if (rc < 0)
         return sg_context(err, "from %s: ", peer);
-    return SG_OK;
+    if (!net_session_on(s))
+        return SG_OK;
+    rc = net_read_exact(fd, hdr + NET_FRAME_HEADER_SIZE, NET_SESSION_SEQ, deadline, peer,
+                        "a frame's sequence number", err);
+    if (rc < 0)
+        return rc;
+    return net_session_open_begin(s, hdr, NET_FRAME_HEADER_SIZE, hdr + NET_FRAME_HEADER_SIZE, peer,
+                                  h->type, err);
 }
 
-int net_frame_recv(int fd, uint32_t max_payload, double deadline, const char *peer,
+int net_frame_recv_payload(int fd, NetSession *s, void *dst, size_t len, double deadline,
+                           const char *peer, const char *what, SgError *err)
+{
+    int rc = net_read_exact(fd, dst, len, deadline, peer, what, err);
+    if (rc < 0 || !net_session_on(s))
+        return rc;
+    return net_session_open_update(s, dst, dst, len, err);
+}
+
+int net_frame_recv_end(int fd, NetSession *s, uint8_t type, double deadline, const char *peer,
+                       SgError *err)
+{
+    if (!net_session_on(s))
+        return SG_OK;
+    uint8_t tag[NET_SESSION_TAG];
+    int rc = net_read_exact(fd, tag, sizeof tag, deadline, peer, "a frame's tag", err);
+    if (rc < 0)
+        return rc;
+    return net_session_open_end(s, tag, peer, type, err);
+}
+
+int net_frame_recv(int fd, NetSession *s, uint32_t max_payload, double deadline, const char *peer,
                    NetFrameHeader *h, uint8_t **payload, SgError *err)
 {
     *payload = NULL;
-    int rc = net_frame_recv_header(fd, max_payload, deadline, peer, h, err);
+    int rc = net_frame_recv_header(fd, s, max_payload, deadline, peer, h, err);
     if (rc < 0)
         return rc;
     uint8_t *buf = malloc((size_t)h->length + 1);
     if (buf == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a %u-byte frame from %s", h->length, peer);
-    rc = net_read_exact(fd, buf, h->length, deadline, peer, "a frame payload", err);
-    if (rc < 0) {
+    if ((rc = net_frame_recv_payload(fd, s, buf, h->length, deadline, peer, "a frame payload",
+                                     err)) < 0 ||
+        (rc = net_frame_recv_end(fd, s, h->type, deadline, peer, err)) < 0) {
         free(buf);
         return rc;
     }

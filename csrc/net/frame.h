@@ -11,6 +11,15 @@
  * it allocates anything. Before authentication the cap is
  * NET_FRAME_MAX_UNAUTH; afterwards the connection's configured maximum
  * (NET_FRAME_MAX_DEFAULT unless set).
+ *
+ * Protected frames (after the handshake, with a session of session.h in mode
+ * "auth" or "encrypt"):
+ *   header (12) | seq (u64 LE, 8) | payload (length bytes) | tag (16)
+ * The header's length counts the payload only; seq and tag are implied by the
+ * connection's mode, which both ends agreed on in the handshake. The header
+ * and seq are authenticated; the payload is authenticated ("auth") or
+ * encrypted too ("encrypt"). Every call below takes the connection's session:
+ * NULL (or a session in mode "none") sends and reads plain frames.
  */
 #ifndef NET_FRAME_H
 #define NET_FRAME_H
@@ -18,13 +27,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/uio.h>
+
 #include "common/sg_status.h"
+#include "net/session.h"
 
 #define NET_FRAME_MAGIC       0x4E544753u
 #define NET_FRAME_VERSION     1
 #define NET_FRAME_HEADER_SIZE 12
 #define NET_FRAME_MAX_DEFAULT (64u << 20)
 #define NET_FRAME_MAX_UNAUTH  256u
+/* What a protected frame adds on the wire beyond header and payload. */
+#define NET_FRAME_SEC_OVERHEAD (NET_SESSION_SEQ + NET_SESSION_TAG)
 
 typedef enum NetFrameType {
     NET_FRAME_AUTH_CHALLENGE = 1, /* server nonce (32) */
@@ -57,16 +71,27 @@ int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload
 /* Resumable parser: feed bytes as they arrive, in any split. */
 typedef struct NetFrameParser {
     uint32_t max_payload;
-    uint8_t hdr[NET_FRAME_HEADER_SIZE];
+    NetSession *session; /* NULL until the connection is authenticated */
+    const char *peer;    /* names the peer in session errors */
+    uint8_t hdr[NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ]; /* header, then seq if protected */
     size_t hdr_have;
     int have_header;
     NetFrameHeader header;
     uint8_t *payload; /* header.length bytes (+1 for a NUL), allocated after validation */
     size_t payload_have;
+    uint8_t tag[NET_SESSION_TAG];
+    size_t tag_have;
 } NetFrameParser;
 
 void net_frame_parser_init(NetFrameParser *p, uint32_t max_payload);
 void net_frame_parser_free(NetFrameParser *p);
+
+/* From the next frame on, frames are protected by s (kept by the caller, which
+ * outlives the parser's use of it) and may carry up to max_payload bytes.
+ * Call between frames, right after the handshake. peer names the connection
+ * in errors. A frame that fails its checks makes feed return SG_EAUTH. */
+void net_frame_parser_protect(NetFrameParser *p, NetSession *s, uint32_t max_payload,
+                              const char *peer);
 
 /* Consumes up to len bytes of buf, setting *consumed. Returns 1 when a whole
  * frame is ready (read it with net_frame_parser_take before feeding more),
@@ -79,17 +104,35 @@ int net_frame_parser_feed(NetFrameParser *p, const uint8_t *buf, size_t len, siz
  * possibly NULL for length 0) and owned by the caller. Resets the parser. */
 void net_frame_parser_take(NetFrameParser *p, NetFrameHeader *h, uint8_t **payload);
 
-/* Blocking-with-deadline frame I/O on a non-blocking socket. */
-int net_frame_send(int fd, uint8_t type, uint16_t flags, const void *payload, size_t len,
-                   double deadline, const char *peer, SgError *err);
+/* Blocking-with-deadline frame I/O on a non-blocking socket; s is the
+ * connection's session (NULL: plain frames). */
+int net_frame_send(int fd, NetSession *s, uint8_t type, uint16_t flags, const void *payload,
+                   size_t len, double deadline, const char *peer, SgError *err);
 
-/* Receives one header (validated against max_payload); the caller then reads
- * h->length payload bytes itself (e.g. straight into a parameter array). */
-int net_frame_recv_header(int fd, uint32_t max_payload, double deadline, const char *peer,
-                          NetFrameHeader *h, SgError *err);
+/* One frame whose payload is the concatenation of n pieces (sent without
+ * copying them, except that "encrypt" encrypts through s's scratch buffer).
+ * what names the frame in I/O errors ("a ps reply"). */
+int net_frame_sendv(int fd, NetSession *s, uint8_t type, uint16_t flags, const struct iovec *pieces,
+                    int n, double deadline, const char *peer, const char *what, SgError *err);
 
-/* Receives one whole frame; *payload as for net_frame_parser_take. */
-int net_frame_recv(int fd, uint32_t max_payload, double deadline, const char *peer,
+/* Receiving a frame in parts, for payloads read straight into their place
+ * (a parameter array): recv_header reads and validates the header (against
+ * max_payload) and, when protected, its seq; recv_payload then reads the
+ * payload's bytes in order, in as many calls as the caller likes (their
+ * lengths summing to h->length), opening them in place; recv_end reads and
+ * checks the tag. Bytes read by recv_payload are not to be trusted (applied,
+ * returned to a user) until recv_end succeeds. Plain connections: recv_end
+ * does nothing. */
+int net_frame_recv_header(int fd, NetSession *s, uint32_t max_payload, double deadline,
+                          const char *peer, NetFrameHeader *h, SgError *err);
+int net_frame_recv_payload(int fd, NetSession *s, void *dst, size_t len, double deadline,
+                           const char *peer, const char *what, SgError *err);
+int net_frame_recv_end(int fd, NetSession *s, uint8_t type, double deadline, const char *peer,
+                       SgError *err);
+
+/* Receives one whole frame (header, payload, tag checked); *payload as for
+ * net_frame_parser_take. */
+int net_frame_recv(int fd, NetSession *s, uint32_t max_payload, double deadline, const char *peer,
                    NetFrameHeader *h, uint8_t **payload, SgError *err);
 
 /* A human name for a frame type ("json", "unknown"). */

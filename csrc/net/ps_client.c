@@ -72,7 +72,7 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     *remote = 0;
-    int rc = net_frame_recv_header(sh->fd, (uint32_t)cap, deadline, sh->peer, &h, err);
+    int rc = net_frame_recv_header(sh->fd, NULL, (uint32_t)cap, deadline, sh->peer, &h, err);
     if (rc == SG_ETIMEOUT)
         return sg_context(err, "ps shard %d: ", shard);
     if (rc < 0)
@@ -343,8 +343,8 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
             break;
         char what[32];
         snprintf(what, sizeof what, "ps shard %d: ", i);
-        if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, deadline, &sh->fd,
-                                   sh->peer, what, err)) < 0)
+        if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, NET_SEC_NONE, deadline,
+                                   &sh->fd, NULL, sh->peer, what, err)) < 0)
             break;
         uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
         int remote;

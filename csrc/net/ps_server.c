@@ -395,8 +395,8 @@ static int serve_one(PsConn *c, SgError *err)
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc = net_frame_recv_header(c->fd, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes), deadline,
-                                   c->peer, &h, err);
+    int rc = net_frame_recv_header(c->fd, NULL, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes),
+                                   deadline, c->peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
@@ -466,8 +466,8 @@ static void *conn_main(void *arg)
     PsConn *c = arg;
     PsServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, net_now() + s->cfg.auth_timeout,
-                             c->peer, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, NET_SEC_NONE,
+                             net_now() + s->cfg.auth_timeout, c->peer, NULL, &err);
     int authed = rc == 0;
     if (authed)
         net_gate_authenticated(&s->gate, c->peer);

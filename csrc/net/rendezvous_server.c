@@ -185,8 +185,8 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
     int rc = h->type != NET_FRAME_AUTH_RESPONSE
                  ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating",
                            c->peer, net_frame_type_name(h->type))
-                 : net_auth_server_check(s->secret, s->secret_len, c->challenge, payload, h->length,
-                                         ok, c->peer, &err);
+                 : net_auth_server_check(s->secret, s->secret_len, NET_SEC_NONE, c->challenge,
+                                         h->flags, payload, h->length, ok, c->peer, NULL, &err);
     if (rc < 0) {
         static const char reason[] = "authentication failed: wrong cluster secret";
         note(s, &s->stats.auth_failures, "%s", err.msg);

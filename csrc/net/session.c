@@ -9,6 +9,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "net/frame.h"
@@ -83,7 +84,7 @@ static int dir_init(NetSessionDir *d, uint32_t direction, uint32_t send_dir, con
     d->direction = direction;
     d->seq = 0;
     d->active = 0;
-    int rc = hkdf(secret, secret_len, salt, 2 * NET_AUTH_NONCE, info, d->key, err);
+    int rc = hkdf(secret, secret_len, salt, 2 * NET_SESSION_NONCE, info, d->key, err);
     if (rc < 0)
         return rc;
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
@@ -98,8 +99,8 @@ static int dir_init(NetSessionDir *d, uint32_t direction, uint32_t send_dir, con
 }
 
 int net_session_init(NetSession *s, NetSecurity mode, const uint8_t *secret, size_t secret_len,
-                     const uint8_t server_nonce[NET_AUTH_NONCE],
-                     const uint8_t client_nonce[NET_AUTH_NONCE], int is_server, SgError *err)
+                     const uint8_t server_nonce[NET_SESSION_NONCE],
+                     const uint8_t client_nonce[NET_SESSION_NONCE], int is_server, SgError *err)
 {
     memset(s, 0, sizeof *s);
     s->mode = mode;
@@ -107,9 +108,9 @@ int net_session_init(NetSession *s, NetSecurity mode, const uint8_t *secret, siz
         return SG_OK;
     if (mode != NET_SEC_AUTH && mode != NET_SEC_ENCRYPT)
         return sg_fail(err, SG_EINVAL, "unknown security mode %d", (int)mode);
-    uint8_t salt[2 * NET_AUTH_NONCE];
-    memcpy(salt, server_nonce, NET_AUTH_NONCE);
-    memcpy(salt + NET_AUTH_NONCE, client_nonce, NET_AUTH_NONCE);
+    uint8_t salt[2 * NET_SESSION_NONCE];
+    memcpy(salt, server_nonce, NET_SESSION_NONCE);
+    memcpy(salt + NET_SESSION_NONCE, client_nonce, NET_SESSION_NONCE);
     uint32_t send_dir = is_server ? DIR_S2C : DIR_C2S, recv_dir = is_server ? DIR_C2S : DIR_S2C;
     int rc = dir_init(&s->send, send_dir, send_dir, secret, secret_len, salt, mode, err);
     if (rc == SG_OK)
@@ -131,7 +132,21 @@ void net_session_free(NetSession *s)
 {
     dir_free(&s->send);
     dir_free(&s->recv);
+    if (s->scratch) {
+        OPENSSL_cleanse(s->scratch, NET_SESSION_SCRATCH);
+        free(s->scratch);
+        s->scratch = NULL;
+    }
     s->mode = NET_SEC_NONE;
+}
+
+int net_session_scratch(NetSession *s, uint8_t **buf, SgError *err)
+{
+    if (s->scratch == NULL && (s->scratch = malloc(NET_SESSION_SCRATCH)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating a %u-byte encryption block",
+                       NET_SESSION_SCRATCH);
+    *buf = s->scratch;
+    return SG_OK;
 }
 
 static void put_u64(uint8_t *p, uint64_t v)

@@ -29,11 +29,11 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
-#include "net/auth.h"
 
-#define NET_SESSION_KEY 32
-#define NET_SESSION_TAG 16
-#define NET_SESSION_SEQ 8
+#define NET_SESSION_NONCE 32 /* each handshake nonce (auth.h) */
+#define NET_SESSION_KEY   32
+#define NET_SESSION_TAG   16
+#define NET_SESSION_SEQ   8
 
 typedef enum NetSecurity {
     NET_SEC_NONE = 0,    /* no protection after the handshake (explicit opt-out) */
@@ -52,7 +52,24 @@ typedef struct NetSessionDir {
 typedef struct NetSession {
     NetSecurity mode;
     NetSessionDir send, recv;
+    uint8_t *scratch; /* NET_SESSION_SCRATCH bytes for sealing "encrypt" frames, lazily */
 } NetSession;
+
+/* The block in which net_frame_sendv encrypts a payload before writing it. */
+#define NET_SESSION_SCRATCH (64u << 10)
+
+/* 1 when frames on this connection are protected (s not NULL, mode not none). */
+static inline int net_session_on(const NetSession *s)
+{
+    return s != NULL && s->mode != NET_SEC_NONE;
+}
+
+/* s's scratch block (allocated on first use; freed by net_session_free). */
+int net_session_scratch(NetSession *s, uint8_t **buf, SgError *err);
+
+/* The mode of every server and client unless the caller names one; chosen by
+ * bench/bench_security.py (its cost against "none", README "Security"). */
+#define NET_SEC_DEFAULT NET_SEC_AUTH
 
 /* "none", "auth", "encrypt" -> mode (SG_EINVAL naming the text otherwise). */
 int net_security_parse(const char *text, NetSecurity *mode, SgError *err);
@@ -61,8 +78,8 @@ const char *net_security_name(NetSecurity mode);
 /* Derives the two directions' keys. is_server selects which direction is
  * "send". NET_SEC_NONE leaves the session inert (every call a no-op). */
 int net_session_init(NetSession *s, NetSecurity mode, const uint8_t *secret, size_t secret_len,
-                     const uint8_t server_nonce[NET_AUTH_NONCE],
-                     const uint8_t client_nonce[NET_AUTH_NONCE], int is_server, SgError *err);
+                     const uint8_t server_nonce[NET_SESSION_NONCE],
+                     const uint8_t client_nonce[NET_SESSION_NONCE], int is_server, SgError *err);
 
 /* Wipes the keys (OPENSSL_cleanse) and frees the cipher contexts; idempotent. */
 void net_session_free(NetSession *s);

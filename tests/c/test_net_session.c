@@ -10,7 +10,7 @@
 #include "net/session.h"
 
 static const uint8_t SECRET[32] = "0123456789abcdef0123456789abcde";
-static uint8_t NS[NET_AUTH_NONCE], NC[NET_AUTH_NONCE];
+static uint8_t NS[NET_SESSION_NONCE], NC[NET_SESSION_NONCE];
 
 typedef struct Sealed {
     uint8_t hdr[NET_FRAME_HEADER_SIZE], seq[NET_SESSION_SEQ], tag[NET_SESSION_TAG];
@@ -150,7 +150,7 @@ static void test_keys_differ_by_secret_nonce_and_mode(void)
     CHECK(open_frame(&srv, &f, 32, &err) == SG_EAUTH);
     free(f.body);
     net_session_free(&other);
-    uint8_t nc2[NET_AUTH_NONCE];
+    uint8_t nc2[NET_SESSION_NONCE];
     memcpy(nc2, NC, sizeof nc2);
     nc2[5] ^= 1;
     CHECK(net_session_init(&other, NET_SEC_AUTH, SECRET, sizeof SECRET, NS, nc2, 0, &err) == SG_OK);
@@ -179,7 +179,7 @@ static void test_none_is_inert(void)
 
 int main(void)
 {
-    for (int i = 0; i < NET_AUTH_NONCE; i++)
+    for (int i = 0; i < NET_SESSION_NONCE; i++)
         NS[i] = (uint8_t)i, NC[i] = (uint8_t)(200 - i);
     test_round_trips(NET_SEC_AUTH);
     test_round_trips(NET_SEC_ENCRYPT);
