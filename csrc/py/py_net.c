@@ -268,12 +268,27 @@ static PyMethodDef net_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+int py_net_security(const char *text, NetSecurity *mode)
+{
+    if (text == NULL) {
+        *mode = NET_SEC_DEFAULT;
+        return 0;
+    }
+    SgError err;
+    if (net_security_parse(text, mode, &err) < 0) {
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int net_module_init(PyObject *mod)
 {
     if (PyModule_AddType(mod, &Listener_Type) < 0)
         return -1;
     if (PyModule_AddIntConstant(mod, "FRAME_MAX_DEFAULT", NET_FRAME_MAX_DEFAULT) < 0 ||
-        PyModule_AddIntConstant(mod, "FRAME_HEADER_SIZE", NET_FRAME_HEADER_SIZE) < 0)
+        PyModule_AddIntConstant(mod, "FRAME_HEADER_SIZE", NET_FRAME_HEADER_SIZE) < 0 ||
+        PyModule_AddStringConstant(mod, "SECURITY_DEFAULT", net_security_name(NET_SEC_DEFAULT)) < 0)
         return -1;
     return PyModule_AddFunctions(mod, net_methods);
 }

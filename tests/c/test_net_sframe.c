@@ -29,8 +29,8 @@ typedef struct {
 static void *serve(void *arg)
 {
     Server *s = arg;
-    s->rc = net_auth_server(s->fd, SECRET, 32, s->mode, net_now() + 5, "client", &s->session,
-                            &s->err);
+    s->rc =
+        net_auth_server(s->fd, SECRET, 32, s->mode, net_now() + 5, "client", &s->session, &s->err);
     return NULL;
 }
 
@@ -74,8 +74,8 @@ static void *send_main(void *arg)
 {
     Sender *x = arg;
     SgError e;
-    x->rc = net_frame_sendv(x->fd, x->s, NET_FRAME_PS, 7, x->pieces, x->n, net_now() + 10,
-                            "reader", "a test frame", &e);
+    x->rc = net_frame_sendv(x->fd, x->s, NET_FRAME_PS, 7, x->pieces, x->n, net_now() + 10, "reader",
+                            "a test frame", &e);
     return NULL;
 }
 
