@@ -37,8 +37,8 @@ def batch(start: int, rows: int) -> dict[str, np.ndarray]:
     return {"x": np.stack([ids.astype(np.float32)] * 4, axis=1), "y": ids}
 
 
-def feeder(port: int, secret: bytes, start: int, sizes: list[int], input: str = "train") -> None:
-    c = _core.FeedClient("127.0.0.1", port, secret, 10.0, input)
+def feeder(port: int, secret: bytes, start: int, sizes: list[int], input: str = "train", **kw) -> None:
+    c = _core.FeedClient("127.0.0.1", port, secret, 10.0, input, **kw)
     for n in sizes:
         c.send(batch(start, n))
         start += n
@@ -203,9 +203,9 @@ def test_bad_columns_are_rejected_on_the_feeder(feed):
 
 
 def test_wrong_secret_and_garbage_are_rejected(feed):
-    srv, port, secret = feed()
+    srv, port, secret = feed(security="none")  # the raw peer speaks plain frames after the handshake
     with pytest.raises(errors.AuthError):
-        _core.FeedClient("127.0.0.1", port, os.urandom(32), 5.0)
+        _core.FeedClient("127.0.0.1", port, os.urandom(32), 5.0, security="none")
     sock = net_raw.connect(port)
     net_raw.client_auth(sock, secret)
     sock.sendall(net_raw.frame(30, b"\x05train" + b"\xff" * 20, flags=1))
@@ -216,7 +216,7 @@ def test_wrong_secret_and_garbage_are_rejected(feed):
     while srv.stats()["rejected"] < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert srv.stats()["rejected"] == 2
-    feeder(port, secret, 0, [2])  # the server still works
+    feeder(port, secret, 0, [2], security="none")  # the server still works
     assert srv.next_batch(2, 2.0)["y"].tolist() == [0, 1]
 
 

@@ -146,7 +146,8 @@ class RendezvousTarget:
 
     def new_client(self) -> None:
         s = net_raw.connect(self.port, 10.0)
-        net_raw.client_auth(s, self.secret)  # authenticated; a registration would replace node 0's
+        # authenticated (announcing the server's mode); a registration would replace node 0's
+        net_raw.client_auth(s, self.secret, net_raw.SEC_FLAGS[_core.SECURITY_DEFAULT])
         s.close()
 
     def close(self) -> None:

@@ -26,14 +26,14 @@ def secret() -> bytes:
     return os.urandom(32)
 
 
-def register_all(port: int, secret: bytes, ids: list[int], timeout: float = 10.0):
+def register_all(port: int, secret: bytes, ids: list[int], timeout: float = 10.0, **kw):
     """Registers each executor id from its own thread; returns (clients, errors) by id."""
     clients: dict[int, _core.ControlClient] = {}
     failures: dict[int, BaseException] = {}
 
     def run(eid: int) -> None:
         try:
-            clients[eid] = _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(eid), timeout)
+            clients[eid] = _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(eid), timeout, **kw)
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             failures[eid] = exc
 
@@ -104,20 +104,21 @@ def test_wait_timeout_names_missing_executor_ids(secret):
 
 
 def test_reregistration_replaces_the_earlier_entry(secret):
-    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+    # A raw peer speaks plain frames after the handshake: security="none" at both ends.
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0, security="none") as srv:
         old = net_raw.connect(srv.port)
         net_raw.client_auth(old, secret)
         net_raw.send_json(old, {"type": "register", "node": net_raw.node(0, port=1111)})
         assert net_raw.recv_json(old) == {"type": "registered", "registered": 1, "num_nodes": 2}
         # The retried task registers executor 0 again, from elsewhere.
-        threads, clients, failures = register_all(srv.port, secret, [0])
+        threads, clients, failures = register_all(srv.port, secret, [0], security="none")
         deadline = time.monotonic() + 5
         while srv.stats()["registrations"] < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert srv.stats()["registered"] == 1
         assert old.recv(1) == b""  # the replaced connection is closed
         old.close()
-        threads2, clients2, failures2 = register_all(srv.port, secret, [1])
+        threads2, clients2, failures2 = register_all(srv.port, secret, [1], security="none")
         spec = srv.wait(10.0)
         join(threads + threads2)
         assert not failures and not failures2
@@ -171,7 +172,7 @@ def test_client_rejects_a_server_that_does_not_hold_the_secret(secret):
         t = threading.Thread(target=impostor)
         t.start()
         with pytest.raises(errors.AuthError, match="failed to prove it holds the cluster secret"):
-            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0)
+            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0, security="none")
         t.join(10)
 
 
@@ -185,7 +186,7 @@ def test_oversized_frame_is_rejected_from_its_header():
 
 
 def test_oversized_frame_from_an_authenticated_node_is_dropped(secret):
-    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0, security="none") as srv:
         sock = net_raw.connect(srv.port)
         net_raw.client_auth(sock, secret)
         sock.sendall(net_raw.frame(net_raw.JSON, length=100 << 20))
@@ -193,7 +194,7 @@ def test_oversized_frame_from_an_authenticated_node_is_dropped(secret):
         sock.close()
         assert srv.stats()["protocol_errors"] == 1
         assert "above the maximum" in srv.stats()["last_rejection"]
-        threads, clients, failures = register_all(srv.port, secret, [0])
+        threads, clients, failures = register_all(srv.port, secret, [0], security="none")
         assert len(srv.wait(10.0)) == 1
         join(threads)
         clients[0].close()
@@ -233,7 +234,7 @@ def test_garbage_from_the_driver_is_a_protocol_error_on_the_node(secret):
         t = threading.Thread(target=garbage_driver)
         t.start()
         with pytest.raises(errors.ProtocolError, match=f"from driver 127.0.0.1:{port}: bad frame magic"):
-            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0)
+            _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0, security="none")
         t.join(10)
 
 
@@ -357,7 +358,9 @@ def test_node_notices_a_driver_that_went_silent(secret):
         t = threading.Thread(target=silent_driver)
         t.start()
         try:
-            c = _core.ControlClient.register("127.0.0.1", port, secret, net_raw.node(0), 5.0, driver_timeout=2.0)
+            c = _core.ControlClient.register(
+                "127.0.0.1", port, secret, net_raw.node(0), 5.0, driver_timeout=2.0, security="none"
+            )
             assert c.spec == [net_raw.node(0)]
             t0 = time.monotonic()
             with pytest.raises(errors.SparkgradTimeout, match=f"no message or heartbeat from driver 127.0.0.1:{port}"):

@@ -31,8 +31,10 @@ typedef struct CtlMsg {
 
 struct CtlClient {
     int fd;
+    NetSession session; /* keyed by the handshake; send half under send_mu, recv half: I/O thread */
     int wake[2];
     char peer[NET_PEER_MAX];
+    char driver[NET_PEER_MAX + 8]; /* "driver host:port": names it in the session's errors */
     long executor_id;
     double heartbeat_interval;
     double driver_timeout; /* silence from the driver that counts as its loss */
@@ -149,6 +151,8 @@ static int read_frames(CtlClient *c, NetFrameParser *p, SgError *err)
         size_t used = 0;
         int rc = net_frame_parser_feed(p, buf + off, (size_t)n - off, &used, err);
         off += used;
+        if (rc == SG_EAUTH)
+            return rc; /* the session's message names the driver, frame type and seq */
         if (rc < 0)
             return sg_context(err, "from driver %s: ", c->peer);
         if (rc == 1) {
@@ -168,8 +172,9 @@ static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, d
                       SgError *err)
 {
     pthread_mutex_lock(&c->send_mu);
-    int rc = c->fd < 0 ? sg_fail(err, SG_ESTATE, "control connection to %s is closed", c->peer)
-                       : net_frame_send(c->fd, NULL, type, 0, buf, len, deadline, c->peer, err);
+    int rc = c->fd < 0
+                 ? sg_fail(err, SG_ESTATE, "control connection to %s is closed", c->peer)
+                 : net_frame_send(c->fd, &c->session, type, 0, buf, len, deadline, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     return rc;
 }
@@ -179,6 +184,7 @@ static void *io_main(void *arg)
     CtlClient *c = arg;
     NetFrameParser parser;
     net_frame_parser_init(&parser, CTL_MAX_FRAME);
+    net_frame_parser_protect(&parser, &c->session, CTL_MAX_FRAME, c->driver);
     double next_hb = net_now() + c->heartbeat_interval;
     c->last_recv = net_now();
     SgError err;
@@ -262,9 +268,10 @@ static CtlClient *client_new(void)
 
 /* Connect, authenticate, send the registration (no thread yet). */
 static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
-                                size_t secret_len, cJSON *node, double deadline, SgError *err)
+                                size_t secret_len, NetSecurity mode, cJSON *node, double deadline,
+                                SgError *err)
 {
-    int rc = net_connect_auth(host, port, secret, secret_len, NET_SEC_NONE, deadline, &c->fd, NULL,
+    int rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
                               c->peer, "rendezvous: ", err);
     if (rc < 0)
         return rc;
@@ -273,14 +280,15 @@ static int connect_and_register(CtlClient *c, const char *host, int port, const 
         return sg_fail(err, SG_ENOMEM, "building the register message");
     cJSON_AddStringToObject(msg, "type", "register");
     cJSON_AddItemReferenceToObject(msg, "node", node);
-    rc = net_json_send(c->fd, msg, deadline, c->peer, err);
+    rc = net_json_send(c->fd, &c->session, msg, deadline, c->peer, err); /* no thread yet */
     cJSON_Delete(msg);
     return rc;
 }
 
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                        const char *node_json, double timeout, double heartbeat_interval,
-                        double driver_timeout, CtlClient **out, SgError *err)
+                        NetSecurity mode, const char *node_json, double timeout,
+                        double heartbeat_interval, double driver_timeout, CtlClient **out,
+                        SgError *err)
 {
     double deadline;
     int rc;
@@ -305,10 +313,11 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
         return sg_fail(err, SG_ENOMEM, "allocating a control client");
     }
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+    snprintf(c->driver, sizeof c->driver, "driver %s", c->peer);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;
     c->driver_timeout = driver_timeout;
-    rc = connect_and_register(c, host, port, secret, secret_len, node, deadline, err);
+    rc = connect_and_register(c, host, port, secret, secret_len, mode, node, deadline, err);
     cJSON_Delete(node);
     if (rc == 0)
         rc = net_wake_pipe(c->wake, err);
@@ -471,6 +480,7 @@ void ctl_client_stop(CtlClient *c)
     }
     pthread_mutex_lock(&c->send_mu);
     net_close(&c->fd);
+    net_session_free(&c->session);
     pthread_mutex_unlock(&c->send_mu);
     net_close(&c->wake[0]);
     net_close(&c->wake[1]);

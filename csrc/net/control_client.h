@@ -17,16 +17,22 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 
 typedef struct CtlClient CtlClient;
 
-/* node_json: {"host","port","role","index","executor_id","pid"}. Fails with
+/* node_json: {"host","port","role","index","executor_id","pid"}. mode
+ * (session.h) must be the driver's: every frame after the handshake, both
+ * ways, is protected by the connection's session. Fails with
  * SG_ERDV_TIMEOUT (no spec in time; says how many had registered),
- * SG_EAUTH, SG_EIO / SG_ETIMEOUT (cannot connect; names host:port),
- * SG_ECLUSTER (the driver rejected the registration) or SG_ECANCELLED. */
+ * SG_EAUTH (wrong secret, another security mode, or a frame from the driver
+ * that failed its integrity check, naming driver, frame type and seq), SG_EIO / SG_ETIMEOUT (cannot
+ * connect; names host:port), SG_ECLUSTER (the driver rejected the registration) or SG_ECANCELLED.
+ */
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                        const char *node_json, double timeout, double heartbeat_interval,
-                        double driver_timeout, CtlClient **out, SgError *err);
+                        NetSecurity mode, const char *node_json, double timeout,
+                        double heartbeat_interval, double driver_timeout, CtlClient **out,
+                        SgError *err);
 
 /* The latest cluster spec as a JSON array, malloc'd for the caller (NULL
  * only when out of memory). */

@@ -23,6 +23,13 @@
  * input is finished when feed_server_finish is called (the driver knows all
  * partitions are fed) or expected_feeders feeders sent END; then next returns
  * the rest, short or empty, instead of waiting.
+ *
+ * Security (session.h): server and feeder agree on a mode in the handshake;
+ * each connection keeps its own NetSession, so every frame after it (BATCH,
+ * END, ACK, ERROR, RESULT) carries a seq and a tag. A batch is queued only
+ * after its tag checked; a frame that fails is named (peer, frame type,
+ * seq), the server tells that feeder why through the session (its own
+ * direction is intact), closes the connection and keeps serving the others.
  */
 #ifndef NET_FEED_H
 #define NET_FEED_H
@@ -31,6 +38,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 
 #define FEED_MAX_COLUMNS 256
 #define FEED_MAX_NDIM    8
@@ -112,8 +120,9 @@ typedef struct FeedStats {
 } FeedStats;
 
 /* Serves feeders on lfd (not owned) from a background thread. */
-int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t capacity_bytes,
-                      int expected_feeders, uint32_t max_frame, FeedServer **out, SgError *err);
+int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                      size_t capacity_bytes, int expected_feeders, uint32_t max_frame,
+                      FeedServer **out, SgError *err);
 
 /* Up to n rows of input; waits until min_rows (0..n; n: a full batch, 0: no
  * wait) rows are queued, then takes min(n, queued) - or until the input is
@@ -142,17 +151,20 @@ void feed_server_stop(FeedServer *s);
 void feed_server_free(FeedServer *s);
 void feed_out_free(FeedOut *out);
 
-/* One BATCH/RESULT frame of b on fd before deadline (writev over the
- * caller's column buffers). */
-int feed_send_batch(int fd, int op, const FeedBatch *b, double deadline, const char *peer,
-                    SgError *err);
+/* One BATCH/RESULT frame of b on fd before deadline, protected by s (NULL:
+ * plain): the caller's column buffers are the frame's pieces (no copy, but
+ * for "encrypt", which encrypts through s's scratch block). The caller
+ * serializes senders on one connection. */
+int feed_send_batch(int fd, NetSession *s, int op, const FeedBatch *b, double deadline,
+                    const char *peer, SgError *err);
 
 /* ---- feeder ---- */
 
 typedef struct FeedClient FeedClient;
 
+/* mode must be the worker's (SG_EAUTH naming both otherwise). */
 int feed_client_connect(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                        double timeout, FeedClient **out, SgError *err);
+                        NetSecurity mode, double timeout, FeedClient **out, SgError *err);
 /* Sends one batch (b->input set, cols' data filled); bounded by the timeout. */
 int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err);
 /* Sends END for input and waits for the worker's ACK. */

@@ -1,7 +1,8 @@
 /*
  * feed_client.c - the feeder side of feed.h: connect + authenticate, send
- * batches straight from the caller's column buffers (writev, no copy), END
- * and wait for the worker's ACK, receive RESULT batches.
+ * batches straight from the caller's column buffers (net_frame_sendv pieces:
+ * no copy, plain or protected alike), END and wait for the worker's ACK,
+ * receive RESULT batches.
  *
  * A reader thread owns the receiving half of the socket: it queues ACK and
  * RESULT frames and records the worker's ERROR (or the connection's end), so
@@ -33,6 +34,8 @@ typedef struct FeedMsg {
 
 struct FeedClient {
     int fd;
+    NetSession session;      /* keyed by the handshake; send half under send_mu */
+    pthread_mutex_t send_mu; /* send and end may come from different threads */
     int wake[2];
     char peer[NET_PEER_MAX];
     double timeout;
@@ -45,19 +48,19 @@ struct FeedClient {
     SgError io_err; /* code != 0: the worker's ERROR, or the connection ended */
 };
 
-int feed_send_batch(int fd, int op, const FeedBatch *b, double deadline, const char *peer,
-                    SgError *err)
+int feed_send_batch(int fd, NetSession *s, int op, const FeedBatch *b, double deadline,
+                    const char *peer, SgError *err)
 {
     size_t meta_cap =
         16 + FEED_NAME_MAX + (size_t)b->ncols * (FEED_NAME_MAX + 16 + 8 * FEED_MAX_NDIM);
     uint8_t *meta = malloc(meta_cap);
-    struct iovec *iov = malloc((2 * (size_t)FEED_MAX_COLUMNS + 1) * sizeof *iov);
+    struct iovec *iov = malloc(2 * (size_t)FEED_MAX_COLUMNS * sizeof *iov);
     int rc = SG_OK;
     if (meta == NULL || iov == NULL) {
         rc = sg_fail(err, SG_ENOMEM, "encoding a feed batch");
         goto cleanup;
     }
-    long len = feed_batch_encode(b, meta, meta_cap, iov + 1, err);
+    long len = feed_batch_encode(b, meta, meta_cap, iov, err);
     if (len < 0) {
         rc = (int)len;
         goto cleanup;
@@ -68,10 +71,9 @@ int feed_send_batch(int fd, int op, const FeedBatch *b, double deadline, const c
                      len);
         goto cleanup;
     }
-    uint8_t hdr[NET_FRAME_HEADER_SIZE];
-    net_frame_header_encode(hdr, NET_FRAME_FEED, (uint16_t)op, (uint32_t)len);
-    iov[0] = (struct iovec){hdr, sizeof hdr};
-    rc = net_writev_all(fd, iov, 2 * b->ncols + 1, deadline, peer, "a feed batch", err);
+    /* The pieces: metadata interleaved with the caller's column buffers. */
+    rc = net_frame_sendv(fd, s, NET_FRAME_FEED, (uint16_t)op, iov, 2 * b->ncols, deadline, peer,
+                         op == FEED_OP_RESULT ? "a feed result batch" : "a feed batch", err);
 cleanup:
     free(meta);
     free(iov);
@@ -124,6 +126,7 @@ static void *reader_main(void *arg)
     FeedClient *c = arg;
     NetFrameParser p;
     net_frame_parser_init(&p, FEED_CLIENT_MAX_FRAME);
+    net_frame_parser_protect(&p, &c->session, FEED_CLIENT_MAX_FRAME, c->peer);
     uint8_t buf[65536];
     SgError err;
     for (;;) {
@@ -211,7 +214,7 @@ static int wait_msg(FeedClient *c, uint16_t op, double deadline, FeedMsg **out, 
 /* ---- API ----------------------------------------------------------------- */
 
 int feed_client_connect(const char *host, int port, const uint8_t *secret, size_t secret_len,
-                        double timeout, FeedClient **out, SgError *err)
+                        NetSecurity mode, double timeout, FeedClient **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -224,13 +227,14 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     c->fd = c->wake[0] = c->wake[1] = -1;
     c->timeout = timeout;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    if ((rc = net_connect_auth(host, port, secret, secret_len, NET_SEC_NONE, deadline, &c->fd, NULL,
+    if ((rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
                                c->peer, "feed: ", err)) == 0 &&
         (rc = net_wake_pipe(c->wake, err)) == 0) {
         if (pthread_create(&c->thread, NULL, reader_main, c) != 0)
@@ -258,7 +262,10 @@ static int explain_failure(FeedClient *c, int rc, SgError *err)
 
 int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 {
-    int rc = feed_send_batch(c->fd, FEED_OP_BATCH, b, net_now() + c->timeout, c->peer, err);
+    pthread_mutex_lock(&c->send_mu);
+    int rc =
+        feed_send_batch(c->fd, &c->session, FEED_OP_BATCH, b, net_now() + c->timeout, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
     if (rc == SG_ETIMEOUT)
         sg_context(err, "the worker's feed queue stayed full (is it consuming?): ");
     else if (rc < 0)
@@ -269,8 +276,10 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 int feed_client_end(FeedClient *c, const char *input, SgError *err)
 {
     double deadline = net_now() + c->timeout;
-    int rc = net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_END, input, strlen(input),
+    pthread_mutex_lock(&c->send_mu);
+    int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_END, input, strlen(input),
                             deadline, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
     if (rc < 0)
         return explain_failure(c, rc, err);
     FeedMsg *m;
@@ -315,6 +324,7 @@ void feed_client_free(FeedClient *c)
         pthread_join(c->thread, NULL);
     }
     net_close(&c->fd);
+    net_session_free(&c->session);
     net_close(&c->wake[0]);
     net_close(&c->wake[1]);
     while (c->head != NULL) {
@@ -324,6 +334,7 @@ void feed_client_free(FeedClient *c)
         free(m);
     }
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->send_mu);
     pthread_cond_destroy(&c->cv);
     free(c);
 }

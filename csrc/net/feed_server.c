@@ -52,6 +52,7 @@ typedef struct FeedConn {
     struct FeedServer *s;
     uint32_t id; /* 1, 2, ... in accept order: the "source" of its rows */
     int fd;
+    NetSession session;      /* keyed by the handshake; its send half under send_mu */
     pthread_mutex_t send_mu; /* the conn thread (ACK, ERROR) and result senders write */
     char peer[NET_PEER_MAX];
     pthread_t thread;
@@ -65,6 +66,7 @@ struct FeedServer {
     int lfd;
     uint8_t *secret;
     size_t secret_len;
+    NetSecurity mode;
     size_t capacity;
     int expected;
     uint32_t max_frame;
@@ -203,7 +205,7 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
         return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
                        FEED_MAX_INPUTS);
     pthread_mutex_lock(&c->send_mu);
-    int rc = net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
+    int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
                             net_now() + FEED_IO_TIMEOUT, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     return rc;
@@ -233,8 +235,9 @@ static int serve_feeder(FeedServer *s, FeedConn *c, SgError *err)
     while ((rc = wait_frame(s, c, err)) == 0) {
         NetFrameHeader h;
         uint8_t *payload = NULL;
-        if ((rc = net_frame_recv(c->fd, NULL, s->max_frame, net_now() + FEED_IO_TIMEOUT, c->peer,
-                                 &h, &payload, err)) < 0)
+        /* Whole frame, tag checked, before anything of it is queued. */
+        if ((rc = net_frame_recv(c->fd, &c->session, s->max_frame, net_now() + FEED_IO_TIMEOUT,
+                                 c->peer, &h, &payload, err)) < 0)
             return rc;
         if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
             rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection",
@@ -258,8 +261,8 @@ static void *conn_main(void *arg)
     FeedConn *c = arg;
     FeedServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, NET_SEC_NONE, c->auth_deadline,
-                             c->peer, NULL, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->mode, c->auth_deadline, c->peer,
+                             &c->session, &err);
     int authed = rc == 0;
     if (authed)
         net_gate_authenticated(&s->gate, c->peer);
@@ -279,8 +282,10 @@ static void *conn_main(void *arg)
         note(s, "%s", err.msg);
         pthread_mutex_unlock(&s->mu);
     }
-    if (authed && rc < 0 && rc != SG_EPEER && rc != SG_EAUTH) {
-        /* Tell the feeder why: u32 code + message (never a peer that did not authenticate). */
+    if (authed && rc < 0 && rc != SG_EPEER) {
+        /* Tell the feeder why: u32 code + message (never a peer that did not authenticate),
+         * through the session: a frame of the feeder's that failed its tag broke only the
+         * feeder -> worker direction. */
         uint8_t buf[4 + SG_ERROR_MAX];
         size_t n = strlen(err.msg);
         uint32_t code = (uint32_t)(int32_t)rc;
@@ -289,8 +294,8 @@ static void *conn_main(void *arg)
         memcpy(buf + 4, err.msg, n);
         SgError ignored;
         pthread_mutex_lock(&c->send_mu);
-        net_frame_send(c->fd, NULL, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0,
-                       c->peer, &ignored);
+        net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n,
+                       net_now() + 1.0, c->peer, &ignored);
         pthread_mutex_unlock(&c->send_mu);
     }
     shutdown(c->fd, SHUT_RDWR);
@@ -343,6 +348,7 @@ static void conn_free(FeedConn *c)
 {
     pthread_join(c->thread, NULL);
     net_close(&c->fd);
+    net_session_free(&c->session);
     pthread_mutex_destroy(&c->send_mu);
     free(c->batch);
     free(c);
@@ -404,8 +410,9 @@ static void *accept_main(void *arg)
 
 /* ---- API -------------------------------------------------------------------- */
 
-int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t capacity_bytes,
-                      int expected_feeders, uint32_t max_frame, FeedServer **out, SgError *err)
+int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
+                      size_t capacity_bytes, int expected_feeders, uint32_t max_frame,
+                      FeedServer **out, SgError *err)
 {
     int rc = net_auth_check_secret(secret_len, err);
     if (rc < 0)
@@ -424,6 +431,7 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, size_t 
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
+    s->mode = mode;
     s->lfd = lfd, s->capacity = capacity_bytes, s->expected = expected_feeders,
     s->max_frame = max_frame;
     s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
@@ -657,7 +665,7 @@ int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b,
                        "no feeder connection with source id %u%s", source,
                        s->stopping ? " (the feed server is closed)" : "");
     pthread_mutex_lock(&c->send_mu);
-    rc = feed_send_batch(c->fd, FEED_OP_RESULT, b, deadline, c->peer, err);
+    rc = feed_send_batch(c->fd, &c->session, FEED_OP_RESULT, b, deadline, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     if (rc == SG_EPEER || rc == SG_EIO)
         sg_context(err, "sending results to feeder %u: ", source);

@@ -80,12 +80,13 @@ char *net_json_print(const cJSON *obj)
     return cJSON_PrintUnformatted(obj);
 }
 
-int net_json_send(int fd, const cJSON *obj, double deadline, const char *peer, SgError *err)
+int net_json_send(int fd, NetSession *s, const cJSON *obj, double deadline, const char *peer,
+                  SgError *err)
 {
     char *text = cJSON_PrintUnformatted(obj);
     if (text == NULL)
         return sg_fail(err, SG_ENOMEM, "serializing a control message for %s", peer);
-    int rc = net_frame_send(fd, NULL, NET_FRAME_JSON, 0, text, strlen(text), deadline, peer, err);
+    int rc = net_frame_send(fd, s, NET_FRAME_JSON, 0, text, strlen(text), deadline, peer, err);
     free(text);
     return rc;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 
 /* Parses payload into an object with a string "type"; SG_EPROTO otherwise.
  * *type points into *out. */
@@ -31,7 +32,9 @@ int net_json_number(const cJSON *obj, const char *name, const char *peer, double
 /* Serializes obj (unformatted) into a malloc'd string, or NULL on ENOMEM. */
 char *net_json_print(const cJSON *obj);
 
-/* Sends obj as one JSON frame before deadline. */
-int net_json_send(int fd, const cJSON *obj, double deadline, const char *peer, SgError *err);
+/* Sends obj as one JSON frame before deadline, protected by s (the
+ * connection's session; NULL: plain). */
+int net_json_send(int fd, NetSession *s, const cJSON *obj, double deadline, const char *peer,
+                  SgError *err);
 
 #endif /* NET_JSON_MSG_H */

@@ -12,6 +12,10 @@
  * sender's executor_id, role and index; a connection that drops, or sends
  * nothing for heartbeat_timeout, before "done"/"error" becomes a "lost"
  * event. A bad message gets {"type":"reject","reason":...} and a close.
+ * After the handshake every frame both ways is protected by the
+ * connection's session (session.h); a frame that fails its seq or tag
+ * closes that connection with a reject naming it (counted in
+ * integrity_failures), and the server goes on serving the others.
  *
  * All I/O runs in one background thread polling every connection; the API
  * below is thread-safe and every wait is bounded.
@@ -23,22 +27,26 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 
 typedef struct RdvServer RdvServer;
 
 typedef struct RdvStats {
-    long accepted;        /* TCP connections accepted */
-    long auth_failures;   /* peers that failed or abandoned the HMAC challenge */
-    long protocol_errors; /* authenticated peers that broke the protocol */
-    long registrations;   /* register messages accepted (re-registrations too) */
-    long events_dropped;  /* log/metric events dropped because the queue was full */
-    int registered;       /* distinct executor ids registered now */
+    long accepted;           /* TCP connections accepted */
+    long auth_failures;      /* peers that failed or abandoned the HMAC challenge */
+    long protocol_errors;    /* authenticated peers that broke the protocol */
+    long integrity_failures; /* frames after the handshake that failed their seq or tag */
+    long registrations;      /* register messages accepted (re-registrations too) */
+    long events_dropped;     /* log/metric events dropped because the queue was full */
+    int registered;          /* distinct executor ids registered now */
     char last_rejection[512];
 } RdvStats;
 
-/* Binds host:port, then starts the serving thread. */
-int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, const char *host,
-                     int port, RdvServer **out, SgError *err);
+/* Binds host:port, then starts the serving thread. mode (session.h) protects
+ * every frame after each node's handshake; a node with another mode is
+ * refused in the handshake (SG_EAUTH on the node naming both modes). */
+int rdv_server_start(const uint8_t *secret, size_t secret_len, NetSecurity mode, int num_nodes,
+                     const char *host, int port, RdvServer **out, SgError *err);
 
 int rdv_server_port(const RdvServer *s);
 const char *rdv_server_host(const RdvServer *s);

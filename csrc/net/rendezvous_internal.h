@@ -26,6 +26,7 @@ typedef struct RdvConn {
     char peer[NET_PEER_MAX];
     int state;
     uint8_t challenge[NET_AUTH_NONCE];
+    NetSession session; /* keyed by the handshake: every frame after AUTH_OK, both ways */
     NetFrameParser parser;
     uint8_t *out; /* queued frames: out[out_off..out_len) not yet written */
     size_t out_len, out_off, out_cap;
@@ -52,6 +53,7 @@ struct RdvServer {
     char host[64];
     uint8_t *secret;
     size_t secret_len;
+    NetSecurity mode; /* announced in every challenge; nodes must use the same */
     int num_nodes;
     uint32_t max_frame;
     int wake[2];

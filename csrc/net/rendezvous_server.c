@@ -47,9 +47,14 @@ static void note(RdvServer *s, long *counter, const char *fmt, ...)
     va_end(ap);
 }
 
-static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
+/* Queues one frame, protected by s (NULL: plain, for the handshake) if its mode says so:
+ * header | seq | payload | tag, sealed straight into the output buffer. */
+static int conn_queue_frame(RdvConn *c, NetSession *s, uint8_t type, uint16_t flags,
+                            const void *payload, size_t len)
 {
-    size_t need = c->out_len + NET_FRAME_HEADER_SIZE + len;
+    int on = net_session_on(s);
+    size_t extra = on ? NET_FRAME_SEC_OVERHEAD : 0;
+    size_t need = c->out_len + NET_FRAME_HEADER_SIZE + extra + len;
     if (need > c->out_cap) {
         size_t cap = c->out_cap ? c->out_cap : 4096;
         while (cap < need)
@@ -60,11 +65,28 @@ static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
         c->out = p;
         c->out_cap = cap;
     }
-    net_frame_header_encode(c->out + c->out_len, type, 0, (uint32_t)len);
-    if (len > 0)
-        memcpy(c->out + c->out_len + NET_FRAME_HEADER_SIZE, payload, len);
+    uint8_t *hdr = c->out + c->out_len;
+    net_frame_header_encode(hdr, type, flags, (uint32_t)len);
+    if (!on) {
+        if (len > 0)
+            memcpy(hdr + NET_FRAME_HEADER_SIZE, payload, len);
+        c->out_len = need;
+        return SG_OK;
+    }
+    SgError err;
+    uint8_t *body = hdr + NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ;
+    if (net_session_seal_begin(s, hdr, NET_FRAME_HEADER_SIZE, hdr + NET_FRAME_HEADER_SIZE, &err) <
+            0 ||
+        net_session_seal_update(s, payload, body, len, &err) < 0 ||
+        net_session_seal_end(s, body + len, &err) < 0)
+        return SG_EIO; /* OpenSSL failed: the connection cannot go on */
     c->out_len = need;
     return SG_OK;
+}
+
+static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
+{
+    return conn_queue_frame(c, &c->session, type, 0, payload, len);
 }
 
 int rdv_conn_queue_text(RdvConn *c, const char *json)
@@ -130,6 +152,7 @@ static void conn_free(RdvServer *s, RdvConn *c)
         net_gate_release(&s->gate, c->peer);
     net_close(&c->fd);
     net_frame_parser_free(&c->parser);
+    net_session_free(&c->session);
     free(c->out);
     free(c);
 }
@@ -169,7 +192,9 @@ static void accept_new(RdvServer *s)
         net_frame_parser_init(&c->parser, NET_FRAME_MAX_UNAUTH);
         s->conns[s->nconns++] = c;
         s->stats.accepted++;
-        if (conn_queue(c, NET_FRAME_AUTH_CHALLENGE, c->challenge, sizeof c->challenge) < 0)
+        /* The challenge's flags announce the server's security mode (auth.h). */
+        if (conn_queue_frame(c, NULL, NET_FRAME_AUTH_CHALLENGE, (uint16_t)s->mode, c->challenge,
+                             sizeof c->challenge) < 0)
             c->dead = 1;
         else
             conn_flush(s, c);
@@ -185,22 +210,27 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
     int rc = h->type != NET_FRAME_AUTH_RESPONSE
                  ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating",
                            c->peer, net_frame_type_name(h->type))
-                 : net_auth_server_check(s->secret, s->secret_len, NET_SEC_NONE, c->challenge,
-                                         h->flags, payload, h->length, ok, c->peer, NULL, &err);
+                 : net_auth_server_check(s->secret, s->secret_len, s->mode, c->challenge, h->flags,
+                                         payload, h->length, ok, c->peer, &c->session, &err);
     if (rc < 0) {
         static const char reason[] = "authentication failed: wrong cluster secret";
         note(s, &s->stats.auth_failures, "%s", err.msg);
-        conn_queue(c, NET_FRAME_AUTH_FAIL, reason, sizeof reason - 1);
+        conn_queue_frame(c, NULL, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1);
         c->state = CONN_CLOSING;
         c->deadline = net_now() + RDV_CLOSE_LINGER;
         return;
     }
-    conn_queue(c, NET_FRAME_AUTH_OK, ok, sizeof ok);
+    /* AUTH_OK is the last plain frame; every frame after it, both ways, goes through the
+     * connection's session. */
+    if (conn_queue_frame(c, NULL, NET_FRAME_AUTH_OK, 0, ok, sizeof ok) < 0) {
+        c->dead = 1;
+        return;
+    }
     c->state = CONN_READY;
     net_gate_authenticated(&s->gate, c->peer);
     c->gated = 0;
     c->last_seen = net_now();
-    c->parser.max_payload = s->max_frame;
+    net_frame_parser_protect(&c->parser, &c->session, s->max_frame, c->peer);
 }
 
 static void handle_frame(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const uint8_t *payload)
@@ -260,6 +290,14 @@ static void conn_read(RdvServer *s, RdvConn *c)
             if (c->state == CONN_AUTH) {
                 note(s, &s->stats.auth_failures, "unauthenticated peer %s: %s", c->peer, err.msg);
                 rdv_conn_drop(s, c, err.msg);
+            } else if (rc == SG_EAUTH) {
+                /* A frame that failed its seq or tag (the message names peer, frame type and
+                 * seq): the connection goes; the node is told why through the session, whose
+                 * server -> node direction is intact. Other connections are not affected. */
+                note(s, &s->stats.integrity_failures, "%s", err.msg);
+                if (c->executor_id >= 0)
+                    rdv_node_disconnected(s, c, err.msg);
+                conn_reject(s, c, err.msg);
             } else {
                 note(s, &s->stats.protocol_errors, "protocol error from %s: %s", c->peer, err.msg);
                 rdv_conn_drop(s, c, s->stats.last_rejection);
@@ -387,8 +425,8 @@ static void *serve(void *arg)
     return NULL;
 }
 
-int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, const char *host,
-                     int port, RdvServer **out, SgError *err)
+int rdv_server_start(const uint8_t *secret, size_t secret_len, NetSecurity mode, int num_nodes,
+                     const char *host, int port, RdvServer **out, SgError *err)
 {
     int rc = net_auth_check_secret(secret_len, err);
     if (rc < 0)
@@ -405,6 +443,7 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, int num_nodes, co
     }
     memcpy(s->secret, secret, secret_len);
     s->secret_len = secret_len;
+    s->mode = mode;
     s->num_nodes = num_nodes;
     s->heartbeat_timeout = 10.0;
     s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;

@@ -29,16 +29,23 @@ static PyObject *Ctl_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {
-        "host", "port", "secret", "node", "timeout", "heartbeat_interval", "driver_timeout", NULL};
-    const char *host;
+    static char *kwlist[] = {"host",           "port",     "secret",
+                             "node",           "timeout",  "heartbeat_interval",
+                             "driver_timeout", "security", NULL};
+    const char *host, *security = NULL;
     int port;
     Py_buffer secret;
     PyObject *node;
     double timeout, hb = 1.0, driver_timeout = 30.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|dd:register", kwlist, &host, &port, &secret,
-                                     &PyDict_Type, &node, &timeout, &hb, &driver_timeout))
+    NetSecurity mode;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*O!d|ddz:register", kwlist, &host, &port,
+                                     &secret, &PyDict_Type, &node, &timeout, &hb, &driver_timeout,
+                                     &security))
         return NULL;
+    if (py_net_security(security, &mode) < 0) {
+        PyBuffer_Release(&secret);
+        return NULL;
+    }
     char *node_json = py_net_json_dumps(node);
     if (node_json == NULL) {
         PyBuffer_Release(&secret);
@@ -48,8 +55,8 @@ static PyObject *Ctl_register(PyObject *cls, PyObject *args, PyObject *kw)
     CtlClient *cli = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, node_json, timeout, hb,
-                             driver_timeout, &cli, &err);
+    rc = ctl_client_register(host, port, secret.buf, (size_t)secret.len, mode, node_json, timeout,
+                             hb, driver_timeout, &cli, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&secret);
     free(node_json);
@@ -216,8 +223,8 @@ static PyObject *Ctl_get_spec(CtlObject *self, void *closure)
 static PyMethodDef Ctl_methods[] = {
     {"register", (PyCFunction)(void (*)(void))Ctl_register,
      METH_VARARGS | METH_KEYWORDS | METH_STATIC,
-     "register(host, port, secret, node, timeout, heartbeat_interval=1.0, driver_timeout=30.0) -> "
-     "ControlClient"},
+     "register(host, port, secret, node, timeout, heartbeat_interval=1.0, driver_timeout=30.0, "
+     "security=None) -> ControlClient (security must be the driver's)"},
     {"log", (PyCFunction)(void (*)(void))Ctl_log, METH_VARARGS | METH_KEYWORDS,
      "log(line, timeout=30.0, stream=None): stream \"stderr\" marks a line of the node's stderr"},
     {"metric", (PyCFunction)(void (*)(void))Ctl_metric, METH_VARARGS | METH_KEYWORDS,

@@ -47,19 +47,20 @@ typedef struct {
 
 static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {
-        "listener",     "secret", "capacity_bytes", "expected_feeders", "max_frame",
-        "auth_timeout", NULL};
+    static char *kwlist[] = {"listener",  "secret",       "capacity_bytes", "expected_feeders",
+                             "max_frame", "auth_timeout", "security",       NULL};
     PyObject *listener;
     Py_buffer secret;
     Py_ssize_t capacity = (Py_ssize_t)256 << 20;
     int expected = 0;
     unsigned int max_frame = 64u << 20;
     double auth_timeout = 10.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niId:FeedServer", kwlist, &listener, &secret,
-                                     &capacity, &expected, &max_frame, &auth_timeout))
+    const char *security = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*|niIdz:FeedServer", kwlist, &listener, &secret,
+                                     &capacity, &expected, &max_frame, &auth_timeout, &security))
         return -1;
-    int fd = py_listener_fd(listener);
+    NetSecurity mode;
+    int fd = py_net_security(security, &mode) < 0 ? -1 : py_listener_fd(listener);
     SgError err;
     int rc = fd < 0 ? -1 : 0;
     if (rc == 0 && self->srv != NULL) {
@@ -75,8 +76,8 @@ static int FeedServer_init(FeedServerObject *self, PyObject *args, PyObject *kw)
                       auth_timeout);
         rc = -1;
     }
-    if (rc == 0 && feed_server_start(fd, secret.buf, (size_t)secret.len, (size_t)capacity, expected,
-                                     max_frame, &self->srv, &err) < 0) {
+    if (rc == 0 && feed_server_start(fd, secret.buf, (size_t)secret.len, mode, (size_t)capacity,
+                                     expected, max_frame, &self->srv, &err) < 0) {
         sg_raise(&err);
         rc = -1;
     }
@@ -288,7 +289,7 @@ static PyTypeObject FeedServer_Type = {
     .tp_basicsize = sizeof(FeedServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "FeedServer(listener, secret, capacity_bytes=256 MiB, expected_feeders=0, "
-              "max_frame=64 MiB, auth_timeout=10.0)",
+              "max_frame=64 MiB, auth_timeout=10.0, security=None)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedServer_init,
     .tp_dealloc = (destructor)FeedServer_dealloc,
@@ -362,14 +363,19 @@ static int batch_from_dict(PyObject *columns, const char *input, FeedBatch *b, P
 
 static int FeedClient_init(FeedClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"host", "port", "secret", "timeout", "input", NULL};
-    const char *host, *input = "train";
+    static char *kwlist[] = {"host", "port", "secret", "timeout", "input", "security", NULL};
+    const char *host, *input = "train", *security = NULL;
     int port;
     Py_buffer secret;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*|ds:FeedClient", kwlist, &host, &port, &secret,
-                                     &timeout, &input))
+    NetSecurity mode;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siy*|dsz:FeedClient", kwlist, &host, &port, &secret,
+                                     &timeout, &input, &security))
         return -1;
+    if (py_net_security(security, &mode) < 0) {
+        PyBuffer_Release(&secret);
+        return -1;
+    }
     if (strlen(input) == 0 || strlen(input) > FEED_NAME_MAX || self->cli != NULL) {
         PyBuffer_Release(&secret);
         sg_raise_code(self->cli != NULL ? SG_ESTATE : SG_EINVAL,
@@ -380,7 +386,8 @@ static int FeedClient_init(FeedClientObject *self, PyObject *args, PyObject *kw)
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = feed_client_connect(host, port, secret.buf, (size_t)secret.len, timeout, &self->cli, &err);
+    rc = feed_client_connect(host, port, secret.buf, (size_t)secret.len, mode, timeout, &self->cli,
+                             &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&secret);
     if (rc < 0) {
@@ -515,33 +522,38 @@ static PyTypeObject FeedClient_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.FeedClient",
     .tp_basicsize = sizeof(FeedClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "FeedClient(host, port, secret, timeout=60.0, input='train'): a feeder's connection "
-              "to a worker.",
+    .tp_doc = "FeedClient(host, port, secret, timeout=60.0, input='train', security=None): a "
+              "feeder's connection to a worker (security: 'none', 'auth', 'encrypt'; None: the "
+              "default; must be the worker's).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)FeedClient_init,
     .tp_dealloc = (destructor)FeedClient_dealloc,
     .tp_methods = FeedClient_methods,
 };
 
-/* feed_send(host, port, secret, columns, timeout=60.0, input='train'): connect, one batch, END,
- * ACK. */
+/* feed_send(host, port, secret, columns, timeout=60.0, input='train', security=None): connect,
+ * one batch, END, ACK. */
 static PyObject *py_feed_send(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"host", "port", "secret", "columns", "timeout", "input", NULL};
-    PyObject *pargs = NULL, *columns;
-    const char *host, *input = "train";
+    static char *kwlist[] = {"host",    "port",  "secret",   "columns",
+                             "timeout", "input", "security", NULL};
+    PyObject *pargs = NULL, *pkw = NULL, *columns;
+    const char *host, *input = "train", *security = NULL;
     int port;
     PyObject *secret;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "siSO|ds:feed_send", kwlist, &host, &port, &secret,
-                                     &columns, &timeout, &input))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "siSO|dsz:feed_send", kwlist, &host, &port, &secret,
+                                     &columns, &timeout, &input, &security))
         return NULL;
     pargs = Py_BuildValue("(siOds)", host, port, secret, timeout, input);
+    pkw = pargs != NULL && security != NULL ? Py_BuildValue("{ss}", "security", security) : NULL;
     FeedClientObject *c =
-        pargs != NULL ? (FeedClientObject *)PyObject_CallObject((PyObject *)&FeedClient_Type, pargs)
-                      : NULL;
+        pargs != NULL && (security == NULL || pkw != NULL)
+            ? (FeedClientObject *)PyObject_Call((PyObject *)&FeedClient_Type, pargs, pkw)
+            : NULL;
     Py_XDECREF(pargs);
+    Py_XDECREF(pkw);
     if (c == NULL)
         return NULL;
     PyObject *r = client_send(c->cli, columns, c->input);
@@ -615,8 +627,8 @@ static PyMethodDef feed_functions[] = {
     {"pack_binary", (PyCFunction)(void (*)(void))py_pack_binary, METH_VARARGS | METH_KEYWORDS,
      "pack_binary(values, width=-1) -> uint8[n, width]: equal-length byte strings as one array."},
     {"feed_send", (PyCFunction)(void (*)(void))py_feed_send, METH_VARARGS | METH_KEYWORDS,
-     "feed_send(host, port, secret, columns, timeout=60.0, input='train'): send one batch and "
-     "END."},
+     "feed_send(host, port, secret, columns, timeout=60.0, input='train', security=None): send "
+     "one batch and END."},
     {NULL, NULL, 0, NULL},
 };
 

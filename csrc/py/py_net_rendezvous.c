@@ -25,14 +25,20 @@ static RdvServer *live(RdvObject *self)
 
 static int Rdv_init(RdvObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"secret", "num_nodes", "host", "port", "auth_timeout", NULL};
+    static char *kwlist[] = {"secret",       "num_nodes", "host", "port",
+                             "auth_timeout", "security",  NULL};
     Py_buffer secret;
     int num_nodes, port = 0;
-    const char *host = "0.0.0.0";
+    const char *host = "0.0.0.0", *security = NULL;
     double auth_timeout = 10.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|sid:RendezvousServer", kwlist, &secret,
-                                     &num_nodes, &host, &port, &auth_timeout))
+    NetSecurity mode;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*i|sidz:RendezvousServer", kwlist, &secret,
+                                     &num_nodes, &host, &port, &auth_timeout, &security))
         return -1;
+    if (py_net_security(security, &mode) < 0) {
+        PyBuffer_Release(&secret);
+        return -1;
+    }
     if (!isfinite(auth_timeout) || auth_timeout <= 0) {
         PyBuffer_Release(&secret);
         sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
@@ -47,7 +53,8 @@ static int Rdv_init(RdvObject *self, PyObject *args, PyObject *kw)
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rdv_server_start(secret.buf, (size_t)secret.len, num_nodes, host, port, &self->srv, &err);
+    rc = rdv_server_start(secret.buf, (size_t)secret.len, mode, num_nodes, host, port, &self->srv,
+                          &err);
     if (rc == 0)
         rdv_server_set_auth_timeout(self->srv, auth_timeout);
     Py_END_ALLOW_THREADS
@@ -170,10 +177,11 @@ static PyObject *Rdv_stats(RdvObject *self, PyObject *noargs)
         return NULL;
     RdvStats st;
     rdv_server_stats(self->srv, &st);
-    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:i, s:s}", "accepted", st.accepted,
+    return Py_BuildValue("{s:l, s:l, s:l, s:l, s:l, s:l, s:i, s:s}", "accepted", st.accepted,
                          "auth_failures", st.auth_failures, "protocol_errors", st.protocol_errors,
-                         "registrations", st.registrations, "events_dropped", st.events_dropped,
-                         "registered", st.registered, "last_rejection", st.last_rejection);
+                         "integrity_failures", st.integrity_failures, "registrations",
+                         st.registrations, "events_dropped", st.events_dropped, "registered",
+                         st.registered, "last_rejection", st.last_rejection);
 }
 
 static PyObject *Rdv_close(RdvObject *self, PyObject *noargs)
@@ -255,7 +263,8 @@ static PyMethodDef Rdv_methods[] = {
     {"broadcast", (PyCFunction)(void (*)(void))Rdv_broadcast, METH_VARARGS | METH_KEYWORDS,
      "broadcast(message: dict) -> int: queue a message to every connected node."},
     {"stats", (PyCFunction)Rdv_stats, METH_NOARGS,
-     "stats() -> dict: accepted, auth_failures, protocol_errors, registrations, ..."},
+     "stats() -> dict: accepted, auth_failures, protocol_errors, integrity_failures, "
+     "registrations, ..."},
     {"close", (PyCFunction)Rdv_close, METH_NOARGS, "close(): stop the thread, close every socket."},
     {"__enter__", (PyCFunction)Rdv_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Rdv_exit, METH_VARARGS, NULL},
@@ -275,8 +284,9 @@ static PyTypeObject Rdv_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.RendezvousServer",
     .tp_basicsize = sizeof(RdvObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0, auth_timeout=10.0): the "
-              "driver's rendezvous.",
+    .tp_doc = "RendezvousServer(secret, num_nodes, host='0.0.0.0', port=0, auth_timeout=10.0, "
+              "security=None): the driver's rendezvous (security: 'none', 'auth', 'encrypt'; "
+              "None: the default).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Rdv_init,
     .tp_dealloc = (destructor)Rdv_dealloc,

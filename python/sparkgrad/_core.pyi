@@ -33,7 +33,13 @@ class Listener:
 class RendezvousServer:
     heartbeat_timeout: float
     def __init__(
-        self, secret: bytes, num_nodes: int, host: str = "0.0.0.0", port: int = 0, auth_timeout: float = 10.0
+        self,
+        secret: bytes,
+        num_nodes: int,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        auth_timeout: float = 10.0,
+        security: str | None = None,
     ) -> None: ...
     @property
     def host(self) -> str: ...
@@ -60,6 +66,7 @@ class ControlClient:
         timeout: float,
         heartbeat_interval: float = 1.0,
         driver_timeout: float = 30.0,
+        security: str | None = None,
     ) -> ControlClient: ...
     @property
     def spec(self) -> list[dict]: ...
@@ -328,6 +335,7 @@ class FeedServer:
         expected_feeders: int = 0,
         max_frame: int = 64 << 20,
         auth_timeout: float = 10.0,
+        security: str | None = None,
     ) -> None: ...
     def next_batch(
         self, n: int, timeout: float, input: str = "train", with_source: bool = False, partial: bool = False
@@ -339,7 +347,15 @@ class FeedServer:
     def close(self) -> None: ...
 
 class FeedClient:
-    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 60.0, input: str = "train") -> None: ...
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        timeout: float = 60.0,
+        input: str = "train",
+        security: str | None = None,
+    ) -> None: ...
     def send(self, columns: dict[str, np.ndarray]) -> None: ...
     def end(self) -> None: ...
     def recv_results(self, timeout: float) -> dict[str, np.ndarray] | None: ...
@@ -347,7 +363,13 @@ class FeedClient:
 
 def pack_binary(values: Sequence[bytes | bytearray | memoryview], width: int = -1) -> np.ndarray: ...
 def feed_send(
-    host: str, port: int, secret: bytes, columns: dict[str, np.ndarray], timeout: float = 60.0, input: str = "train"
+    host: str,
+    port: int,
+    secret: bytes,
+    columns: dict[str, np.ndarray],
+    timeout: float = 60.0,
+    input: str = "train",
+    security: str | None = None,
 ) -> None: ...
 
 class RestClient:
