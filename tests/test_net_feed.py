@@ -10,6 +10,7 @@ import net_raw
 import numpy as np
 import pytest
 from sparkgrad import _core, errors
+from tamper_relay import HANDSHAKE_C2S, HEADER, SEQ, TamperRelay
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -294,3 +295,56 @@ def test_results_sent_before_the_end_is_acknowledged_are_kept(feed):
         while time.monotonic() < deadline:  # the first writes may still land in kernel buffers
             srv.send_results(int(src[0]), {"p": np.zeros(1 << 16)})
             time.sleep(0.01)
+
+
+# ---- security: protected frames after the handshake (session.h) ----
+
+
+@pytest.mark.parametrize("mode", ["none", "auth", "encrypt"])
+def test_batches_and_results_round_trip_in_each_security_mode(feed, mode):
+    srv, port, secret = feed(security=mode)
+    c = _core.FeedClient("127.0.0.1", port, secret, 5.0, security=mode)
+    big = np.arange(200_000, dtype=np.float64)  # several of encrypt's 64 KiB blocks
+    c.send({"x": big, "y": np.arange(200_000, dtype=np.int64)})
+    c.send(batch(0, 3) | {"x": np.arange(3, dtype=np.float64)})
+    b, src = srv.next_batch(200_003, 5.0, with_source=True)
+    assert np.array_equal(b["x"][:200_000], big) and b["y"][-3:].tolist() == [0, 1, 2]
+    srv.send_results(int(src[0]), {"p": b["y"][-3:] * 3})
+    c.end()
+    assert c.recv_results(5.0)["p"].tolist() == [0, 3, 6]
+    c.close()
+    _core.feed_send("127.0.0.1", port, secret, {"x": np.ones(2), "y": np.arange(2)}, 5.0, security=mode)
+    assert srv.next_batch(2, 5.0)["y"].tolist() == [0, 1]
+
+
+def test_a_feeder_with_another_security_mode_is_refused_naming_both(feed):
+    srv, port, secret = feed(security="encrypt")
+    t0 = time.monotonic()
+    with pytest.raises(errors.AuthError, match="uses security='encrypt' and this node security='auth'"):
+        _core.FeedClient("127.0.0.1", port, secret, 5.0, security="auth")
+    with pytest.raises(errors.AuthError, match="security='encrypt'.*security='none'"):
+        _core.feed_send("127.0.0.1", port, secret, batch(0, 1), 5.0, security="none")
+    assert time.monotonic() - t0 < 5.0
+    with pytest.raises(ValueError, match="'none', 'auth' or 'encrypt', not 'tls'"):
+        _core.FeedClient("127.0.0.1", port, secret, 5.0, security="tls")
+    feeder(port, secret, 0, [2], security="encrypt")
+    assert srv.next_batch(2, 5.0)["y"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("mode", ["auth", "encrypt"])
+def test_a_batch_altered_on_the_way_is_named_to_the_feeder_and_the_server_keeps_serving(feed, mode):
+    srv, port, secret = feed(security=mode)
+    # payload byte 40 of the first protected frame (the batch): inside its metadata or data
+    with TamperRelay("127.0.0.1", port, "c2s", flip_at=HANDSHAKE_C2S + HEADER + SEQ + 40) as relay:
+        c = _core.FeedClient("127.0.0.1", relay.port, secret, 5.0, security=mode)
+        t0 = time.monotonic()
+        with pytest.raises(errors.AuthError, match=r"refused the feed: .*feed frame 0 failed its integrity check"):
+            c.send(batch(0, 50))
+            c.end()
+        assert time.monotonic() - t0 < 5.0 and relay.flipped == 1
+        c.close()
+    stats = srv.stats()
+    assert stats["rejected"] == 1 and "feed frame 0 failed its integrity check" in stats["last_error"]
+    feeder(port, secret, 100, [3], security=mode)  # a fresh feeder is served; nothing of the altered batch
+    srv.finish()
+    assert srv.next_batch(100, 5.0)["y"].tolist() == [100, 101, 102]

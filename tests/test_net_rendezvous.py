@@ -17,6 +17,7 @@ import time
 import net_raw
 import pytest
 from sparkgrad import _core, errors
+from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, HEADER, SEQ, TamperRelay
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -465,3 +466,72 @@ def test_registration_carries_sparks_executor_id_and_host_and_refuses_overlong_o
         assert spec[1] == net_raw.node(1)  # optional: a node off Spark sends none
         first.close()
         clients[1].close()
+
+
+# ---- security: protected frames after the handshake (session.h) ----
+
+
+@pytest.mark.parametrize("mode", ["none", "auth", "encrypt"])
+def test_the_control_channel_round_trips_in_each_security_mode(secret, mode):
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0, security=mode) as srv:
+        threads, clients, failures = register_all(srv.port, secret, [0, 1], security=mode)
+        spec = srv.wait(10.0)
+        join(threads)
+        assert not failures and [n["executor_id"] for n in spec] == [0, 1]
+        clients[1].metric("loss", 0.5, 3)
+        clients[0].log("x" * 100_000)  # a large frame, sealed in the server's queue or sent in blocks
+        got = {}
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            ev = srv.next_event(1.0)
+            if ev is not None:
+                got[ev["type"]] = ev
+        assert got["metric"]["value"] == 0.5 and len(got["log"]["line"]) == 100_000
+        srv.send(1, {"type": "hello", "n": 7})
+        assert clients[1].recv(5.0) == {"type": "hello", "n": 7}
+        assert srv.stats()["integrity_failures"] == 0
+        for c in clients.values():
+            c.close()
+
+
+def test_a_node_with_another_security_mode_is_refused_naming_both(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0, security="auth") as srv:
+        t0 = time.monotonic()
+        with pytest.raises(
+            errors.AuthError, match=f"server 127.0.0.1:{srv.port} uses security='auth' and this node security='encrypt'"
+        ):
+            _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 5.0, security="encrypt")
+        assert time.monotonic() - t0 < 5.0
+        with pytest.raises(ValueError, match="not 'aead'"):
+            _core.RendezvousServer(secret, 1, "127.0.0.1", 0, security="aead")
+        threads, clients, failures = register_all(srv.port, secret, [0], security="auth")
+        assert len(srv.wait(10.0)) == 1
+        join(threads)
+        clients[0].close()
+
+
+def test_altered_control_frames_are_named_and_the_rendezvous_keeps_serving(secret):
+    with _core.RendezvousServer(secret, 2, "127.0.0.1", 0) as srv:
+        # driver -> node: payload byte 2 of the first protected frame (the "registered" reply)
+        with TamperRelay("127.0.0.1", srv.port, "s2c", flip_at=HANDSHAKE_S2C + HEADER + SEQ + 2) as relay:
+            t0 = time.monotonic()
+            match = f"driver 127.0.0.1:{relay.port}: json frame 0 failed its integrity check"
+            with pytest.raises(errors.AuthError, match=match):
+                _core.ControlClient.register("127.0.0.1", relay.port, secret, net_raw.node(0), 10.0)
+            assert time.monotonic() - t0 < 5.0 and relay.flipped == 1
+        # node -> driver: payload byte 2 of the registration; the driver names it in its reject
+        with TamperRelay("127.0.0.1", srv.port, "c2s", flip_at=HANDSHAKE_C2S + HEADER + SEQ + 2) as relay:
+            t0 = time.monotonic()
+            with pytest.raises(
+                errors.ClusterError, match="rejected executor 1: .*json frame 0 failed its integrity check"
+            ):
+                _core.ControlClient.register("127.0.0.1", relay.port, secret, net_raw.node(1), 10.0)
+            assert time.monotonic() - t0 < 5.0
+        stats = srv.stats()
+        assert stats["integrity_failures"] == 1 and "json frame 0 failed its integrity check" in stats["last_rejection"]
+        threads, clients, failures = register_all(srv.port, secret, [0, 1])  # fresh nodes get in
+        spec = srv.wait(10.0)
+        join(threads)
+        assert not failures and [n["executor_id"] for n in spec] == [0, 1]
+        for c in clients.values():
+            c.close()
