@@ -10,7 +10,7 @@ import net_raw
 import numpy as np
 import pytest
 from sparkgrad import _core, errors
-from tamper_relay import HANDSHAKE_C2S, HEADER, SEQ, TamperRelay
+from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, HEADER, SEQ, TamperRelay
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -348,3 +348,17 @@ def test_a_batch_altered_on_the_way_is_named_to_the_feeder_and_the_server_keeps_
     feeder(port, secret, 100, [3], security=mode)  # a fresh feeder is served; nothing of the altered batch
     srv.finish()
     assert srv.next_batch(100, 5.0)["y"].tolist() == [100, 101, 102]
+
+
+def test_an_acknowledgement_altered_on_the_way_is_named_by_the_feeder(feed):
+    srv, port, secret = feed(security="auth")
+    # the ACK (empty payload) is the first protected worker -> feeder frame: flip its tag's first byte
+    with TamperRelay("127.0.0.1", port, "s2c", flip_at=HANDSHAKE_S2C + HEADER + SEQ) as relay:
+        c = _core.FeedClient("127.0.0.1", relay.port, secret, 5.0, security="auth")
+        c.send(batch(0, 2))
+        with pytest.raises(errors.AuthError, match=f"127.0.0.1:{relay.port}: feed frame 0 failed its integrity check"):
+            c.end()
+        c.close()
+    assert srv.next_batch(2, 5.0)["y"].tolist() == [0, 1]  # the worker got the batch; it keeps serving
+    feeder(port, secret, 5, [1], security="auth")
+    assert srv.next_batch(1, 5.0)["y"].tolist() == [5]
