@@ -38,6 +38,7 @@ typedef struct PsConn {
     int fd;
     char peer[NET_PEER_MAX];
     NetSession sess; /* keyed by the handshake; wiped when the connection is freed */
+    int send_failed; /* a frame to the worker broke off: nothing more may follow it */
     pthread_t thread;
     long worker_id; /* -1 until HELLO */
     int said_done;
@@ -232,8 +233,10 @@ static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, c
         pieces[n++] = (struct iovec){(void *)data, len};
     if (len2 > 0)
         pieces[n++] = (struct iovec){(void *)data2, len2};
-    return net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
-                           net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
+                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    c->send_failed = rc < 0;
+    return rc;
 }
 
 /* (s->mu held) */
@@ -274,15 +277,22 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
     return SG_OK;
 }
 
+/* An error frame, unless an earlier frame broke off mid-way (the worker's
+ * stream is cut, and under "encrypt" a new frame would reuse that frame's
+ * seq, hence its GCM nonce). */
 static int reply_error(PsConn *c, const SgError *e)
 {
+    if (c->send_failed)
+        return SG_EIO;
     uint8_t op[PS_OP_HEADER];
     size_t len = strlen(e->msg);
     ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
     struct iovec pieces[2] = {{op, sizeof op}, {(void *)e->msg, len}};
     SgError ignored;
-    return net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_ERROR, pieces, len > 0 ? 2 : 1,
-                           net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_ERROR, pieces, len > 0 ? 2 : 1,
+                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+    c->send_failed = rc < 0;
+    return rc;
 }
 
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
