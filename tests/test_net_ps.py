@@ -446,13 +446,15 @@ def _round_trip(security: str) -> tuple:
     """Pushes, pulls and optimizer state through two Adam shards of 40000 floats (several
     encryption blocks each) in one security mode."""
     total = 80_000
-    cl = Cluster(total, 2, 1, "async", optimizer="adam", security=security)
+    cl = Cluster(total, 2, 2, "async", optimizer="adam", security=security)
     try:
         c = cl.client(0, security=security)
         rng = np.random.default_rng(7)
         params = np.empty(total, np.float32)
         steps = [c.push_pull(rng.standard_normal(total).astype(np.float32), params) for _ in range(3)]
-        c.push(np.full(total, 0.5, np.float32))
+        c16 = _core.PsClient(cl.addresses, cl.secret, total, 1, 10.0, compression="bf16", security=security)
+        c16.push(np.full(total, 0.5, np.float32))
+        c16.close()
         pulled = np.empty(total, np.float32)
         steps.append(c.pull(pulled))
         whole, step, opts = c.get_state()
