@@ -5,8 +5,11 @@ buffer against 1 or 2 PsServer shards serving from threads of this process
 (GIL released in C on both sides), async mode, SGD. Reports round trips per
 second and the effective parameter bandwidth (gradients out + parameters back).
 The MLP of the issue's example (784-128-10 dense) has 101,770 parameters.
+--security sets the frame protection of both ends ("none", "auth", "encrypt";
+default _core.SECURITY_DEFAULT); each row names it, and a run in a mode other
+than the default writes results/ps_<mode>.json instead of results/ps.json.
 
-    python bench/bench_ps.py [--quick]
+    python bench/bench_ps.py [--quick] [--security MODE]
 """
 
 from __future__ import annotations
@@ -25,17 +28,25 @@ from sparkgrad import _core
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "ps.json"
 
 
-def measure(total: int, num_ps: int, seconds: float) -> tuple[float, float]:
+def results_path(security: str) -> pathlib.Path:
+    return RESULTS if security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"ps_{security}.json")
+
+
+def measure(total: int, num_ps: int, seconds: float, security: str) -> tuple[float, float]:
     secret = os.urandom(32)
     listeners = [_core.Listener("127.0.0.1", 0) for _ in range(num_ps)]
     servers = []
     for i, lis in enumerate(listeners):
         off, cnt = _core.ps_shard_range(total, num_ps, i)
-        servers.append(_core.PsServer(lis, secret, off, cnt, total, 1, lr=0.01, params=np.zeros(cnt, np.float32)))
+        servers.append(
+            _core.PsServer(
+                lis, secret, off, cnt, total, 1, lr=0.01, params=np.zeros(cnt, np.float32), security=security
+            )
+        )
     threads = [threading.Thread(target=s.serve, kwargs={"timeout": 120}) for s in servers]
     for t in threads:
         t.start()
-    client = _core.PsClient([("127.0.0.1", lis.port) for lis in listeners], secret, total, 0, 30.0)
+    client = _core.PsClient([("127.0.0.1", lis.port) for lis in listeners], secret, total, 0, 30.0, security=security)
     grads = np.full(total, 1e-3, np.float32)
     params = np.empty(total, np.float32)
     for _ in range(5):
@@ -57,22 +68,35 @@ def measure(total: int, num_ps: int, seconds: float) -> tuple[float, float]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--security",
+        choices=("none", "auth", "encrypt"),
+        default=_core.SECURITY_DEFAULT,
+        help="frame protection of the ps and its client (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
-    meta = benchlib.metadata("ps")
+    meta = benchlib.metadata("ps", security=args.security)
     seconds = 0.5 if args.quick else 2.0
     rows = []
     for total in (101_770, 1_000_000):
         for num_ps in (1, 2):
-            rate, mbs = measure(total, num_ps, seconds)
+            rate, mbs = measure(total, num_ps, seconds, args.security)
             tag = f"{total}_params_{num_ps}ps"
-            rows.append(
-                {"system": "sparkgrad", "metric": f"push_pull_per_s_{tag}", "value": round(rate, 1), "unit": "1/s"}
-            )
-            rows.append(
-                {"system": "sparkgrad", "metric": f"push_pull_bandwidth_{tag}", "value": round(mbs, 1), "unit": "MB/s"}
-            )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+            for metric, value, unit in (
+                (f"push_pull_per_s_{tag}", rate, "1/s"),
+                (f"push_pull_bandwidth_{tag}", mbs, "MB/s"),
+            ):
+                rows.append(
+                    {
+                        "system": "sparkgrad",
+                        "metric": metric,
+                        "value": round(value, 1),
+                        "unit": unit,
+                        "security": args.security,
+                    }
+                )
+    benchlib.write_results(results_path(args.security), rows, meta)
+    print(f"security={args.security}")
     print(f"{'system':<10} {'metric':<46} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<10} {r['metric']:<46} {r['value']:>10} {r['unit']}")

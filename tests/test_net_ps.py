@@ -1,5 +1,6 @@
 """Parameter server over loopback: shard split, async and sync modes,
-failure of a worker mid-step, stop(), automatic exit, state for checkpoints."""
+failure of a worker mid-step, stop(), automatic exit, state for checkpoints,
+protected frames (security modes, a mismatch, a byte altered each way)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from sparkgrad import _core, errors
+from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, SEQ, TamperRelay
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,7 +20,15 @@ class Cluster:
     """num_ps shards serving in background threads on loopback."""
 
     def __init__(
-        self, total: int, num_ps: int, num_workers: int, mode: str, lr: float = 0.1, init=True, optimizer=None
+        self,
+        total: int,
+        num_ps: int,
+        num_workers: int,
+        mode: str,
+        lr: float = 0.1,
+        init=True,
+        optimizer=None,
+        security: str | None = None,
     ):
         self.secret = os.urandom(32)
         self.total = total
@@ -30,7 +40,9 @@ class Cluster:
             params = self.init[off : off + cnt].copy() if init else None
             how = {"lr": lr} if optimizer is None else {"optimizer": optimizer}
             self.servers.append(
-                _core.PsServer(lis, self.secret, off, cnt, total, num_workers, mode=mode, params=params, **how)
+                _core.PsServer(
+                    lis, self.secret, off, cnt, total, num_workers, mode=mode, params=params, security=security, **how
+                )
             )
         self.results: list[str | BaseException] = [None] * num_ps
         self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(num_ps)]
@@ -47,8 +59,8 @@ class Cluster:
     def addresses(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", lis.port) for lis in self.listeners]
 
-    def client(self, worker_id: int, timeout: float = 10.0) -> _core.PsClient:
-        return _core.PsClient(self.addresses, self.secret, self.total, worker_id, timeout)
+    def client(self, worker_id: int, timeout: float = 10.0, security: str | None = None) -> _core.PsClient:
+        return _core.PsClient(self.addresses, self.secret, self.total, worker_id, timeout, security=security)
 
     def join(self, timeout: float = 10.0) -> list:
         for t in self.threads:
@@ -418,5 +430,127 @@ def test_ps_compression_other_than_bf16_is_refused():
         c = _core.PsClient(cl.addresses, cl.secret, 8, 0, 5.0, compression=None)
         c.push(np.ones(8, np.float32))
         c.done()
+    finally:
+        cl.close()
+
+
+# ---- protected frames (issue 15, part 2) ----
+
+HEAD = 12  # frame header
+TAG = 16
+OP = 32  # ps op header
+HELLO_FRAME = HEAD + SEQ + OP + TAG  # the first protected frame each way: HELLO and its reply
+
+
+def _round_trip(security: str) -> tuple:
+    """Pushes, pulls and optimizer state through two Adam shards of 40000 floats (several
+    encryption blocks each) in one security mode."""
+    total = 80_000
+    cl = Cluster(total, 2, 2, "async", optimizer="adam", security=security)
+    try:
+        c = cl.client(0, security=security)
+        rng = np.random.default_rng(7)
+        params = np.empty(total, np.float32)
+        steps = [c.push_pull(rng.standard_normal(total).astype(np.float32), params) for _ in range(3)]
+        c16 = _core.PsClient(cl.addresses, cl.secret, total, 1, 10.0, compression="bf16", security=security)
+        c16.push(np.full(total, 0.5, np.float32))
+        c16.close()
+        pulled = np.empty(total, np.float32)
+        steps.append(c.pull(pulled))
+        whole, step, opts = c.get_state()
+        c.set_state(whole, step + 1, opts)
+        assert c.pull(np.empty(total, np.float32)) == step + 1
+        c.done()
+        return steps, params, pulled, whole, [(o[0], o[1].copy()) for o in opts]
+    finally:
+        cl.close()
+
+
+def test_round_trips_give_the_same_results_in_every_security_mode():
+    none, auth, enc = (_round_trip(m) for m in ("none", "auth", "encrypt"))
+    assert none[0] == [1, 2, 3, 4]
+    for other in (auth, enc):
+        assert other[0] == none[0]
+        for a, b in zip(other[1:4], none[1:4], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert [o[0] for o in other[4]] == [o[0] for o in none[4]] == [4, 4]
+        for (_, a), (_, b) in zip(other[4], none[4], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert _core.SECURITY_DEFAULT in ("auth", "encrypt")
+
+
+def test_a_client_in_another_security_mode_is_refused_naming_both_modes():
+    cl = Cluster(10, 1, 1, "async", security="auth")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(errors.AuthError, match="security='auth'.*security='encrypt'"):
+            cl.client(0, timeout=20.0, security="encrypt")
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(ValueError, match="tls"):
+            cl.client(0, security="tls")
+        c = cl.client(0, security="auth")
+        assert c.push(np.ones(10, np.float32)) == 1
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize(
+    "security,where", [("auth", "gradient"), ("encrypt", "gradient"), ("auth", "op header"), ("encrypt", "op header")]
+)
+def test_a_gradient_altered_on_the_way_is_refused_and_never_applied(security, where):
+    total = 1000
+    cl = Cluster(total, 1, 2, "async", security=security)
+    try:
+        host, port = cl.addresses[0]
+        # in the PUSH_PULL that follows HELLO: byte 100 of the gradient, or byte 5 of the op
+        # header's wire format (which the shard checks before the tag: still named an alteration)
+        at = OP + 100 if where == "gradient" else 5
+        flip = HANDSHAKE_C2S + HELLO_FRAME + HEAD + SEQ + at
+        with TamperRelay(host, port, direction="c2s", flip_at=flip) as relay:
+            c = _core.PsClient([(relay.host, relay.port)], cl.secret, total, 0, 20.0, security=security)
+            t0 = time.monotonic()
+            with pytest.raises(errors.AuthError, match=r"ps frame 1 failed its integrity check") as ei:
+                c.push_pull(np.ones(total, np.float32), np.empty(total, np.float32))
+            assert time.monotonic() - t0 < 5
+            assert f"{relay.host}:{relay.port}" in str(ei.value) and relay.flipped == 1
+            with pytest.raises(errors.AuthError, match="unusable"):
+                c.pull(np.empty(total, np.float32))
+            c.close()
+        params, step, _ = cl.servers[0].get_state()
+        assert step == 0 and np.array_equal(params, cl.init)  # nothing of it was applied
+        assert cl.servers[0].integrity_failures == 1
+        fresh = cl.client(1, security=security)
+        out = np.empty(total, np.float32)
+        assert fresh.push_pull(np.ones(total, np.float32), out) == 1
+        np.testing.assert_allclose(out, cl.init - np.float32(0.1), rtol=0, atol=1e-6)
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("security", ["auth", "encrypt"])
+def test_parameters_altered_on_the_way_back_fail_the_client_naming_the_shard(security):
+    total = 1000
+    cl = Cluster(total, 1, 2, "async", security=security)
+    try:
+        host, port = cl.addresses[0]
+        # byte 40 of the parameters in the PULL reply that follows HELLO's
+        flip = HANDSHAKE_S2C + HELLO_FRAME + HEAD + SEQ + OP + 40
+        with TamperRelay(host, port, direction="s2c", flip_at=flip) as relay:
+            c = _core.PsClient([(relay.host, relay.port)], cl.secret, total, 0, 20.0, security=security)
+            t0 = time.monotonic()
+            with pytest.raises(errors.AuthError) as ei:
+                c.pull(np.empty(total, np.float32))
+            assert time.monotonic() - t0 < 5
+            msg = str(ei.value)
+            assert f"ps shard 0: {relay.host}:{relay.port}: ps frame 1 failed its integrity check" in msg, msg
+            assert relay.flipped == 1
+            with pytest.raises(errors.AuthError, match="unusable"):
+                c.push(np.ones(total, np.float32))
+            c.close()
+        assert cl.servers[0].integrity_failures == 0
+        fresh = cl.client(1, security=security)
+        got = np.empty(total, np.float32)
+        assert fresh.pull(got) == 0
+        np.testing.assert_array_equal(got, cl.init)
     finally:
         cl.close()

@@ -26,6 +26,15 @@
  *   any        -> ERROR a=status code (int64), data = message text
  * Floats travel in host order: sparkgrad supports little-endian hosts only.
  *
+ * Security (session.h): server and client agree on a mode in the handshake;
+ * under "auth" or "encrypt" every frame after it, both ways (requests,
+ * replies, errors), carries a seq and a tag. The shard reads a request's
+ * data straight into its buffers but acts on it (applies a gradient, sets
+ * parameters or optimizer state) only once the frame's tag checked; a frame
+ * that fails its check closes that connection (SG_EAUTH naming the peer,
+ * frame type and seq, answered with an error frame when the send direction
+ * is still intact) and the shard keeps serving the others.
+ *
  * Async mode applies each gradient as it arrives (global step += 1 per push).
  * Sync mode sums exactly one gradient per active worker per step, applies the
  * average, bumps the step and only then answers those pushes; a worker that
@@ -47,6 +56,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 #include "nn/nn_hook.h"
 #include "nn/nn_optim.h"
 
@@ -90,6 +100,15 @@ int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, 
 void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d);
 void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4]);
 
+/* Both ends, for a frame whose (not yet verified) header or op header broke
+ * a rule: on a protected connection reads the frame's remaining `left`
+ * payload bytes and its tag, so that an altered frame is named as such
+ * (SG_EAUTH) rather than by what the alteration made of it. SG_OK (also on
+ * a plain connection, where nothing is read) means the frame was as its
+ * sender wrote it: the caller's own error stands. */
+int ps_frame_drain_check(int fd, NetSession *s, uint8_t type, size_t left, double deadline,
+                         const char *peer, SgError *err);
+
 /* ---- server ---- */
 
 typedef struct PsServer PsServer;
@@ -111,6 +130,10 @@ typedef struct PsServerConfig {
      * that have not authenticated are capped (accept.h); a worker's buffer
      * (count floats) is allocated only once it has authenticated. */
     double auth_timeout;
+    /* The mode every worker connection must use (a worker with another is
+     * refused, both modes named). Zero-initialized: NET_SEC_NONE; the
+     * bindings pass NET_SEC_DEFAULT unless told otherwise. */
+    NetSecurity security;
 } PsServerConfig;
 
 /* Serves on the listening socket lfd (not owned: the caller closes it). */
@@ -125,6 +148,11 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err);
 
 /* Thread-safe, idempotent: makes serve return promptly. */
 void ps_server_stop(PsServer *s);
+
+/* Connections closed because a frame failed its integrity check (or its
+ * seq was not the expected one) since ps_server_new; the last such error
+ * into *last if not NULL (code 0 when there was none). Thread-safe. */
+uint64_t ps_server_integrity_failures(PsServer *s, SgError *last);
 
 /* One shard's optimizer state: its step and len floats (state may be NULL
  * when len is 0, e.g. SGD without momentum, whose step still matters for
@@ -156,10 +184,11 @@ void ps_server_free(PsServer *s);
 typedef struct PsClient PsClient;
 
 /* Connects to num_ps shards (hosts[i]:ports[i] serves shard i), authenticates
- * and says HELLO as worker_id; every call is bounded by timeout seconds. */
+ * in `security` mode (the shards' own) and says HELLO as worker_id; every
+ * call is bounded by timeout seconds. */
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
-                      size_t secret_len, uint64_t total, int worker_id, double timeout,
-                      PsClient **out, SgError *err);
+                      size_t secret_len, NetSecurity security, uint64_t total, int worker_id,
+                      double timeout, PsClient **out, SgError *err);
 
 /* params/grads hold `total` floats. *step is the global step (of shard 0). */
 int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err);

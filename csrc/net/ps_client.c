@@ -4,7 +4,12 @@
  * replies, so shards work in parallel without client threads; parameters are
  * read from the socket straight into the caller's array. Calls are serialized
  * by a mutex; a transport failure leaves the client unusable (the shards'
- * streams would be out of step) and every later call says why.
+ * streams would be out of step) and every later call says why. Each shard
+ * connection keeps the session its handshake keyed: requests go out as
+ * pieces of one protected frame, replies are opened in place and a call
+ * succeeds only once every reply's tag checked (a failed check, or a
+ * shard's report that a request failed its own, leaves the client unusable
+ * like any transport failure).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 typedef struct PsShardConn {
     int fd;
     char peer[NET_PEER_MAX];
+    NetSession sess; /* keyed by the handshake; wiped by ps_client_close/free */
     uint64_t offset, count;
 } PsShardConn;
 
@@ -47,24 +53,42 @@ static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const void *da
     if (PS_OP_HEADER + len + len2 > UINT32_MAX)
         return sg_fail(err, SG_EINVAL, "ps request of %zu bytes for %s does not fit one frame",
                        len + len2, sh->peer);
-    uint8_t hdr[NET_FRAME_HEADER_SIZE], oph[PS_OP_HEADER];
-    net_frame_header_encode(hdr, NET_FRAME_PS, (uint16_t)op, (uint32_t)(PS_OP_HEADER + len + len2));
+    uint8_t oph[PS_OP_HEADER];
     ps_op_encode(oph, v[0], v[1], v[2], v[3]);
-    struct iovec iov[4] = {
-        {hdr, sizeof hdr},
-        {oph, sizeof oph},
-        {(void *)(data != NULL ? (const uint8_t *)data + sh->offset * elem : NULL), len},
-        {(void *)extra, len2}};
-    return net_writev_all(sh->fd, iov, 4, deadline, sh->peer, "a ps request", err);
+    struct iovec pieces[3] = {{oph, sizeof oph}};
+    int n = 1;
+    if (len > 0)
+        pieces[n++] = (struct iovec){(void *)((const uint8_t *)data + sh->offset * elem), len};
+    if (len2 > 0)
+        pieces[n++] = (struct iovec){(void *)extra, len2};
+    return net_frame_sendv(sh->fd, &sh->sess, NET_FRAME_PS, (uint16_t)op, pieces, n, deadline,
+                           sh->peer, "a ps request", err);
+}
+
+/* A reply broke a rule of its (not yet verified) header (rc, err filled):
+ * on a protected connection the rest of the frame is read and its tag
+ * checked first, so that an altered reply is reported as that. */
+static int bad_reply(PsShardConn *sh, int shard, const NetFrameHeader *h, size_t consumed,
+                     double deadline, int rc, SgError *err)
+{
+    SgError e;
+    if (ps_frame_drain_check(sh->fd, &sh->sess, h->type, h->length - consumed, deadline, sh->peer,
+                             &e) < 0) {
+        *err = e;
+        return sg_context(err, "ps shard %d: ", shard);
+    }
+    return rc;
 }
 
 /* Reads one reply; parameters (if any) land in dest + offset; with opt, the
  * reply also carries v[2] floats of optimizer state (malloc'd into opt).
+ * What lands in dest is trusted only if this returns 0 (the tag checked).
  * Returns 0, a server-reported status (*remote = 1) or a transport/protocol
  * status. */
 static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, PsOptState *opt,
                       double deadline, int *remote, SgError *err)
 {
+    NetSession *sess = &sh->sess;
     size_t bytes = (size_t)sh->count * sizeof(float);
     size_t cap = PS_OP_HEADER + (bytes > SG_ERROR_MAX ? bytes : SG_ERROR_MAX);
     if (opt != NULL) /* parameters plus at most 3 optimizer slots (nn_optim.h) */
@@ -72,29 +96,36 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     *remote = 0;
-    int rc = net_frame_recv_header(sh->fd, NULL, (uint32_t)cap, deadline, sh->peer, &h, err);
-    if (rc == SG_ETIMEOUT)
+    int rc = net_frame_recv_header(sh->fd, sess, (uint32_t)cap, deadline, sh->peer, &h, err);
+    if (rc == SG_ETIMEOUT || rc == SG_EAUTH)
         return sg_context(err, "ps shard %d: ", shard);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER ||
         (h.flags != PS_OP_REPLY && h.flags != PS_OP_ERROR))
-        return sg_fail(err, SG_EPROTO,
-                       "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply", shard,
-                       sh->peer, net_frame_type_name(h.type), h.flags);
-    if ((rc = net_read_exact(sh->fd, oph, sizeof oph, deadline, sh->peer, "a ps reply header",
-                             err)) < 0)
+        return bad_reply(sh, shard, &h, 0, deadline,
+                         sg_fail(err, SG_EPROTO,
+                                 "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply",
+                                 shard, sh->peer, net_frame_type_name(h.type), h.flags),
+                         err);
+    if ((rc = net_frame_recv_payload(sh->fd, sess, oph, sizeof oph, deadline, sh->peer,
+                                     "a ps reply header", err)) < 0)
         return rc;
     ps_op_decode(oph, v);
     size_t data = h.length - PS_OP_HEADER;
     if (h.flags == PS_OP_ERROR) {
         char msg[SG_ERROR_MAX + 1];
         if (data > SG_ERROR_MAX)
-            return sg_fail(err, SG_EPROTO,
-                           "ps shard %d (%s) sent a %zu-byte error message (at most %d)", shard,
-                           sh->peer, data, SG_ERROR_MAX);
-        if ((rc = net_read_exact(sh->fd, msg, data, deadline, sh->peer, "a ps error", err)) < 0)
+            return bad_reply(sh, shard, &h, PS_OP_HEADER, deadline,
+                             sg_fail(err, SG_EPROTO,
+                                     "ps shard %d (%s) sent a %zu-byte error message (at most %d)",
+                                     shard, sh->peer, data, SG_ERROR_MAX),
+                             err);
+        if ((rc = net_frame_recv_payload(sh->fd, sess, msg, data, deadline, sh->peer, "a ps error",
+                                         err)) < 0)
             return rc;
+        if ((rc = net_frame_recv_end(sh->fd, sess, h.type, deadline, sh->peer, err)) < 0)
+            return sg_context(err, "ps shard %d: ", shard);
         msg[data] = '\0';
         int64_t code = (int64_t)v[0];
         *remote = 1;
@@ -104,11 +135,14 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
     size_t extra =
         opt != NULL && v[2] <= (UINT32_MAX / sizeof(float)) ? (size_t)v[2] * sizeof(float) : 0;
     if (data != (dest != NULL ? bytes + extra : 0))
-        return sg_fail(err, SG_EPROTO, "ps shard %d (%s) replied with %zu data bytes, expected %zu",
-                       shard, sh->peer, data, dest != NULL ? bytes + extra : (size_t)0);
+        return bad_reply(sh, shard, &h, PS_OP_HEADER, deadline,
+                         sg_fail(err, SG_EPROTO,
+                                 "ps shard %d (%s) replied with %zu data bytes, expected %zu",
+                                 shard, sh->peer, data, dest != NULL ? bytes + extra : (size_t)0),
+                         err);
     if (bytes > 0 && dest != NULL &&
-        (rc = net_read_exact(sh->fd, dest + sh->offset, bytes, deadline, sh->peer, "parameters",
-                             err)) < 0)
+        (rc = net_frame_recv_payload(sh->fd, sess, dest + sh->offset, bytes, deadline, sh->peer,
+                                     "parameters", err)) < 0)
         return rc;
     if (opt != NULL) {
         opt->step = (int64_t)v[1];
@@ -118,11 +152,13 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
         if (extra > 0 && (opt->state = malloc(extra)) == NULL)
             return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
                            sh->peer);
-        if (extra > 0)
-            rc = net_read_exact(sh->fd, opt->state, extra, deadline, sh->peer, "optimizer state",
-                                err);
+        if (extra > 0 && (rc = net_frame_recv_payload(sh->fd, sess, opt->state, extra, deadline,
+                                                      sh->peer, "optimizer state", err)) < 0)
+            return rc;
     }
-    return rc;
+    if ((rc = net_frame_recv_end(sh->fd, sess, h.type, deadline, sh->peer, err)) < 0)
+        return sg_context(err, "ps shard %d: ", shard);
+    return SG_OK;
 }
 
 /* One op on every shard: send all, then read all replies. opt_in: per-shard
@@ -169,7 +205,8 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
         int remote = 0;
         int x = recv_reply(&c->shards[i], i, r, dest, opt_out != NULL ? &opt_out[i] : NULL,
                            deadline, &remote, &e);
-        if (x < 0 && !remote)
+        /* a shard that found our request altered closes the connection */
+        if (x < 0 && (!remote || x == SG_EAUTH))
             transport = 1;
         if (x < 0 && rc == 0) {
             rc = x;
@@ -317,8 +354,8 @@ int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double tim
 }
 
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
-                      size_t secret_len, uint64_t total, int worker_id, double timeout,
-                      PsClient **out, SgError *err)
+                      size_t secret_len, NetSecurity security, uint64_t total, int worker_id,
+                      double timeout, PsClient **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -343,8 +380,8 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
             break;
         char what[32];
         snprintf(what, sizeof what, "ps shard %d: ", i);
-        if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, NET_SEC_NONE, deadline,
-                                   &sh->fd, NULL, sh->peer, what, err)) < 0)
+        if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, security, deadline,
+                                   &sh->fd, &sh->sess, sh->peer, what, err)) < 0)
             break;
         uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
         int remote;
@@ -363,8 +400,10 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
 void ps_client_close(PsClient *c)
 {
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->num_ps; i++)
+    for (int i = 0; i < c->num_ps; i++) {
         net_close(&c->shards[i].fd);
+        net_session_free(&c->shards[i].sess);
+    }
     if (!c->broken) {
         c->broken = 1;
         sg_fail(&c->broken_err, SG_ESTATE, "the client was closed");
@@ -376,8 +415,10 @@ void ps_client_free(PsClient *c)
 {
     if (c == NULL)
         return;
-    for (int i = 0; i < c->num_ps; i++)
+    for (int i = 0; i < c->num_ps; i++) {
         net_close(&c->shards[i].fd);
+        net_session_free(&c->shards[i].sess);
+    }
     free(c->shards);
     free(c->wire16);
     pthread_mutex_destroy(&c->mu);

@@ -4,6 +4,8 @@
  */
 #include "net/ps.h"
 
+#include "net/frame.h"
+
 int ps_apply_sgd(void *ctx, float *params, const float *grads, size_t n, SgError *err)
 {
     (void)err;
@@ -46,4 +48,22 @@ void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4])
         for (int i = 0; i < 8; i++)
             v[k] |= (uint64_t)in[8 * k + i] << (8 * i);
     }
+}
+
+int ps_frame_drain_check(int fd, NetSession *s, uint8_t type, size_t left, double deadline,
+                         const char *peer, SgError *err)
+{
+    if (!net_session_on(s))
+        return SG_OK;
+    uint8_t sink[4096];
+    int rc = SG_OK;
+    while (left > 0 && rc == SG_OK) {
+        size_t n = left < sizeof sink ? left : sizeof sink;
+        rc = net_frame_recv_payload(fd, s, sink, n, deadline, peer, "the rest of a bad ps frame",
+                                    err);
+        left -= n;
+    }
+    if (rc == SG_OK)
+        rc = net_frame_recv_end(fd, s, type, deadline, peer, err);
+    return rc == SG_EAUTH ? rc : SG_OK;
 }

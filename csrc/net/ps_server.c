@@ -5,7 +5,11 @@
  *
  * Every wait is bounded or woken: connection threads poll with a 1 s period
  * and check `closing`; serve's exit shuts every connection down, so blocked
- * reads return at once. Not here: the worker side (ps_client.c).
+ * reads return at once. Each connection keeps the session its handshake
+ * keyed (cfg.security): requests are read in parts straight into the
+ * connection's buffers and handled only after their tag checked; replies
+ * and errors go out as pieces of one protected frame. Not here: the worker
+ * side (ps_client.c).
  */
 #include <errno.h>
 #include <poll.h>
@@ -33,6 +37,8 @@ typedef struct PsConn {
     struct PsServer *s;
     int fd;
     char peer[NET_PEER_MAX];
+    NetSession sess; /* keyed by the handshake; wiped when the connection is freed */
+    int send_failed; /* a frame to the worker broke off: nothing more may follow it */
     pthread_t thread;
     long worker_id; /* -1 until HELLO */
     int said_done;
@@ -68,6 +74,8 @@ struct PsServer {
     PsConn **conns; /* live connections; ended ones are reaped by serve */
     size_t nconns, capconns;
     NetGate gate;
+    uint64_t integrity_failures; /* connections closed by a failed tag or seq */
+    SgError last_integrity;
 };
 
 /* ---- shard state (s->mu held) ---------------------------------------------- */
@@ -213,15 +221,22 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
 
 /* ---- one request ------------------------------------------------------------ */
 
+/* One reply frame: the op header r, then data and data2 (either may be empty). */
 static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
                  size_t len2, SgError *err)
 {
-    uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
-    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_REPLY, (uint32_t)(PS_OP_HEADER + len + len2));
+    uint8_t op[PS_OP_HEADER];
     ps_op_encode(op, r[0], r[1], r[2], r[3]);
-    struct iovec iov[4] = {
-        {hdr, sizeof hdr}, {op, sizeof op}, {(void *)data, len}, {(void *)data2, len2}};
-    return net_writev_all(c->fd, iov, 4, net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    struct iovec pieces[3] = {{op, sizeof op}};
+    int n = 1;
+    if (len > 0)
+        pieces[n++] = (struct iovec){(void *)data, len};
+    if (len2 > 0)
+        pieces[n++] = (struct iovec){(void *)data2, len2};
+    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
+                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    c->send_failed = rc < 0;
+    return rc;
 }
 
 /* (s->mu held) */
@@ -262,16 +277,22 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
     return SG_OK;
 }
 
+/* An error frame, unless an earlier frame broke off mid-way (the worker's
+ * stream is cut, and under "encrypt" a new frame would reuse that frame's
+ * seq, hence its GCM nonce). */
 static int reply_error(PsConn *c, const SgError *e)
 {
-    uint8_t hdr[NET_FRAME_HEADER_SIZE], op[PS_OP_HEADER];
+    if (c->send_failed)
+        return SG_EIO;
+    uint8_t op[PS_OP_HEADER];
     size_t len = strlen(e->msg);
-    net_frame_header_encode(hdr, NET_FRAME_PS, PS_OP_ERROR, (uint32_t)(PS_OP_HEADER + len));
     ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
-    struct iovec iov[3] = {{hdr, sizeof hdr}, {op, sizeof op}, {(void *)e->msg, len}};
+    struct iovec pieces[2] = {{op, sizeof op}, {(void *)e->msg, len}};
     SgError ignored;
-    return net_writev_all(c->fd, iov, 3, net_now() + PS_IO_TIMEOUT, c->peer, "a ps error",
-                          &ignored);
+    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_ERROR, pieces, len > 0 ? 2 : 1,
+                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+    c->send_failed = rc < 0;
+    return rc;
 }
 
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
@@ -371,8 +392,24 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     return rc;
 }
 
-/* Reads one request into c->buf and handles it. Returns 0, SG_EPEER when the
- * worker left, 1 when closing, or another status (connection is dropped). */
+/* A request broke a rule of its op header (rc, err filled): on a protected
+ * connection the rest of the frame is read and its tag checked first, so
+ * that an altered request is reported as that. */
+static int bad_request(PsConn *c, const NetFrameHeader *h, size_t consumed, double deadline, int rc,
+                       SgError *err)
+{
+    SgError e;
+    if (ps_frame_drain_check(c->fd, &c->sess, h->type, h->length - consumed, deadline, c->peer,
+                             &e) < 0) {
+        *err = e;
+        return SG_EAUTH;
+    }
+    return rc;
+}
+
+/* Reads one request into c->buf (and c->extra) and, once its tag checked,
+ * handles it. Returns 0, SG_EPEER when the worker left, 1 when closing, or
+ * another status (connection is dropped). */
 static int serve_one(PsConn *c, SgError *err)
 {
     PsServer *s = c->s;
@@ -389,46 +426,73 @@ static int serve_one(PsConn *c, SgError *err)
         if (n > 0)
             break;
     }
+    NetSession *sess = &c->sess;
     size_t bytes = (size_t)s->cfg.count * sizeof(float);
     size_t opt_bytes = s->opt_floats * sizeof(float); /* fixed after construction */
     double deadline = net_now() + PS_IO_TIMEOUT;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc = net_frame_recv_header(c->fd, NULL, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes),
+    int rc = net_frame_recv_header(c->fd, sess, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes),
                                    deadline, c->peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
-        return sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame where a ps request belongs",
-                       c->peer, h.length, net_frame_type_name(h.type));
-    if ((rc = net_read_exact(c->fd, oph, sizeof oph, deadline, c->peer, "a ps op header", err)) < 0)
+        return bad_request(c, &h, 0, deadline,
+                           sg_fail(err, SG_EPROTO,
+                                   "%s sent a %u-byte %s frame where a ps request belongs", c->peer,
+                                   h.length, net_frame_type_name(h.type)),
+                           err);
+    if ((rc = net_frame_recv_payload(c->fd, sess, oph, sizeof oph, deadline, c->peer,
+                                     "a ps op header", err)) < 0)
         return rc;
     ps_op_decode(oph, v);
     size_t data = h.length - PS_OP_HEADER;
     int push = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL;
     int carries = push || h.flags == PS_OP_INIT || h.flags == PS_OP_SET_STATE;
     if (push && v[0] != PS_WIRE_F32 && v[0] != PS_WIRE_BF16)
-        return sg_fail(err, SG_EPROTO,
-                       "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->peer,
-                       (unsigned long long)v[0]);
+        return bad_request(
+            c, &h, PS_OP_HEADER, deadline,
+            sg_fail(err, SG_EPROTO,
+                    "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->peer,
+                    (unsigned long long)v[0]),
+            err);
     const int bf16 = push && v[0] == PS_WIRE_BF16;
     /* bf16 gradients land in the upper half of buf, widened in place below */
     size_t in_bytes = bf16 ? (size_t)s->cfg.count * sizeof(uint16_t) : bytes;
     size_t extra =
         h.flags == PS_OP_SET_STATE && v[2] <= s->opt_floats ? (size_t)v[2] * sizeof(float) : 0;
     if (h.flags == PS_OP_SET_STATE && v[2] > s->opt_floats)
-        return sg_fail(err, SG_EPROTO,
-                       "SET_STATE from %s carries %llu floats of optimizer state, this ps shard's "
-                       "optimizer holds %zu",
-                       c->peer, (unsigned long long)v[2], s->opt_floats);
+        return bad_request(c, &h, PS_OP_HEADER, deadline,
+                           sg_fail(err, SG_EPROTO,
+                                   "SET_STATE from %s carries %llu floats of optimizer state, "
+                                   "this ps shard's optimizer holds %zu",
+                                   c->peer, (unsigned long long)v[2], s->opt_floats),
+                           err);
     if (data != (carries ? in_bytes + extra : 0))
-        return sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu%s",
-                       h.flags, c->peer, data, carries ? in_bytes + extra : (size_t)0,
-                       bf16 ? " (bf16 gradients)" : "");
+        return bad_request(c, &h, PS_OP_HEADER, deadline,
+                           sg_fail(err, SG_EPROTO,
+                                   "ps op %u from %s carries %zu data bytes, expected %zu%s",
+                                   h.flags, c->peer, data, carries ? in_bytes + extra : (size_t)0,
+                                   bf16 ? " (bf16 gradients)" : ""),
+                           err);
     uint8_t *in = (uint8_t *)c->buf + (bytes - in_bytes);
-    if (carries && (rc = net_read_exact(c->fd, in, in_bytes, deadline, c->peer,
-                                        bf16 ? "bf16 gradients" : "ps data", err)) < 0)
+    if (carries && (rc = net_frame_recv_payload(c->fd, sess, in, in_bytes, deadline, c->peer,
+                                                bf16 ? "bf16 gradients" : "ps data", err)) < 0)
+        return rc;
+    free(c->extra);
+    c->extra = NULL;
+    c->extra_len = extra / sizeof(float);
+    if (extra > 0) {
+        if ((c->extra = malloc(extra)) == NULL)
+            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
+                           c->peer);
+        if ((rc = net_frame_recv_payload(c->fd, sess, c->extra, extra, deadline, c->peer,
+                                         "optimizer state", err)) < 0)
+            return rc;
+    }
+    /* nothing of the request is acted on before its tag checked */
+    if ((rc = net_frame_recv_end(c->fd, sess, h.type, deadline, c->peer, err)) < 0)
         return rc;
     if (bf16) {
         /* ascending: element i is read before float i is written, and float
@@ -438,17 +502,6 @@ static int serve_one(PsConn *c, SgError *err)
             memcpy(&g, in + 2 * i, sizeof g);
             c->buf[i] = coll_bf16_to_f32(g);
         }
-    }
-    free(c->extra);
-    c->extra = NULL;
-    c->extra_len = extra / sizeof(float);
-    if (extra > 0) {
-        if ((c->extra = malloc(extra)) == NULL)
-            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
-                           c->peer);
-        if ((rc = net_read_exact(c->fd, c->extra, extra, deadline, c->peer, "optimizer state",
-                                 err)) < 0)
-            return rc;
     }
     rc = handle(c, h.flags, v, err);
     free(c->extra);
@@ -466,8 +519,8 @@ static void *conn_main(void *arg)
     PsConn *c = arg;
     PsServer *s = c->s;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, NET_SEC_NONE,
-                             net_now() + s->cfg.auth_timeout, c->peer, NULL, &err);
+    int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->cfg.security,
+                             net_now() + s->cfg.auth_timeout, c->peer, &c->sess, &err);
     int authed = rc == 0;
     if (authed)
         net_gate_authenticated(&s->gate, c->peer);
@@ -478,10 +531,16 @@ static void *conn_main(void *arg)
                      (unsigned long long)s->cfg.count, c->peer);
     while (rc == 0)
         rc = serve_one(c, &err);
-    /* an unauthenticated peer gets nothing but the close */
-    if (authed && rc != 1 && rc != SG_EPEER && rc != SG_EAUTH)
+    /* An unauthenticated peer gets nothing but the close. An authenticated
+     * one whose frame failed its check is told so (the direction to it is
+     * intact) before the close. */
+    if (authed && rc != 1 && rc != SG_EPEER)
         reply_error(c, &err);
     pthread_mutex_lock(&s->mu);
+    if (authed && rc == SG_EAUTH) {
+        s->integrity_failures++;
+        s->last_integrity = err;
+    }
     if (c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC && !s->closing)
         break_sync(
             s, SG_ENODE,
@@ -501,6 +560,7 @@ static void conn_free(PsConn *c)
 {
     pthread_join(c->thread, NULL);
     net_close(&c->fd);
+    net_session_free(&c->sess);
     free(c->buf);
     free(c->extra);
     free(c);
@@ -611,6 +671,16 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
     return rc < 0 ? rc : result;
 }
 
+uint64_t ps_server_integrity_failures(PsServer *s, SgError *last)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->integrity_failures;
+    if (last != NULL)
+        *last = s->last_integrity;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void ps_server_stop(PsServer *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -643,6 +713,9 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
                        (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
                        (unsigned long long)cfg->total, cfg->num_workers, (int)cfg->mode,
                        (size_t)((UINT32_MAX - PS_OP_HEADER) / sizeof(float)));
+    if (cfg->security != NET_SEC_NONE && cfg->security != NET_SEC_AUTH &&
+        cfg->security != NET_SEC_ENCRYPT)
+        return sg_fail(err, SG_EINVAL, "ps shard: unknown security mode %d", (int)cfg->security);
     size_t opt_floats = cfg->optim != NULL ? optim_state_size(cfg->optim) : 0;
     if (cfg->optim != NULL) {
         const OptimConfig *oc = optim_config(cfg->optim);

@@ -154,21 +154,23 @@ static int parse_opt_state(PyObject *obj, PsOptState *o, PyObject **keep, const 
 
 static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener",    "secret",       "offset", "count",  "total",
-                             "num_workers", "mode",         "lr",     "params", "step",
-                             "optimizer",   "auth_timeout", NULL};
+    static char *kwlist[] = {"listener",    "secret",       "offset",   "count",  "total",
+                             "num_workers", "mode",         "lr",       "params", "step",
+                             "optimizer",   "auth_timeout", "security", NULL};
     PyObject *listener, *params = Py_None, *optspec = Py_None, *optimizer = NULL;
+    const char *security = NULL;
     Py_buffer secret;
     unsigned long long offset, count, total, step = 0;
     int num_workers;
     const char *mode = "async";
     float lr = NAN;
     double auth_timeout = 10.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKOd:PsServer", kwlist, &listener,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKOdz:PsServer", kwlist, &listener,
                                      &secret, &offset, &count, &total, &num_workers, &mode, &lr,
-                                     &params, &step, &optspec, &auth_timeout))
+                                     &params, &step, &optspec, &auth_timeout, &security))
         return -1;
-    int fd = py_listener_fd(listener);
+    NetSecurity sec = NET_SEC_DEFAULT;
+    int fd = py_net_security(security, &sec) < 0 ? -1 : py_listener_fd(listener);
     int ok = fd >= 0;
     if (ok && (!isfinite(auth_timeout) || auth_timeout <= 0)) {
         sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
@@ -189,6 +191,7 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
                           .lr = isnan(lr) ? 0.01f : lr,
                           .step = step,
                           .auth_timeout = auth_timeout,
+                          .security = sec,
                           .optim = optimizer != NULL ? ((OptimizerObject *)optimizer)->opt : NULL};
     if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
         sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
@@ -341,6 +344,14 @@ static PyObject *PsServer_get_step(PsServerObject *self, void *closure)
     return ps_live(self) ? PyLong_FromUnsignedLongLong(ps_server_step(self->srv)) : NULL;
 }
 
+static PyObject *PsServer_get_integrity_failures(PsServerObject *self, void *closure)
+{
+    (void)closure;
+    if (ps_live(self) == NULL)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(ps_server_integrity_failures(self->srv, NULL));
+}
+
 static PyObject *PsServer_get_range(PsServerObject *self, void *closure)
 {
     (void)closure;
@@ -364,6 +375,8 @@ static PyMethodDef PsServer_methods[] = {
 static PyGetSetDef PsServer_getset[] = {
     {"step", (getter)PsServer_get_step, NULL, "global step", NULL},
     {"shard", (getter)PsServer_get_range, NULL, "(offset, count, total)", NULL},
+    {"integrity_failures", (getter)PsServer_get_integrity_failures, NULL,
+     "worker connections closed because a frame failed its integrity or sequence check", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -372,8 +385,8 @@ static PyTypeObject PsServer_Type = {
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
-              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0): one "
-              "parameter-server shard; "
+              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0, security=None): "
+              "one parameter-server shard; "
               "optimizer (a name, a sparkgrad.nn.optimizers.Optimizer or a dict with 'kind') "
               "replaces plain SGD with lr and keeps its state on the shard.",
     .tp_new = PyType_GenericNew,
@@ -393,17 +406,22 @@ typedef struct {
 
 static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"addresses", "secret",      "total", "worker_id",
-                             "timeout",   "compression", NULL};
+    static char *kwlist[] = {"addresses", "secret",      "total",    "worker_id",
+                             "timeout",   "compression", "security", NULL};
     PyObject *addresses;
     Py_buffer secret;
     unsigned long long total;
     int worker_id;
     double timeout = 60.0;
-    const char *compression = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|dz:PsClient", kwlist, &addresses, &secret,
-                                     &total, &worker_id, &timeout, &compression))
+    const char *compression = NULL, *security = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|dzz:PsClient", kwlist, &addresses, &secret,
+                                     &total, &worker_id, &timeout, &compression, &security))
         return -1;
+    NetSecurity sec = NET_SEC_DEFAULT;
+    if (py_net_security(security, &sec) < 0) {
+        PyBuffer_Release(&secret);
+        return -1;
+    }
     PsWire wire = PS_WIRE_F32;
     if (compression != NULL && strcmp(compression, "none") != 0) {
         if (strcmp(compression, "bf16") != 0) {
@@ -433,7 +451,7 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     }
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, total,
+        rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, sec, total,
                                worker_id, timeout, &self->cli, &err);
         Py_END_ALLOW_THREADS
         if (rc == 0 && (rc = ps_client_set_wire(self->cli, wire, &err)) < 0) {
@@ -722,8 +740,9 @@ static PyTypeObject PsClient_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsClient",
     .tp_basicsize = sizeof(PsClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0): a worker's link to "
-              "every ps shard.",
+    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0, compression=None, "
+              "security=None): a worker's link to every ps shard; security ('none', 'auth', "
+              "'encrypt'; None: _core.SECURITY_DEFAULT) must be the shards' own.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PsClient_init,
     .tp_dealloc = (destructor)PsClient_dealloc,

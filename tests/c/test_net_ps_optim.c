@@ -78,15 +78,16 @@ static void test_adam_on_two_shards(void)
                               .num_workers = 1,
                               .mode = PS_MODE_ASYNC,
                               .init = init + off,
-                              .optim = opt[k]};
+                              .optim = opt[k],
+                              .security = NET_SEC_ENCRYPT};
         CHECK(ps_server_new(lfd[k], secret, sizeof secret, &cfg, &srv[k], &err) == 0);
         CHECK(ps_server_optim_state_size(srv[k]) == 2 * cnt);
         hosts[k] = "127.0.0.1";
         CHECK(pthread_create(&th[k], NULL, serve_main, srv[k]) == 0);
     }
     PsClient *c = NULL;
-    CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, TOTAL, 0, 10.0, &c, &err) ==
-          0);
+    CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_ENCRYPT, TOTAL, 0,
+                            10.0, &c, &err) == 0);
     Optimizer *ref = NULL;
     CHECK(optim_create(&ref, &oc, TOTAL, &err) == 0);
     uint64_t step = 0;
