@@ -132,15 +132,8 @@ int net_auth_server(int fd, const uint8_t *secret, size_t secret_len, NetSecurit
         rc = net_auth_server_check(secret, secret_len, mode, challenge, h.flags, resp, h.length, ok,
                                    peer, session, err);
     free(resp);
-    if (rc < 0) {
-        static const char reason[] = "authentication failed: wrong cluster secret";
-        SgError ignored;
-        /* Best effort, short deadline: tell the peer why before closing. */
-        double d = net_now() + 0.5 < deadline ? net_now() + 0.5 : deadline;
-        net_frame_send(fd, NULL, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1, d, peer,
-                       &ignored);
+    if (rc < 0) /* nothing but the close goes to a peer that did not authenticate */
         return rc;
-    }
     rc = net_frame_send(fd, NULL, NET_FRAME_AUTH_OK, 0, ok, sizeof ok, deadline, peer, err);
     if (rc < 0 && session != NULL)
         net_session_free(session);
@@ -175,7 +168,9 @@ int net_auth_client(int fd, const uint8_t *secret, size_t secret_len, NetSecurit
     rc = net_frame_recv(fd, NULL, NET_FRAME_MAX_UNAUTH, deadline, peer, &h, &buf, err);
     if (rc == SG_EPEER) {
         rc = sg_fail(err, SG_EAUTH,
-                     "%s closed the connection during authentication (wrong secret?)", peer);
+                     "%s closed the connection during authentication: it refused our credentials "
+                     "(a wrong cluster secret, or a secret of an earlier start of the cluster)",
+                     peer);
         goto cleanup;
     }
     if (rc < 0)

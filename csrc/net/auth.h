@@ -2,11 +2,15 @@
  * auth.h - mutual HMAC-SHA256 challenge-response on a per-cluster secret.
  *
  * Exchange (frames from frame.h), after the TCP connect:
- *   server -> client  AUTH_CHALLENGE  Ns (32 random bytes)
- *   client -> server  AUTH_RESPONSE   Nc (32 random bytes) || HMAC(K, "sparkgrad-auth-v1 client" ||
- * Ns || Nc) server -> client  AUTH_OK         HMAC(K, "sparkgrad-auth-v1 server" || Nc || Ns) or
- * AUTH_FAIL       reason text, then the server closes The client checks the server's MAC too, so
- * neither side talks to a peer that does not hold K. MACs are compared in constant time.
+ *   server -> client  AUTH_CHALLENGE  Ns (32 random bytes); flags: the server's security mode
+ *   client -> server  AUTH_RESPONSE   Nc (32 random bytes) ||
+ *                                     HMAC(K, "sparkgrad-auth-v1 client" || Ns || Nc);
+ *                                     flags: the client's security mode
+ *   server -> client  AUTH_OK         HMAC(K, "sparkgrad-auth-v1 server" || Nc || Ns),
+ *                     or nothing: a client that failed is closed without a word.
+ * The client checks the server's MAC too, so neither side talks to a peer
+ * that does not hold K. MACs are compared in constant time. (A client still
+ * reports an AUTH_FAIL reason from a server of an earlier release.)
  */
 #ifndef NET_AUTH_H
 #define NET_AUTH_H

@@ -212,12 +212,9 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
                            c->peer, net_frame_type_name(h->type))
                  : net_auth_server_check(s->secret, s->secret_len, s->mode, c->challenge, h->flags,
                                          payload, h->length, ok, c->peer, &c->session, &err);
-    if (rc < 0) {
-        static const char reason[] = "authentication failed: wrong cluster secret";
+    if (rc < 0) { /* nothing but the close goes to a peer that did not authenticate */
         note(s, &s->stats.auth_failures, "%s", err.msg);
-        conn_queue_frame(c, NULL, NET_FRAME_AUTH_FAIL, 0, reason, sizeof reason - 1);
-        c->state = CONN_CLOSING;
-        c->deadline = net_now() + RDV_CLOSE_LINGER;
+        c->dead = 1;
         return;
     }
     /* AUTH_OK is the last plain frame; every frame after it, both ways, goes through the
