@@ -169,6 +169,13 @@ static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_
 {
     EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
     uint8_t nonce[12], seq[NET_SESSION_SEQ];
+    /* A frame begun and never ended (its I/O failed part-way) leaves the stream cut mid-frame;
+     * another frame would also reuse its sequence number, and under encryption its GCM nonce. */
+    if (d->active)
+        return sg_fail(err, SG_ESTATE,
+                       "frame %llu on this connection was cut off part-way; the connection cannot "
+                       "carry another frame",
+                       (unsigned long long)d->seq);
     for (int i = 0; i < 4; i++)
         nonce[i] = (uint8_t)(d->direction >> (8 * i));
     put_u64(nonce + 4, d->seq);

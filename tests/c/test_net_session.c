@@ -163,6 +163,23 @@ static void test_keys_differ_by_secret_nonce_and_mode(void)
     CHECK(net_security_parse("tls", &m, &err) == SG_EINVAL && strstr(err.msg, "'tls'") != NULL);
 }
 
+/* A frame begun and never ended (a send that failed part-way) ends the connection's
+ * usefulness: the next frame would reuse its sequence number (and GCM nonce). */
+static void test_a_frame_cut_off_refuses_the_next(void)
+{
+    NetSession srv, cli;
+    pair(NET_SEC_ENCRYPT, &srv, &cli);
+    uint8_t hdr[NET_FRAME_HEADER_SIZE], seq[NET_SESSION_SEQ], buf[4] = {1, 2, 3, 4};
+    SgError err;
+    net_frame_header_encode(hdr, NET_FRAME_PS, 0, 4);
+    CHECK(net_session_seal_begin(&cli, hdr, sizeof hdr, seq, &err) == SG_OK);
+    CHECK(net_session_seal_update(&cli, buf, buf, 2, &err) == SG_OK);
+    CHECK(net_session_seal_begin(&cli, hdr, sizeof hdr, seq, &err) == SG_ESTATE);
+    CHECK(strstr(err.msg, "frame 0 on this connection was cut off part-way") != NULL);
+    net_session_free(&srv);
+    net_session_free(&cli);
+}
+
 static void test_none_is_inert(void)
 {
     NetSession srv, cli;
@@ -186,6 +203,7 @@ int main(void)
     test_tampering_is_named(NET_SEC_AUTH);
     test_tampering_is_named(NET_SEC_ENCRYPT);
     test_keys_differ_by_secret_nonce_and_mode();
+    test_a_frame_cut_off_refuses_the_next();
     test_none_is_inert();
     return check_report("test_net_session");
 }
