@@ -154,6 +154,7 @@ class Cluster:
         on_log: Callable[[dict], None] | None = None,
         relaunch: Callable[[int], Generation] | None = None,
         max_restarts: int = 0,
+        security: str | None = None,
     ) -> None:
         """``label(event)``: how the node of an event is named in output and failures (default role:index);
         ``on_log(event)``: takes the nodes' log events (with "line", and "stream": "stderr" for the
@@ -163,6 +164,7 @@ class Cluster:
         self._on_log = on_log
         self._spark = spark  # spark.ClassicSpark or spark.ConnectSpark; None for a local cluster
         self._secret = secret
+        self._security = security
         self.rows_fed = 0
         self.template = template
         self.input_mode = input_mode
@@ -588,7 +590,7 @@ class Cluster:
         self._check_feedable("train", data_rdd)
         data_rdd = _select_mapped("train", data_rdd, input_mapping, prepare)
         training = [n for n in self.nodes if n.role not in SERVING_ROLES]
-        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout))
+        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), security=self._security)
         epochs = max(1, int(num_epochs))
         if _is_dataframe(data_rdd):
             from sparkgrad.cluster.arrow_feed import COUNT_SCHEMA, ArrowFeeder
@@ -653,7 +655,9 @@ class Cluster:
         """
         self._check_feedable("inference", data_rdd)
         data_rdd = _select_mapped("inference", data_rdd, input_mapping, prepare)
-        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True)
+        target = FeedTarget(
+            self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True, security=self._security
+        )
         if _is_dataframe(data_rdd):
             from sparkgrad.cluster.arrow_feed import DEFAULT_RESULT_SCHEMA, ArrowFeeder, result_fields
 
