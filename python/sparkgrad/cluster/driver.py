@@ -315,10 +315,17 @@ class Cluster:
             if self._closed.is_set():
                 return
             where, spark = self._where(ev)
+            reason = str(ev.get("reason") or "its connection ended")
+            # A silent node (no heartbeat) may be alive but stopped or cut off: its reason says so. A closed
+            # connection without a done or error event is a process that ended without reporting.
+            why = (
+                ""
+                if reason.startswith("no heartbeat")
+                else (". Its process died without reporting (killed, out of memory, or its executor was removed)")
+            )
             (self._fail if self._failure is None else self._prefer_cause)(
                 NodeFailure(
-                    f"{name} {where} on {ev.get('host')} was lost: {ev.get('reason')}. "
-                    "Its process died without reporting (killed, out of memory, or its executor was removed)",
+                    f"{name} {where} on {ev.get('host')} was lost: {reason}{why}",
                     node=name,
                     role=ev["role"],
                     index=int(ev["index"]),
