@@ -28,7 +28,10 @@ the walkthrough MLP, 784-128-64-10 softmax, written to Spark's ``noop`` sink):
   PyTorch pandas UDF                the same weights in torch.nn, eval() + inference_mode, one
                                     thread per task (2 tasks on 2 cores), Arrow batches of 1,024
 
-Each figure is the median of ``--repeat`` runs (default 3) with min and max.
+Before the timed runs each feeding system feeds once untimed (Spark's Python workers, the
+JVM's Arrow and pickling paths warmed, as a long-running session has them): without it the
+first system measured pays for every start. Each figure is the median of ``--repeat`` runs
+(default 3) with min and max.
 A system that cannot run is a row with value null and the reason.
 
     python bench/bench_feed.py [--quick] [--repeat N] [--rows N]
@@ -188,7 +191,7 @@ def tfos_python() -> tuple[str | None, str]:
 def run_tfos(python: str, kind: str, path: str, rows: int, repeat: int, work: pathlib.Path) -> tuple[list, str]:
     out = work / f"tfos-{kind}.json"
     cmd = [python, str(ROOT / "bench" / "feed_tfos.py"), "--data", path, "--rows", str(rows)]
-    cmd += ["--repeat", str(repeat), "--batch", str(BATCH), "--out", str(out)]
+    cmd += ["--repeat", str(repeat), "--warmup", "1", "--batch", str(BATCH), "--out", str(out)]
     log = work / f"tfos-{kind}.log"
     with open(log, "w") as f:
         try:
@@ -357,6 +360,9 @@ def main() -> int:
     parts = set(args.parts.split(","))
     frames = {k: cached(spark, paths[k]) for k in ("array", "vector", "binary")} if "feed" in parts else {}
     labels = {"array": "array<float>[784]", "vector": "VectorUDT", "binary": "binary[784]"}
+    for df in frames.values():  # untimed: every path and column kind warmed before the first timed run
+        for data in (df, df.rdd):
+            time_feed(spark, data, rows)
     for kind, df in frames.items():
         metric = f"feed rows/s, {labels[kind]} + label"
         for system, data in (("sparkgrad Arrow feed", lambda d=df: d), ("sparkgrad RDD path", lambda d=df: d.rdd)):

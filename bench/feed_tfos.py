@@ -40,6 +40,7 @@ def main() -> int:
     p.add_argument("--data", required=True)
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -62,7 +63,7 @@ def main() -> int:
     df = spark.read.parquet(args.data).cache()
     df.count()
     figures = []
-    for run in range(args.repeat):
+    for run in range(args.warmup + args.repeat):
         args.run = run
         cluster = TFCluster.run(spark.sparkContext, main_fun, args, 2, num_ps=0, input_mode=TFCluster.InputMode.SPARK)
         start = time.perf_counter()
@@ -75,7 +76,8 @@ def main() -> int:
                 got += json.load(f)["rows"]
         if got != args.rows:
             raise SystemExit(f"feed_tfos: the nodes counted {got} rows of {args.rows}")
-        figures.append(args.rows / seconds)
+        if run >= args.warmup:
+            figures.append(args.rows / seconds)
     spark.stop()
     with open(args.out, "w") as f:
         json.dump({"rows_per_second": figures}, f)

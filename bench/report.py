@@ -286,6 +286,16 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
+def _security_lines(rows: list[dict]) -> list[tuple]:
+    lines = []
+    for size in ("436KB", "16MB"):
+        for what in ("ps push_pull/s", "allreduce bus bandwidth, 2 ranks"):
+            m = f"{what}, {size}"
+            for mode in ("auth", "encrypt"):
+                lines.append((m, (f"sparkgrad security={mode}", m), ("sparkgrad security=none", m), "higher"))
+    return lines
+
+
 # file stem -> (title, what it compares, lines)
 COMPARISONS = {
     "train": (
@@ -314,6 +324,12 @@ COMPARISONS = {
         "Arrow feeding against the RDD path, TensorFlowOnSpark and reading TFRecords; Model.transform and the "
         "MLflow flavor's spark_udf against a pandas UDF calling PyTorch",
         _feed_lines,
+    ),
+    "security": (
+        "What frame protection costs (throughput with security auth and encrypt over none)",
+        "ps push_pull and the 2-rank ring allreduce for the MLP's 436 KB gradient and a 16 MB buffer, modes "
+        "interleaved in one run",
+        _security_lines,
     ),
 }
 

@@ -200,7 +200,13 @@ def train_from_feed(args, ctx):
             steps = ps.push(grads)
         ps.pull(params)
     x, y = _blobs(np.random.default_rng(7), 2000)
-    return {"rows": rows, "label_sum": label_sum, "accuracy": accuracy(params, x, y), "last_step": steps}
+    return {
+        "rows": rows,
+        "label_sum": label_sum,
+        "accuracy": accuracy(params, x, y),
+        "last_step": steps,
+        "security": ctx.security,
+    }
 
 
 def infer_from_feed(args, ctx):

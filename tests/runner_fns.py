@@ -365,3 +365,13 @@ def train_hvd(learning_rate, checkpoint_dir, epochs=3, train_rows=None, test_row
         return None
     with open(os.path.join(checkpoint_dir, "best.sgck"), "rb") as f:
         return {"checkpoint": f.read(), "history": history.history, "steps": model.step, "size": hvd.size()}
+
+
+def security_probe():
+    """The rank's frame protection and a ring allreduce through it (sum of rank + 1 over 1000 values)."""
+    import sparkgrad.hvd as hvd
+    from sparkgrad.cluster import collective
+
+    hvd.init()
+    total = hvd.allreduce(np.full(1000, hvd.rank() + 1.0, np.float32), op=hvd.Sum)
+    return {"security": collective.current().security, "sum": total}

@@ -6,7 +6,8 @@
 Every accepted connection is forwarded to the target; in ``direction``
 ("c2s": client to server, "s2c": server to client) the byte at stream offset
 ``flip_at`` of the first connection (or of every connection with
-``every=True``) is XORed with 0x01. The handshake occupies the first
+``every=True``) is XORed with 0x01; ``seen[direction]`` keeps every byte
+forwarded (what a passive observer of the link reads). The handshake occupies the first
 HANDSHAKE_C2S / HANDSHAKE_S2C bytes of each direction (frame.h, auth.h), so an
 offset past it hits the protected frames that follow. Threads are daemons,
 sockets have timeouts and the relay stops on exit: nothing outlives the test.
@@ -32,6 +33,7 @@ class TamperRelay:
         self.flip_at = flip_at
         self.every = every
         self.flipped = 0
+        self.seen = {"c2s": bytearray(), "s2c": bytearray()}
         self._lis = socket.create_server(("127.0.0.1", 0))
         self._lis.settimeout(0.2)
         self.host, self.port = self._lis.getsockname()[:2]
@@ -77,9 +79,9 @@ class TamperRelay:
             tamper = self.flip_at is not None and (first or self.every)
             for src, dst, d in ((a, b, "c2s"), (b, a, "s2c")):
                 flip = self.flip_at if tamper and d == self.direction else None
-                threading.Thread(target=self._pump, args=(src, dst, flip), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, flip, d), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, flip_at: int | None) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, flip_at: int | None, direction: str) -> None:
         src.settimeout(0.2)
         offset = 0
         while not self._stop.is_set():
@@ -102,6 +104,8 @@ class TamperRelay:
                 with self._lock:
                     self.flipped += 1
             offset += len(data)
+            with self._lock:
+                self.seen[direction] += data
             try:
                 dst.sendall(data)
             except OSError:

@@ -83,14 +83,23 @@ def test_spark_input_mode_feeds_every_row_of_every_epoch_and_trains(spark_contex
     x, y = cluster_nodes._blobs(np.random.default_rng(3), 1000)
     rows = [(x[i].tolist(), int(y[i])) for i in range(len(y))]
     rdd = spark_context.parallelize(rows, 5)  # 3 epochs x 5 partitions over 2 workers: 8 and 7, uneven on purpose
+    # Encrypted: rendezvous, control, ps and feed connections on Spark (the other tests run the default, auth).
     cluster = TFCluster.run(
-        spark_context, cluster_nodes.train_from_feed, {}, 3, 1, input_mode=InputMode.SPARK, output=quiet
+        spark_context,
+        cluster_nodes.train_from_feed,
+        {},
+        3,
+        1,
+        input_mode=InputMode.SPARK,
+        output=quiet,
+        security="encrypt",
     )
     cluster.train(rdd, num_epochs=3, feed_timeout=60)
     cluster.shutdown(timeout=90)
     workers = [cluster.results[i] for i in (1, 2)]
     assert cluster.rows_fed == 3000
     assert sorted(w["rows"] for w in workers) == [1400, 1600]
+    assert [w["security"] for w in workers] == ["encrypt", "encrypt"]
     assert sum(w["label_sum"] for w in workers) == 3 * int(y.sum())
     assert min(w["accuracy"] for w in workers) > 0.9
 

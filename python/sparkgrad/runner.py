@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkgrad.cluster.security import resolve as resolve_security
 from sparkgrad.errors import ClusterError, InvalidArgumentError, NodeFailure
 
 DEFAULT_START_TIMEOUT = 600.0
@@ -145,6 +146,7 @@ def run(
     *,
     local: bool = False,
     max_restarts: int = 0,
+    security: str | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks and returns its values, by rank.
 
@@ -176,6 +178,10 @@ def run(
     ``sparkgrad.cluster.rank.attempt()`` is the number of restarts so far,
     and model.fit with a checkpoint_dir resumes from rank 0's last
     checkpoint. Default 0: the first failure is raised.
+
+    ``security``: the protection of the ranks' connections after their
+    handshake, "auth", "encrypt" or "none", as for TFCluster.run (default:
+    ``$SPARKGRAD_SECURITY``, else sparkgrad's default).
     """
     from sparkgrad.cluster.launch import run as launch
 
@@ -201,6 +207,7 @@ def run(
         label=_label,
         on_log=out.log,
         max_restarts=max_restarts,
+        security=security,
     )
     try:
         cluster.shutdown(timeout=-1)
@@ -224,12 +231,15 @@ class HorovodRunner:
     local processes when there is none, for development); ``np < 0``: -np
     processes on this machine (the driver), Spark or not. ``np == 0`` (all
     task slots in old Databricks releases) is refused.
+    ``security``: as for sparkgrad.run.
     ``driver_log_verbosity``: "all" (default) streams every rank's output;
     "log_callback_only" (Databricks' default for np > 0) keeps rank output
     off the driver except failures.
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "all", spark: Any = None) -> None:
+    def __init__(
+        self, np: int, driver_log_verbosity: str = "all", spark: Any = None, *, security: str | None = None
+    ) -> None:
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise InvalidArgumentError(
                 f"HorovodRunner(np={np!r}): np is the number of processes, > 0 on Spark's executors, < 0 on the driver"
@@ -241,6 +251,9 @@ class HorovodRunner:
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._spark = spark
+        if security is not None:
+            resolve_security(security, warn=False)  # a bad mode fails here, not in run()
+        self._security = security
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Runs ``main(**kwargs)`` on every process; returns rank 0's value."""
@@ -263,6 +276,7 @@ class HorovodRunner:
             stdout=sink,
             stderr=sink,
             verbose=1,
+            security=self._security,
         )
         return values[0]
 

@@ -137,6 +137,7 @@ def test_sigstop_of_a_worker(cluster3, standalone, tmp_path, fault):
                 pass
     assert (exc.role, exc.index, exc.host) == ("worker", 1, "127.0.0.1"), str(exc)
     assert "heartbeat" in str(exc).lower() or "silent" in str(exc).lower(), str(exc)
+    assert "died" not in str(exc), str(exc)  # stopped, not dead: the message must not say otherwise
     assert seconds < 4.0 + 20, f"NodeFailure after {seconds} s"
     fault.observed(f"NodeFailure after {seconds:.1f} s: {str(exc).splitlines()[0]}")
     fault.leftovers(strays(standalone, nodes))

@@ -36,6 +36,7 @@ class CommSetup:
     addresses: tuple[tuple[str, int], ...]  # every rank's (host, comm_port), in rank order
     listener: Any = field(repr=False)  # this rank's sparkgrad._core.Listener (its comm_port)
     secret: bytes = field(repr=False)
+    security: str | None = None  # the cluster's frame protection (None: the default)
     # hvd's per-process state on this setup (its Communicator once hvd.init() formed it); released at the end
     state: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -62,7 +63,9 @@ def topology(hosts: Sequence[str], rank: int) -> tuple[int, int, int, int]:
     return local_rank, len(local), cross.index(host), len(cross)
 
 
-def setup_from_nodes(nodes: Sequence[NodeInfo], executor_id: int, listener: Any, secret: bytes) -> CommSetup | None:
+def setup_from_nodes(
+    nodes: Sequence[NodeInfo], executor_id: int, listener: Any, secret: bytes, security: str | None = None
+) -> CommSetup | None:
     """The CommSetup of node ``executor_id`` among the registered nodes; None when the nodes have no comm_port."""
     training = sorted((n for n in nodes if n.role in TRAINING_ROLES), key=lambda n: n.executor_id)
     if not training or any(n.comm_port <= 0 for n in training) or listener is None:
@@ -83,6 +86,7 @@ def setup_from_nodes(nodes: Sequence[NodeInfo], executor_id: int, listener: Any,
         addresses=tuple((n.host, n.comm_port) for n in training),
         listener=listener,
         secret=secret,
+        security=security,
     )
 
 

@@ -152,6 +152,7 @@ class NodeContext:
     port: int = 0
     listener: Any = None  # sparkgrad._core.Listener, bound since before registration
     secret: bytes = field(default=b"", repr=False)  # authenticates peers of this cluster
+    security: str | None = None  # frame protection of the cluster's connections (None: the default)
     log_dir: str | None = None
     mgr: Any = None  # the node's FeedServer on training nodes under InputMode.SPARK (for TFNode.DataFeed)
     # How many times the driver restarted the cluster before this run of map_fun (max_restarts): 0 on the

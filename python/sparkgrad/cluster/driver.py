@@ -154,6 +154,7 @@ class Cluster:
         on_log: Callable[[dict], None] | None = None,
         relaunch: Callable[[int], Generation] | None = None,
         max_restarts: int = 0,
+        security: str | None = None,
     ) -> None:
         """``label(event)``: how the node of an event is named in output and failures (default role:index);
         ``on_log(event)``: takes the nodes' log events (with "line", and "stream": "stderr" for the
@@ -163,6 +164,7 @@ class Cluster:
         self._on_log = on_log
         self._spark = spark  # spark.ClassicSpark or spark.ConnectSpark; None for a local cluster
         self._secret = secret
+        self._security = security
         self.rows_fed = 0
         self.template = template
         self.input_mode = input_mode
@@ -313,10 +315,17 @@ class Cluster:
             if self._closed.is_set():
                 return
             where, spark = self._where(ev)
+            reason = str(ev.get("reason") or "its connection ended")
+            # A silent node (no heartbeat) may be alive but stopped or cut off: its reason says so. A closed
+            # connection without a done or error event is a process that ended without reporting.
+            why = (
+                ""
+                if reason.startswith("no heartbeat")
+                else (". Its process died without reporting (killed, out of memory, or its executor was removed)")
+            )
             (self._fail if self._failure is None else self._prefer_cause)(
                 NodeFailure(
-                    f"{name} {where} on {ev.get('host')} was lost: {ev.get('reason')}. "
-                    "Its process died without reporting (killed, out of memory, or its executor was removed)",
+                    f"{name} {where} on {ev.get('host')} was lost: {reason}{why}",
                     node=name,
                     role=ev["role"],
                     index=int(ev["index"]),
@@ -588,7 +597,7 @@ class Cluster:
         self._check_feedable("train", data_rdd)
         data_rdd = _select_mapped("train", data_rdd, input_mapping, prepare)
         training = [n for n in self.nodes if n.role not in SERVING_ROLES]
-        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout))
+        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), security=self._security)
         epochs = max(1, int(num_epochs))
         if _is_dataframe(data_rdd):
             from sparkgrad.cluster.arrow_feed import COUNT_SCHEMA, ArrowFeeder
@@ -653,7 +662,9 @@ class Cluster:
         """
         self._check_feedable("inference", data_rdd)
         data_rdd = _select_mapped("inference", data_rdd, input_mapping, prepare)
-        target = FeedTarget(self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True)
+        target = FeedTarget(
+            self._feed_targets(), self._secret, qname, float(feed_timeout), want_results=True, security=self._security
+        )
         if _is_dataframe(data_rdd):
             from sparkgrad.cluster.arrow_feed import DEFAULT_RESULT_SCHEMA, ArrowFeeder, result_fields
 

@@ -95,6 +95,7 @@ class FeedTarget:
     timeout: float = 600.0
     batch_rows: int = BATCH_ROWS
     want_results: bool = False  # inference: the worker's results instead of a row count
+    security: str | None = None  # the cluster's frame protection (None: the default)
 
     def feed(self, index: int, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[Any]:
         """Sends column ``batches`` to targets[index % len(targets)].
@@ -103,7 +104,7 @@ class FeedTarget:
         result frames (dicts of columns) in the order the rows were sent.
         """
         host, port = self.targets[index % len(self.targets)]
-        client = net().FeedClient(host, port, self.secret, self.timeout, self.input)
+        client = net().FeedClient(host, port, self.secret, self.timeout, self.input, security=self.security)
         try:
             sent = 0
             for columns in batches:

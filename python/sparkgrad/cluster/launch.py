@@ -14,6 +14,7 @@ from typing import Any
 from sparkgrad.cluster.driver import Cluster, Generation, default_output, new_secret
 from sparkgrad.cluster.node import MapFun, NodeConfig
 from sparkgrad.cluster.roles import PS, InputMode, build_template
+from sparkgrad.cluster.security import resolve as resolve_security
 from sparkgrad.cluster.transport import net
 from sparkgrad.errors import ClusterError, InvalidArgumentError, SparkgradError
 
@@ -35,10 +36,10 @@ def _default_fs(session: Any) -> str:
     return fs
 
 
-def _rendezvous_server(secret: bytes, num_nodes: int, bind: str, session: Any) -> Any:
+def _rendezvous_server(secret: bytes, num_nodes: int, bind: str, session: Any, security: str) -> Any:
     """The driver's RendezvousServer on ``bind`` (port 0: the port bound is the one reported)."""
     try:
-        return net().RendezvousServer(secret, num_nodes, bind, 0)
+        return net().RendezvousServer(secret, num_nodes, bind, 0, security=security)
     except SparkgradError as exc:
         if session is None or not session.connect:
             raise
@@ -76,6 +77,7 @@ def run(
     label: Any = None,
     on_log: Any = None,
     max_restarts: int = 0,
+    security: str | None = None,
 ) -> Cluster:
     """Starts map_fun(tf_args, ctx) on num_executors nodes and returns once all registered.
 
@@ -105,7 +107,16 @@ def run(
     checkpoint (its default resume=True), so at most one checkpoint
     interval of training is lost. 0 (default): a failure is raised at once.
     InputMode.TENSORFLOW only (fed data cannot be rewound to a checkpoint).
+
+    ``security``: what protects every connection of the cluster after its
+    handshake: "auth" (each frame authenticated and numbered, so altered,
+    injected, replayed or truncated frames are refused and named),
+    "encrypt" (authenticated and encrypted), or "none" (an explicit opt-out
+    that logs a warning). Default: ``$SPARKGRAD_SECURITY``, else
+    ``sparkgrad.cluster.security.default()`` (see the README's Security
+    section for what each costs).
     """
+    security = resolve_security(security)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if max_restarts and InputMode(input_mode) != InputMode.TENSORFLOW:
@@ -141,7 +152,7 @@ def run(
     def generation(attempt: int) -> Generation:
         """A fresh rendezvous (new secret, new port) and launchers for every node; attempt: restarts so far."""
         secret = new_secret()
-        server = _rendezvous_server(secret, num_executors, bind, session)
+        server = _rendezvous_server(secret, num_executors, bind, session, security)
         try:
             server.heartbeat_timeout = float(heartbeat_timeout)
             launchers = launchers_for(secret, server.port, attempt)
@@ -165,6 +176,7 @@ def run(
             hold_registration=_held_executors(),
             env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
             attempt=attempt,
+            security=security,
         )
         launchers: list[Any] = []
         if spark_ids:  # first: Spark's barrier job is the slow part to start
@@ -191,6 +203,7 @@ def run(
         output=output,
         spark=session,
         secret=first.secret,
+        security=security,
         label=label,
         on_log=on_log,
         relaunch=generation,

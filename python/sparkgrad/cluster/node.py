@@ -64,6 +64,8 @@ class NodeConfig:
     env: tuple[tuple[str, str], ...] = ()
     # Restarts of the cluster before this generation of nodes (TFCluster.run's max_restarts): ctx.attempt.
     attempt: int = 0
+    # Protection of every connection after its handshake (TFCluster.run's security=), decided on the driver.
+    security: str = "auth"
 
     @property
     def opens_comm_port(self) -> bool:
@@ -328,7 +330,9 @@ def _register(
         node["comm_port"] = comm_port
     if spark is not None:  # Spark's executor id and host, so the driver names the node as Spark's log does
         node["spark_executor"], node["spark_host"] = spark
-    return net().ControlClient.register(cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout)
+    return net().ControlClient.register(
+        cfg.driver_host, cfg.driver_port, cfg.secret, node, cfg.register_timeout, security=cfg.security
+    )
 
 
 def _feed_messages(ctx: NodeContext) -> Callable[[dict], None] | None:
@@ -442,7 +446,9 @@ def run_node(
             nodes = tuple(sorted((NodeInfo.from_dict(d) for d in client.spec), key=lambda n: n.executor_id))
             feed = None
             if cfg.input_mode == InputMode.SPARK and role.role in TRAINING_ROLES:
-                feed = net().FeedServer(listener, cfg.secret, capacity_bytes=cfg.feed_capacity_bytes)
+                feed = net().FeedServer(
+                    listener, cfg.secret, capacity_bytes=cfg.feed_capacity_bytes, security=cfg.security
+                )
             ctx = NodeContext(
                 executor_id=executor_id,
                 job_name=role.role,
@@ -456,12 +462,13 @@ def run_node(
                 port=listener.port,
                 listener=listener,
                 secret=cfg.secret,
+                security=cfg.security,
                 log_dir=cfg.log_dir,
                 mgr=feed,
                 attempt=cfg.attempt,
                 _metric_sink=client.metric,
             )
-            comm = collective.setup_from_nodes(nodes, executor_id, comm_listener, cfg.secret)
+            comm = collective.setup_from_nodes(nodes, executor_id, comm_listener, cfg.secret, cfg.security)
             try:
                 outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo, in_driver, comm)
             finally:

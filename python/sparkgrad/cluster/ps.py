@@ -89,7 +89,16 @@ def serve_parameters(
         params = flat[offset : offset + count].copy()
     update: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"lr": float(lr)}
     server = core.PsServer(
-        ctx.listener, ctx.secret, offset, count, int(total), ctx.num_workers, mode=mode, params=params, **update
+        ctx.listener,
+        ctx.secret,
+        offset,
+        count,
+        int(total),
+        ctx.num_workers,
+        mode=mode,
+        params=params,
+        security=ctx.security,
+        **update,
     )
     unhook = ctx.on_stop(server.stop)  # the driver's stop ends serve() at once
     try:
@@ -116,7 +125,9 @@ class ParameterClient:
         self.total = _total_of(total)
         self.worker_id = worker_rank(ctx)
         self._num_ps = len(addresses)
-        self._client = net().PsClient(addresses, ctx.secret, self.total, self.worker_id, timeout, compression)
+        self._client = net().PsClient(
+            addresses, ctx.secret, self.total, self.worker_id, timeout, compression, security=ctx.security
+        )
         self._done = False
 
     def init(self, params: np.ndarray) -> bool:

@@ -38,13 +38,13 @@ def default() -> str:
     return os.environ.get(ENV) or str(net().SECURITY_DEFAULT)
 
 
-def resolve(security: str | None, what: str = "the cluster") -> str:
+def resolve(security: str | None, what: str = "the cluster", warn: bool = True) -> str:
     """Checks ``security`` (None: the default) and returns the mode; ``"none"`` logs a warning naming ``what``."""
     mode = default() if security is None else security
     if not isinstance(mode, str) or mode not in MODES:
         source = f"${ENV}" if security is None else "security"
         raise InvalidArgumentError(f"{source} must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-    if mode == "none":
+    if mode == "none" and warn:
         logger.warning(
             "security='none' for %s: after the handshake its frames travel without integrity protection, so "
             "anyone on the network path can alter or inject them; use it only on a network you trust",

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.cluster import collective
+from sparkgrad.cluster import collective, security
 from sparkgrad.cluster import rank as _rank
 from sparkgrad.errors import InvalidArgumentError, StateError
 from sparkgrad.hvd import codec
@@ -89,6 +89,7 @@ def _solo_setup() -> collective.CommSetup:
                 addresses=(("127.0.0.1", listener.port),),
                 listener=listener,
                 secret=secrets.token_bytes(32),
+                security=security.default(),
             )
         return _solo
 
@@ -123,7 +124,9 @@ def init(timeout: float | None = None) -> None:
         timeout = float(os.environ.get("SPARKGRAD_COMM_TIMEOUT", DEFAULT_TIMEOUT))
     factory = getattr(_core, "Communicator", None)
     if factory is not None:
-        setup.state["comm"] = factory(setup.listener, setup.secret, setup.rank, list(setup.addresses), float(timeout))
+        setup.state["comm"] = factory(
+            setup.listener, setup.secret, setup.rank, list(setup.addresses), float(timeout), security=setup.security
+        )
     setup.state["initialized"] = True
 
 

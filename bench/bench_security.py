@@ -1,0 +1,123 @@
+"""What frame protection costs: ps push_pull and ring allreduce with security "none", "auth" and "encrypt".
+
+For a 436 KB buffer (the walkthrough MLP's gradient, 109,000 float32) and a
+16 MB one, in the same run:
+- ps: push_pull round trips per second of one PsClient against one PsServer
+  serving from a thread of this process over loopback (async, SGD), and the
+  parameter bandwidth it amounts to (gradients out + parameters back);
+- allreduce: bus bandwidth (2(n-1)/n x bytes / time) of 2 rank processes
+  (_core.Communicator, tests/coll_ranks.py) over loopback.
+The three modes run interleaved, --runs times each (3; --quick: 1), so a
+change in the machine's load falls on all of them alike; each figure is the
+median with its spread. The cost of a mode is its throughput's shortfall
+against "none" in percent. The issue's target for the default mode: at most
+10% at 16 MB and 20% at 436 KB.
+
+    python bench/bench_security.py [--quick] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import threading
+import time
+
+import benchlib
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent / "tests"))
+
+from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
+from sparkgrad import _core  # noqa: E402
+
+RESULTS = ROOT / "results" / "security.json"
+MODES = ("none", "auth", "encrypt")
+SIZES = {"436KB": 109_000, "16MB": 4 << 20}  # float32 values
+
+
+def ps_rate(total: int, mode: str, seconds: float) -> float:
+    """push_pull round trips per second of one client against one ps shard."""
+    secret = os.urandom(32)
+    with _core.Listener("127.0.0.1", 0) as lis:
+        server = _core.PsServer(lis, secret, 0, total, total, 1, lr=0.01, params=np.zeros(total, np.float32),
+                                security=mode)  # fmt: skip
+        t = threading.Thread(target=server.serve, kwargs={"timeout": 300})
+        t.start()
+        client = _core.PsClient([("127.0.0.1", lis.port)], secret, total, 0, 60.0, security=mode)
+        grads = np.full(total, 1e-3, np.float32)
+        params = np.empty(total, np.float32)
+        for _ in range(3):
+            client.push_pull(grads, params)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            client.push_pull(grads, params)
+            n += 1
+        elapsed = time.perf_counter() - t0
+        client.done()
+        t.join(60)
+    return n / elapsed
+
+
+def allreduce_busbw(plan: list, mode: str) -> dict[int, float]:
+    """Bus bandwidth (bytes/s) of 2 ranks per buffer size in plan [(bytes, iterations)]."""
+    with Ranks(2, "bench_allreduce", (plan,), timeout=120.0, security=mode) as ranks:
+        per_rank = ranks.values(timeout=600)
+    return {b: 2 * (2 - 1) / 2 * b / max(r[b] for r in per_rank) for b, _ in plan}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one run of each, shorter timings (about a minute)")
+    ap.add_argument("--runs", type=int, default=None, help="runs of each mode (default 3; --quick: 1)")
+    args = ap.parse_args(argv)
+    runs = args.runs or (1 if args.quick else 3)
+    meta = benchlib.metadata("security")
+    meta["notes"] = [
+        f"default mode: {_core.SECURITY_DEFAULT}",
+        "AES-256-GCM through OpenSSL's libcrypto; auth = GMAC tag over header, seq and payload",
+    ]
+    seconds = 0.5 if args.quick else 2.0
+    volume = (64 << 20) if args.quick else (256 << 20)
+    plan = [(4 * n, max(5, min(500, volume // (4 * n)))) for n in SIZES.values()]
+    ps: dict[tuple[str, str], list[float]] = {}
+    ring: dict[tuple[str, str], list[float]] = {}
+    for _ in range(runs):
+        for mode in MODES:  # interleaved: load changes fall on every mode alike
+            for name, total in SIZES.items():
+                ps.setdefault((name, mode), []).append(ps_rate(total, mode, seconds))
+            bus = allreduce_busbw(plan, mode)
+            for name, (nbytes, _) in zip(SIZES, plan, strict=True):
+                ring.setdefault((name, mode), []).append(bus[nbytes] / 1e9)
+    rows = []
+    for name in SIZES:
+        for mode in MODES:
+            system = f"sparkgrad security={mode}"
+            rows.append(benchlib.median_row(system, f"ps push_pull/s, {name}", ps[(name, mode)], "1/s"))
+            rows.append(benchlib.median_row(system, f"allreduce bus bandwidth, 2 ranks, {name}", ring[(name, mode)],
+                                            "GB/s", 3))  # fmt: skip
+        for mode in MODES[1:]:
+            for what, table in (("ps push_pull", ps), ("allreduce", ring)):
+                base = benchlib.summarise(table[(name, "none")])["median"]
+                got = benchlib.summarise(table[(name, mode)])["median"]
+                rows.append(
+                    {
+                        "system": f"sparkgrad security={mode}",
+                        "metric": f"{what} cost against none, {name}",
+                        "value": round(100 * (1 - got / base), 1),
+                        "unit": "%",
+                    }
+                )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    benchlib.write_results(RESULTS, rows, meta)
+    print(f"{'system':<27} {'metric':<42} {'value':>10} unit")
+    for r in rows:
+        print(f"{r['system']:<27} {r['metric']:<42} {r['value']:>10} {r['unit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
