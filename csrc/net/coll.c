@@ -53,9 +53,9 @@ struct CollComm {
     CollStats stats;
     uint8_t *tmp, *stage; /* COLL_TMP_BYTES each */
     NetSecurity mode;
-    int sec;                     /* net_session_on: data travels in records (see coll.h) */
-    NetSession sleft, sright;    /* the sessions of fd_left (server side) and fd_right (client) */
-    char *peers;          /* size * NET_PEER_MAX: "host:port" of every rank */
+    int sec;                  /* net_session_on: data travels in records (see coll.h) */
+    NetSession sleft, sright; /* the sessions of fd_left (server side) and fd_right (client) */
+    char *peers;              /* size * NET_PEER_MAX: "host:port" of every rank */
     int right_eof; /* the right neighbour closed its end (fine once nothing is left to send) */
     int have_notice, notice_code, notice_origin;
     char notice[SG_ERROR_MAX - 100]; /* the first failure, passed to the left */
@@ -729,8 +729,7 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
         }
         if (ir >= 0 && p[ir].revents && c->sec) {
             if (!rx.busy)
-                rec_start(&rx, x->rdst != NULL ? x->rdst + rdone : c->tmp,
-                          rec_len(rdone, x->rlen));
+                rec_start(&rx, x->rdst != NULL ? x->rdst + rdone : c->tmp, rec_len(rdone, x->rlen));
             long got = rec_read(c, &rx, &e);
             if (got < 0)
                 return peer_failure(c, (int)got, 1, &e, what, err);
