@@ -171,7 +171,7 @@ def test_security_modes_give_the_same_results(n):
 
 
 def test_mismatched_security_modes_fail_the_ring_naming_both():
-    with Ranks(2, "fail_one_allreduce", (10,), security=["auth", "encrypt"], timeout=3.0) as ranks:
+    with Ranks(2, "fail_one_allreduce", (10,), security=["auth", "encrypt"], timeout=10.0) as ranks:
         res = ranks.collect(timeout=60)
     for r in (0, 1):
         kind, (cls, msg, _, _) = res[r]

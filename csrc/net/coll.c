@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "net/accept.h"
 #include "net/auth.h"
@@ -133,6 +134,7 @@ typedef struct Acceptor {
     SgError err;
     char refused[SG_ERROR_MAX / 2];
     NetGate gate;
+    int grace_ms; /* set before a wake: accept for this long more, then give up */
 } Acceptor;
 
 /* One accepted connection: handshake and HELLO; 1 if it is our left
@@ -209,6 +211,15 @@ static void *acceptor_main(void *arg)
             return NULL;
         }
         if (p[1].revents) {
+            int grace = __atomic_exchange_n(&a->grace_ms, 0, __ATOMIC_SEQ_CST);
+            if (grace > 0) {
+                char b;
+                double until = net_now() + grace / 1000.0;
+                (void)!read(a->wake[0], &b, 1);
+                if (until < a->deadline)
+                    a->deadline = until;
+                continue;
+            }
             a->rc = sg_fail(&a->err, SG_ECANCELLED, "forming the ring was abandoned");
             return NULL;
         }
@@ -336,8 +347,17 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity
         return sg_fail(err, SG_ENOMEM, "starting the ring's accept thread");
     }
     rc = connect_right(c, hosts[c->right], ports[c->right], secret, secret_len, deadline, err);
-    if (rc < 0)
+    /* Another secret or security mode is a configuration error the left
+     * neighbour is likely to meet at this very moment: the listener serves
+     * handshakes 1 s more, so that the left's fails naming the mismatch
+     * rather than finding this rank gone (and the right's, which waits for
+     * this rank's response, ends now: its connection closes). */
+    if (rc == SG_EAUTH)
+        __atomic_store_n(&a.grace_ms, 1000, __ATOMIC_SEQ_CST);
+    if (rc < 0) {
+        net_close(&c->fd_right); /* the right's listener sees it now, not at its deadline */
         net_wake(a.wake[1]);
+    }
     pthread_join(th, NULL);
     net_close(&a.wake[0]), net_close(&a.wake[1]);
     net_gate_free(&a.gate);
