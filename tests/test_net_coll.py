@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from coll_ranks import Ranks
 from sparkgrad import _core, errors
-from tamper_relay import HANDSHAKE_C2S, HEADER, SEQ
+from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, HEADER, SEQ
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -199,3 +199,16 @@ def test_altered_data_byte_fails_every_rank_naming_the_peer():
     cls, msg, _ = res[1]
     assert cls == "AuthError", res[1]
     assert "integrity" in msg and "rank 0 (127.0.0.1:" in msg, msg
+
+
+def test_altered_hello_ok_fails_the_formation_naming_the_peer():
+    # the other direction of rank 0's connection to rank 1 carries only
+    # frames: HELLO_OK, then a notice or a goodbye; flip a byte of HELLO_OK
+    relay = {"direction": "s2c", "flip_at": HANDSHAKE_S2C + HEADER + SEQ + 3}
+    with Ranks(2, "fail_one_allreduce", (10,), timeout=10.0, relay_in_front_of=1, relay_kw=relay) as ranks:
+        res = ranks.collect(timeout=60)
+    kind, (cls, msg, *_) = res[0]
+    assert kind == "error" and cls == "AuthError", res[0]
+    assert "integrity" in msg and "rank 1 (127.0.0.1:" in msg, msg
+    kind, value = res[1]  # formed (rank 0 served its listener) and then failed, or failed forming
+    assert kind == "error" or (value[0] != "no error" and value[2] < 5), res[1]
