@@ -31,7 +31,7 @@
  * mismatch fails the formation naming both modes). With "auth" or "encrypt"
  * every frame after the handshake is protected (HELLO, HELLO_OK, REFUSE,
  * ABORT, BYE), and so is every data stream of step 1 and 2: the bytes one
- * ring step sends one way are cut into records of at most 256 KiB (both
+ * ring step sends one way are cut into records of at most 128 KiB (both
  * ends know the length, so the cut is implied) and each record travels as
  *   seq (u64 LE, 8) | payload | tag (16)
  * sealed under the connection's session with, as associated data, the frame
