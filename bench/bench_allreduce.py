@@ -15,7 +15,11 @@ directions, so the ring's traffic crosses real links through a router; the
 bus bandwidth is reported against the link rate. The namespaces (names
 carry the pid) are deleted in a finally. --no-netns skips this part.
 
-    python bench/bench_allreduce.py [--quick] [--no-netns] [--link-gbit 1]
+--security (none, auth, encrypt; default: _core.SECURITY_DEFAULT) is the
+communicators' mode (csrc/net/coll.h "Security"); the loopback TCP ceiling
+is always a plain copy.
+
+    python bench/bench_allreduce.py [--quick] [--no-netns] [--link-gbit 1] [--security auth]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
 from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
+from sparkgrad import _core  # noqa: E402
 
 RESULTS = ROOT / "results" / "allreduce.json"
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -106,7 +111,8 @@ NETNS_RANK = textwrap.dedent(
     plan = json.loads(os.environ["SG_PLAN"])
     addresses = [(f"10.214.{k + 1}.2", port) for k in range(n)]
     lis = _core.Listener(addresses[rank][0], port)
-    with _core.Communicator(lis, bytes.fromhex(os.environ["SG_SECRET"]), rank, addresses, timeout=60) as comm:
+    secret, security = bytes.fromhex(os.environ["SG_SECRET"]), os.environ["SG_SECURITY"]
+    with _core.Communicator(lis, secret, rank, addresses, timeout=60, security=security) as comm:
         res = {}
         for nbytes, iters in plan:
             a = np.ones(nbytes // 4, np.float32)
@@ -138,7 +144,7 @@ def netns_skip_reason() -> str | None:
     return None
 
 
-def netns_busbw(n: int, plan: list, link_gbit: float) -> dict[int, float]:
+def netns_busbw(n: int, plan: list, link_gbit: float, security: str) -> dict[int, float]:
     """Bus bandwidth (bytes/s) per size on n ranks in namespaces behind rate-limited veths."""
     tag = f"{os.getpid() % 100000}"
     hub = f"sgb{tag}h"
@@ -184,6 +190,7 @@ def netns_busbw(n: int, plan: list, link_gbit: float) -> dict[int, float]:
             os.environ,
             SG_PLAN=json.dumps(plan),
             SG_SECRET=os.urandom(32).hex(),
+            SG_SECURITY=security,
             PYTHONPATH=os.pathsep.join([str(ROOT.parent / "python"), os.environ.get("PYTHONPATH", "")]),
             OMP_NUM_THREADS="1",
         )
@@ -211,8 +218,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-netns", action="store_true", help="skip the rate-limited namespace part")
     ap.add_argument("--link-gbit", type=float, default=1.0, help="veth rate limit of the namespace part")
+    ap.add_argument(
+        "--security",
+        choices=("none", "auth", "encrypt"),
+        default=_core.SECURITY_DEFAULT,
+        help="the communicators' security mode (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
-    meta = benchlib.metadata("allreduce")
+    meta = benchlib.metadata("allreduce", security=args.security)
     volume = (64 << 20) if args.quick else (512 << 20)
     sizes = SIZES if not args.quick else [64 << 10, 1 << 20, 4 << 20, 64 << 20]
     plan = [(b, iterations(b, volume)) for b in sizes]
@@ -228,7 +241,7 @@ def main(argv: list[str]) -> int:
             }
         )
     for n in (2, 3, 4):
-        with Ranks(n, "bench_allreduce", (plan,), timeout=120.0) as ranks:
+        with Ranks(n, "bench_allreduce", (plan,), timeout=120.0, security=args.security) as ranks:
             per_rank = ranks.values(timeout=600)
         for b in sizes:
             t = max(r[b] for r in per_rank)
@@ -250,7 +263,7 @@ def main(argv: list[str]) -> int:
                 }
             )
     runs = 200 if args.quick else 2000
-    with Ranks(2, "bench_latency", (LATENCY_BYTES, runs), timeout=120.0) as ranks:
+    with Ranks(2, "bench_latency", (LATENCY_BYTES, runs), timeout=120.0, security=args.security) as ranks:
         times = ranks.values(timeout=600)[0]
     us = sorted(t * 1e6 for t in times)
     q = statistics.quantiles(us, n=20)
@@ -271,7 +284,7 @@ def main(argv: list[str]) -> int:
         nsizes = [1 << 20, 16 << 20] if args.quick else SIZES
         for n in (2, 3) if args.quick else (2, 3, 4):
             nplan = [(b, max(2, min(50, int(2 * link) // b))) for b in nsizes]  # about 2 s per size
-            bus = netns_busbw(n, nplan, args.link_gbit)
+            bus = netns_busbw(n, nplan, args.link_gbit, args.security)
             for b in nsizes:
                 tag = f"{n}ranks_{label(b)}_{args.link_gbit:g}gbit"
                 rows.append(

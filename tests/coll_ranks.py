@@ -35,7 +35,9 @@ class _Sender:
         self.conn.send(item)
 
 
-def _rank_main(rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, conn, inbox) -> None:
+def _rank_main(
+    rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, conn, inbox, security=None
+) -> None:
     from sparkgrad import _core
 
     out = _Sender(conn)
@@ -43,7 +45,7 @@ def _rank_main(rank: int, n: int, secret: bytes, scenario: str, args: tuple, tim
         lis = _core.Listener("127.0.0.1", 0)
         out.put(("port", rank, lis.port))
         addresses = inbox.get(timeout=60)
-        comm = _core.Communicator(lis, secret, rank, addresses, timeout=timeout)
+        comm = _core.Communicator(lis, secret, rank, addresses, timeout=timeout, security=security)
         value = globals()[scenario](comm, out, *args)
         out.put(("done", rank, value))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
@@ -287,6 +289,40 @@ def loop_allreduce(comm, out, length: int) -> str:
     return "finished"
 
 
+def security_cases(comm, out) -> dict:
+    """The same allreduces (checked against NumPy), broadcast and allgather in any
+    security mode: digests the parent compares across ranks and modes."""
+    big = 10**6 + 3
+    cases = [(length, "float32", "sum", None) for length in (1, 7, 1000, big)]
+    cases += [(length, "int64", "sum", None) for length in (7, big)]
+    cases += [(length, "float32", "average", "bf16") for length in (1, 7, 1000, big)]
+    digests = {f"allreduce {c}": d for c, d in zip(cases, allreduce_cases(comm, out, cases).values(), strict=True)}
+    n, r = comm.size, comm.rank
+    for length in (1, 7, 1000, big):
+        b = _inputs(90, r, length, np.float64)
+        comm.broadcast(b, root=n - 1)
+        np.testing.assert_array_equal(b, _inputs(90, n - 1, length, np.float64))
+        digests[f"broadcast {length}"] = _digest(b)
+        got = comm.allgather(_inputs(91, r, length + r, np.int32))
+        np.testing.assert_array_equal(got, np.concatenate([_inputs(91, q, length + q, np.int32) for q in range(n)]))
+        digests[f"allgather {length}"] = _digest(got)
+    text = comm.broadcast_bytes(b"x" * 70_000 if r == 0 else None, root=0)
+    assert text == b"x" * 70_000
+    comm.barrier()
+    return digests
+
+
+def fail_one_allreduce(comm, out, length: int) -> tuple:
+    """One allreduce expected to fail: (class, message, seconds it took)."""
+    a = np.ones(length, np.float32)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(a)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return (type(exc).__name__, str(exc), time.monotonic() - t0)
+    return ("no error", "", time.monotonic() - t0)
+
+
 def bench_allreduce(comm, out, plan: list) -> dict:
     """plan: (bytes, iterations); returns bytes -> seconds per float32 allreduce."""
     res = {}
@@ -324,8 +360,24 @@ class RankError(AssertionError):
 class Ranks:
     """n rank processes running one scenario; use as a context manager."""
 
-    def __init__(self, n: int, scenario: str, args: tuple = (), secrets=None, timeout: float = 30.0):
+    def __init__(
+        self,
+        n: int,
+        scenario: str,
+        args: tuple = (),
+        secrets=None,
+        timeout: float = 30.0,
+        security=None,
+        relay_in_front_of: int | None = None,
+        relay_kw: dict | None = None,
+    ):
+        """security: one mode for every rank or a list (None: _core's default).
+        relay_in_front_of: a rank whose listener the others reach through a
+        tests/tamper_relay.TamperRelay(**relay_kw) run here (self.relay)."""
         ctx = mp.get_context("spawn")
+        modes = security if isinstance(security, (list, tuple)) else [security] * n
+        self.relay = None
+        self._relay_at, self._relay_kw = relay_in_front_of, relay_kw or {}
         secret = os.urandom(32)
         self.secrets = secrets or [secret] * n
         self.n = n
@@ -336,7 +388,7 @@ class Ranks:
         self.procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, n, self.secrets[r], scenario, args, timeout, pipes[r][1], self.inboxes[r]),
+                args=(r, n, self.secrets[r], scenario, args, timeout, pipes[r][1], self.inboxes[r], modes[r]),
                 daemon=True,
             )
             for r in range(n)
@@ -364,6 +416,11 @@ class Ranks:
             else:
                 self._record(kind, rank, value)
         addresses = [("127.0.0.1", ports[r]) for r in range(n)]
+        if self._relay_at is not None:
+            from tamper_relay import TamperRelay
+
+            self.relay = TamperRelay("127.0.0.1", ports[self._relay_at], **self._relay_kw).__enter__()
+            addresses[self._relay_at] = (self.relay.host, self.relay.port)
         for box in self.inboxes:
             box.put(addresses)
 
@@ -417,6 +474,8 @@ class Ranks:
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        if self.relay is not None:
+            self.relay.close()
 
     def __enter__(self) -> Ranks:
         return self

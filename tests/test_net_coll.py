@@ -2,16 +2,20 @@
 loopback: allreduce against NumPy for every dtype, op and compression on 1 to 4
 and 8 ranks, broadcast, allgather of unequal sizes, barrier; a rank killed
 mid-allreduce, a rank with a wrong secret, mismatched calls; the gradient hook
-of nn/nn_hook.h (average, accumulation over backward passes, buckets)."""
+of nn/nn_hook.h (average, accumulation over backward passes, buckets); the
+security modes (the same results in "none", "auth" and "encrypt", mismatched
+modes, a byte altered on the way)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
 from coll_ranks import Ranks
 from sparkgrad import _core, errors
+from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, HEADER, SEQ
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,7 +132,9 @@ def test_communicator_arguments_are_checked():
             _core.Communicator(lis, b"short", 0, [("127.0.0.1", lis.port)])
         with pytest.raises(errors.InvalidArgumentError, match="rank 3"):
             _core.Communicator(lis, os.urandom(32), 3, [("127.0.0.1", lis.port)])
-        with _core.Communicator(lis, os.urandom(32), 0, [("127.0.0.1", lis.port)]) as comm:
+        with pytest.raises(ValueError, match="'plain'"):
+            _core.Communicator(lis, os.urandom(32), 0, [("127.0.0.1", lis.port)], security="plain")
+        with _core.Communicator(lis, os.urandom(32), 0, [("127.0.0.1", lis.port)], security="encrypt") as comm:
             assert (comm.rank, comm.size) == (0, 1)
             a = np.arange(5, dtype=np.float32)
             assert comm.allreduce(a, op="average") is a and np.all(a == np.arange(5))
@@ -146,3 +152,63 @@ def test_communicator_arguments_are_checked():
             assert type(hook).__name__ == "PyCapsule"
         with pytest.raises(errors.StateError):
             comm.allreduce(a)
+
+
+# ---- security modes (coll.h "Security") ----
+
+TAG = 16
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_security_modes_give_the_same_results(n):
+    by_mode = {}
+    for mode in ("none", "auth", "encrypt"):
+        with Ranks(n, "security_cases", security=mode) as ranks:
+            digests = ranks.values(timeout=100)
+        assert all(d == digests[0] for d in digests), f"{mode}: ranks ended with different values"
+        by_mode[mode] = digests[0]
+    assert by_mode["auth"] == by_mode["none"] and by_mode["encrypt"] == by_mode["none"]
+
+
+def test_mismatched_security_modes_fail_the_ring_naming_both():
+    with Ranks(2, "fail_one_allreduce", (10,), security=["auth", "encrypt"], timeout=10.0) as ranks:
+        res = ranks.collect(timeout=60)
+    for r in (0, 1):
+        kind, (cls, msg, _, _) = res[r]
+        assert kind == "error" and cls == "AuthError", res[r]
+        assert "security='auth'" in msg and "security='encrypt'" in msg, (r, msg)
+        assert f"rank {1 - r} (127.0.0.1:" in msg, (r, msg)
+
+
+def test_altered_data_byte_fails_every_rank_naming_the_peer():
+    # rank 0 reaches rank 1 through the relay; past rank 0's handshake, its
+    # HELLO (16 bytes) and the two 60-byte header records of the allreduce,
+    # the byte flipped is payload byte 1000 of the first data record
+    flip = HANDSHAKE_C2S + (HEADER + SEQ + 16 + TAG) + 2 * (SEQ + 60 + TAG) + SEQ + 1000
+    relay = {"direction": "c2s", "flip_at": flip}
+    with Ranks(3, "fail_one_allreduce", (1 << 20,), timeout=30.0, relay_in_front_of=1, relay_kw=relay) as ranks:
+        res = ranks.values(timeout=60)
+        assert ranks.relay.flipped == 1
+        deadline = time.monotonic() + 10
+        for p in ranks.procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+        assert not any(p.is_alive() for p in ranks.procs)
+    for r, (cls, msg, took) in enumerate(res):
+        assert cls != "no error", r
+        assert took < 5, f"rank {r} failed after {took:.1f}s: {msg}"
+    cls, msg, _ = res[1]
+    assert cls == "AuthError", res[1]
+    assert "integrity" in msg and "rank 0 (127.0.0.1:" in msg, msg
+
+
+def test_altered_hello_ok_fails_the_formation_naming_the_peer():
+    # the other direction of rank 0's connection to rank 1 carries only
+    # frames: HELLO_OK, then a notice or a goodbye; flip a byte of HELLO_OK
+    relay = {"direction": "s2c", "flip_at": HANDSHAKE_S2C + HEADER + SEQ + 3}
+    with Ranks(2, "fail_one_allreduce", (10,), timeout=10.0, relay_in_front_of=1, relay_kw=relay) as ranks:
+        res = ranks.collect(timeout=60)
+    kind, (cls, msg, *_) = res[0]
+    assert kind == "error" and cls == "AuthError", res[0]
+    assert "integrity" in msg and "rank 1 (127.0.0.1:" in msg, msg
+    kind, value = res[1]  # formed (rank 0 served its listener) and then failed, or failed forming
+    assert kind == "error" or (value[0] != "no error" and value[2] < 5), res[1]

@@ -25,6 +25,25 @@
  *      forwarding it as soon as it is reduced); broadcast is a pipelined relay
  *      from the root around the ring; allgather passes each rank's block
  *      size - 1 steps around.
+ *
+ * Security (session.h): every connection keeps one NetSession, keyed by its
+ * handshake in the communicator's mode (every rank must use the same: a
+ * mismatch fails the formation naming both modes). With "auth" or "encrypt"
+ * every frame after the handshake is protected (HELLO, HELLO_OK, REFUSE,
+ * ABORT, BYE), and so is every data stream of step 1 and 2: the bytes one
+ * ring step sends one way are cut into records of at most 128 KiB (both
+ * ends know the length, so the cut is implied) and each record travels as
+ *   seq (u64 LE, 8) | payload | tag (16)
+ * sealed under the connection's session with, as associated data, the frame
+ * header (NET_FRAME_COLL, COLL_FRAME_DATA, payload length) that is not
+ * sent. A receiver counts a record's bytes (reduces them, relays them,
+ * moves to the next step) only after its tag checked: an altered, injected,
+ * replayed or cut record fails the collective with SG_EAUTH naming the peer
+ * and "integrity" (or the sequence), and breaks the ring as any failure.
+ * A record is read into its destination and opened in place, so after a
+ * failure the destination (an allreduce's or broadcast's buffer) may hold
+ * unverified bytes, as it holds partial results after any failure.
+ * "none" sends the raw streams and plain frames of before.
  * Values travel in host order (little-endian hosts only, as ps.h). With
  * compression a float32 allreduce sends fp16 or bf16 (round to nearest
  * even) and accumulates in float32; the owner of each segment rounds its
@@ -50,6 +69,7 @@
 #include <stdint.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 #include "nn/nn_hook.h"
 
 typedef enum CollDtype {
@@ -74,7 +94,8 @@ typedef enum CollFrame {
     COLL_FRAME_REFUSE = 3,
     COLL_FRAME_HEADER = 4,
     COLL_FRAME_ABORT = 5,
-    COLL_FRAME_BYE = 6
+    COLL_FRAME_BYE = 6,
+    COLL_FRAME_DATA = 7 /* a data record's associated data (never sent as a header) */
 } CollFrame;
 
 typedef struct CollComm CollComm;
@@ -90,9 +111,9 @@ typedef struct CollStats {
  * rank i, lfd this rank's listening socket (not owned; it must stay open
  * while the ring forms). Bounded by timeout seconds, which is also the default
  * per-collective timeout; an error names the rank and host:port it waited for. */
-int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, int rank, int size,
-                  const char *const *hosts, const int *ports, double timeout, CollComm **out,
-                  SgError *err);
+int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode, int rank,
+                  int size, const char *const *hosts, const int *ports, double timeout,
+                  CollComm **out, SgError *err);
 
 int coll_comm_rank(const CollComm *c);
 int coll_comm_size(const CollComm *c);

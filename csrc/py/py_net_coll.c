@@ -54,14 +54,21 @@ static int parse_timeout(PyObject *obj, double *out)
 
 static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret", "rank", "addresses", "timeout", NULL};
+    static char *kwlist[] = {"listener", "secret",   "rank", "addresses",
+                             "timeout",  "security", NULL};
     PyObject *listener, *addresses;
     Py_buffer secret;
     int rank;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*iO|d:Communicator", kwlist, &listener, &secret,
-                                     &rank, &addresses, &timeout))
+    const char *security = NULL;
+    NetSecurity mode;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*iO|dz:Communicator", kwlist, &listener, &secret,
+                                     &rank, &addresses, &timeout, &security))
         return -1;
+    if (py_net_security(security, &mode) < 0) {
+        PyBuffer_Release(&secret);
+        return -1;
+    }
     int fd = py_listener_fd(listener);
     PyObject *seq =
         fd >= 0 ? PySequence_Fast(addresses, "addresses must be a list of (host, port)") : NULL;
@@ -87,8 +94,8 @@ static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
         SgError err;
         int rc;
         Py_BEGIN_ALLOW_THREADS
-        rc = coll_comm_new(fd, secret.buf, (size_t)secret.len, rank, (int)n, hosts, ports, timeout,
-                           &self->comm, &err);
+        rc = coll_comm_new(fd, secret.buf, (size_t)secret.len, mode, rank, (int)n, hosts, ports,
+                           timeout, &self->comm, &err);
         Py_END_ALLOW_THREADS
         if (rc < 0) {
             sg_raise(&err);

@@ -301,7 +301,13 @@ class PsClient:
 
 class Communicator:
     def __init__(
-        self, listener: Listener, secret: bytes, rank: int, addresses: list[tuple[str, int]], timeout: float = 60.0
+        self,
+        listener: Listener,
+        secret: bytes,
+        rank: int,
+        addresses: list[tuple[str, int]],
+        timeout: float = 60.0,
+        security: str | None = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

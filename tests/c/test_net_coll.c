@@ -2,7 +2,8 @@
  * fp16/bf16 conversions on every 16-bit pattern and at every rounding tie,
  * the reduction kernels, and 3 ranks in threads over loopback doing an
  * allreduce (sum, int64 exact; average, float32), a broadcast, an allgather
- * of unequal sizes and the gradient hook with buckets. */
+ * of unequal sizes and the gradient hook with buckets, in every security
+ * mode. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -81,6 +82,7 @@ static void test_reduce_kernels(void)
 
 typedef struct Rank {
     int rank, lfd, port[RANKS];
+    NetSecurity mode;
     int rc;
     SgError err;
     int64_t *ints;
@@ -94,8 +96,8 @@ static void *rank_main(void *arg)
     Rank *r = arg;
     const char *hosts[RANKS] = {"127.0.0.1", "127.0.0.1", "127.0.0.1"};
     CollComm *c = NULL;
-    r->rc = coll_comm_new(r->lfd, secret, sizeof secret, r->rank, RANKS, hosts, r->port, 20.0, &c,
-                          &r->err);
+    r->rc = coll_comm_new(r->lfd, secret, sizeof secret, r->mode, r->rank, RANKS, hosts, r->port,
+                          20.0, &c, &r->err);
     if (r->rc < 0)
         return NULL;
     r->ints = malloc(N * sizeof *r->ints);
@@ -145,7 +147,7 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-static void test_ring_of_three_threads(void)
+static void test_ring_of_three_threads(NetSecurity mode)
 {
     Rank ranks[RANKS];
     pthread_t th[RANKS];
@@ -154,6 +156,7 @@ static void test_ring_of_three_threads(void)
     int ports[RANKS];
     for (int k = 0; k < RANKS; k++) {
         ranks[k].rank = k;
+        ranks[k].mode = mode;
         CHECK(net_listen("127.0.0.1", 0, 8, &ranks[k].lfd, &ports[k], NULL, 0, &err) == 0);
     }
     for (int k = 0; k < RANKS; k++) {
@@ -164,7 +167,8 @@ static void test_ring_of_three_threads(void)
         pthread_join(th[k], NULL);
     for (int k = 0; k < RANKS; k++) {
         if (ranks[k].rc < 0)
-            fprintf(stderr, "rank %d: %s\n", k, ranks[k].err.msg);
+            fprintf(stderr, "rank %d (security %s): %s\n", k, net_security_name(mode),
+                    ranks[k].err.msg);
         CHECK(ranks[k].rc == 0);
         int bad_int = 0, bad_avg = 0;
         for (int i = 0; ranks[k].rc == 0 && i < N; i++) {
@@ -183,6 +187,8 @@ int main(void)
     test_fp16_round_trip_and_ties();
     test_bf16_round_trip_and_ties();
     test_reduce_kernels();
-    test_ring_of_three_threads();
+    test_ring_of_three_threads(NET_SEC_NONE);
+    test_ring_of_three_threads(NET_SEC_AUTH);
+    test_ring_of_three_threads(NET_SEC_ENCRYPT);
     return check_report("test_net_coll");
 }
