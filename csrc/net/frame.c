@@ -207,33 +207,56 @@ void net_frame_parser_take(NetFrameParser *p, NetFrameHeader *h, uint8_t **paylo
     parser_reset(p);
 }
 
-/* Encrypts pieces in scratch-sized blocks, writing each block as it is ready. */
-static int sendv_encrypted(int fd, NetSession *s, const struct iovec *pieces, int n,
-                           double deadline, const char *peer, const char *what, SgError *err)
+#define SEALED_IOV 18 /* iovecs gathered before a write: header, pieces or blocks, tag */
+
+/* Appends len bytes at p to the gathered iovecs, extending the last one when contiguous. */
+static void gather(struct iovec *out, int *k, const uint8_t *p, size_t len)
 {
-    uint8_t *block;
-    int rc = net_session_scratch(s, &block, err);
-    size_t fill = 0;
-    for (int i = 0; i < n && rc == SG_OK; i++) {
+    if (*k > 0 && (const uint8_t *)out[*k - 1].iov_base + out[*k - 1].iov_len == p)
+        out[*k - 1].iov_len += len;
+    else
+        out[(*k)++] = (struct iovec){(void *)p, len};
+}
+
+/* A protected frame's payload, streamed: block by block (NET_SESSION_SCRATCH bytes) it is
+ * sealed (authenticated where it lies, or encrypted into the session's scratch block) and
+ * written before the next block is sealed, so the peer reads and opens one block while this
+ * side seals the next, instead of hashing the whole payload before the first byte leaves.
+ * The header and seq go out with the first block, the tag with the last: a frame of one
+ * block is one writev. */
+static int sendv_sealed(int fd, NetSession *s, const uint8_t *hdr, size_t hdr_len,
+                        const struct iovec *pieces, int n, double deadline, const char *peer,
+                        const char *what, SgError *err)
+{
+    uint8_t *scratch = NULL, tag[NET_SESSION_TAG];
+    int enc = s->mode == NET_SEC_ENCRYPT, rc = SG_OK, k = 0;
+    if (enc && (rc = net_session_scratch(s, &scratch, err)) < 0)
+        return rc;
+    struct iovec out[SEALED_IOV];
+    size_t block = 0; /* payload bytes gathered since the last write */
+    gather(out, &k, hdr, hdr_len);
+    for (int i = 0; i < n; i++) {
         const uint8_t *src = pieces[i].iov_base;
-        for (size_t off = 0; off < pieces[i].iov_len && rc == SG_OK;) {
+        for (size_t off = 0; off < pieces[i].iov_len;) {
             size_t take = pieces[i].iov_len - off;
-            if (take > NET_SESSION_SCRATCH - fill)
-                take = NET_SESSION_SCRATCH - fill;
-            rc = net_session_seal_update(s, src + off, block + fill, take, err);
-            off += take, fill += take;
-            if (rc == SG_OK && fill == NET_SESSION_SCRATCH) {
-                struct iovec one = {block, fill};
-                rc = net_writev_all(fd, &one, 1, deadline, peer, what, err);
-                fill = 0;
+            if (take > NET_SESSION_SCRATCH - block)
+                take = NET_SESSION_SCRATCH - block;
+            uint8_t *dst = enc ? scratch + block : (uint8_t *)src + off;
+            if ((rc = net_session_seal_update(s, src + off, dst, take, err)) < 0)
+                return rc;
+            gather(out, &k, dst, take);
+            off += take, block += take;
+            if (block == NET_SESSION_SCRATCH || k == SEALED_IOV - 1) {
+                if ((rc = net_writev_all(fd, out, k, deadline, peer, what, err)) < 0)
+                    return rc;
+                k = 0, block = 0;
             }
         }
     }
-    if (rc == SG_OK && fill > 0) {
-        struct iovec one = {block, fill};
-        rc = net_writev_all(fd, &one, 1, deadline, peer, what, err);
-    }
-    return rc;
+    if ((rc = net_session_seal_end(s, tag, err)) < 0)
+        return rc;
+    gather(out, &k, tag, sizeof tag);
+    return net_writev_all(fd, out, k, deadline, peer, what, err);
 }
 
 int net_frame_sendv(int fd, NetSession *s, uint8_t type, uint16_t flags, const struct iovec *pieces,
@@ -245,41 +268,23 @@ int net_frame_sendv(int fd, NetSession *s, uint8_t type, uint16_t flags, const s
     if (len > UINT32_MAX)
         return sg_fail(err, SG_EFRAME, "%s frame of %zu bytes exceeds the 4 GiB format limit",
                        net_frame_type_name(type), len);
-    uint8_t hdr[NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ], tag[NET_SESSION_TAG];
+    uint8_t hdr[NET_FRAME_HEADER_SIZE + NET_SESSION_SEQ];
     net_frame_header_encode(hdr, type, flags, (uint32_t)len);
-    int on = net_session_on(s), rc;
-    /* header (+ seq), the pieces, (tag): one writev unless encrypting. */
+    if (net_session_on(s)) {
+        int rc =
+            net_session_seal_begin(s, hdr, NET_FRAME_HEADER_SIZE, hdr + NET_FRAME_HEADER_SIZE, err);
+        return rc < 0 ? rc
+                      : sendv_sealed(fd, s, hdr, sizeof hdr, pieces, n, deadline, peer, what, err);
+    }
+    /* Plain: header and pieces in one writev. */
     struct iovec small[8], *iov = small;
-    if (n + 2 > (int)(sizeof small / sizeof *small) &&
-        (iov = malloc((size_t)(n + 2) * sizeof *iov)) == NULL)
-        return sg_fail(err, SG_ENOMEM, "allocating %d iovecs for %s", n + 2, what);
-    int k = 0;
-    iov[k++] = (struct iovec){hdr, NET_FRAME_HEADER_SIZE + (on ? NET_SESSION_SEQ : 0)};
-    if (on && (rc = net_session_seal_begin(s, hdr, NET_FRAME_HEADER_SIZE,
-                                           hdr + NET_FRAME_HEADER_SIZE, err)) < 0)
-        goto done;
-    if (on && s->mode == NET_SEC_ENCRYPT) {
-        if ((rc = net_writev_all(fd, iov, 1, deadline, peer, what, err)) == SG_OK &&
-            (rc = sendv_encrypted(fd, s, pieces, n, deadline, peer, what, err)) == SG_OK &&
-            (rc = net_session_seal_end(s, tag, err)) == SG_OK) {
-            struct iovec t = {tag, sizeof tag};
-            rc = net_writev_all(fd, &t, 1, deadline, peer, what, err);
-        }
-        goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        if (on && (rc = net_session_seal_update(s, pieces[i].iov_base, pieces[i].iov_base,
-                                                pieces[i].iov_len, err)) < 0)
-            goto done;
-        iov[k++] = pieces[i];
-    }
-    if (on) {
-        if ((rc = net_session_seal_end(s, tag, err)) < 0)
-            goto done;
-        iov[k++] = (struct iovec){tag, sizeof tag};
-    }
-    rc = net_writev_all(fd, iov, k, deadline, peer, what, err);
-done:
+    if (n + 1 > (int)(sizeof small / sizeof *small) &&
+        (iov = malloc((size_t)(n + 1) * sizeof *iov)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating %d iovecs for %s", n + 1, what);
+    iov[0] = (struct iovec){hdr, NET_FRAME_HEADER_SIZE};
+    for (int i = 0; i < n; i++)
+        iov[i + 1] = pieces[i];
+    int rc = net_writev_all(fd, iov, n + 1, deadline, peer, what, err);
     if (iov != small)
         free(iov);
     return rc;
@@ -316,10 +321,20 @@ int net_frame_recv_header(int fd, NetSession *s, uint32_t max_payload, double de
 int net_frame_recv_payload(int fd, NetSession *s, void *dst, size_t len, double deadline,
                            const char *peer, const char *what, SgError *err)
 {
-    int rc = net_read_exact(fd, dst, len, deadline, peer, what, err);
-    if (rc < 0 || !net_session_on(s))
-        return rc;
-    return net_session_open_update(s, dst, dst, len, err);
+    if (!net_session_on(s))
+        return net_read_exact(fd, dst, len, deadline, peer, what, err);
+    /* Block by block, so opening one block overlaps the arrival of the next. */
+    uint8_t *p = dst;
+    for (size_t off = 0; off < len;) {
+        size_t n = len - off < NET_SESSION_SCRATCH ? len - off : NET_SESSION_SCRATCH;
+        int rc = net_read_exact(fd, p + off, n, deadline, peer, what, err);
+        if (rc == SG_OK)
+            rc = net_session_open_update(s, p + off, p + off, n, err);
+        if (rc < 0)
+            return off > 0 ? sg_context(err, "(in the block at byte %zu of %zu) ", off, len) : rc;
+        off += n;
+    }
+    return SG_OK;
 }
 
 int net_frame_recv_end(int fd, NetSession *s, uint8_t type, double deadline, const char *peer,
