@@ -289,7 +289,10 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
 def _security_lines(rows: list[dict]) -> list[tuple]:
     lines = []
     for size in ("436KB", "16MB"):
-        for what in ("ps push_pull/s", "allreduce bus bandwidth, 2 ranks"):
+        tail = f", {size}"
+        linked = sorted({r["metric"][: -len(tail)] for r in rows
+                         if r["metric"].startswith("allreduce bus bandwidth, 2 hosts") and r["metric"].endswith(tail)})  # fmt: skip
+        for what in ("ps push_pull/s", "allreduce bus bandwidth, 2 ranks", *linked):
             m = f"{what}, {size}"
             for mode in ("auth", "encrypt"):
                 lines.append((m, (f"sparkgrad security={mode}", m), ("sparkgrad security=none", m), "higher"))
@@ -327,8 +330,9 @@ COMPARISONS = {
     ),
     "security": (
         "What frame protection costs (throughput with security auth and encrypt over none)",
-        "ps push_pull and the 2-rank ring allreduce for the MLP's 436 KB gradient and a 16 MB buffer, modes "
-        "interleaved in one run",
+        "ps push_pull and the 2-rank ring allreduce for the MLP's 436 KB gradient and a 16 MB buffer over "
+        "loopback (the worst case: a byte there costs a memory copy) and between 2 simulated hosts on "
+        "rate-limited links, modes interleaved in one run",
         _security_lines,
     ),
 }
