@@ -289,9 +289,9 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
 def _security_lines(rows: list[dict]) -> list[tuple]:
     lines = []
     for size in ("436KB", "16MB"):
-        tail = f", {size}"
+        tail, hosts = f", {size}", "allreduce bus bandwidth, 2 hosts"
         linked = sorted({r["metric"][: -len(tail)] for r in rows
-                         if r["metric"].startswith("allreduce bus bandwidth, 2 hosts") and r["metric"].endswith(tail)})  # fmt: skip
+                         if r["metric"].startswith(hosts) and r["metric"].endswith(tail)})  # fmt: skip
         for what in ("ps push_pull/s", "allreduce bus bandwidth, 2 ranks", *linked):
             m = f"{what}, {size}"
             for mode in ("auth", "encrypt"):
