@@ -151,7 +151,9 @@ def test_unauthenticated_junk_client_is_rejected_without_disturbing_others(secre
 
 def test_wrong_secret_is_auth_error_on_client_and_noted_on_server(secret):
     with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
-        with pytest.raises(errors.AuthError, match=f"127.0.0.1:{srv.port} closed the connection during authentication: it refused our"):
+        with pytest.raises(
+            errors.AuthError, match=f"127.0.0.1:{srv.port} closed the connection during authentication: it refused our"
+        ):
             _core.ControlClient.register("127.0.0.1", srv.port, os.urandom(32), net_raw.node(0), 5.0)
         stats = srv.stats()
         assert stats["auth_failures"] == 1 and "failed the HMAC challenge" in stats["last_rejection"]
