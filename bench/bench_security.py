@@ -26,19 +26,16 @@ against "none" in percent. The issue's target for the default mode: at most
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
-import threading
-import time
 
 import benchlib
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
 from bench_allreduce import netns_busbw, netns_skip_reason  # noqa: E402
+from bench_ps import measure  # noqa: E402
 from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
 from sparkgrad import _core  # noqa: E402
 
@@ -48,26 +45,8 @@ SIZES = {"436KB": 109_000, "16MB": 4 << 20}  # float32 values
 
 
 def ps_rate(total: int, mode: str, seconds: float) -> float:
-    """push_pull round trips per second of one client against one ps shard."""
-    secret = os.urandom(32)
-    with _core.Listener("127.0.0.1", 0) as lis:
-        server = _core.PsServer(lis, secret, 0, total, total, 1, lr=0.01, params=np.zeros(total, np.float32),
-                                security=mode)  # fmt: skip
-        t = threading.Thread(target=server.serve, kwargs={"timeout": 300})
-        t.start()
-        client = _core.PsClient([("127.0.0.1", lis.port)], secret, total, 0, 60.0, security=mode)
-        grads = np.full(total, 1e-3, np.float32)
-        params = np.empty(total, np.float32)
-        for _ in range(3):
-            client.push_pull(grads, params)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            client.push_pull(grads, params)
-            n += 1
-        elapsed = time.perf_counter() - t0
-        client.done()
-        t.join(60)
-    return n / elapsed
+    """push_pull round trips per second of one client against one ps shard (bench_ps.py's measure)."""
+    return measure(total, 1, seconds, mode)[0]
 
 
 def allreduce_busbw(plan: list, mode: str) -> dict[int, float]:

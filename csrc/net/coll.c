@@ -649,6 +649,25 @@ static long rec_write(CollComm *c, Rec *r, SgError *err)
     return (long)r->len;
 }
 
+/* The protected send step of a transfer whose logical stream is total bytes at base (or,
+ * with conv, fp16/bf16 values encoded from conv through c->stage): once the previous
+ * record is all written, seals the next one at done; then writes what the socket takes.
+ * Returns rec_write's result, or a negative status from sealing. */
+static long rec_send_step(CollComm *c, Rec *tx, const uint8_t *base, const float *conv, size_t done,
+                          size_t total, CollCompression comp, SgError *e)
+{
+    if (!tx->busy) {
+        size_t len = rec_len(done, total);
+        const uint8_t *src = conv != NULL ? c->stage : base + done;
+        if (conv != NULL)
+            coll_encode(c->stage, conv + done / 2, len / 2, comp);
+        int rc = rec_seal(c, tx, src, len, e);
+        if (rc < 0)
+            return rc;
+    }
+    return rec_write(c, tx, e);
+}
+
 /* Reads what has arrived of the record r (never past it) and opens it in
  * place: its payload length once the whole record is in and its tag
  * checked, else 0; or a negative status (SG_EAUTH from the session naming
@@ -788,18 +807,7 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
         if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
             /* a relay's record is whole once sdone < rdone: the right
              * neighbour's rlen is our slen, cut the same way as ours */
-            if (!tx.busy) {
-                size_t len = rec_len(sdone, x->slen);
-                const uint8_t *src = x->sptr + sdone;
-                if (x->sconv != NULL) {
-                    coll_encode(c->stage, x->sconv + sdone / 2, len / 2, x->comp);
-                    src = c->stage;
-                }
-                int rc = rec_seal(c, &tx, src, len, &e);
-                if (rc < 0)
-                    return peer_failure(c, rc, 0, &e, what, err);
-            }
-            long put = rec_write(c, &tx, &e);
+            long put = rec_send_step(c, &tx, x->sptr, x->sconv, sdone, x->slen, x->comp, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
@@ -1225,19 +1233,10 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
         if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
             /* avail is whole records: the segment sent now is the one
              * received at the step before, cut the same way */
-            if (!tx.busy) {
-                size_t len = rec_len(sdone, scnt * wsz);
-                const uint8_t *src = buf + soff * esz + sdone;
-                if (comp != COLL_COMP_NONE) {
-                    coll_encode(c->stage, (const float *)(buf + soff * esz) + sdone / 2, len / 2,
-                                comp);
-                    src = c->stage;
-                }
-                int rc = rec_seal(c, &tx, src, len, &e);
-                if (rc < 0)
-                    return peer_failure(c, rc, 0, &e, what, err);
-            }
-            long put = rec_write(c, &tx, &e);
+            const uint8_t *seg = buf + soff * esz;
+            long put =
+                rec_send_step(c, &tx, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
+                              sdone, scnt * wsz, comp, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
