@@ -17,7 +17,8 @@ carry the pid) are deleted in a finally. --no-netns skips this part.
 
 --security (none, auth, encrypt; default: _core.SECURITY_DEFAULT) is the
 communicators' mode (csrc/net/coll.h "Security"); the loopback TCP ceiling
-is always a plain copy.
+is always a plain copy. The default mode writes results/allreduce.json,
+any other results/allreduce_<mode>.json.
 
     python bench/bench_allreduce.py [--quick] [--no-netns] [--link-gbit 1] [--security auth]
 """
@@ -303,8 +304,9 @@ def main(argv: list[str]) -> int:
                         "unit": "%",
                     }
                 )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    out = RESULTS if args.security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"allreduce_{args.security}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    benchlib.write_results(out, rows, meta)
     print(f"{'system':<13} {'metric':<44} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<13} {r['metric']:<44} {r['value']:>10} {r['unit']}")

@@ -164,10 +164,10 @@ def meta_text(meta: dict | None, rows: list[dict]) -> str:
 
 
 def _script(stem: str) -> str:
-    script = f"bench_{stem}.py"
-    if not (ROOT / "bench" / script).exists():
-        script = f"{stem}.py"  # e.g. bench/accuracy_cnn.py: a measurement, not a speed benchmark
-    return script
+    for name in (stem, stem.rsplit("_", 1)[0]):  # allreduce_none.json: bench_allreduce.py --security none
+        if (ROOT / "bench" / f"bench_{name}.py").exists():
+            return f"bench_{name}.py" + (f" --security {stem.rsplit('_', 1)[1]}" if name != stem else "")
+    return f"{stem}.py"  # e.g. bench/accuracy_cnn.py: a measurement, not a speed benchmark
 
 
 def render_raw() -> str:
@@ -299,6 +299,22 @@ def _security_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
+def _allreduce_lines(rows: list[dict]) -> list[tuple]:
+    lines = []
+    for n in (2, 3, 4):
+        for size in ("4MB", "16MB", "64MB"):
+            lines.append((f"bus bandwidth, {n} ranks, {size}", ("sparkgrad", f"allreduce_busbw_{n}ranks_{size}"),
+                          ("loopback_tcp", f"copy_{size}"), "higher"))  # fmt: skip
+    lines.append(("436 KB gradient, 2 ranks, median latency", ("sparkgrad", "allreduce_436KB_2ranks_latency_median"),
+                  ("sparkgrad", "allreduce_436KB_2ranks_latency_p95"), "info"))  # fmt: skip
+    for n in (2, 3, 4):
+        for size in ("4MB", "64MB"):
+            m = f"netns_allreduce_busbw_vs_link_{n}ranks_{size}_1gbit"
+            lines.append((f"{n} hosts on 1 Gbit/s links, {size}, % of the link", ("sparkgrad", m), ("sparkgrad", m),
+                          "info"))  # fmt: skip
+    return lines
+
+
 # file stem -> (title, what it compares, lines)
 COMPARISONS = {
     "train": (
@@ -327,6 +343,18 @@ COMPARISONS = {
         "Arrow feeding against the RDD path, TensorFlowOnSpark and reading TFRecords; Model.transform and the "
         "MLflow flavor's spark_udf against a pandas UDF calling PyTorch",
         _feed_lines,
+    ),
+    "allreduce": (
+        "Ring allreduce in the default security mode (bus bandwidth against a plain loopback TCP copy)",
+        "2(n-1)/n x bytes / time of a float32 allreduce on n rank processes over loopback, beside a socket copy "
+        "between two processes in the same run; the 436 KB latency (info: the p95 beside it); simulated hosts on "
+        "1 Gbit/s links (info: percent of the link rate)",
+        _allreduce_lines,
+    ),
+    "allreduce_none": (
+        "Ring allreduce with security='none' (the transport alone)",
+        "the same measurements with frames unprotected after the handshake",
+        _allreduce_lines,
     ),
     "security": (
         "What frame protection costs (throughput with security auth and encrypt over none)",
