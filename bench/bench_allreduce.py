@@ -307,9 +307,7 @@ def main(argv: list[str]) -> int:
     out = RESULTS if args.security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"allreduce_{args.security}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(out, rows, meta)
-    print(f"{'system':<13} {'metric':<44} {'value':>10} unit")
-    for r in rows:
-        print(f"{r['system']:<13} {r['metric']:<44} {r['value']:>10} {r['unit']}")
+    benchlib.print_rows(rows)
     return 0
 
 

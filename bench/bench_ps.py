@@ -97,9 +97,7 @@ def main(argv: list[str]) -> int:
                 )
     benchlib.write_results(results_path(args.security), rows, meta)
     print(f"security={args.security}")
-    print(f"{'system':<10} {'metric':<46} {'value':>10} unit")
-    for r in rows:
-        print(f"{r['system']:<10} {r['metric']:<46} {r['value']:>10} {r['unit']}")
+    benchlib.print_rows(rows)
     return 0
 
 

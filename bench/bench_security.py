@@ -117,9 +117,7 @@ def main(argv: list[str]) -> int:
                 )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(RESULTS, rows, meta)
-    print(f"{'system':<27} {'metric':<52} {'value':>10} unit")
-    for r in rows:
-        print(f"{r['system']:<27} {r['metric']:<52} {r['value']!s:>10} {r['unit']} {r.get('reason', '')}")
+    benchlib.print_rows(rows)
     return 0
 
 

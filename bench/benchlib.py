@@ -162,6 +162,15 @@ def python_with(candidates: Iterable[str], modules: Iterable[str], timeout: floa
 # ---- rows ------------------------------------------------------------------------------------
 
 
+def print_rows(rows: list[dict]) -> None:
+    """The rows as a table on stdout (system, metric, value, unit, and why a row was not measured)."""
+    ws = max([len("system")] + [len(str(r["system"])) for r in rows])
+    wm = max([len("metric")] + [len(str(r["metric"])) for r in rows])
+    print(f"{'system':<{ws}} {'metric':<{wm}} {'value':>10} unit")
+    for r in rows:
+        print(f"{r['system']:<{ws}} {r['metric']:<{wm}} {r['value']!s:>10} {r['unit']} {r.get('reason', '')}".rstrip())
+
+
 def row(system: str, metric: str, value, unit: str, **extra) -> dict:
     return {"system": system, "metric": metric, "value": value, "unit": unit, **extra}
 

@@ -64,8 +64,9 @@ class NodeConfig:
     env: tuple[tuple[str, str], ...] = ()
     # Restarts of the cluster before this generation of nodes (TFCluster.run's max_restarts): ctx.attempt.
     attempt: int = 0
-    # Protection of every connection after its handshake (TFCluster.run's security=), decided on the driver.
-    security: str = "auth"
+    # Protection of every connection after its handshake (TFCluster.run's security=), decided on the driver;
+    # None: the C core's default (_core.SECURITY_DEFAULT), never a second copy of it here.
+    security: str | None = None
 
     @property
     def opens_comm_port(self) -> bool:

@@ -12,10 +12,10 @@ What follows depends on the mode, which every node of a cluster shares:
 - ``"none"``: frames travel unprotected after the handshake; an explicit
   opt-out for trusted networks, logged as a warning.
 
-The default (``DEFAULT``, from the C core) is the mode whose cost the
-security benchmark (bench/bench_security.py, README "Security") showed to
-be small; ``SPARKGRAD_SECURITY`` in the environment overrides it for a whole
-session.
+The default (``default()``: the C core's ``_core.SECURITY_DEFAULT``, "auth")
+is the mode the security benchmark (bench/bench_security.py, README
+"Frames after the handshake") showed to cost least; ``SPARKGRAD_SECURITY``
+in the environment overrides it for a whole session.
 """
 
 from __future__ import annotations
