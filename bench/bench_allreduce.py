@@ -30,7 +30,6 @@ import json
 import multiprocessing as mp
 import os
 import pathlib
-import shutil
 import socket
 import statistics
 import subprocess
@@ -110,7 +109,7 @@ NETNS_RANK = textwrap.dedent(
 
     rank, n, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     plan = json.loads(os.environ["SG_PLAN"])
-    addresses = [(f"10.214.{k + 1}.2", port) for k in range(n)]
+    addresses = [(host, port) for host in json.loads(os.environ["SG_HOSTS"])]
     lis = _core.Listener(addresses[rank][0], port)
     secret, security = bytes.fromhex(os.environ["SG_SECRET"]), os.environ["SG_SECURITY"]
     with _core.Communicator(lis, secret, rank, addresses, timeout=60, security=security) as comm:
@@ -129,74 +128,25 @@ NETNS_RANK = textwrap.dedent(
 )
 
 
-def _sh(*cmd: str) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=False)
-    if r.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
-
-
-def netns_skip_reason() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux-only"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "`ip` and `tc` (iproute2) are needed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    return None
-
-
-def netns_busbw(n: int, plan: list, link_gbit: float, security: str) -> dict[int, float]:
-    """Bus bandwidth (bytes/s) per size on n ranks in namespaces behind rate-limited veths."""
-    tag = f"{os.getpid() % 100000}"
-    hub = f"sgb{tag}h"
-    made: list[str] = []
+def netns_busbw(n: int, plan: list, link_gbit: float, security: str, hosts: list | None = None) -> dict[int, float]:
+    """Bus bandwidth (bytes/s) per size on n ranks, one per simulated host (benchlib.linked_hosts,
+    built here unless hosts, [(namespace, address)], are given)."""
+    if hosts is None:
+        with benchlib.linked_hosts(n, link_gbit) as made:
+            return netns_busbw(n, plan, link_gbit, security, made)
+    env = dict(
+        os.environ,
+        SG_PLAN=json.dumps(plan),
+        SG_SECRET=os.urandom(32).hex(),
+        SG_SECURITY=security,
+        SG_HOSTS=json.dumps([addr for _, addr in hosts[:n]]),
+        PYTHONPATH=os.pathsep.join([str(ROOT.parent / "python"), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
     procs: list[subprocess.Popen] = []
     try:
-        for ns in [hub] + [f"sgb{tag}r{k}" for k in range(n)]:
-            _sh("ip", "netns", "add", ns)
-            made.append(ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        rate = f"{link_gbit}gbit"
         for k in range(n):
-            ns, hub_if, node_if = f"sgb{tag}r{k}", f"sgb{tag}h{k}", f"sgb{tag}n{k}"
-            _sh("ip", "-n", hub, "link", "add", hub_if, "type", "veth", "peer", "name", node_if)
-            _sh("ip", "-n", hub, "link", "set", node_if, "netns", ns)
-            _sh("ip", "-n", hub, "addr", "add", f"10.214.{k + 1}.1/24", "dev", hub_if)
-            _sh("ip", "-n", ns, "addr", "add", f"10.214.{k + 1}.2/24", "dev", node_if)
-            _sh("ip", "-n", hub, "link", "set", hub_if, "up")
-            _sh("ip", "-n", ns, "link", "set", node_if, "up")
-            _sh("ip", "-n", ns, "route", "add", "default", "via", f"10.214.{k + 1}.1")
-            for where, dev in ((hub, hub_if), (ns, node_if)):  # both directions of the link
-                _sh(
-                    "ip",
-                    "netns",
-                    "exec",
-                    where,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "tbf",
-                    "rate",
-                    rate,
-                    "burst",
-                    "1mb",
-                    "latency",
-                    "100ms",
-                )
-        _sh("ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-        env = dict(
-            os.environ,
-            SG_PLAN=json.dumps(plan),
-            SG_SECRET=os.urandom(32).hex(),
-            SG_SECURITY=security,
-            PYTHONPATH=os.pathsep.join([str(ROOT.parent / "python"), os.environ.get("PYTHONPATH", "")]),
-            OMP_NUM_THREADS="1",
-        )
-        for k in range(n):
-            cmd = ["ip", "netns", "exec", f"sgb{tag}r{k}", sys.executable, "-c", NETNS_RANK, str(k), str(n), "29411"]
+            cmd = ["ip", "netns", "exec", hosts[k][0], sys.executable, "-c", NETNS_RANK, str(k), str(n), "29411"]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         results = []
         for k, p in enumerate(procs):
@@ -210,8 +160,6 @@ def netns_busbw(n: int, plan: list, link_gbit: float, security: str) -> dict[int
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        for ns in reversed(made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15, check=False)
 
 
 def main(argv: list[str]) -> int:
@@ -277,7 +225,7 @@ def main(argv: list[str]) -> int:
                 "unit": "us",
             }
         )
-    reason = "--no-netns" if args.no_netns else netns_skip_reason()
+    reason = "--no-netns" if args.no_netns else benchlib.netns_skip_reason()
     if reason:
         print(f"namespace part skipped: {reason}")
     else:

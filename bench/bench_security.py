@@ -7,10 +7,11 @@ For a 436 KB buffer (the walkthrough MLP's gradient, 109,000 float32) and a
   parameter bandwidth it amounts to (gradients out + parameters back);
 - allreduce: bus bandwidth (2(n-1)/n x bytes / time) of 2 rank processes
   (_core.Communicator, tests/coll_ranks.py) over loopback;
-- the same allreduce between 2 simulated hosts (network namespaces joined
-  through a router namespace by veth pairs rate-limited with `tc tbf` to
-  --link-gbit, 10 Gbit/s by default, as bench_allreduce.py builds them),
-  where the machine allows it (root, iproute2; else a row says why).
+- the same push_pull and allreduce between 2 simulated hosts (network
+  namespaces joined through a router namespace by veth pairs rate-limited
+  with `tc tbf` to --link-gbit, 10 Gbit/s by default: benchlib.linked_hosts),
+  the ps shard on one host and its worker on the other, where the machine
+  allows it (root, iproute2; else a row says why).
 Loopback is the worst case for protection: a byte there costs a memory copy,
 about what authenticating it costs, so the loopback cost is an upper bound;
 on a link of a cluster's speed the hashing overlaps the transfer.
@@ -26,15 +27,20 @@ against "none" in percent. The issue's target for the default mode: at most
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import pathlib
+import subprocess
 import sys
+import textwrap
 
 import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
-from bench_allreduce import netns_busbw, netns_skip_reason  # noqa: E402
+from bench_allreduce import netns_busbw  # noqa: E402
 from bench_ps import measure  # noqa: E402
 from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
 from sparkgrad import _core  # noqa: E402
@@ -47,6 +53,72 @@ SIZES = {"436KB": 109_000, "16MB": 4 << 20}  # float32 values
 def ps_rate(total: int, mode: str, seconds: float) -> float:
     """push_pull round trips per second of one client against one ps shard (bench_ps.py's measure)."""
     return measure(total, 1, seconds, mode)[0]
+
+
+# One end of a push_pull pair on a simulated host: "server" serves one worker, "client" times
+# push_pull for SG_SECONDS after a warm-up and prints its round trips per second.
+PS_HOST = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    from sparkgrad import _core
+
+    role, host, port, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    secret, security = bytes.fromhex(os.environ["SG_SECRET"]), os.environ["SG_SECURITY"]
+    if role == "server":
+        lis = _core.Listener(host, port)
+        srv = _core.PsServer(lis, secret, 0, total, total, 1, lr=0.01, params=np.zeros(total, np.float32),
+                             security=security)
+        print("ready", flush=True)
+        srv.serve(timeout=120)
+        lis.close()
+        print(json.dumps({}))
+    else:
+        client = _core.PsClient([(host, port)], secret, total, 0, 30.0, security=security)
+        grads, params = np.full(total, 1e-3, np.float32), np.empty(total, np.float32)
+        for _ in range(5):
+            client.push_pull(grads, params)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < float(os.environ["SG_SECONDS"]):
+            client.push_pull(grads, params)
+            n += 1
+        rate = n / (time.perf_counter() - t0)
+        client.done()
+        print(json.dumps({"rate": rate}))
+    """
+)
+
+
+def linked_ps_rate(hosts: list, total: int, mode: str, seconds: float) -> float:
+    """push_pull/s of a worker on hosts[1] against a ps shard on hosts[0]."""
+    env = dict(os.environ, SG_SECRET=os.urandom(32).hex(), SG_SECURITY=mode, SG_SECONDS=str(seconds),
+               PYTHONPATH=os.pathsep.join([str(ROOT.parent / "python"), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")  # fmt: skip
+    (server_ns, server_host), (client_ns, _) = hosts[0], hosts[1]
+    port = "29412"
+
+    def start(ns: str, role: str) -> subprocess.Popen:
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-c", PS_HOST, role, server_host, port, str(total)]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start(server_ns, "server")]
+    try:
+        ready = procs[0].stdout.readline()  # the listener is bound before "ready" is printed
+        if ready.strip() != "ready":
+            raise RuntimeError(f"ps host did not start: {procs[0].communicate(timeout=30)[1].strip()[-2000:]}")
+        procs.append(start(client_ns, "client"))
+        outs = []
+        for role, p in zip(("ps", "worker"), procs, strict=True):
+            out, errs = p.communicate(timeout=seconds + 120)
+            if p.returncode != 0:
+                raise RuntimeError(f"{role} host failed: {errs.strip()[-2000:]}")
+            outs.append(out)
+        return float(json.loads(outs[1].strip().splitlines()[-1])["rate"])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
 
 
 def allreduce_busbw(plan: list, mode: str) -> dict[int, float]:
@@ -67,7 +139,8 @@ def main(argv: list[str]) -> int:
     meta = benchlib.metadata("security")
     meta["notes"] = [
         f"default mode: {_core.SECURITY_DEFAULT}",
-        "AES-256-GCM through OpenSSL's libcrypto; auth = GMAC tag over header, seq and payload",
+        "OpenSSL's libcrypto: auth = ChaCha20-Poly1305 tag over header, seq and payload (sent in clear); "
+        "encrypt = AES-256-GCM",
     ]
     seconds = 0.5 if args.quick else 2.0
     volume = (64 << 20) if args.quick else (256 << 20)
@@ -75,18 +148,24 @@ def main(argv: list[str]) -> int:
     ps: dict[tuple[str, str], list[float]] = {}
     ring: dict[tuple[str, str], list[float]] = {}
     linked: dict[tuple[str, str], list[float]] = {}
-    no_netns = "--no-netns" if args.no_netns else netns_skip_reason()
+    linked_ps: dict[tuple[str, str], list[float]] = {}
+    no_netns = "--no-netns" if args.no_netns else benchlib.netns_skip_reason()
     link = f"{args.link_gbit:g} Gbit/s links"
     nplan = [(b, max(3, min(100, int(args.link_gbit * 1e9 / 8) // b))) for b, _ in plan]  # about 1 s per size
-    for _ in range(runs):
-        for mode in MODES:  # interleaved: load changes fall on every mode alike
-            for name, total in SIZES.items():
-                ps.setdefault((name, mode), []).append(ps_rate(total, mode, seconds))
-            bus = allreduce_busbw(plan, mode)
-            for name, (nbytes, _) in zip(SIZES, plan, strict=True):
-                ring.setdefault((name, mode), []).append(bus[nbytes] / 1e9)
-            if not no_netns:
-                bus = netns_busbw(2, nplan, args.link_gbit, mode)
+    with contextlib.ExitStack() as stack:
+        hosts = None if no_netns else stack.enter_context(benchlib.linked_hosts(2, args.link_gbit))
+        for _ in range(runs):
+            for mode in MODES:  # interleaved: load changes fall on every mode alike
+                for name, total in SIZES.items():
+                    ps.setdefault((name, mode), []).append(ps_rate(total, mode, seconds))
+                bus = allreduce_busbw(plan, mode)
+                for name, (nbytes, _) in zip(SIZES, plan, strict=True):
+                    ring.setdefault((name, mode), []).append(bus[nbytes] / 1e9)
+                if hosts is None:
+                    continue
+                for name, total in SIZES.items():
+                    linked_ps.setdefault((name, mode), []).append(linked_ps_rate(hosts, total, mode, seconds))
+                bus = netns_busbw(2, nplan, args.link_gbit, mode, hosts)
                 for name, (nbytes, _) in zip(SIZES, nplan, strict=True):
                     linked.setdefault((name, mode), []).append(bus[nbytes] / 1e9)
     rows = []
@@ -96,13 +175,21 @@ def main(argv: list[str]) -> int:
             rows.append(benchlib.median_row(system, f"ps push_pull/s, {name}", ps[(name, mode)], "1/s"))
             rows.append(benchlib.median_row(system, f"allreduce bus bandwidth, 2 ranks, {name}", ring[(name, mode)],
                                             "GB/s", 3))  # fmt: skip
-            metric = f"allreduce bus bandwidth, 2 hosts, {link}, {name}"
-            if no_netns:
-                rows.append(benchlib.not_measured(system, metric, no_netns, "GB/s"))
-            else:
-                rows.append(benchlib.median_row(system, metric, linked[(name, mode)], "GB/s", 3))
+            for metric, table, unit, digits in (
+                (f"ps push_pull/s, 2 hosts, {link}, {name}", linked_ps, "1/s", 1),
+                (f"allreduce bus bandwidth, 2 hosts, {link}, {name}", linked, "GB/s", 3),
+            ):
+                if no_netns:
+                    rows.append(benchlib.not_measured(system, metric, no_netns, unit))
+                else:
+                    rows.append(benchlib.median_row(system, metric, table[(name, mode)], unit, digits))
         for mode in MODES[1:]:
-            for what, table in (("ps push_pull", ps), ("allreduce", ring), (f"allreduce over {link}", linked)):
+            for what, table in (
+                ("ps push_pull", ps),
+                ("allreduce", ring),
+                (f"ps push_pull over {link}", linked_ps),
+                (f"allreduce over {link}", linked),
+            ):
                 if (name, "none") not in table:
                     continue
                 base = benchlib.summarise(table[(name, "none")])["median"]

@@ -19,6 +19,7 @@ Standard library only: the TensorFlowOnSpark driver imports it too.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -26,6 +27,7 @@ import os
 import pathlib
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -220,3 +222,55 @@ def summarise_runs(runs: list[dict]) -> dict:
             out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
     out["runs"] = len(runs)
     return out
+
+
+def _sh(*cmd: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+
+
+def netns_skip_reason() -> str | None:
+    """Why simulated hosts (linked_hosts) cannot be built here, or None."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux-only"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "`ip` and `tc` (iproute2) are needed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    return None
+
+
+@contextlib.contextmanager
+def linked_hosts(n: int, link_gbit: float):
+    """n simulated hosts: network namespaces, each joined to a router namespace by a veth pair
+    rate-limited with `tc tbf` to link_gbit in both directions. Yields [(namespace, address)];
+    host k is 10.214.<k+1>.2. Everything is deleted on exit."""
+    tag = f"{os.getpid() % 100000}"
+    hub = f"sgb{tag}h"
+    made: list[str] = []
+    try:
+        hosts = []
+        for ns in [hub] + [f"sgb{tag}r{k}" for k in range(n)]:
+            _sh("ip", "netns", "add", ns)
+            made.append(ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        rate = f"{link_gbit}gbit"
+        for k in range(n):
+            ns, hub_if, node_if = f"sgb{tag}r{k}", f"sgb{tag}h{k}", f"sgb{tag}n{k}"
+            _sh("ip", "-n", hub, "link", "add", hub_if, "type", "veth", "peer", "name", node_if)
+            _sh("ip", "-n", hub, "link", "set", node_if, "netns", ns)
+            _sh("ip", "-n", hub, "addr", "add", f"10.214.{k + 1}.1/24", "dev", hub_if)
+            _sh("ip", "-n", ns, "addr", "add", f"10.214.{k + 1}.2/24", "dev", node_if)
+            _sh("ip", "-n", hub, "link", "set", hub_if, "up")
+            _sh("ip", "-n", ns, "link", "set", node_if, "up")
+            _sh("ip", "-n", ns, "route", "add", "default", "via", f"10.214.{k + 1}.1")
+            for where, dev in ((hub, hub_if), (ns, node_if)):  # both directions of the link
+                tbf = ("root", "tbf", "rate", rate, "burst", "1mb", "latency", "100ms")
+                _sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, *tbf)
+            hosts.append((ns, f"10.214.{k + 1}.2"))
+        _sh("ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        yield hosts
+    finally:
+        for ns in reversed(made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15, check=False)

@@ -279,7 +279,7 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
 
 /* An error frame, unless an earlier frame broke off mid-way (the worker's
  * stream is cut, and under "encrypt" a new frame would reuse that frame's
- * seq, hence its GCM nonce). */
+ * seq, hence its AEAD nonce). */
 static int reply_error(PsConn *c, const SgError *e)
 {
     if (c->send_failed)

@@ -6,7 +6,8 @@
  * (Ns, Nc) HKDF-SHA256 derives one 32-byte key per direction:
  *   salt = Ns || Nc, ikm = K, info = "sparkgrad-session-v1 " ("c2s" | "s2c") || mode
  * so the keys differ per connection, per direction and per mode. Each frame is
- * protected with AES-256-GCM under its direction's key, with the 96-bit nonce
+ * protected with an AEAD under its direction's key (ChaCha20-Poly1305 for
+ * NET_SEC_AUTH, AES-256-GCM for NET_SEC_ENCRYPT), with the 96-bit nonce
  *   direction (u32 LE: 1 client->server, 2 server->client) || seq (u64 LE)
  * where seq counts the frames sent in that direction from 0. The associated
  * data is the caller's frame header followed by the seq; the payload is
@@ -37,16 +38,17 @@
 
 typedef enum NetSecurity {
     NET_SEC_NONE = 0,    /* no protection after the handshake (explicit opt-out) */
-    NET_SEC_AUTH = 1,    /* integrity: AES-256-GCM tag over header, seq and payload */
+    NET_SEC_AUTH = 1,    /* integrity: Poly1305 tag over header, seq and payload */
     NET_SEC_ENCRYPT = 2, /* AEAD: AES-256-GCM encryption of the payload as well */
 } NetSecurity;
 
 typedef struct NetSessionDir {
     uint8_t key[NET_SESSION_KEY];
     uint32_t direction;
-    uint64_t seq; /* next frame's sequence number */
-    int active;   /* between begin and end */
-    void *ctx;    /* EVP_CIPHER_CTX, keyed once */
+    const char *aead; /* the AEAD's name, for errors */
+    uint64_t seq;     /* next frame's sequence number */
+    int active;       /* between begin and end */
+    void *ctx;        /* EVP_CIPHER_CTX, keyed once */
 } NetSessionDir;
 
 typedef struct NetSession {
