@@ -211,6 +211,8 @@ def _train_lines(rows: list[dict]) -> list[tuple]:
             m = f"{tag}_samples_per_s"
             lines.append((name, ("sparkgrad", m), ("torch", m), "higher"))
             lines.append((name, ("sparkgrad", m), ("keras", m), "higher"))
+            lines.append((name, ("sparkgrad (best precision)", m), ("torch", m), "higher"))
+            lines.append((name, ("sparkgrad (best precision)", m), ("keras", m), "higher"))
             lines.append((name, ("sparkgrad_bf16", m), ("sparkgrad", m), "higher"))
             lines.append((name, ("sparkgrad", m), ("machine", f"{model}_compute_bound_t{t}"), "higher"))
     return lines
