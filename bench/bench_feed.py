@@ -27,6 +27,9 @@ the walkthrough MLP, 784-128-64-10 softmax, written to Spark's ``noop`` sink):
   mlflow.pyfunc.spark_udf           the sparkgrad MLflow flavor's pyfunc (pyfunc_output="prediction")
   PyTorch pandas UDF                the same weights in torch.nn, eval() + inference_mode, one
                                     thread per task (2 tasks on 2 cores), Arrow batches of 1,024
+  Spark's floor                     mapInArrow over the features column that only counts the rows
+                                    (one row per partition back): what moving the features from
+                                    the JVM to Python costs, which no scorer in Python can beat
 
 Before the timed runs each feeding system feeds once untimed (Spark's Python workers, the
 JVM's Arrow and pickling paths warmed, as a long-running session has them): without it the
@@ -277,6 +280,22 @@ def torch_udf(state: dict, threads: int):
     return predict
 
 
+def time_arrow_floor(df, rows: int):
+    """rows/s of a mapInArrow over the features column that only counts its rows."""
+
+    def count(batches):
+        import pyarrow as pa
+
+        n = sum(b.num_rows for b in batches)
+        yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
+
+    start = time.perf_counter()
+    seen = sum(r["n"] for r in df.select("features").mapInArrow(count, "n long").collect())
+    if seen != rows:
+        raise RuntimeError(f"the floor's count saw {seen} rows of {rows}")
+    return rows / (time.perf_counter() - start), ""
+
+
 def time_torch_udf(spark, df, rows: int):
     try:
         import torch  # noqa: F401
@@ -390,6 +409,7 @@ def main() -> int:
         ("sparkgrad Model.transform", lambda: time_transform(scoring, rows)),
         ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", lambda: time_mlflow_udf(spark, scoring, rows, work)),
         ("PyTorch pandas UDF", lambda: time_torch_udf(spark, scoring, rows)),
+        ("Spark's floor (mapInArrow counting the features' rows)", lambda: time_arrow_floor(scoring, rows)),
     )
     for system, fn in scorers if "score" in parts else ():
         values, why = measure(fn, repeat)

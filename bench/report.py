@@ -285,15 +285,18 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
     lines.append(("scoring a DataFrame", ("sparkgrad Model.transform", m), ("PyTorch pandas UDF", m), "higher"))
     lines.append(("scoring a DataFrame", ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", m), ("PyTorch pandas UDF", m),
                   "higher"))  # fmt: skip
+    # the ceiling of any scorer's ratio: Spark's own floor against the PyTorch UDF
+    floor = "Spark's floor (mapInArrow counting the features' rows)"
+    lines.append(("scoring a DataFrame", (floor, m), ("PyTorch pandas UDF", m), "higher"))
     return lines
 
 
 def _security_lines(rows: list[dict]) -> list[tuple]:
     lines = []
     for size in ("436KB", "16MB"):
-        tail, hosts = f", {size}", "allreduce bus bandwidth, 2 hosts"
+        tail, hosts = f", {size}", ("ps push_pull/s, 2 hosts", "allreduce bus bandwidth, 2 hosts")
         linked = sorted({r["metric"][: -len(tail)] for r in rows
-                         if r["metric"].startswith(hosts) and r["metric"].endswith(tail)})  # fmt: skip
+                         if r["metric"].startswith(hosts) and r["metric"].endswith(tail)}, reverse=True)  # fmt: skip
         for what in ("ps push_pull/s", "allreduce bus bandwidth, 2 ranks", *linked):
             m = f"{what}, {size}"
             for mode in ("auth", "encrypt"):
