@@ -9,6 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 CC ?= gcc
 FUZZ_SECONDS ?= 20
 BENCH_ARGS ?=
+BENCH_ROUNDS ?= 5
 PYTEST_ARGS ?=
 
 DEPS_STAMP := $(VENV)/.sparkgrad-deps
@@ -29,7 +30,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench clean
+.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
 
 all: build
 
@@ -185,7 +186,7 @@ fuzz: deps
 	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=tests/fuzz/artifacts/ -print_final_stats=1 \
 	    build/fuzz/work/$$n tests/fuzz/corpus/$$n; done
 
-C_FORMAT_FILES = $(shell find csrc tests/c tests/fuzz -name '*.c' -o -name '*.h' 2>/dev/null)
+C_FORMAT_FILES = $(shell find csrc tests/c tests/fuzz bench -name '*.c' -o -name '*.h' 2>/dev/null)
 
 format: deps
 	@bash .ci/install-system-deps clang-format
@@ -237,6 +238,17 @@ bench: build $(ANCHORS_STAMP)
 	@mkdir -p bench/results
 	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 	$(PY) bench/report.py
+
+# Where the time of reading GZIP TFRecords goes, per inflate backend (the inflater alone, the
+# reader with and without CRCs), on bench_records.py's files: see bench/inflate_breakdown.c.
+build/bench/inflate_breakdown: bench/inflate_breakdown.c $(CSRC) $(DEPS_STAMP)
+	@mkdir -p build/bench
+	$(CC) $(CFLAGS_C) -O3 $$($(PY) .ci/buildcfg.py cflags) -o $@ $< $(CORE_SRC) $$($(PY) .ci/buildcfg.py libs)
+
+bench-inflate: build build/bench/inflate_breakdown
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	  $(PY) -c 'import sys; sys.path.insert(0, "bench"); from bench_records import prepare; prepare(sys.argv[1])' "$$d" && \
+	  build/bench/inflate_breakdown "$$d/train.tfrecords" "$$d/train.tfrecords.gz" $(BENCH_ROUNDS)
 
 clean:
 	rm -rf build dist $(MATRIX_DIR)/*/.sparkgrad-core python/sparkgrad/_core*.so python/sparkgrad/*.stamp *.egg-info python/*.egg-info
