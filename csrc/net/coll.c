@@ -828,6 +828,38 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
                 return peer_failure(c, SG_EPEER, 0, &e, what, err);
             continue;
         }
+        /* The send first (what it writes was there before this poll): the
+         * peer waits for it while this rank reads. */
+        if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
+            /* a relay's record is whole once sdone < rdone: the right
+             * neighbour's rlen is our slen, cut the same way as ours */
+            long put = rec_send_step(c, &tx, x->sptr, x->sconv, sdone, x->slen, x->comp, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, what, err);
+            sdone += (size_t)put;
+        } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
+            const uint8_t *src;
+            size_t len;
+            if (x->sconv != NULL) {
+                if (stage_pos == stage_have) {
+                    size_t left = (x->slen - sdone) / 2;
+                    if (left > COLL_TMP_BYTES / 2)
+                        left = COLL_TMP_BYTES / 2;
+                    coll_encode(c->stage, x->sconv + sdone / 2, left, x->comp);
+                    stage_have = 2 * left, stage_pos = 0;
+                }
+                src = c->stage + stage_pos, len = stage_have - stage_pos;
+            } else {
+                src = x->sptr + sdone, len = (x->relay ? rdone : x->slen) - sdone;
+                if (len > COLL_SEND_BYTES)
+                    len = COLL_SEND_BYTES;
+            }
+            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, what, err);
+            sdone += (size_t)put, stage_pos += (size_t)put;
+            c->stats.bytes_sent += (uint64_t)put;
+        }
         if (ir >= 0 && p[ir].revents && c->sec) {
             if (!rx.busy)
                 rec_start(&rx, x->rdst != NULL ? x->rdst + rdone : c->tmp, rec_len(rdone, x->rlen));
@@ -861,36 +893,6 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
                     tmp_have -= whole * x->wsz;
                 }
             }
-        }
-        if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
-            /* a relay's record is whole once sdone < rdone: the right
-             * neighbour's rlen is our slen, cut the same way as ours */
-            long put = rec_send_step(c, &tx, x->sptr, x->sconv, sdone, x->slen, x->comp, &e);
-            if (put < 0)
-                return peer_failure(c, (int)put, 0, &e, what, err);
-            sdone += (size_t)put;
-        } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
-            const uint8_t *src;
-            size_t len;
-            if (x->sconv != NULL) {
-                if (stage_pos == stage_have) {
-                    size_t left = (x->slen - sdone) / 2;
-                    if (left > COLL_TMP_BYTES / 2)
-                        left = COLL_TMP_BYTES / 2;
-                    coll_encode(c->stage, x->sconv + sdone / 2, left, x->comp);
-                    stage_have = 2 * left, stage_pos = 0;
-                }
-                src = c->stage + stage_pos, len = stage_have - stage_pos;
-            } else {
-                src = x->sptr + sdone, len = (x->relay ? rdone : x->slen) - sdone;
-                if (len > COLL_SEND_BYTES)
-                    len = COLL_SEND_BYTES;
-            }
-            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
-            if (put < 0)
-                return peer_failure(c, (int)put, 0, &e, what, err);
-            sdone += (size_t)put, stage_pos += (size_t)put;
-            c->stats.bytes_sent += (uint64_t)put;
         }
     }
     return SG_OK;
@@ -1251,6 +1253,42 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
                 return peer_failure(c, SG_EPEER, 0, &e, AR_WHAT, err);
             continue;
         }
+        /* The send first: what it writes was there before this poll (avail),
+         * and the peer waits for it while this rank reads and reduces. */
+        if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
+            /* avail is whole records: the segment sent now is the one
+             * received at the step before, cut the same way */
+            const uint8_t *seg = buf + soff * esz;
+            long put =
+                rec_send_step(c, &tx, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
+                              sdone, scnt * wsz, comp, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
+            sdone += (size_t)put;
+        } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
+            const uint8_t *src;
+            size_t len;
+            if (comp != COLL_COMP_NONE) {
+                if (stage_pos == stage_have) {
+                    size_t elems = (avail - sdone) / 2;
+                    if (elems > COLL_TMP_BYTES / 2)
+                        elems = COLL_TMP_BYTES / 2;
+                    coll_encode(c->stage, (const float *)(buf + soff * esz) + sdone / 2, elems,
+                                comp);
+                    stage_have = 2 * elems, stage_pos = 0;
+                }
+                src = c->stage + stage_pos, len = stage_have - stage_pos;
+            } else {
+                src = buf + soff * esz + sdone, len = avail - sdone;
+                if (len > COLL_SEND_BYTES)
+                    len = COLL_SEND_BYTES;
+            }
+            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            if (put < 0)
+                return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
+            sdone += (size_t)put, stage_pos += (size_t)put;
+            c->stats.bytes_sent += (uint64_t)put;
+        }
         if (ir >= 0 && p[ir].revents && c->sec) {
             int reducing = rj < n - 1, direct = !reducing && comp == COLL_COMP_NONE;
             uint8_t *seg = buf + toff * esz;
@@ -1298,44 +1336,10 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
                 tmp_have -= whole * wsz;
             }
         }
-        if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
-            /* avail is whole records: the segment sent now is the one
-             * received at the step before, cut the same way */
-            const uint8_t *seg = buf + soff * esz;
-            long put =
-                rec_send_step(c, &tx, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
-                              sdone, scnt * wsz, comp, &e);
-            if (put < 0)
-                return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
-            sdone += (size_t)put;
-        } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
-            const uint8_t *src;
-            size_t len;
-            if (comp != COLL_COMP_NONE) {
-                if (stage_pos == stage_have) {
-                    size_t elems = (avail - sdone) / 2;
-                    if (elems > COLL_TMP_BYTES / 2)
-                        elems = COLL_TMP_BYTES / 2;
-                    coll_encode(c->stage, (const float *)(buf + soff * esz) + sdone / 2, elems,
-                                comp);
-                    stage_have = 2 * elems, stage_pos = 0;
-                }
-                src = c->stage + stage_pos, len = stage_have - stage_pos;
-            } else {
-                src = buf + soff * esz + sdone, len = avail - sdone;
-                if (len > COLL_SEND_BYTES)
-                    len = COLL_SEND_BYTES;
-            }
-            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
-            if (put < 0)
-                return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
-            sdone += (size_t)put, stage_pos += (size_t)put;
-            c->stats.bytes_sent += (uint64_t)put;
-        }
     }
-#undef AR_WHAT
     return SG_OK;
 }
+#undef AR_WHAT
 
 int coll_allreduce(CollComm *c, void *buf, size_t count, CollDtype dtype, CollOp op,
                    CollCompression comp, double timeout, SgError *err)
