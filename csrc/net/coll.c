@@ -48,7 +48,7 @@
 #define COLL_SPIN_SECONDS 100e-6
 /* The payload of a protected data record (<= COLL_TMP_BYTES). A record is
  * reduced and forwarded only once whole, so smaller records pipeline the
- * steps better; each costs a GCM setup, a tag and a wakeup more. 128 KiB had
+ * steps better; each costs an AEAD setup, a tag and a wakeup more. 128 KiB had
  * the lowest 436 KB latency and the highest 16 MB bandwidth of 16 KiB ..
  * 256 KiB on 2 loopback ranks ("auth" and "encrypt"). */
 #define COLL_REC_BYTES   (128u << 10)

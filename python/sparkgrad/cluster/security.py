@@ -4,8 +4,9 @@ Every connection of a cluster (rendezvous, parameter servers, data feed,
 allreduce ring) starts with a mutual HMAC handshake on the cluster's secret.
 What follows depends on the mode, which every node of a cluster shares:
 
-- ``"auth"``: every frame carries a sequence number and an AES-256-GCM tag
-  over its header and payload, so an injected, altered, replayed, reordered or
+- ``"auth"``: every frame carries a sequence number and a Poly1305 tag
+  (ChaCha20-Poly1305 given the whole frame as associated data) over its
+  header and payload, so an injected, altered, replayed, reordered or
   truncated frame is refused and named (peer, frame type, sequence number);
   payloads travel in clear.
 - ``"encrypt"``: the same, with the payload encrypted too (AES-256-GCM).
