@@ -136,10 +136,10 @@ def test_bf16_cnn_step_matches_the_fp32_step_within_bf16_rounding():
 
 @needs_bf16
 @pytest.mark.parametrize(("make", "shape", "optimizer"), [(mlp, (40,), "sgd"), (cnn, (12, 12, 1), "adadelta")])
-def test_bf16_weights_written_by_the_optimizer_equal_their_conversion_each_step(make, shape, optimizer):
-    """Within one run of steps the optimizer writes the bf16 weights of the next
-    forward (in oneDNN's blocked layout); returning to Python after every step
-    makes each forward convert them itself: both must train bit for bit alike."""
+def test_bf16_training_is_the_same_in_one_run_of_steps_or_one_call_per_step(make, shape, optimizer):
+    """The bf16 copies (inputs gathered into bf16, activations handed on in bf16,
+    weights converted per step) carry no state from one call into the next: a
+    run of steps in one call and one call per step train bit for bit alike."""
     x, y = data(shape, n=96)
     runs = []
     for log_every in (1, 1000):

@@ -23,18 +23,11 @@ typedef struct LayerPlan {
      * (the weights backward and its reorder); model_backward_sgd skips them */
     int iww, nww;
     int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
-    /* bf16: fwd[iwr] converts the f32 master weights into w16 (the layout the
-     * forward prefers), or iwr is -1; w16map[i] is where kernel element i of
-     * the flat buffer goes in w16, for the optimizer's copy (optim_step_bf16) */
-    int iwr;
-    uint16_t *w16;
-    uint32_t *w16map;
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
 typedef struct Plan {
     int B;
-    int nlayers;
     uint64_t last_use;
     float *arena;    /* every buffer below */
     float **act;     /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
@@ -45,11 +38,9 @@ typedef struct Plan {
     float *onehot;   /* [B, K] */
     LayerPlan *lp;   /* [L] */
     NnExec logsoftmax;
-    int nbf16;             /* weighted layers built in bf16 */
-    int input16;           /* act[0] holds the input in bf16 (the first layer is bf16) */
-    float *rowbuf;         /* [input row]: gather's scratch for input16 */
-    OptimBf16Copy *copies; /* [ncopies]: the bf16 weights the optimizer can write */
-    int ncopies;
+    int nbf16;     /* weighted layers built in bf16 */
+    int input16;   /* act[0] holds the input in bf16 (the first layer is bf16) */
+    float *rowbuf; /* [input row]: gather's scratch for input16 */
     dnnl_memory_t *mems;
     int nmems, capmems;
     dnnl_primitive_t *prims;
@@ -74,9 +65,6 @@ struct Model {
     uint64_t use_clock;
     uint64_t rng_seed, rng_counter;
     NnPrecision precision; /* in use: NN_BF16 only where nn_bf16_native() */
-    /* the plan whose bf16 weights (Plan.copies) the last optimizer step wrote,
-     * within one model_fit_steps; its next forward skips their conversions */
-    Plan *w16_fresh;
 };
 
 /* nn_plan.c */

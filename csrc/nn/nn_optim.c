@@ -296,22 +296,32 @@ int optim_take_plain_sgd_step(Optimizer *o, size_t n, float *lr, SgError *err)
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_CVT_BF16 1
-/* vcvtneps2bf16: nearest, ties to even, NaN to a quiet NaN, as optim_to_bf16 */
 __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) static void
 cvt_bf16_avx512(const float *src, uint16_t *dst, size_t n)
 {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)v);
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
     }
-    if (i < n) {
-        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i));
         _mm256_mask_storeu_epi16(dst + i, k, (__m256i)v);
     }
 }
 #endif
+
+static uint16_t to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
 
 void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n)
 {
@@ -325,69 +335,10 @@ void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n)
     }
 #endif
     for (size_t i = 0; i < n; i++)
-        dst[i] = optim_to_bf16(src[i]);
+        dst[i] = to_bf16(src[i]);
 }
-
-/* The bf16 copies of params[lo, hi) (see OptimBf16Copy), at most COPY_BLOCK
- * elements: converted into tmp, then scattered. */
-#define COPY_BLOCK 2048
-static void copy_bf16(const float *params, size_t lo, size_t hi, const OptimBf16Copy *c, int nc)
-{
-    uint16_t tmp[COPY_BLOCK];
-    for (int k = 0; k < nc; k++) {
-        size_t a = c[k].off > lo ? c[k].off : lo, e = c[k].off + c[k].size;
-        e = e < hi ? e : hi;
-        if (a >= e)
-            continue;
-        optim_f32_to_bf16(params + a, tmp, e - a);
-        const uint32_t *restrict map = c[k].map + (a - c[k].off);
-        uint16_t *restrict dst = c[k].dst;
-        for (size_t i = 0; i < e - a; i++)
-            dst[map[i]] = tmp[i];
-    }
-}
-
-/* step_range over [lo, hi) of every array, then its bf16 copies, a block at
- * a time so that the copy reads the updated values from the L1 cache. */
-static void step_range_copy(const StepArgs *a, float *p, const float *g, float *s0, float *s1,
-                            float *s2, size_t lo, size_t hi, const OptimBf16Copy *c, int nc)
-{
-    if (nc == 0) {
-        step_range(a, p + lo, g + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL, s2 ? s2 + lo : NULL,
-                   (ptrdiff_t)(hi - lo));
-        return;
-    }
-    for (size_t b = lo; b < hi; b += COPY_BLOCK) {
-        size_t e = hi - b < COPY_BLOCK ? hi : b + COPY_BLOCK;
-        step_range(a, p + b, g + b, s0 ? s0 + b : NULL, s1 ? s1 + b : NULL, s2 ? s2 + b : NULL,
-                   (ptrdiff_t)(e - b));
-        copy_bf16(p, b, e, c, nc);
-    }
-}
-
-static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
-                     const OptimBf16Copy *copies, int ncopies, SgError *err);
 
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
-{
-    return step_impl(o, params, grads, n, NULL, 0, err);
-}
-
-int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
-                    const OptimBf16Copy *copies, int ncopies, SgError *err)
-{
-    for (int k = 0; k < ncopies; k++)
-        if (copies[k].off + copies[k].size > n ||
-            (k > 0 && copies[k].off < copies[k - 1].off + copies[k - 1].size))
-            return sg_fail(err, SG_EINVAL,
-                           "optimizer: bf16 copy %d [%zu, +%zu) is outside the %zu parameters or "
-                           "overlaps the one before",
-                           k, copies[k].off, copies[k].size, n);
-    return step_impl(o, params, grads, n, copies, ncopies, err);
-}
-
-static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
-                     const OptimBf16Copy *copies, int ncopies, SgError *err)
 {
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
@@ -421,14 +372,15 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
           *s2 = o->state && o->nslots > 2 ? o->state + 2 * n : NULL;
     int nt = n >= 65536 ? omp_get_max_threads() : 1;
     if (nt <= 1) {
-        step_range_copy(&a, params, grads, s0, s1, s2, 0, n, copies, ncopies);
+        step_range(&a, params, grads, s0, s1, s2, (ptrdiff_t)n);
         return 0;
     }
 #pragma omp parallel num_threads(nt)
     {
         size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
         size_t lo = n * t / T, hi = n * (t + 1) / T;
-        step_range_copy(&a, params, grads, s0, s1, s2, lo, hi, copies, ncopies);
+        step_range(&a, params + lo, grads + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL,
+                   s2 ? s2 + lo : NULL, (ptrdiff_t)(hi - lo));
     }
     return 0;
 }

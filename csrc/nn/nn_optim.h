@@ -71,38 +71,10 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
 
 void optim_free(Optimizer *o);
 
-/* A bf16 copy of params[off, off+size) that an update keeps in step: after
- * params[off+i] is updated, dst[map[i]] = params[off+i] rounded to bf16
- * (nearest, ties to even, as oneDNN's reorders round). map is any layout of
- * the copy (blocked ones too); entries of dst that no map[i] names are left
- * as they are. */
-typedef struct OptimBf16Copy {
-    size_t off, size;
-    uint16_t *dst;
-    const uint32_t *map;
-} OptimBf16Copy;
-
-/* optim_step, then (in the same pass, a cache-sized block at a time) the
- * copies[0..ncopies) of the updated parameters; copies are sorted by off and
- * do not overlap. */
-int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
-                    const OptimBf16Copy *copies, int ncopies, SgError *err);
-
-/* dst[i] = src[i] rounded to bf16 as optim_to_bf16 rounds, for i < n (with
- * AVX512_BF16's conversion where the CPU has it). */
+/* dst[i] = src[i] rounded to bf16 (nearest, ties to even, NaN to a quiet NaN,
+ * as oneDNN's reorders round) for i < n, with AVX512_BF16's conversion where
+ * the CPU has it. */
 void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
-
-/* f32 -> bf16, nearest with ties to even (NaN stays a quiet NaN). */
-static inline uint16_t optim_to_bf16(float f)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((v.u >> 16) | 0x40u);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
 
 /* Plain SGD (no momentum, weight decay or clipping) is params -= lr * grads,
  * which a caller may fold into the computation of the gradient itself (the

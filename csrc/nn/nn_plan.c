@@ -56,9 +56,6 @@ void plan_free(Plan *p)
         dnnl_memory_destroy(p->mems[i]);
     free(p->prims);
     free(p->mems);
-    for (int l = 0; p->lp && l < p->nlayers; l++)
-        free(p->lp[l].w16map);
-    free(p->copies);
     free(p->rowbuf);
     free(p->arena);
     free(p->act);
@@ -89,88 +86,6 @@ static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_m
 }
 
 /* ---- Dense and Conv2D --------------------------------------------------- */
-
-/* Where logical element pos of a blocked descriptor is, in elements (the
- * rule of oneDNN's blocking descriptor: the inner blocks, innermost first,
- * then the outer strides). */
-typedef struct Blocking {
-    int ndims, nblks;
-    const dnnl_dim_t *strides, *blks, *idxs;
-} Blocking;
-
-static int blocking(const_dnnl_memory_desc_t md, Blocking *b, SgError *err)
-{
-    dnnl_format_kind_t fk;
-    const dnnl_dims_t *strides, *blks, *idxs;
-    dnnl_dim_t off0;
-    int rc;
-    if ((rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_format_kind, &fk)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_ndims_s32, &b->ndims)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_inner_nblks_s32, &b->nblks)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_strides, &strides)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_inner_blks, &blks)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_inner_idxs, &idxs)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, md, dnnl_query_submemory_offset_s64, &off0)) < 0)
-        return rc;
-    if (fk != dnnl_blocked || off0 != 0 || b->ndims > 4)
-        return sg_fail(err, SG_EDNNL, "weights layout is not a plain blocked one (kind %d)",
-                       (int)fk);
-    b->strides = *strides, b->blks = *blks, b->idxs = *idxs;
-    return 0;
-}
-
-static size_t blocked_offset(const Blocking *b, const dnnl_dim_t *idx)
-{
-    dnnl_dim_t pos[4], off = 0, stride = 1;
-    for (int d = 0; d < b->ndims; d++)
-        pos[d] = idx[d];
-    for (int j = b->nblks - 1; j >= 0; j--) {
-        int d = (int)b->idxs[j];
-        off += pos[d] % b->blks[j] * stride;
-        stride *= b->blks[j];
-        pos[d] /= b->blks[j];
-    }
-    for (int d = 0; d < b->ndims; d++)
-        off += pos[d] * b->strides[d];
-    return (size_t)off;
-}
-
-/* map[i]: where element i of the weights in layout from (the flat buffer's)
- * is in layout to (the bf16 copy the forward reads), n elements. */
-static int weight_map(const_dnnl_memory_desc_t from, const_dnnl_memory_desc_t to, size_t n,
-                      uint32_t **out, SgError *err)
-{
-    Blocking f, t;
-    const dnnl_dims_t *dims;
-    int rc;
-    if ((rc = blocking(from, &f, err)) < 0 || (rc = blocking(to, &t, err)) < 0 ||
-        (rc = DNNL(err, dnnl_memory_desc_query, from, dnnl_query_dims, &dims)) < 0)
-        return rc;
-    size_t cap = dnnl_memory_desc_get_size(to) / sizeof(uint16_t);
-    if (f.ndims != t.ndims || cap > UINT32_MAX)
-        return sg_fail(err, SG_EDNNL, "weights copy of %zu elements cannot be mapped", cap);
-    uint32_t *map = malloc(n * sizeof *map);
-    if (map == NULL)
-        return sg_fail(err, SG_ENOMEM, "model plan: out of memory (weights map)");
-    dnnl_dim_t idx[4] = {0, 0, 0, 0}, total = 1;
-    for (int d = 0; d < f.ndims; d++)
-        total *= (*dims)[d];
-    for (dnnl_dim_t k = 0; k < total; k++) {
-        dnnl_dim_t r = k;
-        for (int d = f.ndims - 1; d >= 0; d--) {
-            idx[d] = r % (*dims)[d];
-            r /= (*dims)[d];
-        }
-        size_t i = blocked_offset(&f, idx), j = blocked_offset(&t, idx);
-        if (i >= n || j >= cap) {
-            free(map);
-            return sg_fail(err, SG_EDNNL, "weights element %zu maps outside the copy", i);
-        }
-        map[i] = (uint32_t)j;
-    }
-    *out = map;
-    return 0;
-}
 
 static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
 {
@@ -322,21 +237,10 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, int in16, int out1
     dnnl_memory_t fsrc_m = bf16 ? src16_m : src_m;
     const_dnnl_memory_desc_t fw_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
     fw_m = w_m;
-    lp->iwr = -1;
     if (!dnnl_memory_desc_equal(fw_md, w_md)) {
         if ((rc = plan_mem(m, p, &fw_m, fw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-            (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd], w_m, fw_m, err)) < 0)
+            (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
             goto cleanup;
-        void *h = NULL;
-        if (bf16 && (rc = DNNL(err, dnnl_memory_get_data_handle, fw_m, &h)) < 0)
-            goto cleanup;
-        /* a layout weight_map cannot follow keeps the reorder every step */
-        if (bf16 && weight_map(w_md, fw_md, kt->size, &lp->w16map, err) == 0) {
-            lp->iwr = lp->nfwd;
-            lp->w16 = h;
-        }
-        sg_error_clear(err);
-        lp->nfwd++;
     }
     NnExec *e = &lp->fwd[lp->nfwd++];
     if ((rc = plan_prim(p, &e->prim, fwd_pd, err)) < 0)
@@ -595,7 +499,6 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
     p->act = calloc(L + 1, sizeof *p->act);
     p->dact = calloc(L + 1, sizeof *p->dact);
     p->lp = calloc(L, sizeof *p->lp);
-    p->nlayers = L;
     int rc = 0;
     if (!p->act || !p->dact || !p->lp) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
@@ -662,7 +565,6 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
                 if (chain) /* its neighbours would hand it bf16: rebuild unchained */
                     goto fail;
                 sg_error_clear(err);
-                free(p->lp[l].w16map);
                 memset(&p->lp[l], 0, sizeof p->lp[l]);
             }
             rc = build_weighted(m, p, l, 0, 0, 0, err);
@@ -684,18 +586,6 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
         goto fail;
     }
-    for (int l = 0; l < L; l++)
-        p->ncopies += p->lp[l].w16map != NULL;
-    if (p->ncopies > 0 && (p->copies = calloc(p->ncopies, sizeof *p->copies)) == NULL) {
-        rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
-        goto fail;
-    }
-    for (int l = 0, k = 0; l < L; l++) {
-        if (p->lp[l].w16map == NULL)
-            continue;
-        const ParamInfo *kt = &m->tensors[m->kernel_t[l]];
-        p->copies[k++] = (OptimBf16Copy){kt->offset, kt->size, p->lp[l].w16, p->lp[l].w16map};
-    }
     *out = p;
     return 0;
 fail:
@@ -712,7 +602,6 @@ NnPrecision model_set_precision(Model *m, NnPrecision prec)
 {
     NnPrecision use = prec == NN_BF16 && nn_bf16_native() ? NN_BF16 : NN_FP32;
     if (use != m->precision) {
-        m->w16_fresh = NULL;
         for (int i = 0; i < PLAN_CACHE; i++) {
             plan_free(m->plans[i]);
             m->plans[i] = NULL;
@@ -751,8 +640,6 @@ int model_plan(Model *m, int B, Plan **out, SgError *err)
         if (m->plans[slot] && (!m->plans[i] || m->plans[i]->last_use < m->plans[slot]->last_use))
             slot = i;
     }
-    if (m->w16_fresh == m->plans[slot])
-        m->w16_fresh = NULL;
     plan_free(m->plans[slot]);
     m->plans[slot] = NULL;
     int fell_back = 0;
@@ -791,13 +678,9 @@ int model_forward(Model *m, Plan *p, int training, SgError *err)
             }
             continue;
         }
-        for (int i = 0; i < lp->nfwd; i++) {
-            /* the optimizer wrote this step's bf16 weights already */
-            if (i == lp->iwr && lp->w16map && m->w16_fresh == p)
-                continue;
+        for (int i = 0; i < lp->nfwd; i++)
             if ((rc = nn_exec(&lp->fwd[i], m->stream, err)) < 0)
                 return sg_context(err, "forward of layer %d: ", l);
-        }
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
