@@ -23,6 +23,9 @@ typedef struct LayerPlan {
      * (the weights backward and its reorder); model_backward_sgd skips them */
     int iww, nww;
     int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
+    /* bf16 Dense: fwd[iwr] converts the f32 master weights into the bf16 copy
+     * the forward reads, which the optimizer can also write (copy); or -1 */
+    int iwr;
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
@@ -38,9 +41,11 @@ typedef struct Plan {
     float *onehot;   /* [B, K] */
     LayerPlan *lp;   /* [L] */
     NnExec logsoftmax;
-    int nbf16;     /* weighted layers built in bf16 */
-    int input16;   /* act[0] holds the input in bf16 (the first layer is bf16) */
-    float *rowbuf; /* [input row]: gather's scratch for input16 */
+    int nbf16;             /* weighted layers built in bf16 */
+    int input16;           /* act[0] holds the input in bf16 (the first layer is bf16) */
+    float *rowbuf;         /* [input row]: gather's scratch for input16 */
+    OptimBf16Copy *copies; /* [ncopies]: the bf16 weights the optimizer can write */
+    int ncopies;
     dnnl_memory_t *mems;
     int nmems, capmems;
     dnnl_primitive_t *prims;
@@ -65,6 +70,9 @@ struct Model {
     uint64_t use_clock;
     uint64_t rng_seed, rng_counter;
     NnPrecision precision; /* in use: NN_BF16 only where nn_bf16_native() */
+    /* the plan whose bf16 weights (Plan.copies) the last optimizer step wrote,
+     * within one model_fit_steps; its next forward skips their conversions */
+    Plan *w16_fresh;
 };
 
 /* nn_plan.c */

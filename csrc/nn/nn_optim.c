@@ -312,6 +312,29 @@ cvt_bf16_avx512(const float *src, uint16_t *dst, size_t n)
 }
 #endif
 
+#ifdef HAVE_CVT_BF16
+/* The bf16 copy of rows [r0, r1) (even bounds) of c: per pair of rows and
+ * 16 columns, one conversion of 32 values, interleaved, one 64-byte store. */
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) static void
+copy_rows_avx512(const float *params, const OptimBf16Copy *c, int r0, int r1)
+{
+    const __m512i pairs =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const float *p = params + c->off;
+    const size_t cols = (size_t)c->cols, ablk = (size_t)c->ablk;
+    for (int r = r0; r < r1; r += 2) {
+        const float *a = p + (size_t)r * cols, *b = a + cols;
+        uint16_t *row = c->dst + (size_t)(r / 16) * c->stride_b + (size_t)(r % 16 / 2) * 2 * ablk;
+        for (size_t j = 0; j < cols; j += 16) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(b + j), _mm512_loadu_ps(a + j));
+            __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)v);
+            _mm512_storeu_si512((void *)(row + (j / ablk) * c->stride_a + (j % ablk) * 2), w);
+        }
+    }
+}
+#endif
+
 static uint16_t to_bf16(float f)
 {
     union {
@@ -338,7 +361,69 @@ void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n)
         dst[i] = to_bf16(src[i]);
 }
 
+int optim_bf16_copy_supported(void)
+{
+#ifdef HAVE_CVT_BF16
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return 0;
+#endif
+}
+
+/* One thread's update of [lo, hi) with the copies: the plain stretches in one
+ * step_range, each copy's rows a few pairs at a time, then their bf16 copy. */
+#define COPY_BLOCK 4096
+static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, float *s1, float *s2,
+                      size_t lo, size_t hi, const OptimBf16Copy *c, int nc)
+{
+#define RANGE(from, to)                                                                            \
+    step_range(a, p + (from), g + (from), s0 ? s0 + (from) : NULL, s1 ? s1 + (from) : NULL,        \
+               s2 ? s2 + (from) : NULL, (ptrdiff_t)((to) - (from)))
+    size_t pos = lo;
+    for (int k = 0; k < nc; k++) {
+        size_t end = c[k].off + (size_t)c[k].rows * c[k].cols;
+        RANGE(pos, c[k].off);
+        int step = COPY_BLOCK / (2 * c[k].cols) * 2;
+        step = step > 2 ? step : 2;
+        for (int r = 0; r < c[k].rows; r += step) {
+            int e = r + step < c[k].rows ? r + step : c[k].rows;
+            RANGE(c[k].off + (size_t)r * c[k].cols, c[k].off + (size_t)e * c[k].cols);
+#ifdef HAVE_CVT_BF16
+            copy_rows_avx512(p, &c[k], r, e);
+#endif
+        }
+        pos = end;
+    }
+    RANGE(pos, hi);
+#undef RANGE
+}
+
+static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
+                     const OptimBf16Copy *copies, int ncopies, SgError *err);
+
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
+{
+    return step_impl(o, params, grads, n, NULL, 0, err);
+}
+
+int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
+                    const OptimBf16Copy *copies, int ncopies, SgError *err)
+{
+    for (int k = 0; k < ncopies; k++) {
+        const OptimBf16Copy *c = &copies[k];
+        size_t end = c->off + (size_t)c->rows * c->cols;
+        if (!optim_bf16_copy_supported() || end > n || c->rows % 2 || c->cols % 16 ||
+            c->ablk <= 0 || c->ablk % 16 || (k > 0 && c->off < copies[k - 1].off))
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer: bf16 copy %d ([%d, %d] from %zu, blocks of %d) does not "
+                           "fit the %zu parameters or this CPU",
+                           k, c->rows, c->cols, c->off, c->ablk, n);
+    }
+    return step_impl(o, params, grads, n, copies, ncopies, err);
+}
+
+static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
+                     const OptimBf16Copy *copies, int ncopies, SgError *err)
 {
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
@@ -372,7 +457,7 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
           *s2 = o->state && o->nslots > 2 ? o->state + 2 * n : NULL;
     int nt = n >= 65536 ? omp_get_max_threads() : 1;
     if (nt <= 1) {
-        step_range(&a, params, grads, s0, s1, s2, (ptrdiff_t)n);
+        step_copy(&a, params, grads, s0, s1, s2, 0, n, copies, ncopies);
         return 0;
     }
 #pragma omp parallel num_threads(nt)
@@ -381,6 +466,18 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
         size_t lo = n * t / T, hi = n * (t + 1) / T;
         step_range(&a, params + lo, grads + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL,
                    s2 ? s2 + lo : NULL, (ptrdiff_t)(hi - lo));
+        /* threads: the copies in a second pass, once every update is done */
+        if (ncopies > 0) {
+#pragma omp barrier
+        }
+        for (int k = 0; k < ncopies; k++) {
+#pragma omp for schedule(static)
+            for (int r = 0; r < copies[k].rows / 2; r++) {
+#ifdef HAVE_CVT_BF16
+                copy_rows_avx512(params, &copies[k], 2 * r, 2 * r + 2);
+#endif
+            }
+        }
     }
     return 0;
 }

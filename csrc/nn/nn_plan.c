@@ -57,11 +57,23 @@ void plan_free(Plan *p)
     free(p->prims);
     free(p->mems);
     free(p->rowbuf);
+    free(p->copies);
     free(p->arena);
     free(p->act);
     free(p->dact);
     free(p->lp);
     free(p);
+}
+
+/* Appends c to the plan's optimizer copies. */
+static int plan_copy(Plan *p, const OptimBf16Copy *c, SgError *err)
+{
+    OptimBf16Copy *n = realloc(p->copies, (size_t)(p->ncopies + 1) * sizeof *n);
+    if (n == NULL)
+        return sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+    p->copies = n;
+    p->copies[p->ncopies++] = *c;
+    return 0;
 }
 
 /* A reorder src_mem -> a new library-owned memory of md dst, appended to e. */
@@ -86,6 +98,34 @@ static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_m
 }
 
 /* ---- Dense and Conv2D --------------------------------------------------- */
+
+/* If md (a Dense layer's bf16 weights, dims [OC, C]) is AB8b<ablk>a2b, the
+ * copy the optimizer can write into data (OptimBf16Copy); else 0. */
+static int pair_layout(const_dnnl_memory_desc_t md, int oc, int c, OptimBf16Copy *out)
+{
+    dnnl_format_kind_t fk;
+    const dnnl_dims_t *strides, *blks, *idxs;
+    dnnl_dim_t off0;
+    int nd, nb;
+    if (dnnl_memory_desc_query(md, dnnl_query_format_kind, &fk) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_ndims_s32, &nd) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_nblks_s32, &nb) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_strides, &strides) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_blks, &blks) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_idxs, &idxs) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_submemory_offset_s64, &off0) != dnnl_success)
+        return 0;
+    if (fk != dnnl_blocked || nd != 2 || nb != 3 || off0 != 0 || (*idxs)[0] != 1 ||
+        (*idxs)[1] != 0 || (*idxs)[2] != 1 || (*blks)[0] != 8 || (*blks)[2] != 2 ||
+        (*blks)[1] % 16 || oc % 16 || c % 2)
+        return 0;
+    out->rows = c;
+    out->cols = oc;
+    out->ablk = (int)(*blks)[1];
+    out->stride_a = (size_t)(*strides)[0];
+    out->stride_b = (size_t)(*strides)[1];
+    return 1;
+}
 
 static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
 {
@@ -237,9 +277,22 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, int in16, int out1
     dnnl_memory_t fsrc_m = bf16 ? src16_m : src_m;
     const_dnnl_memory_desc_t fw_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
     fw_m = w_m;
+    lp->iwr = -1;
     if (!dnnl_memory_desc_equal(fw_md, w_md)) {
+        OptimBf16Copy cp = {kt->offset, 0, 0, 0, 0, 0, NULL};
+        void *h = NULL;
         if ((rc = plan_mem(m, p, &fw_m, fw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-            (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
+            (rc = DNNL(err, dnnl_memory_get_data_handle, fw_m, &h)) < 0)
+            goto cleanup;
+        /* a bf16 Dense copy the optimizer can write (a layout pair_layout
+         * knows) is still converted by the reorder where the optimizer did not */
+        if (bf16 && !conv && optim_bf16_copy_supported() && pair_layout(fw_md, s->oc, s->c, &cp)) {
+            cp.dst = h;
+            if ((rc = plan_copy(p, &cp, err)) < 0)
+                goto cleanup;
+            lp->iwr = lp->nfwd;
+        }
+        if ((rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
             goto cleanup;
     }
     NnExec *e = &lp->fwd[lp->nfwd++];
@@ -499,6 +552,8 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
     p->act = calloc(L + 1, sizeof *p->act);
     p->dact = calloc(L + 1, sizeof *p->dact);
     p->lp = calloc(L, sizeof *p->lp);
+    for (int l = 0; p->lp && l < L; l++)
+        p->lp[l].iwr = -1;
     int rc = 0;
     if (!p->act || !p->dact || !p->lp) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
@@ -549,6 +604,7 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
         case LAYER_DENSE:
         case LAYER_CONV2D:
             if (m->precision == NN_BF16) {
+                const int ncopies0 = p->ncopies;
                 /* the first layer reads bf16 inputs that gather() converts */
                 rc = build_weighted(m, p, l, 1, l == 0 || (chain && chain16_in(m, l)),
                                     chain && chain16(m, l), err);
@@ -566,6 +622,8 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
                     goto fail;
                 sg_error_clear(err);
                 memset(&p->lp[l], 0, sizeof p->lp[l]);
+                p->lp[l].iwr = -1;
+                p->ncopies = ncopies0;
             }
             rc = build_weighted(m, p, l, 0, 0, 0, err);
             break;
@@ -602,6 +660,7 @@ NnPrecision model_set_precision(Model *m, NnPrecision prec)
 {
     NnPrecision use = prec == NN_BF16 && nn_bf16_native() ? NN_BF16 : NN_FP32;
     if (use != m->precision) {
+        m->w16_fresh = NULL;
         for (int i = 0; i < PLAN_CACHE; i++) {
             plan_free(m->plans[i]);
             m->plans[i] = NULL;
@@ -640,6 +699,8 @@ int model_plan(Model *m, int B, Plan **out, SgError *err)
         if (m->plans[slot] && (!m->plans[i] || m->plans[i]->last_use < m->plans[slot]->last_use))
             slot = i;
     }
+    if (m->w16_fresh == m->plans[slot])
+        m->w16_fresh = NULL;
     plan_free(m->plans[slot]);
     m->plans[slot] = NULL;
     int fell_back = 0;
@@ -678,9 +739,13 @@ int model_forward(Model *m, Plan *p, int training, SgError *err)
             }
             continue;
         }
-        for (int i = 0; i < lp->nfwd; i++)
+        for (int i = 0; i < lp->nfwd; i++) {
+            /* the optimizer wrote this step's bf16 weights already */
+            if (i == lp->iwr && m->w16_fresh == p)
+                continue;
             if ((rc = nn_exec(&lp->fwd[i], m->stream, err)) < 0)
                 return sg_context(err, "forward of layer %d: ", l);
+        }
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
 }
