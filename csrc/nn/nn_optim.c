@@ -327,7 +327,11 @@ copy_rows_avx512(const float *params, const OptimBf16Copy *c, int r0, int r1)
         const float *a = p + (size_t)r * cols, *b = a + cols;
         uint16_t *row = c->dst + (size_t)(r / 16) * c->stride_b + (size_t)(r % 16 / 2) * 2 * ablk;
         for (size_t j = 0; j < cols; j += 16) {
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(b + j), _mm512_loadu_ps(a + j));
+            /* the last columns of a width that is no multiple of 16 fill the
+             * padding of their block with zeros, as the reorder does */
+            __mmask16 k = cols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - j)) - 1u);
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k, b + j),
+                                             _mm512_maskz_loadu_ps(k, a + j));
             __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)v);
             _mm512_storeu_si512((void *)(row + (j / ablk) * c->stride_a + (j % ablk) * 2), w);
         }
@@ -412,7 +416,7 @@ int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
     for (int k = 0; k < ncopies; k++) {
         const OptimBf16Copy *c = &copies[k];
         size_t end = c->off + (size_t)c->rows * c->cols;
-        if (!optim_bf16_copy_supported() || end > n || c->rows % 2 || c->cols % 16 ||
+        if (!optim_bf16_copy_supported() || end > n || c->rows % 2 || c->cols <= 0 ||
             c->ablk <= 0 || c->ablk % 16 || (k > 0 && c->off < copies[k - 1].off))
             return sg_fail(err, SG_EINVAL,
                            "optimizer: bf16 copy %d ([%d, %d] from %zu, blocks of %d) does not "

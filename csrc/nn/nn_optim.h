@@ -82,7 +82,8 @@ void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
  * block): element (r, c) is at
  *   dst[(c / ablk) * stride_a + (r / 16) * stride_b + (r % 16 / 2) * 2 * ablk
  *       + (c % ablk) * 2 + r % 2].
- * rows is even, cols and ablk multiples of 16. */
+ * rows is even, ablk a multiple of 16; the columns of the last block up to
+ * the next multiple of 16 are padding, written as zeros. */
 typedef struct OptimBf16Copy {
     size_t off;
     int rows, cols, ablk;

@@ -117,7 +117,12 @@ static int pair_layout(const_dnnl_memory_desc_t md, int oc, int c, OptimBf16Copy
         return 0;
     if (fk != dnnl_blocked || nd != 2 || nb != 3 || off0 != 0 || (*idxs)[0] != 1 ||
         (*idxs)[1] != 0 || (*idxs)[2] != 1 || (*blks)[0] != 8 || (*blks)[2] != 2 ||
-        (*blks)[1] % 16 || oc % 16 || c % 2)
+        (*blks)[1] % 16 || c % 2)
+        return 0;
+    /* the columns padded to the block width, and the rows to 16 */
+    const dnnl_dims_t *pd;
+    if (dnnl_memory_desc_query(md, dnnl_query_padded_dims, &pd) != dnnl_success ||
+        (*pd)[0] < (oc + 15) / 16 * 16 || (*pd)[0] % (*blks)[1] || (*pd)[1] % 16)
         return 0;
     out->rows = c;
     out->cols = oc;
