@@ -315,23 +315,37 @@ cvt_bf16_avx512(const float *src, uint16_t *dst, size_t n)
 #ifdef HAVE_CVT_BF16
 /* The bf16 copy of rows [r0, r1) (even bounds) of c: per pair of rows and
  * 16 columns, one conversion of 32 values, interleaved, one 64-byte store. */
-__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) static void
-copy_rows_avx512(const float *params, const OptimBf16Copy *c, int r0, int r1)
+/* With g (plain SGD, k = lr * scale): first p -= k * g on those rows, as
+ * step_range computes it (a product, then a difference: no fused
+ * multiply-add), in the same pass. */
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"),
+               optimize("fp-contract=off"))) static void
+copy_rows_avx512(float *params, const float *grads, float kk, const OptimBf16Copy *c, int r0,
+                 int r1)
 {
+    const __m512 k16 = _mm512_set1_ps(kk);
     const __m512i pairs =
         _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const float *p = params + c->off;
+    float *p = params + c->off;
+    const float *g = grads ? grads + c->off : NULL;
     const size_t cols = (size_t)c->cols, ablk = (size_t)c->ablk;
     for (int r = r0; r < r1; r += 2) {
-        const float *a = p + (size_t)r * cols, *b = a + cols;
+        float *a = p + (size_t)r * cols, *b = a + cols;
         uint16_t *row = c->dst + (size_t)(r / 16) * c->stride_b + (size_t)(r % 16 / 2) * 2 * ablk;
         for (size_t j = 0; j < cols; j += 16) {
             /* the last columns of a width that is no multiple of 16 fill the
              * padding of their block with zeros, as the reorder does */
             __mmask16 k = cols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - j)) - 1u);
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k, b + j),
-                                             _mm512_maskz_loadu_ps(k, a + j));
+            __m512 va = _mm512_maskz_loadu_ps(k, a + j), vb = _mm512_maskz_loadu_ps(k, b + j);
+            if (g) {
+                const float *ga = g + (size_t)r * cols, *gb = ga + cols;
+                va = _mm512_sub_ps(va, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, ga + j)));
+                vb = _mm512_sub_ps(vb, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, gb + j)));
+                _mm512_mask_storeu_ps(a + j, k, va);
+                _mm512_mask_storeu_ps(b + j, k, vb);
+            }
+            __m512bh v = _mm512_cvtne2ps_pbh(vb, va);
             __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)v);
             _mm512_storeu_si512((void *)(row + (j / ablk) * c->stride_a + (j % ablk) * 2), w);
         }
@@ -383,6 +397,8 @@ static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, fl
 #define RANGE(from, to)                                                                            \
     step_range(a, p + (from), g + (from), s0 ? s0 + (from) : NULL, s1 ? s1 + (from) : NULL,        \
                s2 ? s2 + (from) : NULL, (ptrdiff_t)((to) - (from)))
+    /* plain SGD: the update of the copied rows happens in the copy's own pass */
+    const int plain = a->kind == OPTIM_SGD && a->mom == 0.0f && a->wd == 0.0f && a->clipv == 0.0f;
     size_t pos = lo;
     for (int k = 0; k < nc; k++) {
         size_t end = c[k].off + (size_t)c[k].rows * c[k].cols;
@@ -391,9 +407,15 @@ static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, fl
         step = step > 2 ? step : 2;
         for (int r = 0; r < c[k].rows; r += step) {
             int e = r + step < c[k].rows ? r + step : c[k].rows;
+#ifdef HAVE_CVT_BF16
+            if (plain) {
+                copy_rows_avx512(p, g, a->lr * a->scale, &c[k], r, e);
+                continue;
+            }
+#endif
             RANGE(c[k].off + (size_t)r * c[k].cols, c[k].off + (size_t)e * c[k].cols);
 #ifdef HAVE_CVT_BF16
-            copy_rows_avx512(p, &c[k], r, e);
+            copy_rows_avx512(p, NULL, 0.0f, &c[k], r, e);
 #endif
         }
         pos = end;
@@ -478,7 +500,7 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
 #pragma omp for schedule(static)
             for (int r = 0; r < copies[k].rows / 2; r++) {
 #ifdef HAVE_CVT_BF16
-                copy_rows_avx512(params, &copies[k], 2 * r, 2 * r + 2);
+                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r, 2 * r + 2);
 #endif
             }
         }
