@@ -23,6 +23,8 @@ typedef struct LayerPlan {
      * (the weights backward and its reorder); model_backward_sgd skips them */
     int iww, nww;
     int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
+    /* act[l] and dact[l] (in16), act[l+1] and dact[l+1] (out16) hold bf16 */
+    int in16, out16;
     /* bf16 Dense: fwd[iwr] converts the f32 master weights into the bf16 copy
      * the forward reads, which the optimizer can also write (copy); or -1 */
     int iwr;

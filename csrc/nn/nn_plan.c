@@ -212,6 +212,8 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, int in16, int out1
     in16 = in16 && bf16;
     out16 = out16 && bf16;
     lp->bf16 = bf16;
+    lp->in16 = in16;
+    lp->out16 = out16;
     if (conv) {
         dnnl_dims_t sd = {B, s->c, s->h, s->w}, dd = {B, s->oc, s->oh, s->ow},
                     wd = {s->oc, s->c, sp->kh, sp->kw};
