@@ -135,6 +135,38 @@ def test_bf16_cnn_step_matches_the_fp32_step_within_bf16_rounding():
 
 
 @needs_bf16
+@pytest.mark.parametrize(("make", "shape", "optimizer"), [(mlp, (40,), "sgd"), (cnn, (12, 12, 1), "adadelta")])
+def test_bf16_training_is_the_same_in_one_run_of_steps_or_one_call_per_step(make, shape, optimizer):
+    """The bf16 copies (inputs gathered into bf16, activations handed on in bf16,
+    weights converted per step) carry no state from one call into the next: a
+    run of steps in one call and one call per step train bit for bit alike."""
+    x, y = data(shape, n=96)
+    runs = []
+    for log_every in (1, 1000):
+        m = make()
+        m.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", precision="bf16")
+        m.fit(x, y, batch_size=32, epochs=2, verbose=0, log_every=log_every)
+        runs.append(m.params.copy())
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+@needs_bf16
+def test_bf16_weights_changed_between_runs_are_converted_again():
+    """Weights set from Python after a run are the ones the next step uses."""
+    x, y = data((40,))
+    m = mlp()
+    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", precision="bf16")
+    m.fit(x, y, batch_size=len(x), epochs=3, verbose=0, shuffle=False)
+    new = mlp(seed=5).params
+    m.params[:] = new
+    m.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    ref = mlp(seed=5)
+    ref.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", precision="bf16")
+    ref.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    np.testing.assert_array_equal(m.params, ref.params)
+
+
+@needs_bf16
 def test_precision_is_chosen_per_compile_and_checkpoints_stay_fp32(tmp_path):
     x, y = data((40,))
     m = mlp()

@@ -17,7 +17,10 @@
  * Plain SGD on a Dense stack is folded into the weight-gradient GEMMs
  * (model_backward_sgd in nn_plan.c). With NN_BF16 precision the Dense and
  * Conv2D primitives run on bf16 copies of their inputs (build_weighted in
- * nn_plan.c). The training loops are in nn_train.c.
+ * nn_plan.c): the input rows are gathered into bf16, activations between two
+ * bf16 layers stay bf16 both ways, and within a run of steps the optimizer
+ * writes the next forward's bf16 Dense weights (optim_step_bf16). The
+ * training loops are in nn_train.c.
  */
 #include "nn/nn_model_impl.h"
 

@@ -8,6 +8,7 @@
 
 #include "nn/nn_dnnl.h"
 #include "nn/nn_model.h"
+#include "nn/nn_optim.h"
 
 #define PLAN_CACHE 2
 
@@ -22,6 +23,11 @@ typedef struct LayerPlan {
      * (the weights backward and its reorder); model_backward_sgd skips them */
     int iww, nww;
     int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
+    /* act[l] and dact[l] (in16), act[l+1] and dact[l+1] (out16) hold bf16 */
+    int in16, out16;
+    /* bf16 Dense: fwd[iwr] converts the f32 master weights into the bf16 copy
+     * the forward reads, which the optimizer can also write (copy); or -1 */
+    int iwr;
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
@@ -37,7 +43,11 @@ typedef struct Plan {
     float *onehot;   /* [B, K] */
     LayerPlan *lp;   /* [L] */
     NnExec logsoftmax;
-    int nbf16; /* weighted layers built in bf16 */
+    int nbf16;             /* weighted layers built in bf16 */
+    int input16;           /* act[0] holds the input in bf16 (the first layer is bf16) */
+    float *rowbuf;         /* [input row]: gather's scratch for input16 */
+    OptimBf16Copy *copies; /* [ncopies]: the bf16 weights the optimizer can write */
+    int ncopies;
     dnnl_memory_t *mems;
     int nmems, capmems;
     dnnl_primitive_t *prims;
@@ -62,6 +72,9 @@ struct Model {
     uint64_t use_clock;
     uint64_t rng_seed, rng_counter;
     NnPrecision precision; /* in use: NN_BF16 only where nn_bf16_native() */
+    /* the plan whose bf16 weights (Plan.copies) the last optimizer step wrote,
+     * within one model_fit_steps; its next forward skips their conversions */
+    Plan *w16_fresh;
 };
 
 /* nn_plan.c */

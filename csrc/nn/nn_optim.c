@@ -293,7 +293,163 @@ int optim_take_plain_sgd_step(Optimizer *o, size_t n, float *lr, SgError *err)
     return 1;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_CVT_BF16 1
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) static void
+cvt_bf16_avx512(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i));
+        _mm256_mask_storeu_epi16(dst + i, k, (__m256i)v);
+    }
+}
+#endif
+
+#ifdef HAVE_CVT_BF16
+/* The bf16 copy of rows [r0, r1) (even bounds) of c: per pair of rows and
+ * 16 columns, one conversion of 32 values, interleaved, one 64-byte store. */
+/* With g (plain SGD, k = lr * scale): first p -= k * g on those rows, as
+ * step_range computes it (a product, then a difference: no fused
+ * multiply-add), in the same pass. */
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"),
+               optimize("fp-contract=off"))) static void
+copy_rows_avx512(float *params, const float *grads, float kk, const OptimBf16Copy *c, int r0,
+                 int r1)
+{
+    const __m512 k16 = _mm512_set1_ps(kk);
+    const __m512i pairs =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    float *p = params + c->off;
+    const float *g = grads ? grads + c->off : NULL;
+    const size_t cols = (size_t)c->cols, ablk = (size_t)c->ablk;
+    for (int r = r0; r < r1; r += 2) {
+        float *a = p + (size_t)r * cols, *b = a + cols;
+        uint16_t *row = c->dst + (size_t)(r / 16) * c->stride_b + (size_t)(r % 16 / 2) * 2 * ablk;
+        for (size_t j = 0; j < cols; j += 16) {
+            /* the last columns of a width that is no multiple of 16 fill the
+             * padding of their block with zeros, as the reorder does */
+            __mmask16 k = cols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - j)) - 1u);
+            __m512 va = _mm512_maskz_loadu_ps(k, a + j), vb = _mm512_maskz_loadu_ps(k, b + j);
+            if (g) {
+                const float *ga = g + (size_t)r * cols, *gb = ga + cols;
+                va = _mm512_sub_ps(va, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, ga + j)));
+                vb = _mm512_sub_ps(vb, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, gb + j)));
+                _mm512_mask_storeu_ps(a + j, k, va);
+                _mm512_mask_storeu_ps(b + j, k, vb);
+            }
+            __m512bh v = _mm512_cvtne2ps_pbh(vb, va);
+            __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)v);
+            _mm512_storeu_si512((void *)(row + (j / ablk) * c->stride_a + (j % ablk) * 2), w);
+        }
+    }
+}
+#endif
+
+static uint16_t to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n)
+{
+#ifdef HAVE_CVT_BF16
+    static int native = -1;
+    if (native < 0)
+        native = __builtin_cpu_supports("avx512bf16") != 0;
+    if (native) {
+        cvt_bf16_avx512(src, dst, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        dst[i] = to_bf16(src[i]);
+}
+
+int optim_bf16_copy_supported(void)
+{
+#ifdef HAVE_CVT_BF16
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return 0;
+#endif
+}
+
+/* One thread's update of [lo, hi) with the copies: the plain stretches in one
+ * step_range, each copy's rows a few pairs at a time, then their bf16 copy. */
+#define COPY_BLOCK 4096
+static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, float *s1, float *s2,
+                      size_t lo, size_t hi, const OptimBf16Copy *c, int nc)
+{
+#define RANGE(from, to)                                                                            \
+    step_range(a, p + (from), g + (from), s0 ? s0 + (from) : NULL, s1 ? s1 + (from) : NULL,        \
+               s2 ? s2 + (from) : NULL, (ptrdiff_t)((to) - (from)))
+    /* plain SGD: the update of the copied rows happens in the copy's own pass */
+    const int plain = a->kind == OPTIM_SGD && a->mom == 0.0f && a->wd == 0.0f && a->clipv == 0.0f;
+    size_t pos = lo;
+    for (int k = 0; k < nc; k++) {
+        size_t end = c[k].off + (size_t)c[k].rows * c[k].cols;
+        RANGE(pos, c[k].off);
+        int step = COPY_BLOCK / (2 * c[k].cols) * 2;
+        step = step > 2 ? step : 2;
+        for (int r = 0; r < c[k].rows; r += step) {
+            int e = r + step < c[k].rows ? r + step : c[k].rows;
+#ifdef HAVE_CVT_BF16
+            if (plain) {
+                copy_rows_avx512(p, g, a->lr * a->scale, &c[k], r, e);
+                continue;
+            }
+#endif
+            RANGE(c[k].off + (size_t)r * c[k].cols, c[k].off + (size_t)e * c[k].cols);
+#ifdef HAVE_CVT_BF16
+            copy_rows_avx512(p, NULL, 0.0f, &c[k], r, e);
+#endif
+        }
+        pos = end;
+    }
+    RANGE(pos, hi);
+#undef RANGE
+}
+
+static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
+                     const OptimBf16Copy *copies, int ncopies, SgError *err);
+
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
+{
+    return step_impl(o, params, grads, n, NULL, 0, err);
+}
+
+int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
+                    const OptimBf16Copy *copies, int ncopies, SgError *err)
+{
+    for (int k = 0; k < ncopies; k++) {
+        const OptimBf16Copy *c = &copies[k];
+        size_t end = c->off + (size_t)c->rows * c->cols;
+        if (!optim_bf16_copy_supported() || end > n || c->rows % 2 || c->cols <= 0 ||
+            c->ablk <= 0 || c->ablk % 16 || (k > 0 && c->off < copies[k - 1].off))
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer: bf16 copy %d ([%d, %d] from %zu, blocks of %d) does not "
+                           "fit the %zu parameters or this CPU",
+                           k, c->rows, c->cols, c->off, c->ablk, n);
+    }
+    return step_impl(o, params, grads, n, copies, ncopies, err);
+}
+
+static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
+                     const OptimBf16Copy *copies, int ncopies, SgError *err)
 {
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
@@ -327,7 +483,7 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
           *s2 = o->state && o->nslots > 2 ? o->state + 2 * n : NULL;
     int nt = n >= 65536 ? omp_get_max_threads() : 1;
     if (nt <= 1) {
-        step_range(&a, params, grads, s0, s1, s2, (ptrdiff_t)n);
+        step_copy(&a, params, grads, s0, s1, s2, 0, n, copies, ncopies);
         return 0;
     }
 #pragma omp parallel num_threads(nt)
@@ -336,6 +492,18 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
         size_t lo = n * t / T, hi = n * (t + 1) / T;
         step_range(&a, params + lo, grads + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL,
                    s2 ? s2 + lo : NULL, (ptrdiff_t)(hi - lo));
+        /* threads: the copies in a second pass, once every update is done */
+        if (ncopies > 0) {
+#pragma omp barrier
+        }
+        for (int k = 0; k < ncopies; k++) {
+#pragma omp for schedule(static)
+            for (int r = 0; r < copies[k].rows / 2; r++) {
+#ifdef HAVE_CVT_BF16
+                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r, 2 * r + 2);
+#endif
+            }
+        }
     }
     return 0;
 }

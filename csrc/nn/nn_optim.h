@@ -71,6 +71,35 @@ int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgErro
 
 void optim_free(Optimizer *o);
 
+/* dst[i] = src[i] rounded to bf16 (nearest, ties to even, NaN to a quiet NaN,
+ * as oneDNN's reorders round) for i < n, with AVX512_BF16's conversion where
+ * the CPU has it. */
+void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+
+/* A bf16 copy of a [rows, cols] row-major block of the parameters (a Dense
+ * kernel [C, OC]) from params[off], in the blocked layout oneDNN's bf16 inner
+ * product reads (AB8b<ablk>a2b: pairs of rows interleaved, ablk columns a
+ * block): element (r, c) is at
+ *   dst[(c / ablk) * stride_a + (r / 16) * stride_b + (r % 16 / 2) * 2 * ablk
+ *       + (c % ablk) * 2 + r % 2].
+ * rows is even, ablk a multiple of 16; the columns of the last block up to
+ * the next multiple of 16 are padding, written as zeros. */
+typedef struct OptimBf16Copy {
+    size_t off;
+    int rows, cols, ablk;
+    size_t stride_a, stride_b;
+    uint16_t *dst;
+} OptimBf16Copy;
+
+/* 1 if optim_step_bf16 can write copies on this CPU (AVX512_BF16). */
+int optim_bf16_copy_supported(void);
+
+/* optim_step, writing the copies[0..ncopies) of the updated parameters in the
+ * same pass (two rows at a time, from the L1 cache); copies are sorted by off
+ * and do not overlap. Needs optim_bf16_copy_supported(). */
+int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
+                    const OptimBf16Copy *copies, int ncopies, SgError *err);
+
 /* Plain SGD (no momentum, weight decay or clipping) is params -= lr * grads,
  * which a caller may fold into the computation of the gradient itself (the
  * model's fit loop does, inside the weight-gradient GEMM). If o is plain

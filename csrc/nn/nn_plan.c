@@ -56,11 +56,24 @@ void plan_free(Plan *p)
         dnnl_memory_destroy(p->mems[i]);
     free(p->prims);
     free(p->mems);
+    free(p->rowbuf);
+    free(p->copies);
     free(p->arena);
     free(p->act);
     free(p->dact);
     free(p->lp);
     free(p);
+}
+
+/* Appends c to the plan's optimizer copies. */
+static int plan_copy(Plan *p, const OptimBf16Copy *c, SgError *err)
+{
+    OptimBf16Copy *n = realloc(p->copies, (size_t)(p->ncopies + 1) * sizeof *n);
+    if (n == NULL)
+        return sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+    p->copies = n;
+    p->copies[p->ncopies++] = *c;
+    return 0;
 }
 
 /* A reorder src_mem -> a new library-owned memory of md dst, appended to e. */
@@ -85,6 +98,39 @@ static int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_m
 }
 
 /* ---- Dense and Conv2D --------------------------------------------------- */
+
+/* If md (a Dense layer's bf16 weights, dims [OC, C]) is AB8b<ablk>a2b, the
+ * copy the optimizer can write into data (OptimBf16Copy); else 0. */
+static int pair_layout(const_dnnl_memory_desc_t md, int oc, int c, OptimBf16Copy *out)
+{
+    dnnl_format_kind_t fk;
+    const dnnl_dims_t *strides, *blks, *idxs;
+    dnnl_dim_t off0;
+    int nd, nb;
+    if (dnnl_memory_desc_query(md, dnnl_query_format_kind, &fk) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_ndims_s32, &nd) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_nblks_s32, &nb) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_strides, &strides) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_blks, &blks) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_inner_idxs, &idxs) != dnnl_success ||
+        dnnl_memory_desc_query(md, dnnl_query_submemory_offset_s64, &off0) != dnnl_success)
+        return 0;
+    if (fk != dnnl_blocked || nd != 2 || nb != 3 || off0 != 0 || (*idxs)[0] != 1 ||
+        (*idxs)[1] != 0 || (*idxs)[2] != 1 || (*blks)[0] != 8 || (*blks)[2] != 2 ||
+        (*blks)[1] % 16 || c % 2)
+        return 0;
+    /* the columns padded to the block width, and the rows to 16 */
+    const dnnl_dims_t *pd;
+    if (dnnl_memory_desc_query(md, dnnl_query_padded_dims, &pd) != dnnl_success ||
+        (*pd)[0] < (oc + 15) / 16 * 16 || (*pd)[0] % (*blks)[1] || (*pd)[1] % 16)
+        return 0;
+    out->rows = c;
+    out->cols = oc;
+    out->ablk = (int)(*blks)[1];
+    out->stride_a = (size_t)(*strides)[0];
+    out->stride_b = (size_t)(*strides)[1];
+    return 1;
+}
 
 static dnnl_alg_kind_t act_alg(NnAct a, int use_dst)
 {
@@ -124,15 +170,22 @@ static int bind_as(Model *m, Plan *p, LayerPlan *lp, const_dnnl_memory_desc_t wa
     return plan_reorder(m, p, &lp->bwd[lp->nbwd++], from, *out, err);
 }
 
-/* A Dense or Conv2D layer. The activations, their gradients, the parameters
- * and their gradients are f32 buffers of the plan and the model. With bf16
- * (the model's precision), the primitives take bf16 copies of their inputs,
- * made by reorders: the layer input and the f32 master weights before the
- * forward (so the weights are converted once per step, and the backward data
- * reuses that copy), the output gradient after the activation backward; they
- * accumulate in f32 and write f32 outputs (forward dst, diff_src, diff
- * weights and bias), so everything outside these primitives is unchanged. */
-static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
+/* A Dense or Conv2D layer. The parameters and their gradients are f32
+ * buffers of the model; the activations and their gradients f32 buffers of
+ * the plan, except between two bf16 layers (below). With bf16 (the model's
+ * precision), the primitives take bf16 copies of their inputs, made by
+ * reorders: the layer input and the f32 master weights before the forward (so
+ * the weights are converted once per step, and the backward data reuses that
+ * copy), the output gradient after the activation backward; they accumulate
+ * in f32 and write f32 diff weights and bias.
+ *
+ * in16 / out16 (see chain16): the layer's input / output is an activation
+ * between two bf16 layers, kept in bf16 in its plan buffer: the producer's
+ * forward writes it in bf16 (activation fused, rounded once, as the reorder
+ * would), the consumer's backward data writes its gradient in bf16, and the
+ * producer's activation backward runs in bf16 on it (for ReLU exactly the
+ * rounded f32 result), so neither direction needs a conversion reorder. */
+static int build_weighted(Model *m, Plan *p, int l, int bf16, int in16, int out16, SgError *err)
 {
     const LayerSpec *sp = &m->specs[l];
     const LayerShape *s = &m->shapes[l];
@@ -150,11 +203,17 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
     dnnl_post_ops_t po = NULL;
     dnnl_memory_t src_m, dst_m, w_m, fw_m, b_m, ddst_m, g_m, dw_m, db_m, dsrc_m, tmp;
     dnnl_memory_t src16_m = NULL, g16_m = NULL;
+    /* the memory descriptors of this layer's input and output buffers */
+    const_dnnl_memory_desc_t in_md, out_md;
     const dnnl_dims_t strides = {sp->stride, sp->stride}, dil = {0, 0}, pl = {s->pt, s->pl},
                       pr = {s->pb, s->pr};
     int rc;
 
+    in16 = in16 && bf16;
+    out16 = out16 && bf16;
     lp->bf16 = bf16;
+    lp->in16 = in16;
+    lp->out16 = out16;
     if (conv) {
         dnnl_dims_t sd = {B, s->c, s->h, s->w}, dd = {B, s->oc, s->oh, s->ow},
                     wd = {s->oc, s->c, sp->kh, sp->kw};
@@ -187,6 +246,8 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
         if ((rc = nn_md(&b_md, 1, bd, dnnl_a, err)) < 0)
             goto cleanup;
     }
+    in_md = in16 ? src16_md : src_md;
+    out_md = out16 ? dst16_md : dst_md;
     if (fused) {
         if ((rc = DNNL(err, dnnl_post_ops_create, &po)) < 0 ||
             (rc = DNNL(err, dnnl_post_ops_append_eltwise, po, act_alg(sp->act, 0), 0.0f, 0.0f)) <
@@ -196,17 +257,17 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
             goto cleanup;
     }
     rc = conv ? DNNL(err, dnnl_convolution_forward_primitive_desc_create, &fwd_pd, m->eng,
-                     dnnl_forward_training, dnnl_convolution_direct, src16_md, w_any, b_md, dst_md,
+                     dnnl_forward_training, dnnl_convolution_direct, src16_md, w_any, b_md, out_md,
                      strides, dil, pl, pr, attr)
               : DNNL(err, dnnl_inner_product_forward_primitive_desc_create, &fwd_pd, m->eng,
-                     dnnl_forward_training, src16_md, w_any, b_md, dst_md, attr);
+                     dnnl_forward_training, src16_md, w_any, b_md, out_md, attr);
     if (rc < 0)
         goto cleanup;
 
     float *W = m->params + kt->offset, *dW = m->grads + kt->offset;
-    if ((rc = plan_mem(m, p, &src_m, src_md, p->act[l], err)) < 0 ||
-        (rc = plan_mem(m, p, &dst_m, dst_md, p->act[l + 1], err)) < 0 ||
-        (rc = plan_mem(m, p, &ddst_m, dst_md, p->dact[l + 1], err)) < 0 ||
+    if ((rc = plan_mem(m, p, &src_m, in_md, p->act[l], err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, out_md, p->act[l + 1], err)) < 0 ||
+        (rc = plan_mem(m, p, &ddst_m, out_md, p->dact[l + 1], err)) < 0 ||
         (rc = plan_mem(m, p, &w_m, w_md, W, err)) < 0 ||
         (rc = plan_mem(m, p, &dw_m, w_md, dW, err)) < 0 ||
         (rc = plan_mem(m, p, &b_m, b_md, m->params + bt->offset, err)) < 0 ||
@@ -214,17 +275,31 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
         goto cleanup;
 
     /* forward: [input to bf16,] [weights to the preferred layout (and bf16),] compute */
-    dnnl_memory_t fsrc_m = src_m;
-    if (bf16 && ((rc = plan_mem(m, p, &src16_m, src16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-                 (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], src_m, src16_m, err)) < 0))
+    if (in16) {
+        src16_m = src_m; /* already bf16: there is no f32 copy */
+        src_m = NULL;
+    } else if (bf16 && ((rc = plan_mem(m, p, &src16_m, src16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+                        (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], src_m, src16_m, err)) < 0))
         goto cleanup;
-    if (bf16)
-        fsrc_m = src16_m;
+    dnnl_memory_t fsrc_m = bf16 ? src16_m : src_m;
     const_dnnl_memory_desc_t fw_md = dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
     fw_m = w_m;
+    lp->iwr = -1;
     if (!dnnl_memory_desc_equal(fw_md, w_md)) {
+        OptimBf16Copy cp = {kt->offset, 0, 0, 0, 0, 0, NULL};
+        void *h = NULL;
         if ((rc = plan_mem(m, p, &fw_m, fw_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-            (rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
+            (rc = DNNL(err, dnnl_memory_get_data_handle, fw_m, &h)) < 0)
+            goto cleanup;
+        /* a bf16 Dense copy the optimizer can write (a layout pair_layout
+         * knows) is still converted by the reorder where the optimizer did not */
+        if (bf16 && !conv && optim_bf16_copy_supported() && pair_layout(fw_md, s->oc, s->c, &cp)) {
+            cp.dst = h;
+            if ((rc = plan_copy(p, &cp, err)) < 0)
+                goto cleanup;
+            lp->iwr = lp->nfwd;
+        }
+        if ((rc = plan_reorder(m, p, &lp->fwd[lp->nfwd++], w_m, fw_m, err)) < 0)
             goto cleanup;
     }
     NnExec *e = &lp->fwd[lp->nfwd++];
@@ -239,10 +314,10 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
     g_m = ddst_m;
     if (fused) {
         if ((rc = DNNL(err, dnnl_eltwise_forward_primitive_desc_create, &efwd_pd, m->eng,
-                       dnnl_forward_training, act_alg(sp->act, 1), dst_md, dst_md, 0.0f, 0.0f,
+                       dnnl_forward_training, act_alg(sp->act, 1), out_md, out_md, 0.0f, 0.0f,
                        NULL)) < 0 ||
             (rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &ebwd_pd, m->eng,
-                       act_alg(sp->act, 1), dst_md, dst_md, dst_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0)
+                       act_alg(sp->act, 1), out_md, out_md, out_md, 0.0f, 0.0f, efwd_pd, NULL)) < 0)
             goto cleanup;
         /* in place: the gradient before the activation overwrites dact[l+1] */
         e = &lp->bwd[lp->nbwd++];
@@ -252,15 +327,27 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
         nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
         nn_exec_arg(e, DNNL_ARG_DIFF_SRC, ddst_m);
     }
-    if (bf16 && ((rc = plan_mem(m, p, &g16_m, dst16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
-                 (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, g16_m, err)) < 0))
+    if (out16) {
+        g16_m = g_m; /* already bf16 */
+        g_m = NULL;
+    } else if (bf16 && ((rc = plan_mem(m, p, &g16_m, dst16_md, DNNL_MEMORY_ALLOCATE, err)) < 0 ||
+                        (rc = plan_reorder(m, p, &lp->bwd[lp->nbwd++], g_m, g16_m, err)) < 0))
         goto cleanup;
-    /* weight gradients (f32): oneDNN may prefer blocked activations; reorder to them */
-    rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd, m->eng,
-                     dnnl_convolution_direct, src_any, dw_any, b_md, dst_any, strides, dil, pl, pr,
-                     fwd_pd, NULL)
-              : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
-                     m->eng, src16_md, dw_any, b_md, dst16_md, fwd_pd, NULL);
+    /* weight gradients (f32): oneDNN may prefer blocked activations; reorder to
+     * them. A bf16 convolution first tries the NHWC copies it already has (its
+     * bf16 weights backward runs on them at least as fast as on blocked ones,
+     * and the two reorders a step cost more than the difference) */
+    rc = dnnl_unimplemented;
+    if (conv && bf16)
+        rc = dnnl_convolution_backward_weights_primitive_desc_create(
+            &bww_pd, m->eng, dnnl_convolution_direct, src16_md, dw_any, b_md, dst16_md, strides,
+            dil, pl, pr, fwd_pd, NULL);
+    if (rc != dnnl_success)
+        rc = conv ? DNNL(err, dnnl_convolution_backward_weights_primitive_desc_create, &bww_pd,
+                         m->eng, dnnl_convolution_direct, src_any, dw_any, b_md, dst_any, strides,
+                         dil, pl, pr, fwd_pd, NULL)
+                  : DNNL(err, dnnl_inner_product_backward_weights_primitive_desc_create, &bww_pd,
+                         m->eng, src16_md, dw_any, b_md, dst16_md, fwd_pd, NULL);
     if (rc < 0)
         goto cleanup;
     const_dnnl_memory_desc_t dw_md =
@@ -272,9 +359,9 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
     dnnl_memory_t wsrc_m, wdd_m;
     dnnl_memory_t srcs[2] = {src_m, src16_m}, grads[2] = {g_m, g16_m};
     if ((rc = bind_as(m, p, lp, dnnl_primitive_desc_query_md(bww_pd, dnnl_query_src_md, 0), srcs, 2,
-                      src_m, &wsrc_m, err)) < 0 ||
+                      in16 ? src16_m : src_m, &wsrc_m, err)) < 0 ||
         (rc = bind_as(m, p, lp, dnnl_primitive_desc_query_md(bww_pd, dnnl_query_diff_dst_md, 0),
-                      grads, 2, g_m, &wdd_m, err)) < 0)
+                      grads, 2, out16 ? g16_m : g_m, &wdd_m, err)) < 0)
         goto cleanup;
     lp->iww = lp->nbwd;
     e = &lp->bwd[lp->nbwd++];
@@ -290,17 +377,17 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
 
     if (l > 0) {
         rc = conv ? DNNL(err, dnnl_convolution_backward_data_primitive_desc_create, &bwd_pd, m->eng,
-                         dnnl_convolution_direct, src_md, w_any, dst16_md, strides, dil, pl, pr,
+                         dnnl_convolution_direct, in_md, w_any, dst16_md, strides, dil, pl, pr,
                          fwd_pd, NULL)
                   : DNNL(err, dnnl_inner_product_backward_data_primitive_desc_create, &bwd_pd,
-                         m->eng, src_md, w_any, dst16_md, fwd_pd, NULL);
+                         m->eng, in_md, w_any, dst16_md, fwd_pd, NULL);
         if (rc < 0)
             goto cleanup;
         const_dnnl_memory_desc_t bw_md =
             dnnl_primitive_desc_query_md(bwd_pd, dnnl_query_weights_md, 0);
         dnnl_memory_t bw_m, ws[2] = {fw_m, w_m};
         if ((rc = bind_as(m, p, lp, bw_md, ws, 2, w_m, &bw_m, err)) < 0 ||
-            (rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
+            (rc = plan_mem(m, p, &dsrc_m, in_md, p->dact[l], err)) < 0)
             goto cleanup;
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
@@ -312,8 +399,9 @@ static int build_weighted(Model *m, Plan *p, int l, int bf16, SgError *err)
     rc = 0;
 cleanup:
     if (rc < 0)
-        sg_context(err, "building layer %d (%s, batch %d, %s): ", l, conv ? "Conv2D" : "Dense", B,
-                   bf16 ? "bf16" : "f32");
+        sg_context(err, "building layer %d (%s, batch %d, %s%s%s): ", l, conv ? "Conv2D" : "Dense",
+                   B, bf16 ? "bf16" : "f32", in16 ? ", bf16 input" : "",
+                   out16 ? ", bf16 output" : "");
     dnnl_primitive_desc_destroy(fwd_pd);
     dnnl_primitive_desc_destroy(efwd_pd);
     dnnl_primitive_desc_destroy(ebwd_pd);
@@ -431,7 +519,37 @@ static size_t layer_out(const Model *m, int l)
     return (size_t)s->oh * s->ow * s->oc;
 }
 
-static int plan_build(Model *m, int B, Plan **out, SgError *err)
+static int weighted(const Model *m, int l)
+{
+    return m->specs[l].kind == LAYER_DENSE || m->specs[l].kind == LAYER_CONV2D;
+}
+
+/* 1 if layer l's output is the input of a weighted layer, l being one too
+ * (Flatten, an alias, in between): with chain, an activation kept in bf16. */
+static int chain16(const Model *m, int l)
+{
+    if (!weighted(m, l))
+        return 0;
+    for (int k = l + 1; k < m->nlayers; k++)
+        if (m->specs[k].kind != LAYER_FLATTEN)
+            return weighted(m, k);
+    return 0;
+}
+
+static int chain16_in(const Model *m, int l)
+{
+    if (!weighted(m, l))
+        return 0;
+    for (int k = l - 1; k >= 0; k--)
+        if (m->specs[k].kind != LAYER_FLATTEN)
+            return chain16(m, k);
+    return 0;
+}
+
+/* Builds the plan for batch B; chain: bf16 layers hand bf16 activations to
+ * each other (build_weighted's in16/out16). *fell_back is set when a layer
+ * had no bf16 implementation and was built in f32. */
+static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, SgError *err)
 {
     const int L = m->nlayers;
     Plan *p = calloc(1, sizeof *p);
@@ -441,6 +559,8 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
     p->act = calloc(L + 1, sizeof *p->act);
     p->dact = calloc(L + 1, sizeof *p->dact);
     p->lp = calloc(L, sizeof *p->lp);
+    for (int l = 0; p->lp && l < L; l++)
+        p->lp[l].iwr = -1;
     int rc = 0;
     if (!p->act || !p->dact || !p->lp) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
@@ -491,19 +611,28 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
         case LAYER_DENSE:
         case LAYER_CONV2D:
             if (m->precision == NN_BF16) {
-                rc = build_weighted(m, p, l, 1, err);
+                const int ncopies0 = p->ncopies;
+                /* the first layer reads bf16 inputs that gather() converts */
+                rc = build_weighted(m, p, l, 1, l == 0 || (chain && chain16_in(m, l)),
+                                    chain && chain16(m, l), err);
                 if (rc == 0) {
                     p->nbf16++;
+                    p->input16 |= l == 0;
                     break;
                 }
                 /* no bf16 implementation for this layer's shapes: f32 (what
                  * the failed attempt created stays listed in p, freed with it) */
                 if (rc != SG_EDNNL)
                     goto fail;
+                *fell_back = 1;
+                if (chain) /* its neighbours would hand it bf16: rebuild unchained */
+                    goto fail;
                 sg_error_clear(err);
                 memset(&p->lp[l], 0, sizeof p->lp[l]);
+                p->lp[l].iwr = -1;
+                p->ncopies = ncopies0;
             }
-            rc = build_weighted(m, p, l, 0, err);
+            rc = build_weighted(m, p, l, 0, 0, 0, err);
             break;
         case LAYER_MAXPOOL:
         case LAYER_AVGPOOL:
@@ -518,6 +647,10 @@ static int plan_build(Model *m, int B, Plan **out, SgError *err)
     }
     if ((rc = build_logsoftmax(m, p, err)) < 0)
         goto fail;
+    if (p->input16 && (p->rowbuf = malloc(model_input_size(m) * sizeof(float))) == NULL) {
+        rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
+        goto fail;
+    }
     *out = p;
     return 0;
 fail:
@@ -534,6 +667,7 @@ NnPrecision model_set_precision(Model *m, NnPrecision prec)
 {
     NnPrecision use = prec == NN_BF16 && nn_bf16_native() ? NN_BF16 : NN_FP32;
     if (use != m->precision) {
+        m->w16_fresh = NULL;
         for (int i = 0; i < PLAN_CACHE; i++) {
             plan_free(m->plans[i]);
             m->plans[i] = NULL;
@@ -572,9 +706,16 @@ int model_plan(Model *m, int B, Plan **out, SgError *err)
         if (m->plans[slot] && (!m->plans[i] || m->plans[i]->last_use < m->plans[slot]->last_use))
             slot = i;
     }
+    if (m->w16_fresh == m->plans[slot])
+        m->w16_fresh = NULL;
     plan_free(m->plans[slot]);
     m->plans[slot] = NULL;
-    int rc = plan_build(m, B, &m->plans[slot], err);
+    int fell_back = 0;
+    int rc = plan_build(m, B, 1, &fell_back, &m->plans[slot], err);
+    if (rc < 0 && fell_back) {
+        sg_error_clear(err);
+        rc = plan_build(m, B, 0, &fell_back, &m->plans[slot], err);
+    }
     if (rc < 0)
         return rc;
     m->plans[slot]->last_use = ++m->use_clock;
@@ -605,9 +746,13 @@ int model_forward(Model *m, Plan *p, int training, SgError *err)
             }
             continue;
         }
-        for (int i = 0; i < lp->nfwd; i++)
+        for (int i = 0; i < lp->nfwd; i++) {
+            /* the optimizer wrote this step's bf16 weights already */
+            if (i == lp->iwr && m->w16_fresh == p)
+                continue;
             if ((rc = nn_exec(&lp->fwd[i], m->stream, err)) < 0)
                 return sg_context(err, "forward of layer %d: ", l);
+        }
     }
     return DNNL(err, dnnl_stream_wait, m->stream);
 }

@@ -67,7 +67,17 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
         if (r < 0 || (size_t)r >= d->n)
             return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
                            d->n);
-        gather_row(d, r, p->act[0] + (size_t)i * row);
+        if (!p->input16) {
+            gather_row(d, r, p->act[0] + (size_t)i * row);
+        } else {
+            /* the first layer's bf16 input, rounded as its reorder would */
+            const float *src = p->rowbuf;
+            if (!d->transform && d->x)
+                src = d->x + (size_t)r * row;
+            else
+                gather_row(d, r, p->rowbuf);
+            optim_f32_to_bf16(src, (uint16_t *)p->act[0] + (size_t)i * row, row);
+        }
         if (d->labels || d->labels64) {
             int64_t y = d->labels ? (int64_t)d->labels[r] : d->labels64[r];
             if (y < 0 || (uint64_t)y >= K)
@@ -133,15 +143,27 @@ static int train_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *
     return 0;
 }
 
-int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
-                      int B, const NnGradHook *hook, int64_t *step, NnStats *st, SgError *err)
+/* One training batch. keep16 (within model_fit_steps, where nothing else
+ * touches the parameters between two steps): the optimizer also writes the
+ * plan's bf16 weights (optim_step_bf16), and the next step's forward skips
+ * converting them (m->w16_fresh). */
+static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order,
+                       size_t start, int B, const NnGradHook *hook, int64_t *step, NnStats *st,
+                       int keep16, SgError *err)
 {
     Plan *p;
     float lr;
     int rc;
-    if ((rc = check_data(m, d, 1, err)) < 0 || (rc = model_plan(m, B, &p, err)) < 0 ||
-        (rc = gather(m, p, d, order, start, B, err)) < 0 ||
-        (rc = model_forward(m, p, 1, err)) < 0 || (rc = train_loss(m, p, d, st, err)) < 0)
+    if ((rc = check_data(m, d, 1, err)) < 0 || (rc = model_plan(m, B, &p, err)) < 0)
+        return rc;
+    if (m->w16_fresh != p)
+        m->w16_fresh = NULL;
+    rc = gather(m, p, d, order, start, B, err);
+    if (rc == 0)
+        rc = model_forward(m, p, 1, err);
+    /* from here on the bf16 weights are stale until an optimizer step rewrites them */
+    m->w16_fresh = NULL;
+    if (rc < 0 || (rc = train_loss(m, p, d, st, err)) < 0)
         return rc;
     int64_t next = (step ? *step : 0) + 1;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
@@ -166,11 +188,26 @@ int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *
             return sg_context(err, "gradient hook: ");
         applied = rc == 1;
     }
-    if (opt && !applied && (rc = optim_step(opt, m->params, m->grads, m->nparams, err)) < 0)
-        return rc;
+    if (opt && !applied) {
+        if (keep16 && p->ncopies > 0) {
+            if ((rc = optim_step_bf16(opt, m->params, m->grads, m->nparams, p->copies, p->ncopies,
+                                      err)) < 0)
+                return rc;
+            m->w16_fresh = p;
+        } else if ((rc = optim_step(opt, m->params, m->grads, m->nparams, err)) < 0) {
+            return rc;
+        }
+    }
     if (step)
         *step = next;
     return 0;
+}
+
+int model_train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
+                      int B, const NnGradHook *hook, int64_t *step, NnStats *st, SgError *err)
+{
+    m->w16_fresh = NULL;
+    return train_batch(m, opt, d, order, start, B, hook, step, st, 0, err);
 }
 
 int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *order, size_t start,
@@ -179,13 +216,18 @@ int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *or
 {
     if (batch <= 0)
         return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
+    m->w16_fresh = NULL;
     for (int64_t s = 0; s < nsteps && start < d->n; s++) {
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
-        int rc = model_train_batch(m, opt, d, order, start, B, hook, step, st, err);
-        if (rc < 0)
+        int rc = train_batch(m, opt, d, order, start, B, hook, step, st, 1, err);
+        if (rc < 0) {
+            m->w16_fresh = NULL;
             return sg_context(err, "training step at row %zu: ", start);
+        }
         start += (size_t)B;
     }
+    /* the caller may change the parameters before the next run */
+    m->w16_fresh = NULL;
     return 0;
 }
 

@@ -26,13 +26,19 @@ static double rel_err(const float *a, const float *b, size_t n)
     return d / s;
 }
 
-static void expect_close(const char *what, int layer, const float *got, const float *want, size_t n)
+static void expect_close_tol(const char *what, int layer, const float *got, const float *want,
+                             size_t n, double tol)
 {
     double e = rel_err(got, want, n);
-    if (!(e < 2e-5)) {
+    if (!(e < tol)) {
         fprintf(stderr, "layer %d %s: relative error %.3g\n", layer, what, e);
         failures++;
     }
+}
+
+static void expect_close(const char *what, int layer, const float *got, const float *want, size_t n)
+{
+    expect_close_tol(what, layer, got, want, n, 2e-5);
 }
 
 static float frand(uint64_t *s)
@@ -51,6 +57,29 @@ static void round_bf16(float *dst, const float *src, size_t n)
         u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
         memcpy(&dst[i], &u, sizeof u);
     }
+}
+
+/* A plan buffer of n values: itself, or widened from bf16 into scratch when
+ * is16 (an activation two bf16 layers hand on in bf16, or the gathered
+ * input of a bf16 first layer). */
+static const float *widen(const float *b, size_t n, int is16, float *scratch)
+{
+    if (!is16)
+        return b;
+    const uint16_t *h = (const uint16_t *)b;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&scratch[i], &u, sizeof u);
+    }
+    return scratch;
+}
+
+/* A bf16-held result against its f32 reference rounded the same way: one
+ * bf16 step apart where an f32 difference crosses a rounding boundary. */
+static void expect_close16(const char *what, int layer, const float *got, float *want, size_t n)
+{
+    round_bf16(want, want, n);
+    expect_close_tol(what, layer, got, want, n, 1e-3);
 }
 
 /* With bf16 (NN_BF16 precision), the references of Dense and Conv2D take
@@ -103,6 +132,7 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
     float *want = malloc(sizeof(float) * maxn), *pre = malloc(sizeof(float) * maxn),
           *dpre = malloc(sizeof(float) * maxn), *gw = malloc(sizeof(float) * m->nparams);
     float *xr = malloc(sizeof(float) * maxn), *wr = malloc(sizeof(float) * m->nparams);
+    float *sx = malloc(sizeof(float) * maxn), *sy = malloc(sizeof(float) * maxn);
     if (bf16) {
         int nb = 0;
         CHECK(model_bf16_layers(m, B, &nb, &err) == 0 && nb > 0);
@@ -135,6 +165,8 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         case LAYER_CONV2D: {
             const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
             const float *W = wr + kt->offset, *bias = m->params + bt->offset;
+            X = widen(X, (size_t)B * sh->h * sh->w * sh->c, p->lp[l].in16, sx);
+            Y = widen(Y, o, p->lp[l].out16, sy);
             if (p->lp[l].bf16) {
                 round_bf16(xr, X, (size_t)B * sh->h * sh->w * sh->c);
                 X = xr;
@@ -145,8 +177,12 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
                 conv2d_forward_ref(pre, X, W, bias, B, sh->h, sh->w, sh->c, sh->oc, sp->kh, sp->kw,
                                    sp->stride, sh->pt, sh->pl, sh->oh, sh->ow);
             act_forward_ref(want, pre, o, act);
-            expect_close(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y, want,
-                         o);
+            if (p->lp[l].out16)
+                expect_close16(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y,
+                               want, o);
+            else
+                expect_close(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y,
+                             want, o);
             break;
         }
         case LAYER_MAXPOOL:
@@ -193,8 +229,12 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         const float *X = p->act[l], *Y = p->act[l + 1];
         NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
         const char *what = "data gradient";
+        const int w16 = (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].out16;
+        const int d16 = (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].in16;
         if (bf16 && sp->kind != LAYER_FLATTEN) /* the plan's own upstream (see above) */
-            memcpy(up, p->dact[l + 1], sizeof(float) * o);
+            memcpy(up, widen(p->dact[l + 1], o, w16, sy), sizeof(float) * o);
+        if (d16)
+            X = widen(X, in, 1, sx);
         switch (sp->kind) {
         case LAYER_DENSE:
         case LAYER_CONV2D: {
@@ -203,7 +243,7 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
             if (p->lp[l].bf16) {
                 /* dact[l+1] now holds the gradient before the activation, as
                  * the weights and data primitives took it */
-                round_bf16(dpre, p->dact[l + 1], o);
+                round_bf16(dpre, up, o);
                 round_bf16(xr, X, in);
                 X = xr;
             } else {
@@ -247,8 +287,12 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
                           m->specs[k].act != NN_ACT_NONE;
             break;
         }
-        if (l > 0 && !below_fused && sp->kind != LAYER_FLATTEN)
+        if (l > 0 && !below_fused && sp->kind != LAYER_FLATTEN && d16) {
+            memcpy(sy, down, sizeof(float) * in); /* rounded for the comparison, not the chain */
+            expect_close16(what, l, widen(p->dact[l], in, 1, sx), sy, in);
+        } else if (l > 0 && !below_fused && sp->kind != LAYER_FLATTEN) {
             expect_close(what, l, p->dact[l], down, in);
+        }
         float *t = up;
         up = down;
         down = t;
@@ -265,6 +309,8 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
     free(dpre);
     free(gw);
     free(xr);
+    free(sx);
+    free(sy);
     free(wr);
     free(lp);
     free(dl);
