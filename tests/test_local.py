@@ -102,11 +102,18 @@ def test_tensorboard_serves_the_log_dir_until_shutdown(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
     import urllib.request
 
+    lines: list[str] = []  # the cluster's own messages: why TensorBoard did not start, if it did not
     cluster = sparkgrad.local.run(
-        cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 1, 0, tensorboard=True, log_dir=str(tmp_path), output=_quiet
+        cluster_nodes.write_ctx,
+        {"dir": str(tmp_path)},
+        1,
+        0,
+        tensorboard=True,
+        log_dir=str(tmp_path),
+        output=lines.append,
     )
     url = cluster.tensorboard_url()
-    assert url and url.startswith("http://127.0.0.1:")
+    assert url and url.startswith("http://127.0.0.1:"), "\n".join(str(line) for line in lines)
     with urllib.request.urlopen(url + "/data/logdir", timeout=30) as resp:
         assert str(tmp_path) in resp.read().decode()
     cluster.shutdown(timeout=60)
