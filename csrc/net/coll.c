@@ -770,6 +770,59 @@ static int coll_poll(const CollComm *c, struct pollfd *p, nfds_t np, double dead
     return poll(p, np, net_poll_ms(deadline));
 }
 
+/* The plain send step of a transfer (no session): writes what the socket
+ * takes of the stream at base from done up to end, capped at
+ * COLL_SEND_BYTES; or, with conv, of fp16/bf16 values encoded from conv
+ * through c->stage, COLL_TMP_BYTES / 2 of them at most, a batch encoded once
+ * the previous one is all written (*stage_have bytes staged, *stage_pos of
+ * them written). Returns the bytes written (counted in c->stats.bytes_sent),
+ * or a negative status. */
+static long ring_write_plain(CollComm *c, const uint8_t *base, const float *conv, size_t done,
+                             size_t end, CollCompression comp, size_t *stage_have,
+                             size_t *stage_pos, SgError *e)
+{
+    const uint8_t *src;
+    size_t len;
+    if (conv != NULL) {
+        if (*stage_pos == *stage_have) {
+            size_t elems = (end - done) / 2;
+            if (elems > COLL_TMP_BYTES / 2)
+                elems = COLL_TMP_BYTES / 2;
+            coll_encode(c->stage, conv + done / 2, elems, comp);
+            *stage_have = 2 * elems, *stage_pos = 0;
+        }
+        src = c->stage + *stage_pos, len = *stage_have - *stage_pos;
+    } else {
+        src = base + done, len = end - done;
+        if (len > COLL_SEND_BYTES)
+            len = COLL_SEND_BYTES;
+    }
+    long put = net_write_some(c->fd_right, src, len, c->right_peer, e);
+    if (put < 0)
+        return put;
+    *stage_pos += (size_t)put;
+    c->stats.bytes_sent += (uint64_t)put;
+    return put;
+}
+
+/* The plain receive step of a transfer (no session): reads what has arrived
+ * from the left, at most cap bytes, straight into dst; or, with dst NULL,
+ * into c->tmp after the tmp_have bytes already there (capped by the room
+ * left). Returns the bytes read (counted in c->stats.bytes_received), or a
+ * negative status. */
+static long ring_read_plain(CollComm *c, uint8_t *dst, size_t cap, size_t tmp_have, SgError *e)
+{
+    if (dst == NULL) {
+        dst = c->tmp + tmp_have;
+        if (cap > COLL_TMP_BYTES - tmp_have)
+            cap = COLL_TMP_BYTES - tmp_have;
+    }
+    long got = net_read_some(c->fd_left, dst, cap, c->left_peer, e);
+    if (got > 0)
+        c->stats.bytes_received += (uint64_t)got;
+    return got;
+}
+
 static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgError *err)
 {
     size_t sdone = 0, rdone = 0, tmp_have = 0, stage_have = 0, stage_pos = 0;
@@ -838,27 +891,12 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
         } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
-            const uint8_t *src;
-            size_t len;
-            if (x->sconv != NULL) {
-                if (stage_pos == stage_have) {
-                    size_t left = (x->slen - sdone) / 2;
-                    if (left > COLL_TMP_BYTES / 2)
-                        left = COLL_TMP_BYTES / 2;
-                    coll_encode(c->stage, x->sconv + sdone / 2, left, x->comp);
-                    stage_have = 2 * left, stage_pos = 0;
-                }
-                src = c->stage + stage_pos, len = stage_have - stage_pos;
-            } else {
-                src = x->sptr + sdone, len = (x->relay ? rdone : x->slen) - sdone;
-                if (len > COLL_SEND_BYTES)
-                    len = COLL_SEND_BYTES;
-            }
-            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            /* a relay (raw bytes, no sconv) sends only what has arrived */
+            long put = ring_write_plain(c, x->sptr, x->sconv, sdone, x->relay ? rdone : x->slen,
+                                        x->comp, &stage_have, &stage_pos, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
-            sdone += (size_t)put, stage_pos += (size_t)put;
-            c->stats.bytes_sent += (uint64_t)put;
+            sdone += (size_t)put;
         }
         if (ir >= 0 && p[ir].revents && c->sec) {
             if (!rx.busy)
@@ -870,20 +908,11 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
             if (x->rdst == NULL && got > 0)
                 x->consume(x->ctx, (rdone - (size_t)got) / x->wsz, c->tmp, (size_t)got / x->wsz);
         } else if (ir >= 0 && p[ir].revents) {
-            uint8_t *dst;
-            size_t cap = x->rlen - rdone;
-            if (x->rdst != NULL) {
-                dst = x->rdst + rdone;
-            } else {
-                dst = c->tmp + tmp_have;
-                if (cap > COLL_TMP_BYTES - tmp_have)
-                    cap = COLL_TMP_BYTES - tmp_have;
-            }
-            long got = net_read_some(c->fd_left, dst, cap, c->left_peer, &e);
+            long got = ring_read_plain(c, x->rdst != NULL ? x->rdst + rdone : NULL, x->rlen - rdone,
+                                       tmp_have, &e);
             if (got < 0)
                 return peer_failure(c, (int)got, 1, &e, what, err);
             rdone += (size_t)got;
-            c->stats.bytes_received += (uint64_t)got;
             if (x->rdst == NULL && got > 0) {
                 tmp_have += (size_t)got;
                 size_t whole = tmp_have / x->wsz;
@@ -1266,28 +1295,12 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
                 return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
             sdone += (size_t)put;
         } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
-            const uint8_t *src;
-            size_t len;
-            if (comp != COLL_COMP_NONE) {
-                if (stage_pos == stage_have) {
-                    size_t elems = (avail - sdone) / 2;
-                    if (elems > COLL_TMP_BYTES / 2)
-                        elems = COLL_TMP_BYTES / 2;
-                    coll_encode(c->stage, (const float *)(buf + soff * esz) + sdone / 2, elems,
-                                comp);
-                    stage_have = 2 * elems, stage_pos = 0;
-                }
-                src = c->stage + stage_pos, len = stage_have - stage_pos;
-            } else {
-                src = buf + soff * esz + sdone, len = avail - sdone;
-                if (len > COLL_SEND_BYTES)
-                    len = COLL_SEND_BYTES;
-            }
-            long put = net_write_some(c->fd_right, src, len, c->right_peer, &e);
+            const uint8_t *seg = buf + soff * esz;
+            long put = ring_write_plain(c, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
+                                        sdone, avail, comp, &stage_have, &stage_pos, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
-            sdone += (size_t)put, stage_pos += (size_t)put;
-            c->stats.bytes_sent += (uint64_t)put;
+            sdone += (size_t)put;
         }
         if (ir >= 0 && p[ir].revents && c->sec) {
             int reducing = rj < n - 1, direct = !reducing && comp == COLL_COMP_NONE;
@@ -1308,20 +1321,12 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
             }
         } else if (ir >= 0 && p[ir].revents) {
             int reducing = rj < n - 1, direct = !reducing && comp == COLL_COMP_NONE;
-            uint8_t *seg = buf + toff * esz, *dst;
-            size_t cap = tcnt * wsz - rdone;
-            if (direct) {
-                dst = seg + rdone;
-            } else {
-                dst = c->tmp + tmp_have;
-                if (cap > COLL_TMP_BYTES - tmp_have)
-                    cap = COLL_TMP_BYTES - tmp_have;
-            }
-            long got = net_read_some(c->fd_left, dst, cap, c->left_peer, &e);
+            uint8_t *seg = buf + toff * esz;
+            long got =
+                ring_read_plain(c, direct ? seg + rdone : NULL, tcnt * wsz - rdone, tmp_have, &e);
             if (got < 0)
                 return peer_failure(c, (int)got, 1, &e, AR_WHAT, err);
             rdone += (size_t)got;
-            c->stats.bytes_received += (uint64_t)got;
             if (!direct && got > 0) {
                 tmp_have += (size_t)got;
                 size_t whole = tmp_have / wsz, at = (rdone - tmp_have) / wsz;
