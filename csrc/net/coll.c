@@ -487,15 +487,14 @@ void coll_comm_free(CollComm *c)
 
 /* ---- the transfer engine ----------------------------------------------------------- */
 
-/* One ring step: send slen wire bytes to the right while receiving rlen from
- * the left. Send source: sptr (raw) or sconv (float32 values encoded with
- * comp through c->stage); relay = 1 sends only bytes already received into
- * sptr (== rdst). Receive: straight into rdst, or through c->tmp to
- * consume(ctx, element offset, wire bytes, whole elements). */
+/* One ring step: send slen wire bytes from sptr to the right while receiving
+ * rlen from the left; relay = 1 sends only bytes already received into sptr
+ * (== rdst). Receive: straight into rdst, or through c->tmp to consume(ctx,
+ * element offset, wire bytes, whole elements). Its callers send bytes as they
+ * are (headers, broadcasts, allgathers); the encoding of float32 values for
+ * the wire is the allreduce's own (ring_allreduce). */
 typedef struct Xfer {
     const uint8_t *sptr;
-    const float *sconv;
-    CollCompression comp;
     size_t slen;
     int relay;
     uint8_t *rdst;
@@ -886,14 +885,14 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
         if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
             /* a relay's record is whole once sdone < rdone: the right
              * neighbour's rlen is our slen, cut the same way as ours */
-            long put = rec_send_step(c, &tx, x->sptr, x->sconv, sdone, x->slen, x->comp, &e);
+            long put = rec_send_step(c, &tx, x->sptr, NULL, sdone, x->slen, COLL_COMP_NONE, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
         } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
-            /* a relay (raw bytes, no sconv) sends only what has arrived */
-            long put = ring_write_plain(c, x->sptr, x->sconv, sdone, x->relay ? rdone : x->slen,
-                                        x->comp, &stage_have, &stage_pos, &e);
+            /* a relay sends only what has arrived */
+            long put = ring_write_plain(c, x->sptr, NULL, sdone, x->relay ? rdone : x->slen,
+                                        COLL_COMP_NONE, &stage_have, &stage_pos, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
