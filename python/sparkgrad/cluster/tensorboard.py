@@ -28,7 +28,9 @@ def installed() -> bool:
 class TensorBoard:
     """A TensorBoard process serving ``log_dir`` on ``host``; close() ends it."""
 
-    def __init__(self, log_dir: str, host: str, timeout: float = 60.0) -> None:
+    # TensorBoard imports TensorFlow when it is installed: on a loaded 2-core machine that
+    # alone took 17 s, and the URL came after more than 60 s.
+    def __init__(self, log_dir: str, host: str, timeout: float = 120.0) -> None:
         self.log_dir = log_dir
         self.url = ""
         self._lines: deque[str] = deque(maxlen=20)
