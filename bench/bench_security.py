@@ -132,13 +132,13 @@ def allreduce_busbw(plan: list, mode: str) -> dict[int, float]:
     return {b: 2 * (2 - 1) / 2 * b / max(r[b] for r in per_rank) for b, _ in plan}
 
 
-def linked_runs(rate: float, runs: int, seconds: float, plan: list) -> dict[str, dict]:
+def linked_runs(rate: float, runs: int, seconds: float) -> dict[str, dict]:
     """The ps and allreduce between 2 simulated hosts on links of `rate` Gbit/s, the modes
     interleaved run by run: {"ps", "ring", "link"} each {(size name, mode): [per run]}, "link"
     the allreduce's bus bandwidth in percent of the link rate (with 2 ranks each sends the
     buffer's size over its link per allreduce, so 100% is the link's limit)."""
     out: dict[str, dict] = {"ps": {}, "ring": {}, "link": {}}
-    nplan = [(b, max(3, min(100, int(rate * 1e9 / 8) // b))) for b, _ in plan]  # about 1 s per size
+    nplan = [(4 * n, max(3, min(100, int(rate * 1e9 / 8) // (4 * n)))) for n in SIZES.values()]  # ~1 s a size
     with benchlib.linked_hosts(2, rate) as hosts:
         for _ in range(runs):
             for mode in MODES:
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
             for name, (nbytes, _) in zip(SIZES, plan, strict=True):
                 ring.setdefault((name, mode), []).append(bus[nbytes] / 1e9)
     no_netns = "--no-netns" if args.no_netns else benchlib.netns_skip_reason()
-    linked = {} if no_netns else {rate: linked_runs(rate, runs, seconds, plan) for rate in rates}
+    linked = {} if no_netns else {rate: linked_runs(rate, runs, seconds) for rate in rates}
     rows = []
     for name in SIZES:
         for mode in MODES:

@@ -686,17 +686,17 @@ static long rec_write(CollComm *c, Rec *r, SgError *err)
 }
 
 /* The protected send step of a transfer whose logical stream is total bytes at base (or,
- * with conv, fp16/bf16 values encoded from conv through c->stage): once the previous
+ * with comp, fp16/bf16 values encoded from the float32 at base through c->stage): once the previous
  * record is all written, seals the next one at done; then writes what the socket takes.
  * Returns rec_write's result, or a negative status from sealing. */
-static long rec_send_step(CollComm *c, Rec *tx, const uint8_t *base, const float *conv, size_t done,
-                          size_t total, CollCompression comp, SgError *e)
+static long rec_send_step(CollComm *c, Rec *tx, const uint8_t *base, size_t done, size_t total,
+                          CollCompression comp, SgError *e)
 {
     if (!tx->busy) {
         size_t len = rec_len(done, total);
-        const uint8_t *src = conv != NULL ? c->stage : base + done;
-        if (conv != NULL)
-            coll_encode(c->stage, conv + done / 2, len / 2, comp);
+        const uint8_t *src = comp != COLL_COMP_NONE ? c->stage : base + done;
+        if (comp != COLL_COMP_NONE)
+            coll_encode(c->stage, (const float *)base + done / 2, len / 2, comp);
         int rc = rec_seal(c, tx, src, len, e);
         if (rc < 0)
             return rc;
@@ -771,23 +771,23 @@ static int coll_poll(const CollComm *c, struct pollfd *p, nfds_t np, double dead
 
 /* The plain send step of a transfer (no session): writes what the socket
  * takes of the stream at base from done up to end, capped at
- * COLL_SEND_BYTES; or, with conv, of fp16/bf16 values encoded from conv
- * through c->stage, COLL_TMP_BYTES / 2 of them at most, a batch encoded once
+ * COLL_SEND_BYTES; or, with comp, of fp16/bf16 values encoded from the
+ * float32 at base through c->stage, COLL_TMP_BYTES / 2 of them at most, a batch encoded once
  * the previous one is all written (*stage_have bytes staged, *stage_pos of
  * them written). Returns the bytes written (counted in c->stats.bytes_sent),
  * or a negative status. */
-static long ring_write_plain(CollComm *c, const uint8_t *base, const float *conv, size_t done,
-                             size_t end, CollCompression comp, size_t *stage_have,
-                             size_t *stage_pos, SgError *e)
+static long ring_write_plain(CollComm *c, const uint8_t *base, size_t done, size_t end,
+                             CollCompression comp, size_t *stage_have, size_t *stage_pos,
+                             SgError *e)
 {
     const uint8_t *src;
     size_t len;
-    if (conv != NULL) {
+    if (comp != COLL_COMP_NONE) {
         if (*stage_pos == *stage_have) {
             size_t elems = (end - done) / 2;
             if (elems > COLL_TMP_BYTES / 2)
                 elems = COLL_TMP_BYTES / 2;
-            coll_encode(c->stage, conv + done / 2, elems, comp);
+            coll_encode(c->stage, (const float *)base + done / 2, elems, comp);
             *stage_have = 2 * elems, *stage_pos = 0;
         }
         src = c->stage + *stage_pos, len = *stage_have - *stage_pos;
@@ -885,13 +885,13 @@ static int xfer_run(CollComm *c, Xfer *x, double deadline, const char *what, SgE
         if (want_send && is >= 0 && (p[is].revents & POLLOUT) && c->sec) {
             /* a relay's record is whole once sdone < rdone: the right
              * neighbour's rlen is our slen, cut the same way as ours */
-            long put = rec_send_step(c, &tx, x->sptr, NULL, sdone, x->slen, COLL_COMP_NONE, &e);
+            long put = rec_send_step(c, &tx, x->sptr, sdone, x->slen, COLL_COMP_NONE, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
             sdone += (size_t)put;
         } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
             /* a relay sends only what has arrived */
-            long put = ring_write_plain(c, x->sptr, NULL, sdone, x->relay ? rdone : x->slen,
+            long put = ring_write_plain(c, x->sptr, sdone, x->relay ? rdone : x->slen,
                                         COLL_COMP_NONE, &stage_have, &stage_pos, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, what, err);
@@ -1287,16 +1287,13 @@ static int ring_allreduce(CollComm *c, uint8_t *buf, size_t count, CollDtype dty
             /* avail is whole records: the segment sent now is the one
              * received at the step before, cut the same way */
             const uint8_t *seg = buf + soff * esz;
-            long put =
-                rec_send_step(c, &tx, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
-                              sdone, scnt * wsz, comp, &e);
+            long put = rec_send_step(c, &tx, seg, sdone, scnt * wsz, comp, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
             sdone += (size_t)put;
         } else if (want_send && is >= 0 && (p[is].revents & POLLOUT)) {
             const uint8_t *seg = buf + soff * esz;
-            long put = ring_write_plain(c, seg, comp != COLL_COMP_NONE ? (const float *)seg : NULL,
-                                        sdone, avail, comp, &stage_have, &stage_pos, &e);
+            long put = ring_write_plain(c, seg, sdone, avail, comp, &stage_have, &stage_pos, &e);
             if (put < 0)
                 return peer_failure(c, (int)put, 0, &e, AR_WHAT, err);
             sdone += (size_t)put;
