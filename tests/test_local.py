@@ -121,6 +121,60 @@ def test_tensorboard_serves_the_log_dir_until_shutdown(tmp_path):
         urllib.request.urlopen(url, timeout=5)
 
 
+def _fake_tensorboard(monkeypatch, script: str) -> None:
+    """TensorBoard replaced by a small script, so its start can be staged without TensorFlow."""
+    import sys
+
+    from sparkgrad.cluster import tensorboard
+
+    monkeypatch.setattr(tensorboard, "installed", lambda: True)
+    monkeypatch.setattr(tensorboard, "command", lambda log_dir, host: [sys.executable, "-c", script])
+
+
+def test_run_returns_while_tensorboard_starts_and_its_url_is_waited_for(tmp_path, monkeypatch):
+    go = tmp_path / "go"
+    _fake_tensorboard(
+        monkeypatch,
+        "import os, sys, time\n"
+        f"for _ in range(300):\n    if os.path.exists({str(go)!r}): break\n    time.sleep(0.1)\n"
+        "else:\n    sys.exit(9)\n"
+        "print('TensorBoard 9.9 at http://127.0.0.1:4711/ (Press CTRL+C to quit)', flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    lines: list[str] = []
+    cluster = sparkgrad.local.run(
+        cluster_nodes.write_ctx,
+        {"dir": str(tmp_path)},
+        1,
+        0,
+        tensorboard=True,
+        log_dir=str(tmp_path),
+        output=lines.append,
+    )
+    go.touch()  # only now can the fake TensorBoard report its URL: run() did not wait for it
+    assert cluster.tensorboard_url() == "http://127.0.0.1:4711", lines
+    cluster.shutdown(timeout=60)
+    assert any("TensorBoard at http://127.0.0.1:4711" in str(line) for line in lines), lines
+
+
+def test_a_tensorboard_that_exits_is_reported_with_its_code_and_output(tmp_path, monkeypatch):
+    _fake_tensorboard(monkeypatch, "import sys\nprint('no such log dir', flush=True)\nsys.exit(3)\n")
+    lines: list[str] = []
+    cluster = sparkgrad.local.run(
+        cluster_nodes.write_ctx,
+        {"dir": str(tmp_path)},
+        1,
+        0,
+        tensorboard=True,
+        log_dir=str(tmp_path),
+        output=lines.append,
+    )
+    assert cluster.tensorboard_url() is None
+    cluster.shutdown(timeout=60)
+    text = "\n".join(str(line) for line in lines)
+    assert "TensorBoard exited with code 3 before it reported its URL" in text and "no such log dir" in text, text
+
+
 def test_sys_exit_zero_is_success_and_nonzero_a_failure(tmp_path):
     cluster = sparkgrad.local.run(cluster_nodes.exit_with, {"target": "worker:0", "code": 0}, 2, 0, output=_quiet)
     cluster.shutdown(timeout=60)

@@ -692,22 +692,39 @@ class Cluster:
         return tuple((n.host, n.port) for n in self.nodes if n.role not in SERVING_ROLES)
 
     def start_tensorboard(self, log_dir: str, host: str) -> None:
-        """Serves log_dir with TensorBoard on the driver if it is installed (else says so)."""
+        """Serves log_dir with TensorBoard on the driver if it is installed (else says so).
+
+        Returns at once: TensorBoard's start (seconds, more where it imports
+        TensorFlow) runs beside the cluster's work, and its URL or the reason it
+        has none is printed when known; tensorboard_url() waits for it.
+        """
         from sparkgrad.cluster import tensorboard
 
         if not tensorboard.installed():
             self._output(f"sparkgrad: tensorboard is not installed; event files go to {log_dir}")
             return
-        try:
-            self._tensorboard = tensorboard.TensorBoard(log_dir, host)
-        except ClusterError as exc:
-            self._output(f"sparkgrad: {exc}")
-            return
-        self._output(f"sparkgrad: TensorBoard at {self._tensorboard.url} (log_dir {log_dir})")
+
+        def ready(url: str | None, error: ClusterError | None) -> None:
+            if self._closed.is_set():
+                return
+            if error is not None:
+                self._output(f"sparkgrad: {error}")
+            else:
+                self._output(f"sparkgrad: TensorBoard at {url} (log_dir {log_dir})")
+
+        self._tensorboard = tensorboard.TensorBoard(log_dir, host, on_ready=ready)
 
     def tensorboard_url(self) -> str | None:
-        """The URL of the TensorBoard started by tensorboard=True, or None."""
-        return None if self._tensorboard is None else self._tensorboard.url
+        """The URL of the TensorBoard started by tensorboard=True, or None if none runs.
+
+        Waits while TensorBoard is still starting (up to its start timeout, 120 s).
+        """
+        if self._tensorboard is None:
+            return None
+        try:
+            return self._tensorboard.wait()
+        except ClusterError:
+            return None  # why was printed through the cluster's output when it happened
 
     def _close(self) -> None:
         if self._closed.is_set():
