@@ -69,7 +69,7 @@ ctest: deps $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; $$t; done
 
 test: build ctest
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS) tests
 
 # The fault suite: SIGKILL / SIGSTOP of nodes and executor JVMs on a standalone Spark cluster the suite starts
 # (a master and three workers, one core each), links cut and delayed between network namespaces, a full
