@@ -234,7 +234,7 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 # longest (about 20 subprocesses, two torch.compile and four XLA compiles), then bench_hvd and
 # bench_cluster (TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll). Measured one script at
 # a time at a load average of 10-22 on the shared machine, the scripts took 32 minutes in all.
-bench: build $(ANCHORS_STAMP)
+bench: build $(ANCHORS_STAMP) build/bench/gemm_peak
 	@mkdir -p bench/results
 	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 	$(PY) bench/report.py
@@ -244,6 +244,11 @@ bench: build $(ANCHORS_STAMP)
 build/bench/inflate_breakdown: bench/inflate_breakdown.c $(CSRC) $(DEPS_STAMP)
 	@mkdir -p build/bench
 	$(CC) $(CFLAGS_C) -O3 $$($(PY) .ci/buildcfg.py cflags) -o $@ $< $(CORE_SRC) $$($(PY) .ci/buildcfg.py libs)
+
+# oneDNN's matmul rate, one of the GEMM bounds bench_train.py measures (see bench/gemm_peak.c).
+build/bench/gemm_peak: bench/gemm_peak.c $(DEPS_STAMP)
+	@mkdir -p build/bench
+	$(CC) $(CFLAGS_C) $$($(PY) .ci/buildcfg.py cflags) -o $@ $< $$($(PY) .ci/buildcfg.py libs)
 
 bench-inflate: build build/bench/inflate_breakdown
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \

@@ -25,8 +25,10 @@ Keras runs in this interpreter (where `make bench` installs the anchors extra)
 or in $SPARKGRAD_TF_PYTHON; without TensorFlow its rows say why. sparkgrad_bf16
 is compile(precision="bf16") (its ratio is the speedup over sparkgrad's fp32; a
 CPU without native bf16 gets a row saying so); "sparkgrad (best precision)" is
-the faster of the two, compared with each anchor at its best. The fp32 GEMM bound is the best of
-NumPy's and torch.mm's 1536^3 product over the FLOPs of one training sample.
+the faster of the two, compared with each anchor at its best. The fp32 GEMM bound is the best
+1536^3 product of NumPy, torch.mm and oneDNN's matmul in the layouts it picks (bench/gemm_peak.c,
+built by `make bench`), over the FLOPs of one training sample; each is a row, with oneDNN's bf16
+matmul beside them.
 
     python bench/bench_train.py [--quick] [--threads 1,2]
 
@@ -253,29 +255,56 @@ def worker_keras(
     return rates_result(rates, steps_per_segment=seg, first_epoch_s=stamps[1] - stamps[0])
 
 
+GEMM_N = 1536
+GEMM_PEAK = ROOT / "build" / "bench" / "gemm_peak"  # bench/gemm_peak.c, built by `make bench`
+
+
+def onednn_gemm(dtype: str) -> tuple[float | None, str]:
+    """oneDNN's matmul rate (GFLOP/s, best of its rounds) with the layouts it picks, or why not."""
+    if not GEMM_PEAK.exists():
+        made = subprocess.run(["make", "-s", "-C", str(ROOT), "build/bench/gemm_peak"], capture_output=True, text=True)
+        if made.returncode != 0 or not GEMM_PEAK.exists():
+            return None, f"build/bench/gemm_peak could not be built: {made.stderr.strip()[-300:]}"
+    out = subprocess.run([str(GEMM_PEAK), str(GEMM_N), dtype], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return None, f"gemm_peak {dtype} exited with {out.returncode}: {out.stderr.strip()[-300:]}"
+    res = json.loads(out.stdout)
+    return float(res["best_gflops"]), str(res["impl"])
+
+
 def worker_gemm(threads: int) -> dict:
-    """Measured fp32 GEMM peak: best of NumPy (BLAS) and torch.mm on 1536^3."""
+    """GEMM rates on 1536^3, GFLOP/s: NumPy (BLAS) and torch.mm in fp32, oneDNN's matmul in fp32
+    and bf16 (its own layouts). The fp32 bound is the best of the fp32 ones."""
     import numpy as np
 
-    n = 1536
+    n = GEMM_N
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    rates: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
     best = 0.0
     for _ in range(5):
         t = time.perf_counter()
         a @ a
         best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    rates["numpy"] = best / 1e9
     try:
         import torch
 
         torch.set_num_threads(threads)
         ta = torch.from_numpy(a)
+        best = 0.0
         for _ in range(5):
             t = time.perf_counter()
             torch.mm(ta, ta)
             best = max(best, 2 * n**3 / (time.perf_counter() - t))
+        rates["torch"] = best / 1e9
     except ImportError:
-        pass
-    return {"gflops": best / 1e9}
+        rates["torch"], notes["torch"] = None, "torch is not installed"
+    for dtype in ("f32", "bf16"):
+        key = f"onednn_{dtype}"
+        rates[key], notes[key] = onednn_gemm(dtype)
+    fp32 = [v for k, v in rates.items() if v is not None and k != "onednn_bf16"]
+    return {"gflops": max(fp32), "sources": rates, "notes": notes}
 
 
 WORKERS = {
@@ -286,6 +315,12 @@ WORKERS = {
 }
 
 
+GEMM_SOURCES = {  # what each row of the GEMM bound measured (the bound is the best fp32 one)
+    "numpy": "NumPy @, fp32",
+    "torch": "torch.mm, fp32",
+    "onednn_f32": "oneDNN matmul, fp32, its own layouts",
+    "onednn_bf16": "oneDNN matmul, bf16 in, fp32 out, its own layouts; not in the fp32 bound",
+}
 WAIT_POLICY = "both"
 BEST_OURS = "sparkgrad (best precision)"  # the faster of sparkgrad fp32 and bf16, per model and threads
 OPENMP_SYSTEMS = ("sparkgrad", "sparkgrad_bf16", "torch")  # TensorFlow runs its own thread pools
@@ -422,9 +457,17 @@ def main() -> int:
         return out
 
     for t in threads:
-        g, _ = spawn(sys.executable, ["gemm", str(t)], t, 300)
+        g, _ = spawn(sys.executable, ["gemm", str(t)], t, 600)
         peak = g["gflops"] if g else float("nan")
         row(benchlib.row("machine", f"fp32_gemm_peak_t{t}", round(peak, 1), "GFLOP/s"))
+        for source, what in GEMM_SOURCES.items():
+            rate = (g or {}).get("sources", {}).get(source)
+            note = (g or {}).get("notes", {}).get(source, "")
+            if rate is None:
+                row(benchlib.not_measured("machine", f"gemm_{source}_t{t}", note or "no result", "GFLOP/s"))
+            else:  # for oneDNN the note is the implementation it chose
+                row(benchlib.row("machine", f"gemm_{source}_t{t}", round(rate, 1),
+                                 f"GFLOP/s ({what}{'; ' + note if note else ''})"))  # fmt: skip
         for model in ("mlp", "cnn"):
             # no system can train faster than the measured GEMM peak over the FLOPs of one sample
             bounds[f"{model}_t{t}"] = peak * 1e9 / flops[model]
