@@ -112,7 +112,8 @@ int main(int argc, char **argv)
         rate[r] = flop / (now() - t) / 1e9;
     }
     qsort(rate, (size_t)rounds, sizeof rate[0], cmp_double);
-    printf("{\"dtype\": \"%s\", \"n\": %ld, \"impl\": \"%s\", \"best_gflops\": %.2f, \"median_gflops\": %.2f}\n",
+    printf("{\"dtype\": \"%s\", \"n\": %ld, \"impl\": \"%s\", \"best_gflops\": %.2f, "
+           "\"median_gflops\": %.2f}\n",
            argv[2], n, impl, rate[rounds - 1], rate[rounds / 2]);
 
     dnnl_memory_destroy(ma);
