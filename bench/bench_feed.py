@@ -19,6 +19,9 @@ cluster formed before and shut down after):
                            $SPARKGRAD_TF_PYTHON): cluster.train(df.rdd), as TFoS takes a DataFrame, DataFeed.next_batch
   sparkgrad TFRecords      2 InputMode.TENSORFLOW workers reading their file with TFRecordDataset
                            (rows / the slower worker's read time)
+  Spark's floor            mapInArrow over the same cached DataFrame's columns that only counts
+                           the rows (no cluster): what moving them from the JVM to Python costs,
+                           which bounds any feeder that takes its rows through Arrow
 
 Scoring (rows/s of a DataFrame of 784-float arrays in 2 partitions through
 the walkthrough MLP, 784-128-64-10 softmax, written to Spark's ``noop`` sink):
@@ -280,8 +283,8 @@ def torch_udf(state: dict, threads: int):
     return predict
 
 
-def time_arrow_floor(df, rows: int):
-    """rows/s of a mapInArrow over the features column that only counts its rows."""
+def time_arrow_floor(df, rows: int, columns: tuple[str, ...] = ("features",)):
+    """rows/s of a mapInArrow over the columns that only counts their rows."""
 
     def count(batches):
         import pyarrow as pa
@@ -290,7 +293,7 @@ def time_arrow_floor(df, rows: int):
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
     start = time.perf_counter()
-    seen = sum(r["n"] for r in df.select("features").mapInArrow(count, "n long").collect())
+    seen = sum(r["n"] for r in df.select(*columns).mapInArrow(count, "n long").collect())
     if seen != rows:
         raise RuntimeError(f"the floor's count saw {seen} rows of {rows}")
     return rows / (time.perf_counter() - start), ""
@@ -344,6 +347,9 @@ def measure(fn, repeat: int) -> tuple[list[float], str]:
     return values, ""
 
 
+FLOOR_FEED = "Spark's floor (mapInArrow counting the fed columns' rows)"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="10,000 rows, one run of each")
@@ -387,6 +393,11 @@ def main() -> int:
         for system, data in (("sparkgrad Arrow feed", lambda d=df: d), ("sparkgrad RDD path", lambda d=df: d.rdd)):
             values, why = measure(lambda data=data: (time_feed(spark, data(), rows),), repeat)
             out.append(row(system, metric, values, "rows/s", why))
+        # what moving these columns from the JVM to Python costs, on the same cached DataFrame:
+        # no Arrow feeder can pass more rows than this
+        columns = tuple(df.columns)
+        values, why = measure(lambda df=df, columns=columns: time_arrow_floor(df, rows, columns), repeat)
+        out.append(row(FLOOR_FEED, metric, values, "rows/s", why))
     python, why_not = (None, "--skip-tfos") if args.skip_tfos or not frames else tfos_python()
     for kind in frames:
         metric = f"feed rows/s, {labels[kind]} + label"
