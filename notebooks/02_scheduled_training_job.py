@@ -8,8 +8,9 @@
 # MAGIC `sparkgrad convert mnist` write them) and copied to local disk; the model, its checkpoint and the
 # MAGIC metrics are written locally and then copied to `output_path` (`/dbfs` is a FUSE view: whole-file copies
 # MAGIC work well there, many small writes do not). A re-run with the same `output_path` resumes from its
-# MAGIC checkpoint. The run's result (`dbutils.notebook.exit`) is a JSON summary. With MLflow (always there on
-# MAGIC Databricks) the run is also logged to this notebook's experiment, and the summary names it (`mlflow_run_id`).
+# MAGIC checkpoint. The run's result (`dbutils.notebook.exit`) is a JSON summary, with the settings it ran with
+# MAGIC (learning rate, cluster shape, input mode). With MLflow (always there on Databricks) the run is also
+# MAGIC logged to this notebook's experiment, and the summary names it (`mlflow_run_id`).
 # MAGIC
 # MAGIC Needs a cluster in Dedicated (single user) access mode with a task slot per node (plus one in `spark` mode).
 # MAGIC
@@ -59,8 +60,10 @@ from sparkgrad.examples import mnist_dist
 scratch = "/local_disk0/tmp" if os.path.isdir("/local_disk0/tmp") else None
 local = tempfile.mkdtemp(prefix="sparkgrad-job-", dir=scratch)
 dbutils.fs.cp(data_path, f"file:{local}/data", recurse=True)
+copied = sorted(os.listdir(f"{local}/data"))
+copied_bytes = sum(os.path.getsize(f"{local}/data/{name}") for name in copied)
+print(f"copied {data_path} to {local}/data: {len(copied)} files, {copied_bytes} bytes")
 pixel_mean, pixel_std = mnist_dist.pixel_stats(f"{local}/data")  # also writes data/pixel_stats.npz
-print(f"copied {data_path} to {local}/data")
 
 # COMMAND ----------
 
@@ -176,7 +179,11 @@ summary = {
     "model": f"{output_path}/model/{mnist_dist.CHECKPOINT}",
     "checkpoints": f"{output_path}/checkpoints",
     "metrics": f"{output_path}/metrics.json",
-    "mode": mode,
+    # the settings used: the learning rate the nodes were given, the cluster that formed and its input mode
+    "learning_rate": args.learning_rate,
+    "num_executors": sum(len(nodes) for nodes in cluster.cluster_spec.values()),
+    "num_ps": len(cluster.cluster_spec.get("ps", ())),
+    "mode": cluster.input_mode.name.lower(),
     "epochs": epochs,
     "global_step": metrics["global_step"],
     "test_accuracy": metrics["test_accuracy"],

@@ -250,8 +250,8 @@ def freeze_target(args, ctx):
 
 
 def fit_with_mlflow(args, ctx):
-    """Every worker fits a small model with ``mlflow=True`` (the tracking URI comes from the
-    environment): only the chief may log, and no other node may even import mlflow."""
+    """Every node (a ps too) fits a small model with ``mlflow=True`` (the tracking URI comes from
+    the environment): only the chief may log, and no other node may even import mlflow."""
     import sys
 
     import numpy as np
@@ -261,4 +261,9 @@ def fit_with_mlflow(args, ctx):
     model = Sequential([Dense(CLASSES, input_shape=(FEATURES,))], seed=1)
     model.compile(optimizer="sgd")
     model.fit(x, y, batch_size=32, epochs=2, log_every=4, verbose=0, mlflow=True)
-    return {"rank": rank.current().rank, "step": model.step, "mlflow_imported": "mlflow" in sys.modules}
+    return {
+        "role": ctx.job_name,
+        "rank": rank.current().rank,
+        "step": model.step,
+        "mlflow_imported": "mlflow" in sys.modules,
+    }

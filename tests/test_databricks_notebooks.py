@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 
 import pytest
 from sparkgrad.data.idx import FASHION_MNIST_DIR
@@ -50,8 +52,8 @@ def run(spark, dbfs, tmp_path_factory, mlflow_store):
     from sparkgrad.databricks import run_notebook
 
     def go(name, params, timeout=300, **kw):
-        run_dir = str(tmp_path_factory.mktemp(name))
-        return run_notebook(notebook(name), params, timeout, spark=spark, dbfs_root=str(dbfs), run_dir=run_dir, **kw)
+        kw.setdefault("run_dir", str(tmp_path_factory.mktemp(name)))  # where display() saves figures
+        return run_notebook(notebook(name), params, timeout, spark=spark, dbfs_root=str(dbfs), **kw)
 
     return go
 
@@ -78,14 +80,21 @@ def test_prep_writes_the_requested_rows_to_its_output_data(records, dbfs):
     assert (dbfs / "data/records/test.tfrecords").is_file()
 
 
-def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(run, records, dbfs, mlflow_store):
+def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_metrics(
+    run, records, dbfs, mlflow_store, capsys
+):
+    # every setting away from its widget default: 1 ps + 1 worker (not 1 + 2), learning rate 0.1 (not 0.07)
     params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/run1", "epochs": "1", "mode": "spark"}
+    params.update({"learning_rate": "0.1", "num_executors": "2"})
     summary = json.loads(run("02_scheduled_training_job", params).exit_value)
     assert set(summary) == {
         "output_path",
         "model",
         "checkpoints",
         "metrics",
+        "learning_rate",
+        "num_executors",
+        "num_ps",
         "mode",
         "epochs",
         "global_step",
@@ -93,8 +102,17 @@ def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_met
         "seconds",
         "mlflow_run_id",
     }
+    assert (summary["learning_rate"], summary["num_executors"], summary["num_ps"]) == (0.1, 2, 1)
     assert summary["mode"] == "spark" and summary["global_step"] == 20  # 2000 rows, batch 100, each row fed once
     assert summary["test_accuracy"] > 0.5
+    # the data was copied whole from DBFS to the driver's local disk, and that copy removed at the end
+    copied = re.search(
+        r"^copied dbfs:/data/records to (/\S+)/data: (\d+) files, (\d+) bytes$", capsys.readouterr().out, re.M
+    )
+    assert copied, "no line about the data's local copy"
+    sources = [p for p in (dbfs / "data/records").iterdir() if p.is_file()]
+    assert (int(copied[2]), int(copied[3])) == (len(sources), sum(p.stat().st_size for p in sources))
+    assert not str(copied[1]).startswith(str(dbfs)) and not os.path.exists(copied[1])
     for path in (
         "jobs/run1/model/model.sgckpt",
         "jobs/run1/model/pixel_stats.npz",
@@ -109,6 +127,7 @@ def test_scheduled_job_trains_in_spark_mode_and_writes_model_checkpoints_and_met
     logged = mlflow_run(mlflow_store, summary["mlflow_run_id"])
     assert logged.info.status == "FINISHED" and logged.info.run_name == "02_scheduled_training_job"
     assert logged.data.params["mode"] == "spark" and logged.data.params["num_ps"] == "1"
+    assert (logged.data.params["learning_rate"], logged.data.params["num_executors"]) == ("0.1", "2")
     assert logged.data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     assert logged.data.metrics["samples"] == 2000  # (mnist_dist's metric lines come every 100 steps: none here)
     from mlflow.tracking import MlflowClient
@@ -135,14 +154,26 @@ def test_pipeline_chains_prep_train_and_evaluate_through_their_widget_arguments(
     assert sum(map(sum, evaluation["confusion"])) == 2000
 
 
-def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics_and_logs_them_to_mlflow(run, mlflow_store):
+def test_quickstart_runs_with_pip_skipped_and_plots_its_metrics_and_logs_them_to_mlflow(
+    run, mlflow_store, tmp_path, capsys
+):
     params = {"source": f"file:{FASHION_MNIST_DIR}", "work_dir": "dbfs:/quickstart", "max_rows": ROWS, "epochs": "1"}
     lines = []
-    result = run("01_quickstart", params, skip_pip=True, log=lines.append)
+    result = run("01_quickstart", params, skip_pip=True, log=lines.append, run_dir=str(tmp_path))
     assert any("skipped cell 2: %pip install /Volumes/" in x for x in lines)
     assert result.namespace["chief"]["step"] == 40 and result.namespace["chief"]["test_accuracy"] > 0.5
     assert {m.name for m in result.namespace["cluster"].metrics} == {"loss", "accuracy"}
     assert result.namespace["output"].bar.n == 40
+    # display(fig): the loss and accuracy plot, a 10 x 3.5 inch figure at 100 dpi, as a PNG in the run folder
+    png = (tmp_path / "display-001.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (1000, 350)
+    out = capsys.readouterr().out
+    assert f"[display] figure saved to {tmp_path / 'display-001.png'}" in out
+    # the live output: each node's lines, named by the node, printed above the progress bar as they came
+    assert re.search(r"^worker:0 training done at global step 40; evaluating$", out, re.M)
+    for node in ("worker:0", "worker:1"):
+        assert re.search(rf"^{node} metric loss=\S+ step=\d+$", out, re.M), node
+        assert re.search(rf"^{node} metric accuracy=\S+ step=\d+$", out, re.M), node
     if mlflow_store is not None:  # every node's metric curve, at the global step
         logged = mlflow_run(mlflow_store, result.namespace["mlflow_run"].info.run_id)
         assert logged.data.params["num_executors"] == "3" and logged.data.params["epochs"] == "1"

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 
 import pytest
 from sparkgrad.databricks.dbutils import FileSystem, Widgets
 from sparkgrad.databricks.notebook import CellKind, from_ipynb, ipynb_text, parse_source, to_ipynb, to_source
-from sparkgrad.errors import InvalidArgumentError, NotebookError, NotebookTimeout, SparkgradIOError
+from sparkgrad.errors import (
+    InvalidArgumentError,
+    NotebookError,
+    NotebookNotFoundError,
+    NotebookTimeout,
+    SparkgradIOError,
+)
 
 SEP = "\n# COMMAND ----------\n"
 
@@ -214,6 +221,94 @@ def test_cli_notebook_run_prints_the_exit_value_and_reports_a_failing_cell(spark
     assert main(["notebook", "run", bad, *root]) == 1
     err = capsys.readouterr().err
     assert "NotebookError" in err and "cell 1 failed: 1 / 0" in err and "ZeroDivisionError" in err
+
+
+@pytest.mark.spark
+def test_cli_pip_flags_run_skip_or_refuse_pip_cells(spark, tmp_path, capsys):
+    from sparkgrad.cli import main
+
+    root = ["--dbfs-root", str(tmp_path / "dbfs")]
+    install = write_notebook(
+        tmp_path, "install", "# MAGIC %pip install /Volumes/x/sparkgrad.whl", "dbutils.notebook.exit('ran')"
+    )
+    assert main(["notebook", "run", install, *root]) == 1
+    err = capsys.readouterr().err
+    assert "cell 1 (%pip install /Volumes/x/sparkgrad.whl): %pip cells do not run by default" in err
+    assert "--allow-pip" in err
+    assert main(["notebook", "run", install, "--skip-pip", *root]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "ran"
+    assert "install: skipped cell 1: %pip install /Volumes/x/sparkgrad.whl (skip_pip)" in out.err
+    version = write_notebook(tmp_path, "version", "# MAGIC %pip --version", "dbutils.notebook.exit('after pip')")
+    assert main(["notebook", "run", version, "--allow-pip", *root]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^pip \d+\.\d+", out, re.M), out  # pip's own output, then the exit value
+    assert out.splitlines()[-1] == "after pip"
+    with pytest.raises(SystemExit) as info:
+        main(["notebook", "run", version, "--allow-pip", "--skip-pip"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_cli_export_writes_the_ipynb_of_each_source_beside_it_or_in_out(tmp_path, capsys):
+    from sparkgrad.cli import main
+
+    a = write_notebook(tmp_path, "a", "x = 1", "# MAGIC %md\n# MAGIC # Title")
+    b = write_notebook(tmp_path, "b", "# MAGIC %run ./a", "y = x")
+    assert main(["notebook", "export", a, b]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "a.ipynb"), str(tmp_path / "b.ipynb")]
+    out = tmp_path / "new" / "folder"  # created
+    assert main(["notebook", "export", b, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.split() == [str(out / "b.ipynb")]
+    for source, written in ((a, tmp_path / "a.ipynb"), (b, tmp_path / "b.ipynb"), (b, out / "b.ipynb")):
+        with open(source) as f:
+            assert written.read_text() == ipynb_text(parse_source(f.read(), source))
+    assert [c["cell_type"] for c in json.loads((tmp_path / "a.ipynb").read_text())["cells"]] == ["code", "markdown"]
+    assert json.loads((out / "b.ipynb").read_text())["cells"][0]["source"] == ["%run ./a"]
+    missing = str(tmp_path / "gone.py")
+    assert main(["notebook", "export", missing]) == 1
+    assert f"NotebookNotFoundError: no notebook at {missing}" in capsys.readouterr().err
+
+
+def test_a_missing_notebook_is_named_before_spark_starts_by_the_api_and_the_cli(tmp_path, capsys, monkeypatch):
+    from sparkgrad.cli import main
+    from sparkgrad.databricks import runner
+
+    def no_spark(master):
+        raise AssertionError("Spark started for a notebook that does not exist")
+
+    monkeypatch.setattr(runner, "local_spark", no_spark)
+    missing = str(tmp_path / "nope.py")
+    with pytest.raises(NotebookNotFoundError, match=f"^no notebook at {re.escape(missing)} ") as info:
+        runner.run_notebook(missing, dbfs_root=str(tmp_path / "dbfs"))
+    assert (info.value.path, info.value.missing, info.value.cell) == (missing, missing, None)
+    assert isinstance(info.value, NotebookError) and isinstance(info.value, OSError)
+    assert main(["notebook", "run", missing, "--dbfs-root", str(tmp_path / "dbfs")]) == 1
+    out = capsys.readouterr()
+    assert f"sparkgrad notebook: NotebookNotFoundError: no notebook at {missing}" in out.err and out.out == ""
+    assert not (tmp_path / "dbfs").exists()
+
+
+@pytest.mark.spark
+def test_notebook_run_and_percent_run_of_a_missing_notebook_name_it_and_the_calling_cell(run, tmp_path):
+    caller = write_notebook(tmp_path, "caller", "x = 1", 'out = dbutils.notebook.run("./absent_child", 30)')
+    with pytest.raises(NotebookNotFoundError) as info:
+        run(caller)
+    err, missing = info.value, str(tmp_path / "absent_child.py")
+    assert (err.path, err.cell, err.missing) == (caller, 2, missing)
+    assert str(err) == f'{caller}: cell 2 (out = dbutils.notebook.run("./absent_child", 30)): no notebook at {missing}'
+    assert f'File "{caller}", line 4' in err.remote_traceback  # the caller's line
+    includer = write_notebook(tmp_path, "includer", "x = 1", "y = 2", "# MAGIC %run ./lib/absent")
+    with pytest.raises(NotebookNotFoundError) as info:
+        run(includer)
+    err, missing = info.value, str(tmp_path / "lib" / "absent.py")
+    assert (err.path, err.cell, err.first_line, err.missing) == (includer, 3, "%run ./lib/absent", missing)
+    assert str(err) == f"{includer}: cell 3 (%run ./lib/absent): no notebook at {missing}"
+    # one level up, a child that failed so is the failing cell of its caller, as for any failing child
+    top = write_notebook(tmp_path, "top", 'dbutils.notebook.run("./includer", 30)')
+    with pytest.raises(NotebookError) as info:
+        run(top)
+    assert type(info.value) is NotebookError and (info.value.path, info.value.cell) == (top, 1)
+    assert f"NotebookNotFoundError: {includer}: cell 3 (%run ./lib/absent)" in info.value.remote_traceback
 
 
 def test_committed_ipynb_copies_equal_what_their_sources_generate():

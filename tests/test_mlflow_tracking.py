@@ -190,18 +190,23 @@ def test_mlflow_true_without_mlflow_says_what_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(mlflow_store):
+def test_a_ps_and_two_workers_with_mlflow_true_log_one_run_from_the_chief_only(mlflow_store):
     lines: list[str] = []
-    cluster = sparkgrad.local.run(cluster_nodes.fit_with_mlflow, {}, 2, 0, output=lines.append)
+    cluster = sparkgrad.local.run(cluster_nodes.fit_with_mlflow, {}, 3, 1, output=lines.append)
     cluster.shutdown(timeout=90)
-    results = sorted(cluster.results.values(), key=lambda r: r["rank"])
-    assert [(r["rank"], r["step"]) for r in results] == [(0, 16), (1, 16)]
-    # the non-chief never imported mlflow (the chief did: mlflow=True)
-    assert [r["mlflow_imported"] for r in results] == [True, False]
+    results = sorted(cluster.results.values(), key=lambda r: (r["role"], r["rank"] or 0))
+    # every node fitted with mlflow=True, the ps too (a node that does not train: no rank)
+    assert [(r["role"], r["rank"], r["step"]) for r in results] == [
+        ("ps", None, 16),
+        ("worker", 0, 16),
+        ("worker", 1, 16),
+    ]
+    # the ps and the non-chief worker never imported mlflow (the chief did: mlflow=True)
+    assert [r["mlflow_imported"] for r in results] == [False, True, False]
     (run,) = _runs()
     assert run.info.status == "FINISHED"
     assert (run.data.params["cluster.size"], run.data.params["cluster.rank"]) == ("2", "0")
-    assert run.data.params["cluster.role"] == "worker" and run.data.params["cluster.num_ps"] == "0"
+    assert run.data.params["cluster.role"] == "worker" and run.data.params["cluster.num_ps"] == "1"
     assert [s for s, _ in _steps(run.info.run_id, "loss")] == [4, 8, 12, 16]
     assert _artifacts(run.info.run_id, "model") == ["model/sequential.sgck", "model/summary.txt"]
 

@@ -30,7 +30,8 @@ names below are part of the C contract.
     │   └── PeerClosedError
     ├── RestError
     └── NotebookError
-        └── NotebookTimeout (also SparkgradTimeout)
+        ├── NotebookTimeout (also SparkgradTimeout)
+        └── NotebookNotFoundError (also SparkgradIOError)
 """
 
 from __future__ import annotations
@@ -196,6 +197,15 @@ class NotebookError(SparkgradError):
 
 class NotebookTimeout(NotebookError, SparkgradTimeout):
     """A notebook run exceeded its timeout; names the notebook and the cell it was in."""
+
+
+class NotebookNotFoundError(NotebookError, SparkgradIOError):
+    """A notebook to run names no file; ``missing`` is the file looked for.
+
+    For the notebook a run starts with, ``path`` is that file and ``cell``
+    None; for ``%run`` or ``dbutils.notebook.run`` of a missing notebook,
+    ``path`` and ``cell`` name the calling notebook and its cell.
+    """
 
 
 __all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, SparkgradError)]

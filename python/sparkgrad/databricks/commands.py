@@ -5,8 +5,10 @@
     sparkgrad notebook export SOURCE.py ... [--out DIR]
 
 ``run`` prints each cell's progress on stderr and the exit value on stdout;
-a failing cell exits 1 with the cell's number, first line and traceback.
-``export`` writes the ``.ipynb`` copy of each source beside it (or in --out).
+a failing cell exits 1 with the cell's number, first line and traceback, a
+notebook that names no file exits 1 naming it (before Spark starts).
+``export`` writes the ``.ipynb`` copy of each source beside it (or in --out,
+created if missing).
 """
 
 from __future__ import annotations

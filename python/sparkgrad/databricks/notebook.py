@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass
 from enum import Enum
 
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import InvalidArgumentError, NotebookNotFoundError, SparkgradIOError
 
 HEADER = "# Databricks notebook source"
 SEPARATOR = "# COMMAND ----------"
@@ -123,9 +123,19 @@ def resolve_path(path: str, base_dir: str | None = None) -> str:
 
 
 def read_notebook(path: str) -> Notebook:
+    """The notebook in ``path``; NotebookNotFoundError (naming the path) if there is no such file."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NotebookNotFoundError(
+            f"no notebook at {path} ({exc.strerror})",
+            path=path,
+            cell=None,
+            first_line="",
+            remote_traceback="",
+            missing=path,
+        ) from None
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read notebook {path}: {exc}", path=path) from exc
     return parse_source(text, path)
@@ -199,9 +209,14 @@ def from_ipynb(data: dict, path: str = "<notebook>") -> Notebook:
 
 
 def export_ipynb(source: str, out_dir: str | None = None) -> str:
-    """Writes ``<name>.ipynb`` beside ``source`` (or in out_dir); returns its path."""
+    """Writes ``<name>.ipynb`` beside ``source`` (or in out_dir, created if missing); returns its path."""
     nb = read_notebook(source)
-    out = os.path.join(out_dir or os.path.dirname(os.path.abspath(source)), nb.name + ".ipynb")
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(ipynb_text(nb))
+    folder = out_dir or os.path.dirname(os.path.abspath(source))
+    out = os.path.join(folder, nb.name + ".ipynb")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(ipynb_text(nb))
+    except OSError as exc:
+        raise SparkgradIOError(f"cannot write {out}: {exc}", path=out) from exc
     return out

@@ -11,10 +11,14 @@ refused. ``dbutils.notebook.run`` starts a child run (fresh namespace, its own
 widgets, the same Spark and DBFS root) and returns its exit value.
 
 A cell that raises ends the run with NotebookError (notebook, cell number,
-first line, traceback, with line numbers of the source file). Each run has a
-deadline; when it passes, the cell running gets an exception raised in it
-(delivered at its next Python bytecode: a call blocked in C returns first)
-and the run ends with NotebookTimeout naming the notebook and the cell.
+first line, traceback, with line numbers of the source file). A notebook that
+names no file ends it with NotebookNotFoundError naming the file looked for:
+the notebook to run (found missing before Spark starts), or a ``%run`` or
+``dbutils.notebook.run`` target (then with the calling notebook and cell).
+Each run has a deadline; when it passes, the cell running gets an exception
+raised in it (delivered at its next Python bytecode: a call blocked in C
+returns first) and the run ends with NotebookTimeout naming the notebook and
+the cell.
 Nesting (%run and notebook.run) is bounded by ``max_depth``.
 """
 
@@ -35,7 +39,7 @@ from typing import Any
 
 from sparkgrad.databricks.dbutils import DBUtils, FileSystem, NotebookExit, NotebookWorkflow, Secrets, Widgets
 from sparkgrad.databricks.notebook import Cell, CellKind, Notebook, read_notebook, resolve_path
-from sparkgrad.errors import InvalidArgumentError, NotebookError, NotebookTimeout
+from sparkgrad.errors import InvalidArgumentError, NotebookError, NotebookNotFoundError, NotebookTimeout
 
 DEFAULT_TIMEOUT = 3600.0  # s, per top-level run
 DEFAULT_MASTER = "local[4]"  # 1 ps + 2 workers + a feeding slot
@@ -128,7 +132,9 @@ class _Display:
         print(f"[displayHTML] saved to {path}")
 
 
-def _cell_failure(cls: type, nb: Notebook, cell: Cell | None, message: str, tb: str = "") -> NotebookError:
+def _cell_failure(
+    cls: type, nb: Notebook, cell: Cell | None, message: str, tb: str = "", **details: object
+) -> NotebookError:
     """A NotebookError (or subclass) about ``cell`` of ``nb`` (None: before its first cell)."""
     return cls(
         f"{nb.path}: {message}",
@@ -136,14 +142,27 @@ def _cell_failure(cls: type, nb: Notebook, cell: Cell | None, message: str, tb: 
         cell=cell.number if cell is not None else None,
         first_line=cell.first_line if cell is not None else "",
         remote_traceback=tb,
+        **details,
     )
 
 
-def _cell_error(nb: Notebook, cell: Cell, exc: BaseException) -> NotebookError:
+def _cell_traceback(exc: BaseException) -> str:
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # drop the runner's exec frame
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _cell_error(nb: Notebook, cell: Cell, exc: BaseException) -> NotebookError:
+    text = _cell_traceback(exc)
     return _cell_failure(
         NotebookError, nb, cell, f"cell {cell.number} failed: {cell.first_line}\n{text.rstrip()}", text
+    )
+
+
+def _not_found(nb: Notebook, cell: Cell, missing: NotebookNotFoundError, tb: str = "") -> NotebookError:
+    """The NotebookNotFoundError of ``cell`` of ``nb``, whose %run or dbutils.notebook.run named no file."""
+    where = f"cell {cell.number} ({cell.first_line})"
+    return _cell_failure(
+        NotebookNotFoundError, nb, cell, f"{where}: no notebook at {missing.missing}", tb, missing=missing.missing
     )
 
 
@@ -153,16 +172,18 @@ class _Runner:
         self._opt = options
         self._display = _Display(options.run_dir)
 
-    def run(self, path: str, params: Mapping[str, str], deadline: float, depth: int) -> NotebookResult:
+    def run(self, nb: Notebook, params: Mapping[str, str], deadline: float, depth: int) -> NotebookResult:
         """One run (top level or dbutils.notebook.run): a fresh namespace and widgets, its own watchdog."""
         if depth > self._opt.max_depth:
-            raise NotebookError(f"{path}: notebooks nested more than {self._opt.max_depth} deep", path=path, cell=None)
-        nb = read_notebook(path)
-        folder = os.path.dirname(os.path.abspath(path))
+            raise NotebookError(
+                f"{nb.path}: notebooks nested more than {self._opt.max_depth} deep", path=nb.path, cell=None
+            )
+        folder = os.path.dirname(os.path.abspath(nb.path))
 
         def run_child(child: str, timeout: float, arguments: Mapping[str, str]) -> str | None:
             own = time.monotonic() + timeout if timeout > 0 else math.inf
-            result = self.run(resolve_path(child, folder), arguments, min(deadline, own), depth + 1)
+            # A missing child raises NotebookNotFoundError (cell None): _cell names the calling cell.
+            result = self.run(read_notebook(resolve_path(child, folder)), arguments, min(deadline, own), depth + 1)
             return result.exit_value
 
         widgets = Widgets(params)
@@ -230,7 +251,10 @@ class _Runner:
                 )
             if depth + 1 > self._opt.max_depth:
                 raise self._refuse(nb, cell, f"notebooks nested more than {self._opt.max_depth} deep")
-            included = read_notebook(resolve_path(args[0], os.path.dirname(os.path.abspath(nb.path))))
+            try:
+                included = read_notebook(resolve_path(args[0], os.path.dirname(os.path.abspath(nb.path))))
+            except NotebookNotFoundError as exc:
+                raise _not_found(nb, cell, exc) from None
             self._cells(included, ns, deadline, depth + 1, timeout_type, ran)
             return
         if cell.kind == CellKind.OTHER_MAGIC:
@@ -242,6 +266,10 @@ class _Runner:
         except NotebookExit:
             ran[0] += 1
             raise
+        except NotebookNotFoundError as exc:
+            if exc.cell is not None:  # a cell of a deeper notebook named no file: that notebook failed
+                raise _cell_error(nb, cell, exc) from exc
+            raise _not_found(nb, cell, exc, _cell_traceback(exc)) from exc  # this cell's notebook.run did
         except Exception as exc:  # noqa: BLE001 - any error of a cell ends the run, named by its cell
             raise _cell_error(nb, cell, exc) from exc
         except SystemExit as exc:
@@ -319,10 +347,12 @@ def run_notebook(
     ``master`` and stops it after the run. ``dbfs_root`` is the folder that ``dbfs:/`` and ``/dbfs/`` name
     (default ~/.cache/sparkgrad/dbfs); ``run_dir`` where display() saves
     figures (default: a new temporary folder). ``log`` gets one line per cell.
-    Raises NotebookError (a failing cell, a refused magic) or NotebookTimeout.
+    Raises NotebookError (a failing cell, a refused magic), NotebookNotFoundError (no file at
+    ``path``, before any Spark starts; or a missing %run or notebook.run target) or NotebookTimeout.
     """
     if not timeout > 0:
         raise InvalidArgumentError(f"timeout must be > 0 seconds, not {timeout}")
+    nb = read_notebook(path)
     options = _Options(
         dbfs_root=os.path.abspath(dbfs_root or default_dbfs_root()),
         run_dir=run_dir or tempfile.mkdtemp(prefix="sparkgrad-notebook-"),
@@ -335,7 +365,7 @@ def run_notebook(
     os.makedirs(options.dbfs_root, exist_ok=True)
     session, own = local_spark(master) if spark is None else (spark, False)
     try:
-        return _Runner(session, options).run(path, dict(params or {}), time.monotonic() + float(timeout), 0)
+        return _Runner(session, options).run(nb, dict(params or {}), time.monotonic() + float(timeout), 0)
     finally:
         if own:
             session.stop()
