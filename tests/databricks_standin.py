@@ -27,12 +27,20 @@ TERMINATED one step per runs/get (``run_steps`` gets per state); on its last
 step the notebook's source is executed with a small ``dbutils`` (widgets from
 base_parameters / notebook_params, ``notebook.exit``): its exit value becomes
 ``notebook_output.result``, an exception makes the run FAILED (its
-traceback is ``error_trace``). ``state()`` is a deep copy of all of it, to
-compare before and after calls that should change nothing.
+traceback is ``error_trace``), a missing notebook FAILED with "Notebook not
+found: <path>". A run-now while the job already has ``max_concurrent_runs``
+active runs is SKIPPED at once (queueing is not modelled). ``state()`` is a
+deep copy of all of it, to compare before and after calls that should change
+nothing.
 
 Faults: ``inject(pattern, status=429, retry_after="1")``, ``status=503``,
 ``delay=2.0`` (answer late), ``drop=True`` (read the request, close without
-answering), each for ``times`` matching requests.
+answering), ``drop_after=n`` (read n bytes of the body, then close: an upload
+cut mid-way), each for ``times`` matching requests. A request whose body
+ends before its Content-Length (the client went away) changes nothing, as
+on the service: a Files API PUT or a workspace import is applied whole or
+not at all. ``end_runs(outcome)`` makes the next runs end TIMEDOUT,
+CANCELED or SKIPPED, with the states the Jobs API reports for them.
 
 Pages: jobs/list, runs/list (``limit``) and Files API directory listings
 (``page_size``, at most 1000, or ``directory_page`` for tests) answer with
@@ -117,7 +125,21 @@ class Fault:
     retry_after: str | None
     delay: float
     drop: bool
+    drop_after: int | None  # bytes of the body read before the connection is closed
     times: int
+
+
+# How the Jobs API reports a run that did not get to run its notebook to the
+# end: (life_cycle_state, result_state or None, state_message) by outcome.
+RUN_ENDS = {
+    "TIMEDOUT": ("TERMINATED", "TIMEDOUT", "Run timed out: it ran longer than its timeout_seconds."),
+    "CANCELED": ("TERMINATED", "CANCELED", "Run cancelled."),
+    "SKIPPED": (
+        "SKIPPED",
+        None,
+        "Skipping this run because the limit of {limit} maximum concurrent runs has been reached.",
+    ),
+}
 
 
 @dataclasses.dataclass
@@ -134,6 +156,8 @@ class Run:
     output: str | None = None
     error: str | None = None
     error_trace: str | None = None
+    user_cancelled_or_timedout: bool = False
+    end: str | None = None  # a RUN_ENDS outcome it is to end with (Standin.end_runs)
     start_time: int = dataclasses.field(default_factory=lambda: int(time.time() * 1000))
 
 
@@ -162,6 +186,7 @@ class Standin:
         self.peers: list[int] = []  # the client port of every request (one per connection)
         self.oauth_tokens: dict[str, float] = {}  # token -> expiry (time.time())
         self.faults: list[Fault] = []
+        self.run_ends: list[str] = []  # outcomes (RUN_ENDS) of the next runs to start
         self.dbfs: dict[str, bytes] = {}
         self.dbfs_dirs: set[str] = {"/"}
         self.handles: dict[int, tuple[str, bytearray]] = {}
@@ -232,13 +257,24 @@ class Standin:
         retry_after: str | None = None,
         delay: float = 0.0,
         drop: bool = False,
+        drop_after: int | None = None,
         times: int = 1,
         method: str | None = None,
     ) -> None:
         """The next `times` requests whose path matches `pattern` (re.search)
         get the fault instead of (or, for delay alone, before) their answer."""
         with self.lock:
-            self.faults.append(Fault(re.compile(pattern), method, status, retry_after, delay, drop, times))
+            self.faults.append(Fault(re.compile(pattern), method, status, retry_after, delay, drop, drop_after, times))
+
+    def end_runs(self, outcome: str, times: int = 1) -> None:
+        """The next `times` runs to start end as outcome instead of running
+        their notebook: TIMEDOUT (as when timeout_seconds runs out while it
+        runs), CANCELED (as when someone cancels it while it runs) or SKIPPED
+        (at once, as when the job already has max_concurrent_runs active runs)."""
+        if outcome not in RUN_ENDS:
+            raise ValueError(f"outcome must be one of {sorted(RUN_ENDS)}, got {outcome!r}")
+        with self.lock:
+            self.run_ends += [outcome] * times
 
     def count(self, method: str, path: str) -> int:
         with self.lock:
@@ -641,20 +677,31 @@ class Standin:
                 if not isinstance(v, list) and k != "no_alert_for_skipped_runs":
                     raise _bad(f"email_notifications.{k} must be a list")
 
-    def _start_run(self, job_id: int | None, name: str, tasks: list, params: dict, token: str | None) -> dict:
+    def _start_run(self, job: dict | None, name: str, tasks: list, params: dict, token: str | None) -> dict:
+        """A new run of job (None: runs/submit). A job with max_concurrent_runs
+        (default 1) active runs already gets a run that is SKIPPED at once."""
         if token:
             if len(token) > 64:
                 raise _bad("idempotency_token must be at most 64 characters")
             if token in self.idempotency:
                 return {"run_id": self.idempotency[token]}
+        job_id = None if job is None else job["job_id"]
         run = Run(self.next_id(), job_id, name, [{**t, "run_id": self.next_id()} for t in tasks], params)
+        limit = job["settings"].get("max_concurrent_runs", 1) if job is not None else None
+        active = sum(1 for r in self.runs.values() if r.job_id == job_id and r.life in ("PENDING", "RUNNING"))
+        skipped = limit is not None and active >= limit
+        if not skipped and self.run_ends:
+            run.end = self.run_ends.pop(0)
+        if skipped or run.end == "SKIPPED":
+            life, _result, message = RUN_ENDS["SKIPPED"]
+            run.life, run.message = life, message.format(limit=limit if limit is not None else 1)
         self.runs[run.run_id] = run
         if token:
             self.idempotency[token] = run.run_id
         return {"run_id": run.run_id, "number_in_job": run.run_id}
 
     def _advance(self, run: Run) -> None:
-        if run.life in ("TERMINATED", "INTERNAL_ERROR"):
+        if run.life in ("TERMINATED", "INTERNAL_ERROR", "SKIPPED"):
             return
         run.steps += 1
         if run.steps <= self.run_steps:
@@ -662,6 +709,10 @@ class Standin:
         run.steps = 0
         if run.life == "PENDING":
             run.life = "RUNNING"
+            return
+        if run.end is not None:  # stopped from outside before the notebook finished
+            run.life, run.result, run.message = RUN_ENDS[run.end]
+            run.user_cancelled_or_timedout = True
             return
         task = run.tasks[0]
         nb = task["notebook_task"]
@@ -683,7 +734,11 @@ class Standin:
             run.error_trace = "".join(traceback.format_exception(type(exc), exc, tb))
 
     def _run_json(self, run: Run) -> dict:
-        state = {"life_cycle_state": run.life, "state_message": run.message}
+        state = {
+            "life_cycle_state": run.life,
+            "state_message": run.message,
+            "user_cancelled_or_timedout": run.user_cancelled_or_timedout,
+        }
         if run.result:
             state["result_state"] = run.result
         tasks = [
@@ -738,9 +793,7 @@ class Standin:
                 if not isinstance(params, dict) or any(not isinstance(v, str) for v in params.values()):
                     raise _bad("notebook_params must map names to strings")
                 name = job["settings"].get("name", "Untitled")
-                return self._start_run(
-                    job["job_id"], name, job["settings"]["tasks"], params, body.get("idempotency_token")
-                )
+                return self._start_run(job, name, job["settings"]["tasks"], params, body.get("idempotency_token"))
             if op == "runs/submit":
                 tasks = self._check_tasks(body, body.get("job_clusters", []))
                 return self._start_run(None, body.get("run_name", "Untitled"), tasks, {}, body.get("idempotency_token"))
@@ -761,7 +814,8 @@ class Standin:
             if op == "runs/cancel":
                 run = self._run(_field(body, "run_id", int))
                 if run.life in ("PENDING", "RUNNING"):
-                    run.life, run.result, run.message = "TERMINATED", "CANCELED", "Run cancelled."
+                    run.life, run.result, run.message = RUN_ENDS["CANCELED"]
+                    run.user_cancelled_or_timedout = True
                 return {}
             if op == "runs/list":
                 runs = [
@@ -922,16 +976,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if length > BODY_MAX:
             self.close_connection = True
             return self._error(ApiError(413, "REQUEST_LIMIT_EXCEEDED", f"The request body is over {BODY_MAX} bytes."))
-        raw = self.rfile.read(length) if length else b""
         fault = s.take_fault(method, path)
         try:
+            if fault is not None and fault.drop_after is not None:  # an upload cut mid-way
+                self.rfile.read(min(fault.drop_after, length))
+                return self._drop()
+            raw = self.rfile.read(length) if length else b""
+            if len(raw) < length:  # the client went away mid-body: the service applies nothing
+                self.close_connection = True
+                return None
             if fault is not None:
                 if fault.delay:
                     time.sleep(fault.delay)
                 if fault.drop:
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return None
+                    return self._drop()
                 if fault.status:
                     headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
                     code = "TOO_MANY_REQUESTS" if fault.status == 429 else "TEMPORARILY_UNAVAILABLE"
@@ -943,6 +1001,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeouts)
             self.close_connection = True
             return None
+
+    def _drop(self) -> None:
+        """Closes the connection without an answer."""
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def _route(self, method: str, path: str, qs: dict[str, list[str]], raw: bytes) -> tuple[int, bytes, dict]:
         s = self.standin

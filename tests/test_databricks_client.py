@@ -9,10 +9,12 @@ import base64
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import pytest
 from databricks_standin import MB, Standin
@@ -91,6 +93,27 @@ def test_dbfs_interrupted_upload_leaves_nothing_under_the_final_name(client, sta
     assert [f["path"] for f in client.dbfs_list("/FileStore")] == ["/FileStore/w.whl"]
 
 
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_failed_dbfs_move_keeps_the_complete_upload_and_names_where_it_is(client, standin, overwrite):
+    target = "/FileStore/w.whl" if overwrite else "/FileStore/new.whl"
+    client.dbfs_put("/FileStore/w.whl", b"old version")
+    data = os.urandom(MB + 10)
+    standin.inject("/dbfs/move", status=503)  # after close (and, overwriting, the delete of the old file)
+    with pytest.raises(RestError) as e:
+        client.dbfs_put(target, data, overwrite=overwrite)
+    (tmp,) = [p for p in standin.dbfs if p.startswith(f"{target}.sparkgrad-upload-")]
+    assert standin.dbfs[tmp] == data  # the new version is whole, under the name the error gives
+    assert (e.value.status, e.value.method, e.value.path) == (503, "POST", "/api/2.0/dbfs/move")
+    assert f"the upload of {len(data)} bytes is complete at dbfs:{tmp} and stays there" in str(e.value)
+    assert ("was deleted before the move" if overwrite else "was not touched") in str(e.value)
+    if overwrite:  # the old version is gone, the new one is whole at tmp: never both lost
+        assert target not in standin.dbfs
+    else:
+        assert target not in standin.dbfs and standin.dbfs["/FileStore/w.whl"] == b"old version"
+    client.dbfs_move(tmp, target)  # what the error says to do
+    assert client.dbfs_read(target) == data and not any(".sparkgrad-upload-" in p for p in standin.dbfs)
+
+
 def test_dbfs_mkdirs_list_and_recursive_delete(client):
     client.dbfs_mkdirs("/a/b/c")
     client.dbfs_put("/a/b/f", b"1")
@@ -143,6 +166,62 @@ def test_files_api_put_get_head_delete_and_directories(client):
     assert e.value.status == 404 and e.value.method == "HEAD"
     with pytest.raises(InvalidArgumentError):
         client.files_get("/tmp/not-a-volume")
+
+
+def test_an_interrupted_volume_or_workspace_upload_fails_in_the_budget_and_shows_no_half_file(standin):
+    """A PUT (or an import) cut mid-body every time: RestError within the
+    budget; the name stays absent, or keeps its old content."""
+    client = make_client(standin, budget=0.4)
+    vol = "/Volumes/main/default/libs"
+    client.files_put(f"{vol}/old.whl", b"old version")
+    client.workspace_import("/Users/nb", NOTEBOOK)
+    data = os.urandom(2 * MB)
+    standin.inject("/fs/files/", method="PUT", drop_after=MB // 2, times=10**6)
+    standin.inject("/workspace/import", drop_after=100, times=10**6)
+    with pytest.raises(RestError) as e:  # without overwrite a PUT is not repeated: one attempt
+        client.files_put(f"{vol}/new.whl", data, overwrite=False)
+    assert e.value.attempts == 1 and "not retried" in str(e.value)
+    for call in (
+        lambda: client.files_put(f"{vol}/new.whl", data),
+        lambda: client.files_put(f"{vol}/old.whl", data),
+        lambda: client.workspace_import("/Users/nb", NOTEBOOK.replace("epochs", "steps")),
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(RestError) as e:
+            call()
+        assert e.value.attempts > 1 and "retry budget 0.4 s" in str(e.value) and e.value.status is None
+        assert time.monotonic() - t0 < 1.0
+    assert standin.count("PUT", f"/api/2.0/fs/files{vol}/old.whl") > 2
+    assert standin.volume_files == {f"{vol}/old.whl": b"old version"}
+    assert client.workspace_export("/Users/nb").decode() == NOTEBOOK
+
+
+def test_standin_applies_nothing_of_a_body_cut_short(standin):
+    """A client that dies mid-body: the stand-in, as the service, neither
+    creates nor replaces anything, and answers nothing."""
+    standin.volume_files["/Volumes/main/default/v/f"] = b"old"
+    # a complete JSON object with trailing blanks cut: only Content-Length says it is short
+    imp = json.dumps({"path": "/Users/nb", "format": "AUTO", "content": base64.b64encode(b"x").decode()})
+    for method, path, ctype, body, sent in (
+        (
+            "PUT",
+            "/api/2.0/fs/files/Volumes/main/default/v/f?overwrite=true",
+            "application/octet-stream",
+            b"n" * 100,
+            40,
+        ),
+        ("PUT", "/api/2.0/fs/files/Volumes/main/default/v/g", "application/octet-stream", b"n" * 100, 40),
+        ("POST", "/api/2.0/workspace/import", "application/json", imp.encode() + b" " * 50, len(imp)),
+    ):
+        url = urllib.parse.urlsplit(standin.url)
+        with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+            head = f"{method} {path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {standin.token}\r\n"
+            head += f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body[:sent])
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1024) == b""  # closed without an answer
+    assert len(standin.requests) == 3
+    assert standin.volume_files == {"/Volumes/main/default/v/f": b"old"} and "/Users/nb" not in standin.workspace
 
 
 def test_found_means_the_thing_is_missing_not_that_the_endpoint_is(client):
@@ -224,6 +303,11 @@ def test_libraries_install_waits_for_installed_and_reports_failed(client):
     client.libraries_install("0101-standin", [{"whl": whl}])
     statuses = client.wait_libraries("0101-standin", [{"whl": whl}], timeout=10)
     assert [s["status"] for s in statuses] == ["INSTALLED"]
+    egg = "dbfs:/FileStore/eggs/sparkgrad-0.1-py3.10.egg"  # runtimes before 14.0 still take eggs
+    client.dbfs_put(egg, b"egg")
+    client.libraries_install("0101-standin", [{"egg": egg}])
+    statuses = client.wait_libraries("0101-standin", [{"egg": egg}], timeout=10)
+    assert [(s["library"], s["status"]) for s in statuses] == [({"egg": egg}, "INSTALLED")]
     missing = [{"whl": "/Volumes/main/default/wheels/missing.whl"}]
     client.libraries_install("0101-standin", missing)
     with pytest.raises(RestError, match="missing.whl.* failed to install on 0101-standin"):
@@ -255,7 +339,10 @@ def test_job_create_get_list_reset_run_and_output(client, standin):
         timeout_seconds=3600,
     )
     job_id = client.jobs_create(settings)
-    assert client.jobs_get(job_id)["settings"]["schedule"]["timezone_id"] == "Europe/Berlin"
+    stored = client.jobs_get(job_id)["settings"]
+    assert stored["schedule"]["timezone_id"] == "Europe/Berlin"
+    assert stored["timeout_seconds"] == 3600 and stored["tasks"][0]["timeout_seconds"] == 3600
+    assert stored["tasks"][0]["max_retries"] == 1
     assert [j["job_id"] for j in client.jobs_list(name="sg-train")] == [job_id]
     assert client.jobs_list(name="other") == []
     client.jobs_reset(job_id, {**settings, "max_concurrent_runs": 2})
@@ -288,15 +375,39 @@ def test_failed_notebook_run_is_failed_with_the_error(client):
     assert "RuntimeError: loss is NaN" in client.runs_get_output(run_id)["error"]
 
 
-def test_runs_cancel_and_jobs_api_22(standin):
+def test_runs_cancel_skipped_runs_and_jobs_api_22(standin):
     client = make_client(standin, jobs_api="2.2")
     path = deploy_notebook(client)
-    job_id = client.jobs_create(notebook_job("j", path, existing_cluster_id="0101-standin"))
+    settings = notebook_job("j", path, existing_cluster_id="0101-standin", timeout_seconds=60)
+    job_id = client.jobs_create(settings)
+    client.jobs_reset(job_id, {**settings, "timeout_seconds": 120})
+    assert client.jobs_get(job_id)["settings"]["timeout_seconds"] == 120
+    assert [j["job_id"] for j in client.jobs_list(name="j")] == [job_id]
     run_id = client.jobs_run_now(job_id)
     assert client.runs_list(job_id=job_id, active_only=True)[0]["run_id"] == run_id
+    skipped = client.jobs_run_now(job_id)  # max_concurrent_runs 1 and one active: skipped at once
+    assert client.runs_get(skipped)["state"] == {
+        "life_cycle_state": "SKIPPED",
+        "state_message": "Skipping this run because the limit of 1 maximum concurrent runs has been reached.",
+        "user_cancelled_or_timedout": False,
+    }
     client.runs_cancel(run_id)
-    assert client.runs_get(run_id)["state"]["result_state"] == "CANCELED"
-    assert standin.count("POST", "/api/2.2/jobs/runs/cancel") == 1
+    state = client.runs_get(run_id)["state"]
+    assert (state["life_cycle_state"], state["result_state"], state["user_cancelled_or_timedout"]) == (
+        "TERMINATED",
+        "CANCELED",
+        True,
+    )
+    nb = {"notebook_path": path, "base_parameters": {"data": "/Volumes/d"}}
+    task = {"task_key": "t", "notebook_task": nb, "existing_cluster_id": "0101-standin"}
+    once = client.runs_submit({"run_name": "once", "tasks": [task]}, idempotency_token="submit-1")
+    assert client.wait_run(once, timeout=10)["state"]["result_state"] == "SUCCESS"
+    assert client.runs_get_output(once)["notebook_output"]["result"] == "trained 1 epochs on /Volumes/d"
+    for method, tail in (("POST", "create"), ("POST", "reset"), ("GET", "get"), ("GET", "list"),
+                         ("POST", "run-now"), ("GET", "runs/list"), ("GET", "runs/get"), ("POST", "runs/cancel"),
+                         ("POST", "runs/submit"), ("GET", "runs/get-output")):  # fmt: skip
+        assert standin.count(method, f"/api/2.2/jobs/{tail}") >= 1, tail
+    assert not [p for _, p in standin.requests if p.startswith("/api/2.1/jobs/")]
 
 
 def test_standin_enforces_required_fields(client):
@@ -342,6 +453,8 @@ def test_standin_wants_a_bearer_token_on_every_api_call(standin):
         with pytest.raises(RestError) as e:
             transport.call("GET", "/api/2.0/dbfs/list?path=%2F", authorization=authorization, idempotent=True)
         assert (e.value.status, e.value.error_code) == (status, code), authorization
+        assert "the workspace refused the credentials: check the token or the OAuth client" in str(e.value)
+        assert standin.token not in str(e.value) and "dapi-unknown" not in str(e.value)
     reply = transport.call("GET", "/api/2.0/dbfs/list?path=%2F", authorization=f"Bearer {standin.token}")
     assert reply[0] == 200 and json.loads(reply[1]) == {"files": []}
 
@@ -349,9 +462,10 @@ def test_standin_wants_a_bearer_token_on_every_api_call(standin):
 # ---- retries ---------------------------------------------------------------------------------
 
 
-def test_429_is_retried_after_retry_after_seconds(client, standin):
+@pytest.mark.parametrize("status", [429, 503])
+def test_429_and_503_are_retried_after_retry_after_seconds(client, standin, status):
     client.dbfs_put("/f", b"1")
-    standin.inject("/dbfs/get-status", status=429, retry_after="1")
+    standin.inject("/dbfs/get-status", status=status, retry_after="1")
     t0 = time.monotonic()
     assert client.dbfs_get_status("/f")["file_size"] == 1
     assert 0.9 <= time.monotonic() - t0 < 3
@@ -444,6 +558,14 @@ def test_plain_http_is_refused_unless_loopback_is_allowed(standin):
         Client("http://example.com", "t", config_file=os.devnull, allow_http_loopback=True)
 
 
+def test_client_defaults_are_60_s_a_request_and_a_300_s_retry_budget(standin):
+    client = Client(standin.url, standin.token, config_file=os.devnull, allow_http_loopback=True)
+    assert (client._transport.timeout, client._transport.budget) == (60.0, 300.0)
+    assert (client.poll, client.jobs_api) == (1.0, "2.1")
+    client = make_client(standin, timeout=7.5, budget=42.0)
+    assert (client._transport.timeout, client._transport.budget) == (7.5, 42.0)
+
+
 # ---- configuration ----------------------------------------------------------------------------------
 
 
@@ -496,12 +618,29 @@ def test_oauth_m2m_token_is_fetched_once_and_refreshed_before_expiry(standin):
     assert auth.authorization() != first and standin.count("POST", "/oidc/v1/token") == 3
 
 
+def test_oauth_client_from_the_environment_is_used(standin, monkeypatch):
+    monkeypatch.delenv("DATABRICKS_TOKEN", raising=False)
+    monkeypatch.delenv("DATABRICKS_CONFIG_PROFILE", raising=False)
+    monkeypatch.setenv("DATABRICKS_HOST", standin.url)
+    monkeypatch.setenv("DATABRICKS_CLIENT_ID", standin.client_id)
+    monkeypatch.setenv("DATABRICKS_CLIENT_SECRET", standin.client_secret)
+    client = Client(config_file=os.devnull, allow_http_loopback=True, budget=5.0)
+    assert client.config.auth_type == "oauth-m2m" and client.config.token is None
+    assert "client_id from DATABRICKS_CLIENT_ID; client_secret from DATABRICKS_CLIENT_SECRET" in client.config.source
+    client.dbfs_mkdirs("/x")
+    client.dbfs_mkdirs("/y")
+    assert standin.count("POST", "/oidc/v1/token") == 1 and len(standin.oauth_tokens) == 1
+
+
 def test_oauth_refused_client_secret_is_not_shown(standin):
     client = make_client(standin, client_id=standin.client_id, client_secret="wrong-secret-value-42")
     with pytest.raises(RestError) as e:
         client.dbfs_mkdirs("/x")
     assert (e.value.status, e.value.error_code, e.value.path) == (401, "invalid_client", "/oidc/v1/token")
+    assert "the workspace refused the credentials: check the token or the OAuth client" in str(e.value)
     assert "wrong-secret-value-42" not in str(e.value)
+    basic = base64.b64encode(f"{standin.client_id}:wrong-secret-value-42".encode()).decode()
+    assert basic not in str(e.value) and basic not in repr(e.value.__dict__)
 
 
 # ---- redaction ---------------------------------------------------------------------------------------
@@ -520,6 +659,9 @@ def test_no_token_secret_or_payload_in_any_log_line_or_exception(standin, caplog
         except Exception as exc:  # every failure's text is checked below
             texts.append(f"{type(exc).__name__}: {exc} {exc.__dict__!r}")
 
+    notebook_b64 = base64.b64encode(NOTEBOOK.encode()).decode()
+    secrets.add(notebook_b64[:40])  # a workspace import's content, as sent
+
     pat = make_client(standin)
     oauth = make_client(standin, client_id=standin.client_id, client_secret=standin.client_secret)
     for c in (pat, oauth):
@@ -531,13 +673,22 @@ def test_no_token_secret_or_payload_in_any_log_line_or_exception(standin, caplog
         attempt(c.workspace_import, "/nope/x", NOTEBOOK)
         standin.inject("/workspace/import", status=503)
         attempt(c.workspace_import, "/Users/x", NOTEBOOK, overwrite=False)
+        attempt(c.workspace_import, "/Users/x", NOTEBOOK)  # succeeds
+        attempt(c.workspace_import, "/Users/x", NOTEBOOK, overwrite=False)  # RESOURCE_ALREADY_EXISTS
+        standin.inject("/workspace/import", drop=True)
+        attempt(c.workspace_import, "/Users/y", NOTEBOOK, overwrite=False)
     attempt(make_client(standin, token="dapi-" + "z" * 20).dbfs_list, "/")
     attempt(make_client(standin, client_id=standin.client_id, client_secret=standin.client_secret + "x").dbfs_list, "/")
     secrets |= {"dapi-" + "z" * 20, standin.client_secret + "x"}
-    assert len(texts) >= 8
+    assert standin.count("POST", "/oidc/v1/token") == 2  # the OAuth client's, and the refused one's
+    (issued,) = standin.oauth_tokens  # the access token the OAuth client used on every call above
+    secrets.add(issued)
+    assert len(texts) >= 12
     lines = [r.getMessage() for r in caplog.records] + texts
     assert any("add-block" in line for line in lines)
+    assert any("POST /oidc/v1/token -> 200" in line for line in lines)  # the OAuth path logged at DEBUG
     assert any("attempt 1: HTTP 429; retrying in 0.00 s" in line for line in lines)
+    assert any("RESOURCE_ALREADY_EXISTS" in line for line in texts)
     for line in lines:
         for secret in secrets:
             assert secret not in line

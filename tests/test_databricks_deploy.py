@@ -5,9 +5,11 @@ is built here)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import urllib.parse
 import zipfile
 
 import pytest
@@ -110,6 +112,7 @@ def test_deploy_creates_everything_and_a_second_deploy_changes_nothing(env, proj
     assert task["notebook_task"]["notebook_path"] == "/Users/me@example.com/sg/train"
     assert task["notebook_task"]["base_parameters"] == {"epochs": "2"}
     assert task["existing_cluster_id"] == CLUSTER and task["max_retries"] == 1
+    assert s["timeout_seconds"] == 3600 and task["timeout_seconds"] == 3600
     assert {"/Users/me@example.com/sg/train", "/Users/me@example.com/sg/prep"} <= set(env.workspace)
     assert "/Users/me@example.com/sg/helper" not in env.workspace
     (remote,) = env.volume_files
@@ -156,6 +159,54 @@ def test_failed_run_exits_non_zero_with_the_error_and_its_trace(env, project, ca
     assert code == 1 and out == "" and err.startswith("RuntimeError: loss is NaN at step 7\nTraceback")
 
 
+@pytest.mark.parametrize(
+    ("outcome", "state", "message"),
+    [
+        ("TIMEDOUT", "TERMINATED TIMEDOUT", "Run timed out: it ran longer than its timeout_seconds."),
+        ("CANCELED", "TERMINATED CANCELED", "Run cancelled."),
+        ("SKIPPED", "SKIPPED", "Skipping this run because the limit of 1 maximum concurrent runs has been reached."),
+    ],
+    ids=["TIMEDOUT", "CANCELED", "SKIPPED"],
+)
+def test_a_timed_out_cancelled_or_skipped_run_exits_non_zero_with_its_state(
+    env, project, capsys, outcome, state, message
+):
+    env.end_runs(outcome, times=2)
+    for argv in (["deploy", "--run-now", "--wait"], ["jobs", "run", "sg-train", "--wait"]):
+        code, out, err = sg(capsys, *argv)
+        run_id = max(env.runs)
+        assert code == 1, (argv, out, err)
+        assert f"{state} ({message})" in out, argv  # the state change
+        assert out.splitlines()[-1] == f"run {run_id} {outcome}: {message}", argv
+        assert "exit value" not in out
+        code, out, _ = sg(capsys, "jobs", "status", str(run_id))
+        assert code == 1 and out.startswith(f"run {run_id}: {state}\n") and message in out
+        code, out, err = sg(capsys, "jobs", "output", str(run_id))
+        assert code == 1 and out == "" and err == f"run {run_id} {outcome}: {message}\n"
+    assert env.run_ends == []
+
+
+def test_a_run_of_a_deleted_notebook_fails_naming_it(env, project, capsys):
+    notebook = "/Users/me@example.com/sg/train"
+    assert sg(capsys, "deploy")[0] == 0
+    client_of(env).workspace_delete(notebook)
+    code, out, _ = sg(capsys, "jobs", "run", "sg-train", "--wait")
+    assert code == 1 and out.splitlines()[-1] == f"run {max(env.runs)} FAILED: Notebook not found: {notebook}"
+    # deploy imports it again; deleted between the deploy and the run, the run fails the same way
+    original = env.jobs_call
+
+    def delete_then(op, q, body):
+        if op == "run-now":
+            env.workspace.pop(notebook)
+        return original(op, q, body)
+
+    env.jobs_call = delete_then
+    code, out, _ = sg(capsys, "deploy", "--run-now", "--wait")
+    assert code == 1 and f"notebook  {notebook}: imported" in out
+    assert f"TERMINATED FAILED (Notebook not found: {notebook})" in out
+    assert out.splitlines()[-1] == f"run {max(env.runs)} FAILED: Notebook not found: {notebook}"
+
+
 def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys):
     code, out, err = sg(capsys, "deploy", "--dry-run", "--run-now")
     assert code == 0, err
@@ -171,6 +222,46 @@ def test_dry_run_prints_every_request_masked_and_sends_none(env, project, capsys
         "POST /api/2.1/jobs/run-now",
     ):
         assert expected in out, expected
+
+
+def _plan_requests(out: str) -> list[tuple[str, str]]:
+    """(method, path) of each request line of a dry run's plan, in order."""
+    rows = []
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] in ("check", "change"):
+            rows.append((words[1], urllib.parse.unquote(words[2].split("?")[0])))
+    return rows
+
+
+@pytest.mark.parametrize("where", ["volume", "workspace", "dbfs"])
+def test_the_dry_run_plan_is_what_a_deploy_sends(env, project, capsys, where):
+    """Every (method, path) the plan lists is sent by a first deploy (and run)
+    or by a second one that resets the job, and nothing else is; the first
+    deploy sends them in the plan's order."""
+    argv = ["--run-now"]
+    if where != "volume":  # a job cluster: no cluster or library steps
+        cluster = {"spark_version": "14.3.x-scala2.12", "node_type_id": "i3.xlarge", "num_workers": 1}
+        upload = "/Workspace/Users/me@example.com/libs" if where == "workspace" else "dbfs:/FileStore/sg"
+        argv += ["--upload-dir", upload, "--new-cluster", json.dumps(cluster)]
+    if where == "dbfs":  # over 1 MB: streamed to a temporary name, then moved
+        big = project / "sparkgrad-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+        with zipfile.ZipFile(big, "w") as z:
+            z.writestr("sparkgrad/_core.so", os.urandom(1536 << 10))
+        argv += ["--wheel", str(big)]
+    code, out, err = sg(capsys, "deploy", "--dry-run", *argv)
+    assert code == 0 and env.requests == [], err
+    planned = _plan_requests(out)
+    code, _, err = sg(capsys, "deploy", "--wait", *argv)
+    assert code == 0, err
+    first = [(m, urllib.parse.unquote(p)) for m, p in env.requests]
+    code, out, err = sg(capsys, "deploy", "--schedule", "0 30 4 * * ?", *argv[1:])
+    assert code == 0 and "updated, schedule" in out, err
+    second = [(m, urllib.parse.unquote(p)) for m, p in env.requests[len(first) :]]
+    assert set(first) | set(second) == set(planned)
+    assert set(planned) - set(first) == {("GET", "/api/2.1/jobs/get"), ("POST", "/api/2.1/jobs/reset")}
+    in_first = [r for r in dict.fromkeys(planned) if r in set(first)]
+    assert list(dict.fromkeys(first)) == in_first
 
 
 def test_dry_run_masks_secrets_in_the_job_settings(env, project, capsys):
@@ -222,6 +313,35 @@ def _use(monkeypatch, s: Standin) -> None:
     monkeypatch.setenv("DATABRICKS_TOKEN", s.token)
     monkeypatch.setenv("DATABRICKS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("SPARKGRAD_REST_ALLOW_HTTP_LOOPBACK", "1")
+
+
+def test_without_host_or_credentials_the_cli_says_what_it_read_and_oauth_from_env_works(monkeypatch, tmp_path, capsys):
+    for var in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "DATABRICKS_CLIENT_ID", "DATABRICKS_CLIENT_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("DATABRICKS_CONFIG_PROFILE", raising=False)
+    cfg = tmp_path / "databrickscfg"
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(cfg))
+    for argv in (["jobs", "list"], ["fs", "ls", "dbfs:/"]):
+        code, out, err = sg(capsys, *argv)
+        assert code == 1 and out == ""
+        assert err.startswith(
+            f"sparkgrad databricks {' '.join(argv[:2])}: DatabricksConfigError: no Databricks host (DATABRICKS_HOST) "
+            "and no token (DATABRICKS_TOKEN) or OAuth client (DATABRICKS_CLIENT_ID + DATABRICKS_CLIENT_SECRET); read: "
+            "DATABRICKS_HOST, DATABRICKS_TOKEN, DATABRICKS_CLIENT_ID, DATABRICKS_CLIENT_SECRET, "
+            f"{cfg} [DEFAULT] (no such file)"
+        ), err
+    with Standin() as s:  # an OAuth service principal from the environment, no token anywhere
+        monkeypatch.setenv("DATABRICKS_HOST", s.url)
+        monkeypatch.setenv("DATABRICKS_CLIENT_ID", s.client_id)
+        monkeypatch.setenv("DATABRICKS_CLIENT_SECRET", s.client_secret)
+        monkeypatch.setenv("SPARKGRAD_REST_ALLOW_HTTP_LOOPBACK", "1")
+        code, out, err = sg(capsys, "fs", "ls", "dbfs:/")
+        assert code == 0 and out == "", err
+        assert s.count("POST", "/oidc/v1/token") == 1 and s.requests[-1] == ("GET", "/api/2.0/dbfs/list")
+        monkeypatch.setenv("DATABRICKS_CLIENT_SECRET", "not-the-secret")
+        code, _, err = sg(capsys, "fs", "ls", "dbfs:/")
+        assert code == 1 and "HTTP 401 invalid_client" in err and "refused the credentials" in err
+        assert "not-the-secret" not in err
 
 
 def test_a_cluster_that_never_runs_times_out(monkeypatch, project, capsys):
@@ -282,6 +402,13 @@ def test_fs_cp_ls_rm_on_dbfs_and_volumes(env, tmp_path, capsys):
         assert code == 1 and "sparkgrad databricks fs cp: RestError:" in err
         assert sg(capsys, "fs", "rm", remote)[0] == 0
         assert sg(capsys, "fs", "ls", folder)[1] == ""
+    for name in ("a.bin", "sub/b.bin"):
+        assert sg(capsys, "fs", "cp", str(local), f"dbfs:/tmp/sg/{name}")[0] == 0
+    code, _, err = sg(capsys, "fs", "rm", "dbfs:/tmp/sg")
+    assert code == 1 and "IO_ERROR" in err and "/tmp/sg/sub/b.bin" in env.dbfs  # a folder needs -r
+    code, out, _ = sg(capsys, "fs", "rm", "-r", "dbfs:/tmp/sg")
+    assert code == 0 and out == "removed dbfs:/tmp/sg\n"
+    assert [p for p in [*env.dbfs, *env.dbfs_dirs] if p.startswith("/tmp/sg")] == []
 
 
 def test_workspace_import_and_export(env, tmp_path, capsys):
@@ -371,6 +498,45 @@ def test_building_the_wheel_needs_a_checkout_and_a_dry_run_builds_nothing(env, p
     assert code == 0 and "wheel: built for Python 3.11 by .ci/wheels.py" in out and env.requests == []
     code, _, err = sg(capsys, "deploy", "--python", "3.11")
     assert code == 1 and "builds the wheel from a sparkgrad checkout" in err
+
+
+FAKE_WHEELS_PY = """
+import pathlib, sys, zipfile
+verb, flag, out, python = sys.argv[1:]
+assert (verb, flag) == ("wheels", "--out"), sys.argv
+if python == "3.9":
+    sys.exit("no manylinux image for Python 3.9")
+tag = "cp" + python.replace(".", "")
+pathlib.Path(out).mkdir(exist_ok=True)
+with zipfile.ZipFile(pathlib.Path(out) / f"sparkgrad-0.2.0-{tag}-{tag}-manylinux_2_28_x86_64.whl", "w") as z:
+    z.writestr("sparkgrad/__init__.py", "built = True\\n")
+"""
+
+
+def test_python_builds_the_wheel_with_ci_wheels_py_and_uploads_the_one_built(env, project, capsys, monkeypatch):
+    """deploy --python X.Y in a checkout: .ci/wheels.py (here a fake that
+    writes a wheel) builds into dist/; the newest wheel of that tag goes up."""
+    root = project.resolve()
+    (root / ".ci").mkdir()
+    (root / ".ci" / "wheels.py").write_text(FAKE_WHEELS_PY)
+    (root / "dist").mkdir()
+    stale = root / "dist" / "sparkgrad-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    stale.write_bytes(b"an older build")
+    os.utime(stale, (1, 1))
+    (root / "notebooks" / "sub").mkdir()
+    monkeypatch.chdir(root / "notebooks" / "sub")  # the checkout is found from a folder inside it
+    code, out, err = sg(capsys, "deploy", "--config", str(root / "sparkgrad-deploy.toml"), "--python", "3.11")
+    assert code == 0, err
+    built = root / "dist" / "sparkgrad-0.2.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert f"building  {sys.executable} {root}/.ci/wheels.py wheels --out {root}/dist 3.11" in out
+    (remote,) = env.volume_files
+    sha = hashlib.sha256(built.read_bytes()).hexdigest()
+    assert remote == f"/Volumes/main/default/libs/{sha[:16]}/{built.name}"
+    assert env.volume_files[remote] == built.read_bytes()
+    assert env.clusters[CLUSTER]["libraries"][0]["library"] == {"whl": remote}
+    code, _, err = sg(capsys, "deploy", "--config", str(root / "sparkgrad-deploy.toml"), "--python", "3.9")
+    assert code == 1 and "InvalidArgumentError: building the cp39 wheel failed:" in err
+    assert "no manylinux image for Python 3.9" in err
 
 
 def test_without_tomllib_or_tomli_the_file_is_refused_with_what_to_do(env, project, capsys, monkeypatch):

@@ -176,6 +176,7 @@ def _job_id(client: Any, job: str) -> int:
 
 def _jobs(args: argparse.Namespace) -> int:
     from sparkgrad.databricks import deploy
+    from sparkgrad.databricks.client import TERMINAL_RUN_STATES
 
     client = _client(args)
     if args.verb == "run":
@@ -193,18 +194,23 @@ def _jobs(args: argparse.Namespace) -> int:
         return 0
     run = client.runs_get(args.run_id)
     state = run.get("state", {})
-    result = state.get("result_state", "")
+    life, result = state.get("life_cycle_state", ""), state.get("result_state", "")
+    # FAILED, CANCELED, TIMEDOUT (also while TERMINATING), SKIPPED (no result_state), INTERNAL_ERROR
+    ended_badly = result not in ("", "SUCCESS") or (life in TERMINAL_RUN_STATES and result != "SUCCESS")
     if args.verb == "status":
-        _out(f"run {args.run_id}: {state.get('life_cycle_state')} {result}".rstrip())
+        _out(f"run {args.run_id}: {life} {result}".rstrip())
         _out(deploy.run_page_url(client, run))
         if state.get("state_message"):
             _out(state["state_message"])
-        return 0 if result in ("", "SUCCESS") else 1
+        return 1 if ended_badly else 0
     output = client.runs_get_output(args.run_id)
     if output.get("error"):
         print(output["error"], file=sys.stderr)
         if output.get("error_trace"):
             print(output["error_trace"].rstrip(), file=sys.stderr)
+        return 1
+    if ended_badly:
+        print(f"run {args.run_id} {result or life}: {state.get('state_message', '')}", file=sys.stderr)
         return 1
     _out((output.get("notebook_output") or {}).get("result", ""))
     return 0

@@ -236,7 +236,13 @@ class Client:
         """Uploads source (bytes, a binary file object or a local path) to
         dbfs:path; returns the bytes written. Up to 1 MB goes in one put;
         more is streamed in 1 MB blocks to a temporary name and moved onto path
-        at the end, so an interrupted upload never shows a half file there."""
+        at the end, so an interrupted upload never shows a half file there.
+
+        dbfs/move does not replace a file, so with overwrite the old file is
+        deleted just before the move. Once the temporary file is complete it
+        is never deleted: if the move fails, the RestError names where the
+        upload is (dbfs_move it onto path), so the old and the new version are
+        never both lost. Only a stream cut before its close is removed."""
         path = _dbfs_path(path)
         with _open_source(source) as f:
             first = f.read(DBFS_BLOCK + 1)
@@ -266,12 +272,26 @@ class Client:
                         total += len(piece)
                 # not idempotent either: a repeated close of a closed handle fails
                 self.api("POST", "/api/2.0/dbfs/close", {"handle": handle})
-                if overwrite:
-                    self._dbfs_delete_quiet(path)
-                self.api("POST", "/api/2.0/dbfs/move", {"source_path": tmp, "destination_path": path})
             except BaseException:
                 self._dbfs_delete_quiet(tmp)
                 raise
+            if overwrite:
+                self._dbfs_delete_quiet(path)
+            try:
+                self.api("POST", "/api/2.0/dbfs/move", {"source_path": tmp, "destination_path": path})
+            except RestError as exc:
+                before = "was deleted before the move" if overwrite else "was not touched"
+                raise RestError(
+                    f"{exc}; the upload of {total} bytes is complete at dbfs:{tmp} and stays there "
+                    f"(dbfs:{path} {before}): move it onto dbfs:{path} with Client.dbfs_move",
+                    status=exc.status,
+                    error_code=exc.error_code,
+                    message=exc.message,
+                    method=exc.method,
+                    path=exc.path,
+                    attempts=exc.attempts,
+                    retries=exc.retries,
+                ) from exc
             return total
 
     def dbfs_read(self, path: str) -> bytes:
@@ -314,8 +334,13 @@ class Client:
     # ---- Files API (Unity Catalog volumes) -----------------------------------------
 
     def files_put(self, path: str, source: Source, *, overwrite: bool = True) -> int:
-        """Uploads to /Volumes/<catalog>/<schema>/<volume>/... in one PUT (the
-        service makes the file visible only once the body is complete)."""
+        """Uploads to /Volumes/<catalog>/<schema>/<volume>/... in one PUT."""
+        # Design: one PUT of the whole file, no temporary name and no move (the
+        # Files API has no move). The service commits a PUT only once its body
+        # is complete: a body cut mid-way creates nothing, or leaves the old
+        # content when overwriting, so no half file is ever visible under path.
+        # A cut PUT with overwrite is retried within the budget; without, it is
+        # not (a repeat after a success it did not hear of would meet its own file).
         with _open_source(source) as f:
             data = f.read()
         self.request(
@@ -359,7 +384,9 @@ class Client:
         overwrite: bool = True,
     ) -> None:
         """Imports a notebook or file (format SOURCE, JUPYTER, AUTO, ...);
-        language applies to SOURCE only. At most 10 MB."""
+        language applies to SOURCE only. At most 10 MB. One request: the
+        workspace applies an import whole or not at all (a body cut mid-way
+        leaves the path as it was), so there is no temporary name here either."""
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > WORKSPACE_IMPORT_MAX:
             raise InvalidArgumentError(f"{path}: {len(data)} bytes is over the workspace import limit of 10 MB")

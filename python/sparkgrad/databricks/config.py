@@ -21,6 +21,7 @@ import base64
 import configparser
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from sparkgrad.errors import DatabricksConfigError
 DEFAULT_CONFIG_FILE = "~/.databrickscfg"
 __all__ = ["Config", "DatabricksConfigError", "OAuthM2M", "StaticToken", "normalize_host", "resolve_config"]
 TOKEN_REFRESH_MARGIN_S = 60.0
+logger = logging.getLogger("sparkgrad.databricks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +178,7 @@ class OAuthM2M:
     def _fetch(self) -> None:
         body = urllib.parse.urlencode({"grant_type": "client_credentials", "scope": "all-apis"}).encode()
         started = self._clock()
-        _status, data, _headers, _retries, _elapsed = self._transport.call(
+        status, data, _headers, retries, elapsed = self._transport.call(
             "POST",
             "/oidc/v1/token",
             body,
@@ -193,6 +195,14 @@ class OAuthM2M:
             ) from None
         self._value = f"{kind} {token}"
         self._expires = started + lifetime
+        logger.debug(
+            "POST /oidc/v1/token -> %d (%d attempt%s, %.3f s): an access token for %g s",
+            status,
+            len(retries) + 1,
+            "s" if retries else "",
+            elapsed,
+            lifetime,
+        )
 
 
 class StaticToken:

@@ -445,6 +445,10 @@ def _upload(client: Client, wheel: Wheel) -> tuple[bool, str]:
         check, send = partial(client.dbfs_get_status, remote), partial(client.dbfs_put, remote, local, overwrite=False)
     if found(check) is not None:
         return False, "unchanged (same sha256)"
+    # Volumes and workspace files: one PUT / one import, which the service
+    # applies whole or not at all (Client.files_put); DBFS: a stream to a
+    # temporary name, then a move (Client.dbfs_put). Either way a cut upload
+    # shows no half wheel under its name.
     send()
     return True, f"uploaded {_size(wheel.size)}"
 
