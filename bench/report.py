@@ -135,6 +135,12 @@ def load_text(meta: dict | None, rows: list[dict]) -> str:
     return f"{_fmt(start) if start is not None else '?'} → {_fmt(end) if end is not None else NOT_RECORDED}"
 
 
+def cpu_text(meta: dict | None) -> str:
+    """The CPU model a file was measured on: the machine behind this VM has changed between runs."""
+    model = ((meta or {}).get("cpu") or {}).get("model")
+    return f"CPU {model}" if model else f"CPU {NOT_RECORDED}"
+
+
 def meta_text(meta: dict | None, rows: list[dict]) -> str:
     """One paragraph: versions, CPU, threads and load, or "not recorded" for each piece a file lacks."""
     if not meta:
@@ -496,7 +502,10 @@ def render() -> str:
         "the versions, CPU and thread settings each file recorded, is in "
         "[bench/results/README.md](bench/results/README.md). Ratios are sparkgrad's advantage (a rate over "
         "the anchor's, the anchor's time over sparkgrad's; accuracy as a difference). Load is the 1-minute "
-        "load average at the start and end of the run on this 2-core machine shared with other work.",
+        "load average at the start and end of the run on this 2-core machine shared with other work. The "
+        "CPU behind the machine has not been the same for every run (an AMD EPYC or an Intel Xeon, both "
+        "with AVX-512 and bf16): each caption names the one its figures come from, and only figures of "
+        "one file, measured side by side, are compared with each other.",
         "",
     ]
     for stem, (title, what, _) in COMPARISONS.items():
@@ -506,7 +515,8 @@ def render() -> str:
         meta, rows = load(path)
         lines = comparison_lines(stem, rows)
         parts.append(
-            f"**{title}**: {what} (`bench/{_script(stem)}`, {measured_on(path)}; load {load_text(meta, rows)})"
+            f"**{title}**: {what} (`bench/{_script(stem)}`, {measured_on(path)}; {cpu_text(meta)}; "
+            f"load {load_text(meta, rows)})"
         )
         parts.append("")
         parts.append("| comparison | system | anchor | sparkgrad's figure | anchor's figure | ratio | median, spread |")
