@@ -78,17 +78,21 @@ class TensorBoard:
         if self._announcer is not None and self._announcer is not threading.current_thread():
             # on_ready has been called by the time this returns, so its report precedes the answer
             self._announcer.join(max(0.0, self._deadline - time.monotonic()) + 10.0)
-        if not self._ready.wait(max(0.0, self._deadline - time.monotonic())) or not self.url:
-            tail = "\n".join(self._lines)
-            if self._closed:
-                raise ClusterError("TensorBoard was stopped before it reported its URL")
-            if self._proc.poll() is not None:
-                raise ClusterError(
-                    f"TensorBoard exited with code {self._proc.returncode} before it reported its URL; "
-                    f"its output:\n{tail}"
-                )
+        ready = self._ready.wait(max(0.0, self._deadline - time.monotonic()))
+        if ready and self.url:
+            return self.url
+        tail = "\n".join(self._lines)
+        if self._closed:
+            raise ClusterError("TensorBoard was stopped before it reported its URL")
+        if not ready:
             raise ClusterError(f"TensorBoard did not report its URL within {self._timeout:g} s; its output:\n{tail}")
-        return self.url
+        try:  # its output ended: it is exiting, if it has not yet been reaped
+            code = self._proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(
+                f"TensorBoard closed its output without reporting its URL; its output:\n{tail}"
+            ) from None
+        raise ClusterError(f"TensorBoard exited with code {code} before it reported its URL; its output:\n{tail}")
 
     def _announce(self, on_ready: Callable[[str | None, ClusterError | None], None]) -> None:
         try:
