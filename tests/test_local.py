@@ -98,20 +98,21 @@ def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch)
         sparkgrad.local.run(cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, output=_quiet, reservation_timeout=2)
 
 
+def _tensorboard_cluster(tmp_path) -> tuple:
+    """A 1-node local cluster with tensorboard=True on tmp_path, and the list its messages go to."""
+    lines: list[str] = []
+    cluster = sparkgrad.local.run(
+        cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 1, 0, tensorboard=True, log_dir=str(tmp_path),
+        output=lines.append,
+    )  # fmt: skip
+    return cluster, lines
+
+
 def test_tensorboard_serves_the_log_dir_until_shutdown(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
     import urllib.request
 
-    lines: list[str] = []  # the cluster's own messages: why TensorBoard did not start, if it did not
-    cluster = sparkgrad.local.run(
-        cluster_nodes.write_ctx,
-        {"dir": str(tmp_path)},
-        1,
-        0,
-        tensorboard=True,
-        log_dir=str(tmp_path),
-        output=lines.append,
-    )
+    cluster, lines = _tensorboard_cluster(tmp_path)  # lines: why TensorBoard did not start, if it did not
     url = cluster.tensorboard_url()
     assert url and url.startswith("http://127.0.0.1:"), "\n".join(str(line) for line in lines)
     with urllib.request.urlopen(url + "/data/logdir", timeout=30) as resp:
@@ -141,16 +142,7 @@ def test_run_returns_while_tensorboard_starts_and_its_url_is_waited_for(tmp_path
         "print('TensorBoard 9.9 at http://127.0.0.1:4711/ (Press CTRL+C to quit)', flush=True)\n"
         "time.sleep(60)\n",
     )
-    lines: list[str] = []
-    cluster = sparkgrad.local.run(
-        cluster_nodes.write_ctx,
-        {"dir": str(tmp_path)},
-        1,
-        0,
-        tensorboard=True,
-        log_dir=str(tmp_path),
-        output=lines.append,
-    )
+    cluster, lines = _tensorboard_cluster(tmp_path)
     go.touch()  # only now can the fake TensorBoard report its URL: run() did not wait for it
     assert cluster.tensorboard_url() == "http://127.0.0.1:4711", lines
     cluster.shutdown(timeout=60)
@@ -159,16 +151,7 @@ def test_run_returns_while_tensorboard_starts_and_its_url_is_waited_for(tmp_path
 
 def test_a_tensorboard_that_exits_is_reported_with_its_code_and_output(tmp_path, monkeypatch):
     _fake_tensorboard(monkeypatch, "import sys\nprint('no such log dir', flush=True)\nsys.exit(3)\n")
-    lines: list[str] = []
-    cluster = sparkgrad.local.run(
-        cluster_nodes.write_ctx,
-        {"dir": str(tmp_path)},
-        1,
-        0,
-        tensorboard=True,
-        log_dir=str(tmp_path),
-        output=lines.append,
-    )
+    cluster, lines = _tensorboard_cluster(tmp_path)
     assert cluster.tensorboard_url() is None
     cluster.shutdown(timeout=60)
     text = "\n".join(str(line) for line in lines)
