@@ -6,7 +6,10 @@ Bus bandwidth of a float32 allreduce of B bytes on n ranks is
 process per rank, 127.0.0.1). Beside it, in the same run, the loopback TCP
 ceiling: a plain socket copy of the same buffer sizes from one process to
 another (sendall / recv_into). Then the latency of the 436 KB allreduce (the
-MLP's gradient) on 2 ranks: median and spread of many runs.
+MLP's gradient) on 2 ranks: median and spread of many runs. Every figure is
+the median of --rounds rounds (min and max beside it); each round measures
+the ceiling and then the ring, and a ratio to the ceiling is taken within its
+round.
 
 Where the machine allows it (Linux, root, `ip` and `tc`), also on simulated
 hosts: one network namespace per rank, each joined to a hub namespace by a
@@ -20,7 +23,8 @@ communicators' mode (csrc/net/coll.h "Security"); the loopback TCP ceiling
 is always a plain copy. The default mode writes results/allreduce.json,
 any other results/allreduce_<mode>.json.
 
-    python bench/bench_allreduce.py [--quick] [--no-netns] [--link-gbit 1] [--security auth]
+    python bench/bench_allreduce.py [--quick] [--rounds 5] [--netns-rounds 3] [--no-netns] [--link-gbit 1]
+                                    [--security auth]
 """
 
 from __future__ import annotations
@@ -173,58 +177,55 @@ def main(argv: list[str]) -> int:
         default=_core.SECURITY_DEFAULT,
         help="the communicators' security mode (default: %(default)s)",
     )
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every loopback figure (default 5, --quick 3)")
+    ap.add_argument(
+        "--netns-rounds", type=int, default=None, help="rounds of the namespace part (default 3, --quick 1)"
+    )
     args = ap.parse_args(argv)
-    meta = benchlib.metadata("allreduce", security=args.security)
-    volume = (64 << 20) if args.quick else (512 << 20)
+    rounds = args.rounds or (3 if args.quick else 5)
+    netns_rounds = args.netns_rounds or (1 if args.quick else 3)
+    if rounds < 1 or netns_rounds < 1:
+        ap.error("--rounds and --netns-rounds must be at least 1")
+    meta = benchlib.metadata("allreduce", security=args.security, rounds=rounds, netns_rounds=netns_rounds)
+    volume = (64 << 20) if args.quick else (256 << 20)
     sizes = SIZES if not args.quick else [64 << 10, 1 << 20, 4 << 20, 64 << 20]
     plan = [(b, iterations(b, volume)) for b in sizes]
-    rows = []
-    ceiling = tcp_ceiling(plan)
-    for b in sizes:
-        rows.append(
-            {
-                "system": "loopback_tcp",
-                "metric": f"copy_{label(b)}",
-                "value": round(ceiling[b] / 1e9, 3),
-                "unit": "GB/s",
-            }
-        )
-    for n in (2, 3, 4):
-        with Ranks(n, "bench_allreduce", (plan,), timeout=120.0, security=args.security) as ranks:
-            per_rank = ranks.values(timeout=600)
+    # Each round measures the TCP ceiling, then the ring on 2, 3 and 4 ranks, so that a change in the
+    # machine's speed between rounds moves both sides of a ratio; each ratio is taken within its round.
+    copy = {b: [] for b in sizes}
+    bus = {(n, b): [] for n in (2, 3, 4) for b in sizes}
+    share = {(n, b): [] for n in (2, 3, 4) for b in sizes}
+    latency_medians, latency_all = [], []
+    runs = max(50, (200 if args.quick else 2000) // rounds)
+    for k in range(rounds):
+        ceiling = tcp_ceiling(plan)
         for b in sizes:
-            t = max(r[b] for r in per_rank)
-            bus = 2 * (n - 1) / n * b / t
+            copy[b].append(ceiling[b] / 1e9)
+        for n in (2, 3, 4):
+            with Ranks(n, "bench_allreduce", (plan,), timeout=120.0, security=args.security) as ranks:
+                per_rank = ranks.values(timeout=600)
+            for b in sizes:
+                rate = 2 * (n - 1) / n * b / max(r[b] for r in per_rank)
+                bus[n, b].append(rate / 1e9)
+                share[n, b].append(100 * rate / ceiling[b])
+        with Ranks(2, "bench_latency", (LATENCY_BYTES, runs), timeout=120.0, security=args.security) as ranks:
+            us = [t * 1e6 for t in ranks.values(timeout=600)[0]]
+        latency_medians.append(statistics.median(us))
+        latency_all += us
+        print(f"round {k + 1}/{rounds}: 2 ranks {label(sizes[-1])} {bus[2, sizes[-1]][-1]:.2f} GB/s, "
+              f"copy {copy[sizes[-1]][-1]:.2f} GB/s, 436 KB {latency_medians[-1]:.0f} us", flush=True)  # fmt: skip
+    rows = [benchlib.median_row("loopback_tcp", f"copy_{label(b)}", copy[b], "GB/s", digits=3) for b in sizes]
+    for n in (2, 3, 4):
+        for b in sizes:
+            rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_{n}ranks_{label(b)}", bus[n, b], "GB/s", 3))
             rows.append(
-                {
-                    "system": "sparkgrad",
-                    "metric": f"allreduce_busbw_{n}ranks_{label(b)}",
-                    "value": round(bus / 1e9, 3),
-                    "unit": "GB/s",
-                }
+                benchlib.median_row("sparkgrad", f"allreduce_busbw_vs_tcp_{n}ranks_{label(b)}", share[n, b], "%")
             )
-            rows.append(
-                {
-                    "system": "sparkgrad",
-                    "metric": f"allreduce_busbw_vs_tcp_{n}ranks_{label(b)}",
-                    "value": round(100 * bus / ceiling[b], 1),
-                    "unit": "%",
-                }
-            )
-    runs = 200 if args.quick else 2000
-    with Ranks(2, "bench_latency", (LATENCY_BYTES, runs), timeout=120.0, security=args.security) as ranks:
-        times = ranks.values(timeout=600)[0]
-    us = sorted(t * 1e6 for t in times)
-    q = statistics.quantiles(us, n=20)
-    for name, value in (("median", statistics.median(us)), ("p5", q[0]), ("p95", q[-1]), ("min", us[0])):
-        rows.append(
-            {
-                "system": "sparkgrad",
-                "metric": f"allreduce_436KB_2ranks_latency_{name}",
-                "value": round(value, 1),
-                "unit": "us",
-            }
-        )
+    # the median row's spread is that of the rounds' medians; p5 and p95 pool every round's runs
+    rows.append(benchlib.median_row("sparkgrad", "allreduce_436KB_2ranks_latency_median", latency_medians, "us"))
+    q = statistics.quantiles(latency_all, n=20)
+    for name, value in (("p5", q[0]), ("p95", q[-1]), ("min", min(latency_all))):
+        rows.append(benchlib.row("sparkgrad", f"allreduce_436KB_2ranks_latency_{name}", round(value, 1), "us"))
     reason = "--no-netns" if args.no_netns else benchlib.netns_skip_reason()
     if reason:
         print(f"namespace part skipped: {reason}")
@@ -233,25 +234,15 @@ def main(argv: list[str]) -> int:
         nsizes = [1 << 20, 16 << 20] if args.quick else SIZES
         for n in (2, 3) if args.quick else (2, 3, 4):
             nplan = [(b, max(2, min(50, int(2 * link) // b))) for b in nsizes]  # about 2 s per size
-            bus = netns_busbw(n, nplan, args.link_gbit, args.security)
+            got = [netns_busbw(n, nplan, args.link_gbit, args.security) for _ in range(netns_rounds)]
             for b in nsizes:
                 tag = f"{n}ranks_{label(b)}_{args.link_gbit:g}gbit"
+                values = [g[b] for g in got]
                 rows.append(
-                    {
-                        "system": "sparkgrad",
-                        "metric": f"netns_allreduce_busbw_{tag}",
-                        "value": round(bus[b] / 1e6, 1),
-                        "unit": "MB/s",
-                    }
+                    benchlib.median_row("sparkgrad", f"netns_allreduce_busbw_{tag}", [v / 1e6 for v in values], "MB/s")
                 )
-                rows.append(
-                    {
-                        "system": "sparkgrad",
-                        "metric": f"netns_allreduce_busbw_vs_link_{tag}",
-                        "value": round(100 * bus[b] / link, 1),
-                        "unit": "%",
-                    }
-                )
+                rows.append(benchlib.median_row("sparkgrad", f"netns_allreduce_busbw_vs_link_{tag}",
+                                                [100 * v / link for v in values], "%"))  # fmt: skip
     out = RESULTS if args.security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"allreduce_{args.security}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(out, rows, meta)

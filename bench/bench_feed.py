@@ -347,9 +347,6 @@ def measure(fn, repeat: int) -> tuple[list[float], str]:
     return values, ""
 
 
-FLOOR_FEED = "Spark's floor (mapInArrow counting the fed columns' rows)"
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="10,000 rows, one run of each")
@@ -397,7 +394,7 @@ def main() -> int:
         # no Arrow feeder can pass more rows than this
         columns = tuple(df.columns)
         values, why = measure(lambda df=df, columns=columns: time_arrow_floor(df, rows, columns), repeat)
-        out.append(row(FLOOR_FEED, metric, values, "rows/s", why))
+        out.append(row(benchlib.FLOOR_FEED, metric, values, "rows/s", why))
     python, why_not = (None, "--skip-tfos") if args.skip_tfos or not frames else tfos_python()
     for kind in frames:
         metric = f"feed rows/s, {labels[kind]} + label"
@@ -420,7 +417,7 @@ def main() -> int:
         ("sparkgrad Model.transform", lambda: time_transform(scoring, rows)),
         ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", lambda: time_mlflow_udf(spark, scoring, rows, work)),
         ("PyTorch pandas UDF", lambda: time_torch_udf(spark, scoring, rows)),
-        ("Spark's floor (mapInArrow counting the features' rows)", lambda: time_arrow_floor(scoring, rows)),
+        (benchlib.FLOOR_SCORE, lambda: time_arrow_floor(scoring, rows)),
     )
     for system, fn in scorers if "score" in parts else ():
         values, why = measure(fn, repeat)

@@ -173,6 +173,11 @@ def print_rows(rows: list[dict]) -> None:
         print(f"{r['system']:<{ws}} {r['metric']:<{wm}} {r['value']!s:>10} {r['unit']} {r.get('reason', '')}".rstrip())
 
 
+# The systems of bench_feed.py's Spark floors, which report.py sets against the other systems.
+FLOOR_FEED = "Spark's floor (mapInArrow counting the fed columns' rows)"
+FLOOR_SCORE = "Spark's floor (mapInArrow counting the features' rows)"
+
+
 def row(system: str, metric: str, value, unit: str, **extra) -> dict:
     return {"system": system, "metric": metric, "value": value, "unit": unit, **extra}
 

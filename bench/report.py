@@ -275,7 +275,6 @@ def _accuracy_lines(rows: list[dict]) -> list[tuple]:
 
 
 FEED_COLUMNS = ("array<float>[784]", "VectorUDT", "binary[784]")
-FEED_FLOOR = "Spark's floor (mapInArrow counting the fed columns' rows)"  # bench_feed.FLOOR_FEED
 
 
 def _feed_lines(rows: list[dict]) -> list[tuple]:
@@ -289,15 +288,14 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
         lines.append((f"feeding a DataFrame, {col}", ("sparkgrad Arrow feed", m),
                       ("sparkgrad TFRecordDataset", "read rows/s, image_raw + label"), "higher"))  # fmt: skip
         # the ceiling of any Arrow feeder's ratio to the TFRecord reader: Spark's own floor
-        lines.append((f"feeding a DataFrame, {col}", (FEED_FLOOR, m),
+        lines.append((f"feeding a DataFrame, {col}", (benchlib.FLOOR_FEED, m),
                       ("sparkgrad TFRecordDataset", "read rows/s, image_raw + label"), "higher"))  # fmt: skip
     m = "transform rows/s, MLP 784-128-64-10"
     lines.append(("scoring a DataFrame", ("sparkgrad Model.transform", m), ("PyTorch pandas UDF", m), "higher"))
     lines.append(("scoring a DataFrame", ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", m), ("PyTorch pandas UDF", m),
                   "higher"))  # fmt: skip
     # the ceiling of any scorer's ratio: Spark's own floor against the PyTorch UDF
-    floor = "Spark's floor (mapInArrow counting the features' rows)"
-    lines.append(("scoring a DataFrame", (floor, m), ("PyTorch pandas UDF", m), "higher"))
+    lines.append(("scoring a DataFrame", (benchlib.FLOOR_SCORE, m), ("PyTorch pandas UDF", m), "higher"))
     return lines
 
 
@@ -334,6 +332,24 @@ def _allreduce_lines(rows: list[dict]) -> list[tuple]:
             m = f"netns_allreduce_busbw_vs_link_{n}ranks_{size}_1gbit"
             lines.append((f"{n} hosts on 1 Gbit/s links, {size}, % of the link", ("sparkgrad", m), ("sparkgrad", m),
                           "info"))  # fmt: skip
+    return lines
+
+
+def _overlap_lines(rows: list[dict]) -> list[tuple]:
+    """Per model: what compute alone would allow (the floor overlap could reach), then each bucket
+    size, all against bucket_bytes=0 (the whole gradient reduced after backward)."""
+    lines = []
+    for system in dict.fromkeys(r["system"] for r in rows if r["metric"].startswith("steps_per_s_")):
+        model = system.split(" (")[0]
+        after = (system, "steps_per_s_bucket_0")
+        lines.append((f"{model}: compute only, no allreduce (the floor)", (system, "steps_per_s_compute_only"),
+                      after, "higher"))  # fmt: skip
+        buckets = sorted(int(r["metric"].rsplit("_", 1)[1]) for r in rows
+                         if r["system"] == system and r["metric"].startswith("steps_per_s_bucket_"))  # fmt: skip
+        for b in (b for b in buckets if b):
+            size = f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+            lines.append((f"{model}: buckets of {size} during backward", (system, f"steps_per_s_bucket_{b}"), after,
+                          "higher"))  # fmt: skip
     return lines
 
 
@@ -387,6 +403,13 @@ COMPARISONS = {
         "Ring allreduce with security='none' (the transport alone)",
         "the same measurements with frames unprotected after the handshake",
         _allreduce_lines,
+    ),
+    "overlap": (
+        "Reducing gradients during backward (steps/s, 2 ranks on loopback)",
+        "DistributedOptimizer(bucket_bytes=B): buckets reduced in a background thread as backward reports "
+        "its layers, against B = 0 (the whole gradient reduced after backward), and the same fit with no "
+        "allreduce at all",
+        _overlap_lines,
     ),
     "hvd": (
         "HorovodRunner end to end (the seed CNN on 2 processes of a local Spark session, seconds)",

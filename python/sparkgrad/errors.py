@@ -185,6 +185,13 @@ class RestError(SparkgradError):
         self.message = text if message is None else message
         self.details["message"] = self.message
 
+    def with_text(self, text: str) -> RestError:
+        """The same failure (status, code, message, call, attempts, retries) told in other words."""
+        return RestError(
+            text, status=self.status, error_code=self.error_code, message=self.message, method=self.method,
+            path=self.path, attempts=self.attempts, retries=self.retries,
+        )  # fmt: skip
+
 
 class NotebookError(SparkgradError):
     """A notebook run by sparkgrad.databricks failed.

@@ -281,16 +281,9 @@ class Client:
                 self.api("POST", "/api/2.0/dbfs/move", {"source_path": tmp, "destination_path": path})
             except RestError as exc:
                 before = "was deleted before the move" if overwrite else "was not touched"
-                raise RestError(
+                raise exc.with_text(
                     f"{exc}; the upload of {total} bytes is complete at dbfs:{tmp} and stays there "
-                    f"(dbfs:{path} {before}): move it onto dbfs:{path} with Client.dbfs_move",
-                    status=exc.status,
-                    error_code=exc.error_code,
-                    message=exc.message,
-                    method=exc.method,
-                    path=exc.path,
-                    attempts=exc.attempts,
-                    retries=exc.retries,
+                    f"(dbfs:{path} {before}): move it onto dbfs:{path} with Client.dbfs_move"
                 ) from exc
             return total
 
