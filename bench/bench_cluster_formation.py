@@ -7,7 +7,9 @@ JVM): the time from TFCluster.run() to a formed cluster (every node
 registered and holding the spec) for 1 ps + 2 workers, the time of a whole
 run whose map_fun returns at once (run + shutdown), and the time from a
 worker's SIGKILL to NodeFailure on the driver (every other node stopped).
-Writes bench/results/cluster_formation.json (rows of system, metric, value, unit).
+Each figure is the median of its runs (10 formations, 3 kills; --quick: 3 and 1)
+with min and max. Writes bench/results/cluster_formation.json (rows of
+system, metric, value, unit).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import argparse
 import os
 import pathlib
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +43,7 @@ def kill_worker_1(args, ctx):
     ctx.wait_for_stop(60)
 
 
-def measure(sc, repeats: int) -> list[dict]:
+def measure(sc, repeats: int, kills: int) -> list[dict]:
     from sparkgrad import TFCluster
     from sparkgrad.errors import NodeFailure
 
@@ -54,42 +55,30 @@ def measure(sc, repeats: int) -> list[dict]:
         forms.append(time.perf_counter() - start)
         cluster.shutdown(timeout=60)
         totals.append(time.perf_counter() - start)
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = TFCluster.run(sc, kill_worker_1, tmp, 3, 1, output=lambda line: None)
-        try:
-            cluster.shutdown(timeout=60)
-        except NodeFailure:
-            detects.append(time.time() - float(open(os.path.join(tmp, "killed_at")).read()))
+    for _ in range(kills):
+        with tempfile.TemporaryDirectory() as tmp:
+            cluster = TFCluster.run(sc, kill_worker_1, tmp, 3, 1, output=lambda line: None)
+            try:
+                cluster.shutdown(timeout=60)
+            except NodeFailure:
+                detects.append(time.time() - float(open(os.path.join(tmp, "killed_at")).read()))
+            else:
+                raise RuntimeError(f"{system}: worker 1 was SIGKILLed but shutdown() raised no NodeFailure")
     return [
-        {
-            "system": system,
-            "metric": "cluster formation (run() to spec), median",
-            "value": statistics.median(forms),
-            "unit": "s",
-        },
-        {
-            "system": system,
-            "metric": "run + shutdown of a no-op map_fun, median",
-            "value": statistics.median(totals),
-            "unit": "s",
-        },
-        {
-            "system": system,
-            "metric": "SIGKILL of a worker to NodeFailure (others stopped)",
-            "value": detects[0],
-            "unit": "s",
-        },
+        benchlib.median_row(system, "cluster formation (run() to spec), median", forms, "s", 3),
+        benchlib.median_row(system, "run + shutdown of a no-op map_fun, median", totals, "s", 3),
+        benchlib.median_row(system, "SIGKILL of a worker to NodeFailure (others stopped)", detects, "s", 3),
     ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 10")
+    parser.add_argument("--quick", action="store_true", help="3 formations and 1 kill instead of 10 and 3")
     args = parser.parse_args()
     meta = benchlib.metadata("cluster_formation")
-    repeats = 3 if args.quick else 10
+    repeats, kills = (3, 1) if args.quick else (10, 3)
     sys.path.insert(0, str(HERE))  # so Spark's workers can import this module's map_funs by reference
-    rows = measure(None, repeats)
+    rows = measure(None, repeats, kills)
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -108,7 +97,7 @@ def main() -> int:
         from sparkgrad import TFCluster
 
         TFCluster.run(spark.sparkContext, noop, None, 3, 1, output=lambda line: None).shutdown(timeout=120)  # warm-up
-        rows += measure(spark.sparkContext, repeats)
+        rows += measure(spark.sparkContext, repeats, kills)
         spark.stop()
     out = HERE / "results" / "cluster_formation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
