@@ -182,8 +182,8 @@ def main(argv: list[str]) -> int:
         "--netns-rounds", type=int, default=None, help="rounds of the namespace part (default 3, --quick 1)"
     )
     args = ap.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 5)
-    netns_rounds = args.netns_rounds or (1 if args.quick else 3)
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
+    netns_rounds = args.netns_rounds if args.netns_rounds is not None else (1 if args.quick else 3)
     if rounds < 1 or netns_rounds < 1:
         ap.error("--rounds and --netns-rounds must be at least 1")
     meta = benchlib.metadata("allreduce", security=args.security, rounds=rounds, netns_rounds=netns_rounds)
@@ -194,7 +194,6 @@ def main(argv: list[str]) -> int:
     # machine's speed between rounds moves both sides of a ratio; each ratio is taken within its round.
     copy = {b: [] for b in sizes}
     bus = {(n, b): [] for n in (2, 3, 4) for b in sizes}
-    share = {(n, b): [] for n in (2, 3, 4) for b in sizes}
     latency_medians, latency_all = [], []
     runs = max(50, (200 if args.quick else 2000) // rounds)
     for k in range(rounds):
@@ -205,9 +204,7 @@ def main(argv: list[str]) -> int:
             with Ranks(n, "bench_allreduce", (plan,), timeout=120.0, security=args.security) as ranks:
                 per_rank = ranks.values(timeout=600)
             for b in sizes:
-                rate = 2 * (n - 1) / n * b / max(r[b] for r in per_rank)
-                bus[n, b].append(rate / 1e9)
-                share[n, b].append(100 * rate / ceiling[b])
+                bus[n, b].append(2 * (n - 1) / n * b / max(r[b] for r in per_rank) / 1e9)
         with Ranks(2, "bench_latency", (LATENCY_BYTES, runs), timeout=120.0, security=args.security) as ranks:
             us = [t * 1e6 for t in ranks.values(timeout=600)[0]]
         latency_medians.append(statistics.median(us))
@@ -218,9 +215,8 @@ def main(argv: list[str]) -> int:
     for n in (2, 3, 4):
         for b in sizes:
             rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_{n}ranks_{label(b)}", bus[n, b], "GB/s", 3))
-            rows.append(
-                benchlib.median_row("sparkgrad", f"allreduce_busbw_vs_tcp_{n}ranks_{label(b)}", share[n, b], "%")
-            )
+            share = [100 * x / c for x, c in zip(bus[n, b], copy[b], strict=True)]  # within each round
+            rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_vs_tcp_{n}ranks_{label(b)}", share, "%"))
     # the median row's spread is that of the rounds' medians; p5 and p95 pool every round's runs
     rows.append(benchlib.median_row("sparkgrad", "allreduce_436KB_2ranks_latency_median", latency_medians, "us"))
     q = statistics.quantiles(latency_all, n=20)
