@@ -14,12 +14,17 @@ batches).
   of 2 Spark tasks, what a Databricks user runs), main() calling hvd.init(),
   compiling with ``hvd.DistributedOptimizer(Adadelta(0.1 * hvd.size()))`` and
   fitting its shard with BroadcastGlobalVariablesCallback(0).
+  "sparkgrad_bf16" is the same with ``compile(precision="bf16")`` (bf16
+  Dense and Conv2D, fp32 master weights, fp32 gradients on the wire).
 - TorchDistributor: ``TorchDistributor(num_processes=2, local_mode=True,
   use_gpu=False)`` with DistributedDataParallel over gloo and a
   DistributedSampler; "torch" eagerly, "torch_compile" with the model
   through torch.compile inside DDP (its first step, which compiles, is reported apart as
   compile_s and left out of its training time; each run has an empty
-  inductor cache, TORCHINDUCTOR_CACHE_DIR, as a fresh cluster has).
+  inductor cache, TORCHINDUCTOR_CACHE_DIR, as a fresh cluster has),
+  "torch_bf16" eagerly with forward and loss under bf16 autocast.
+  The bf16 systems run only where the CPU has native bf16 (avx512_bf16 or
+  amx_bf16 in /proc/cpuinfo); elsewhere a row says why.
 - horovod: ``pip install horovod`` is tried in a throwaway venv that sees
   this venv's packages (torch among them), with a timeout, and if it fails
   (not with --quick) once more with the settings a user would try next (HOROVOD_RETRY_ENV:
@@ -33,11 +38,12 @@ Spark's start before it, reported apart), training time (first step ->
 last step, from each process's own wall-clock timestamps: the earliest
 first step to the latest last step), samples/s over the training time,
 and rank 0's test accuracy on the 10,000 test images after the epochs.
-The speedup rows divide TorchDistributor's training time (and run() wall
-time) by sparkgrad's; the accuracy difference says whether they are at
-equal accuracy.
+The speedup rows divide each TorchDistributor's training time (and run()
+wall time) by each sparkgrad's, and "best precision" divides the fastest
+anchor's by sparkgrad's faster precision; the accuracy difference says
+whether they are at equal accuracy.
 
-    python bench/bench_hvd.py [--quick] [--systems sparkgrad,torch,torch_compile] [--repeat N] [--no-horovod]
+    python bench/bench_hvd.py [--quick] [--systems sparkgrad,sparkgrad_bf16,torch,...] [--repeat N] [--no-horovod]
 
 ``--quick``: 12,800 samples, 1 epoch, 1 run, no torch.compile, horovod's
 plain install only (about 3 minutes).
@@ -67,12 +73,22 @@ import benchlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results" / "hvd.json"
-SYSTEMS = ("sparkgrad", "torch", "torch_compile")
+SYSTEMS = ("sparkgrad", "sparkgrad_bf16", "torch", "torch_compile", "torch_bf16")
 LABELS = {
     "sparkgrad": "sparkgrad HorovodRunner(np=2)",
+    "sparkgrad_bf16": "sparkgrad HorovodRunner(np=2, bf16)",
     "torch": "TorchDistributor (DDP gloo)",
     "torch_compile": "TorchDistributor (DDP gloo, torch.compile)",
+    "torch_bf16": "TorchDistributor (DDP gloo, bf16 autocast)",
 }
+OURS = ("sparkgrad", "sparkgrad_bf16")
+ANCHORS = ("torch", "torch_compile", "torch_bf16")
+BF16 = ("sparkgrad_bf16", "torch_bf16")  # measured only where the CPU has native bf16
+BEST_OURS = "sparkgrad HorovodRunner (best precision)"
+# compile(precision="bf16") and nothing else: fp32 gradients on the wire, reduced after backward, as
+# the torch_bf16 anchor keeps DDP's defaults (the child's --compression and --bucket-bytes are there
+# to try the rest: 2 x 25,600 samples, 1 epoch, gave 1.04x for 1 MB buckets and 1.06x for both)
+SPARKGRAD_ARGS = {"sparkgrad_bf16": ["--precision", "bf16"]}
 NP = 2
 BATCH = 128
 
@@ -80,7 +96,9 @@ BATCH = 128
 # ---- sparkgrad: main() of every rank, and the child that runs HorovodRunner ---------------
 
 
-def sparkgrad_main(samples: int, epochs: int, threads: int, out_dir: str) -> dict:
+def sparkgrad_main(
+    samples: int, epochs: int, threads: int, out_dir: str, precision: str = "fp32", compression=None, bucket_bytes=0
+) -> dict:
     """What a HorovodRunner user's main() does, plus the process's own timestamps."""
     import os
     import time
@@ -100,9 +118,12 @@ def sparkgrad_main(samples: int, epochs: int, threads: int, out_dir: str) -> dic
     onehot = np.eye(10, dtype=np.float32)[y[:samples][rank::size][:per_rank]]
     model = horovod_cnn(seed=1)
     model.compile(
-        optimizer=hvd.DistributedOptimizer(Adadelta(learning_rate=0.1 * size)),
+        optimizer=hvd.DistributedOptimizer(
+            Adadelta(learning_rate=0.1 * size), compression=compression, bucket_bytes=bucket_bytes
+        ),
         loss="categorical_crossentropy",
         metrics=["accuracy"],
+        precision=precision,
     )
 
     class Stamps:
@@ -150,8 +171,9 @@ def child_sparkgrad(args: argparse.Namespace) -> int:
     try:
         t0 = time.time()
         sparkgrad.HorovodRunner(np=NP).run(
-            sparkgrad_main, samples=args.samples, epochs=args.epochs, threads=args.threads, out_dir=args.out_dir
-        )
+            sparkgrad_main, samples=args.samples, epochs=args.epochs, threads=args.threads, out_dir=args.out_dir,
+            precision=args.precision, compression=args.compression, bucket_bytes=args.bucket_bytes,
+        )  # fmt: skip
         t_end = time.time()
     finally:
         spark.stop()
@@ -305,6 +327,9 @@ def main() -> int:
     ap.add_argument("--horovod-timeout", type=float, default=600.0, help="seconds for each pip install horovod")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--compression", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bucket-bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -340,18 +365,24 @@ def main() -> int:
 
     runs: dict[str, list[dict]] = {}
     reasons: dict[str, str] = {}
+    if not benchlib.cpu_info()["bf16"]:  # emulated bf16 would measure the emulation, not the method
+        for system in BF16:
+            reasons[system] = "no avx512_bf16/amx_bf16 in /proc/cpuinfo: bf16 would be emulated"
     versions: dict[str, dict] = {}
     for rep in range(repeat):  # round-robin, so that a change of load falls on every system alike
         for system in systems:
+            if system in BF16 and system in reasons:
+                continue
             tag = f"{system}-{rep}"
             log, nodes_dir = work / f"{tag}.log", work / f"{tag}-nodes"
             common = ["--samples", str(samples), "--epochs", str(epochs), "--out-dir", str(nodes_dir)]
             common += ["--threads", str(threads)]
-            if system == "sparkgrad":
+            if system in OURS:
                 cmd = [sys.executable, __file__, "--child", "sparkgrad", *common]
+                cmd += SPARKGRAD_ARGS.get(system, [])
             else:
                 cmd = [sys.executable, str(BENCH / "hvd_torch.py"), *common, "--num-processes", str(NP)]
-                cmd += ["--compile"] if system == "torch_compile" else []
+                cmd += {"torch_compile": ["--compile"], "torch_bf16": ["--bf16"]}.get(system, [])
             print(f"run {rep + 1}/{repeat}: {LABELS[system]}...", flush=True)
             run_env = env
             if system == "torch_compile":  # a cold compile cache for each run, as on a fresh cluster
@@ -393,28 +424,46 @@ def main() -> int:
             row(LABELS[system], metric, round(s[metric], d), UNITS[metric], **(spread if repeat > 1 else {}))
 
     ratio_lines = []
-    mine = medians.get("sparkgrad")
-    for anchor in ("torch", "torch_compile"):
-        theirs = medians.get(anchor)
-        if anchor not in systems or "sparkgrad" not in systems:
-            continue
-        if mine is None or theirs is None:
-            why = reasons.get("sparkgrad" if mine is None else anchor, "not run")
-            row(LABELS["sparkgrad"], f"training_speedup_vs_{anchor}", None, "x", reason=why)
-            continue
-        t_ratio = theirs["train_s"] / mine["train_s"]
-        w_ratio = theirs["run_wall_s"] / mine["run_wall_s"]
+    for ours in (o for o in OURS if o in systems):
+        mine = medians.get(ours)
+        for anchor in (a for a in ANCHORS if a in systems):
+            theirs = medians.get(anchor)
+            if mine is None or theirs is None:
+                why = reasons.get(ours if mine is None else anchor, "not run")
+                row(LABELS[ours], f"training_speedup_vs_{anchor}", None, "x", reason=why)
+                continue
+            t_ratio = theirs["train_s"] / mine["train_s"]
+            w_ratio = theirs["run_wall_s"] / mine["run_wall_s"]
+            delta = mine["test_accuracy"] - theirs["test_accuracy"]
+            row(LABELS[ours], f"training_speedup_vs_{anchor}", round(t_ratio, 2), "x (their training s / ours)")
+            row(LABELS[ours], f"run_wall_speedup_vs_{anchor}", round(w_ratio, 2), "x (their run() s / ours)")
+            row(LABELS[ours], f"accuracy_minus_{anchor}", round(delta, 4), "fraction (same epochs, same recipe)")
+            ratio_lines.append(
+                f"{LABELS[ours]} vs {LABELS[anchor]}: training {t_ratio:.2f}x, run() {w_ratio:.2f}x, "
+                f"accuracy {delta:+.4f}"
+            )
+    # each side at its best: the faster of sparkgrad's precisions against the fastest TorchDistributor
+    best_ours = min((o for o in OURS if o in medians), key=lambda o: medians[o]["train_s"], default=None)
+    best_theirs = min((a for a in ANCHORS if a in medians), key=lambda a: medians[a]["train_s"], default=None)
+    if best_ours and best_theirs:
+        mine, theirs = medians[best_ours], medians[best_theirs]
+        for metric, unit in (("training_speedup", "training s"), ("run_wall_speedup", "run() s")):
+            key = "train_s" if metric == "training_speedup" else "run_wall_s"
+            row(BEST_OURS, f"{metric}_vs_best_torch", round(theirs[key] / mine[key], 2),
+                f"x ({LABELS[best_theirs]}'s {unit} / {LABELS[best_ours]}'s)")  # fmt: skip
         delta = mine["test_accuracy"] - theirs["test_accuracy"]
-        row(LABELS["sparkgrad"], f"training_speedup_vs_{anchor}", round(t_ratio, 2), "x (their training s / ours)")
-        row(LABELS["sparkgrad"], f"run_wall_speedup_vs_{anchor}", round(w_ratio, 2), "x (their run() s / ours)")
-        row(LABELS["sparkgrad"], f"accuracy_minus_{anchor}", round(delta, 4), "fraction (same epochs, same recipe)")
+        row(BEST_OURS, "accuracy_minus_best_torch", round(delta, 4), "fraction (same epochs, same recipe)")
         ratio_lines.append(
-            f"sparkgrad vs {LABELS[anchor]}: training {t_ratio:.2f}x, run() {w_ratio:.2f}x, accuracy {delta:+.4f}"
+            f"best against best: {LABELS[best_ours]} vs {LABELS[best_theirs]}: training "
+            f"{theirs['train_s'] / mine['train_s']:.2f}x, run() {theirs['run_wall_s'] / mine['run_wall_s']:.2f}x, "
+            f"accuracy {delta:+.4f}"
         )
-    if mine is not None and medians.get("torch") and medians.get("torch_compile"):
-        gain = medians["torch"]["train_s"] / medians["torch_compile"]["train_s"]
-        row(LABELS["torch_compile"], "training_speedup_vs_eager", round(gain, 2), "x (eager training s / compiled)")
-        ratio_lines.append(f"torch.compile on this CPU: {gain:.2f}x the eager training speed (compile time apart)")
+    eager = medians.get("torch")
+    for anchor in ("torch_compile", "torch_bf16"):
+        if eager and medians.get(anchor):
+            gain = eager["train_s"] / medians[anchor]["train_s"]
+            row(LABELS[anchor], "training_speedup_vs_eager", round(gain, 2), "x (eager training s / this one's)")
+            ratio_lines.append(f"{LABELS[anchor]} on this CPU: {gain:.2f}x the eager training speed")
 
     if args.no_horovod:
         row("horovod", "pip_install_horovod", None, "", reason="not tried (--no-horovod)")

@@ -14,11 +14,13 @@ DistributedSampler (set_epoch every epoch), ``--epochs`` epochs of
 ``--compile`` the model goes through torch.compile before DDP wraps it
 (DDP(torch.compile(model)); the other order runs eagerly in torch 2.13, see
 train_fn); its first step (which compiles forward and backward) is timed on
-its own. Each process
+its own. With ``--bf16`` the forward pass and the loss run under
+torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch's CPU mixed precision:
+bf16 convolutions and matmuls, fp32 weights and optimizer). Each process
 writes its own timestamps to ``--out-dir``; rank 0 evaluates the 10,000 test
 images. The driver writes ``--out`` (JSON) with the run() wall time.
 
-    .venv/bin/python bench/hvd_torch.py --samples 60000 --epochs 3 --out-dir O --out R.json [--compile]
+    .venv/bin/python bench/hvd_torch.py --samples 60000 --epochs 3 --out-dir O --out R.json [--compile | --bf16]
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ import sys
 import anchor_driver
 
 
-def train_fn(samples: int, epochs: int, batch_size: int, lr: float, threads: int, compile_: bool, out_dir: str):
+def train_fn(
+    samples: int, epochs: int, batch_size: int, lr: float, threads: int, compile_: bool, bf16: bool, out_dir: str
+):
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
+    import contextlib
     import json
     import os
     import time
@@ -78,6 +83,9 @@ def train_fn(samples: int, epochs: int, batch_size: int, lr: float, threads: int
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=True)
 
+    def autocast():  # bf16 forward and loss, fp32 weights and optimizer: PyTorch's mixed precision on CPU
+        return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
     stamps = []  # wall-clock end of every step
     first_step = None
     net.train()
@@ -87,7 +95,8 @@ def train_fn(samples: int, epochs: int, batch_size: int, lr: float, threads: int
             if first_step is None:
                 first_step = time.time()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(net(xb), yb)
+            with autocast():
+                loss = loss_fn(net(xb), yb)
             loss.backward()
             opt.step()
             stamps.append(time.time())
@@ -128,13 +137,14 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--compile", action="store_true", help="torch.compile the model inside DDP")
+    p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast('cpu', bfloat16)")
     p.set_defaults(batch_size=128, learning_rate=None)
     args = p.parse_args()
     lr = args.learning_rate if args.learning_rate is not None else 0.1 * args.num_processes
 
     return anchor_driver.run_torch_distributor(
         args, "bench_hvd-torch", train_fn, args.samples, args.epochs, args.batch_size, lr, args.threads,
-        args.compile, args.out_dir,
+        args.compile, args.bf16, args.out_dir,
     )  # fmt: skip
 
 
