@@ -27,6 +27,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--learning-rate", type=float, default=0.07)
     p.add_argument("--cold", action="store_true", help="no Python job on the SparkContext before run()")
+    p.add_argument("--seed", type=int, default=42, help="initial weights and the data's shuffle")
     return p
 
 

@@ -9,7 +9,12 @@ another (sendall / recv_into). Then the latency of the 436 KB allreduce (the
 MLP's gradient) on 2 ranks: median and spread of many runs. Every figure is
 the median of --rounds rounds (min and max beside it); each round measures
 the ceiling and then the ring, and a ratio to the ceiling is taken within its
-round.
+round. Each round also measures the ring's traffic without the ring: n
+processes, each sending the same buffers to the next and receiving from the
+previous at once over plain sockets ("ring_copy", GB/s per stream). An
+n-rank ring needs n such streams at the same time; on a machine with fewer
+cores than streams they share the CPUs, so this, not the one-way copy, is
+what an n-rank ring can reach here, and the busbw is reported against both.
 
 Where the machine allows it (Linux, root, `ip` and `tc`), also on simulated
 hosts: one network namespace per rank, each joined to a hub namespace by a
@@ -39,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import benchlib
@@ -62,18 +68,23 @@ def iterations(nbytes: int, volume: int) -> int:
     return max(3, min(2000, volume // nbytes))
 
 
+def _recv_reps(sock: socket.socket, view: memoryview, reps: int) -> bool:
+    """Receives len(view) bytes `reps` times into view; False if the peer closed first."""
+    for _ in range(reps):
+        got = 0
+        while got < len(view):
+            k = sock.recv_into(view[got:], len(view) - got)
+            if k == 0:
+                return False
+            got += k
+    return True
+
+
 def _tcp_sink(port: int, plan: list) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         for nbytes, reps in plan:
-            buf = bytearray(nbytes)
-            view = memoryview(buf)
-            for _ in range(reps):
-                got = 0
-                while got < nbytes:
-                    n = s.recv_into(view[got:], nbytes - got)
-                    if n == 0:
-                        return
-                    got += n
+            if not _recv_reps(s, memoryview(bytearray(nbytes)), reps):
+                return
             s.sendall(b"k")
 
 
@@ -103,6 +114,65 @@ def tcp_ceiling(plan: list) -> dict[int, float]:
             if sink.is_alive():
                 sink.kill()
                 sink.join(5)
+
+
+def _ring_copy_rank(rank: int, n: int, plan: list, ports, barrier, results) -> None:
+    """One process of the ring copy: sends to rank+1 while a thread receives from rank-1, each
+    size `reps` times, timed from a barrier to the last byte both ways."""
+    lis = socket.create_server(("127.0.0.1", 0))
+    lis.settimeout(60)
+    ports[rank] = lis.getsockname()[1]
+    barrier.wait(60)
+    right = socket.create_connection(("127.0.0.1", ports[(rank + 1) % n]), timeout=60)
+    left, _ = lis.accept()
+    left.settimeout(60)
+    lis.close()
+    out = {}
+    with left, right:
+        for nbytes, reps in plan:
+            send, recv = memoryview(bytearray(nbytes)), memoryview(bytearray(nbytes))
+            got = []
+            th = threading.Thread(target=lambda v=recv, r=reps, g=got: g.append(_recv_reps(left, v, r)))
+            barrier.wait(60)
+            t0 = time.perf_counter()
+            th.start()
+            for _ in range(reps):
+                right.sendall(send)
+            th.join(120)
+            if got != [True]:  # the thread's OSError, if any, went to stderr
+                why = "timed out" if th.is_alive() else f"failed: rank {(rank - 1) % n} closed or the socket failed"
+                raise RuntimeError(f"ring copy rank {rank}: receiving {nbytes} bytes {why}")
+            out[nbytes] = time.perf_counter() - t0
+    results.put((rank, out))
+
+
+def tcp_ring_copy(n: int, plan: list) -> dict[int, float]:
+    """Bytes per second of each stream when n processes each send to the next and receive from the
+    previous at once (the traffic of an n-rank ring with no reduction): the socket copy's ceiling
+    for n concurrent streams on this machine's cores. Per size, the slowest process's time counts."""
+    ctx = mp.get_context("spawn")
+    ports, barrier, results = ctx.Array("i", n), ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_ring_copy_rank, args=(r, n, plan, ports, barrier, results), daemon=True)
+             for r in range(n)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    try:
+        times = {}
+        for _ in range(n):
+            try:
+                rank, out = results.get(timeout=300)
+            except Exception as e:  # queue.Empty: a rank died or hung
+                dead = [r for r, proc in enumerate(procs) if proc.exitcode not in (None, 0)]
+                raise RuntimeError(f"ring copy of {n} processes: no result within 300 s (ranks exited: {dead})") from e
+            for nbytes, t in out.items():
+                times[nbytes] = max(times.get(nbytes, 0.0), t)
+        return {nbytes: nbytes * reps / times[nbytes] for nbytes, reps in plan}
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
 
 
 NETNS_RANK = textwrap.dedent(
@@ -193,6 +263,7 @@ def main(argv: list[str]) -> int:
     # Each round measures the TCP ceiling, then the ring on 2, 3 and 4 ranks, so that a change in the
     # machine's speed between rounds moves both sides of a ratio; each ratio is taken within its round.
     copy = {b: [] for b in sizes}
+    ring_copy = {(n, b): [] for n in (2, 3, 4) for b in sizes}
     bus = {(n, b): [] for n in (2, 3, 4) for b in sizes}
     latency_medians, latency_all = [], []
     runs = max(50, (200 if args.quick else 2000) // rounds)
@@ -201,6 +272,9 @@ def main(argv: list[str]) -> int:
         for b in sizes:
             copy[b].append(ceiling[b] / 1e9)
         for n in (2, 3, 4):
+            streams = tcp_ring_copy(n, plan)
+            for b in sizes:
+                ring_copy[n, b].append(streams[b] / 1e9)
             with Ranks(n, "bench_allreduce", (plan,), timeout=120.0, security=args.security) as ranks:
                 per_rank = ranks.values(timeout=600)
             for b in sizes:
@@ -214,9 +288,19 @@ def main(argv: list[str]) -> int:
     rows = [benchlib.median_row("loopback_tcp", f"copy_{label(b)}", copy[b], "GB/s", digits=3) for b in sizes]
     for n in (2, 3, 4):
         for b in sizes:
+            rows.append(benchlib.median_row("loopback_tcp", f"ring_copy_{n}procs_{label(b)}", ring_copy[n, b],
+                                            "GB/s per stream", digits=3))  # fmt: skip
+            rows.append(benchlib.median_row("loopback_tcp", f"ring_copy_vs_copy_{n}procs_{label(b)}",
+                                            [100 * x / c for x, c in zip(ring_copy[n, b], copy[b], strict=True)],
+                                            "% (n streams at once, each against one alone)"))  # fmt: skip
+    for n in (2, 3, 4):
+        for b in sizes:
             rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_{n}ranks_{label(b)}", bus[n, b], "GB/s", 3))
             share = [100 * x / c for x, c in zip(bus[n, b], copy[b], strict=True)]  # within each round
             rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_vs_tcp_{n}ranks_{label(b)}", share, "%"))
+            share = [100 * x / c for x, c in zip(bus[n, b], ring_copy[n, b], strict=True)]
+            rows.append(benchlib.median_row("sparkgrad", f"allreduce_busbw_vs_ring_copy_{n}ranks_{label(b)}", share,
+                                            "% (of n plain streams at once)"))  # fmt: skip
     # the median row's spread is that of the rounds' medians; p5 and p95 pool every round's runs
     rows.append(benchlib.median_row("sparkgrad", "allreduce_436KB_2ranks_latency_median", latency_medians, "us"))
     q = statistics.quantiles(latency_all, n=20)

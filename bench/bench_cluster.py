@@ -78,6 +78,7 @@ LABELS = {
     "torch": "TorchDistributor (DDP gloo)",
 }
 NUM_WORKERS = 2
+SEED = 42  # run k (of --repeat) seeds every system with SEED + k
 BATCH = 100
 LR = 0.07
 
@@ -122,7 +123,7 @@ def sparkgrad_map_fun(bench_args, ctx):
     return result
 
 
-def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bool) -> int:
+def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bool, seed: int) -> int:
     import anchor_driver
     from sparkgrad import TFCluster
     from sparkgrad.cluster.roles import InputMode
@@ -142,6 +143,7 @@ def child_sparkgrad(system: str, samples: int, data_dir: str, out: str, cold: bo
         sync=sync,
         checkpoint_every=500,
         shard_data=True,  # raw [0, 1] pixels, as every system gets (no per-pixel standardisation)
+        seed=seed,
     )
     spark, spark_seconds = anchor_driver.start_spark("bench_cluster-sparkgrad", slots, cold)
     try:
@@ -319,10 +321,11 @@ def main() -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child_sparkgrad(args.child, args.samples, args.data_dir, args.out, args.cold)
+        return child_sparkgrad(args.child, args.samples, args.data_dir, args.out, args.cold, args.seed)
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     contexts = [c.strip() for c in (args.contexts or ("warm" if args.quick else "warm,cold")).split(",") if c.strip()]
@@ -352,7 +355,8 @@ def main() -> int:
         "wall time is run() -> shut down; training time is the first worker's first step -> the last worker's "
         "last step; TensorFlowOnSpark's wall time includes the time.sleep calls of its own TFCluster.shutdown() "
         "(measured: shutdown_sleep_s)",
-        f"figures are medians of {args.repeat} runs with min and max",
+        f"figures are medians of {args.repeat} runs with min and max; run k of every system uses seed "
+        f"{SEED} + k (its initial weights and its shuffle), so accuracy is a median over seeds",
     ]
     row("machine", "training_samples", samples, "samples (1 epoch = 60,000)")
     row("machine", "runs_per_system", args.repeat, "runs (figures are medians)")
@@ -371,6 +375,7 @@ def main() -> int:
                 log = work / f"{tag}.log"
                 nodes_dir = work / f"{tag}-nodes"
                 cold = ["--cold"] if context == "cold" else []
+                cold += ["--seed", str(SEED + rep)]  # every system's run k starts from the same seed
                 if system.startswith("sparkgrad"):
                     cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples)]
                     cmd += ["--data-dir", args.data_dir, *cold]

@@ -58,14 +58,14 @@ def main_fun(args, ctx):
     train = (
         tf.data.TFRecordDataset(files)
         .map(parse, num_parallel_calls=1)
-        .shuffle(10_000, seed=42)
+        .shuffle(10_000, seed=args.seed)
         .repeat()
         .batch(global_batch)
         .prefetch(2)
     )
 
     def dense(units, fan_in, activation=None):
-        init = tf.keras.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(fan_in), seed=42)
+        init = tf.keras.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(fan_in), seed=args.seed)
         return tf.keras.layers.Dense(units, activation=activation, kernel_initializer=init, bias_initializer="zeros")
 
     with strategy.scope():

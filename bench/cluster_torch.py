@@ -22,7 +22,7 @@ import sys
 import anchor_driver
 
 
-def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) -> dict:
+def train_fn(samples: int, batch_size: int, learning_rate: float, seed: int, out_dir: str) -> dict:
     """Runs in each TorchDistributor process (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...)."""
     import math
     import os
@@ -39,7 +39,7 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
     torch.set_num_threads(1)  # one compute thread per process, as every system in the benchmark
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(42)
+    torch.manual_seed(seed)
 
     def dense(fan_in: int, units: int) -> nn.Linear:
         layer = nn.Linear(fan_in, units)
@@ -57,7 +57,7 @@ def train_fn(samples: int, batch_size: int, learning_rate: float, out_dir: str) 
     data = TensorDataset(
         torch.from_numpy(x.reshape(-1, 784).astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
     )
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=42)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=True)
     steps = samples // (batch_size * world)
 
@@ -103,8 +103,9 @@ def main() -> int:
     args = p.parse_args()
 
     return anchor_driver.run_torch_distributor(
-        args, "bench_cluster-torch", train_fn, args.samples, args.batch_size, args.learning_rate, args.out_dir
-    )
+        args, "bench_cluster-torch", train_fn, args.samples, args.batch_size, args.learning_rate, args.seed,
+        args.out_dir,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -41,6 +41,17 @@ def accuracy(out: str) -> float:
     return float(match.group(1))
 
 
+def test_mnist_dist_seed_chooses_the_initial_weights():
+    """--seed (bench_cluster gives each run its own) decides the weights; the default is SEED."""
+    import numpy as np
+    from sparkgrad.examples import mnist_dist
+
+    assert mnist_dist.parse_args([]).seed == mnist_dist.SEED
+    assert mnist_dist.parse_args(["--seed", "7"]).seed == 7
+    assert np.array_equal(mnist_dist.build_model(7).params, mnist_dist.build_model(7).params)
+    assert not np.array_equal(mnist_dist.build_model(7).params, mnist_dist.build_model().params)
+
+
 def test_mnist_dist_on_spark_trains_the_walkthrough_mlp(mnist_records, tmp_path):
     """1 ps + 2 workers on real local Spark, TFRecords read by the workers, 2 epochs.
 

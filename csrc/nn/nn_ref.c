@@ -307,15 +307,81 @@ void avgpool_backward_ref(float *dinp, const float *dout, int B, int H, int W, i
 
 /* ---- dropout ------------------------------------------------------------ */
 
+/* u >= rate for u = (h >> 11) * 2^-53 (nn_uniform) is (h >> 11) >= ceil(rate * 2^53): the
+ * scaling by a power of two is exact, so the integer test keeps exactly the same elements and
+ * skips the conversion to double. */
+static void dropout_range(float *out, float *mask, const float *inp, size_t i0, size_t i1,
+                          float keep, uint64_t thresh, uint64_t seed, uint64_t counter)
+{
+    for (size_t i = i0; i < i1; i++) {
+        mask[i] = (nn_mix64(seed ^ nn_mix64(counter + i)) >> 11) >= thresh ? keep : 0.0f;
+        out[i] = inp[i] * mask[i];
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_DROPOUT_AVX512 1
+#define DROPOUT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl")))
+
+DROPOUT_AVX512 static inline __m512i mix64_x8(__m512i x)
+{
+    x = _mm512_add_epi64(x, _mm512_set1_epi64((long long)0x9e3779b97f4a7c15ull));
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ull));
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0x94d049bb133111ebull));
+    return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+}
+
+/* dropout_range eight counters at a time (AVX-512DQ's 64-bit multiply): the same masks. */
+DROPOUT_AVX512 static void dropout_range_avx512(float *out, float *mask, const float *inp,
+                                                size_t i0, size_t i1, float keep,
+                                                uint64_t thresh, uint64_t seed, uint64_t counter)
+{
+    const __m512i vseed = _mm512_set1_epi64((long long)seed);
+    const __m512i vthresh = _mm512_set1_epi64((long long)thresh), eight = _mm512_set1_epi64(8);
+    const __m256 vkeep = _mm256_set1_ps(keep);
+    __m512i ctr = _mm512_add_epi64(_mm512_set1_epi64((long long)(counter + i0)),
+                                   _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    size_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m512i h = mix64_x8(_mm512_xor_si512(vseed, mix64_x8(ctr)));
+        __mmask8 kept = _mm512_cmpge_epu64_mask(_mm512_srli_epi64(h, 11), vthresh);
+        __m256 mk = _mm256_maskz_mov_ps(kept, vkeep);
+        _mm256_storeu_ps(mask + i, mk);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(inp + i), mk));
+        ctr = _mm512_add_epi64(ctr, eight);
+    }
+    dropout_range(out, mask, inp, i, i1, keep, thresh, seed, counter);
+}
+#endif
+
+#define DROPOUT_BLOCK 16384
+
 void dropout_forward(float *out, float *mask, const float *inp, size_t n, float rate, uint64_t seed,
                      uint64_t counter)
 {
-    float keep = 1.0f / (1.0f - rate);
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        mask[i] = nn_uniform(seed, counter + i) >= rate ? keep : 0.0f;
-        out[i] = inp[i] * mask[i];
+    const float keep = 1.0f / (1.0f - rate);
+    const uint64_t thresh = (uint64_t)ceil((double)rate * 0x1.0p53);
+    int wide = 0;
+#ifdef HAVE_DROPOUT_AVX512
+    wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+#endif
+    const size_t blocks = (n + DROPOUT_BLOCK - 1) / DROPOUT_BLOCK;
+#pragma omp parallel for schedule(static) if (n > 4 * DROPOUT_BLOCK)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * DROPOUT_BLOCK, i1 = i0 + DROPOUT_BLOCK < n ? i0 + DROPOUT_BLOCK : n;
+#ifdef HAVE_DROPOUT_AVX512
+        if (wide) {
+            dropout_range_avx512(out, mask, inp, i0, i1, keep, thresh, seed, counter);
+            continue;
+        }
+#endif
+        dropout_range(out, mask, inp, i0, i1, keep, thresh, seed, counter);
     }
+    (void)wide;
 }
 
 void dropout_backward(float *dinp, const float *dout, const float *mask, size_t n)

@@ -587,8 +587,47 @@ done:
     model_free(ref);
 }
 
+/* dropout_forward's masks (its vector path where the CPU has AVX-512DQ, blocks under OpenMP)
+ * are exactly nn_uniform(seed, counter + i) >= rate, element by element, on lengths with
+ * vector tails and block remainders, and rates whose threshold is not a round number. */
+static void test_dropout_masks_are_the_generator_definition(void)
+{
+    const size_t lens[] = {1, 7, 8, 9, 16383, 16384 * 5 + 13};
+    const float rates[] = {0.0f, 0.1f, 0.25f, 0.3f, 0.5f, 0.77f};
+    const size_t nmax = 16384 * 5 + 13;
+    float *inp = malloc(nmax * sizeof(float)), *out = malloc(nmax * sizeof(float));
+    float *mask = malloc(nmax * sizeof(float));
+    CHECK(inp && out && mask);
+    if (!inp || !out || !mask)
+        return;
+    for (size_t i = 0; i < nmax; i++)
+        inp[i] = (float)i * 0.001f - 3.0f;
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++)
+        for (size_t r = 0; r < sizeof rates / sizeof rates[0]; r++) {
+            const size_t n = lens[a];
+            const float rate = rates[r], keep = 1.0f / (1.0f - rate);
+            const uint64_t seed = 0x5eed0000u + r, counter = 1000003u * a + 5;
+            dropout_forward(out, mask, inp, n, rate, seed, counter);
+            size_t bad = n;
+            for (size_t i = 0; i < n && bad == n; i++) {
+                float want = nn_uniform(seed, counter + i) >= rate ? keep : 0.0f;
+                if (mask[i] != want || out[i] != inp[i] * want)
+                    bad = i;
+            }
+            if (bad != n) {
+                fprintf(stderr, "dropout n=%zu rate=%g: element %zu differs from nn_uniform\n", n,
+                        rate, bad);
+                failures++;
+            }
+        }
+    free(inp);
+    free(out);
+    free(mask);
+}
+
 int main(void)
 {
+    test_dropout_masks_are_the_generator_definition();
     test_mlp_kernels();
     test_cnn_kernels();
     test_keras_cnn_shapes_and_kernels();

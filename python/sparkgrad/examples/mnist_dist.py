@@ -78,6 +78,8 @@ class Args:
     checkpoint_every: int
     shard_data: bool
     allreduce: bool = False
+    # The model's initial weights, and (plus the worker's rank) its shuffle of the TFRecords.
+    seed: int = SEED
     # Per-pixel mean and standard deviation of the training images (float32[784] each), from
     # pixel_stats(); None trains on the raw [0, 1] pixels as the walkthrough does.
     pixel_mean: np.ndarray | None = None
@@ -88,10 +90,10 @@ class Args:
         model.set_input_transform(scale=1 / 255, mean=self.pixel_mean, std=self.pixel_std)
 
 
-def build_model():
+def build_model(seed: int = SEED):
     from sparkgrad.nn.models import walkthrough_mlp
 
-    return walkthrough_mlp(seed=SEED)
+    return walkthrough_mlp(seed=seed)
 
 
 def _schema():
@@ -135,7 +137,7 @@ def _train_batches(args: Args, ctx, rank: int, counter: list[int]):
             _raw_schema(),
             args.batch_size,
             shuffle_buffer=10_000,
-            seed=SEED + rank,
+            seed=args.seed + rank,
             epochs=args.epochs,
             shard_index=rank if args.shard_data else 0,
             num_shards=ctx.num_workers if args.shard_data else 1,
@@ -191,7 +193,7 @@ def allreduce_map_fun(args: Args, ctx) -> dict:
 
     hvd.init()
     rank = hvd.rank()
-    model = build_model()
+    model = build_model(args.seed)
     optimizer = hvd.DistributedOptimizer(SGD(args.learning_rate * hvd.size()))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     args.set_input_transform(model)
@@ -226,7 +228,7 @@ def map_fun(args: Args, ctx) -> dict:
         return allreduce_map_fun(args, ctx)
 
     server = TFNode.start_cluster_server(ctx)
-    model = build_model()
+    model = build_model(args.seed)
     model.compile(optimizer=SGD(args.learning_rate), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     args.set_input_transform(model)
     if ctx.job_name == "ps":  # the ps applies the model's SGD(learning_rate)
@@ -406,6 +408,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the TFRecords; the default). --no-standardize feeds raw [0, 1] pixels, as the walkthrough did",
     )
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between the chief's checkpoints")
+    p.add_argument("--seed", type=int, default=SEED, help="initial weights, and (plus the rank) each worker's shuffle")
     p.add_argument("--reservation-timeout", type=float, default=120)
     return p.parse_args(argv)
 
@@ -439,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every=ns.checkpoint_every,
         shard_data=ns.shard_data,
         allreduce=ns.allreduce,
+        seed=ns.seed,
         pixel_mean=mean,
         pixel_std=std,
     )
