@@ -322,7 +322,7 @@ static void dropout_range(float *out, float *mask, const float *inp, size_t i0, 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_DROPOUT_AVX512 1
-#define DROPOUT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl")))
+#define DROPOUT_AVX512      __attribute__((target("avx512f,avx512dq,avx512vl")))
 
 DROPOUT_AVX512 static inline __m512i mix64_x8(__m512i x)
 {
@@ -336,8 +336,8 @@ DROPOUT_AVX512 static inline __m512i mix64_x8(__m512i x)
 
 /* dropout_range eight counters at a time (AVX-512DQ's 64-bit multiply): the same masks. */
 DROPOUT_AVX512 static void dropout_range_avx512(float *out, float *mask, const float *inp,
-                                                size_t i0, size_t i1, float keep,
-                                                uint64_t thresh, uint64_t seed, uint64_t counter)
+                                                size_t i0, size_t i1, float keep, uint64_t thresh,
+                                                uint64_t seed, uint64_t counter)
 {
     const __m512i vseed = _mm512_set1_epi64((long long)seed);
     const __m512i vthresh = _mm512_set1_epi64((long long)thresh), eight = _mm512_set1_epi64(8);
