@@ -423,6 +423,16 @@ def main() -> int:
             spread = {"min": round(s[f"{metric}_min"], d), "max": round(s[f"{metric}_max"], d), "runs": s["runs"]}
             row(LABELS[system], metric, round(s[metric], d), UNITS[metric], **(spread if repeat > 1 else {}))
 
+    def compare(label: str, suffix: str, mine: dict, theirs: dict, unit: str = "their {} / ours") -> str:
+        """The speedup and accuracy rows of one sparkgrad system against one anchor."""
+        t_ratio = theirs["train_s"] / mine["train_s"]
+        w_ratio = theirs["run_wall_s"] / mine["run_wall_s"]
+        delta = mine["test_accuracy"] - theirs["test_accuracy"]
+        row(label, f"training_speedup_vs_{suffix}", round(t_ratio, 2), f"x ({unit.format('training s')})")
+        row(label, f"run_wall_speedup_vs_{suffix}", round(w_ratio, 2), f"x ({unit.format('run() s')})")
+        row(label, f"accuracy_minus_{suffix}", round(delta, 4), "fraction (same epochs, same recipe)")
+        return f"training {t_ratio:.2f}x, run() {w_ratio:.2f}x, accuracy {delta:+.4f}"
+
     ratio_lines = []
     for ours in (o for o in OURS if o in systems):
         mine = medians.get(ours)
@@ -432,32 +442,14 @@ def main() -> int:
                 why = reasons.get(ours if mine is None else anchor, "not run")
                 row(LABELS[ours], f"training_speedup_vs_{anchor}", None, "x", reason=why)
                 continue
-            t_ratio = theirs["train_s"] / mine["train_s"]
-            w_ratio = theirs["run_wall_s"] / mine["run_wall_s"]
-            delta = mine["test_accuracy"] - theirs["test_accuracy"]
-            row(LABELS[ours], f"training_speedup_vs_{anchor}", round(t_ratio, 2), "x (their training s / ours)")
-            row(LABELS[ours], f"run_wall_speedup_vs_{anchor}", round(w_ratio, 2), "x (their run() s / ours)")
-            row(LABELS[ours], f"accuracy_minus_{anchor}", round(delta, 4), "fraction (same epochs, same recipe)")
-            ratio_lines.append(
-                f"{LABELS[ours]} vs {LABELS[anchor]}: training {t_ratio:.2f}x, run() {w_ratio:.2f}x, "
-                f"accuracy {delta:+.4f}"
-            )
+            ratio_lines.append(f"{LABELS[ours]} vs {LABELS[anchor]}: {compare(LABELS[ours], anchor, mine, theirs)}")
     # each side at its best: the faster of sparkgrad's precisions against the fastest TorchDistributor
     best_ours = min((o for o in OURS if o in medians), key=lambda o: medians[o]["train_s"], default=None)
     best_theirs = min((a for a in ANCHORS if a in medians), key=lambda a: medians[a]["train_s"], default=None)
     if best_ours and best_theirs:
-        mine, theirs = medians[best_ours], medians[best_theirs]
-        for metric, unit in (("training_speedup", "training s"), ("run_wall_speedup", "run() s")):
-            key = "train_s" if metric == "training_speedup" else "run_wall_s"
-            row(BEST_OURS, f"{metric}_vs_best_torch", round(theirs[key] / mine[key], 2),
-                f"x ({LABELS[best_theirs]}'s {unit} / {LABELS[best_ours]}'s)")  # fmt: skip
-        delta = mine["test_accuracy"] - theirs["test_accuracy"]
-        row(BEST_OURS, "accuracy_minus_best_torch", round(delta, 4), "fraction (same epochs, same recipe)")
-        ratio_lines.append(
-            f"best against best: {LABELS[best_ours]} vs {LABELS[best_theirs]}: training "
-            f"{theirs['train_s'] / mine['train_s']:.2f}x, run() {theirs['run_wall_s'] / mine['run_wall_s']:.2f}x, "
-            f"accuracy {delta:+.4f}"
-        )
+        unit = f"{LABELS[best_theirs]}'s {{}} / {LABELS[best_ours]}'s"
+        line = compare(BEST_OURS, "best_torch", medians[best_ours], medians[best_theirs], unit)
+        ratio_lines.append(f"best against best: {LABELS[best_ours]} vs {LABELS[best_theirs]}: {line}")
     eager = medians.get("torch")
     for anchor in ("torch_compile", "torch_bf16"):
         if eager and medians.get(anchor):

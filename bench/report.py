@@ -369,15 +369,15 @@ def _hvd_lines(rows: list[dict]) -> list[tuple]:
         r = _find(rows, system, "train_s")
         return r["value"] if r and _is_num(r["value"]) else None
 
-    pairs = [(fp32, eager, ""), (fp32, compiled, ""), (bf16, autocast, "")]
+    pairs = [(fp32, eager), (fp32, compiled), (bf16, autocast)]
     ours = min((s for s in (fp32, bf16) if timed(s)), key=timed, default=None)
     theirs = min((s for s in (eager, compiled, autocast) if timed(s)), key=timed, default=None)
-    if ours and theirs and (ours, theirs) not in {(o, a) for o, a, _ in pairs}:
-        pairs.append((ours, theirs, "each at its fastest: "))
-    elif ours and theirs:  # the fastest pair is one of the above: say so on its lines
-        pairs = [(o, a, "each at its fastest: " if (o, a) == (ours, theirs) else "") for o, a, _ in pairs]
+    best = (ours, theirs) if ours and theirs else None
+    if best and best not in pairs:
+        pairs.append(best)
     lines = []
-    for o, a, lead in pairs:
+    for o, a in pairs:
+        lead = "each at its fastest: " if (o, a) == best else ""
         lines.append((f"{lead}run() wall time", (o, "run_wall_s"), (a, "run_wall_s"), "lower"))
         lines.append((f"{lead}training time", (o, "train_s"), (a, "train_s"), "lower"))
         lines.append((f"{lead}test accuracy", (o, "test_accuracy"), (a, "test_accuracy"), "diff"))

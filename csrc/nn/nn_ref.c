@@ -326,11 +326,11 @@ static void dropout_range(float *out, float *mask, const float *inp, size_t i0, 
 
 DROPOUT_AVX512 static inline __m512i mix64_x8(__m512i x)
 {
-    x = _mm512_add_epi64(x, _mm512_set1_epi64((long long)0x9e3779b97f4a7c15ull));
+    x = _mm512_add_epi64(x, _mm512_set1_epi64((long long)NN_MIX64_ADD));
     x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
-    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ull));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)NN_MIX64_MUL1));
     x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
-    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0x94d049bb133111ebull));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)NN_MIX64_MUL2));
     return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
 }
 

@@ -92,11 +92,14 @@ static inline int nn_argmax(const float *x, int K)
 
 /* splitmix64 finaliser: the hash under the counter-based generator (inline:
  * parameter initialisation calls it four times per value). */
+#define NN_MIX64_ADD  0x9e3779b97f4a7c15ull
+#define NN_MIX64_MUL1 0xbf58476d1ce4e5b9ull /* after the shift by 30 */
+#define NN_MIX64_MUL2 0x94d049bb133111ebull /* after the shift by 27; then a shift by 31 */
 static inline uint64_t nn_mix64(uint64_t x)
 {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x += NN_MIX64_ADD;
+    x = (x ^ (x >> 30)) * NN_MIX64_MUL1;
+    x = (x ^ (x >> 27)) * NN_MIX64_MUL2;
     return x ^ (x >> 31);
 }
 /* Uniform in [0,1) from (seed, counter). */
