@@ -78,7 +78,7 @@ LABELS = {
     "torch": "TorchDistributor (DDP gloo)",
 }
 NUM_WORKERS = 2
-SEED = 42  # run k (of --repeat) seeds every system with SEED + k
+SEED = 42  # run k (of --repeat) in the c-th context seeds every system with SEED + c * repeat + k
 BATCH = 100
 LR = 0.07
 
@@ -300,6 +300,7 @@ UNITS = {
     "samples_per_s": "samples/s (end to end)",
     "samples_per_s_after_formation": "samples/s (first step -> shut down)",
     "test_accuracy": "fraction (10,000 test images; median over the runs' seeds)",
+    "test_accuracy_all_seeds": "fraction (10,000 test images; median over every run, both contexts, each its own seed)",
     "spark_start_s": "s (SparkSession start, before run())",
 }
 
@@ -355,8 +356,10 @@ def main() -> int:
         "wall time is run() -> shut down; training time is the first worker's first step -> the last worker's "
         "last step; TensorFlowOnSpark's wall time includes the time.sleep calls of its own TFCluster.shutdown() "
         "(measured: shutdown_sleep_s)",
-        f"figures are medians of {args.repeat} runs with min and max; run k of every system uses seed "
-        f"{SEED} + k (its initial weights and its shuffle), so accuracy is a median over seeds",
+        f"figures are medians of {args.repeat} runs with min and max; run k of every system in context c "
+        f"(its place in --contexts: warm 0, cold 1 by default) uses seed {SEED} + c * {args.repeat} + k (its "
+        "initial weights and its shuffle), so accuracy is a median over seeds, and test_accuracy_all_seeds "
+        "pools every run of a system",
     ]
     row("machine", "training_samples", samples, "samples (1 epoch = 60,000)")
     row("machine", "runs_per_system", args.repeat, "runs (figures are medians)")
@@ -375,7 +378,9 @@ def main() -> int:
                 log = work / f"{tag}.log"
                 nodes_dir = work / f"{tag}-nodes"
                 cold = ["--cold"] if context == "cold" else []
-                cold += ["--seed", str(SEED + rep)]  # every system's run k starts from the same seed
+                # every system's run k in a context starts from the same seed, and no two runs of a
+                # system share one: accuracy (which the context does not touch) pools over contexts
+                cold += ["--seed", str(SEED + contexts.index(context) * args.repeat + rep)]
                 if system.startswith("sparkgrad"):
                     cmd = [sys.executable, __file__, "--child", system, "--samples", str(samples)]
                     cmd += ["--data-dir", args.data_dir, *cold]
@@ -427,7 +432,25 @@ def main() -> int:
             summary[key] = benchlib.summarise_runs(done)
             reasons.pop(key, None)
 
+    # test accuracy over every run of a system, both contexts: its seeds are all different
+    pooled: dict[str, dict] = {}
+    for system in systems:
+        every = [one for context in contexts for one in runs.get((system, context), [])]
+        if every and all(summary.get((system, context)) for context in contexts):
+            pooled[system] = benchlib.summarise([one["test_accuracy"] for one in every])
+            p = pooled[system]
+            row(LABELS[system], "test_accuracy_all_seeds", round(p["median"], 4), UNITS["test_accuracy_all_seeds"],
+                min=round(p["min"], 4), max=round(p["max"], 4), runs=len(every))  # fmt: skip
+
     ratio_lines = []
+    for ours in OURS:
+        for anchor in ("tfos", "torch"):
+            if ours in pooled and anchor in pooled:
+                how = "synchronous" if "sync" in ours and "async" not in ours else "asynchronous against synchronous"
+                delta = pooled[ours]["median"] - pooled[anchor]["median"]
+                row(LABELS[ours], f"accuracy_minus_{anchor}_all_seeds", round(delta, 4), "fraction (medians over "
+                    "every run's seed)", comparison=how)  # fmt: skip
+                ratio_lines.append(f"every seed, {how}: {LABELS[ours]} vs {LABELS[anchor]}: accuracy {delta:+.4f}")
     for context in contexts:
         sfx = "" if context == "warm" else "_cold_context"
         for system in systems:

@@ -468,10 +468,15 @@ def main() -> int:
             else:  # for oneDNN the note is the implementation it chose
                 row(benchlib.row("machine", f"gemm_{source}_t{t}", round(rate, 1),
                                  f"GFLOP/s ({what}{'; ' + note if note else ''})"))  # fmt: skip
+        bf16_peak = (g or {}).get("sources", {}).get("onednn_bf16")
         for model in ("mlp", "cnn"):
             # no system can train faster than the measured GEMM peak over the FLOPs of one sample
             bounds[f"{model}_t{t}"] = peak * 1e9 / flops[model]
             row(benchlib.row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s"))
+            if bf16_peak:  # the same bound for a run whose every FLOP were a bf16 dot product
+                bound = round(bf16_peak * 1e9 / flops[model], 1)
+                what = "samples/s (oneDNN's bf16 matmul rate over the FLOPs of one sample)"
+                row(benchlib.row("machine", f"{model}_compute_bound_bf16_t{t}", bound, what))
         for model in ("mlp", "cnn"):
             tag = f"{model}_b{BATCH[model]}_t{t}"
             metric = f"{tag}_samples_per_s"
@@ -479,13 +484,18 @@ def main() -> int:
             medians: dict[str, float] = {}
             results: dict[str, tuple[dict, str]] = {}
 
-            def record(system, res, config=None, tag=tag, metric=metric, unit=unit, model=model, peak=peak) -> float:
+            def record(
+                system, res, config=None, tag=tag, metric=metric, unit=unit, model=model, peak=peak, bf16_peak=bf16_peak
+            ) -> float:
                 s = benchlib.summarise(res["rates"])
                 extra = {"config": config} if config else {}
                 row(benchlib.median_row(system, metric, res["rates"], unit, **extra))
                 row(benchlib.row(system, f"{tag}_peak_rss", round(res["peak_rss_mb"], 1), "MB"))
                 share = s["median"] * flops[model] / (peak * 1e9)
                 row(benchlib.row(system, f"{tag}_share_of_gemm_peak", round(share, 4), "fraction"))
+                if bf16_peak:
+                    share = s["median"] * flops[model] / (bf16_peak * 1e9)
+                    row(benchlib.row(system, f"{tag}_share_of_bf16_gemm_peak", round(share, 4), "fraction"))
                 for key, what in (("compile_s", "s (torch.compile's compile, in the first step; not in the rate)"),
                                   ("first_epoch_s", "s (warm-up epoch: tracing/XLA compile)")):  # fmt: skip
                     if key in res:
