@@ -129,3 +129,69 @@ def test_model_b_in_bf16_is_within_05_points_of_fp32_after_3_epochs(model_b_fp32
     acc = m.evaluate(xt, onehot[yt])[1]
     print(f"\nmodel (b) bf16: test accuracy {acc:.4f} ({elapsed:.0f} s), fp32 {model_b_fp32[0]:.4f}")
     assert abs(acc - model_b_fp32[0]) <= 0.005
+
+
+KERAS_MODEL_A = """
+import sys
+import numpy as np
+import tensorflow as tf
+d = np.load(sys.argv[1])
+x, y, xt = d["x"], d["y"], d["xt"]
+model = tf.keras.Sequential([tf.keras.Input((784,)), tf.keras.layers.Dense(128, activation="relu"),
+                             tf.keras.layers.Dense(64, activation="relu"), tf.keras.layers.Dense(10)])
+model.set_weights([d[f"w{i}"] for i in range(6)])
+model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.07),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+batch = int(d["batch"])
+for i in range(0, len(x), batch):
+    model.train_on_batch(x[i : i + batch], y[i : i + batch])
+out = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+np.savez(sys.argv[2], predicted=model.predict(xt, batch_size=1000, verbose=0).argmax(1), **out)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_model_a_trains_to_kerass_weights_from_the_same_start_and_batches(tmp_path):
+    """The walkthrough MLP in sparkgrad and in Keras, given the same initial weights
+    and the same batches (raw [0, 1] pixels, SGD 0.07, batch 200, as bench_cluster's
+    synchronous run), end with the same weights and the same test predictions: what
+    is left between the two systems' accuracies in bench_cluster is the seed. Runs
+    where TensorFlow is importable or SPARKGRAD_TF_PYTHON names an interpreter
+    that has it (`make bench` installs it into .venv)."""
+    import subprocess
+
+    from tf_fixtures import tf_python
+
+    python = tf_python()
+    if python is None:
+        pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
+    x, y, xt, yt = load(flat=True)
+    steps, batch = 100, 200
+    order = np.random.default_rng(42).permutation(len(x))[: steps * batch]
+    x, y = x[order], y[order].astype(np.int64)
+    m = model_a(seed=42)
+    start = m.get_weights()
+    data = tmp_path / "in.npz"
+    np.savez(data, x=x, y=y, xt=xt, batch=batch, **{f"w{i}": w for i, w in enumerate(start)})
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [python, "-c", KERAS_MODEL_A, str(data), str(tmp_path / "out.npz")],
+        capture_output=True, text=True, timeout=540, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    for i in range(0, len(x), batch):
+        m.train_on_batch(x[i : i + batch], y[i : i + batch])
+    keras = np.load(tmp_path / "out.npz")
+    moved = 0.0
+    for i, (ours, w0) in enumerate(zip(m.get_weights(), start, strict=True)):
+        theirs = keras[f"w{i}"]
+        moved = max(moved, float(np.abs(ours - w0).max()))
+        assert np.abs(ours - theirs).max() <= 1e-4 * max(1.0, float(np.abs(theirs).max())), f"tensor {i}"
+    assert moved > 1e-2  # the weights did train
+    ours_pred = m.predict(xt).argmax(1)
+    agree = float((ours_pred == keras["predicted"]).mean())
+    acc, keras_acc = float((ours_pred == yt).mean()), float((keras["predicted"] == yt).mean())
+    print(
+        f"\nmodel (a), {steps} steps from the same start: sparkgrad {acc:.4f}, Keras {keras_acc:.4f}, {agree:.2%} agree"
+    )
+    assert agree >= 0.999

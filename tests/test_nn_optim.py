@@ -226,15 +226,12 @@ def test_adadelta_matches_keras_after_three_steps(lr):
     import json
     import os
     import subprocess
-    import sys
 
-    python = os.environ.get("SPARKGRAD_TF_PYTHON")
-    if not python:
-        try:
-            import tensorflow  # noqa: F401
-        except ImportError:
-            pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
-        python = sys.executable
+    from tf_fixtures import tf_python
+
+    python = tf_python()
+    if python is None:
+        pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
     rng = np.random.default_rng(9)
     p = np.zeros(300, np.float32)  # the update does not depend on p: start at 0 to compare the steps themselves
     grads = [rng.standard_normal(300).astype(np.float32) * s for s in (1.0, 0.01, 3.0)]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -30,7 +29,7 @@ from sparkgrad.data import (
     tfrecord_iterator,
     write_records,
 )
-from tf_fixtures import FIXTURES, plain, same
+from tf_fixtures import FIXTURES, plain, same, tf_python
 
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 KIND = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
@@ -107,17 +106,6 @@ def test_sequence_example_fixture():
 # ---- TensorFlow reads what sparkgrad writes ----
 
 
-def _tf_python() -> str | None:
-    env = os.environ.get("SPARKGRAD_TF_PYTHON")
-    if env:
-        return env
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        return None
-    return sys.executable
-
-
 TF_READER = textwrap.dedent(
     """
     import json, sys
@@ -142,7 +130,7 @@ TF_READER = textwrap.dedent(
 
 
 def test_tensorflow_reads_sparkgrad_files(tmp_path):
-    python = _tf_python()
+    python = tf_python()
     if python is None:
         pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
     rng = np.random.default_rng(5)

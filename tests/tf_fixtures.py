@@ -1,10 +1,13 @@
-"""Reading tests/fixtures/tf/expected.json, the values TensorFlow decoded from its own fixtures."""
+"""Reading tests/fixtures/tf/expected.json, the values TensorFlow decoded from its own fixtures, and
+finding an interpreter with TensorFlow for the tests that run it."""
 
 from __future__ import annotations
 
 import base64
 import math
+import os
 import pathlib
+import sys
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tf"
 
@@ -27,3 +30,15 @@ def same(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return float(a) == float(b) and math.copysign(1, float(a)) == math.copysign(1, float(b))
     return a == b
+
+
+def tf_python() -> str | None:
+    """An interpreter that imports TensorFlow: $SPARKGRAD_TF_PYTHON, else this one if it has it, else None."""
+    env = os.environ.get("SPARKGRAD_TF_PYTHON")
+    if env:
+        return env
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return None
+    return sys.executable
