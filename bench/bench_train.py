@@ -17,7 +17,8 @@ sparkgrad is compared with each one's best configuration:
             one model.fit whose first epoch is the warm-up and whose following
             epochs are the timed segments (a tf.data pipeline built once); and
             the mixed_bfloat16 policy at steps_per_execution 100 where the CPU
-            has bf16
+            has bf16 (--quick: steps_per_execution 1 and 100 for the MLP, 1 and 10
+            for the CNN)
 OpenMP systems (sparkgrad, PyTorch) at 2+ threads run under OMP_WAIT_POLICY
 passive and active, the faster kept (--wait-policy).
 
@@ -381,7 +382,7 @@ def tf_python() -> tuple[str | None, str]:
 
 # Each anchor's configurations: (label, extra worker arguments); its best is the one compared.
 def anchor_configs(quick: bool, model: str) -> dict[str, list[tuple[str, list[str]]]]:
-    spes = (1, 10) if quick and model == "cnn" else (1, 10, 100)
+    spes = ((1, 10) if model == "cnn" else (1, 100)) if quick else (1, 10, 100)
     keras = [(f"steps_per_execution={s}, jit_compile={bool(j)}", [str(s), str(j)]) for s in spes for j in (0, 1)]
     # mixed_bfloat16 at the largest steps_per_execution (the fastest in fp32 on every run so far)
     top = spes[-1]

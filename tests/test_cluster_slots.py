@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from sparkgrad.cluster.spark import ConnectSpark, check_spark, slots_from_conf
+from pyspark.errors import PySparkException
+from sparkgrad.cluster.spark import ConnectSpark, check_spark, conf_withheld, slots_from_conf
 from sparkgrad.errors import ClusterError, InsufficientSlotsError
 
 
@@ -68,3 +69,32 @@ def test_connect_check_refuses_dynamic_allocation():
     conf = {"spark.master": "local[4]", "spark.dynamicAllocation.enabled": "true"}
     with pytest.raises(ClusterError, match="dynamicAllocation.enabled=true"):
         check_spark(ConnectSpark(ConfOnlySession(conf)), 2, 30)
+
+
+class RaisingSession:
+    """A Connect session whose ``conf.get`` fails with ``exc`` for every key."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.conf = self
+        self._exc = exc
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        raise self._exc
+
+
+WITHHELD = "[CONFIG_NOT_AVAILABLE] Configuration spark.master is not available. SQLSTATE: 42K0I"
+SERVER_GONE = "<_MultiThreadedRendezvous of RPC that terminated with: status = StatusCode.UNAVAILABLE>"
+
+
+def test_a_withheld_conf_key_reads_as_its_default():
+    assert conf_withheld(PySparkException(message=WITHHELD))
+    assert ConnectSpark(RaisingSession(PySparkException(message=WITHHELD))).conf("spark.master", "x") == "x"
+
+
+def test_a_failing_connect_server_is_an_error_naming_the_key_not_an_unset_value():
+    assert not conf_withheld(PySparkException(message=SERVER_GONE))
+    session = ConnectSpark(RaisingSession(PySparkException(message=SERVER_GONE)))
+    with pytest.raises(ClusterError, match=r"reading Spark conf key spark.master from the Spark Connect .*UNAVAIL"):
+        session.conf("spark.master", "x")
+    with pytest.raises(ClusterError, match="conf key spark.dynamicAllocation.enabled"):
+        check_spark(session, 2, 30)  # the pre-flight check stops at its first read

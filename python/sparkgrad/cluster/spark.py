@@ -152,6 +152,22 @@ class ClassicSpark:
         return self.sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
 
 
+# The error conditions a Connect server answers a conf key with when it has no value for the
+# client: withheld from clients (Databricks serverless) or unknown to the server.
+WITHHELD_CONF_CONDITIONS = ("CONFIG_NOT_AVAILABLE", "SQL_CONF_NOT_FOUND")
+
+
+def conf_withheld(exc: BaseException) -> bool:
+    """True when ``exc``, raised by a Connect session's ``conf.get``, means "no value for you"."""
+    for getter in ("getCondition", "getErrorClass"):  # pyspark 4 / 3.5 names of the same thing
+        fn = getattr(exc, getter, None)
+        condition = fn() if callable(fn) else None
+        if condition:
+            return condition in WITHHELD_CONF_CONDITIONS
+    # A server's error whose condition was not carried over keeps it in its message: "[COND] ..."
+    return any(f"[{c}]" in str(exc) for c in WITHHELD_CONF_CONDITIONS)
+
+
 class ConnectSpark:
     """A Spark Connect session: no SparkContext, no RDDs; DataFrames, tags and ``spark.conf`` only."""
 
@@ -166,13 +182,18 @@ class ConnectSpark:
         return self.conf("spark.master") or ""
 
     def conf(self, key: str, default: str | None = None) -> str | None:
-        """A conf key as the server exposes it; ``default`` where it is unset or withheld (serverless)."""
+        """A conf key as the server exposes it; ``default`` where it is unset or withheld (serverless).
+
+        Any other failure (the server gone, a refused session) is a ClusterError naming the key:
+        taken for "unset", it would send the checks after it down the wrong path."""
         from pyspark.errors import PySparkException
 
         try:
             value = self.spark.conf.get(key, default)
-        except PySparkException:  # a key the server does not expose to clients
-            return default
+        except PySparkException as e:
+            if conf_withheld(e):
+                return default
+            raise ClusterError(f"reading Spark conf key {key} from the Spark Connect server failed: {e}") from e
         return None if value is None else str(value)
 
     def slot_count(self) -> SlotCount:
