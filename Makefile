@@ -230,11 +230,11 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	touch $@
 
 # make bench BENCH_ARGS=--quick: every bench once, a smoke run (its figures are not comparable).
-# Measured on 2 quiet cores from a checkout with nothing installed (2026-12-02, AMD EPYC): 20 min 51 s
-# in all, of which system packages, venv, build and anchors took 4 min 56 s and the benches 17 min 55 s;
-# bench_train is the longest (6.3 min: about 20 subprocesses, two torch.compile and four XLA
-# compiles), then bench_feed (4.7 min) and bench_cluster (TensorFlowOnSpark's shutdown() alone
-# sleeps 5 s per poll).
+# From a fresh clone on 2 quiet cores (2026-12-03, AMD EPYC): 15 min 58 s in all, of which the venv,
+# build and anchors took 2 min 6 s (system packages present, pip's cache warm; 4 min 56 s on
+# 2026-12-02 with nothing installed) and the benches 13 min 49 s. bench_train is the longest (5.0 min:
+# about 20 subprocesses, two torch.compile and four XLA compiles), then bench_feed (2.1 min) and
+# bench_cluster (1.6 min; TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll).
 bench: build $(ANCHORS_STAMP) build/bench/gemm_peak
 	@mkdir -p bench/results
 	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
