@@ -159,11 +159,11 @@ WITHHELD_CONF_CONDITIONS = ("CONFIG_NOT_AVAILABLE", "SQL_CONF_NOT_FOUND")
 
 def conf_withheld(exc: BaseException) -> bool:
     """True when ``exc``, raised by a Connect session's ``conf.get``, means "no value for you"."""
-    for getter in ("getCondition", "getErrorClass"):  # pyspark 4 / 3.5 names of the same thing
-        fn = getattr(exc, getter, None)
-        condition = fn() if callable(fn) else None
-        if condition:
-            return condition in WITHHELD_CONF_CONDITIONS
+    # pyspark 4 names it getCondition (and deprecates getErrorClass, which 3.x has)
+    getter = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    condition = getter() if callable(getter) else None
+    if condition:
+        return condition in WITHHELD_CONF_CONDITIONS
     # A server's error whose condition was not carried over keeps it in its message: "[COND] ..."
     return any(f"[{c}]" in str(exc) for c in WITHHELD_CONF_CONDITIONS)
 
