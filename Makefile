@@ -1,5 +1,5 @@
 # sparkgrad - make demo | make test (both install whatever is missing first).
-# See README.md, section Development, for every target.
+# See docs/development.md for every target.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -30,7 +30,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
+.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo docs docs-serve asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
 
 all: build
 
@@ -40,7 +40,7 @@ sysdeps:
 $(DEPS_STAMP): pyproject.toml .ci/buildcfg.py | sysdeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements build runtime test dev)
+	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements build runtime test dev docs)
 	touch $@
 
 deps: sysdeps $(DEPS_STAMP)
@@ -151,6 +151,16 @@ $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements spark)
 	touch $@
 
+# The documentation site (mkdocs.yml): built strictly into build/site, where a broken link or anchor, a
+# missing page or a docstring mkdocstrings cannot render fails the build. The API pages import the in-tree
+# package (its C extension too), hence `build` first. docs-serve rebuilds on every change.
+docs: build
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --quiet
+	@echo "docs: built build/site/index.html"
+
+docs-serve: build
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
 # The main job: run from the installed package, not from the tree.
 demo: deps $(INSTALL_STAMP)
 	cd /tmp && env -u PYTHONPATH $(CURDIR)/$(PY) -m sparkgrad.examples.mnist_dist --mode tensorflow
@@ -229,7 +239,9 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q $$($(PYTHON) .ci/buildcfg.py requirements anchors)
 	touch $@
 
-# make bench BENCH_ARGS=--quick: every bench once, a smoke run (its figures are not comparable).
+# make bench BENCH_ARGS=--quick: every bench once, a smoke run (its figures are not comparable). make bench passes
+# --update: the benches write bench/results/ (run alone, a bench writes build/bench-results/), then report.py renders
+# README.md's summary, docs/guide/performance.md and the charts from them.
 # From a fresh clone on 2 quiet cores (2026-12-03, AMD EPYC): 15 min 58 s in all, of which the venv,
 # build and anchors took 2 min 6 s (system packages present, pip's cache warm; 4 min 56 s on
 # 2026-12-02 with nothing installed) and the benches 13 min 49 s. bench_train is the longest (5.0 min:
@@ -237,7 +249,7 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 # bench_cluster (1.6 min; TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll).
 bench: build $(ANCHORS_STAMP) build/bench/gemm_peak
 	@mkdir -p bench/results
-	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
+	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b --update $(BENCH_ARGS); done
 	$(PY) bench/report.py
 
 # Where the time of reading GZIP TFRecords goes, per inflate backend (the inflater alone, the

@@ -38,7 +38,6 @@ import time
 import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "accuracy_cnn.json"
 # Keras: this interpreter (where `make bench` installs the anchors extra), or $SPARKGRAD_TF_PYTHON.
 TF_PYTHON = os.environ.get("SPARKGRAD_TF_PYTHON") or sys.executable
 LOCK = os.environ.get("SPARKGRAD_BENCH_LOCK", "/work/bench.lock")
@@ -149,6 +148,7 @@ def main() -> int:
     ap.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated subset of " + ", ".join(RECIPES))
     ap.add_argument("--systems", default="sparkgrad,keras")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     if args.worker is not None:
         data, system, recipe, epochs, rows = args.worker
@@ -210,14 +210,15 @@ def main() -> int:
             )  # fmt: skip
             print(f"  {recipe} {system}: accuracy {r['test_accuracy']:.4f}", file=sys.stderr, flush=True)
     tmp.cleanup()
-    benchlib.write_results(RESULTS, out, meta)
+    results = benchlib.results_file("accuracy_cnn.json", args.update)
+    benchlib.write_results(results, out, meta)
     head = ("recipe", "description", "system", "test acc", "test loss", "train s", "load avg")
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
     print(f"Model (b), Fashion-MNIST, {epochs} epoch(s) on {rows or 60000} rows, test on 10000, 1 thread, seed 1")
     print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in table:
         print("".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

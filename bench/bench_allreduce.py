@@ -55,7 +55,6 @@ sys.path.insert(0, str(ROOT.parent / "tests"))
 from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
 from sparkgrad import _core  # noqa: E402
 
-RESULTS = ROOT / "results" / "allreduce.json"
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 LATENCY_BYTES = 436_000
 
@@ -251,6 +250,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--netns-rounds", type=int, default=None, help="rounds of the namespace part (default 3, --quick 1)"
     )
+    benchlib.add_update_flag(ap)
     args = ap.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
     netns_rounds = args.netns_rounds if args.netns_rounds is not None else (1 if args.quick else 3)
@@ -323,7 +323,8 @@ def main(argv: list[str]) -> int:
                 )
                 rows.append(benchlib.median_row("sparkgrad", f"netns_allreduce_busbw_vs_link_{tag}",
                                                 [100 * v / link for v in values], "%"))  # fmt: skip
-    out = RESULTS if args.security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"allreduce_{args.security}.json")
+    name = "allreduce.json" if args.security == _core.SECURITY_DEFAULT else f"allreduce_{args.security}.json"
+    out = benchlib.results_file(name, args.update)
     out.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(out, rows, meta)
     benchlib.print_rows(rows)

@@ -64,7 +64,6 @@ import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-RESULTS = BENCH / "results" / "cluster.json"
 TF_PYTHONS = [sys.executable, os.environ.get("SPARKGRAD_TF_PYTHON", "")]
 SOURCE = "/usr/share/datasets/fashion-mnist"
 SYSTEMS = ("sparkgrad_async", "sparkgrad_sync", "sparkgrad_async_ps_task", "sparkgrad_sync_ps_task", "tfos", "torch")
@@ -324,6 +323,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     if args.child:
         return child_sparkgrad(args.child, args.samples, args.data_dir, args.out, args.cold, args.seed)
@@ -504,7 +504,8 @@ def main() -> int:
                     f"end to end {w_ratio:.1f}x faster{t_text}, accuracy {acc_delta:+.4f}"
                 )
 
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("cluster.json", args.update)
+    benchlib.write_results(results, rows, meta)
 
     head = ("context", "system", "formation s", "wall s", "samples", "samples/s", "test acc", "Spark start s")
     table = []
@@ -535,7 +536,7 @@ def main() -> int:
     print("targets: formation < 2 s and >= 10x faster than TensorFlowOnSpark; end to end >= 5x faster than both")
     print(f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end "
           f"{os.getloadavg()[0]:.2f}; logs in {work}")  # fmt: skip
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

@@ -74,6 +74,7 @@ def measure(sc, repeats: int, kills: int) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 formations and 1 kill instead of 10 and 3")
+    benchlib.add_update_flag(parser)
     args = parser.parse_args()
     meta = benchlib.metadata("cluster_formation")
     repeats, kills = (3, 1) if args.quick else (10, 3)
@@ -99,7 +100,7 @@ def main() -> int:
         TFCluster.run(spark.sparkContext, noop, None, 3, 1, output=lambda line: None).shutdown(timeout=120)  # warm-up
         rows += measure(spark.sparkContext, repeats, kills)
         spark.stop()
-    out = HERE / "results" / "cluster_formation.json"
+    out = benchlib.results_file("cluster_formation.json", args.update)
     out.parent.mkdir(parents=True, exist_ok=True)
     benchlib.write_results(out, rows, meta)
     width = max(len(r["system"]) for r in rows)

@@ -64,7 +64,6 @@ import pandas as pd
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
-RESULTS = ROOT / "bench" / "results" / "feed.json"
 TF_PYTHONS = [sys.executable, os.environ.get("SPARKGRAD_TF_PYTHON", "")]  # make bench installs the anchors here
 PIXELS, CLASSES, WORKERS, BATCH = 784, 10, 2, 100
 SCORE_PARTITIONS, UDF_BATCH = 2, 1024
@@ -357,6 +356,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=None, help="rows of each DataFrame (default 60,000)")
     p.add_argument("--skip-tfos", action="store_true")
     p.add_argument("--parts", default="feed,score", help="feed, score or both (comma-separated)")
+    benchlib.add_update_flag(p)
     args = p.parse_args()
     meta = benchlib.metadata("feed")
     rows = args.rows or (10_000 if args.quick else 60_000)
@@ -436,8 +436,9 @@ def main() -> int:
         else:
             shown = f"{r['value']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f}, {r['runs']} runs)"
         print(f"{r['system']:<45} {r['metric']:<42} {shown}")
-    benchlib.write_results(RESULTS, out, meta)
-    print(f"wrote {RESULTS}")
+    results = benchlib.results_file("feed.json", args.update)
+    benchlib.write_results(results, out, meta)
+    print(f"wrote {results}")
     return 0
 
 

@@ -72,7 +72,6 @@ import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-RESULTS = BENCH / "results" / "hvd.json"
 SYSTEMS = ("sparkgrad", "sparkgrad_bf16", "torch", "torch_compile", "torch_bf16")
 LABELS = {
     "sparkgrad": "sparkgrad HorovodRunner(np=2)",
@@ -332,6 +331,7 @@ def main() -> int:
     ap.add_argument("--bucket-bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     meta = benchlib.metadata("hvd")
     if args.child:
@@ -474,8 +474,8 @@ def main() -> int:
                 row("horovod", metric, None, label, reason=what)
     shutil.rmtree(work / "horovod-venv", ignore_errors=True)
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("hvd.json", args.update)
+    benchlib.write_results(results, rows, meta)
 
     head = ("system", "run() s", "training s", "samples", "samples/s", "test acc", "compile s")
     table = []
@@ -502,7 +502,7 @@ def main() -> int:
     print(f"sparkgrad from {ROOT / 'python'}, pyspark {importlib.metadata.version('pyspark')}")
     print("target: end to end (run() wall time) >= 2x TorchDistributor at equal accuracy (training time beside it)")
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

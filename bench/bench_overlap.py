@@ -35,7 +35,6 @@ import time
 import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "overlap.json"
 NP = 2
 MODELS = {
     # name: (batch, bucket sizes in bytes; 0 = after backward, None = compute only)
@@ -105,6 +104,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="round-robin runs of every setting (default 5, quick 1)")
     ap.add_argument("--mlp-steps", type=int, default=None, help="default 600 (quick 150)")
     ap.add_argument("--cnn-steps", type=int, default=None, help="default 60 (quick 8)")
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     meta = benchlib.metadata("overlap")
     sys.path.insert(0, str(ROOT / "python"))
@@ -154,11 +154,11 @@ def main() -> int:
             if b:
                 row(LABELS[m], f"speed_vs_bucket_0_bucket_{b}", round(med / base, 3), "x (steps/s / bucket_bytes=0's)")
             print(f"{LABELS[m]:<36}{name:<24}{med:>10.2f}{lo:>9.2f}{hi:>9.2f}{med / base:>9.3f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("overlap.json", args.update)
+    benchlib.write_results(results, rows, meta)
     print(f"\n{time.monotonic() - started:.0f} s; load average (1 min) at start {load_before:.2f}, "
           f"at end {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

@@ -25,11 +25,9 @@ import benchlib
 import numpy as np
 from sparkgrad import _core
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "ps.json"
 
-
-def results_path(security: str) -> pathlib.Path:
-    return RESULTS if security == _core.SECURITY_DEFAULT else RESULTS.with_name(f"ps_{security}.json")
+def results_path(security: str, update: bool) -> pathlib.Path:
+    return benchlib.results_file("ps.json" if security == _core.SECURITY_DEFAULT else f"ps_{security}.json", update)
 
 
 def measure(total: int, num_ps: int, seconds: float, security: str) -> tuple[float, float]:
@@ -74,6 +72,7 @@ def main(argv: list[str]) -> int:
         default=_core.SECURITY_DEFAULT,
         help="frame protection of the ps and its client (default: %(default)s)",
     )
+    benchlib.add_update_flag(ap)
     args = ap.parse_args(argv)
     meta = benchlib.metadata("ps", security=args.security)
     seconds = 0.5 if args.quick else 2.0
@@ -95,7 +94,7 @@ def main(argv: list[str]) -> int:
                         "security": args.security,
                     }
                 )
-    benchlib.write_results(results_path(args.security), rows, meta)
+    benchlib.write_results(results_path(args.security, args.update), rows, meta)
     print(f"security={args.security}")
     benchlib.print_rows(rows)
     return 0

@@ -159,7 +159,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one pass each, tfrecord (PyPI) on 10,000 records")
     ap.add_argument("--runs", type=int, default=None, help="passes per configuration (the median is kept); default 3")
     ap.add_argument("--tf-python", default=None, help="interpreter with tensorflow-cpu and tfrecord")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "records.json"))
+    ap.add_argument("--out", default=None, help="the results file (default: see --update)")
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     meta = benchlib.metadata("records")
@@ -258,7 +259,7 @@ def main() -> int:
     if py is None:
         for system in ("tf.data map->batch", "tf.data batch->map", "tfrecord (PyPI, skips CRC checks)"):
             rows.append(benchlib.not_measured(system, "MB_per_s_plain", "no interpreter with tensorflow and tfrecord"))
-    benchlib.write_results(args.out, rows, meta)
+    benchlib.write_results(args.out or benchlib.results_file("records.json", args.update), rows, meta)
     print(f"{'system':<26} {'metric':<48} {'value':>12} unit")
     for r in rows:
         print(f"{r['system']:<26} {r['metric']:<48} {r['value']!s:>12} {r['unit']}")

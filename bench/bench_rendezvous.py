@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import resource
 import statistics
 import sys
@@ -23,8 +22,6 @@ import time
 
 import benchlib
 from sparkgrad import _core
-
-RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "rendezvous.json"
 
 
 def one_rendezvous(num_nodes: int, timeout: float = 30.0) -> float:
@@ -75,6 +72,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     ap.add_argument("--nodes", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args(argv)
     meta = benchlib.metadata("rendezvous")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -100,12 +98,12 @@ def main(argv: list[str]) -> int:
         },
         {"system": "target (issue 5)", "metric": "rendezvous_256_nodes", "value": 200.0, "unit": "ms"},
     ]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("rendezvous.json", args.update)
+    benchlib.write_results(results, rows, meta)
     print(f"{'system':<18} {'metric':<34} {'value':>10} unit")
     for r in rows:
         print(f"{r['system']:<18} {r['metric']:<34} {r['value']:>10} {r['unit']}")
-    print(f"repeats: {[round(t * 1000, 1) for t in times]} ms; wrote {RESULTS}")
+    print(f"repeats: {[round(t * 1000, 1) for t in times]} ms; wrote {results}")
     return 0
 
 

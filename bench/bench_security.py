@@ -49,7 +49,6 @@ from bench_ps import measure  # noqa: E402
 from coll_ranks import Ranks  # noqa: E402 - the rank processes live beside the tests
 from sparkgrad import _core  # noqa: E402
 
-RESULTS = ROOT / "results" / "security.json"
 MODES = ("none", "auth", "encrypt")
 SIZES = {"436KB": 109_000, "16MB": 4 << 20}  # float32 values
 
@@ -164,6 +163,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=None, help="runs of each mode (default 3; --quick: 1)")
     ap.add_argument("--link-gbit", default="10,5", help="rate limits of the simulated hosts' links, comma-separated")
     ap.add_argument("--no-netns", action="store_true", help="skip the simulated hosts")
+    benchlib.add_update_flag(ap)
     args = ap.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     try:
@@ -216,8 +216,8 @@ def main(argv: list[str]) -> int:
             for rate, got in linked.items():
                 rows.append(cost_row(mode, f"ps push_pull over {rate:g} Gbit/s links", name, got["ps"]))
                 rows.append(cost_row(mode, f"allreduce over {rate:g} Gbit/s links", name, got["ring"]))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("security.json", args.update)
+    benchlib.write_results(results, rows, meta)
     benchlib.print_rows(rows)
     return 0
 

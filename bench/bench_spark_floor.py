@@ -28,7 +28,6 @@ import time
 import benchlib
 
 BENCH = pathlib.Path(__file__).resolve().parent
-RESULTS = BENCH / "results" / "spark_floor.json"
 TASKS = (2, 3)
 sys.path.insert(0, str(BENCH))
 from bench_cluster import CONTEXTS, run_child  # noqa: E402 - the same child runner and contexts
@@ -64,6 +63,7 @@ def main() -> int:
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     meta = benchlib.metadata("spark_floor")
     if args.child:
@@ -118,10 +118,10 @@ def main() -> int:
                 )
             print(f"{context}: local[{tasks}] median {sm['median']:.3f} s "
                   f"({sm['min']:.3f}-{sm['max']:.3f} s over {sm['runs']} fresh contexts)")  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("spark_floor.json", args.update)
+    benchlib.write_results(results, rows, meta)
     print(f"load average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}; logs in {work}")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

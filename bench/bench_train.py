@@ -50,7 +50,6 @@ import time
 import benchlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "train.json"
 
 # FLOPs per training sample (multiply-add = 2): forward, weight gradient,
 # and data gradient except for the first layer.
@@ -405,6 +404,7 @@ def main() -> int:
         help="OMP_WAIT_POLICY of the OpenMP systems at 2+ threads (both: each runs under both, the faster kept)",
     )
     ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    benchlib.add_update_flag(ap)
     args = ap.parse_args()
     global REPEATS, WAIT_POLICY
     if args.worker is not None:
@@ -550,7 +550,8 @@ def main() -> int:
                 if top:
                     row(benchlib.row(BEST_OURS, f"{tag}_ratio_vs_{anchor}", round(medians[top] / best[0], 2),
                                      f"x (medians; {top} against {anchor} at its best: {best[1]})"))  # fmt: skip
-    meta = benchlib.write_results(RESULTS, rows, meta)
+    results = benchlib.results_file("train.json", args.update)
+    meta = benchlib.write_results(results, rows, meta)
     head = ("config", "system", "configuration", "median samples/s", "sparkgrad's ratio")
     widths = [max(len(str(r[i])) for r in [head, *table]) + 2 for i in range(len(head))]
     print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
@@ -566,7 +567,7 @@ def main() -> int:
     print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {keras_note}")
     print(f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end {meta['load_average_end'][0]:.2f}"
           f"; OMP_WAIT_POLICY at 2+ threads: {WAIT_POLICY}")  # fmt: skip
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

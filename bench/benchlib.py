@@ -34,6 +34,11 @@ import sys
 from collections.abc import Callable, Iterable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The committed figures, which README.md and docs/guide/performance.md render: a bench writes there only
+# when asked (--update, which `make bench` passes); any other run writes SCRATCH, so that trying a bench
+# never changes a committed file (and never breaks the tests that compare them with the pages).
+RESULTS = ROOT / "bench" / "results"
+SCRATCH = ROOT / "build" / "bench-results"
 # The distributions whose versions every results file records (None: not installed here).
 PACKAGES = ("numpy", "torch", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "pyspark", "tensorflowonspark",
             "tfrecord", "setuptools")  # fmt: skip
@@ -117,6 +122,20 @@ def metadata(bench: str, argv: list[str] | None = None, packages: Iterable[str] 
         "load_average_start": load_average(),
         **extra,
     }
+
+
+def add_update_flag(parser) -> None:
+    """--update: the argument every bench takes to write the committed results (see RESULTS)."""
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help=f"write bench/results/ (the committed figures the docs render); default: {SCRATCH.relative_to(ROOT)}/",
+    )
+
+
+def results_file(name: str, update: bool) -> pathlib.Path:
+    """Where a bench writes its results file ``name`` (e.g. "train.json"): RESULTS with --update, else SCRATCH."""
+    return (RESULTS if update else SCRATCH) / name
 
 
 def write_results(path: str | os.PathLike, rows: list[dict], meta: dict) -> dict:

@@ -36,8 +36,9 @@ epochs = int(dbutils.widgets.get("epochs"))
 import tempfile
 
 from sparkgrad.data.convert import convert_mnist
-from sparkgrad.databricks import fuse_path
+from sparkgrad.databricks import fuse_path, require_input
 
+require_input(dbutils, source, "an upload of Fashion-MNIST's four IDX .gz files (a Unity Catalog Volume or DBFS)")
 local = tempfile.mkdtemp(prefix="sparkgrad-quickstart-")
 dbutils.fs.cp(source, f"file:{local}/idx", recurse=True)
 for split, prefix, shards in (("train", "train", 4), ("test", "t10k", 1)):

@@ -16,7 +16,7 @@
 # MAGIC
 # MAGIC | widget | default | meaning |
 # MAGIC |---|---|---|
-# MAGIC | `data_path` | `dbfs:/FileStore/sparkgrad/fashion-mnist` | folder of `train*.tfrecords` and `test*.tfrecords` |
+# MAGIC | `data_path` | `dbfs:/FileStore/sparkgrad/pipeline/records` | folder of `train*.tfrecords` and `test*.tfrecords` (`10_prep` writes them there) |
 # MAGIC | `output_path` | `dbfs:/FileStore/sparkgrad/jobs/fashion-mnist` | `model/`, `checkpoints/`, `metrics.json` |
 # MAGIC | `epochs` | `2` | passes over the training set |
 # MAGIC | `learning_rate` | `0.07` | SGD step on the parameter servers |
@@ -26,7 +26,7 @@
 
 # COMMAND ----------
 
-dbutils.widgets.text("data_path", "dbfs:/FileStore/sparkgrad/fashion-mnist", "TFRecords")
+dbutils.widgets.text("data_path", "dbfs:/FileStore/sparkgrad/pipeline/records", "TFRecords")
 dbutils.widgets.text("output_path", "dbfs:/FileStore/sparkgrad/jobs/fashion-mnist", "output folder")
 dbutils.widgets.text("epochs", "2", "epochs")
 dbutils.widgets.text("learning_rate", "0.07", "learning rate")
@@ -53,11 +53,12 @@ import tempfile
 import time
 
 from sparkgrad import TFCluster
-from sparkgrad.databricks import fuse_path
+from sparkgrad.databricks import fuse_path, require_input
 from sparkgrad.examples import mnist_dist
 
 # The driver's copy of the data, on local disk: for the per-pixel statistics the workers standardise with.
 scratch = "/local_disk0/tmp" if os.path.isdir("/local_disk0/tmp") else None
+require_input(dbutils, data_path, "notebooks/10_prep (its output_data) or `sparkgrad convert mnist`")
 local = tempfile.mkdtemp(prefix="sparkgrad-job-", dir=scratch)
 dbutils.fs.cp(data_path, f"file:{local}/data", recurse=True)
 copied = sorted(os.listdir(f"{local}/data"))

@@ -34,7 +34,14 @@ import os
 import tempfile
 
 from sparkgrad.data.convert import convert_mnist
+from sparkgrad.databricks import require_input
 
+require_input(
+    dbutils,
+    input_data,
+    "an upload of Fashion-MNIST's four IDX .gz files (locally: --param "
+    "input_data=file:/usr/share/datasets/fashion-mnist, from Debian's dataset-fashion-mnist)",
+)
 local = tempfile.mkdtemp(prefix="sparkgrad-prep-")
 dbutils.fs.cp(input_data, f"file:{local}/idx", recurse=True)
 written = []

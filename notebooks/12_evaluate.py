@@ -28,8 +28,11 @@ import os
 import tempfile
 
 import numpy as np
+from sparkgrad.databricks import require_input
 from sparkgrad.examples import mnist_dist
 
+require_input(dbutils, f"{input_data}/model", "notebooks/11_train (its output_data)")
+require_input(dbutils, test_data, "notebooks/10_prep (its output_data)")
 local = tempfile.mkdtemp(prefix="sparkgrad-evaluate-")
 dbutils.fs.cp(f"{input_data}/model", f"file:{local}/model", recurse=True)
 dbutils.fs.cp(test_data, f"file:{local}/data", recurse=True)

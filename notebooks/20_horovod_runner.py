@@ -34,10 +34,11 @@ learning_rate = float(dbutils.widgets.get("learning_rate"))
 import glob
 
 import numpy as np
-from sparkgrad.databricks import fuse_path
+from sparkgrad.databricks import fuse_path, require_input
 
 NUM_CLASSES = 10
 BATCH_SIZE = 128
+require_input(dbutils, data_path, "notebooks/10_prep (its output_data) or `sparkgrad convert mnist`")
 data = fuse_path(dbutils, data_path)
 checkpoints = fuse_path(dbutils, f"{output_path}/checkpoints")
 

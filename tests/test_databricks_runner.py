@@ -368,3 +368,82 @@ def test_display_saves_figures_in_the_run_folder_and_shows_dataframe_rows(run, t
     assert (tmp_path / "run" / "display-001.png").is_file()
     out = capsys.readouterr().out
     assert "display-001.png" in out and "|1  |a  |" in out
+
+
+@pytest.mark.spark
+def test_console_script_run_by_its_path_gives_spark_workers_its_own_interpreter(tmp_path):
+    """`.venv/bin/sparkgrad notebook run X` with no venv on PATH and no PYSPARK_PYTHON: the tasks run the
+    script's interpreter (PySpark would otherwise start `python3` from PATH, which has no sparkgrad)."""
+    import subprocess
+    import sys
+
+    nb = write_notebook(
+        tmp_path,
+        "where",
+        "import sys\nrows = sc.parallelize([0], 1).map(lambda _: sys.executable).collect()",
+        "import sparkgrad\nsc.parallelize([0], 1).map(lambda _: __import__('sparkgrad').__version__).collect()",
+        "dbutils.notebook.exit(rows[0])",
+    )
+    script = tmp_path / "bin" / "sparkgrad"  # what pip writes for [project.scripts], with this venv's Python
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom sparkgrad.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if not p.startswith(sys.prefix)
+    )
+    proc = subprocess.run(
+        [str(script), "notebook", "run", nb, "--dbfs-root", str(tmp_path / "dbfs"), "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == sys.executable
+
+
+@pytest.mark.spark
+def test_a_shipped_notebook_run_before_its_input_exists_names_the_step_that_writes_it(run, tmp_path):
+    """notebooks/02 run before notebooks/10_prep: the error names 10_prep, not only the missing folder."""
+    from sparkgrad.errors import InputNotFoundError
+
+    notebooks = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+    with pytest.raises(NotebookError) as info:
+        run(os.path.join(notebooks, "02_scheduled_training_job.py"), {"data_path": "dbfs:/nothing/here"})
+    text = str(info.value)
+    assert "InputNotFoundError: dbfs:/nothing/here does not exist: it is written by notebooks/10_prep" in (
+        info.value.remote_traceback
+    ), text
+    (tmp_path / "dbfs" / "empty").mkdir(parents=True)
+    with pytest.raises(NotebookError) as info:
+        run(os.path.join(notebooks, "12_evaluate.py"), {"input_data": "dbfs:/x", "test_data": "dbfs:/empty"})
+    assert "dbfs:/x/model does not exist: it is written by notebooks/11_train" in info.value.remote_traceback
+    assert issubclass(InputNotFoundError, FileNotFoundError)
+
+
+def test_require_input_lists_the_input_or_names_what_writes_it(tmp_path):
+    from sparkgrad.databricks import require_input
+    from sparkgrad.errors import InputNotFoundError
+
+    class dbutils:  # noqa: N801 - the notebook's name for it
+        fs = FileSystem(str(tmp_path / "dbfs"))
+
+    with pytest.raises(InputNotFoundError, match=r"^dbfs:/in does not exist: it is written by step A; run that first$"):
+        require_input(dbutils, "dbfs:/in", "step A")
+    (tmp_path / "dbfs" / "in").mkdir(parents=True)
+    with pytest.raises(InputNotFoundError, match=r"^dbfs:/in is empty: it is written by step A") as info:
+        require_input(dbutils, "dbfs:/in", "step A")
+    assert (info.value.path, info.value.made_by) == ("dbfs:/in", "step A")
+    (tmp_path / "dbfs" / "in" / "f").write_text("x")
+    assert [e.name for e in require_input(dbutils, "dbfs:/in", "step A")] == ["f"]
+
+    class Denied:  # any other failure of ls passes through unchanged
+        class fs:  # noqa: N801
+            @staticmethod
+            def ls(path):
+                raise PermissionError("denied")
+
+    with pytest.raises(PermissionError, match="denied"):
+        require_input(Denied, "dbfs:/in", "step A")

@@ -188,16 +188,56 @@ def _undated(text: str) -> str:
     return re.sub(r"\d{4}-\d{2}-\d{2}", "DATE", text)
 
 
-def test_readme_performance_tables_render_the_committed_results():
-    """README's comparison tables are bench/report.py's rendering of bench/results/*.json."""
+def test_performance_page_renders_the_committed_results():
+    """docs/guide/performance.md's comparison tables are bench/report.py's rendering of bench/results/*.json."""
+    report = _bench_report()
+    page = report.PAGE.read_text()
+    shown = page.split(report.START, 1)[1].split(report.END, 1)[0].strip()
+    assert _undated(shown) == _undated(report.render()), (
+        "docs/guide/performance.md differs from bench/results: run `python bench/report.py`"
+    )
+    for chart in re.findall(r"\]\((\.\./assets/bench/[^)]+\.png)\)", shown):  # every chart it shows is committed
+        assert (report.PAGE.parent / chart).is_file(), f"{chart} is linked but absent: run `python bench/report.py`"
+
+
+def test_readme_summary_renders_the_committed_results_and_links_to_the_page():
+    """README.md's summary table is bench/report.py's rendering, and each link lands on a heading of the page."""
     report = _bench_report()
     readme = (ROOT / "README.md").read_text()
-    shown = readme.split(report.START, 1)[1].split(report.END, 1)[0].strip()
-    assert _undated(shown) == _undated(report.render()), (
-        "README.md differs from bench/results: run `python bench/report.py`"
+    shown = readme.split(report.SUMMARY_START, 1)[1].split(report.SUMMARY_END, 1)[0].strip()
+    assert _undated(shown) == _undated(report.render_summary()), (
+        "README.md's summary differs from bench/results: run `python bench/report.py`"
     )
-    for chart in re.findall(r"\]\((bench/results/[^)]+\.png)\)", shown):  # every chart it shows is committed
-        assert (ROOT / chart).is_file(), f"{chart} is linked from README.md but absent: run `python bench/report.py`"
+    headings = {report._anchor_slug(h) for h in re.findall(r"^#+ (.+)$", report.PAGE.read_text(), re.M)}
+    anchors = re.findall(r"\(docs/guide/performance\.md#([^)]+)\)", shown)
+    assert len(anchors) == len(report.SUMMARY)
+    assert set(anchors) <= headings, set(anchors) - headings
+
+
+def test_report_refuses_a_summary_line_the_results_no_longer_have(monkeypatch):
+    report = _bench_report()
+    monkeypatch.setattr(report, "SUMMARY", (("train", "MLP, 9 threads", "sparkgrad", "torch"),))
+    with pytest.raises(ValueError, match="no comparison 'MLP, 9 threads' of 'sparkgrad' against 'torch'"):
+        report.render_summary()
+
+
+def test_benches_write_the_committed_results_only_with_update():
+    """A bench run by hand writes build/bench-results/; only --update (make bench) writes bench/results/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchlib_t", ROOT / "bench" / "benchlib.py")
+    benchlib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchlib)
+    assert benchlib.results_file("train.json", update=True) == ROOT / "bench" / "results" / "train.json"
+    assert benchlib.results_file("train.json", update=False) == ROOT / "build" / "bench-results" / "train.json"
+    scripts = sorted((ROOT / "bench").glob("bench_*.py")) + [ROOT / "bench" / "accuracy_cnn.py"]
+    for script in scripts:
+        text = script.read_text()
+        if "write_results(" not in text:
+            continue
+        assert "benchlib.add_update_flag(" in text, f"{script.name} takes no --update"
+        assert not re.search(r"[\"']results[\"']\s*[/,]", text), f"{script.name} names bench/results itself"
+    assert "--update" in re.search(r"^bench:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.M | re.S).group(0)
 
 
 def test_results_readme_has_every_committed_row():

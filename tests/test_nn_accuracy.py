@@ -163,8 +163,6 @@ def test_model_a_trains_to_kerass_weights_from_the_same_start_and_batches(tmp_pa
     from tf_fixtures import tf_python
 
     python = tf_python()
-    if python is None:
-        pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
     x, y, xt, yt = load(flat=True)
     steps, batch = 100, 200
     order = np.random.default_rng(42).permutation(len(x))[: steps * batch]

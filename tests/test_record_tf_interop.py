@@ -131,8 +131,6 @@ TF_READER = textwrap.dedent(
 
 def test_tensorflow_reads_sparkgrad_files(tmp_path):
     python = tf_python()
-    if python is None:
-        pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
     rng = np.random.default_rng(5)
     rows = []
     for i in range(37):

@@ -9,6 +9,8 @@ import os
 import pathlib
 import sys
 
+import pytest
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tf"
 
 
@@ -32,13 +34,14 @@ def same(a, b) -> bool:
     return a == b
 
 
-def tf_python() -> str | None:
-    """An interpreter that imports TensorFlow: $SPARKGRAD_TF_PYTHON, else this one if it has it, else None."""
+def tf_python() -> str:
+    """An interpreter that imports TensorFlow: $SPARKGRAD_TF_PYTHON, else this one if it has it;
+    without either the calling test is skipped."""
     env = os.environ.get("SPARKGRAD_TF_PYTHON")
     if env:
         return env
     try:
         import tensorflow  # noqa: F401
     except ImportError:
-        return None
+        pytest.skip("tensorflow not importable and SPARKGRAD_TF_PYTHON not set")
     return sys.executable

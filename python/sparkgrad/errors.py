@@ -215,4 +215,12 @@ class NotebookNotFoundError(NotebookError, SparkgradIOError):
     """
 
 
+class InputNotFoundError(SparkgradIOError, FileNotFoundError):
+    """A notebook's input location is missing or empty.
+
+    Carries ``path`` (the location, as the notebook names it) and ``made_by``
+    (the notebook or command that writes it, to run first).
+    """
+
+
 __all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, SparkgradError)]

@@ -25,6 +25,7 @@ _EXPORTS = {
     "export_ipynb": "sparkgrad.databricks.notebook",
     "secret_variable": "sparkgrad.databricks.dbutils",
     "fuse_path": "sparkgrad.databricks.dbutils",
+    "require_input": "sparkgrad.databricks.dbutils",
     "Client": "sparkgrad.databricks.client",
     "notebook_job": "sparkgrad.databricks.client",
     "Config": "sparkgrad.databricks.config",

@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sparkgrad.errors import InvalidArgumentError, SparkgradIOError
+from sparkgrad.errors import InputNotFoundError, InvalidArgumentError, SparkgradIOError
 
 HEAD_DEFAULT_BYTES = 65536
 
@@ -263,6 +263,49 @@ class DBUtils:
     fs: FileSystem
     notebook: NotebookWorkflow
     secrets: Secrets
+
+
+def _is_missing(exc: BaseException) -> bool:
+    """Whether a dbutils.fs failure says the path does not exist (here: SparkgradIOError, a FileNotFoundError;
+    on Databricks: an ExecutionError whose text carries java.io.FileNotFoundException)."""
+    text = str(exc)
+    return (
+        isinstance(exc, FileNotFoundError)
+        or (isinstance(exc, SparkgradIOError) and "no such file or directory" in text)
+        or "FileNotFoundException" in text
+    )
+
+
+def require_input(dbutils: object, path: str, made_by: str) -> list:
+    """The entries of ``path`` (``dbutils.fs.ls``), which a notebook reads as its input.
+
+    A notebook calls it before it reads a location that another step writes, so that a run in the
+    wrong order says what to run first instead of failing deep inside a copy.
+
+    Args:
+        dbutils: the notebook's ``dbutils`` (Databricks' or the local runner's).
+        path: the input location, as the notebook names it (``dbfs:/...``, ``/Volumes/...``, ``file:/...``).
+        made_by: what writes it, e.g. ``"notebooks/10_prep (its output_data)"``.
+
+    Returns:
+        The listing of ``path``.
+
+    Raises:
+        InputNotFoundError: ``path`` does not exist or is an empty folder; the message names ``made_by``.
+    """
+    try:
+        entries = dbutils.fs.ls(path)  # type: ignore[attr-defined]
+    except Exception as exc:
+        if not _is_missing(exc):
+            raise
+        raise InputNotFoundError(
+            f"{path} does not exist: it is written by {made_by}; run that first", path=path, made_by=made_by
+        ) from None
+    if not entries:
+        raise InputNotFoundError(
+            f"{path} is empty: it is written by {made_by}; run that first", path=path, made_by=made_by
+        )
+    return entries
 
 
 def fuse_path(dbutils: object, path: str) -> str:

@@ -302,7 +302,7 @@ class _Runner:
 
 def local_spark(master: str = DEFAULT_MASTER) -> tuple[Any, bool]:
     """(session, created): the active SparkSession if there is one, else a new local one on ``master``
-    bound to 127.0.0.1 with executors on this interpreter."""
+    bound to 127.0.0.1 whose Python workers run this interpreter (unless PYSPARK_PYTHON says otherwise)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -315,9 +315,18 @@ def local_spark(master: str = DEFAULT_MASTER) -> tuple[Any, bool]:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    if "PYSPARK_PYTHON" not in os.environ:
-        builder = builder.config("spark.pyspark.python", sys.executable)
-    session = builder.getOrCreate()
+    if "PYSPARK_PYTHON" in os.environ:  # the user's choice of the workers' interpreter
+        session = builder.getOrCreate()
+    else:
+        # The workers run this interpreter, as they do on Databricks (the notebook's own Python), also when
+        # the runner was started by the console script's path without its venv on PATH. PySpark reads the
+        # workers' interpreter from PYSPARK_PYTHON once, when the context starts (spark.pyspark.python is
+        # read by spark-submit alone): set for that start, then taken back.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        try:
+            session = builder.getOrCreate()
+        finally:
+            del os.environ["PYSPARK_PYTHON"]
     session.sparkContext.setLogLevel("ERROR")
     return session, True
 
