@@ -74,7 +74,7 @@ test: build ctest
 # The fault suite: SIGKILL / SIGSTOP of nodes and executor JVMs on a standalone Spark cluster the suite starts
 # (a master and three workers, one core each), links cut and delayed between network namespaces, a full
 # checkpoint disk, floods. Needs root for the namespaces and tmpfs (those tests skip, saying so, without it).
-# Writes tests/faults/results.json; tests/faults/render_table.py renders it into README.md.
+# Writes tests/faults/results.json; tests/faults/render_table.py renders it into docs/guide/faults.md.
 test-faults: build
 	SPARKGRAD_FAULT_SUITE=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/faults
 
@@ -152,13 +152,13 @@ $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 	touch $@
 
 # The documentation site (mkdocs.yml): built strictly into build/site, where a broken link or anchor, a
-# missing page or a docstring mkdocstrings cannot render fails the build. The API pages import the in-tree
-# package (its C extension too), hence `build` first. docs-serve rebuilds on every change.
-docs: build
+# missing page or a docstring mkdocstrings cannot render fails the build. The API pages are read statically
+# (no import); the guide's examples run under `make test` (tests/test_docs.py). docs-serve rebuilds on change.
+docs: deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --quiet
 	@echo "docs: built build/site/index.html"
 
-docs-serve: build
+docs-serve: deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 # The main job: run from the installed package, not from the tree.

@@ -63,6 +63,25 @@ def test_hierarchy_matches_the_documented_tree():
     assert issubclass(errors.RestError, errors.SparkgradError)
 
 
+def test_module_docstring_tree_names_every_exception_under_its_parent():
+    lines = [ln for ln in errors.__doc__.splitlines() if ln.startswith("    ")]  # the indented tree
+    tree = {}  # name -> the name one level up
+    stack: list[tuple[int, str]] = []
+    for ln in lines:
+        m = re.match(r"^(\s*(?:[│ ]   )*)(?:[├└]── )?(\w+)", ln)
+        if not m or not m.group(2)[0].isupper():
+            continue
+        depth = len(m.group(1)) + (4 if "──" in ln else 0)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        tree[m.group(2)] = stack[-1][1] if stack else None
+        stack.append((depth, m.group(2)))
+    assert set(tree) == set(errors.__all__)
+    for name, parent in tree.items():
+        if parent is not None:
+            assert getattr(errors, parent) in getattr(errors, name).__bases__, f"{name} is not under {parent}"
+
+
 def test_unknown_status_code_raises_the_root_class():
     with pytest.raises(errors.SparkgradError) as info:
         _core._raise_status(-999, "odd")

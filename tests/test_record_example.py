@@ -162,8 +162,8 @@ def test_schema_errors_name_record_feature_expected_and_found():
         parse_examples([ok, encode_example({"other": 1})], {"label": FixedLenFeature([], "int64")}, name="f.tfrecord")
     msg = str(info.value)
     assert "f.tfrecord" in msg and "record 1" in msg and "'label'" in msg and "missing" in msg
-    with pytest.raises(SchemaError, match=r"'label': expected 1 int64 value, found 1 float value"):
-        parse_examples([encode_example({"label": 1.0})], {"label": FixedLenFeature([], "int64")})
+    with pytest.raises(SchemaError, match=r"^<records>: record 0: .*'label': expected 1 int64 value, found 1 float"):
+        parse_examples([encode_example({"label": 1.0})], {"label": FixedLenFeature([], "int64")})  # no name given
     with pytest.raises(SchemaError, match=r"expected 3 float values, found 2 float values"):
         parse_examples([encode_example({"x": [1.0, 2.0]})], {"x": FixedLenFeature([3], "float32")})
     with pytest.raises(SchemaError, match="expected a int64 list, found 1 bytes value"):
@@ -198,6 +198,14 @@ def test_garbage_protobuf_is_a_named_error_with_an_offset(data, pattern):
     assert "byte" in str(info.value)
     with pytest.raises(ExampleDecodeError, match=pattern):
         parse_examples([data], {"k": VarLenFeature("int64")})
+
+
+def test_sequence_examples_without_a_name_are_called_records_in_errors():
+    from sparkgrad.data.example import FixedLenSequenceFeature, parse_sequence_examples
+
+    bad = encode_sequence_example({}, {"x": [[1.0], [2.0]]})
+    with pytest.raises(SchemaError, match=r"^<records>: record 0: "):
+        parse_sequence_examples([bad], None, {"x": FixedLenSequenceFeature([2], "float32")})
 
 
 def test_sequence_example_round_trip():

@@ -212,8 +212,8 @@ static int accept_one(Acceptor *a, int fd, const char *peer)
                          "%s says it is rank %d, but only rank %d (%s) connects to rank %d", peer,
                          prank, c->left, c->left_peer, c->rank);
         /* A REFUSE comes after the handshake, so the session exists: it is
-         * protected like every later frame (a peer the handshake refused got
-         * the handshake's own AUTH_FAIL instead). */
+         * protected like every later frame (a peer the handshake refused was
+         * closed without a reason). */
         if (rc < 0)
             (void)net_frame_send(fd, &s, NET_FRAME_COLL, COLL_FRAME_REFUSE, e.msg, strlen(e.msg), d,
                                  peer, &(SgError){0});

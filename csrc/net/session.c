@@ -85,8 +85,8 @@ static int hkdf(const uint8_t *secret, size_t secret_len, const uint8_t *salt, s
 
 /* "auth" only needs a MAC over bytes that travel in clear. Poly1305 (ChaCha20-Poly1305 given
  * the whole frame as associated data: a one-time Poly1305 key per nonce, RFC 8439) hashes
- * about 1.5x faster than GCM's GHASH on the CPUs we measured (bench/README.md, "Security");
- * "encrypt" keeps AES-256-GCM, whose AES-NI cipher outruns ChaCha20. */
+ * about 1.5x faster than GCM's GHASH on the CPUs we measured (bench/bench_security.py,
+ * docs/guide/security.md); "encrypt" keeps AES-256-GCM, whose AES-NI cipher outruns ChaCha20. */
 static const EVP_CIPHER *mode_cipher(NetSecurity mode)
 {
     return mode == NET_SEC_AUTH ? EVP_chacha20_poly1305() : EVP_aes_256_gcm();

@@ -70,7 +70,7 @@ static inline int net_session_on(const NetSession *s)
 int net_session_scratch(NetSession *s, uint8_t **buf, SgError *err);
 
 /* The mode of every server and client unless the caller names one; chosen by
- * bench/bench_security.py (its cost against "none", README "Security"). */
+ * bench/bench_security.py (its cost against "none": docs/guide/security.md). */
 #define NET_SEC_DEFAULT NET_SEC_AUTH
 
 /* "none", "auth", "encrypt" -> mode (SG_EINVAL naming the text otherwise). */

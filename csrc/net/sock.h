@@ -28,7 +28,7 @@ int net_poll_ms(double deadline);
  * fails with SG_EINVAL naming what the timeout was for. */
 int net_deadline(double timeout, const char *what, double *deadline, SgError *err);
 
-/* Names are resolved with a deadline (getaddrinfo_a): net_connect's, and
+/* Names are resolved with a deadline (getaddrinfo on a detached thread): net_connect's, and
  * NET_RESOLVE_TIMEOUT for net_listen; a resolver that does not answer in
  * time is SG_ETIMEOUT naming the host and the seconds waited. */
 

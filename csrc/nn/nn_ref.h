@@ -3,7 +3,7 @@
  * <op>_backward_ref per operation, plus the few kernels that only exist in C
  * (cross-entropy from log-probabilities, accuracy, dropout).
  *
- * The oneDNN kernels (nn_layers.c) are checked against these by the tests;
+ * The oneDNN kernels (nn_plan.c) are checked against these by the tests;
  * they are written for clarity, not speed. Outputs first, then inputs, then
  * shape ints. Shape letters, used in every comment:
  *   B  batch            C  input features / channels     OC output features / channels

@@ -355,10 +355,12 @@ static void writer_dealloc(WriterObject *self)
 }
 
 static PyMethodDef writer_methods[] = {
-    {"write", (PyCFunction)writer_write, METH_O, "write(record: bytes-like): append one record"},
+    {"write", (PyCFunction)writer_write, METH_O,
+     "write(record): append one record (any bytes-like object)"},
     {"flush", (PyCFunction)writer_flush, METH_NOARGS,
      "flush(): hand buffered records to the OS (ends at a record boundary)"},
-    {"close", (PyCFunction)writer_close, METH_NOARGS, "close(): finish the stream and the file"},
+    {"close", (PyCFunction)writer_close, METH_NOARGS,
+     "close(): finish the stream and close the file; closing again does nothing"},
     {"__enter__", (PyCFunction)writer_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)writer_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -374,16 +376,21 @@ static PyTypeObject WriterType = {
     .tp_basicsize = sizeof(WriterObject),
     .tp_dealloc = (destructor)writer_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "TFRecordWriter(path, compression=None): writes TFRecord files (a context manager).",
+    .tp_doc = "TFRecordWriter(path, compression=None): writes a TFRecord file byte-compatible with "
+              "TensorFlow's (compression None, 'ZLIB' or 'GZIP'); a context manager, not for use "
+              "from two threads at once.",
     .tp_methods = writer_methods,
     .tp_members = writer_members,
     .tp_new = writer_new,
 };
 
 static PyMethodDef record_methods[] = {
-    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, start=0) -> int: CRC32C (Castagnoli)"},
+    {"crc32c", py_crc32c, METH_VARARGS,
+     "crc32c(data, start=0) -> int: CRC32C (Castagnoli) of data, continuing from the CRC start "
+     "(0: a fresh checksum)"},
     {"masked_crc32c", py_masked_crc32c, METH_VARARGS,
-     "masked_crc32c(data) -> int: TFRecord's masked CRC32C"},
+     "masked_crc32c(data) -> int: TFRecord's masked CRC32C (the CRC rotated right by 15 bits plus "
+     "0xa282ead8)"},
     {"crc32c_hardware", py_crc32c_hardware, METH_NOARGS,
      "crc32c_hardware() -> bool: whether the SSE4.2 instruction is used"},
     {NULL, NULL, 0, NULL},

@@ -633,6 +633,8 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O|z:parse_examples", kwlist, &SchemaType,
                                      &schema, &records, &name))
         return NULL;
+    if (name == NULL) /* name=None */
+        name = "<records>";
     PyObject *seq = PySequence_Fast(records, "records must be a sequence of bytes");
     if (seq == NULL)
         return NULL;

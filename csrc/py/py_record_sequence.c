@@ -170,6 +170,8 @@ static PyObject *py_parse_sequence_examples(PyObject *self, PyObject *args, PyOb
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|z:parse_sequence_examples", kwlist,
                                      &ctx_obj, &lists_obj, &allow_obj, &records, &name))
         return NULL;
+    if (name == NULL) /* name=None */
+        name = "<records>";
     if ((ctx_obj != Py_None && !PyObject_TypeCheck(ctx_obj, &SchemaType)) ||
         (lists_obj != Py_None && !PyObject_TypeCheck(lists_obj, &SchemaType)))
         return sg_raise_code(SG_EINVAL, "context and lists must be compiled Schemas or None");

@@ -5,9 +5,9 @@
  *
  * Retries (rest_client.c has the reasons):
  *   429                          always (the server refused before doing anything)
- *   503, transfer errors after   only when call->idempotent (safe methods, or a
- *     the request was sent       POST the caller knows to be idempotent or
- *                                that carries an idempotency token)
+ *   502, 503, 504, and transfer  only when call->idempotent (safe methods, or a
+ *     errors after the request   POST the caller knows to be idempotent or
+ *     was sent                   that carries an idempotency token)
  *   connection not established   always (nothing was sent)
  * Waits honour Retry-After, else back off linearly (rest_backoff_s); the last
  * attempt must end within budget_s of the first.

@@ -2,9 +2,11 @@
 
 Usage inside map_fun:
 
+```python
 server = TFNode.start_cluster_server(ctx)   # also: cluster_spec, server = ...
 if ctx.job_name == "ps":
     server.join()                            # returns when the driver says stop
+```
 """
 
 from __future__ import annotations
@@ -19,7 +21,19 @@ from sparkgrad.errors import SparkgradTimeout
 
 
 class ClusterServer:
-    """This node's server: the listening socket bound before registration, and join()."""
+    """This node's server, TensorFlowOnSpark's ``tf.train.Server`` stand-in.
+
+    It holds the listening socket the node bound before it registered, `join`, and `serve_parameters`
+    on a ps.
+
+    ``cluster_spec, server = TFNode.start_cluster_server(ctx)`` unpacks as in TensorFlowOnSpark.
+
+    Attributes:
+        ctx: The node's context.
+        cluster_spec (dict[str, list[str]]): ``{role: ["host:port", ...]}``.
+        listener: The node's listening socket (``ctx.listener``).
+        target (str): ``"host:port"`` of this node.
+    """
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
@@ -28,9 +42,13 @@ class ClusterServer:
         self.target = f"{ctx.host}:{ctx.port}"
 
     def join(self, timeout: float | None = None) -> None:
-        """Blocks until the driver stops this node (ps/evaluator at shutdown, or any node on failure).
+        """Blocks until the driver stops this node (a ps or evaluator at shutdown, any node on a failure).
 
-        With ``timeout`` (s), raises SparkgradTimeout if no stop came by then.
+        Args:
+            timeout: Seconds to wait at most; None: no limit.
+
+        Raises:
+            SparkgradTimeout: No stop came within ``timeout``.
         """
         try:
             self.ctx.wait_for_stop(timeout)
@@ -46,9 +64,7 @@ class ClusterServer:
         timeout: float | None = None,
         optimizer: Any = None,
     ) -> str:
-        """On a ps node: serves its shard of the flat parameter buffer of ``total``, a
-        compiled model (its optimizer and learning rate run on the ps) or a
-        parameter count (see sparkgrad.cluster.ps)."""
+        """On a ps node: serves its shard of the flat parameter buffer (`serve_parameters` with this node's ``ctx``)."""
         return serve_parameters(self.ctx, total, mode=mode, lr=lr, init=init, timeout=timeout, optimizer=optimizer)
 
     def __iter__(self) -> Iterator[Any]:
@@ -57,23 +73,34 @@ class ClusterServer:
 
 
 def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False) -> ClusterServer:
-    """The node's server; ``num_gpus`` and ``rdma`` are accepted for compatibility (CPU only)."""
+    """This node's `ClusterServer`, as TensorFlowOnSpark's ``start_cluster_server`` returns it.
+
+    Args:
+        ctx: The node's context, ``map_fun``'s second argument.
+        num_gpus: Accepted for compatibility, unused (sparkgrad trains on CPUs).
+        rdma: Accepted for compatibility, unused.
+    """
     return ClusterServer(ctx)
 
 
 def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> ParameterClient:
-    """On a training node: a client of every ps shard of the parameter buffer of
-    ``total``, a model (``model.fit(..., ps=TFNode.ps_client(ctx, model))``) or
-    a parameter count; ``compression="bf16"`` pushes bf16 gradients."""
+    """On a training node: a `ParameterClient` of every ps shard, for ``model.fit(..., ps=ps_client(ctx, model))``.
+
+    Args:
+        ctx: The node's context.
+        total: The model, or its number of parameters.
+        timeout: Seconds to connect and to wait for each answer.
+        compression: ``"bf16"`` pushes bf16 gradients; None float32.
+    """
     return ParameterClient(ctx, total, timeout, compression)
 
 
-__all__ = [
+__all__ = [  # in the order the API reference lists them
+    "start_cluster_server",
     "ClusterServer",
     "DataFeed",
-    "ParameterClient",
-    "hdfs_path",
     "ps_client",
+    "ParameterClient",
     "serve_parameters",
-    "start_cluster_server",
+    "hdfs_path",
 ]

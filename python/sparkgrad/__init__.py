@@ -5,6 +5,8 @@ runs the cluster transport; this package is its Python face, shaped like
 TensorFlowOnSpark (``TFCluster``, ``TFNode``, ``ctx``, ``DataFeed``).
 """
 
+from typing import TYPE_CHECKING
+
 from sparkgrad._native import load_core as _load_core
 
 _load_core()  # first: anything below may use sparkgrad._core; a failure names the library and the fix
@@ -27,6 +29,10 @@ from sparkgrad.errors import (  # noqa: E402
     SparkgradError,
     TruncatedRecordError,
 )
+
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below; named here for type checkers and the API reference
+    from sparkgrad.nn.distributed import DistributedOptimizer
+    from sparkgrad.runner import HorovodRunner, run
 
 
 def build_info() -> dict:

@@ -83,9 +83,25 @@ class ControlClient:
 
 # ---- records (csrc/record, csrc/py/py_record*.c) ----
 
-def crc32c(data: bytes, start: int = 0) -> int: ...
-def masked_crc32c(data: bytes) -> int: ...
-def crc32c_hardware() -> bool: ...
+def crc32c(data: bytes, start: int = 0) -> int:
+    """The CRC32C (Castagnoli) of ``data``, as TFRecord framing uses it (SSE4.2 instruction where the CPU has it).
+
+    Args:
+        data: Any bytes-like object.
+        start: A CRC to continue from: ``crc32c(b, crc32c(a)) == crc32c(a + b)``; 0 starts afresh.
+
+    Returns:
+        The unsigned 32-bit checksum.
+    """
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC32C of ``data``, as stored after each record's length and payload.
+
+    The CRC rotated right by 15 bits plus ``0xa282ead8`` (mod 2**32).
+    """
+
+def crc32c_hardware() -> bool:
+    """Whether `crc32c` uses the SSE4.2 instruction on this CPU (else a slicing-by-8 table)."""
 
 class TFRecordReader(Iterator[bytes]):
     offset: int
@@ -101,11 +117,40 @@ class TFRecordReader(Iterator[bytes]):
     def __next__(self) -> bytes: ...
 
 class TFRecordWriter:
+    """Writes a TFRecord file, byte-compatible with TensorFlow's ``tf.io.TFRecordWriter``; a context manager.
+
+    ```python
+    with TFRecordWriter("train.tfrecord.gz", "GZIP") as writer:
+        writer.write(encode_example({"label": 3}))
+    ```
+
+    Each record is framed as TensorFlow frames it (length, masked CRC32C of the length, payload,
+    masked CRC32C of the payload). One writer must not be used from two threads at once.
+
+    Args:
+        path: The file to write (created or truncated); ``file://`` and ``dbfs:/`` forms are mapped to
+            local paths.
+        compression: None, ``"ZLIB"`` or ``"GZIP"`` (the whole stream, as TensorFlow writes it).
+
+    Raises:
+        SparkgradIOError: The file cannot be created.
+        InvalidArgumentError: An unknown compression.
+    """
+
     path: str
+    """The path being written."""
     def __init__(self, path: str, compression: str | None = None) -> None: ...
-    def write(self, record: bytes) -> None: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
+    def write(self, record: bytes) -> None:
+        """Appends one record (any bytes-like object).
+
+        Raises:
+            StateError: The writer is closed, or used from two threads at once.
+            SparkgradIOError: The write failed.
+        """
+    def flush(self) -> None:
+        """Hands the buffered records to the OS; the file then ends at a record boundary."""
+    def close(self) -> None:
+        """Finishes the stream (the compression trailer) and closes the file; closing again does nothing."""
     def __enter__(self) -> TFRecordWriter: ...
     def __exit__(self, *exc: object) -> None: ...
 

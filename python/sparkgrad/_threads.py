@@ -14,11 +14,24 @@ from sparkgrad import _core
 
 
 def set_num_threads(n: int) -> None:
-    """Use n OpenMP threads for oneDNN kernels and the C loops."""
+    """Uses ``n`` OpenMP threads for the oneDNN kernels and the C loops of the calling thread's later C calls.
+
+    fit, evaluate and predict run in the calling thread, so this sets their thread count.
+
+    Args:
+        n: Number of threads, > 0.
+
+    Raises:
+        InvalidArgumentError: ``n`` is not positive.
+    """
     _core.set_num_threads(int(n))
 
 
 def get_num_threads() -> int:
+    """The number of OpenMP threads the calling thread's C calls use.
+
+    ``OMP_NUM_THREADS`` or OpenMP's default, until `set_num_threads` or `configure_threads` changes it.
+    """
     return int(_core.get_num_threads())
 
 
@@ -39,9 +52,18 @@ def spark_task_cpus() -> int | None:
 
 
 def configure_threads(default: int | None = None) -> int:
-    """OMP_NUM_THREADS if set, else spark.task.cpus inside a Spark task, else
-    ``default`` (the local launcher passes each node its share of the cores),
-    else OpenMP's default; applies it and returns the count."""
+    """Sets the thread count from the environment and returns it.
+
+    The count is the first number of ``OMP_NUM_THREADS`` if set, else ``spark.task.cpus`` inside a Spark
+    task, else ``default`` (the local launcher passes each node its share of the cores), else OpenMP's
+    default (left unchanged). fit calls it on a Spark executor.
+
+    Args:
+        default: The count to use outside a Spark task when ``OMP_NUM_THREADS`` is not set.
+
+    Returns:
+        The thread count now in use (`get_num_threads`).
+    """
     env = os.environ.get("OMP_NUM_THREADS")
     if env:
         n = int(env.split(",")[0])

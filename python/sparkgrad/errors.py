@@ -5,9 +5,11 @@ each code to one class here (csrc/common/sg_status.h holds the table), so the
 names below are part of the C contract.
 
     SparkgradError
+    ├── OutOfMemoryError (also MemoryError)
     ├── InvalidArgumentError (also ValueError)
     │   └── DatabricksConfigError
     ├── SparkgradIOError (also OSError)
+    │   └── InputNotFoundError (also FileNotFoundError)
     ├── NativeLibraryError (also ImportError)
     ├── SparkgradTimeout (also TimeoutError)
     ├── CancelledError
@@ -38,11 +40,17 @@ from __future__ import annotations
 
 
 class SparkgradError(Exception):
-    """Base of every error sparkgrad raises on purpose.
+    """Base of every error sparkgrad raises on purpose: ``except sparkgrad.SparkgradError`` catches them all.
 
-    ``code`` is the C status code when the error came from the core (else
-    None); keyword details (path, offset, feature, node, host, ...) are kept
-    in ``details`` and as attributes.
+    Args:
+        message: What went wrong, where and why; ``str(exc)``.
+        **details: Facts about the failure (``path``, ``offset``, ``feature``, ``node``, ``host``, ...),
+            kept in ``details`` and set as attributes of the same names.
+
+    Attributes:
+        code (int | None): The C status code when the error came from the core, else None.
+        message (str): The message.
+        details (dict): The keyword details.
     """
 
     code: int | None = None
@@ -64,8 +72,10 @@ class InvalidArgumentError(SparkgradError, ValueError):
 
 
 class DatabricksConfigError(InvalidArgumentError):
-    """No usable Databricks host or credentials; the message lists every
-    variable and file that was read (sparkgrad.databricks.config)."""
+    """No usable Databricks host or credentials.
+
+    The message lists every variable and file that was read (sparkgrad.databricks.config).
+    """
 
 
 class SparkgradIOError(SparkgradError, OSError):
@@ -106,8 +116,10 @@ class TruncatedRecordError(CorruptRecordError):
 
 
 class ExampleDecodeError(RecordError):
-    """A record's bytes are not a valid tf.train.Example / SequenceExample
-    (garbage protobuf, overlong varint, wrong wire type, non-UTF-8 key)."""
+    """A record's bytes are not a valid tf.train.Example / SequenceExample.
+
+    Garbage protobuf, an overlong varint, a wrong wire type, a non-UTF-8 key.
+    """
 
 
 class SchemaError(SparkgradError, ValueError):
@@ -161,11 +173,17 @@ class PeerClosedError(ProtocolError):
 class RestError(SparkgradError):
     """A Databricks REST call failed.
 
-    ``str(exc)`` says it all in words; the parts are attributes: ``status``
-    (HTTP status of the last answer, None when none came), ``error_code``
-    ("RESOURCE_DOES_NOT_EXIST", "" when the body had none), ``message`` (the
-    server's message), ``method``, ``path``, ``attempts`` and ``retries``. Never carries
-    the token, the client secret or a request body.
+    ``str(exc)`` says it all in words; the parts are attributes. It never carries the token, the
+    client secret or a request body.
+
+    Attributes:
+        status (int | None): HTTP status of the last answer, None when none came.
+        error_code (str): The API's error code (``"RESOURCE_DOES_NOT_EXIST"``), ``""`` when the body had none.
+        message (str): The server's message.
+        method (str): The HTTP method of the call.
+        path (str): The API path of the call.
+        attempts (int): Attempts made, retries included.
+        retries (list): ``(status or None, reason, wait_s)`` of each retried attempt.
     """
 
     def __init__(

@@ -15,7 +15,21 @@ if TYPE_CHECKING:
 
 
 def run(map_fun: MapFun, tf_args: Any, num_executors: int, num_ps: int = 0, **kwargs: Any) -> Cluster:
-    """Starts map_fun on num_executors local processes; keyword arguments as TFCluster.run."""
+    """Starts ``map_fun(tf_args, ctx)`` on ``num_executors`` local processes: ``TFCluster.run(None, ...)``.
+
+    The step between a single process and Spark in TensorFlowOnSpark's conversion guide: the same
+    ``map_fun``, roles, rendezvous and transport, without Spark.
+
+    Args:
+        map_fun: ``map_fun(tf_args, ctx)``, run on every node.
+        tf_args: Passed to every ``map_fun``.
+        num_executors: Nodes, parameter servers included.
+        num_ps: Parameter servers among them.
+        **kwargs: As for ``TFCluster.run``; ``cluster.train`` needs Spark, so local nodes read their own data.
+
+    Returns:
+        The running cluster; call its ``shutdown()``.
+    """
     from sparkgrad.cluster.launch import run as _run  # the driver's code loads when a driver runs
 
     return _run(None, map_fun, tf_args, num_executors, num_ps, **kwargs)

@@ -1,10 +1,13 @@
 """An MLflow model flavor for sparkgrad.nn models, and its python_function (pyfunc) face.
 
-    import sparkgrad.mlflow
-    info = sparkgrad.mlflow.log_model(model, name="model")          # in an MLflow run
-    model = sparkgrad.mlflow.load_model(info.model_uri)             # a sparkgrad.nn model again
-    mlflow.pyfunc.load_model(info.model_uri).predict(x)             # x: ndarray or pandas DataFrame
-    mlflow.pyfunc.spark_udf(spark, info.model_uri, "array<float>")  # scoring in Spark tasks
+```python
+import sparkgrad.mlflow
+
+info = sparkgrad.mlflow.log_model(model, name="model")          # in an MLflow run
+model = sparkgrad.mlflow.load_model(info.model_uri)             # a sparkgrad.nn model again
+mlflow.pyfunc.load_model(info.model_uri).predict(x)             # x: ndarray or pandas DataFrame
+mlflow.pyfunc.spark_udf(spark, info.model_uri, "array<float>")  # scoring in Spark tasks
+```
 
 The artifact is a directory in MLflow's model layout: ``MLmodel`` (flavors
 ``sparkgrad`` and ``python_function``, the signature), the environment files
@@ -40,7 +43,10 @@ import numpy as np
 
 from sparkgrad.errors import InvalidArgumentError, ModelError
 
+__all__ = ["log_model", "load_model", "save_model", "infer_signature", "get_default_pip_requirements", "FLAVOR_NAME"]
+
 FLAVOR_NAME = "sparkgrad"
+"""The flavor's name in ``MLmodel`` (``flavors.sparkgrad``), as ``mlflow.sklearn.FLAVOR_NAME`` is sklearn's."""
 MODEL_FILE = "model.sgmodel"
 PYFUNC_FILE = "pyfunc.json"
 DATA_DIR = "data"
@@ -48,9 +54,20 @@ PYFUNC_OUTPUTS = ("probability", "prediction")
 
 
 def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
-    """The tensor signature of ``model``: input float32 [-1, *input_shape]; output float32 [-1, classes]
-    ("probability") or one double column ("prediction"). MLflow 3's spark_udf takes its default result
-    type from the output: array<float> or double."""
+    """The signature `save_model` gives a model when none is passed: a float32 tensor in, float32 or double out.
+
+    MLflow enforces it: inputs must be float32 (an array column of a DataFrame is stacked into one
+    tensor, and flat rows are reshaped to the input shape). MLflow 3's ``spark_udf`` takes its default
+    result type from the output: ``array<float>`` or ``double``.
+
+    Args:
+        model (sparkgrad.nn.Sequential): The model.
+        pyfunc_output: ``"probability"``: output a float32 tensor ``[-1, classes]``; ``"prediction"``:
+            one double column.
+
+    Returns:
+        (mlflow.models.ModelSignature): Input a float32 tensor of shape ``[-1, *input_shape]``, output as above.
+    """
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, DataType, Schema, TensorSpec
 
@@ -63,7 +80,11 @@ def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
 
 
 def get_default_pip_requirements() -> list[str]:
-    """sparkgrad and NumPy at the versions of this interpreter."""
+    """The pip requirements written with a model when none are given.
+
+    sparkgrad and NumPy pinned at the versions of this interpreter, e.g.
+    ``["sparkgrad==0.1.0", "numpy==2.1.3"]``.
+    """
     from sparkgrad._version import __version__
 
     return [f"sparkgrad=={__version__}", f"numpy=={np.__version__}"]
@@ -109,12 +130,31 @@ def save_model(
     metadata: dict | None = None,
     **kwargs: Any,
 ) -> None:
-    """Writes ``model`` as an MLflow model directory at ``path`` (which must not exist, or be empty).
+    """Writes ``model`` as an MLflow model directory at ``path``.
 
-    ``signature``: an mlflow ModelSignature (default: infer_signature(model));
-    ``input_example``: saved with the model as MLflow saves examples;
-    ``pyfunc_output``: "probability" or "prediction" (see the module docstring).
-    The rest as in MLflow's own flavors.
+    The directory has MLflow's model layout: ``MLmodel`` (flavors ``sparkgrad`` and ``python_function``,
+    the signature), the environment files (``requirements.txt``, ``conda.yaml``, ``python_env.yaml``),
+    and ``data/model.sgmodel`` (the saved model: architecture, weights, input transform and loss in one
+    file, as `sparkgrad.nn.save_model` writes it) beside ``data/pyfunc.json``.
+
+    Args:
+        model (sparkgrad.nn.Sequential): The model.
+        path: The directory, which must not exist or be empty.
+        mlflow_model (mlflow.models.Model | None): The MLmodel to add the flavors to (default a new one).
+        signature (mlflow.models.ModelSignature | None): Default `infer_signature` of the model.
+        input_example: Saved with the model, as MLflow saves examples.
+        pyfunc_output: What the pyfunc's predict returns: ``"probability"`` (float32 ``[n, classes]``,
+            softmax probabilities or logits as ``model.predict`` gives them) or ``"prediction"`` (the
+            argmax as float64 ``[n]``, what Spark ML's prediction column holds).
+        conda_env: As in MLflow's own flavors.
+        pip_requirements: As in MLflow's own flavors (default `get_default_pip_requirements`).
+        extra_pip_requirements: As in MLflow's own flavors.
+        metadata: Custom metadata written to ``MLmodel``.
+        **kwargs: Accepted for MLflow's calling convention, unused.
+
+    Raises:
+        InvalidArgumentError: ``model`` is not a `sparkgrad.nn.Sequential`, an unknown ``pyfunc_output``,
+            or ``path`` is a directory that is not empty.
     """
     from mlflow.models import Model
     from mlflow.models.utils import _save_example
@@ -178,11 +218,32 @@ def log_model(
     metadata: dict | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Logs ``model`` to the active MLflow run (one is started if none is) and returns MLflow's ModelInfo.
+    """Logs ``model`` to the active MLflow run (one is started if none is), with MLflow 2.22 and 3.x clients.
 
-    ``name`` (MLflow 3) or ``artifact_path`` (MLflow 2) names it, default
-    "model"; either works with either client. Other arguments as save_model;
-    further keyword arguments go to ``mlflow.models.Model.log``.
+    ```python
+    with mlflow.start_run():
+        info = sparkgrad.mlflow.log_model(model, name="model", registered_model_name="mnist-mlp")
+    ```
+
+    Args:
+        model (sparkgrad.nn.Sequential): The model.
+        artifact_path: The model's name, MLflow 2's spelling; either spelling works with either client.
+        name: The model's name, MLflow 3's spelling (default ``"model"``).
+        signature (mlflow.models.ModelSignature | None): As for `save_model`.
+        input_example: As for `save_model`.
+        registered_model_name: Also register the model under this name in the model registry.
+        pyfunc_output: As for `save_model`.
+        conda_env: As for `save_model`.
+        pip_requirements: As for `save_model`.
+        extra_pip_requirements: As for `save_model`.
+        metadata: As for `save_model`.
+        **kwargs: Passed to ``mlflow.models.Model.log``.
+
+    Returns:
+        (mlflow.models.model.ModelInfo): MLflow's record of the logged model; ``info.model_uri`` loads it.
+
+    Raises:
+        InvalidArgumentError: ``name`` and ``artifact_path`` are both given and differ, or as for `save_model`.
     """
     import sys
 
@@ -218,7 +279,19 @@ def _local_dir(model_uri: str, dst_path: str | None) -> str:
 
 
 def load_model(model_uri: str, dst_path: str | None = None) -> Any:
-    """The sparkgrad.nn model logged or saved at ``model_uri`` (runs:/..., models:/..., a path)."""
+    """The sparkgrad.nn model logged or saved at ``model_uri``, rebuilt without its code (compiled with its loss).
+
+    Args:
+        model_uri: ``runs:/<run id>/model``, ``models:/<name>/<version>``, any artifact URI, or a local
+            directory.
+        dst_path: Where to download the artifacts (default a temporary directory).
+
+    Returns:
+        (sparkgrad.nn.Sequential): The model.
+
+    Raises:
+        ModelError: No MLmodel file there, or the model has no ``sparkgrad`` flavor.
+    """
     from mlflow.models import Model
 
     local = _local_dir(str(model_uri), dst_path)

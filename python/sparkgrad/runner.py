@@ -148,40 +148,60 @@ def run(
     max_restarts: int = 0,
     security: str | None = None,
 ) -> list[Any]:
-    """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks and returns its values, by rank.
+    """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks and returns its values, by rank (as horovod.spark.run).
 
-    ``spark``: a SparkContext, a SparkSession or a Spark Connect session to
-    run the ranks as one barrier stage on; default the active one; with none
-    (or ``local=True``) the ranks are processes of this machine. ``num_proc``:
-    default the session's task slots (locally: this machine's cores).
-    ``start_timeout`` (s, default 600, or env SPARKGRAD_START_TIMEOUT) bounds
-    the wait for every rank to start and register. ``env``: environment
-    variables set in every rank while fn runs. Each rank's output streams
-    here as it is written, every line prefixed ``rank N:`` (after a
-    timestamp with ``prefix_output_with_timestamp``), stdout lines to
-    ``stdout``, stderr lines and log records to ``stderr`` (file-like
-    objects; default this process's own). ``verbose``: 0 shows only the
-    ranks' output, 1 also sparkgrad's failure messages, 2 also the cluster's
-    formation.
+    In each rank, ``sparkgrad.hvd.init()`` forms the allreduce communicator with the others. Each
+    rank's output streams here as it is written, every line prefixed ``rank N:``.
 
-    A rank that raises fails the run: NodeFailure naming the rank (``.rank``)
-    and host, with that rank's traceback (``.remote_traceback``); one that
-    dies without a word (killed, out of memory) is named as lost. The other
-    ranks are stopped and every process ends before the error is raised.
-    fn's values must be picklable; they come back through Spark's task
-    results or the local process's pipe, never on sparkgrad's sockets.
+    ```python
+    def train(epochs):
+        hvd.init()
+        ...
+        return hvd.rank()
 
-    ``max_restarts``: after a rank is lost or fails, stop the others and
-    run every rank again (a new barrier stage), up to this many times, each
-    restart printed with its cause (verbose >= 1); then the last
-    NodeFailure is raised. In the restarted ranks
-    ``sparkgrad.cluster.rank.attempt()`` is the number of restarts so far,
-    and model.fit with a checkpoint_dir resumes from rank 0's last
-    checkpoint. Default 0: the first failure is raised.
+    sparkgrad.run(train, kwargs={"epochs": 2}, num_proc=2)  # [0, 1]
+    ```
 
-    ``security``: the protection of the ranks' connections after their
-    handshake, "auth", "encrypt" or "none", as for TFCluster.run (default:
-    ``$SPARKGRAD_SECURITY``, else sparkgrad's default).
+    A rank that raises fails the run: NodeFailure naming the rank (``.rank``) and host, with that
+    rank's traceback (``.remote_traceback``); one that dies without a word (killed, out of memory) is
+    named as lost. The other ranks are stopped and every process ends before the error is raised.
+
+    Args:
+        fn: The function each rank runs; it and its arguments must be picklable.
+        args: Positional arguments of ``fn``.
+        kwargs: Keyword arguments of ``fn``.
+        num_proc: Number of ranks; default the session's task slots (locally: this machine's cores).
+        start_timeout: Seconds to wait for every rank to start and register; default 600, or the
+            environment variable ``SPARKGRAD_START_TIMEOUT``.
+        env: Environment variables set in every rank while ``fn`` runs.
+        stdout: File-like object that gets the ranks' stdout lines (default this process's stdout).
+        stderr: File-like object that gets the ranks' stderr lines and log records (default this
+            process's stderr).
+        verbose: 0 shows only the ranks' output, 1 also sparkgrad's failure messages, 2 also the
+            cluster's formation.
+        prefix_output_with_timestamp: Put a timestamp before each line's ``rank N:``.
+        spark: A SparkContext, SparkSession or Spark Connect session to run the ranks on, as one barrier
+            stage; default the active one; with none, the ranks are processes of this machine.
+        local: Run the ranks as processes of this machine even when a Spark session is active.
+        max_restarts: After a rank is lost or fails, stop the others and run every rank again (a new
+            barrier stage), up to this many times, each restart printed with its cause (verbose >= 1);
+            then the last NodeFailure is raised. In the restarted ranks
+            ``sparkgrad.cluster.rank.attempt()`` is the number of restarts so far, and ``model.fit``
+            with a ``checkpoint_dir`` resumes from rank 0's last checkpoint. Default 0: the first failure
+            is raised.
+        security: The protection of the ranks' connections after their handshake, ``"auth"``,
+            ``"encrypt"`` or ``"none"``, as for ``TFCluster.run`` (default ``$SPARKGRAD_SECURITY``, else
+            sparkgrad's default).
+
+    Returns:
+        ``fn``'s return value in each rank, in rank order. They come back pickled through Spark's task
+        results or the local process's pipe, never on sparkgrad's sockets.
+
+    Raises:
+        NodeFailure: A rank raised or was lost (after any restarts).
+        InvalidArgumentError: A ``num_proc`` that is not a positive int, or another bad argument.
+        InsufficientSlotsError: Spark has fewer task slots than ``num_proc``.
+        RendezvousTimeout: Not every rank registered within ``start_timeout``.
     """
     from sparkgrad.cluster.launch import run as launch
 
@@ -227,14 +247,23 @@ def run(
 class HorovodRunner:
     """Databricks' HorovodRunner on sparkgrad: ``HorovodRunner(np=2).run(main, **kwargs)`` is rank 0's value.
 
-    ``np > 0``: a barrier stage of np tasks on the active Spark session (as
-    local processes when there is none, for development); ``np < 0``: -np
-    processes on this machine (the driver), Spark or not. ``np == 0`` (all
-    task slots in old Databricks releases) is refused.
-    ``security``: as for sparkgrad.run.
-    ``driver_log_verbosity``: "all" (default) streams every rank's output;
-    "log_callback_only" (Databricks' default for np > 0) keeps rank output
-    off the driver except failures.
+    ```python
+    hr = HorovodRunner(np=-2)  # two processes on this machine
+    accuracy = hr.run(train, epochs=2)
+    ```
+
+    Args:
+        np: ``np > 0``: a barrier stage of ``np`` tasks on the active Spark session (as local processes
+            when there is none, for development); ``np < 0``: ``-np`` processes on this machine (the
+            driver), Spark or not. ``np == 0`` (all task slots in old Databricks releases) is refused.
+        driver_log_verbosity: ``"all"`` (default) streams every rank's output; ``"log_callback_only"``
+            (Databricks' default for ``np > 0``) keeps rank output off the driver except failures.
+        spark: The Spark session to run on (default the active one).
+        security: As for `sparkgrad.run`.
+
+    Raises:
+        InvalidArgumentError: ``np`` is 0 or not an int, an unknown ``driver_log_verbosity``, or an
+            unknown ``security`` mode.
     """
 
     def __init__(
@@ -256,7 +285,11 @@ class HorovodRunner:
         self._security = security
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
-        """Runs ``main(**kwargs)`` on every process; returns rank 0's value."""
+        """Runs ``main(**kwargs)`` on every process (see `sparkgrad.run`); returns rank 0's value.
+
+        Raises:
+            NodeFailure: A rank raised or was lost.
+        """
         np = self.num_processor
         quiet = self.driver_log_verbosity == "log_callback_only"
         sink = _Discard() if quiet else None

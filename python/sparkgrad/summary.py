@@ -1,8 +1,10 @@
 """TensorBoard event files: scalars and histograms, on sparkgrad's TFRecord writer.
 
-    with EventWriter("/dbfs/logs/run1") as w:
-        w.scalar("loss", 0.25, step=10)
-        w.histogram("weights", array, step=10)
+```python
+with EventWriter("/dbfs/logs/run1") as w:
+    w.scalar("loss", 0.25, step=10)
+    w.histogram("weights", array, step=10)
+```
 
 Files are named as TensorFlow names them
 (``events.out.tfevents.<secs>.<host>.<pid>.<n>``); the first record is an
@@ -30,6 +32,8 @@ import numpy as np
 
 from sparkgrad.data.tfrecord import TFRecordWriter
 from sparkgrad.errors import InvalidArgumentError, StateError
+
+__all__ = ["EventWriter"]
 
 _counter = itertools.count()
 
@@ -92,11 +96,23 @@ def _histogram_value(tag: str, values, bins: int) -> bytes:
 
 
 class EventWriter:
-    """Writes one TensorBoard event file in ``logdir`` (created if needed).
+    """Writes one TensorBoard event file in ``logdir``, without TensorFlow.
 
-    ``flush_secs``: buffered events are flushed at the next write once this
-    many seconds have passed since the last flush (and always on flush/close).
-    Safe to call from several threads.
+    A context manager, safe to share between threads.
+
+    The file is named as TensorFlow names it (``events.out.tfevents.<secs>.<host>.<pid>.<n>``) and
+    starts with the ``brain.Event:2`` version event; only whole records ever reach the OS, so
+    TensorBoard never reads half an event. ``fit(..., tensorboard_dir=...)`` writes its metrics with one.
+
+    Args:
+        logdir: The directory (created if needed); ``dbfs:/x`` is written as ``/dbfs/x``.
+        filename_suffix: Appended to the file name.
+        flush_secs: Buffered events are flushed at the next write once this many seconds passed since
+            the last flush (and always on `flush` and `close`).
+
+    Attributes:
+        logdir (str): The directory.
+        path (str): The event file.
     """
 
     def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "", flush_secs: float = 10.0):
@@ -127,27 +143,51 @@ class EventWriter:
                 self._last_flush = time.monotonic()
 
     def scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
-        """One scalar point (shown by TensorBoard's Scalars dashboard)."""
+        """Writes one scalar point (TensorBoard's Scalars dashboard).
+
+        Args:
+            tag: The series' name, e.g. ``"train/loss"``.
+            value: The value (stored as float32).
+            step: The x coordinate (an int64 step).
+            wall_time: Seconds since the epoch (default now).
+
+        Raises:
+            StateError: The writer is closed.
+        """
         summary = _scalar_value(tag, value)
         self._write(_event(time.time() if wall_time is None else wall_time, int(step), summary=summary))
 
     def scalars(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
-        """Several scalars in one event."""
+        """Writes several scalars (``{tag: value}``) at one step, in one event."""
         summary = b"".join(_scalar_value(t, v) for t, v in values.items())
         self._write(_event(time.time() if wall_time is None else wall_time, int(step), summary=summary))
 
     def histogram(self, tag: str, values, step: int, bins: int = 30, wall_time: float | None = None) -> None:
-        """A histogram of values (NumPy-compatible), with ``bins`` equal buckets."""
+        """Writes a histogram of ``values`` (TensorBoard's Histograms and Distributions dashboards).
+
+        Args:
+            tag: The series' name.
+            values (ArrayLike): Any array-like of finite numbers (flattened).
+            step: The x coordinate.
+            bins: Number of equal-width buckets.
+            wall_time: Seconds since the epoch (default now).
+
+        Raises:
+            InvalidArgumentError: No values, or a value that is not finite.
+            StateError: The writer is closed.
+        """
         summary = _histogram_value(tag, values, bins)
         self._write(_event(time.time() if wall_time is None else wall_time, int(step), summary=summary))
 
     def flush(self) -> None:
+        """Hands every buffered event to the OS."""
         with self._lock:
             if self._writer is not None:
                 self._writer.flush()
                 self._last_flush = time.monotonic()
 
     def close(self) -> None:
+        """Flushes and closes the file; later writes raise StateError, closing again does nothing."""
         with self._lock:
             if self._writer is not None:
                 self._writer.close()

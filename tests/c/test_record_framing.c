@@ -1,4 +1,4 @@
-/* test_record_framing.c - CRC32C vectors (DESIGN.md), both implementations,
+/* test_record_framing.c - CRC32C vectors (docs/design/records.md), both implementations,
  * and TFRecord framing: round trips, truncation, corruption, forged lengths. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@ SPARKGRAD_FAULT_SUITE=1). Each test fills a `fault` record (what was done, what
 was expected, what was seen, how long it took, what was left behind); at the
 end of the session every record, with the test's pass/fail outcome, goes to
 tests/faults/results.json (SPARKGRAD_FAULT_RESULTS overrides the path), which
-tests/faults/render_table.py renders as the README's fault table.
+tests/faults/render_table.py renders as the fault table of docs/guide/faults.md.
 """
 
 from __future__ import annotations

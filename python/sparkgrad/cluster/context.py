@@ -112,12 +112,16 @@ def tf_config(spec: dict[str, list[str]], job_name: str, task_index: int) -> str
 
 
 def hdfs_path(ctx: Any, path: str) -> str:
-    """An absolute, scheme-qualified path for ``path`` (TensorFlowOnSpark's semantics).
+    """An absolute, scheme-qualified path for ``path``, as TensorFlowOnSpark's ``TFNode.hdfs_path`` makes it.
 
-    A path with a file-system scheme is returned as is; an absolute path gets
-    ctx.defaultFS prepended; a relative path goes under /user/<user> on
-    hdfs:// and viewfs://, under ctx.working_dir on file://, and directly under
-    defaultFS otherwise.
+    A path with a file-system scheme (``hdfs://``, ``dbfs:/``, ``s3a://``, ``file://``, ...) is returned as
+    is; an absolute path gets ``ctx.defaultFS`` prepended; a relative path goes under ``/user/<user>`` on
+    ``hdfs://`` and ``viewfs://``, under ``ctx.working_dir`` on ``file://``, and directly under defaultFS
+    otherwise (with a warning).
+
+    Args:
+        ctx: The node's context (its ``defaultFS`` and ``working_dir``).
+        path: The path to qualify.
     """
     if path.startswith(FS_SCHEMES):
         return path

@@ -136,7 +136,31 @@ def new_secret() -> bytes:
 
 
 class Cluster:
-    """A running cluster (TensorFlowOnSpark's TFCluster): created by run(), ended by shutdown()."""
+    """A running cluster, TensorFlowOnSpark's ``TFCluster``: `TFCluster.run` returns it, `shutdown` ends it.
+
+    While it runs, the driver prints the nodes' output live, prefixed with ``role:index``; a node
+    that raises, dies or goes silent becomes a `NodeFailure`, after which every other node is
+    stopped and the failure is raised by the driver's next call (`train`, `shutdown`, ...). With
+    ``max_restarts`` the driver starts every node again instead, while restarts are left.
+
+    ```python
+    cluster = TFCluster.run(sc, map_fun, args, num_executors=3, num_ps=1, input_mode=InputMode.SPARK)
+    cluster.train(df, num_epochs=2)
+    cluster.shutdown()
+    ```
+
+    Attributes:
+        cluster_spec (dict[str, list[str]]): ``{role: ["host:port", ...]}`` of the registered nodes, as
+            ``ctx.cluster_spec`` sees it.
+        nodes (tuple): The registered nodes (``executor_id``, ``role``, ``index``, ``host``, ``port``, ...).
+        input_mode (InputMode): How the training nodes get their data.
+        rows_fed (int): Rows the last `train` fed, over all its epochs.
+        metrics (list): The metrics nodes sent with ``ctx.metric()`` (``role``, ``index``, ``name``, ``value``,
+            ``step``).
+        results (dict[int, Any]): Results nodes reported to the driver, by executor id.
+        restarts (int): Restarts so far (``max_restarts``).
+        restart_causes (list[str]): The first line of each failure that caused a restart.
+    """
 
     def __init__(
         self,
@@ -196,7 +220,13 @@ class Cluster:
     # -- formation ---------------------------------------------------------
 
     def start(self, reservation_timeout: float) -> None:
-        """Starts the nodes and waits until all registered; raises on timeout or failure."""
+        """Starts the nodes and waits until all registered (`TFCluster.run` calls it).
+
+        Raises:
+            RendezvousTimeout: Not every node registered within ``reservation_timeout`` seconds; names the
+                missing ones.
+            NodeFailure: A node failed before the cluster formed.
+        """
         self._reservation_timeout = float(reservation_timeout)
         try:
             for launcher in self._launchers:
@@ -516,11 +546,19 @@ class Cluster:
                 self._cond.wait(1.0 if left is None else min(left, 1.0))
 
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
-        """Waits for the training nodes to finish, then stops ps/evaluator nodes and ends the job.
+        """Waits for the training nodes to finish, then stops the ps and evaluator nodes and ends the job.
 
-        ``timeout`` (seconds, -1 for none) bounds the whole call; on expiry the
-        nodes are stopped and SparkgradTimeout is raised. A node failure is
-        raised as NodeFailure once the other nodes are stopped.
+        Under ``InputMode.SPARK`` it first tells every worker that its input ended.
+
+        Args:
+            ssc: Accepted for TensorFlowOnSpark compatibility (a StreamingContext), unused.
+            grace_secs: Seconds to wait after the training nodes finished before stopping the others.
+            timeout: Seconds the whole call may take (default 3 days); -1 for no limit. On expiry the nodes
+                are stopped and SparkgradTimeout is raised.
+
+        Raises:
+            NodeFailure: A node failed; raised once the other nodes are stopped.
+            SparkgradTimeout: ``timeout`` passed.
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         try:
@@ -553,14 +591,20 @@ class Cluster:
         self._close()
 
     def abort(self, reason: str) -> None:
-        """Stops every node now (what a failure does) and ends the cluster; for callers such as
-        sparkgrad.spark.Estimator whose own step failed (bounded like a node failure's stop)."""
+        """Stops every node now, as a failure does, and ends the cluster.
+
+        For callers whose own step failed (as `sparkgrad.spark.Estimator`'s can); ``reason`` is told to
+        the nodes and printed.
+        """
         if not self._closed.is_set():
             self._abort(reason)
         self._close()
 
     def node_results(self) -> dict[int, bytes | None]:
-        """With keep_results: map_fun's pickled value by executor id, as the launchers brought it back."""
+        """With ``keep_results=True``: each node's ``map_fun`` return value, pickled, by executor id.
+
+        Read after `shutdown`; the launchers bring the values back (None for a node that returned none).
+        """
         out: dict[int, bytes | None] = {}
         for launcher in self._launchers:
             results = getattr(launcher, "results", None)
@@ -578,21 +622,29 @@ class Cluster:
         input_mapping: dict[str, str] | None = None,
         prepare: Any = None,
     ) -> None:
-        """InputMode.SPARK: streams ``data_rdd`` (``num_epochs`` times) to the training nodes.
+        """Streams ``data_rdd`` to the training nodes, ``num_epochs`` times (``InputMode.SPARK``).
 
-        ``data_rdd``: an RDD (classic Spark), or a DataFrame (classic Spark or
-        Spark Connect), whose Arrow record batches reach the feed without a
-        Python object per row (cluster/arrow_feed.py says which column types).
-        Returns once every row is queued on its worker and each worker was told
-        that input ``qname`` ended (DataFeed.should_stop() turns true once it
-        has taken the rest). A node failure during feeding is raised as
-        NodeFailure; a failed feeding job as ClusterError.
+        Returns once every row is queued on its worker and each worker was told that input ``qname``
+        ended (``DataFeed.should_stop()`` turns true once it has taken the rest).
 
-        DataFrames only: ``input_mapping`` ({column: tensor name}, as
-        TensorFlowOnSpark's) feeds just those columns (sorted by name), which
-        the workers read with ``DataFeed(ctx.mgr, input_mapping=...)``;
-        ``prepare(columns, partition, first_row) -> columns`` (picklable) runs
-        in the feeding task on each frame before it is sent.
+        Args:
+            data_rdd: An RDD (classic Spark), or a DataFrame (classic Spark or Spark Connect) whose Arrow
+                record batches reach the feed without a Python object per row (vector, array, binary and
+                number columns).
+            num_epochs: Passes over the data.
+            feed_timeout: Seconds a feeding task waits for its worker to take a batch.
+            qname: The input's name, as ``DataFeed(ctx.mgr, qname_in=...)`` reads it (default ``"input"``).
+            input_mapping: DataFrames only: ``{column: tensor name}``, as TensorFlowOnSpark's; just those
+                columns are fed (sorted by name), and the workers read them with
+                ``DataFeed(ctx.mgr, input_mapping=...)``.
+            prepare: DataFrames only: a picklable ``prepare(columns, partition, first_row) -> columns``
+                run in the feeding task on each frame before it is sent.
+
+        Raises:
+            InvalidArgumentError: The cluster is not ``InputMode.SPARK``, was started without Spark, or the
+                data does not suit the options (an RDD on Spark Connect, a missing mapped column).
+            NodeFailure: A node failed during feeding.
+            ClusterError: The feeding job failed.
         """
         self._check_feedable("train", data_rdd)
         data_rdd = _select_mapped("train", data_rdd, input_mapping, prepare)
@@ -647,18 +699,25 @@ class Cluster:
         input_mapping: dict[str, str] | None = None,
         prepare: Any = None,
     ) -> Any:
-        """InputMode.SPARK: map_fun's results for ``data_rdd``, in input order (lazy, like Spark).
+        """``map_fun``'s results for ``data_rdd``, in input order, computed lazily (``InputMode.SPARK``).
 
-        Each partition is fed to one training node, whose map_fun reads it with
-        DataFeed(ctx.mgr, train_mode=False) and answers with batch_results();
-        call shutdown() after using the results to end the nodes' input.
+        Each partition is fed to one training node, whose ``map_fun`` reads it with
+        ``DataFeed(ctx.mgr, train_mode=False)`` and answers with ``batch_results()``; call `shutdown`
+        after using the results to end the nodes' input.
 
-        An RDD gives an RDD of results (a value a row, or a tuple for several
-        result columns). A DataFrame gives a DataFrame of ``schema``: Spark
-        DDL of numeric columns, one per result column in batch_results order
-        (a dict's columns by name, numbered ones first), each result cast to
-        its column's type; default "result double". ``input_mapping`` and
-        ``prepare``: as for train (DataFrames only).
+        Args:
+            data_rdd: An RDD or a DataFrame, as for `train`.
+            feed_timeout: Seconds a feeding task waits for its worker.
+            qname: The input's name.
+            schema: DataFrames only: Spark DDL of numeric columns, one per result column in
+                ``batch_results`` order (a dict's columns by name, numbered ones first), each result cast
+                to its column's type; default ``"result double"``.
+            input_mapping: As for `train` (DataFrames only).
+            prepare: As for `train` (DataFrames only).
+
+        Returns:
+            For an RDD, an RDD of results (a value per row, or a tuple for several result columns); for a
+            DataFrame, a DataFrame of ``schema``.
         """
         self._check_feedable("inference", data_rdd)
         data_rdd = _select_mapped("inference", data_rdd, input_mapping, prepare)
@@ -692,11 +751,13 @@ class Cluster:
         return tuple((n.host, n.port) for n in self.nodes if n.role not in SERVING_ROLES)
 
     def start_tensorboard(self, log_dir: str, host: str) -> None:
-        """Serves log_dir with TensorBoard on the driver if it is installed (else says so).
+        """Serves ``log_dir`` with TensorBoard on the driver if it is installed (else says so).
 
-        Returns at once: TensorBoard's start (seconds, more where it imports
-        TensorFlow) runs beside the cluster's work, and its URL or the reason it
-        has none is printed when known; tensorboard_url() waits for it.
+        ``run(..., tensorboard=True)`` calls it.
+
+        Returns at once: TensorBoard's start (seconds, more where it imports TensorFlow) runs beside the
+        cluster's work, and its URL or the reason it has none is printed when known; `tensorboard_url`
+        waits for it.
         """
         from sparkgrad.cluster import tensorboard
 
@@ -715,7 +776,7 @@ class Cluster:
         self._tensorboard = tensorboard.TensorBoard(log_dir, host, on_ready=ready)
 
     def tensorboard_url(self) -> str | None:
-        """The URL of the TensorBoard started by tensorboard=True, or None if none runs.
+        """The URL of the TensorBoard started by ``tensorboard=True``, or None if none runs.
 
         Waits while TensorBoard is still starting (up to its start timeout, 120 s).
         """

@@ -169,13 +169,30 @@ def ordered_columns(cols: dict[str, np.ndarray]) -> list[str]:
 
 
 class DataFeed:
-    """TensorFlowOnSpark's DataFeed over the node's C feed queue (ctx.mgr).
+    """TensorFlowOnSpark's DataFeed: how ``map_fun`` reads the rows Spark feeds it (``InputMode.SPARK``).
 
-    next_batch(n) returns up to n rows: a list of row tuples (or bare values
-    for one-column data), as TensorFlowOnSpark does, or with ``input_mapping``
-    ({column: tensor name}) a dict of arrays by tensor name;
-    next_batch_columns(n) returns the arrays by column name, without copying
-    rows into tuples.
+    The rows ``cluster.train`` or ``cluster.inference`` send, from the node's C feed queue.
+
+    ```python
+    def map_fun(args, ctx):
+        feed = TFNode.DataFeed(ctx.mgr)
+        while not feed.should_stop():
+            batch = feed.next_batch(100)  # [(x, y), ...] rows
+            ...
+    ```
+
+    Args:
+        mgr: The node's feed queue, ``ctx.mgr`` (training nodes under ``InputMode.SPARK`` have one).
+        train_mode: True for `cluster.train`; False for `cluster.inference`, whose batches may be
+            partial and whose results go back with `batch_results`.
+        qname_in: The input's name (``cluster.train(..., qname=...)``; default ``"input"``, TensorFlowOnSpark's).
+        qname_out: Accepted for TensorFlowOnSpark compatibility.
+        input_mapping: ``{column: tensor name}``: `next_batch` returns a dict of arrays by tensor name
+            (the columns ``cluster.train(df, input_mapping=...)`` fed).
+        timeout: Seconds to wait for rows before SparkgradTimeout.
+
+    Raises:
+        InvalidArgumentError: ``mgr`` is None (not a training node of an ``InputMode.SPARK`` cluster).
     """
 
     def __init__(
@@ -199,6 +216,14 @@ class DataFeed:
         self._sources: np.ndarray | None = None  # feeder id of each row of the last batch (inference)
 
     def next_batch_columns(self, batch_size: int) -> dict[str, np.ndarray]:
+        """Up to ``batch_size`` rows as ``{column: array}``, without copying rows into tuples.
+
+        Columns are named ``"0"``, ``"1"``, ... for RDD rows. Fewer rows at the end of the input, none
+        once it ended.
+
+        Raises:
+            SparkgradTimeout: No rows came within the feed's ``timeout``.
+        """
         if self.train_mode:
             cols = self.mgr.next_batch(int(batch_size), self.timeout, self.qname_in)
         else:  # inference: remember which feeder each row came from, for batch_results
@@ -212,6 +237,14 @@ class DataFeed:
         return cols
 
     def next_batch(self, batch_size: int) -> Any:
+        """Up to ``batch_size`` rows, as TensorFlowOnSpark returns them.
+
+        A list of row tuples (bare values for one-column data), or with ``input_mapping`` a dict of
+        arrays by tensor name. Fewer rows at the end of the input; an empty list once it ended.
+
+        Raises:
+            SparkgradTimeout: No rows came within the feed's ``timeout``.
+        """
         cols = self.next_batch_columns(batch_size)
         if self.input_mapping is not None:
             return {tensor: cols[col] for col, tensor in sorted(self.input_mapping.items()) if col in cols}

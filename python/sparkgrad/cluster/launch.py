@@ -79,42 +79,70 @@ def run(
     max_restarts: int = 0,
     security: str | None = None,
 ) -> Cluster:
-    """Starts map_fun(tf_args, ctx) on num_executors nodes and returns once all registered.
+    """Starts ``map_fun(tf_args, ctx)`` on ``num_executors`` nodes and returns the cluster once all registered.
 
-    ``sc``: a SparkContext, a SparkSession (a classic one runs through its
-    SparkContext), a Spark Connect session (no SparkContext: the nodes run as
-    a barrier ``mapInArrow`` stage, see cluster/spark.py), or None to run the
-    nodes as local processes. ``queues`` and ``release_port``
-    are accepted for TensorFlowOnSpark compatibility and have no effect: data
-    moves over the C feed, and every node's listening socket stays bound
-    (ctx.listener) until the node ends. ``heartbeat_timeout`` (s) bounds how
-    long a silent node counts as alive; ``stop_grace`` (s) is how long nodes
-    get to end after a stop before they are ended; ``slots_timeout`` (s) how
-    long to wait for executors to provide enough task slots.
+    TensorFlowOnSpark's ``TFCluster.run``: the first ``num_ps`` executors are parameter servers, then a
+    chief (with ``master_node``), an evaluator (with ``eval_node``), and the rest workers. Each node's
+    ``ctx`` carries TensorFlowOnSpark's fields (``job_name``, ``task_index``, ``cluster_spec``,
+    ``num_workers``, ``defaultFS``, ``absolute_path()``, ...) and ``ctx.mgr`` for `TFNode.DataFeed`.
 
-    For sparkgrad.run: ``keep_results`` brings map_fun's values back through
-    the launchers' own result paths (``cluster.node_results()`` after
-    shutdown); ``env`` is set on every node while map_fun runs; ``label``
-    and ``on_log`` are Cluster's.
+    ```python
+    cluster = TFCluster.run(sc, map_fun, args, num_executors=4, num_ps=1, input_mode=InputMode.SPARK)
+    cluster.train(df, num_epochs=1)
+    cluster.shutdown()
+    ```
 
-    ``max_restarts``: when a node is lost or fails while training (its
-    process died, it raised, it went silent, its task failed), the driver
-    stops the others and starts every node again, up to this many times,
-    printing each restart with its cause; the last NodeFailure is raised
-    once none is left. The restarted nodes see ``ctx.attempt`` (the
-    restarts so far; also ``sparkgrad.cluster.rank.attempt()``) and
-    model.fit with a checkpoint_dir resumes from the chief's last
-    checkpoint (its default resume=True), so at most one checkpoint
-    interval of training is lost. 0 (default): a failure is raised at once.
-    InputMode.TENSORFLOW only (fed data cannot be rewound to a checkpoint).
+    Args:
+        sc: A SparkContext, a SparkSession (a classic one runs through its SparkContext), a Spark
+            Connect session (the nodes run as a barrier ``mapInArrow`` stage), or None to run the
+            nodes as local processes of this machine.
+        map_fun: ``map_fun(tf_args, ctx)``, run on every node; picklable.
+        tf_args: Passed to every ``map_fun`` (an argparse Namespace, a dict, ...).
+        num_executors: Nodes in the cluster, parameter servers included.
+        num_ps: Parameter servers among them; 0 gives the training nodes an allreduce communicator
+            (``sparkgrad.hvd``) instead.
+        tensorboard: Serve TensorBoard from the driver on ``log_dir`` (see `TFCluster.tensorboard_url`).
+        input_mode: ``InputMode.TENSORFLOW`` (each worker reads its own data) or ``InputMode.SPARK``
+            (``cluster.train`` feeds it).
+        log_dir: The nodes' ``ctx.log_dir`` and TensorBoard's directory (default ``./tensorboard`` with
+            ``tensorboard``).
+        driver_ps_nodes: Run the ps nodes as threads of the driver (``InputMode.TENSORFLOW`` only).
+        master_node: The chief's role name (``"chief"`` or ``"master"``); None: no chief, worker 0 leads.
+        reservation_timeout: Seconds to wait for every node to register.
+        queues: Accepted for TensorFlowOnSpark compatibility, no effect (data moves over the C feed).
+        eval_node: Make one node an evaluator (``InputMode.TENSORFLOW`` only).
+        release_port: Accepted for TensorFlowOnSpark compatibility, no effect: every node's listening
+            socket stays bound (``ctx.listener``) until the node ends.
+        heartbeat_timeout: Seconds a silent node still counts as alive.
+        stop_grace: Seconds nodes get to end after a stop before they are ended.
+        slots_timeout: Seconds to wait for Spark's executors to provide enough task slots.
+        output: Called with each line of the nodes' live output (default: print to stdout).
+        keep_results: Bring ``map_fun``'s return values back (`TFCluster.node_results` after shutdown).
+        env: Environment variables set on every node while ``map_fun`` runs.
+        label: ``label(event)`` names a node in output and failures (default ``role:index``).
+        on_log: ``on_log(event)`` takes the nodes' log events instead of ``output``.
+        max_restarts: When a node is lost or fails while training (its process died, it raised, it went
+            silent, its task failed), stop the others and start every node again, up to this many
+            times, printing each restart with its cause; the last NodeFailure is raised once none is
+            left. Restarted nodes see ``ctx.attempt`` (the restarts so far), and ``model.fit`` with a
+            ``checkpoint_dir`` resumes from the chief's last checkpoint, so at most one checkpoint
+            interval of training is lost. 0 (default): a failure is raised at once.
+            ``InputMode.TENSORFLOW`` only (fed data cannot be rewound to a checkpoint).
+        security: What protects every connection of the cluster after its handshake: ``"auth"`` (each
+            frame authenticated and numbered, so altered, injected, replayed or truncated frames are
+            refused and named), ``"encrypt"`` (authenticated and encrypted), or ``"none"`` (an explicit
+            opt-out that logs a warning). Default: ``$SPARKGRAD_SECURITY``, else
+            ``sparkgrad.cluster.security.default()`` (the documentation's "Security and the wire" page
+            says what each costs).
 
-    ``security``: what protects every connection of the cluster after its
-    handshake: "auth" (each frame authenticated and numbered, so altered,
-    injected, replayed or truncated frames are refused and named),
-    "encrypt" (authenticated and encrypted), or "none" (an explicit opt-out
-    that logs a warning). Default: ``$SPARKGRAD_SECURITY``, else
-    ``sparkgrad.cluster.security.default()`` (see the README's Security
-    section for what each costs).
+    Returns:
+        The running cluster (`TFCluster.TFCluster`).
+
+    Raises:
+        InvalidArgumentError: An option that does not fit the input mode, or a bad role layout.
+        InsufficientSlotsError: Spark has fewer task slots than the cluster needs after ``slots_timeout``.
+        RendezvousTimeout: Not every node registered within ``reservation_timeout``.
+        NodeFailure: A node failed while the cluster formed.
     """
     security = resolve_security(security)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

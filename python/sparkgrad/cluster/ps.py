@@ -57,15 +57,38 @@ def serve_parameters(
     timeout: float | None = None,
     optimizer: Any = None,
 ) -> str:
-    """Serves this ps node's shard of the parameters; returns "done", "stopped" or "timeout".
+    """Serves this ps node's shard of the flat parameter buffer until the training ends; call it in ``map_fun``.
 
-    ``total``: a compiled sparkgrad.nn model (its size and its compile's
-    optimizer, learning rate included, which then runs on the ps with its
-    state) or the number of parameters (plain SGD with ``lr``, default 0.01,
-    unless ``optimizer``: a name, a sparkgrad.nn optimizer or a config dict).
-    "done": every training node called done(); "stopped": the driver stopped
-    the cluster. ``init`` (the whole flat buffer) seeds the shard; otherwise
-    the chief's init (fit(ps=...) does it) does.
+    The buffer of ``total`` float32 values is split into contiguous shards, one per ps. Training
+    nodes reach every shard through a `ParameterClient`; the shard applies their gradients with the
+    optimizer, whose state lives on the ps.
+
+    ```python
+    if ctx.job_name == "ps":
+        TFNode.serve_parameters(ctx, model, mode="sync")  # model compiled as the workers compile it
+    else:
+        model.fit(dataset, ps=TFNode.ps_client(ctx, model))
+    ```
+
+    Args:
+        ctx: The node's context (a ps node).
+        total: A compiled sparkgrad.nn model (its size, and its compile's optimizer with its learning
+            rate and schedule, which then runs on the ps) or the number of parameters.
+        mode: ``"async"``: each gradient is applied as it arrives (the global step counts pushes);
+            ``"sync"``: each step averages exactly one gradient per active worker, then applies it. A
+            worker that disconnects without ``done()`` fails the step for everyone rather than hanging it.
+        lr: With a parameter count: plain SGD's learning rate (default 0.01).
+        init: The whole flat buffer, to seed the shard; otherwise the chief's ``init`` (fit does it) does.
+        timeout: Seconds to serve at most; None: until done or stopped.
+        optimizer: With a parameter count: a name, a sparkgrad.nn optimizer or a config dict, instead of
+            plain SGD.
+
+    Returns:
+        ``"done"`` (every training node called ``done()``), ``"stopped"`` (the driver stopped the
+        cluster) or ``"timeout"``.
+
+    Raises:
+        ClusterError: Not a ps node, or a model that is not compiled.
     """
     if ctx.job_name != PS:
         raise ClusterError(f"serve_parameters runs on ps nodes; this is {ctx.job_name}:{ctx.task_index}")
@@ -108,14 +131,27 @@ def serve_parameters(
 
 
 class ParameterClient:
-    """A training node's connection to every ps shard (a context manager that says done() on exit).
+    """A training node's connection to every ps shard; a context manager that says `done` on a clean exit.
 
-    ``total``: a sparkgrad.nn model or its number of parameters. Pass the
-    client to ``model.fit(..., ps=client)``: fit initialises the servers from
-    the chief (worker_id 0), runs every step through ``grad_hook()`` in the C
-    loop and says done() at the end. ``compression="bf16"`` sends the
-    gradients as bf16 (half the bytes; the shards widen them to float32 before
-    they apply or average them); parameters always come back as float32.
+    Pass it to ``model.fit(..., ps=client)`` (`TFNode.ps_client` builds it): fit initialises the
+    servers from the chief (worker 0), runs every step through `grad_hook` in the C loop and says
+    `done` at the end. By hand, with a parameter count: ``ps.init(params); step = ps.pull(params);
+    step = ps.push_pull(grads, params); ...``.
+
+    Args:
+        ctx: The node's context (a training node).
+        total: A sparkgrad.nn model or its number of parameters.
+        timeout: Seconds to connect and to wait for each answer.
+        compression: ``"bf16"`` sends the gradients as bf16 (half the bytes; the shards widen them to
+            float32 before they apply or average them); None sends float32. Parameters always come back
+            as float32.
+
+    Attributes:
+        total (int): The number of parameters.
+        worker_id (int): This node's rank among the training nodes (0 is the chief).
+
+    Raises:
+        ClusterError: The cluster has no ps nodes, or this is not a training node.
     """
 
     def __init__(self, ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> None:
@@ -131,30 +167,47 @@ class ParameterClient:
         self._done = False
 
     def init(self, params: np.ndarray) -> bool:
+        """Sets the servers' parameters from the flat float32 ``params`` unless a worker already did.
+
+        Returns True if this call set them.
+        """
         return self._client.init(params)
 
     def pull(self, params: np.ndarray) -> int:
+        """Fills the flat float32 ``params`` in place with the servers' parameters; returns the global step."""
         return self._client.pull(params)
 
     def push(self, grads: np.ndarray) -> int:
+        """Sends the flat gradient to the shards; returns the global step after the update."""
         return self._client.push(grads)
 
     def push_pull(self, grads: np.ndarray, params: np.ndarray) -> int:
+        """Pushes ``grads``, then fills ``params`` with the updated parameters; returns the global step."""
         return self._client.push_pull(grads, params)
 
     def wait_for_workers(self, params: np.ndarray, timeout: float = 600.0) -> int:
-        """Waits until every other training node said done, then fills ``params``
-        with the final parameters and returns the global step: how the chief
-        takes its last checkpoint and evaluates the finished model.
-        Raises SparkgradTimeout after ``timeout`` seconds."""
+        """Waits until every other training node said done, then fills ``params``; returns the global step.
+
+        How the chief takes its last checkpoint and evaluates the finished model.
+
+        Raises:
+            SparkgradTimeout: The others did not finish within ``timeout`` seconds.
+        """
         return self._client.wait_others(params, float(timeout))
 
     def get_state(self) -> tuple[np.ndarray, int, list[Any]]:
-        """(params, step, optimizer state per shard) for a checkpoint."""
+        """``(params, step, optimizer_state)`` for a checkpoint.
+
+        Every shard's parameters as one flat array, the global step, and per shard
+        ``(optimizer_step, slots)`` or None (no optimizer state).
+        """
         return self._client.get_state()
 
     def set_state(self, params: np.ndarray, step: int, optimizer_state: Any = None) -> None:
-        """Restores a checkpoint into every shard."""
+        """Restores a checkpoint into every shard.
+
+        ``optimizer_state`` as `get_state` returns it; None leaves the shards' optimizers as they are.
+        """
         self._client.set_state(params, step, optimizer_state)
 
     def _shard_ranges(self) -> list[tuple[int, int]]:
@@ -162,9 +215,11 @@ class ParameterClient:
         return [core.ps_shard_range(self.total, self._num_ps, i) for i in range(self._num_ps)]
 
     def optimizer_state(self) -> tuple[int, np.ndarray] | None:
-        """The servers' optimizer state as one optimizer over the whole model holds it ([slots, total]
-        float32, flat) with its step count, for the chief's checkpoint; None when the servers keep none
-        (plain SGD)."""
+        """The servers' optimizer state as one optimizer over the whole model holds it, for the chief's checkpoint.
+
+        ``(steps, slots)``: the slots ``[slots, total]`` float32, flattened. None when the servers keep
+        none (plain SGD).
+        """
         _, _, shards = self._client.get_state()
         if not shards or any(s is None for s in shards):
             return None
@@ -178,8 +233,10 @@ class ParameterClient:
         return int(shards[0][0]), full.reshape(-1)
 
     def shard_optimizer_state(self, steps: int, state: np.ndarray) -> list[tuple[int, np.ndarray]] | None:
-        """``optimizer_state()``'s layout split back into one entry per shard (for set_state); None when
-        ``state`` holds nothing (a checkpoint of plain SGD)."""
+        """`optimizer_state`'s layout split back into one entry per shard, for `set_state`.
+
+        None when ``state`` holds nothing (a checkpoint of plain SGD).
+        """
         state = np.asarray(state, np.float32).reshape(-1)
         if self.total == 0 or state.size == 0 or state.size % self.total:
             return None
@@ -191,6 +248,7 @@ class ParameterClient:
 
     @property
     def is_chief(self) -> bool:
+        """Whether this node is worker 0, which initialises the servers and writes checkpoints."""
         return self.worker_id == 0
 
     def grad_hook(self) -> object:
@@ -198,11 +256,13 @@ class ParameterClient:
         return self._client.grad_hook()
 
     def done(self) -> None:
+        """Tells the servers this worker will push no more (once; later calls do nothing)."""
         if not self._done:
             self._done = True
             self._client.done()
 
     def close(self) -> None:
+        """Closes the connections."""
         self._client.close()
 
     def __enter__(self) -> ParameterClient:

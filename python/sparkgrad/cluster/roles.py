@@ -16,10 +16,18 @@ from sparkgrad.errors import InvalidArgumentError
 
 
 class InputMode(enum.IntEnum):
-    """How workers get their data (values as in TensorFlowOnSpark)."""
+    """How the training nodes of a `TFCluster` get their data (the values are TensorFlowOnSpark's)."""
 
     TENSORFLOW = 0  # each worker reads its own shard (TFRecords) itself
+    """Each worker reads its own shard itself; ``cluster.train`` is not used.
+
+    For example a `sparkgrad.data.TFRecordDataset` with ``shard_index=ctx.task_index``.
+    """
     SPARK = 1  # the driver streams RDD partitions to the workers (cluster.train)
+    """Spark feeds the workers: ``cluster.train(rdd_or_df)`` streams partitions to them.
+
+    ``map_fun`` reads them with ``TFNode.DataFeed(ctx.mgr)``.
+    """
 
 
 PS = "ps"

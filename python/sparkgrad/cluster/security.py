@@ -14,8 +14,8 @@ What follows depends on the mode, which every node of a cluster shares:
   opt-out for trusted networks, logged as a warning.
 
 The default (``default()``: the C core's ``_core.SECURITY_DEFAULT``, "auth")
-is the mode the security benchmark (bench/bench_security.py, README
-"Frames after the handshake") showed to cost least; ``SPARKGRAD_SECURITY``
+is the mode the security benchmark (bench/bench_security.py; the documentation's
+"Security and the wire" page) showed to cost least; ``SPARKGRAD_SECURITY``
 in the environment overrides it for a whole session.
 """
 

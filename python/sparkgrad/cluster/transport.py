@@ -1,7 +1,7 @@
 """The C transport of the cluster layer (csrc/net, bound in sparkgrad._core).
 
 Listener, RendezvousServer and ControlClient are implemented in C (see
-/csrc/net/README.md); this module only finds them, so that an extension built
+docs/design/net.md); this module only finds them, so that an extension built
 without the transport fails with one clear message instead of an
 AttributeError deep inside a Spark task.
 """

@@ -33,9 +33,22 @@ def _local(path: str) -> str:
 
 
 def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """Files named by paths: globs expanded (sorted), directories listed
-    (sorted, skipping hidden files and Spark's ``_SUCCESS`` markers);
-    ``file://`` and ``dbfs:/`` forms mapped to local paths."""
+    """The files named by ``paths``, as TFRecordDataset and the Spark readers list them.
+
+    Globs are expanded (sorted), directories listed (sorted, skipping names that start with ``.`` or
+    ``_``, such as Spark's ``_SUCCESS`` markers), ``file://`` and ``dbfs:/`` forms mapped to local paths
+    (``dbfs:/x`` is ``/dbfs/x``). Other paths are kept as given, whether or not they exist.
+
+    Args:
+        paths: A path, or a sequence of paths, each a file, directory or glob.
+
+    Returns:
+        The file paths, in order.
+
+    Raises:
+        SparkgradIOError: A glob matches no file, or a directory holds no record file.
+        InvalidArgumentError: ``paths`` is empty.
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     files: list[str] = []
@@ -63,33 +76,51 @@ def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list
 
 
 class TFRecordDataset:
-    """Batches of parsed tf.train.Examples from TFRecord files.
+    """Batches of parsed ``tf.train.Example`` records from TFRecord files.
+
+    The input pipeline every sparkgrad trainer reads from.
+
+    ```python
+    ds = TFRecordDataset("/dbfs/mnist/train/part-*", schema, batch_size=100, shuffle_buffer=10_000, seed=1,
+                         epochs=3, shard_index=ctx.task_index, num_shards=ctx.num_workers)
+    for batch in ds:  # {name: array [batch, *shape]} (a Ragged for a VarLenFeature)
+        ...
+    ```
+
+    Reading, CRC checks, decompression, shuffling, parsing and batching all run in C on a background
+    thread with the GIL released. Iterating yields dicts ``{name: array [batch, *shape]}`` for
+    FixedLen and RawBytes features and `Ragged` values for VarLen ones; each ``iter(ds)`` starts a
+    fresh pass with the same settings, so `sparkgrad.nn.Sequential.fit` can take the dataset itself.
 
     Args:
-        paths: a file, directory, glob, or a list of them (``dbfs:/`` ok).
-        schema: ``Schema`` or dict name -> FixedLenFeature / VarLenFeature / RawBytesFeature.
-        batch_size: records per batch.
-        shuffle_buffer: records held for shuffling (0: file order). File order
-            is shuffled per epoch too when > 0.
-        seed: shuffling seed (None: a random one).
-        epochs: passes over the data (None or -1: forever). Epochs are joined
-            before batching, as in TF's ``repeat().shuffle().batch()``.
-        shard_index, num_shards: this worker's share. With at least as many
-            files as shards, shard i reads files i, i+n, ...; otherwise every
-            shard reads every file and keeps records i, i+n, ...
-        drop_remainder: drop a last batch smaller than batch_size.
-        compression: None, "ZLIB" or "GZIP".
-        prefetch: batches produced ahead by the background thread (0: none).
-        verify_crc: check each record's CRC32C.
-        timeout: seconds to wait for one batch before SparkgradTimeout.
-        parse_threads: threads that read, check and parse whole batches
-            (any schema), delivered in the same order as with one thread:
-            ``parse_threads - 1`` C threads plus the caller, which makes a
+        paths (str | os.PathLike | Sequence): A file, directory or glob, or a list of them (``dbfs:/``
+            and ``file://`` forms too; see `expand_paths`).
+        schema: A `Schema` or a dict ``{name: FixedLenFeature | VarLenFeature | RawBytesFeature}``.
+        batch_size: Records per batch.
+        shuffle_buffer: Records held for shuffling (0: file order). When > 0 the file order is
+            shuffled each epoch too.
+        seed: Shuffling seed (None: a random one).
+        epochs: Passes over the data (None or -1: forever). Epochs are joined before batching, as in
+            TensorFlow's ``repeat().shuffle().batch()``.
+        shard_index: This worker's share, in ``[0, num_shards)``. With at least as many files as
+            shards, shard ``i`` reads files ``i, i+n, ...``; otherwise every shard reads every file and
+            keeps records ``i, i+n, ...``.
+        num_shards: Number of shares (workers).
+        drop_remainder: Drop a last batch smaller than ``batch_size``.
+        compression: None, ``"ZLIB"`` or ``"GZIP"`` (the whole stream, as TensorFlow writes it).
+        prefetch: Batches produced ahead by the background thread (0: none).
+        verify_crc: Check each record's CRC32C.
+        timeout: Seconds to wait for one batch before SparkgradTimeout.
+        parse_threads: Threads that read, check and parse whole batches (any schema), delivered in the
+            same order as with one: ``parse_threads - 1`` C threads plus the caller, which makes a
             batch itself whenever none is ready instead of waiting.
 
-    Iterating yields dicts name -> NumPy array ``[batch, *shape]`` (FixedLen,
-    RawBytes) or ``Ragged(values, row_splits)`` (VarLen). Each iteration
-    (``iter(ds)``) starts a fresh pass with the same settings.
+    Raises:
+        InvalidArgumentError: ``shard_index`` outside ``[0, num_shards)``, or no files.
+        SparkgradIOError: A glob or directory names no files.
+        SchemaError: A bad schema; during iteration, a record that does not match it.
+        CorruptRecordError: During iteration, a record that fails its CRC or framing check (with the
+            file and offset).
     """
 
     def __init__(

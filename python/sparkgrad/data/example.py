@@ -40,12 +40,15 @@ _DTYPE_CODES = {"int64": 0, "float32": 1, "uint8": 2, "bytes": 3}
 
 
 class Ragged(NamedTuple):
-    """Variable-length values of a batch: row i is values[row_splits[i]:row_splits[i+1]]."""
+    """The values of a `VarLenFeature` over a batch: record ``i`` holds ``values[row_splits[i]:row_splits[i+1]]``."""
 
     values: Any
+    """Every record's values, concatenated: an int64 or float32 array, or a list of bytes."""
     row_splits: np.ndarray
+    """int64 offsets into `values`, one more than the records (``row_splits[0] == 0``)."""
 
     def row(self, i: int):
+        """The values of record ``i``."""
         return self.values[self.row_splits[i] : self.row_splits[i + 1]]
 
 
@@ -69,9 +72,24 @@ def _shape(shape) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class FixedLenFeature:
+    """A feature with exactly ``prod(shape)`` values per record, batched to ``[N, *shape]``.
+
+    As TensorFlow's ``tf.io.FixedLenFeature``.
+
+    ```python
+    schema = {"image": FixedLenFeature([784], "float32"), "label": FixedLenFeature([], "int64")}
+    ```
+
+    A record without the feature takes ``default``; without a default it is a SchemaError (naming the
+    record and the feature), and so is a record with another number of values.
+    """
+
     shape: tuple[int, ...] | int
+    """The shape of one record's value: ``[]`` or ``()`` for a scalar, an int for a vector."""
     dtype: Any
+    """``"int64"``, ``"float32"`` or ``"bytes"`` (NumPy dtypes and ``bytes`` are accepted too)."""
     default: Any = None
+    """Value for records that lack the feature: a scalar (repeated) or ``prod(shape)`` values; None: required."""
 
     def _spec(self, name: str) -> tuple:
         dtype = _dtype_name(self.dtype)
@@ -92,7 +110,13 @@ class FixedLenFeature:
 
 @dataclass(frozen=True)
 class VarLenFeature:
+    """A feature with any number of values per record (none included), parsed to a `Ragged`.
+
+    As TensorFlow's ``tf.io.VarLenFeature``, whose SparseTensor the `Ragged` replaces.
+    """
+
     dtype: Any
+    """``"int64"``, ``"float32"`` or ``"bytes"``."""
 
     def _spec(self, name: str) -> tuple:
         dtype = _dtype_name(self.dtype)
@@ -103,10 +127,21 @@ class VarLenFeature:
 
 @dataclass(frozen=True)
 class RawBytesFeature:
+    """A bytes feature holding one record's raw array, decoded in C to ``[N, *shape]`` of ``dtype`` times ``scale``.
+
+    What TensorFlow code does with ``tf.io.decode_raw`` after parsing, in one pass:
+    ``RawBytesFeature([784], scale=1 / 255)`` turns MNIST's ``image_raw`` (784 uint8 pixels) into
+    float32 values in [0, 1]. A bytes value of the wrong length is a SchemaError.
+    """
+
     shape: tuple[int, ...] | int
+    """The shape of one record's array."""
     dtype: Any = "float32"
+    """The output dtype: ``"float32"`` or ``"uint8"`` (uint8 needs uint8 raw data and scale 1)."""
     scale: float = 1.0
+    """Factor applied to every value (float32 output)."""
     raw_dtype: Any = "uint8"
+    """The dtype of the stored bytes: ``"uint8"`` or ``"float32"`` (little-endian)."""
 
     def _spec(self, name: str) -> tuple:
         dtype, raw = _dtype_name(self.dtype), _dtype_name(self.raw_dtype)
@@ -121,7 +156,22 @@ FeatureSpec = FixedLenFeature | VarLenFeature | RawBytesFeature
 
 
 class Schema:
-    """A parsing schema compiled once to C; reusable and thread-safe to share."""
+    """A parsing schema compiled once to C; reusable and safe to share between threads.
+
+    It pickles: it is compiled again where it is unpickled, e.g. on Spark executors.
+
+    Functions that take a schema also take the plain dict and compile it on each call; build a Schema
+    once when parsing many batches.
+
+    Args:
+        features: ``{name: FixedLenFeature | VarLenFeature | RawBytesFeature}``, or another Schema.
+
+    Attributes:
+        features (dict): The feature declarations, by name.
+
+    Raises:
+        SchemaError: No features, a declaration of another type, or an unsupported dtype or shape.
+    """
 
     def __init__(self, features: Mapping[str, FeatureSpec]):
         if isinstance(features, Schema):
@@ -154,21 +204,43 @@ def _wrap(out: dict, schema: Schema) -> dict:
 
 
 def parse_examples(records: Sequence[bytes], schema, name: str | None = None) -> dict:
-    """Parses serialized Examples into a dict of batched NumPy arrays."""
+    """Parses serialized ``tf.train.Example`` records into a dict of batched arrays, in C.
+
+    As TensorFlow's ``tf.io.parse_example``.
+
+    Args:
+        records: The serialized Examples.
+        schema (Schema | dict): A `Schema` or a dict of features.
+        name: Names the batch in error messages (a file name).
+
+    Returns:
+        ``{feature: value}``: a ``[N, *shape]`` array for a `FixedLenFeature` or `RawBytesFeature` (bytes
+        features: a list of bytes per value), a `Ragged` for a `VarLenFeature`.
+
+    Raises:
+        SchemaError: A record does not match the schema; the message names ``name``, the record index,
+            the feature, what was expected and what was found.
+        ExampleDecodeError: A record is not a valid Example.
+    """
     schema = as_schema(schema)
     return _wrap(_core.parse_examples(schema._compiled, records, name), schema)
 
 
 @dataclass(frozen=True)
 class FixedLenSequenceFeature:
-    """A feature list whose every step holds ``prod(shape)`` values of dtype
-    (``int64``, ``float32``, ``bytes``); batched to ``[N, max_steps, *shape]``
-    padded with zeros (``b""``), step counts in the lengths dict. A record
-    without the list is an error unless ``allow_missing`` (then 0 steps)."""
+    """A SequenceExample feature list whose every step holds ``prod(shape)`` values.
+
+    Batched to ``[N, max_steps, *shape]`` and padded with zeros (``b""`` for bytes);
+    `parse_sequence_examples` returns the step counts beside it. As TensorFlow's
+    ``tf.io.FixedLenSequenceFeature``.
+    """
 
     shape: tuple[int, ...] | int
+    """The shape of one step's value."""
     dtype: Any
+    """``"int64"``, ``"float32"`` or ``"bytes"``."""
     allow_missing: bool = False
+    """Take a record without the list as 0 steps; False: such a record is a SchemaError."""
 
     def _spec(self, name: str) -> tuple:
         dtype = _dtype_name(self.dtype)
@@ -178,15 +250,21 @@ class FixedLenSequenceFeature:
 
 
 class RaggedSequence(NamedTuple):
-    """A VarLen feature list of a batch: record i has steps
-    ``step_splits[row_splits[i]:row_splits[i+1]+1]`` into values."""
+    """The values of a `VarLenFeature` feature list over a batch.
+
+    Record ``i`` has the steps ``row_splits[i]`` to ``row_splits[i+1] - 1``, and step ``k`` holds
+    ``values[step_splits[k]:step_splits[k+1]]``.
+    """
 
     values: Any
+    """Every step's values, concatenated."""
     step_splits: np.ndarray
+    """int64 offsets of each step into `values`, one more than the steps."""
     row_splits: np.ndarray
+    """int64 offsets of each record into the steps, one more than the records."""
 
     def row(self, i: int) -> list:
-        """The steps of record i, each an array (or list) of values."""
+        """The steps of record ``i``, each an array (or a list of bytes) of values."""
         s = self.step_splits
         return [self.values[s[k] : s[k + 1]] for k in range(self.row_splits[i], self.row_splits[i + 1])]
 
@@ -197,16 +275,23 @@ def parse_sequence_examples(
     sequence_features: Mapping[str, FixedLenSequenceFeature | VarLenFeature] | None = None,
     name: str | None = None,
 ) -> tuple[dict, dict, dict]:
-    """Parses serialized SequenceExamples as ``tf.io.parse_sequence_example``
-    does, into ``(context, feature_lists, lengths)``:
+    """Parses serialized ``tf.train.SequenceExample`` records as ``tf.io.parse_sequence_example`` does.
 
-    - context: as ``parse_examples`` with ``context_features``;
-    - feature_lists: ``FixedLenSequenceFeature`` -> ``[N, max_steps, *shape]``
-      arrays, ``VarLenFeature`` -> ``RaggedSequence(values, step_splits, row_splits)``;
-    - lengths: the step count of each record, per FixedLenSequence list.
+    Args:
+        records: The serialized SequenceExamples.
+        context_features: The schema of the context (as for `parse_examples`); None: none parsed.
+        sequence_features: ``{name: FixedLenSequenceFeature | VarLenFeature}`` for the feature lists.
+        name: Names the batch in error messages.
 
-    Bad input raises SchemaError naming ``name``, the record index, the
-    feature (list and step), what was expected and what was found.
+    Returns:
+        ``(context, feature_lists, lengths)``: the context as `parse_examples` returns it;
+        ``feature_lists`` with a ``[N, max_steps, *shape]`` array per `FixedLenSequenceFeature` and a
+        `RaggedSequence` per `VarLenFeature`; ``lengths`` with the int64 step count of each record,
+        per FixedLenSequenceFeature list.
+
+    Raises:
+        SchemaError: Bad input; the message names ``name``, the record index, the feature (list and
+            step), what was expected and what was found.
     """
     sequence_features = dict(sequence_features or {})
     ctx = as_schema(context_features) if context_features else None
@@ -227,7 +312,10 @@ def parse_sequence_examples(
 
 
 def parse_example(record: bytes, schema) -> dict:
-    """One Example: like parse_examples, with the batch dimension removed."""
+    """Parses one serialized Example.
+
+    `parse_examples` of one record, without the batch dimension (a `VarLenFeature` gives its values).
+    """
     schema = as_schema(schema)
     out = parse_examples([record], schema)
     return {k: (v.values if isinstance(v, Ragged) else v[0]) for k, v in out.items()}
@@ -269,19 +357,51 @@ def _item(key: str, value) -> tuple[str, int, Any]:
 
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
-    """Serializes a dict of values as a tf.train.Example (see the module doc)."""
+    """Serializes a dict of values as a ``tf.train.Example``, byte-compatible with TensorFlow's.
+
+    ```python
+    record = encode_example({"label": 7, "image_raw": pixels.tobytes(), "score": [0.5, 0.25]})
+    ```
+
+    Args:
+        features: ``{name: value}``. A value is ``bytes`` or ``str`` (one value) or a list of them
+            (BytesList); an integer or bool NumPy array, an int or a list of ints (Int64List); a
+            floating array, a float or a list of floats (FloatList); or an explicit
+            ``(kind, values)`` pair, kind ``"bytes"``, ``"float"`` or ``"int64"`` (needed for an empty
+            list, whose type cannot be guessed).
+
+    Raises:
+        InvalidArgumentError: A key that is not a str, an empty list without a kind, or a value of
+            another type.
+    """
     return _core.encode_example([_item(k, v) for k, v in features.items()])
 
 
 def decode_example(data: bytes) -> dict:
-    """Every feature of a serialized Example: int64 -> int64 ndarray, float ->
-    float32 ndarray, bytes -> list of bytes, a Feature without a list -> None."""
+    """Every feature of a serialized Example, without a schema.
+
+    Returns:
+        ``{name: value}``: an int64 array for an Int64List, a float32 array for a FloatList, a list of
+        bytes for a BytesList, None for a Feature without a list.
+
+    Raises:
+        ExampleDecodeError: The bytes are not a valid Example (garbage protobuf, overlong varint, wrong
+            wire type, non-UTF-8 key).
+    """
     return _core.decode_example(data)
 
 
 def encode_sequence_example(context: Mapping[str, Any], feature_lists: Mapping[str, Sequence[Any]]) -> bytes:
-    """Serializes a tf.train.SequenceExample; each feature list is a sequence of
-    values of one kind (given explicitly as ``(kind, steps)`` or inferred)."""
+    """Serializes a ``tf.train.SequenceExample``.
+
+    Args:
+        context: The context features, as `encode_example` takes them.
+        feature_lists: ``{name: steps}``: each a sequence of per-step values of one kind, inferred from
+            the first step, or given explicitly as ``(kind, steps)`` (needed for an empty list).
+
+    Raises:
+        InvalidArgumentError: An empty feature list without a kind, or a value that cannot be encoded.
+    """
     ctx = [_item(k, v) for k, v in context.items()]
     lists = []
     for key, steps in feature_lists.items():
@@ -300,6 +420,13 @@ def _kind_name(kind: int) -> str:
 
 
 def decode_sequence_example(data: bytes) -> tuple[dict, dict]:
-    """(context, feature_lists) of a serialized SequenceExample; each feature
-    list is a list of per-step values decoded as in decode_example."""
+    """Every feature of a serialized SequenceExample, without a schema.
+
+    Returns:
+        ``(context, feature_lists)``: the context as `decode_example` returns it, and each feature list as
+        a list of per-step values decoded the same way.
+
+    Raises:
+        ExampleDecodeError: The bytes are not a valid SequenceExample.
+    """
     return _core.decode_sequence_example(data)

@@ -63,9 +63,33 @@ def _to_value(kind: str, v):
 
 
 def save_as_tfrecords(df, path: str, compression: str | None = None, mode: str = "error") -> list[tuple[str, int]]:
-    """Writes each partition of df as one TFRecord file ``<path>/part-r-NNNNN``
-    (``.gz``/``.zz`` with compression) on the executors, then ``_SUCCESS``.
-    mode: "error" (path must not exist), "overwrite". Returns [(file, records)]."""
+    """Writes a DataFrame as TFRecord files of ``tf.train.Example``, one file per partition, on the executors.
+
+    Each partition becomes ``<path>/part-r-NNNNN`` (``.gz`` or ``.zz`` with compression), written by
+    sparkgrad's C writer in a Spark task; then the driver writes ``_SUCCESS``. Column types map to
+    features as: integral and boolean to Int64List, float, double and decimal to FloatList, string
+    and binary to BytesList, arrays of those and ML vectors to lists; a null leaves the feature out
+    of that record (a FixedLenFeature default can fill it when reading).
+
+    ```python
+    save_as_tfrecords(df, "/dbfs/data/train", compression="GZIP")
+    ```
+
+    Args:
+        df (pyspark.sql.DataFrame): The rows to write (classic Spark: it uses ``df.rdd``).
+        path: A directory every executor can write (a local path in local mode, ``/dbfs/...`` or
+            ``dbfs:/...`` on Databricks).
+        compression: None, ``"ZLIB"`` or ``"GZIP"``.
+        mode: ``"error"`` (``path`` must not exist) or ``"overwrite"`` (``path`` is deleted first).
+
+    Returns:
+        ``[(file, records)]`` for every file written, sorted by file.
+
+    Raises:
+        InvalidArgumentError: An unknown compression or mode.
+        SparkgradIOError: ``path`` exists and mode is ``"error"``.
+        SchemaError: A column type that cannot be written as a feature (maps, structs, dates).
+    """
     comp = compression.upper() if compression else None
     if comp not in _SUFFIX:
         raise InvalidArgumentError(f"compression must be None, 'ZLIB' or 'GZIP', not {compression!r}")
@@ -101,7 +125,15 @@ def save_as_tfrecords(df, path: str, compression: str | None = None, mode: str =
 
 
 def spark_schema(schema: Schema | Mapping):
-    """The Spark StructType that load_tfrecords produces for a parsing schema."""
+    """The Spark ``StructType`` that `load_tfrecords` produces for a parsing schema.
+
+    A FixedLenFeature of shape ``[]`` becomes a long, float or binary column; other shapes (flattened),
+    VarLenFeatures and RawBytesFeatures become arrays of those (uint8 RawBytes: arrays of int).
+    No column is nullable.
+
+    Args:
+        schema: A `Schema` or a dict of features.
+    """
     from pyspark.sql import types as T
 
     base = {"int64": T.LongType(), "float32": T.FloatType(), "bytes": T.BinaryType(), "uint8": T.IntegerType()}
@@ -141,8 +173,26 @@ def _rows(batch: dict, schema: Schema) -> Iterator[tuple]:
 
 
 def load_tfrecords(spark, path, schema: Schema | Mapping, compression: str | None = None, batch_size: int = 1024):
-    """A DataFrame of the Examples in path (file, directory or glob), parsed
-    with schema on the executors, one Spark partition per file."""
+    """A DataFrame of the Examples in TFRecord files, parsed with ``schema`` on the executors.
+
+    One Spark partition per file; nothing but file names passes through the driver. The columns are
+    `spark_schema`'s.
+
+    ```python
+    df = load_tfrecords(spark, "/dbfs/data/train", schema)
+    ```
+
+    Args:
+        spark (pyspark.sql.SparkSession): A classic SparkSession (it uses ``spark.sparkContext``).
+        path (str | list[str]): A file, directory or glob, or a list of them, visible to every executor.
+        schema: A `Schema` or a dict of features.
+        compression: None, ``"ZLIB"`` or ``"GZIP"``.
+        batch_size: Records parsed per C call in the tasks.
+
+    Raises:
+        SparkgradIOError: ``path`` names no files.
+        SchemaError: A bad schema; when the job runs, a record that does not match it.
+    """
     schema = as_schema(schema)
     files = expand_paths(path)
     struct = spark_schema(schema)

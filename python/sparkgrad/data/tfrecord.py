@@ -12,20 +12,34 @@ import os
 from collections.abc import Iterator
 
 from sparkgrad import _core
+from sparkgrad._core import TFRecordWriter, crc32c, masked_crc32c  # C types; documented in _core.pyi
 
-TFRecordWriter = _core.TFRecordWriter
-crc32c = _core.crc32c
-masked_crc32c = _core.masked_crc32c
+__all__ = ["TFRecordWriter", "crc32c", "masked_crc32c", "read_records", "tfrecord_iterator", "write_records"]
 
 
 def tfrecord_iterator(
     path: str | os.PathLike, compression: str | None = None, verify_crc: bool = True
 ) -> Iterator[bytes]:
-    """Yields every record of one TFRecord file as bytes.
+    """Every record of one TFRecord file, as bytes, read by the C reader (TensorFlow's ``tf_record_iterator``).
 
-    Raises TruncatedRecordError / CorruptRecordError (with ``path`` and
-    ``offset`` attributes) on damaged files; ``verify_crc=False`` skips the
-    CRC checks (the framing is still checked).
+    ```python
+    for record in tfrecord_iterator("/dbfs/data/train/part-r-00000"):
+        example = decode_example(record)
+    ```
+
+    Args:
+        path: A local path, ``file://...``, ``/dbfs/...`` or ``dbfs:/...``.
+        compression: None, ``"ZLIB"`` or ``"GZIP"`` (the whole stream, as TensorFlow writes it).
+        verify_crc: Check each record's CRC32C; False skips it (the framing is still checked).
+
+    Returns:
+        An iterator of records; its ``offset`` is the stream offset of the last record returned.
+
+    Raises:
+        SparkgradIOError: The file cannot be opened.
+        CorruptRecordError: A record fails its CRC or has an impossible length (with ``path`` and
+            ``offset`` attributes).
+        TruncatedRecordError: The file ends inside a record.
     """
     return _core.TFRecordReader(os.fspath(path), compression, verify_crc)
 
@@ -33,12 +47,35 @@ def tfrecord_iterator(
 def read_records(
     data: bytes | bytearray | memoryview, compression: str | None = None, verify_crc: bool = True
 ) -> list[bytes]:
-    """All records of a TFRecord stream held in memory."""
+    """All records of a TFRecord stream held in memory, e.g. a file's bytes fetched over HTTP.
+
+    Args:
+        data: The stream's bytes.
+        compression: None, ``"ZLIB"`` or ``"GZIP"``.
+        verify_crc: Check each record's CRC32C.
+
+    Raises:
+        CorruptRecordError: A record fails its CRC or has an impossible length.
+        TruncatedRecordError: The stream ends inside a record.
+    """
     return list(_core.TFRecordReader(data=data, compression=compression, verify_crc=verify_crc))
 
 
 def write_records(path: str | os.PathLike, records, compression: str | None = None) -> int:
-    """Writes an iterable of bytes as one TFRecord file; returns the count."""
+    """Writes records as one TFRecord file, byte-compatible with TensorFlow's ``TFRecordWriter``.
+
+    ```python
+    write_records("train.tfrecord", (encode_example({"x": row, "label": y}) for row, y in zip(xs, ys)))
+    ```
+
+    Args:
+        path: The file to write (created or truncated).
+        records (Iterable[bytes]): The records (bytes-like objects).
+        compression: None, ``"ZLIB"`` or ``"GZIP"``.
+
+    Returns:
+        The number of records written.
+    """
     n = 0
     with TFRecordWriter(os.fspath(path), compression) as writer:
         for record in records:

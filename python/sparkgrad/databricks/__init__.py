@@ -1,10 +1,13 @@
 """sparkgrad on Databricks: notebooks run locally with the dbutils they use, and the REST client.
 
-    from sparkgrad.databricks import run_notebook, Client
-    result = run_notebook("notebooks/02_scheduled_training_job.py", {"epochs": "1"}, timeout=600)
-    result.exit_value                       # what dbutils.notebook.exit returned
-    client = Client()                       # DATABRICKS_HOST/TOKEN, ~/.databrickscfg, or the notebook
-    client.workspace_import("/Users/me/train", source, overwrite=True)
+```python
+from sparkgrad.databricks import Client, run_notebook
+
+result = run_notebook("notebooks/02_scheduled_training_job.py", {"epochs": "1"}, timeout=600)
+result.exit_value                       # what dbutils.notebook.exit returned
+client = Client()                       # DATABRICKS_HOST/TOKEN, ~/.databrickscfg, or the notebook
+client.workspace_import("/Users/me/train", source, overwrite=True)
+```
 
 Names load on first use, so ``import sparkgrad`` stays light.
 """
@@ -12,7 +15,21 @@ Names load on first use, so ``import sparkgrad`` stays light.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below; named here for type checkers and the API reference
+    from sparkgrad.databricks.client import Client, notebook_job
+    from sparkgrad.databricks.config import Config, resolve_config
+    from sparkgrad.databricks.dbutils import fuse_path, require_input, secret_variable
+    from sparkgrad.databricks.notebook import (
+        export_ipynb,
+        from_ipynb,
+        ipynb_text,
+        parse_source,
+        read_notebook,
+        to_ipynb,
+    )
+    from sparkgrad.databricks.runner import NotebookResult, run_notebook
 
 _EXPORTS = {
     "run_notebook": "sparkgrad.databricks.runner",
@@ -39,4 +56,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = sorted(_EXPORTS)
+# The names of _EXPORTS, written out so that static readers (type checkers, the API reference) see them; in
+# the order the API reference lists them.
+__all__ = [
+    "run_notebook",
+    "NotebookResult",
+    "require_input",
+    "fuse_path",
+    "secret_variable",
+    "parse_source",
+    "read_notebook",
+    "to_ipynb",
+    "ipynb_text",
+    "from_ipynb",
+    "export_ipynb",
+    "Client",
+    "notebook_job",
+    "Config",
+    "resolve_config",
+]

@@ -68,9 +68,38 @@ def notebook_job(
     timeout_seconds: int = 0,
     task_key: str = "main",
 ) -> dict[str, Any]:
-    """Jobs API settings of a one-task notebook job (jobs/create, jobs/reset
-    new_settings). Exactly one of existing_cluster_id, new_cluster (a task
-    cluster) or job_cluster_key (one of job_clusters) says where it runs."""
+    """The Jobs API settings of a one-task notebook job, for `Client.jobs_create` and `Client.jobs_reset`.
+
+    ```python
+    settings = notebook_job("nightly-train", "/Users/me/train", existing_cluster_id="0101-abc",
+                            base_parameters={"epochs": "5"}, quartz_cron_expression="0 0 2 * * ?")
+    job_id = client.jobs_create(settings)
+    ```
+
+    Args:
+        name: The job's name.
+        notebook_path: The workspace path of the notebook.
+        base_parameters: Widget values of every run (converted to strings).
+        existing_cluster_id: Run on this all-purpose cluster.
+        new_cluster: Run on a new task cluster of this spec.
+        job_cluster_key: Run on this one of ``job_clusters``.
+        job_clusters: Shared job-cluster specs (each with a ``job_cluster_key``).
+        libraries: Libraries of the task (``{"whl": ...}``, ``{"pypi": {...}}``).
+        quartz_cron_expression: A schedule, e.g. ``"0 0 2 * * ?"``; None: no schedule.
+        timezone_id: The schedule's time zone.
+        pause_status: ``"UNPAUSED"`` or ``"PAUSED"``.
+        email_notifications: As the Jobs API takes them.
+        max_retries: Retries of a failed run.
+        timeout_seconds: Limit of a run (0: none).
+        task_key: The task's key.
+
+    Returns:
+        The settings dict (one concurrent run at most).
+
+    Raises:
+        InvalidArgumentError: Not exactly one of ``existing_cluster_id``, ``new_cluster`` and
+            ``job_cluster_key``, or a ``job_cluster_key`` that is not among ``job_clusters``.
+    """
     if sum(x is not None for x in (existing_cluster_id, new_cluster, job_cluster_key)) != 1:
         raise InvalidArgumentError("give exactly one of existing_cluster_id, new_cluster or job_cluster_key")
     if job_cluster_key is not None and not any(c.get("job_cluster_key") == job_cluster_key for c in job_clusters or ()):
@@ -106,11 +135,45 @@ def notebook_job(
 
 
 class Client:
-    """One Databricks workspace. Host and credentials come from the arguments,
-    else from the environment, ``~/.databrickscfg`` or the notebook context
-    (sparkgrad.databricks.config.resolve_config). ``timeout`` is per request,
-    ``budget`` bounds all retries of one call, ``poll`` is the first interval
-    of the waits (run, cluster, libraries), which grows to 10x."""
+    """A client of one Databricks workspace's REST API: DBFS, Files (Volumes), Workspace, Clusters, Libraries, Jobs.
+
+    The transport is sparkgrad's C core (libcurl): HTTPS with TLS verification always on, retries of
+    429 (and of 503 and dropped connections for idempotent calls) honouring Retry-After within one
+    time budget, and `RestError` with status, error code, message, method and path on failure. The
+    listings that page (``directories_list``, ``jobs_list``, ``runs_list``) follow every page. Logging
+    (logger ``sparkgrad.databricks``, DEBUG) shows method, path, status, attempts, time and body sizes;
+    never a header, a token or a body.
+
+    ```python
+    client = Client()  # DATABRICKS_HOST/TOKEN, ~/.databrickscfg, or the notebook
+    client.workspace_import("/Users/me/train", open("train.py").read(), overwrite=True)
+    run = client.wait_run(client.jobs_run_now(job_id))
+    ```
+
+    Args:
+        host: The workspace URL; with the credentials below, else found by `resolve_config`
+            (environment, ``~/.databrickscfg``, notebook context).
+        token: A personal access token.
+        client_id: An OAuth machine-to-machine client id (service principal).
+        client_secret: Its secret. The OAuth access token is fetched from ``{host}/oidc/v1/token`` and
+            renewed 60 s before it expires.
+        profile: A profile of the config file.
+        config_file: The config file (default ``~/.databrickscfg``).
+        config: A resolved `Config`, instead of all of the above.
+        timeout: Seconds per request.
+        budget: Seconds all the retries of one call may take.
+        backoff: Retry delay unit in seconds: the n-th retry waits ``backoff * min(n, 10)`` plus up to half
+            a unit of jitter, unless the server sent Retry-After.
+        poll: First interval of the waits (run, cluster, libraries), in seconds; it grows to 10x.
+        jobs_api: Jobs API version, ``"2.1"`` or ``"2.2"``.
+        allow_http_loopback: Allow plain ``http://`` to a loopback address (test servers); default
+            the environment variable ``SPARKGRAD_REST_ALLOW_HTTP_LOOPBACK=1``. Plain http is refused
+            otherwise.
+
+    Raises:
+        DatabricksConfigError: No host or no credentials.
+        InvalidArgumentError: An unknown ``jobs_api``, or an ``http://`` host without the loopback opt-in.
+    """
 
     def __init__(
         self,
@@ -169,8 +232,23 @@ class Client:
         content_type: str | None = None,
         idempotent: bool | None = None,
     ) -> tuple[int, bytes, dict[str, str]]:
-        """One call: (status, body, headers with lower-case names). Idempotent
-        by default for GET/HEAD/PUT/DELETE only."""
+        """One HTTP call to the workspace, retried as the transport retries.
+
+        Args:
+            method: ``"GET"``, ``"POST"``, ...
+            path: The API path, e.g. ``"/api/2.0/clusters/list"``.
+            body: The request body.
+            query: Query parameters (None values are left out; booleans as ``true``/``false``).
+            content_type: The body's content type.
+            idempotent: Whether a failed attempt may be repeated; default True for GET, HEAD, PUT and
+                DELETE only.
+
+        Returns:
+            ``(status, body, headers)``, header names in lower case.
+
+        Raises:
+            RestError: The call failed (after any retries).
+        """
         if query:
             path = f"{path}?{urllib.parse.urlencode({k: _query_value(v) for k, v in query.items() if v is not None})}"
         if idempotent is None:
@@ -211,7 +289,11 @@ class Client:
         query: Mapping[str, Any] | None = None,
         idempotent: bool | None = None,
     ) -> dict[str, Any]:
-        """A JSON call: payload as the body, the parsed answer ({} when empty)."""
+        """A JSON call: ``payload`` as the body, the parsed answer as the result (``{}`` when empty).
+
+        Raises:
+            RestError: The call failed, or the answer is not JSON.
+        """
         body = json.dumps(payload).encode() if payload is not None else None
         _status, data, _headers = self.request(
             method,
@@ -233,16 +315,25 @@ class Client:
     # ---- DBFS ----------------------------------------------------------------------
 
     def dbfs_put(self, path: str, source: Source, *, overwrite: bool = True) -> int:
-        """Uploads source (bytes, a binary file object or a local path) to
-        dbfs:path; returns the bytes written. Up to 1 MB goes in one put;
-        more is streamed in 1 MB blocks to a temporary name and moved onto path
-        at the end, so an interrupted upload never shows a half file there.
+        """Uploads to ``dbfs:path``; an interrupted upload never leaves a half file there.
 
-        dbfs/move does not replace a file, so with overwrite the old file is
-        deleted just before the move. Once the temporary file is complete it
-        is never deleted: if the move fails, the RestError names where the
-        upload is (dbfs_move it onto path), so the old and the new version are
-        never both lost. Only a stream cut before its close is removed."""
+        Up to 1 MB goes in one put; more is streamed in 1 MB blocks to a temporary name and moved onto
+        ``path`` at the end. DBFS's move does not replace a file, so with ``overwrite`` the old file is
+        deleted just before the move. Once the temporary file is complete it is never deleted: if the
+        move fails, the RestError names where the upload is (`dbfs_move` it onto ``path``), so the old
+        and the new version are never both lost. Only a stream cut before its close is removed.
+
+        Args:
+            path: The DBFS path (``dbfs:/x`` or ``/x``).
+            source: Bytes, a binary file object or a local file path.
+            overwrite: Replace an existing file.
+
+        Returns:
+            The number of bytes written.
+
+        Raises:
+            RestError: A call failed, or the file exists and ``overwrite`` is False.
+        """
         path = _dbfs_path(path)
         with _open_source(source) as f:
             first = f.read(DBFS_BLOCK + 1)
@@ -288,7 +379,7 @@ class Client:
             return total
 
     def dbfs_read(self, path: str) -> bytes:
-        """The whole of dbfs:path, read 1 MB at a time."""
+        """The whole of ``dbfs:path``, read 1 MB at a time."""
         path = _dbfs_path(path)
         out = bytearray()
         while True:
@@ -300,18 +391,27 @@ class Client:
                 return bytes(out)
 
     def dbfs_get_status(self, path: str) -> dict[str, Any]:
+        """DBFS's file info of ``path``: ``path``, ``is_dir``, ``file_size``, ``modification_time``.
+
+        Raises:
+            RestError: ``RESOURCE_DOES_NOT_EXIST`` when there is none.
+        """
         return self.api("GET", "/api/2.0/dbfs/get-status", query={"path": _dbfs_path(path)})
 
     def dbfs_list(self, path: str) -> list[dict[str, Any]]:
+        """The file infos of a DBFS directory's entries."""
         return self.api("GET", "/api/2.0/dbfs/list", query={"path": _dbfs_path(path)}).get("files", [])
 
     def dbfs_mkdirs(self, path: str) -> None:
+        """Creates a DBFS directory and its parents (no error if it exists)."""
         self.api("POST", "/api/2.0/dbfs/mkdirs", {"path": _dbfs_path(path)}, idempotent=True)
 
     def dbfs_delete(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a DBFS file, or a directory (non-empty ones need ``recursive``)."""
         self.api("POST", "/api/2.0/dbfs/delete", {"path": _dbfs_path(path), "recursive": recursive}, idempotent=True)
 
     def dbfs_move(self, source_path: str, destination_path: str) -> None:
+        """Moves a DBFS file or directory; the destination must not exist."""
         self.api(
             "POST",
             "/api/2.0/dbfs/move",
@@ -327,7 +427,20 @@ class Client:
     # ---- Files API (Unity Catalog volumes) -----------------------------------------
 
     def files_put(self, path: str, source: Source, *, overwrite: bool = True) -> int:
-        """Uploads to /Volumes/<catalog>/<schema>/<volume>/... in one PUT."""
+        """Uploads to a Unity Catalog volume, ``/Volumes/<catalog>/<schema>/<volume>/...``, in one PUT.
+
+        The service commits a PUT only once its body is complete, so no half file is ever visible
+        under ``path``. Without ``overwrite`` a cut upload is not retried (a repeat after a success it
+        did not hear of would meet its own file).
+
+        Args:
+            path: The volume path.
+            source: Bytes, a binary file object or a local file path (read whole into memory).
+            overwrite: Replace an existing file.
+
+        Returns:
+            The number of bytes written.
+        """
         # Design: one PUT of the whole file, no temporary name and no move (the
         # Files API has no move). The service commits a PUT only once its body
         # is complete: a body cut mid-way creates nothing, or leaves the old
@@ -347,6 +460,7 @@ class Client:
         return len(data)
 
     def files_get(self, path: str) -> bytes:
+        """The content of a volume file."""
         return self.request("GET", _files_path("files", path))[1]
 
     def files_head(self, path: str) -> dict[str, str]:
@@ -354,15 +468,19 @@ class Client:
         return self.request("HEAD", _files_path("files", path))[2]
 
     def files_delete(self, path: str) -> None:
+        """Deletes a volume file."""
         self.request("DELETE", _files_path("files", path))
 
     def directories_create(self, path: str) -> None:
+        """Creates a volume directory and its parents."""
         self.request("PUT", _files_path("directories", path))
 
     def directories_list(self, path: str) -> list[dict[str, Any]]:
+        """The entries of a volume directory (every page)."""
         return self._pages(_files_path("directories", path), "contents", {})
 
     def directories_delete(self, path: str) -> None:
+        """Deletes an empty volume directory."""
         self.request("DELETE", _files_path("directories", path))
 
     # ---- Workspace -----------------------------------------------------------------
@@ -376,10 +494,19 @@ class Client:
         language: str | None = "PYTHON",
         overwrite: bool = True,
     ) -> None:
-        """Imports a notebook or file (format SOURCE, JUPYTER, AUTO, ...);
-        language applies to SOURCE only. At most 10 MB. One request: the
-        workspace applies an import whole or not at all (a body cut mid-way
-        leaves the path as it was), so there is no temporary name here either."""
+        """Imports a notebook or file into the workspace, in one request, applied whole or not at all.
+
+        Args:
+            path: The workspace path, e.g. ``/Users/me/train``.
+            content: The content (str is encoded as UTF-8), at most 10 MB.
+            format: ``"SOURCE"``, ``"JUPYTER"``, ``"AUTO"``, ... as the Workspace API takes them.
+            language: The notebook language, for ``"SOURCE"`` only.
+            overwrite: Replace an existing object.
+
+        Raises:
+            InvalidArgumentError: The content is over 10 MB.
+            RestError: The call failed.
+        """
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > WORKSPACE_IMPORT_MAX:
             raise InvalidArgumentError(f"{path}: {len(data)} bytes is over the workspace import limit of 10 MB")
@@ -389,27 +516,34 @@ class Client:
         self.api("POST", "/api/2.0/workspace/import", payload, idempotent=overwrite)
 
     def workspace_export(self, path: str, *, format: str = "SOURCE") -> bytes:
+        """The content of a workspace object in ``format`` (``"SOURCE"``, ``"JUPYTER"``, ``"HTML"``, ...)."""
         reply = self.api("GET", "/api/2.0/workspace/export", query={"path": path, "format": format})
         return base64.b64decode(reply.get("content", ""))
 
     def workspace_mkdirs(self, path: str) -> None:
+        """Creates a workspace folder and its parents (no error if it exists)."""
         self.api("POST", "/api/2.0/workspace/mkdirs", {"path": path}, idempotent=True)
 
     def workspace_get_status(self, path: str) -> dict[str, Any]:
+        """The object info of a workspace path (``object_type``, ``path``, ``language``, ...)."""
         return self.api("GET", "/api/2.0/workspace/get-status", query={"path": path})
 
     def workspace_list(self, path: str) -> list[dict[str, Any]]:
+        """The object infos of a workspace folder's entries."""
         return self.api("GET", "/api/2.0/workspace/list", query={"path": path}).get("objects", [])
 
     def workspace_delete(self, path: str, *, recursive: bool = False) -> None:
+        """Deletes a workspace object, or a folder (non-empty ones need ``recursive``)."""
         self.api("POST", "/api/2.0/workspace/delete", {"path": path, "recursive": recursive}, idempotent=True)
 
     # ---- Clusters and libraries ----------------------------------------------------
 
     def clusters_get(self, cluster_id: str) -> dict[str, Any]:
+        """The cluster's info (``state``, ``state_message``, spec, ...)."""
         return self.api("GET", "/api/2.1/clusters/get", query={"cluster_id": cluster_id})
 
     def clusters_start(self, cluster_id: str) -> None:
+        """Starts a terminated cluster (returns at once; see `wait_cluster_running`)."""
         self.api("POST", "/api/2.1/clusters/start", {"cluster_id": cluster_id}, idempotent=True)
 
     def wait_cluster_running(
@@ -420,9 +554,21 @@ class Client:
         start: bool = True,
         info: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Starts the cluster if it is TERMINATED (and start) and waits for
-        RUNNING. info: its clusters_get answer the caller already has (the
-        first poll then uses it instead of asking again)."""
+        """Waits until the cluster is RUNNING, starting it if it is TERMINATED.
+
+        Args:
+            cluster_id: The cluster.
+            timeout: Seconds to wait.
+            start: Start a TERMINATED cluster; False fails on one instead.
+            info: Its `clusters_get` answer the caller already has (the first poll uses it).
+
+        Returns:
+            The cluster's info once RUNNING.
+
+        Raises:
+            RestError: The cluster is in ERROR or UNKNOWN, or TERMINATED (or TERMINATING) without ``start``.
+            SparkgradTimeout: It was not RUNNING within ``timeout``.
+        """
         for n in self._polls(timeout, f"cluster {cluster_id} to be RUNNING"):
             info = dict(info) if n == 0 and info is not None else self.clusters_get(cluster_id)
             state = info.get("state")
@@ -441,7 +587,10 @@ class Client:
         raise AssertionError("unreachable")
 
     def libraries_install(self, cluster_id: str, libraries: Sequence[Mapping[str, Any]]) -> None:
-        """Installs libraries ({"whl": "/Volumes/.../x.whl"}, {"egg": ...}, {"pypi": {...}})."""
+        """Asks the cluster to install libraries; returns at once (see `wait_libraries`).
+
+        ``libraries``: ``{"whl": "/Volumes/.../x.whl"}``, ``{"egg": ...}``, ``{"pypi": {"package": ...}}``.
+        """
         self.api(
             "POST",
             "/api/2.0/libraries/install",
@@ -450,14 +599,22 @@ class Client:
         )
 
     def libraries_cluster_status(self, cluster_id: str) -> list[dict[str, Any]]:
+        """The status of every library on the cluster (``library``, ``status``, ``messages``)."""
         reply = self.api("GET", "/api/2.0/libraries/cluster-status", query={"cluster_id": cluster_id})
         return reply.get("library_statuses", [])
 
     def wait_libraries(
         self, cluster_id: str, libraries: Sequence[Mapping[str, Any]], *, timeout: float = 900.0
     ) -> list[dict[str, Any]]:
-        """Waits until every one of libraries is INSTALLED; a FAILED one raises
-        RestError with the cluster's messages."""
+        """Waits until every one of ``libraries`` is INSTALLED on the cluster.
+
+        Returns:
+            Their statuses.
+
+        Raises:
+            RestError: One FAILED; the message carries the cluster's messages.
+            SparkgradTimeout: Not all were installed within ``timeout`` seconds.
+        """
         wanted = [dict(lib) for lib in libraries]
         for _ in self._polls(timeout, f"libraries on cluster {cluster_id}"):
             statuses = [s for s in self.libraries_cluster_status(cluster_id) if s.get("library") in wanted]
@@ -481,12 +638,15 @@ class Client:
         return f"/api/{self.jobs_api}/jobs/{tail}"
 
     def jobs_create(self, settings: Mapping[str, Any]) -> int:
+        """Creates a job from its settings (`notebook_job` builds them); returns its ``job_id``."""
         return int(self.api("POST", self._jobs("create"), settings)["job_id"])
 
     def jobs_reset(self, job_id: int, settings: Mapping[str, Any]) -> None:
+        """Replaces a job's settings."""
         self.api("POST", self._jobs("reset"), {"job_id": job_id, "new_settings": settings}, idempotent=True)
 
     def jobs_get(self, job_id: int) -> dict[str, Any]:
+        """The job's info and settings."""
         return self.api("GET", self._jobs("get"), query={"job_id": job_id})
 
     def jobs_list(self, *, name: str | None = None) -> list[dict[str, Any]]:
@@ -496,8 +656,13 @@ class Client:
     def jobs_run_now(
         self, job_id: int, *, notebook_params: Mapping[str, str] | None = None, idempotency_token: str | None = None
     ) -> int:
-        """Triggers a run; with an idempotency_token the call is retried
-        safely (the service starts one run per token)."""
+        """Triggers a run of a job; returns its ``run_id``.
+
+        Args:
+            job_id: The job.
+            notebook_params: Widget values of this run (converted to strings).
+            idempotency_token: Makes the call safe to retry: the service starts one run per token.
+        """
         payload: dict[str, Any] = {"job_id": job_id}
         if notebook_params:
             payload["notebook_params"] = {str(k): str(v) for k, v in notebook_params.items()}
@@ -506,19 +671,26 @@ class Client:
         return int(self.api("POST", self._jobs("run-now"), payload, idempotent=bool(idempotency_token))["run_id"])
 
     def runs_submit(self, spec: Mapping[str, Any], *, idempotency_token: str | None = None) -> int:
-        """A one-time run (run_name, tasks, ...) without a job."""
+        """Submits a one-time run without a job (``spec``: ``run_name``, ``tasks``, ...); returns its ``run_id``."""
         payload = dict(spec)
         if idempotency_token:
             payload["idempotency_token"] = idempotency_token
         return int(self.api("POST", self._jobs("runs/submit"), payload, idempotent=bool(idempotency_token))["run_id"])
 
     def runs_get(self, run_id: int) -> dict[str, Any]:
+        """The run's info: ``state`` (``life_cycle_state``, ``result_state``, ``state_message``), ``tasks``, ..."""
         return self.api("GET", self._jobs("runs/get"), query={"run_id": run_id})
 
     def runs_get_output(self, run_id: int, *, task_key: str | None = None) -> dict[str, Any]:
-        """The output of a run's task (notebook_output.result is what
-        dbutils.notebook.exit returned). run_id may be the job run: its task
-        run is looked up (task_key picks one when there are several)."""
+        """The output of a run's task: ``notebook_output.result`` is what ``dbutils.notebook.exit`` returned.
+
+        Args:
+            run_id: A task run, or a job run whose task run is looked up.
+            task_key: Picks the task of a job run that has several.
+
+        Raises:
+            InvalidArgumentError: The job run has several tasks and ``task_key`` picks none of them.
+        """
         run = self.runs_get(run_id)
         tasks = run.get("tasks") or []
         if tasks:
@@ -530,14 +702,21 @@ class Client:
         return self.api("GET", self._jobs("runs/get-output"), query={"run_id": run_id})
 
     def runs_cancel(self, run_id: int) -> None:
+        """Asks for a run to be cancelled (returns at once)."""
         self.api("POST", self._jobs("runs/cancel"), {"run_id": run_id}, idempotent=True)
 
     def runs_list(self, *, job_id: int | None = None, active_only: bool = False) -> list[dict[str, Any]]:
+        """Every run (of one job, if given; only active ones with ``active_only``), following the pages."""
         return self._pages(self._jobs("runs/list"), "runs", {"job_id": job_id, "active_only": active_only, "limit": 25})
 
     def wait_run(self, run_id: int, *, timeout: float = 3600.0) -> dict[str, Any]:
-        """Waits for the run to end and returns it; the caller reads
-        state.result_state (SUCCESS, FAILED, CANCELED, TIMEDOUT)."""
+        """Waits for a run to end (TERMINATED, SKIPPED or INTERNAL_ERROR) and returns its info.
+
+        The caller reads ``state.result_state`` (SUCCESS, FAILED, CANCELED, TIMEDOUT).
+
+        Raises:
+            SparkgradTimeout: The run did not end within ``timeout`` seconds.
+        """
         for _ in self._polls(timeout, f"run {run_id} to end"):
             run = self.runs_get(run_id)
             if run.get("state", {}).get("life_cycle_state") in TERMINAL_RUN_STATES:

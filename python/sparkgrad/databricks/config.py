@@ -39,22 +39,30 @@ logger = logging.getLogger("sparkgrad.databricks")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A resolved workspace: ``host`` (https://..., no trailing '/') and either
-    a ``token`` or a ``client_id`` + ``client_secret``. ``source`` says where
-    each came from; secrets are left out of ``repr``."""
+    """A resolved workspace: its host and either a personal access token or an OAuth client.
+
+    `resolve_config` builds it. The token and the client secret are left out of ``repr``.
+    """
 
     host: str
+    """``https://...``, without a trailing ``/``."""
     token: str | None = dataclasses.field(default=None, repr=False)
+    """A personal access token, or None with an OAuth client."""
     client_id: str | None = None
+    """The OAuth machine-to-machine client id (service principal), or None with a token."""
     client_secret: str | None = dataclasses.field(default=None, repr=False)
+    """The OAuth client's secret, or None with a token."""
     source: str = ""
+    """Where each value came from, e.g. ``"host from DATABRICKS_HOST; token from ~/.databrickscfg [DEFAULT]"``."""
 
     @property
     def auth_type(self) -> str:
+        """``"pat"`` (a token) or ``"oauth-m2m"`` (a client id and secret)."""
         return "pat" if self.token else "oauth-m2m"
 
 
 def normalize_host(host: str) -> str:
+    """``host`` stripped of blanks and trailing ``/``, with ``https://`` added when it has no scheme."""
     host = host.strip().rstrip("/")
     if "://" not in host:
         host = "https://" + host
@@ -89,8 +97,28 @@ def resolve_config(
     env: Mapping[str, str] | None = None,
     notebook_context: Callable[[], tuple[str, str] | None] | None = _notebook_context,
 ) -> Config:
-    """The workspace to talk to; raises DatabricksConfigError naming every
-    variable and file it read when the host or the credentials are missing."""
+    """The workspace to talk to, resolved as the Databricks CLI and SDK resolve it.
+
+    Attribute by attribute, the first found wins: the arguments; the environment variables
+    ``DATABRICKS_HOST``, ``DATABRICKS_TOKEN``, ``DATABRICKS_CLIENT_ID``, ``DATABRICKS_CLIENT_SECRET``;
+    the profile of ``~/.databrickscfg`` (``DATABRICKS_CONFIG_FILE`` moves it) named by ``profile`` or
+    ``DATABRICKS_CONFIG_PROFILE``, else ``[DEFAULT]``; inside a Databricks notebook, the notebook
+    context's API URL and token. A personal access token wins over an OAuth client when both are found.
+
+    Args:
+        host: The workspace URL (``https://`` is added when missing).
+        token: A personal access token.
+        client_id: An OAuth machine-to-machine client id (with ``client_secret``).
+        client_secret: The OAuth client's secret.
+        profile: A profile of the config file.
+        config_file: The config file (default ``~/.databrickscfg``).
+        env: The environment to read (default ``os.environ``).
+        notebook_context: Returns the notebook's ``(api url, token)`` or None; None skips the lookup.
+
+    Raises:
+        DatabricksConfigError: The host or the credentials are missing (the message lists every
+            variable and file it read), the named profile does not exist, or the file is not valid.
+    """
     env = os.environ if env is None else env
     values: dict[str, str] = {}
     origin: dict[str, str] = {}

@@ -235,7 +235,11 @@ class NotebookWorkflow:
 
 
 def secret_variable(scope: str, key: str) -> str:
-    """The environment variable that holds secret ``key`` of ``scope`` for the local runner."""
+    """The environment variable from which the local runner's ``dbutils.secrets.get(scope, key)`` reads.
+
+    ``SPARKGRAD_SECRET_<SCOPE>_<KEY>``, upper case, every character other than a letter or a digit
+    written as ``_``: ``secret_variable("ml-prod", "api.token")`` is ``"SPARKGRAD_SECRET_ML_PROD_API_TOKEN"``.
+    """
     return "SPARKGRAD_SECRET_" + re.sub(r"[^A-Za-z0-9]", "_", f"{scope}_{key}").upper()
 
 
@@ -311,12 +315,18 @@ def require_input(dbutils: object, path: str, made_by: str) -> list:
 def fuse_path(dbutils: object, path: str) -> str:
     """The file path every node of the cluster (driver and executors) opens for a dbutils.fs path.
 
-    On Databricks: ``dbfs:/x`` and ``/x`` are ``/dbfs/x`` (the FUSE view on
-    every node), ``/dbfs/...`` and ``/Volumes/...`` stay as they are, and
-    ``file:/x`` is ``/x`` (the local disk of one machine). Under the local
-    runner (``dbutils`` is this module's), the same mapping as dbutils.fs:
-    the DBFS folder stands for ``/dbfs``. Read through it freely; write
-    locally and copy whole files to it.
+    On Databricks: ``dbfs:/x`` and ``/x`` are ``/dbfs/x`` (the FUSE view on every node), ``/dbfs/...``
+    and ``/Volumes/...`` stay as they are, and ``file:/x`` is ``/x`` (the local disk of one machine).
+    Under the local runner (``dbutils`` is the runner's), the same mapping as its dbutils.fs: the
+    local DBFS folder stands for ``/dbfs``. Read through the path freely; write locally and copy
+    whole files to it.
+
+    Args:
+        dbutils: The notebook's ``dbutils`` (Databricks' or the local runner's).
+        path: A path as dbutils.fs takes it.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a string or not absolute.
     """
     fs = getattr(dbutils, "fs", None)
     if isinstance(fs, FileSystem):

@@ -47,6 +47,7 @@ class Cell:
 
     @property
     def first_line(self) -> str:
+        """The cell's first non-blank line, stripped."""
         return next((x.strip() for x in self.source.splitlines() if x.strip()), "")
 
     @property
@@ -57,11 +58,14 @@ class Cell:
 
 @dataclass(frozen=True)
 class Notebook:
+    """A parsed notebook: its file and its cells, in order."""
+
     path: str
     cells: tuple[Cell, ...]
 
     @property
     def name(self) -> str:
+        """The file name without its folder and extension."""
         return os.path.splitext(os.path.basename(self.path))[0]
 
 
@@ -88,7 +92,23 @@ def _unmagic(line: str) -> str | None:
 
 
 def parse_source(text: str, path: str = "<notebook>") -> Notebook:
-    """The cells of a notebook source file; raises InvalidArgumentError if the header is missing."""
+    """The cells of a Databricks notebook source file (what Databricks exports as SOURCE).
+
+    Cells are separated by ``# COMMAND ----------`` lines; a cell whose every line starts with
+    ``# MAGIC`` is a magic cell (``%md``, ``%run``, ``%pip``, or another), its source the text without
+    the prefixes.
+
+    Args:
+        text: The file's text; its first line must be ``# Databricks notebook source``.
+        path: Names the notebook in the result and in errors.
+
+    Returns:
+        A ``Notebook`` with ``path`` and ``cells``; each cell has ``number`` (1-based, as Databricks
+        shows them), ``kind``, ``source`` and ``line`` (1-based line of its first source line).
+
+    Raises:
+        InvalidArgumentError: The header line is missing.
+    """
     lines = text.splitlines()
     if not lines or lines[0].strip() != HEADER:
         raise InvalidArgumentError(f"{path}: not a Databricks notebook source file (first line is not {HEADER!r})")
@@ -123,7 +143,12 @@ def resolve_path(path: str, base_dir: str | None = None) -> str:
 
 
 def read_notebook(path: str) -> Notebook:
-    """The notebook in ``path``; NotebookNotFoundError (naming the path) if there is no such file."""
+    """Reads and parses the notebook source file ``path`` (see `parse_source`).
+
+    Raises:
+        NotebookNotFoundError: There is no such file; the error names the path.
+        InvalidArgumentError: The file cannot be read or is not a notebook source file.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -160,7 +185,11 @@ def _lines(text: str) -> list[str]:
 
 
 def to_ipynb(nb: Notebook) -> dict:
-    """nbformat 4 JSON of the notebook: markdown cells for %md (without the %md line), code cells else."""
+    """The notebook as nbformat 4 JSON (a dict), for Jupyter.
+
+    ``%md`` cells become markdown cells (without the ``%md`` line), every other cell a code cell without
+    outputs.
+    """
     cells = []
     for cell in nb.cells:
         if cell.kind == CellKind.MARKDOWN:
@@ -188,13 +217,20 @@ def to_ipynb(nb: Notebook) -> dict:
 
 
 def ipynb_text(nb: Notebook) -> str:
-    """to_ipynb as the bytes written to disk (sorted keys, one-space indent, final newline)."""
+    """`to_ipynb` as the text written to disk: sorted keys, one-space indent, a final newline (stable diffs)."""
     return json.dumps(to_ipynb(nb), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def from_ipynb(data: dict, path: str = "<notebook>") -> Notebook:
-    """A notebook from nbformat 4 JSON: markdown cells become %md cells; code cells starting with %pip,
-    %run or another magic become magic cells."""
+    """A notebook from nbformat 4 JSON (``json.load`` of an ``.ipynb``).
+
+    Markdown cells become ``%md`` cells, code cells starting with ``%pip``, ``%run`` or another magic
+    become magic cells; the cells' ``line`` is 0.
+
+    Args:
+        data: The parsed JSON.
+        path: Names the notebook.
+    """
     cells = []
     for raw in data.get("cells", []):
         src = "".join(raw.get("source", [])) if isinstance(raw.get("source"), list) else raw.get("source", "")
@@ -209,7 +245,19 @@ def from_ipynb(data: dict, path: str = "<notebook>") -> Notebook:
 
 
 def export_ipynb(source: str, out_dir: str | None = None) -> str:
-    """Writes ``<name>.ipynb`` beside ``source`` (or in out_dir, created if missing); returns its path."""
+    """Converts a notebook source file to ``<name>.ipynb``, written with `ipynb_text`.
+
+    Args:
+        source: The notebook source file.
+        out_dir: The folder to write to, created if missing (default: beside ``source``).
+
+    Returns:
+        The path of the ``.ipynb`` written.
+
+    Raises:
+        NotebookNotFoundError: ``source`` does not exist.
+        SparkgradIOError: The file cannot be written.
+    """
     nb = read_notebook(source)
     folder = out_dir or os.path.dirname(os.path.abspath(source))
     out = os.path.join(folder, nb.name + ".ipynb")

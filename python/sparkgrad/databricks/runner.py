@@ -51,11 +51,18 @@ PIP_HINT = "pass allow_pip=True (sparkgrad notebook run --allow-pip) to run pip 
 
 @dataclass(frozen=True)
 class NotebookResult:
+    """What `run_notebook` returns once the notebook ended (by its last cell or by ``dbutils.notebook.exit``)."""
+
     path: str
+    """The notebook file that ran."""
     exit_value: str | None  # dbutils.notebook.exit's value; None if the notebook ran to its end
+    """The string the notebook passed to ``dbutils.notebook.exit``; None if it ran to its end."""
     cells_run: int  # code cells executed (not %md, not skipped %pip)
+    """Code cells executed (``%md`` cells and skipped ``%pip`` cells not counted)."""
     seconds: float
+    """Wall-clock duration of the run."""
     namespace: dict = field(compare=False, repr=False)
+    """The notebook's global namespace after the run: what its cells defined, for tests to inspect."""
 
 
 @dataclass(frozen=True)
@@ -349,15 +356,48 @@ def run_notebook(
     master: str = DEFAULT_MASTER,
     max_depth: int = MAX_DEPTH,
 ) -> NotebookResult:
-    """Runs the Databricks notebook source file ``path`` with ``params`` as its widget values.
+    """Runs the Databricks notebook source file ``path`` on local Spark, cell by cell, in one namespace.
 
-    ``timeout`` (s, > 0) bounds the whole run, children included. ``spark``: the
-    session to use; None takes the active one, else starts a local one on
-    ``master`` and stops it after the run. ``dbfs_root`` is the folder that ``dbfs:/`` and ``/dbfs/`` name
-    (default ~/.cache/sparkgrad/dbfs); ``run_dir`` where display() saves
-    figures (default: a new temporary folder). ``log`` gets one line per cell.
-    Raises NotebookError (a failing cell, a refused magic), NotebookNotFoundError (no file at
-    ``path``, before any Spark starts; or a missing %run or notebook.run target) or NotebookTimeout.
+    The namespace has ``spark``, ``sc``, ``dbutils`` (a local one: widgets, fs, notebook, secrets from
+    environment variables), ``display``, ``displayHTML`` and ``getArgument``. ``%md`` cells are skipped,
+    ``%run ./other`` runs the other notebook's cells in the same namespace, ``dbutils.notebook.run``
+    starts a child run; ``%pip`` cells are refused unless ``allow_pip`` or ``skip_pip``, and other
+    magics (``%sh``, ``%sql``, ``%fs``, ...) are refused.
+
+    ```python
+    result = run_notebook("notebooks/02_scheduled_training_job.py", {"epochs": "1"}, timeout=600)
+    print(result.exit_value)
+    ```
+
+    Args:
+        path: The notebook: a Databricks source file, whose first line is ``# Databricks notebook source``.
+        params: Widget values, as a job's parameters (every value a string); they override the
+            notebook's widget defaults.
+        timeout: Seconds the whole run may take, children included (> 0). When it passes, the running
+            cell gets an exception at its next Python bytecode (a call blocked in C returns first).
+        spark: The session to use; None takes the active one, else starts a local one on ``master``
+            and stops it after the run.
+        dbfs_root: The local folder that ``dbfs:/`` and ``/dbfs/`` name (default
+            ``~/.cache/sparkgrad/dbfs``).
+        allow_pip: Run ``%pip`` cells with pip in this interpreter.
+        skip_pip: Report ``%pip`` cells and skip them.
+        run_dir: Where ``display()`` saves matplotlib figures and ``displayHTML()`` its HTML (default: a new
+            temporary folder); DataFrames are printed.
+        log: Called with one line per cell as the run goes.
+        master: Spark master of a session the runner starts (default ``local[4]``: a ps, two workers
+            and a feeding slot).
+        max_depth: Bound on the nesting of ``%run`` and ``dbutils.notebook.run``.
+
+    Returns:
+        The `NotebookResult`.
+
+    Raises:
+        InvalidArgumentError: ``timeout`` is not positive.
+        NotebookError: A cell raised or used a refused magic; names the notebook, the cell number, its
+            first line and the traceback (with the source file's line numbers).
+        NotebookNotFoundError: No file at ``path`` (found before any Spark starts), or a missing
+            ``%run`` or ``dbutils.notebook.run`` target (then naming the calling notebook and cell).
+        NotebookTimeout: The run exceeded ``timeout``; names the notebook and the cell.
     """
     if not timeout > 0:
         raise InvalidArgumentError(f"timeout must be > 0 seconds, not {timeout}")

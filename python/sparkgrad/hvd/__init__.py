@@ -30,7 +30,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,13 +39,20 @@ from sparkgrad.cluster import rank as _rank
 from sparkgrad.errors import InvalidArgumentError, StateError
 from sparkgrad.hvd import codec
 
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below (it imports sparkgrad.nn)
+    from sparkgrad.nn.distributed import DistributedOptimizer
+
 DEFAULT_TIMEOUT = 60.0  # seconds to form the communicator (env SPARKGRAD_COMM_TIMEOUT)
 
 # reduction ops, as horovod spells them (the values are the Communicator's op names)
 Average = "average"
+"""``op=`` of `allreduce`: the elementwise mean over the ranks (the sum divided by `size()`); the default."""
 Sum = "sum"
+"""``op=`` of `allreduce`: the elementwise sum over the ranks."""
 Min = "min"
+"""``op=`` of `allreduce`: the elementwise minimum over the ranks."""
 Max = "max"
+"""``op=`` of `allreduce`: the elementwise maximum over the ranks."""
 _OPS = (Average, Sum, Min, Max)
 
 
@@ -61,11 +68,18 @@ class _Compressor:
 
 
 class Compression:
-    """``Compression.none``, ``Compression.fp16``, ``Compression.bf16`` (horovod's spelling)."""
+    """The wire compressions of `allreduce` and `DistributedOptimizer`, spelled as horovod spells them.
+
+    A compressed allreduce sends float32 values as 16-bit floats between ranks and accumulates the
+    sums in float32; it applies to float32 arrays only (other dtypes raise InvalidArgumentError).
+    """
 
     none = _Compressor("none", None)
+    """No compression: values travel as they are (the default)."""
     fp16 = _Compressor("fp16", "fp16")
+    """IEEE half precision on the wire (5-bit exponent: values above 65504 overflow)."""
     bf16 = _Compressor("bf16", "bf16")
+    """bfloat16 on the wire (float32's exponent range, 8 bits of mantissa)."""
 
 
 _solo_lock = threading.Lock()
@@ -112,8 +126,18 @@ def _setup() -> collective.CommSetup:
 def init(timeout: float | None = None) -> None:
     """Forms this process's communicator with every other rank (a collective: every rank calls it).
 
-    Calling it again is a no-op. ``timeout`` (s, default 60 or env
-    SPARKGRAD_COMM_TIMEOUT) bounds the wait for the other ranks to connect.
+    Inside ranks started by `sparkgrad.run`, `HorovodRunner` or a `TFCluster.run(..., num_ps=0)`
+    cluster it connects to the other ranks; in a plain process it forms a communicator of one rank.
+    Calling it again is a no-op.
+
+    Args:
+        timeout: Seconds to wait for the other ranks to connect; default 60, or the environment
+            variable ``SPARKGRAD_COMM_TIMEOUT``.
+
+    Raises:
+        StateError: On a node of a cluster with parameter servers (``num_ps > 0``), which has no
+            allreduce communicator.
+        SparkgradTimeout: Not every rank connected within ``timeout``.
     """
     setup = _setup()
     if setup.state.get("initialized"):
@@ -138,6 +162,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether `init()` formed this process's communicator (and `shutdown()` did not close it since)."""
     setup = collective.current() or _solo
     return setup is not None and bool(setup.state.get("initialized"))
 
@@ -150,10 +175,20 @@ def _initialized() -> collective.CommSetup:
 
 
 def rank() -> int:
+    """This process's rank, 0 to ``size() - 1`` (rank 0 is the one whose value ``HorovodRunner.run`` returns).
+
+    Raises:
+        StateError: `init()` was not called in this process.
+    """
     return _initialized().rank
 
 
 def size() -> int:
+    """The number of ranks in the communicator (1 in a plain process).
+
+    Raises:
+        StateError: `init()` was not called in this process.
+    """
     return _initialized().size
 
 
@@ -178,7 +213,11 @@ def cross_size() -> int:
 
 
 def communicator() -> Any:
-    """The process's ``sparkgrad._core.Communicator`` (hvd.init() forms it)."""
+    """The process's ``sparkgrad._core.Communicator``, which `init()` formed; the collectives here call it.
+
+    Raises:
+        StateError: `init()` was not called, or this build of sparkgrad has no collectives.
+    """
     setup = _initialized()
     comm = setup.state.get("comm")
     if comm is None:
@@ -196,7 +235,24 @@ def _array(value: Any, what: str) -> np.ndarray:
 def allreduce(
     array: Any, op: str = Average, compression: _Compressor = Compression.none, name: str | None = None
 ) -> Any:
-    """The elementwise reduction of ``array`` over every rank (a new array; ``name`` is accepted and unused)."""
+    """The elementwise reduction of ``array`` over every rank (a collective: every rank calls it).
+
+    Args:
+        array: A NumPy array or anything ``np.array`` takes; float32, float64, int32 or int64, the
+            same shape and dtype on every rank. It is copied, never changed.
+        op: `Average` (default), `Sum`, `Min` or `Max`.
+        compression: ``Compression.none`` (default), ``Compression.fp16`` or ``Compression.bf16``
+            (float32 arrays only).
+        name: Accepted for horovod compatibility and unused.
+
+    Returns:
+        A new array of the same shape and dtype holding the reduction.
+
+    Raises:
+        InvalidArgumentError: An unknown ``op`` or ``compression``, a dtype other than the four
+            above, or compression of a non-float32 array.
+        StateError: `init()` was not called.
+    """
     if op not in _OPS:
         raise InvalidArgumentError(f"hvd.allreduce: op must be one of hvd.Average, Sum, Min, Max, got {op!r}")
     if not isinstance(compression, _Compressor):
@@ -208,7 +264,19 @@ def allreduce(
 
 
 def allgather(array: Any, name: str | None = None) -> np.ndarray:
-    """Every rank's ``array`` concatenated along axis 0 in rank order (first dimensions may differ)."""
+    """Every rank's ``array`` concatenated along axis 0, in rank order (a collective).
+
+    Args:
+        array: A numeric array; ranks may pass different first dimensions, but the dtype and the
+            trailing dimensions must agree. A scalar counts as one row.
+        name: Accepted for horovod compatibility and unused.
+
+    Returns:
+        A new array with the rows of rank 0, then rank 1, and so on.
+
+    Raises:
+        InvalidArgumentError: An object array, or ranks whose dtype or trailing shape differ.
+    """
     arr = _array(array, "allgather")
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -216,7 +284,17 @@ def allgather(array: Any, name: str | None = None) -> np.ndarray:
 
 
 def broadcast(array: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    """Rank ``root_rank``'s ``array`` on every rank (a new array; shapes and dtypes must agree)."""
+    """Rank ``root_rank``'s ``array`` on every rank (a collective).
+
+    Args:
+        array: A numeric array of the same shape and dtype on every rank (its values matter only on
+            the root); it is copied, never changed.
+        root_rank: The rank whose values every rank receives.
+        name: Accepted for horovod compatibility and unused.
+
+    Returns:
+        A new array holding the root's values.
+    """
     arr = _array(array, "broadcast")
     return communicator().broadcast(arr, root=int(root_rank))
 
@@ -235,10 +313,19 @@ def _inner_optimizer(obj: Any) -> Any:
 
 
 def broadcast_parameters(model: Any, root_rank: int = 0) -> None:
-    """Overwrites every rank's parameters with rank ``root_rank``'s, in place.
+    """Overwrites every rank's parameters with rank ``root_rank``'s, in place (a collective).
 
-    ``model``: a sparkgrad.nn.Sequential (its flat ``params`` buffer), a dict
-    of NumPy arrays (by sorted key) or a list of arrays.
+    Call it once after building the model, so every rank starts from the same weights.
+
+    Args:
+        model: A `sparkgrad.nn.Sequential` (its flat ``params`` buffer), a dict of NumPy arrays
+            (broadcast in sorted key order) or a list of arrays; every array must be C-contiguous
+            and writable.
+        root_rank: The rank whose parameters every rank receives.
+
+    Raises:
+        InvalidArgumentError: ``model`` is none of these, or one of its arrays cannot be updated
+            in place.
     """
     comm = communicator()
     if hasattr(model, "params") and isinstance(model.params, np.ndarray):
@@ -261,7 +348,15 @@ def broadcast_parameters(model: Any, root_rank: int = 0) -> None:
 
 
 def broadcast_optimizer_state(optimizer_or_model: Any, root_rank: int = 0) -> None:
-    """Gives every rank rank ``root_rank``'s optimizer state (step count and slots such as Adam's moments)."""
+    """Gives every rank the optimizer state of rank ``root_rank``: its step count and slots such as Adam's moments.
+
+    Args:
+        optimizer_or_model: A compiled model, a `DistributedOptimizer` or a sparkgrad optimizer.
+        root_rank: The rank whose state every rank receives.
+
+    Raises:
+        InvalidArgumentError: The object carries no optimizer state.
+    """
     opt = _inner_optimizer(optimizer_or_model)
     steps, state = opt.get_state()
     steps, state = broadcast_object((int(steps), np.asarray(state)), root_rank)
@@ -270,7 +365,20 @@ def broadcast_optimizer_state(optimizer_or_model: Any, root_rank: int = 0) -> No
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
-    """Rank ``root_rank``'s ``obj`` on every rank (see hvd.codec for the types it carries)."""
+    """Rank ``root_rank``'s ``obj`` on every rank (a collective), sent through a tagged codec, never pickle.
+
+    Args:
+        obj: The value to send (only the root's matters): None, bool, int, float, str, bytes,
+            NumPy arrays and scalars (not object dtype), and lists, tuples and dicts of these,
+            nested at most 100 levels.
+        root_rank: The rank whose value every rank receives.
+
+    Returns:
+        The root's value (on the root, ``obj`` itself).
+
+    Raises:
+        TypeError: ``obj`` holds a value of another type; the message says where it sits.
+    """
     comm = communicator()
     root = int(root_rank)
     data = codec.encode(obj) if comm.rank == root else None
@@ -279,17 +387,21 @@ def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
 
 
 def allgather_object(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order."""
+    """Every rank's ``obj`` as a list in rank order (a collective); the same types as `broadcast_object`."""
     return [codec.decode(b) for b in communicator().allgather_bytes(codec.encode(obj))]
 
 
 def barrier() -> None:
-    """Returns once every rank called barrier()."""
+    """Blocks until every rank has called `barrier()`."""
     communicator().barrier()
 
 
 def join() -> int:
-    """A barrier for ranks that ran out of data; returns the rank that reached it last (see the module doc)."""
+    """A barrier for ranks that ran out of data; returns the rank that reached it last by wall clock.
+
+    Unlike horovod's, it does not let the other ranks go on reducing without the ranks that
+    joined: give every rank the same number of steps (see the module description).
+    """
     arrived = allgather(np.array([time.time()], dtype=np.float64))
     return int(np.argmax(arrived))
 
@@ -308,30 +420,30 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "Average",
-    "Compression",
-    "DistributedOptimizer",
-    "Max",
-    "Min",
-    "Sum",
-    "allgather",
-    "allgather_object",
-    "allreduce",
-    "barrier",
-    "broadcast",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
-    "communicator",
-    "cross_rank",
-    "cross_size",
+__all__ = [  # in the order the API reference lists them
     "init",
+    "shutdown",
     "is_initialized",
-    "join",
+    "rank",
+    "size",
     "local_rank",
     "local_size",
-    "rank",
-    "shutdown",
-    "size",
+    "cross_rank",
+    "cross_size",
+    "allreduce",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Compression",
+    "allgather",
+    "broadcast",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+    "barrier",
+    "join",
+    "DistributedOptimizer",
+    "communicator",
 ]

@@ -1,11 +1,14 @@
 """sparkgrad.nn: Keras-shaped models trained in C on oneDNN.
 
-from sparkgrad.nn import Sequential, Dense
+```python
+from sparkgrad.nn import SGD, Dense, Sequential
+
 model = Sequential([Dense(128, activation="relu", input_shape=(784,)),
                     Dense(64, activation="relu"), Dense(10)], seed=1)
 model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy",
               metrics=["accuracy"])
 model.fit(x, y, batch_size=100, epochs=5)
+```
 """
 
 from sparkgrad.nn import models, optimizers

@@ -48,7 +48,37 @@ def _compression_name(compression: Any) -> str | None:
 
 
 class DistributedOptimizer(Optimizer):
-    """Wraps ``optimizer`` (an instance or a name) for allreduce training; see the module doc."""
+    """Wraps an optimizer for synchronous data-parallel training by allreduce, as horovod's is used with Keras.
+
+    ```python
+    hvd.init()
+    model.compile(optimizer=DistributedOptimizer(Adadelta(0.1 * hvd.size())), loss="sparse_categorical_crossentropy")
+    hvd.broadcast_parameters(model, root_rank=0)
+    model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], epochs=2)
+    ```
+
+    For `Sequential.compile` it is the wrapped optimizer: kind, learning rate, state, checkpoints and
+    any other attribute are the wrapped one's. At fit time it supplies the gradient hook of the C
+    training loop: every step the gradients are reduced across the ranks of the communicator, then
+    the wrapped optimizer applies them on every rank. The results are the same whatever
+    ``bucket_bytes`` is.
+
+    Args:
+        optimizer: The optimizer to wrap, an instance or a name (``"adam"``, ...).
+        backward_passes_per_step: Local gradients accumulated per reduction (>= 1).
+        compression: None, ``"fp16"`` or ``"bf16"`` on the wire, or an object with such a ``.name``
+            (``hvd.Compression.fp16``); sums accumulate in float32.
+        op: ``"average"`` (default), ``"sum"``, ``"min"`` or ``"max"`` (or an object with such a ``.name``).
+        communicator: A ``sparkgrad._core.Communicator``; default ``sparkgrad.hvd.communicator()``, looked
+            up when fit starts.
+        bucket_bytes: > 0 overlaps the reduction with backward: a background thread reduces each bucket
+            of about that many bytes of gradient as the C backward finishes its layers; 0 (default)
+            reduces the whole gradient after backward. ``bench/bench_overlap.py`` measures whether it
+            pays for a model.
+
+    Raises:
+        InvalidArgumentError: ``optimizer`` is already distributed, or an argument is out of range.
+    """
 
     def __init__(
         self,
@@ -82,35 +112,45 @@ class DistributedOptimizer(Optimizer):
 
     @property
     def kind(self) -> str:  # type: ignore[override]
+        """The wrapped optimizer's `kind`."""
         return self.optimizer.kind
 
     @property
     def config(self) -> dict:
+        """The wrapped optimizer's configuration."""
         return self.optimizer.config
 
     def bind(self, n: int) -> _core.Optimizer:
+        """Binds the wrapped optimizer to ``n`` parameters (``Optimizer.bind``)."""
         return self.optimizer.bind(n)
 
     def apply(self, params: np.ndarray, grads: np.ndarray) -> None:
+        """One step of the wrapped optimizer on ``params``, with ``grads`` as given (no reduction)."""
         self.optimizer.apply(params, grads)
 
     @property
     def learning_rate(self) -> float:
+        """The wrapped optimizer's learning rate for the next step."""
         return self.optimizer.learning_rate
 
     @property
     def iterations(self) -> int:
+        """The wrapped optimizer's step count."""
         return self.optimizer.iterations
 
     def get_state(self) -> tuple[int, np.ndarray]:
+        """The wrapped optimizer's ``(steps, slots)`` state."""
         return self.optimizer.get_state()
 
     def set_state(self, steps: int, state: np.ndarray) -> None:
+        """Restores the wrapped optimizer's state."""
         self.optimizer.set_state(steps, state)
 
     def set_learning_rate(self, lr: float) -> None:
-        """Sets the wrapped optimizer's base learning rate (callbacks such as
-        hvd.callbacks.LearningRateWarmupCallback call it between steps of fit)."""
+        """Sets the wrapped optimizer's base learning rate.
+
+        Callbacks such as ``hvd.callbacks.LearningRateWarmupCallback`` call it between steps of fit.
+        """
         self.optimizer.set_learning_rate(lr)
 
     def __getattr__(self, name: str) -> Any:
@@ -122,7 +162,11 @@ class DistributedOptimizer(Optimizer):
     # ---- fit time --------------------------------------------------------------
 
     def resolve_communicator(self) -> Any:
-        """The communicator given, else ``sparkgrad.hvd.communicator()``."""
+        """The communicator given, else ``sparkgrad.hvd.communicator()``.
+
+        Raises:
+            ModelError: None was given and ``hvd.init()`` was not called in this process.
+        """
         if self.communicator is not None:
             return self.communicator
         try:
@@ -141,7 +185,7 @@ class DistributedOptimizer(Optimizer):
             ) from exc
 
     def grad_hook(self) -> object:
-        """The capsule (sparkgrad._core.NnGradHook) fit hands to the C loop."""
+        """The gradient hook fit hands to the C loop (a ``sparkgrad._core.NnGradHook`` capsule)."""
         return self.resolve_communicator().grad_hook(
             op=self.op,
             compression=self.compression,

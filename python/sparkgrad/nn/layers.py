@@ -88,17 +88,36 @@ class Layer:
     name: str | None = None
 
     def spec(self) -> tuple:
-        """The (kind, units, kh, kw, stride, same, act, rate, init) tuple of the C core."""
+        """The ``(kind, units, kh, kw, stride, same, act, rate, init)`` tuple the C core builds the layer from."""
         raise NotImplementedError
 
     @property
     def type_name(self) -> str:
+        """The class name (``"Dense"``, ...), as `Sequential.summary` prints it."""
         return type(self).__name__
 
 
 @dataclass(frozen=True)
 class Dense(Layer):
-    """Fully connected: out = activation(in @ kernel + bias), fused on oneDNN."""
+    """Fully connected layer: ``activation(x @ kernel + bias)``, one fused oneDNN primitive.
+
+    The kernel has Keras's layout ``[in, units]``; a Dense after a 3-D input or a Conv2D needs a
+    `Flatten` first. The last layer of a model must be a Dense with softmax or no activation (its
+    outputs are the logits of the cross-entropy).
+
+    Args:
+        units (int): Number of outputs.
+        activation (str | None): ``None`` or ``"linear"`` (none), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
+            ``"softmax"`` (last layer only).
+        input_shape (tuple[int, ...] | None): The shape of one sample without the batch dimension, e.g.
+            ``(784,)``; on the first layer only.
+        kernel_initializer (str): ``"glorot_uniform"`` (Keras's default), ``"truncated_normal"`` (stddev
+            ``1/sqrt(fan_in)``), ``"he_normal"``, ``"he_uniform"`` or ``"zeros"``; biases start at zero.
+        name (str | None): The name `Sequential.summary` shows (default ``dense_<index>``).
+
+    Raises:
+        ValueError: An unknown activation or initializer.
+    """
 
     units: int = 0
     activation: str | None = None
@@ -113,12 +132,30 @@ class Dense(Layer):
         _act(activation), _init(kernel_initializer)
 
     def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
         return (Kind.DENSE, self.units, 0, 0, 0, 0, _act(self.activation), 0.0, _init(self.kernel_initializer))
 
 
 @dataclass(frozen=True)
 class Conv2D(Layer):
-    """2-D convolution over NHWC input, kernel [kh, kw, in, filters]."""
+    """2-D convolution over NHWC (channels-last) input, with a bias, on oneDNN.
+
+    The kernel has Keras's layout ``[kh, kw, in, filters]``.
+
+    Args:
+        filters (int): Number of output channels.
+        kernel_size (int | tuple[int, int]): ``kh, kw``; an int is a square kernel.
+        strides (int | tuple[int, int]): Step of the window; a pair must have equal values.
+        padding (str): ``"valid"`` (no padding) or ``"same"`` (output size ``ceil(in / stride)``).
+        activation (str | None): As for `Dense`, softmax excepted.
+        input_shape (tuple[int, ...] | None): ``(H, W, C)`` of one sample (``(H, W)`` means one channel);
+            on the first layer only.
+        kernel_initializer (str): As for `Dense`.
+        name (str | None): The name `Sequential.summary` shows.
+
+    Raises:
+        ValueError: Unequal strides, or an unknown padding, activation or initializer.
+    """
 
     filters: int = 0
     kernel_size: tuple[int, int] = (3, 3)
@@ -152,6 +189,7 @@ class Conv2D(Layer):
         _act(activation), _init(kernel_initializer), _padding(padding)
 
     def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
         kh, kw = self.kernel_size
         return (
             Kind.CONV2D,
@@ -189,30 +227,71 @@ class _Pool(Layer):
     _kind = Kind.MAXPOOL
 
     def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
         kh, kw = self.pool_size
         stride = self.strides if self.strides is not None else kh
         return (self._kind, 0, kh, kw, stride, _padding(self.padding), Act.NONE, 0.0, 0)
 
 
 class MaxPool2D(_Pool):
-    """Max pooling (oneDNN, with a workspace for the backward pass)."""
+    """2-D max pooling over NHWC input (oneDNN, with a workspace for the backward pass).
+
+    Args:
+        pool_size (int | tuple[int, int]): Window ``kh, kw``; an int is a square window.
+        strides (int | tuple[int, int] | None): Step of the window, equal in both directions; None: the
+            window's height.
+        padding (str): ``"valid"`` or ``"same"``.
+        input_shape (tuple[int, ...] | None): ``(H, W, C)`` of one sample, on the first layer only.
+        name (str | None): The name `Sequential.summary` shows.
+
+    Raises:
+        ValueError: Unequal strides or an unknown padding.
+    """
 
     _kind = Kind.MAXPOOL
 
 
 class AveragePooling2D(_Pool):
-    """Average pooling; padded cells are excluded from the mean (as Keras)."""
+    """2-D average pooling over NHWC input.
+
+    With ``padding="same"`` padded cells are left out of the mean, as Keras does.
+
+    Args:
+        pool_size (int | tuple[int, int]): Window ``kh, kw``; an int is a square window.
+        strides (int | tuple[int, int] | None): Step of the window, equal in both directions; None: the
+            window's height.
+        padding (str): ``"valid"`` or ``"same"``.
+        input_shape (tuple[int, ...] | None): ``(H, W, C)`` of one sample, on the first layer only.
+        name (str | None): The name `Sequential.summary` shows.
+
+    Raises:
+        ValueError: Unequal strides or an unknown padding.
+    """
 
     _kind = Kind.AVGPOOL
 
 
 MaxPooling2D = MaxPool2D
+"""Keras's other name for `MaxPool2D` (the same class)."""
 AvgPool2D = AveragePooling2D
+"""Keras's other name for `AveragePooling2D` (the same class)."""
 
 
 @dataclass(frozen=True)
 class Dropout(Layer):
-    """Inverted dropout in training, identity in inference; masks from the model's seeded RNG."""
+    """Inverted dropout, in training only; masks come from the model's seeded RNG.
+
+    In training each value is zeroed with probability ``rate`` and the others scaled by
+    ``1 / (1 - rate)``; in evaluate and predict it passes values through.
+
+    Args:
+        rate (float): Fraction of values dropped, in ``[0, 1)``.
+        input_shape (tuple[int, ...] | None): On the first layer only.
+        name (str | None): The name `Sequential.summary` shows.
+
+    Raises:
+        ValueError: ``rate`` outside ``[0, 1)``.
+    """
 
     rate: float = 0.0
 
@@ -224,16 +303,23 @@ class Dropout(Layer):
             raise ValueError(f"Dropout rate must be in [0, 1), not {rate!r}")
 
     def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
         return (Kind.DROPOUT, 0, 0, 0, 0, 0, Act.NONE, self.rate, 0)
 
 
 @dataclass(frozen=True)
 class Flatten(Layer):
-    """[B, H, W, C] -> [B, H*W*C] (NHWC order, as Keras); no copy."""
+    """Reshapes ``[B, H, W, C]`` to ``[B, H*W*C]`` in NHWC order, as Keras does, without copying.
+
+    Args:
+        input_shape (tuple[int, ...] | None): On the first layer only.
+        name (str | None): The name `Sequential.summary` shows.
+    """
 
     def __init__(self, input_shape=None, name=None):
         object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
         object.__setattr__(self, "name", name)
 
     def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
         return (Kind.FLATTEN, 0, 0, 0, 0, 0, Act.NONE, 0.0, 0)

@@ -55,13 +55,21 @@ def _warn_no_bf16() -> None:
 
 @dataclass(frozen=True)
 class ParamTensor:
-    """One tensor of the flat buffer: layer index, kernel or bias, slice, shape."""
+    """Where one tensor lives in the model's flat parameter buffer (an entry of ``model.param_table``).
+
+    ``model.params[t.offset : t.offset + t.size].reshape(t.shape)`` is the tensor, as a view.
+    """
 
     layer: int
+    """Index of the layer in the model."""
     is_bias: bool
+    """True for a bias, False for a kernel."""
     offset: int
+    """First element of the tensor in the flat buffer (in float32 values, not bytes)."""
     size: int
+    """Number of float32 values."""
     shape: tuple[int, ...]
+    """Shape in Keras's layout: Dense ``(in, units)``, Conv2D ``(kh, kw, in, filters)``, a bias ``(units,)``."""
 
 
 def _input_shape3(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -76,10 +84,39 @@ def _input_shape3(shape: Sequence[int]) -> tuple[int, int, int]:
 
 
 class Sequential:
-    """A stack of layers; the first declares ``input_shape``.
+    """A Keras-shaped stack of layers whose forward pass, loss, backward pass and optimizer run in C on oneDNN.
 
-    ``seed`` fixes the initial weights, dropout masks and shuffling (None:
-    drawn from os.urandom).
+    All parameters live in one contiguous float32 buffer (``params``) and all gradients in another
+    (``grads``); ``param_table`` says which slice is which tensor. Build it, `compile` it, then `fit`,
+    `evaluate` and `predict`:
+
+    ```python
+    model = Sequential([Dense(128, activation="relu", input_shape=(784,)), Dense(10)], seed=1)
+    model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, batch_size=100, epochs=5)
+    ```
+
+    Args:
+        layers: The layers, in order; the first one, and only it, declares ``input_shape``. The last
+            must be a `Dense` with softmax or no activation.
+        seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
+            ``os.urandom``).
+        name: The model's name, printed by `summary`.
+
+    Attributes:
+        layers (list[Layer]): The layer declarations.
+        input_shape (tuple[int, ...]): The first layer's ``input_shape``.
+        seed (int): The seed in use (64 bits).
+        param_table (list[ParamTensor]): Where each kernel and bias lives in ``params``, in Keras order.
+        optimizer (Optimizer | None): The optimizer `compile` chose (None before).
+        loss (str | None): The loss `compile` chose (None before).
+        metrics (list[str]): The metrics `compile` chose.
+        state (TrainState): The live training state (step, epoch, position in the epoch).
+        stop_training (bool): Set it to True (from a callback) to stop fit after the current log interval.
+
+    Raises:
+        ModelError: No layers, ``input_shape`` missing on the first layer or given on another, or
+            layers that do not fit together (the message names the layer and the shapes).
     """
 
     def __init__(self, layers: Sequence[Layer], seed: int | None = None, name: str = "sequential") -> None:
@@ -140,7 +177,7 @@ class Sequential:
         self._core.set_rng(int(value[0]), int(value[1]))
 
     def permutation(self, n: int) -> np.ndarray:
-        """A permutation of range(n) (int64) drawn from the model RNG."""
+        """A permutation of ``range(n)`` (int64) drawn from the model RNG, as fit shuffles an epoch."""
         return self._core.shuffle(int(n))
 
     def train_state(self) -> TrainState:
@@ -153,8 +190,14 @@ class Sequential:
         return s
 
     def restore_train_state(self, s: TrainState) -> None:
-        """Puts a snapshot back whole. The optimizer state goes to the optimizer if
-        the model is compiled (of the same kind), else it waits for compile."""
+        """Puts a snapshot from `train_state` back, whole.
+
+        The optimizer state goes to the optimizer if the model is compiled, else it waits for `compile`
+        (with an optimizer of the same kind).
+
+        Raises:
+            ModelError: The snapshot holds the state of another kind of optimizer than the model's.
+        """
         opt = self.optimizer
         if opt is not None and (s.optimizer_kind or s.optimizer_slots.size):
             if opt.kind != s.optimizer_kind:
@@ -169,12 +212,21 @@ class Sequential:
     def set_input_transform(
         self, scale: float | None = None, mean: np.ndarray | None = None, std: np.ndarray | None = None
     ) -> None:
-        """Declares what C applies to every input value as it gathers a batch, in
-        fit, evaluate and predict: ``(x * scale - mean[j]) / std[j]`` (j the
-        feature; mean/std float32 per feature of the flattened input). Inputs
-        then travel as they are, e.g. uint8 images with ``scale=1/255``, with no
-        float copy in Python. No arguments: none (uint8 inputs are then taken
-        unscaled). Not saved in checkpoints: part of the model's definition."""
+        """Declares what C applies to every input value as it gathers a batch in fit, evaluate and predict.
+
+        Each value becomes ``(x * scale - mean[j]) / std[j]``, ``j`` its feature in the flattened input.
+        Inputs then travel as they are, e.g. uint8 images with ``scale=1/255``, with no float copy in
+        Python. Called with no arguments it removes the transform (uint8 inputs are then taken
+        unscaled). Checkpoints do not save it (it is part of the model's definition); `save_model` does.
+
+        Args:
+            scale: Factor applied first; None is 1.
+            mean: Per-feature means, one float per feature of the flattened input; None is 0.
+            std: Per-feature standard deviations, nonzero; None is 1.
+
+        Raises:
+            InvalidArgumentError: ``mean`` or ``std`` has the wrong number of values, or ``std`` has zeros.
+        """
         row = int(np.prod(self.input_shape))
 
         def per_feature(a: np.ndarray | None, name: str) -> np.ndarray | None:
@@ -217,19 +269,25 @@ class Sequential:
 
     @property
     def num_params(self) -> int:
+        """The number of parameters (float32 values in ``params``)."""
         return int(self.params.size)
 
     @property
     def output_classes(self) -> int:
+        """The number of outputs of the last layer (the classes of the cross-entropy)."""
         return self._classes
 
     def get_weights(self) -> list[np.ndarray]:
-        """Copies of every tensor in Keras order and layout (kernel, bias per layer)."""
+        """Copies of every tensor in Keras order and layout: kernel, then bias, of each layer that has them."""
         p = self.params
         return [p[t.offset : t.offset + t.size].reshape(t.shape).copy() for t in self.param_table]
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        """Loads tensors in get_weights' order and shapes (Keras layouts)."""
+        """Loads tensors in `get_weights`'s order and shapes (Keras layouts, so a Keras model's weights fit).
+
+        Raises:
+            InvalidArgumentError: The number of arrays or a shape differs from the model's.
+        """
         weights = list(weights)
         if len(weights) != len(self.param_table):
             raise InvalidArgumentError(f"set_weights: got {len(weights)} arrays, the model has {len(self.param_table)}")
@@ -243,12 +301,23 @@ class Sequential:
             p[t.offset : t.offset + t.size] = w.reshape(-1)
 
     def layer_weights(self, layer: int) -> list[np.ndarray]:
-        """Views (no copy) of one layer's tensors."""
+        """Views (no copy: writes change the model) of one layer's tensors, kernel then bias.
+
+        Args:
+            layer: The layer's index (an empty list for a layer without parameters).
+        """
         p = self.params
         return [p[t.offset : t.offset + t.size].reshape(t.shape) for t in self.param_table if t.layer == layer]
 
     def summary(self, print_fn: Callable[[str], None] | None = print) -> str:
-        """A Keras-like table of layers, output shapes and parameter counts."""
+        """A Keras-like table of the layers, their output shapes and parameter counts.
+
+        Args:
+            print_fn: Called with the table; None prints nothing.
+
+        Returns:
+            The table as text.
+        """
         shapes = self._core.layer_shapes()
         counts = [0] * len(self.layers)
         for t in self.param_table:
@@ -282,16 +351,26 @@ class Sequential:
         metrics: Sequence[str] = ("accuracy",),
         precision: str = "fp32",
     ) -> None:
-        """Chooses the optimizer (bound to the flat buffer), the loss and the
-        precision of the Dense and Conv2D layers.
+        """Chooses the optimizer (bound to the flat buffer), the loss and the precision of the Dense and Conv2D layers.
 
-        ``precision="bf16"``: their forward and backward primitives take bf16
-        copies of the activations, of the weights (converted from the float32
-        parameters once per step) and of the output gradients, and accumulate
-        in float32; parameters, gradients, optimizer state, loss, pooling,
-        dropout and checkpoints stay float32. Where the CPU has no native bf16
-        (AVX512_BF16 or AMX, as oneDNN sees it) the model warns once and runs
-        float32; ``model.precision`` says which is in use."""
+        An optimizer state restored before compile (`load`, then compile) goes to the optimizer.
+
+        Args:
+            optimizer: An optimizer (`SGD`, `Adam`, ..., a `DistributedOptimizer`) or a name (``"sgd"``,
+                ``"adam"``, ``"adamw"``, ``"rmsprop"``, ``"adadelta"``) with Keras's defaults.
+            loss: ``"sparse_categorical_crossentropy"`` (integer labels) or ``"categorical_crossentropy"``
+                (one-hot labels); either works on the logits of the last layer, or on its softmax.
+            metrics: Only ``"accuracy"`` (or ``"acc"``) is supported.
+            precision: ``"fp32"``, or ``"bf16"``: the Dense and Conv2D primitives take bf16 copies of the
+                activations, of the weights (converted from the float32 parameters once per step) and of
+                the output gradients, and accumulate in float32; parameters, gradients, optimizer state,
+                loss, pooling, dropout and checkpoints stay float32. Where the CPU has no native bf16
+                (AVX512_BF16 or AMX, as oneDNN sees it) the model warns once and runs float32; `precision`
+                says which is in use.
+
+        Raises:
+            ValueError: An unknown loss, metric, precision or optimizer name.
+        """
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if loss not in LOSSES:
@@ -312,13 +391,20 @@ class Sequential:
 
     @property
     def precision(self) -> str:
-        """'fp32' or 'bf16': the precision the Dense and Conv2D layers run in."""
+        """``"fp32"`` or ``"bf16"``: the precision the Dense and Conv2D layers run in."""
         return self._core.precision
 
     # ---- data -------------------------------------------------------------
 
     def engine_arrays(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(x, labels, onehot) as the C engine takes them (sparkgrad.nn.batches)."""
+        """``(x, labels, onehot)`` as the C engine takes them.
+
+        x as ``[n, features]`` float32 or uint8, and int32/int64 labels (sparse loss) or one-hot float32
+        targets (categorical loss), the other None.
+
+        Raises:
+            InvalidArgumentError: x's rows do not match ``input_shape``, or y does not match x or the loss.
+        """
         xa = _batches.inputs(x, self.input_shape)
         return (xa, *_batches.targets(y, xa.shape[0], self._classes, self.loss))
 
@@ -340,13 +426,26 @@ class Sequential:
         update: bool = True,
         hook: object = None,
     ) -> tuple[float, int, int, int]:
-        """Up to ``nsteps`` training steps in C on engine arrays (engine_arrays),
-        rows ``order[start:]`` (or ``start:``) in batches of ``batch_size``
-        (default all rows): the one call of the C loop that fit,
-        train_on_batch and compute_gradients share. ``update``: apply the
-        optimizer; ``hook``: a gradient hook capsule (nn_hook.h) the loop calls
-        between backward and update. Advances ``state.step`` (to the ps'
-        global step under a ps hook) and returns (loss_sum, correct, seen, steps)."""
+        """Up to ``nsteps`` training steps in one call of the C loop.
+
+        The one call that fit, `train_on_batch` and `compute_gradients` share.
+
+        Args:
+            x: Inputs as `engine_arrays` returns them.
+            labels: Integer labels, or None with ``onehot``.
+            onehot: One-hot targets, or None with ``labels``.
+            order: Row order (int64 indices); None is ``0, 1, ...``.
+            start: First position in ``order`` (or first row).
+            batch_size: Rows per step; None is every row.
+            nsteps: Maximum number of steps.
+            update: Apply the optimizer (False: gradients only).
+            hook: A gradient-hook capsule (`DistributedOptimizer.grad_hook`, a ps client's) the loop calls
+                between backward and update.
+
+        Returns:
+            ``(loss_sum, correct, seen, steps)``: summed loss and correct predictions over ``seen`` rows,
+            and the steps taken. ``state.step`` advances (under a ps hook, to the global step).
+        """
         copt = self.optimizer.bind(self.num_params) if update else None
         batch = int(batch_size or max(x.shape[0], 1))
         r = self._core.train_steps(
@@ -367,21 +466,39 @@ class Sequential:
         return r[:4]
 
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """Forward + backward on one batch: fills ``model.grads`` without updating
-        the parameters; returns (mean loss, accuracy). For parameter servers
-        and allreduce, which apply the update themselves."""
+        """Forward and backward on one batch: fills ``grads`` without updating the parameters.
+
+        For parameter servers and allreduce loops that apply the update themselves (`apply_gradients`).
+
+        Returns:
+            ``(mean loss, accuracy)`` of the batch.
+
+        Raises:
+            ModelError: The model is not compiled.
+        """
         self._require_compiled()
         loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y), update=False)
         return loss_sum / seen, correct / seen
 
     def apply_gradients(self, grads: np.ndarray | None = None) -> None:
-        """One optimizer step from ``grads`` (default: model.grads)."""
+        """One optimizer step from ``grads`` (default: the model's ``grads``); advances the step count.
+
+        Raises:
+            ModelError: The model is not compiled.
+        """
         self._require_compiled()
         self.optimizer.apply(self.params, self.grads if grads is None else grads)
         self.state.step += 1
 
     def train_on_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """One training step on one batch: (loss, accuracy)."""
+        """One training step (forward, backward, update) on one batch.
+
+        Returns:
+            ``(mean loss, accuracy)`` of the batch, before the update.
+
+        Raises:
+            ModelError: The model is not compiled.
+        """
         self._require_compiled()
         loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y))
         return loss_sum / seen, correct / seen
@@ -405,17 +522,64 @@ class Sequential:
         ps: object = None,
         **options: object,
     ) -> History:
-        """Trains for ``epochs`` epochs or until ``max_steps`` optimizer steps,
-        whichever comes first. ``x`` is an array (with ``y``) or an iterable of
-        dicts of arrays (keys ``x_key``/``y_key``, one batch per dict; re-iterated
-        each epoch when it is a re-iterable); ``input_mapping`` ({"image_raw": "x",
-        "label": "y"}, as TFoS' input_mapping) may name the keys instead. float32
-        and uint8 inputs reach C as they are (see set_input_transform for
-        scaling). ``ps``: a parameter-server client (TFNode.ps_client(ctx,
-        model)) through which every step goes; a DistributedOptimizer (compile)
-        reduces gradients across ranks instead. See sparkgrad.nn.training for
-        the checkpoint, sync and plotting options, and
-        sparkgrad.nn.tracking for ``mlflow=`` (MLflow tracking from the chief)."""
+        """Trains until epoch ``epochs`` or until ``max_steps`` optimizer steps, whichever comes first.
+
+        On arrays, each epoch draws a permutation from the model's RNG and runs the inner loop (gather
+        batch, forward, backward, update) in C with the GIL released, returning to Python every
+        ``log_every`` steps for the progress bar, logging and callbacks. On an iterable, one C call per
+        batch, with the next batches converted on a background thread. A model compiled with a
+        `DistributedOptimizer` reduces the gradients across ranks every step; rank 0 alone writes
+        checkpoints.
+
+        Callbacks use Keras's names: objects with any of ``set_model(model)``, ``on_train_begin(logs)``,
+        ``on_epoch_begin(epoch, logs)``, ``on_step_end(step, logs)``, ``on_epoch_end(epoch, logs)``,
+        ``on_train_end(logs)``, or plain callables called as ``fn(step, logs)`` every log interval. At an
+        epoch's end the callbacks run first, then History records what they left in ``logs``.
+
+        Args:
+            x: Inputs, an array of ``[n, *input_shape]`` (float32 and uint8 reach C as they are, other
+                dtypes are converted to float32; see `set_input_transform`), or an iterable of batches
+                (dicts of arrays, or ``(x, y)`` pairs), re-iterated each epoch when it can be, e.g. a
+                `sparkgrad.data.TFRecordDataset`.
+            y: Labels for array ``x``: integers ``[n]`` (sparse loss) or one-hot ``[n, classes]``.
+            batch_size: Rows per step, for array inputs (an iterable's batches are taken as they come).
+            epochs: The epoch to stop at (Keras's meaning: with ``initial_epoch=2, epochs=5`` it trains
+                3 epochs).
+            verbose: 0 silent, 1 a progress bar (tqdm), 2 one line per epoch.
+            validation_data: ``(x, y)`` evaluated after each epoch, as ``val_loss`` and ``val_accuracy``.
+            max_steps: Stop once the model's step count reaches it (a resumed run counts its steps).
+            shuffle: Shuffle array rows each epoch.
+            log_every: Steps between two returns to Python (progress, `History.steps`, ``on_step_end``).
+            callbacks: Callback objects or callables, as above.
+            x_key: Key of the inputs in a dict batch.
+            y_key: Key of the labels in a dict batch.
+            initial_epoch: Epoch to start from; default 0, or the resumed checkpoint's epoch.
+            input_mapping: ``{dataset key: "x" | "y"}``, e.g. ``{"image_raw": "x", "label": "y"}`` as in
+                TensorFlowOnSpark; replaces ``x_key`` and ``y_key``.
+            ps: A parameter-server client (``TFNode.ps_client(ctx, model)``) through which every step
+                goes; the servers apply the update and the chief (worker 0) initialises them and writes
+                checkpoints.
+            **options: ``checkpoint_dir`` (str): write ``ckpt-<step>.sgck`` there at each epoch end, and
+                every ``checkpoint_every`` (int) steps, keeping the last ``keep_last`` (default 3); with
+                ``resume`` (default True) fit resumes from the newest. ``save_best_only`` (bool): also keep
+                ``best.sgck`` for the best ``monitor`` (default ``"val_loss"``; losses lower is better,
+                accuracies higher). ``sync_dir`` (str): copy each finished checkpoint there, whole files,
+                at most every ``sync_every_secs`` (default 60) and at the end. ``plot_path`` (str): a PNG
+                of the loss and accuracy curves (needs matplotlib). ``tensorboard_dir`` (str): scalars
+                for TensorBoard (`sparkgrad.summary.EventWriter`). ``prefetch`` (int, default 2): batches
+                of an iterable prepared ahead (0: none), waiting at most ``prefetch_timeout`` (default
+                600) seconds for each. ``mlflow`` (bool | None): log parameters, metrics, checkpoints and
+                the model to MLflow from the chief (None: when mlflow is imported and a run is active).
+
+        Returns:
+            The `History` of this call.
+
+        Raises:
+            ModelError: The model is not compiled.
+            InvalidArgumentError: Bad sizes or options (``batch_size <= 0``, ``log_every <= 0``, x without
+                rows, y not matching x, ``sync_dir`` or ``save_best_only`` without ``checkpoint_dir``).
+            SparkgradTimeout: An iterable gave no batch within ``prefetch_timeout``.
+        """
         self._require_compiled()
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
@@ -451,7 +615,25 @@ class Sequential:
         return_dict: bool = False,
         input_mapping: Mapping[str, str] | None = None,
     ) -> list[float] | dict[str, float]:
-        """[loss, accuracy] over the data in inference mode (dropout off)."""
+        """Loss and accuracy over the data in inference mode (dropout off).
+
+        Args:
+            x: An array of inputs (with ``y``) or an iterable of batches, as for `fit`.
+            y: Labels for array ``x``; required then.
+            batch_size: Rows per C call, for arrays.
+            x_key: Key of the inputs in a dict batch.
+            y_key: Key of the labels in a dict batch.
+            verbose: Nonzero prints the result.
+            return_dict: Return ``{"loss": ..., "accuracy": ...}`` instead of a list.
+            input_mapping: As for `fit`.
+
+        Returns:
+            ``[loss, accuracy]`` (mean loss per row), or the dict.
+
+        Raises:
+            ModelError: The model is not compiled.
+            InvalidArgumentError: ``y`` missing for an array, or no data.
+        """
         self._require_compiled()
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         if y is None and isinstance(x, np.ndarray):
@@ -475,22 +657,37 @@ class Sequential:
         return self._core.evaluate(*self.engine_arrays(x, y), int(batch_size), **self._transform_kw())
 
     def predict(self, x: np.ndarray, batch_size: int = 128) -> np.ndarray:
-        """[n, K]: softmax probabilities if the last layer is softmax, else its outputs (logits)."""
+        """The model's outputs for ``x``, in inference mode (dropout off).
+
+        An ``[n, output_classes]`` float32 array: softmax probabilities if the last layer is softmax,
+        else its outputs (logits).
+
+        Args:
+            x: ``[n, *input_shape]`` inputs (the input transform applies).
+            batch_size: Rows per C call.
+        """
         xa = _batches.inputs(x, self.input_shape)
         return self._core.predict(xa, int(batch_size), **self._transform_kw())
 
     # ---- persistence (sparkgrad.nn.checkpoint) ----------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes weights and the whole training state (checkpoint format)."""
+        """Writes a checkpoint: the weights and the whole training state (step, epoch, RNG, optimizer state).
+
+        For a file that rebuilds the model without its code, use `save_model` instead.
+        """
         _checkpoint.save(self, path)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restores what save wrote; the model must have the same architecture."""
+        """Restores a checkpoint that `save` (or fit's ``checkpoint_dir``) wrote into this model.
+
+        Raises:
+            CheckpointError: The file is damaged or was written by a model of another architecture.
+        """
         _checkpoint.load(self, path)
 
     def export_npz(self, path: str | os.PathLike) -> None:
-        """Writes the weights as .npz (layer<i>_kernel / layer<i>_bias, Keras layouts)."""
+        """Writes the weights as a NumPy ``.npz``: arrays ``layer<i>_kernel`` and ``layer<i>_bias``, Keras layouts."""
         arrays = {}
         for t, w in zip(self.param_table, self.get_weights(), strict=True):
             arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w

@@ -18,6 +18,14 @@ from sparkgrad.nn.model import Sequential
 
 
 def walkthrough_mlp(seed: int = 1) -> Sequential:
+    """The TensorFlowOnSpark-on-Databricks walkthrough's MLP for 784-feature inputs (flattened 28x28 images).
+
+    784 -> Dense 128 ReLU -> Dense 64 ReLU -> Dense 10, truncated-normal weights (stddev ``1/sqrt(fan_in)``)
+    and zero biases; it outputs logits. Returned uncompiled.
+
+    Args:
+        seed: Fixes the initial weights, dropout masks and shuffling.
+    """
     init = "truncated_normal"
     return Sequential(
         [
@@ -30,6 +38,15 @@ def walkthrough_mlp(seed: int = 1) -> Sequential:
 
 
 def horovod_cnn(seed: int = 1) -> Sequential:
+    """The HorovodRunner tutorial's Keras CNN for 28x28x1 images.
+
+    Conv2D(32, 3x3) -> Conv2D(64, 3x3) -> MaxPool 2x2 -> Dropout 0.25 -> Flatten -> Dense 128 ->
+    Dropout 0.5 -> Dense 10 softmax, with Keras's default initialisers (glorot_uniform, zero biases).
+    Returned uncompiled.
+
+    Args:
+        seed: Fixes the initial weights, dropout masks and shuffling.
+    """
     return Sequential(
         [
             Conv2D(32, (3, 3), activation="relu", input_shape=(28, 28, 1)),

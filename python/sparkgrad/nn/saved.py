@@ -61,7 +61,14 @@ def _layer_config(layer: _layers.Layer) -> dict[str, Any]:
 
 
 def model_to_bytes(model) -> bytes:
-    """The saved-model bytes of ``model`` (a sparkgrad.nn.Sequential)."""
+    """The saved-model bytes of a `Sequential`: architecture, weights and input transform in one blob.
+
+    `model_from_bytes` turns them back into a model without the code that built it.
+
+    The loss and metrics it was compiled with are kept; the optimizer state is not (checkpoints keep it).
+    The format is little-endian: magic ``SGMODEL\\0``, version, a JSON header, the float32 parameters,
+    the transform's mean and std, and a CRC32 of everything before it.
+    """
     scale, mean, std = model.input_transform
     header = {
         "format": "sparkgrad.saved_model",
@@ -89,7 +96,19 @@ def _fail(source: str, what: str) -> ModelError:
 
 
 def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes>"):
-    """Builds the model that model_to_bytes wrote; ``source`` names it in errors."""
+    """Builds the model that `model_to_bytes` wrote.
+
+    A model saved after compile comes back compiled with the same loss and metrics and a plain SGD
+    optimizer, so `Sequential.evaluate` and `Sequential.predict` work at once.
+
+    Args:
+        data: The saved-model bytes.
+        source: What names the bytes in error messages (a path, a URI).
+
+    Raises:
+        ModelError: The bytes are not a saved model (bad magic, version, length, header or CRC); the
+            message names ``source`` and the byte offset or header field.
+    """
     from sparkgrad.nn.model import Sequential
 
     data = memoryview(data).cast("B")
@@ -148,14 +167,18 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
 
 
 def save_model(model, path: str | os.PathLike) -> None:
-    """Writes model_to_bytes(model) to ``path`` atomically (temporary file, then rename)."""
+    """Writes ``model_to_bytes(model)`` to ``path`` atomically (a temporary file, then a rename)."""
     from sparkgrad.nn.checkpoint import write_atomic
 
     write_atomic(os.fspath(path), model_to_bytes(model))
 
 
 def load_model(path: str | os.PathLike):
-    """Reads a model that save_model wrote; errors name the file."""
+    """Reads a model that `save_model` wrote (see `model_from_bytes`).
+
+    Raises:
+        ModelError: The file cannot be read or is not a saved model; the message names the file.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:

@@ -1,45 +1,7 @@
 """``sparkgrad.spark.Estimator``: distributed training from a DataFrame as a Spark ML Estimator.
 
-    est = Estimator(model=build_model, optimizer=Adam(1e-3), featuresCol="scaled", labelCol="label",
-                    batch_size=64, epochs=2, num_workers=2, mode="allreduce")
-    fitted = Pipeline(stages=[VectorAssembler(...), StandardScaler(...), est]).fit(df)
-
-``fit(df)``:
-
-1. before any job: builds the model (``model`` is a sparkgrad.nn model, or
-   a function returning one, called once on the driver), checks the schema
-   (feature and label columns exist and have types that can be fed, a
-   vector size the schema tells matches the model's input, the label's type
-   suits the loss; sparkgrad.spark.columns) and that ``model_dir`` can be
-   written;
-2. splits off the validation rows (``validation``: a fraction, drawn with
-   ``seed``, or the name of a boolean column marking them);
-3. starts a TFCluster in InputMode.SPARK of ``num_workers`` workers (plus
-   ``num_ps`` parameter servers in mode "ps") and feeds it the training rows
-   ``epochs`` times through Arrow (cluster/arrow_feed.py), repartitioned
-   round-robin into one partition per worker. The feeding tasks make each
-   frame the model's x and y and check it there: a null in a feature or
-   label column, a row of the wrong width or a label out of range for the
-   loss fails the job with a message naming the column, the partition, the
-   row and what was expected, raised here as InvalidArgumentError once the
-   cluster is stopped (never a hang). What the nodes run:
-   sparkgrad/spark/training.py;
-4. returns a ``sparkgrad.spark.Model`` with the chief's trained weights,
-   its last training loss/accuracy in ``history`` and, with validation, the
-   validation loss/accuracy (``Model.evaluate`` in the tasks) in
-   ``validation_metrics``. With ``model_dir``, the chief writes checkpoints
-   there (every ``checkpoint_every`` steps and at the end) and the driver
-   writes the trained model as ``model_dir/model.sgmodel``.
-
-``batch_size`` is per worker; in mode "allreduce" each step averages the
-workers' gradients (the learning rate is the optimizer's, not scaled).
-Mode "allreduce" needs a task slot per worker for its feeding task beside
-the workers' own (the workers step together, so each must be fed at once);
-fit checks the slots first.
-
-Saved with ``save(path)`` / loaded with ``Estimator.load(path)`` and inside
-Pipeline persistence; the model param is saved as a saved model, and a
-function is refused (it cannot be saved: set a model instance to save).
+The class docstring says what ``fit(df)`` does, step by step; the nodes run sparkgrad/spark/training.py,
+fed through Arrow by cluster/arrow_feed.py, and the schema checks are sparkgrad/spark/columns.py's.
 """
 
 from __future__ import annotations
@@ -96,7 +58,77 @@ def _check_writable(model_dir: str) -> str:
 
 
 class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWritable, MLReadable):
-    """Trains a sparkgrad.nn model on a DataFrame across a cluster (see the module doc)."""
+    """Trains a sparkgrad.nn model on a DataFrame across a cluster, as a Spark ML Estimator.
+
+    ```python
+    est = Estimator(model=build_model, optimizer=Adam(1e-3), featuresCol="scaled", labelCol="label",
+                    batch_size=64, epochs=2, num_workers=2, mode="allreduce")
+    fitted = Pipeline(stages=[VectorAssembler(...), StandardScaler(...), est]).fit(df)
+    ```
+
+    ``fit(df)``:
+
+    1. before any job: builds the model (``model`` called once on the driver if it is a function),
+       checks the schema (feature and label columns exist and have types that can be fed, a vector
+       size the schema tells matches the model's input, the label's type suits the loss) and that
+       ``model_dir`` can be written;
+    2. splits off the validation rows (``validation``);
+    3. starts a `TFCluster` in ``InputMode.SPARK`` of ``num_workers`` workers (plus ``num_ps``
+       parameter servers in mode ``"ps"``) and feeds it the training rows ``epochs`` times through
+       Arrow, repartitioned round-robin into one partition per worker. The feeding tasks make each
+       frame the model's x and y and check it there: a null in a feature or label column, a row of
+       the wrong width or a label out of range for the loss fails the job with a message naming the
+       column, the partition, the row and what was expected, raised as InvalidArgumentError once the
+       cluster is stopped (never a hang);
+    4. returns a `Model` with the chief's trained weights, its last training loss and accuracy in
+       ``history`` and, with validation, the validation loss and accuracy (`Model.evaluate` in the
+       tasks) in ``validation_metrics``. With ``model_dir``, the chief writes checkpoints there (every
+       ``checkpoint_every`` steps and at the end) and the driver writes the trained model as
+       ``model_dir/model.sgmodel``.
+
+    ``batch_size`` is per worker; in mode ``"allreduce"`` each step averages the workers' gradients
+    (the learning rate is the optimizer's, not scaled). Mode ``"allreduce"`` needs a task slot per
+    worker for its feeding task beside the workers' own (the workers step together, so each must be
+    fed at once); fit checks the slots first.
+
+    Saved with ``save(path)``, loaded with ``Estimator.load(path)`` and inside Pipeline persistence:
+    the model param is saved as a saved model (`sparkgrad.nn.save_model`); a function cannot be saved
+    (set a model instance to save).
+
+    Every argument is a Spark ML Param (``getOrDefault``, ``setParams``, ``copy``), keyword-only.
+
+    Args:
+        model: A sparkgrad.nn model, or a function returning one (called once on the driver).
+        optimizer: A sparkgrad.nn optimizer instance or name.
+        loss: ``"sparse_categorical_crossentropy"`` (integer labels) or ``"categorical_crossentropy"``
+            (one-hot labels in a vector or array column).
+        featuresCol: The feature column: a Spark ML vector, an array of numbers, binary (raw bytes of
+            the input, e.g. uint8 pixels) or a number.
+        inputCols: Several feature columns, flattened and concatenated in order (instead of featuresCol).
+        input_mapping: ``{column: "x" | "y"}``, as TensorFlowOnSpark's input_mapping: the feature
+            columns and the label column (instead of featuresCol/inputCols and labelCol).
+        labelCol: The label column.
+        batch_size: Rows per step and per worker.
+        epochs: Passes over the training rows (>= 1).
+        num_workers: Training nodes (>= 1).
+        num_ps: Parameter servers, mode ``"ps"`` only (at least 1 there).
+        mode: ``"allreduce"`` (the workers average their gradients every step) or ``"ps"``
+            (parameter servers apply the updates).
+        validation: A fraction in (0, 1) of the rows (drawn with ``seed``), or the name of a boolean
+            column marking the validation rows; None: no validation.
+        model_dir: A local or mounted path (``/dbfs/...``, ``/Volumes/...``) the driver and every
+            executor can write: checkpoints and the trained model go there.
+        checkpoint_every: Steps between checkpoints (needs ``model_dir``); 0: only at the end.
+        seed: Seed of the validation split (None: 0).
+        outputCol: The fitted `Model`'s raw-output column ("" skips it).
+        predictionCol: The fitted `Model`'s prediction column.
+        probabilityCol: The fitted `Model`'s probability column.
+
+    Raises:
+        InvalidArgumentError: From fit: a bad param, schema or row, or an unwritable ``model_dir``.
+        InsufficientSlotsError: From fit: mode ``"allreduce"`` with fewer than ``2 * num_workers`` task slots.
+        NodeFailure: From fit: a node raised; its traceback is attached.
+    """
 
     model = Param(
         Params._dummy(), "model", "a sparkgrad.nn model, or a function returning one", TypeConverters.identity
@@ -157,6 +189,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setParams(self, **kwargs: Any) -> Estimator:
+        """Sets any of the constructor's params by keyword; returns this Estimator."""
         return self._set(**kwargs)
 
     # ---- fit -------------------------------------------------------------------

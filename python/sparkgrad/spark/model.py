@@ -1,28 +1,8 @@
 """``sparkgrad.spark.Model``: a trained sparkgrad.nn model as a Spark ML Transformer.
 
-``transform(df)`` scores in parallel with ``mapInArrow``: each task takes
-its Arrow record batches, makes the model's input from the feature columns
-(cluster/arrow_feed.py's conversion: vectors, arrays, binary, numbers; no
-Python object per row), runs the C engine's predict and appends the output
-columns to the batch, which goes back to Spark as Arrow. The weights travel
-once per job (sparkgrad.spark.shipping: a broadcast on classic Spark, the
-closure or a shared file over Spark Connect) and each Python worker builds
-the model once. Nothing is collected to the driver.
-
-Output columns (an empty name skips one):
-
-- ``predictionCol`` (double): the argmax class, as Spark ML classifiers write it;
-- ``probabilityCol`` (Spark ML vector): the class probabilities (the model's
-  softmax output, or the softmax of its logits);
-- ``outputCol`` (array<float>): the model's raw output (default "": off).
-
-``evaluate(df)`` computes loss and accuracy in the tasks; Spark sums the
-per-partition totals, so only one row reaches the driver.
-
-Build one from a trained model with ``Model.from_nn(model, featuresCol=...)``;
-``sparkgrad.spark.Estimator.fit`` returns one. Saved with ``save(path)``
-(metadata plus the saved-model bytes, sparkgrad/spark/persist.py), it loads
-with ``Model.load(path)`` and inside ``PipelineModel.load``.
+The class docstring says how ``transform`` and ``evaluate`` work; the feature conversion is
+sparkgrad/spark/columns.py's and cluster/arrow_feed.py's, the shipping of the weights
+sparkgrad/spark/shipping.py's, persistence sparkgrad/spark/persist.py's.
 """
 
 from __future__ import annotations
@@ -213,7 +193,44 @@ class _Evaluator:
 
 
 class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable):
-    """A trained sparkgrad.nn model as a Spark ML Transformer (see the module doc)."""
+    """A trained sparkgrad.nn model as a Spark ML Transformer: scores DataFrames in parallel, in Spark's tasks.
+
+    ``transform(df)`` scores with ``mapInArrow``: each task takes its Arrow record batches, makes the
+    model's input from the feature columns (vectors, arrays, binary, numbers; no Python object per
+    row), runs the C engine's predict and appends the output columns to the batch, which goes back
+    to Spark as Arrow. The weights travel once per job (`ShippedModel`: a broadcast on classic Spark,
+    the closure or a shared file over Spark Connect) and each Python worker builds the model once.
+    Nothing is collected to the driver. The output columns (an empty name skips one):
+
+    - ``predictionCol`` (double): the argmax class, as Spark ML classifiers write it;
+    - ``probabilityCol`` (Spark ML vector): the class probabilities (the model's softmax output, or
+      the softmax of its logits); vector outputs need pyspark >= 3.5;
+    - ``outputCol`` (array<float>): the model's raw output (default ``""``: off).
+
+    Build one from a trained model with ``Model.from_nn(model, featuresCol=...)``; `Estimator` fit
+    returns one. ``save(path)`` writes the params and the saved-model bytes; it loads with
+    ``Model.load(path)`` and inside ``PipelineModel.load``.
+
+    Every argument is a Spark ML Param, keyword-only.
+
+    Args:
+        featuresCol: The feature column (a Spark ML vector, an array of numbers, binary or a number).
+        inputCols: Several feature columns, flattened and concatenated in order (instead of featuresCol).
+        input_mapping: ``{column: "x" | "y"}``: the feature columns and the label column, as
+            TensorFlowOnSpark's input_mapping.
+        labelCol: The label column, for `evaluate`.
+        outputCol: Column of the raw outputs (array<float>); ``""`` skips it.
+        predictionCol: Column of the predicted class (double); ``""`` skips it.
+        probabilityCol: Column of the class probabilities (vector); ``""`` skips it.
+        loss: The loss `evaluate` computes: ``"sparse_categorical_crossentropy"`` or
+            ``"categorical_crossentropy"``.
+        batch_size: Scoring works in batches of 16 times this many rows.
+
+    Attributes:
+        validation_metrics (dict[str, float]): From `Estimator` fit with validation: ``val_loss``,
+            ``val_accuracy`` and ``val_rows``.
+        history (list[dict]): From `Estimator` fit: each worker's last training metrics, by rank.
+    """
 
     @keyword_only
     def __init__(
@@ -242,7 +259,12 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
 
     @classmethod
     def from_nn(cls, model: Any, **params: Any) -> Model:
-        """Wraps a trained sparkgrad.nn model (or its saved-model bytes); ``params`` are the Model's Params."""
+        """Wraps a trained sparkgrad.nn model, or its saved-model bytes, as a Model.
+
+        Args:
+            model: A `sparkgrad.nn.Sequential` or the bytes of `sparkgrad.nn.model_to_bytes`.
+            **params: The Model's params (``featuresCol=``, ``predictionCol=``, ...).
+        """
         from sparkgrad.nn.saved import model_from_bytes, model_to_bytes
 
         out = cls(**params)
@@ -254,7 +276,11 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
 
     @property
     def nn_model(self) -> Any:
-        """The sparkgrad.nn model (built on the driver on first use)."""
+        """The sparkgrad.nn model (built on the driver on first use).
+
+        Raises:
+            InvalidArgumentError: This Model holds no trained model (built without `from_nn` or fit).
+        """
         if self._nn is None:
             from sparkgrad.nn.saved import model_from_bytes
 
@@ -265,11 +291,13 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
 
     @property
     def model_bytes(self) -> bytes:
+        """The saved-model bytes of the trained model (what travels to the tasks and what ``save`` writes)."""
         if self._model_bytes is None:
             raise InvalidArgumentError("this Model holds no trained model: use Model.from_nn or Estimator.fit")
         return self._model_bytes
 
     def copy(self, extra: Any = None) -> Model:
+        """A copy with the same trained model and params (``extra`` overrides params), as Spark ML's copy."""
         that = super().copy(extra)
         that._shipped = None
         return that
@@ -339,7 +367,20 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         return dataset.mapInArrow(scorer, T.StructType(fields))
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
-        """{"loss", "accuracy", "rows"} over ``dataset`` (features and labelCol), computed in the tasks."""
+        """Loss and accuracy over ``dataset``, computed in Spark's tasks.
+
+        Spark sums the per-partition totals, so one row reaches the driver.
+
+        Args:
+            dataset: A DataFrame with the feature columns and ``labelCol``.
+
+        Returns:
+            ``{"loss": mean loss, "accuracy": fraction correct, "rows": rows evaluated}``.
+
+        Raises:
+            InvalidArgumentError: A missing or unusable column, a bad row (the message names the column,
+                partition and row), or no rows.
+        """
         from pyspark.sql import functions as F
 
         spec = self._spec("Model.evaluate", with_label=True)

@@ -46,7 +46,31 @@ def _session_kind(session: Any) -> str:
 
 
 class ShippedModel:
-    """A model on its way to the tasks of one job; picklable into a Spark closure."""
+    """A trained model on its way to the tasks of one job; pickle it into a Spark closure and call `load` in the task.
+
+    On classic Spark the saved-model bytes travel as one broadcast variable (each executor fetches them
+    once, however many tasks run). Over Spark Connect, which has no broadcasts, they ride in the
+    function's closure up to ``inline_limit`` bytes; above it they are written once to ``shared_dir``
+    and each worker reads the file.
+
+    ```python
+    shipped = ShippedModel(spark, model)
+    def score(batches):
+        m = shipped.load()  # built once per Python worker
+        ...
+    ```
+
+    Args:
+        session: A SparkSession (classic or Connect) or a SparkContext.
+        model: A `sparkgrad.nn.Sequential` or its saved-model bytes.
+        inline_limit: Largest model, in bytes, carried in a Spark Connect closure (default 64 MiB).
+        shared_dir: A directory every executor can read (a Volume, ``/dbfs``, a shared mount), for
+            larger models over Spark Connect.
+
+    Raises:
+        InvalidArgumentError: ``session`` is not a Spark session, or a Spark Connect model is over
+            ``inline_limit`` and no ``shared_dir`` was given.
+    """
 
     def __init__(
         self,
@@ -60,7 +84,9 @@ class ShippedModel:
 
         data = model if isinstance(model, (bytes, bytearray)) else model_to_bytes(model)
         self.digest = hashlib.sha256(data).hexdigest()
+        """SHA-256 of the saved-model bytes (hex): the key of the per-worker cache."""
         self.size = len(data)
+        """Size of the saved-model bytes."""
         self._inline: bytes | None = None
         self._broadcast: Any = None
         self._path: str | None = None
@@ -94,7 +120,14 @@ class ShippedModel:
             raise ModelError(f"{self._path}: cannot read the shipped model on this executor: {e}") from None
 
     def load(self) -> Any:
-        """The model, built once per Python worker (cached by digest)."""
+        """The model, in a task: built once per Python worker and cached.
+
+        Spark reuses Python workers across tasks; the model stays in a small per-process cache keyed by
+        `digest`.
+
+        Raises:
+            ModelError: The bytes read back differ from those sent, or the shared file cannot be read.
+        """
         with _cache_lock:
             model = _cache.get(self.digest)
             if model is not None:
@@ -113,7 +146,7 @@ class ShippedModel:
         return model
 
     def release(self) -> None:
-        """Drops the broadcast / shared file once the job that used it is done (driver side)."""
+        """Drops the broadcast or the shared file once the job that used it is done (on the driver)."""
         if self._broadcast is not None:
             self._broadcast.destroy()
             self._broadcast = None

@@ -247,23 +247,37 @@ def predict_tfrecords(
 ) -> Any:
     """A DataFrame of the model's predictions for every record of the TFRecord files ``paths``.
 
-    Args:
-        spark: a SparkSession (classic or Spark Connect).
-        paths: a file, directory, glob or list of them, readable by every executor.
-        model: a sparkgrad.nn model or its saved-model bytes (sparkgrad.nn.saved).
-        schema: the parsing schema (Schema or dict of features).
-        input_col: the feature fed to the model (default: the one feature whose
-            size is the model's input size).
-        keep: schema features passed through as columns (ids, labels).
-        probability: also output ``probability`` (the model's outputs, array<float>).
-        batch_size: records per batch read and scored.
-        files_per_task: files each Spark task reads.
-        shared_dir, check_paths: see ShippedModel; refuse files the driver sees missing.
+    The files are read in Spark tasks by sparkgrad's C reader and scored there; the driver touches no
+    row. Only the features the job needs are parsed (the model's input and the ``keep`` columns).
 
-    Columns: ``prediction`` (double, the argmax, as Spark ML's classifiers),
-    ``probability`` and the ``keep`` features (types of data.spark.spark_schema).
-    The DataFrame is lazy: the model ships when it is first computed, and
-    travels with each job that recomputes it.
+    ```python
+    preds = predict_tfrecords(spark, "/dbfs/mnist/test", model, schema, keep=["label"])
+    ```
+
+    Args:
+        spark: A SparkSession (classic or Spark Connect).
+        paths: A file, directory, glob or list of them, readable by every executor.
+        model: A sparkgrad.nn model or its saved-model bytes (`sparkgrad.nn.model_to_bytes`).
+        schema: The parsing schema (a `sparkgrad.data.Schema` or a dict of features).
+        input_col: The feature fed to the model (default: the one feature whose size is the model's
+            input size).
+        keep: Schema features passed through as columns (ids, labels).
+        probability: Also output ``probability`` (the model's outputs, array<float>).
+        batch_size: Records per batch read and scored.
+        compression: None, ``"ZLIB"`` or ``"GZIP"``, as the files were written.
+        files_per_task: Files each Spark task reads.
+        shared_dir: Where a large model goes over Spark Connect (see `ShippedModel`).
+        check_paths: Refuse, before any job, files the driver sees missing.
+
+    Returns:
+        A lazy DataFrame with the columns ``prediction`` (double, the argmax, as Spark ML's classifiers
+        write it), ``probability`` and the ``keep`` features (types as `sparkgrad.data.spark_schema`
+        gives them). The model ships when it is first computed, and with each job that recomputes it.
+
+    Raises:
+        InvalidArgumentError: ``batch_size < 1``, missing files, or a ``keep`` name that is an output column.
+        SchemaError: ``input_col`` is not in the schema or does not match the model's input size, or
+            no single feature does.
     """
     from pyspark.sql import types as T
 
@@ -302,12 +316,36 @@ def evaluate_tfrecords(
     shared_dir: str | None = None,
     check_paths: bool = True,
 ) -> dict:
-    """{"loss", "accuracy", "count"} of the model over every record of ``paths``, computed in Spark tasks.
+    """Loss and accuracy of the model over every record of the TFRecord files ``paths``, computed in Spark tasks.
 
-    Each task sums loss, correct predictions and records over its files; Spark
-    adds the sums, and the driver receives one row. ``loss`` compiles a model
-    that carries none (a saved model keeps the loss it was compiled with).
-    Arguments as predict_tfrecords.
+    Each task sums the loss, the correct predictions and the records over its files; Spark adds the
+    sums, and the driver receives one row.
+
+    ```python
+    stats = evaluate_tfrecords(spark, "/dbfs/mnist/test", model, schema)  # {"loss", "accuracy", "count"}
+    ```
+
+    Args:
+        spark: A SparkSession (classic or Spark Connect).
+        paths: A file, directory, glob or list of them, readable by every executor.
+        model: A sparkgrad.nn model or its saved-model bytes.
+        schema: The parsing schema (a `sparkgrad.data.Schema` or a dict of features).
+        input_col: The feature fed to the model (default: the one feature of the model's input size).
+        label_col: The feature holding the labels.
+        loss: Compiles the model with this loss; needed when the model carries none (a saved model
+            keeps the loss it was compiled with).
+        batch_size: Records per batch read and scored.
+        compression: None, ``"ZLIB"`` or ``"GZIP"``.
+        files_per_task: Files each Spark task reads.
+        shared_dir: Where a large model goes over Spark Connect (see `ShippedModel`).
+        check_paths: Refuse, before any job, files the driver sees missing.
+
+    Returns:
+        ``{"loss": mean loss, "accuracy": fraction correct, "count": records}``.
+
+    Raises:
+        InvalidArgumentError: No loss to compute, missing files, or files without records.
+        SchemaError: The input or label feature does not fit the schema or the model.
     """
     from sparkgrad.spark.shipping import ShippedModel
 
