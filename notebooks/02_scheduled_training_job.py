@@ -16,7 +16,7 @@
 # MAGIC
 # MAGIC | widget | default | meaning |
 # MAGIC |---|---|---|
-# MAGIC | `data_path` | `dbfs:/FileStore/sparkgrad/pipeline/records` | folder of `train*.tfrecords` and `test*.tfrecords` (`10_prep` writes them there) |
+# MAGIC | `data_path` | `dbfs:/FileStore/sparkgrad/pipeline/records` | `train*`, `test*.tfrecords` (`10_prep`) |
 # MAGIC | `output_path` | `dbfs:/FileStore/sparkgrad/jobs/fashion-mnist` | `model/`, `checkpoints/`, `metrics.json` |
 # MAGIC | `epochs` | `2` | passes over the training set |
 # MAGIC | `learning_rate` | `0.07` | SGD step on the parameter servers |

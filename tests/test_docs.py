@@ -57,9 +57,9 @@ class Block:
     skip: str | None  # the reason given, or None when the block runs
 
 
-def blocks_of(path: pathlib.Path) -> list[Block]:
+def blocks_of(path: pathlib.Path, root: pathlib.Path = DOCS) -> list[Block]:
     """The ```python blocks of one page, with their skip markers; an unclosed fence is an error."""
-    rel = str(path.relative_to(DOCS))
+    rel = str(path.relative_to(root))
     lines = path.read_text().splitlines()
     out: list[Block] = []
     i = 0
@@ -128,19 +128,14 @@ def test_blocks_are_found_and_skips_need_a_reason(tmp_path):
         "intro\n```python\nx = 1\n```\n\n<!-- docs-test: skip (needs a cluster) -->\n\n```python\ncluster()\n```\n"
         "```bash\nmake demo\n```\n"
     )
-    global DOCS
-    saved, DOCS = DOCS, tmp_path / "docs"
-    try:
-        found = blocks_of(page)
-        assert [(b.line, b.code, b.skip) for b in found] == [(3, "x = 1\n", None), (9, "cluster()\n", "needs a cluster")]
-        page.write_text("<!-- docs-test: skip -->\n```python\nx\n```\n")
-        with pytest.raises(ValueError, match="p.md:1: a skip marker reads"):
-            blocks_of(page)
-        page.write_text("```python\nx\n")
-        with pytest.raises(ValueError, match="p.md:1: ```python block is never closed"):
-            blocks_of(page)
-    finally:
-        DOCS = saved
+    found = blocks_of(page, root=page.parent)
+    assert [(b.line, b.code, b.skip) for b in found] == [(3, "x = 1\n", None), (9, "cluster()\n", "needs a cluster")]
+    page.write_text("<!-- docs-test: skip -->\n```python\nx\n```\n")
+    with pytest.raises(ValueError, match="p.md:1: a skip marker reads"):
+        blocks_of(page, root=page.parent)
+    page.write_text("```python\nx\n")
+    with pytest.raises(ValueError, match="p.md:1: ```python block is never closed"):
+        blocks_of(page, root=page.parent)
 
 
 def test_every_page_has_runnable_or_explained_blocks():

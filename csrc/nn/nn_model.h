@@ -21,7 +21,8 @@
  * that callers hand over their arrays as they are.
  *
  * Not thread-safe per instance: one caller at a time (the Python binding
- * refuses a second call while one runs, with StateError). Kernels run on oneDNN with OpenMP threads.
+ * refuses a second call while one runs, with StateError). Kernels run on
+ * oneDNN with OpenMP threads.
  */
 #ifndef NN_MODEL_H
 #define NN_MODEL_H
