@@ -187,7 +187,7 @@ def test_optimizer_arguments_are_checked():
         with pytest.raises(errors.InvalidArgumentError, match="optimizer must be"):
             _core.PsServer(lis, secret, 0, 10, 10, 1, optimizer=3)
         with pytest.raises(ValueError, match="unknown optimizer"):
-            _core.PsServer(lis, secret, 0, 10, 10, 1, optimizer="adagrad")
+            _core.PsServer(lis, secret, 0, 10, 10, 1, optimizer="adamax")
         # global-norm clipping needs the whole gradient: refused on one shard of several ...
         with pytest.raises(errors.InvalidArgumentError, match=r"clipping by global norm .* \[5, \+5\) of 10"):
             _core.PsServer(lis, secret, 5, 5, 10, 1, optimizer=optimizers.Adam(global_clipnorm=1.0))

@@ -730,6 +730,15 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
                 "value (clipvalue), or clip on the workers before pushing",
                 oc->clip_norm, (unsigned long long)cfg->offset, (unsigned long long)cfg->count,
                 (unsigned long long)cfg->total);
+        if (oc->clip_tensor_norm > 0.0f)
+            return sg_fail(
+                err, SG_EINVAL,
+                "clipping each tensor by its norm (clipnorm=%g) needs the tensor boundaries, but a "
+                "ps shard holds a flat range ([%llu, +%llu) of %llu parameters) that may cut "
+                "tensors: use global_clipnorm with num_ps=1, clipvalue, or clip on the workers "
+                "before pushing",
+                oc->clip_tensor_norm, (unsigned long long)cfg->offset,
+                (unsigned long long)cfg->count, (unsigned long long)cfg->total);
         if (opt_floats > (UINT32_MAX - PS_OP_HEADER) / sizeof(float) - cfg->count)
             return sg_fail(err, SG_EINVAL,
                            "ps shard of %llu floats with %zu floats of optimizer state does not "

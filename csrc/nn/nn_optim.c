@@ -17,21 +17,30 @@ struct Optimizer {
     int nslots;   /* state arrays of n floats */
     int64_t step; /* steps taken */
     float *state; /* [nslots, n] */
+    /* tensors of the range for clip_tensor_norm: ends[k] is one past tensor
+     * k's last float; scales[k] its clipping factor of the current step */
+    int ntensors;
+    size_t *ends;
+    float *scales;
 };
 
 void optim_config_default(OptimConfig *cfg, OptimKind kind)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->kind = kind;
-    cfg->lr = kind == OPTIM_ADADELTA ? 1.0f : (kind == OPTIM_RMSPROP ? 0.01f : 1e-3f);
+    cfg->lr = kind == OPTIM_ADADELTA
+                  ? 1.0f
+                  : (kind == OPTIM_RMSPROP || kind == OPTIM_ADAGRAD ? 0.01f : 1e-3f);
     cfg->beta1 = 0.9f;
     cfg->beta2 = 0.999f;
-    cfg->eps = kind == OPTIM_ADADELTA ? 1e-6f : 1e-8f;
+    cfg->eps = kind == OPTIM_ADADELTA ? 1e-6f : (kind == OPTIM_ADAGRAD ? 1e-10f : 1e-8f);
     cfg->rho = kind == OPTIM_ADADELTA ? 0.9f : 0.99f;
     cfg->weight_decay = kind == OPTIM_ADAMW ? 0.01f : 0.0f;
     cfg->gamma = 0.1f;
     cfg->step_size = 1;
     cfg->total_steps = 1;
+    cfg->npieces = 1;
+    cfg->values[0] = cfg->lr;
 }
 
 static int slots_for(const OptimConfig *c)
@@ -39,6 +48,8 @@ static int slots_for(const OptimConfig *c)
     switch (c->kind) {
     case OPTIM_SGD:
         return c->momentum != 0.0f;
+    case OPTIM_ADAGRAD:
+        return 1;
     case OPTIM_ADAM:
     case OPTIM_ADAMW:
     case OPTIM_ADADELTA:
@@ -47,6 +58,26 @@ static int slots_for(const OptimConfig *c)
         return 1 + (c->centered != 0) + (c->momentum != 0.0f);
     }
     return -1;
+}
+
+static int check_pieces(const OptimConfig *c, SgError *err)
+{
+    if (c->npieces < 1 || c->npieces > OPTIM_MAX_PIECES)
+        return sg_fail(err, SG_EINVAL, "optimizer: a piecewise schedule has 1..%d values, not %d",
+                       OPTIM_MAX_PIECES, c->npieces);
+    for (int i = 0; i < c->npieces; i++)
+        if (!(c->values[i] >= 0.0f && isfinite(c->values[i])))
+            return sg_fail(
+                err, SG_EINVAL,
+                "optimizer: piecewise schedule value %d is %g; rates are finite and >= 0", i,
+                c->values[i]);
+    for (int i = 1; i < c->npieces - 1; i++)
+        if (c->boundaries[i] <= c->boundaries[i - 1])
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer: piecewise schedule boundaries must increase, but %lld "
+                           "follows %lld",
+                           (long long)c->boundaries[i], (long long)c->boundaries[i - 1]);
+    return 0;
 }
 
 static int check_config(const OptimConfig *c, SgError *err)
@@ -72,17 +103,41 @@ static int check_config(const OptimConfig *c, SgError *err)
         return sg_fail(err, SG_EINVAL, "optimizer: rho must be in [0, 1], not %g", c->rho);
     if (!(c->eps >= 0.0f))
         return sg_fail(err, SG_EINVAL, "optimizer: eps must be >= 0, not %g", c->eps);
-    if (c->schedule == LR_STEP && c->step_size <= 0)
+    if (c->kind == OPTIM_ADAGRAD && !(c->init_accum >= 0.0f && isfinite(c->init_accum)))
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: initial_accumulator_value must be finite and >= 0, not %g",
+                       c->init_accum);
+    if ((c->schedule == LR_STEP || c->schedule == LR_EXPONENTIAL) && c->step_size <= 0)
         return sg_fail(err, SG_EINVAL, "optimizer: step schedule needs step_size > 0, not %lld",
                        (long long)c->step_size);
+    if ((c->schedule == LR_STEP || c->schedule == LR_EXPONENTIAL) &&
+        !(c->gamma >= 0.0f && isfinite(c->gamma)))
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: decay rate (gamma) must be finite and >= 0, not %g", c->gamma);
+    if (c->schedule == LR_PIECEWISE) {
+        int rc = check_pieces(c, err);
+        if (rc < 0)
+            return rc;
+    }
     if (c->schedule == LR_COSINE && c->total_steps <= 0)
         return sg_fail(err, SG_EINVAL, "optimizer: cosine schedule needs total_steps > 0, not %lld",
                        (long long)c->total_steps);
-    if ((int)c->schedule < 0 || c->schedule > LR_COSINE)
+    if ((int)c->schedule < 0 || c->schedule > LR_PIECEWISE)
         return sg_fail(err, SG_EINVAL, "optimizer: unknown schedule %d", (int)c->schedule);
-    if (c->warmup_steps < 0 || c->clip_norm < 0.0f || c->clip_value < 0.0f)
+    if ((int)c->warmup < 0 || c->warmup > WARMUP_RAMP ||
+        (c->warmup == WARMUP_RAMP && !(c->warmup_from >= 0.0f && isfinite(c->warmup_from))))
+        return sg_fail(err, SG_EINVAL, "optimizer: unknown warm-up %d or its first rate %g",
+                       (int)c->warmup, c->warmup_from);
+    if (c->warmup_steps < 0 || !(c->clip_norm >= 0.0f) || !(c->clip_tensor_norm >= 0.0f) ||
+        !(c->clip_value >= 0.0f))
         return sg_fail(err, SG_EINVAL,
-                       "optimizer: warmup_steps, clip_norm and clip_value must be >= 0");
+                       "optimizer: warmup_steps, clip_norm, clip_tensor_norm and clip_value must "
+                       "be >= 0");
+    if (c->clip_norm > 0.0f && c->clip_tensor_norm > 0.0f)
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: clip by the global norm (%g) or by each tensor's norm (%g), not "
+                       "both",
+                       c->clip_norm, c->clip_tensor_norm);
     return 0;
 }
 
@@ -107,6 +162,13 @@ int optim_create(Optimizer **out, const OptimConfig *cfg, size_t n, SgError *err
                            nslots, n);
         }
     }
+    if (cfg->kind == OPTIM_ADAGRAD)
+        for (size_t i = 0; i < n; i++)
+            o->state[i] = cfg->init_accum;
+    if ((rc = optim_set_tensors(o, &n, 1, err)) < 0) {
+        optim_free(o);
+        return rc;
+    }
     *out = o;
     return 0;
 }
@@ -116,19 +178,75 @@ void optim_free(Optimizer *o)
     if (o == NULL)
         return;
     free(o->state);
+    free(o->ends);
+    free(o->scales);
     free(o);
+}
+
+int optim_set_tensors(Optimizer *o, const size_t *sizes, int count, SgError *err)
+{
+    size_t total = 0;
+    for (int k = 0; k < count; k++)
+        total += sizes[k];
+    if (count < 1 || total != o->n)
+        return sg_fail(err, SG_EINVAL,
+                       "optimizer: %d tensors of %zu floats in all, but the optimizer holds %zu",
+                       count, total, o->n);
+    size_t *ends = malloc((size_t)count * sizeof *ends);
+    float *scales = malloc((size_t)count * sizeof *scales);
+    if (ends == NULL || scales == NULL) {
+        free(ends);
+        free(scales);
+        return sg_fail(err, SG_ENOMEM, "optimizer: cannot allocate a table of %d tensors", count);
+    }
+    size_t end = 0;
+    for (int k = 0; k < count; k++)
+        ends[k] = end += sizes[k];
+    free(o->ends);
+    free(o->scales);
+    o->ends = ends;
+    o->scales = scales;
+    o->ntensors = count;
+    return 0;
+}
+
+/* The schedule alone at t (no warm-up). */
+static double schedule_at(const OptimConfig *c, int64_t t)
+{
+    double lr = c->lr;
+    switch (c->schedule) {
+    case LR_CONSTANT:
+        break;
+    case LR_STEP:
+        lr *= pow(c->gamma, (double)(t / c->step_size));
+        break;
+    case LR_EXPONENTIAL:
+        lr *= pow(c->gamma, (double)t / (double)c->step_size);
+        break;
+    case LR_COSINE: {
+        double tt = (double)(t < c->total_steps ? t : c->total_steps);
+        lr =
+            c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
+        break;
+    }
+    case LR_PIECEWISE: {
+        int i = 0;
+        while (i < c->npieces - 1 && t > c->boundaries[i])
+            i++;
+        lr = c->values[i];
+        break;
+    }
+    }
+    return lr;
 }
 
 static double lr_at(const OptimConfig *c, int64_t t)
 {
-    double lr = c->lr;
-    if (c->schedule == LR_STEP)
-        lr *= pow(c->gamma, (double)(t / c->step_size));
-    else if (c->schedule == LR_COSINE) {
-        double tt = (double)(t < c->total_steps ? t : c->total_steps);
-        lr =
-            c->lr_min + (c->lr - c->lr_min) * (1.0 + cos(M_PI * tt / (double)c->total_steps)) / 2.0;
-    }
+    if (c->warmup_steps > 0 && c->warmup == WARMUP_RAMP)
+        return t < c->warmup_steps ? c->warmup_from + (c->lr - (double)c->warmup_from) * (double)t /
+                                                          (double)c->warmup_steps
+                                   : schedule_at(c, t - c->warmup_steps);
+    double lr = schedule_at(c, t);
     if (c->warmup_steps > 0 && t + 1 < c->warmup_steps)
         lr *= (double)(t + 1) / (double)c->warmup_steps;
     return lr;
@@ -146,6 +264,10 @@ int optim_set_base_lr(Optimizer *o, float lr, SgError *err)
 {
     if (!isfinite(lr) || lr < 0.0f)
         return sg_fail(err, SG_EINVAL, "learning rate must be finite and >= 0, got %g", (double)lr);
+    if (o->cfg.schedule == LR_PIECEWISE)
+        return sg_fail(err, SG_ESTATE,
+                       "the learning rate follows a piecewise constant schedule of absolute "
+                       "values; it has no base rate to set");
     o->cfg.lr = lr;
     return SG_OK;
 }
@@ -190,6 +312,10 @@ typedef struct StepArgs {
     OptimKind kind;
     float lr, scale, clipv, wd, mom, b1, b2, eps, rho, step_size, bc2_sqrt;
     int nesterov, centered, decoupled;
+    /* per-tensor clipping: scale times scales[k] on [ends[k-1], ends[k]); NULL = off */
+    const size_t *ends;
+    const float *scales;
+    int ntensors;
 } StepArgs;
 
 static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
@@ -265,6 +391,16 @@ static void step_range(const StepArgs *a, float *restrict p, const float *restri
         }
         break;
     }
+    case OPTIM_ADAGRAD: {
+        const float eps = a->eps;
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) {
+            float gi = grad_at(g, i, scale, clipv) + wd * p[i];
+            s0[i] += gi * gi;
+            p[i] -= lr * gi / sqrtf(s0[i] + eps);
+        }
+        break;
+    }
     case OPTIM_ADADELTA: {
         const float rho = a->rho, eps = a->eps;
 #pragma omp simd
@@ -280,13 +416,37 @@ static void step_range(const StepArgs *a, float *restrict p, const float *restri
     }
 }
 
+/* step_range over [lo, hi) of the whole range, each tensor's stretch with its
+ * own clipping factor when per-tensor clipping is on. */
+static void step_span(const StepArgs *a, float *p, const float *g, float *s0, float *s1, float *s2,
+                      size_t lo, size_t hi)
+{
+#define AT(x) ((x) ? (x) + pos : NULL)
+    if (a->scales == NULL) {
+        size_t pos = lo;
+        step_range(a, p + pos, g + pos, AT(s0), AT(s1), AT(s2), (ptrdiff_t)(hi - lo));
+        return;
+    }
+    StepArgs t = *a;
+    int k = 0;
+    while (k < a->ntensors - 1 && a->ends[k] <= lo)
+        k++;
+    for (size_t pos = lo; pos < hi; k++) {
+        size_t end = a->ends[k] < hi ? a->ends[k] : hi;
+        t.scale = a->scale * a->scales[k];
+        step_range(&t, p + pos, g + pos, AT(s0), AT(s1), AT(s2), (ptrdiff_t)(end - pos));
+        pos = end;
+    }
+#undef AT
+}
+
 int optim_take_plain_sgd_step(Optimizer *o, size_t n, float *lr, SgError *err)
 {
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
     const OptimConfig *c = &o->cfg;
     if (c->kind != OPTIM_SGD || c->momentum != 0.0f || c->weight_decay != 0.0f ||
-        c->clip_norm > 0.0f || c->clip_value > 0.0f)
+        c->clip_norm > 0.0f || c->clip_tensor_norm > 0.0f || c->clip_value > 0.0f)
         return 0;
     *lr = (float)lr_at(c, o->step);
     o->step++;
@@ -394,11 +554,10 @@ int optim_bf16_copy_supported(void)
 static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, float *s1, float *s2,
                       size_t lo, size_t hi, const OptimBf16Copy *c, int nc)
 {
-#define RANGE(from, to)                                                                            \
-    step_range(a, p + (from), g + (from), s0 ? s0 + (from) : NULL, s1 ? s1 + (from) : NULL,        \
-               s2 ? s2 + (from) : NULL, (ptrdiff_t)((to) - (from)))
+#define RANGE(from, to) step_span(a, p, g, s0, s1, s2, (from), (to))
     /* plain SGD: the update of the copied rows happens in the copy's own pass */
-    const int plain = a->kind == OPTIM_SGD && a->mom == 0.0f && a->wd == 0.0f && a->clipv == 0.0f;
+    const int plain = a->kind == OPTIM_SGD && a->mom == 0.0f && a->wd == 0.0f && a->clipv == 0.0f &&
+                      a->scales == NULL;
     size_t pos = lo;
     for (int k = 0; k < nc; k++) {
         size_t end = c[k].off + (size_t)c[k].rows * c[k].cols;
@@ -468,11 +627,25 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
                   1.0f,
                   c->nesterov,
                   c->centered,
-                  c->kind == OPTIM_ADAMW};
+                  c->kind == OPTIM_ADAMW,
+                  NULL,
+                  NULL,
+                  0};
     o->step++;
     if (c->clip_norm > 0.0f) {
         double coef = c->clip_norm / (optim_global_norm(grads, n) + 1e-6);
         a.scale = coef < 1.0 ? (float)coef : 1.0f;
+    }
+    if (c->clip_tensor_norm > 0.0f) {
+        /* Keras' clip_by_norm: g * clip / max(||g||_2, clip), per tensor */
+        for (int k = 0; k < o->ntensors; k++) {
+            size_t lo = k ? o->ends[k - 1] : 0;
+            double norm = optim_global_norm(grads + lo, o->ends[k] - lo);
+            o->scales[k] = (float)(c->clip_tensor_norm / fmax(norm, c->clip_tensor_norm));
+        }
+        a.ends = o->ends;
+        a.scales = o->scales;
+        a.ntensors = o->ntensors;
     }
     if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) {
         float t = (float)o->step;
@@ -489,9 +662,7 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
 #pragma omp parallel num_threads(nt)
     {
         size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
-        size_t lo = n * t / T, hi = n * (t + 1) / T;
-        step_range(&a, params + lo, grads + lo, s0 ? s0 + lo : NULL, s1 ? s1 + lo : NULL,
-                   s2 ? s2 + lo : NULL, (ptrdiff_t)(hi - lo));
+        step_span(&a, params, grads, s0, s1, s2, n * t / T, n * (t + 1) / T);
         /* threads: the copies in a second pass, once every update is done */
         if (ncopies > 0) {
 #pragma omp barrier

@@ -2,14 +2,16 @@
  * nn_optim.h - optimizers over one flat float range (a model's parameter
  * buffer, a parameter-server shard, an allreduced gradient): SGD (momentum,
  * Nesterov, weight decay), Adam, AdamW, RMSprop (momentum, centered),
- * Adadelta; learning-rate schedules (constant, step, cosine, linear warm-up)
- * and gradient clipping (global norm, value), applied on the fly without
- * touching the caller's gradients.
+ * Adadelta, Adagrad; learning-rate schedules (constant, step, exponential,
+ * piecewise constant, cosine; linear warm-up as a factor or as Keras'
+ * CosineDecay ramp) and gradient clipping (global norm, per-tensor norm,
+ * value), applied on the fly without touching the caller's gradients.
  *
  * The update rules follow torch.optim (2.x) exactly, so the tests can compare
- * parameters after several steps; Keras-style defaults are chosen by the
- * Python layer. The optimizer owns its state: `nslots` arrays of n floats in
- * one contiguous buffer (optim_state), plus the step counter; a checkpoint
+ * parameters after several steps, except Adagrad, which follows Keras 3
+ * (epsilon inside the square root, the accumulator starting at a value);
+ * Keras-style defaults are chosen by the Python layer. The optimizer owns its state: `nslots`
+ * arrays of n floats in one contiguous buffer (optim_state), plus the step counter; a checkpoint
  * saves both and restores them with optim_set_state.
  *
  * Not thread-safe per instance; optim_step parallelises with OpenMP.
@@ -28,13 +30,25 @@ typedef enum OptimKind {
     OPTIM_ADAMW = 2,
     OPTIM_RMSPROP = 3,
     OPTIM_ADADELTA = 4,
+    OPTIM_ADAGRAD = 5, /* Keras 3: acc += g^2; p -= lr * g / sqrt(acc + eps) */
 } OptimKind;
 
+/* t is the number of steps taken before this one (Keras' `iterations`). */
 typedef enum LrSchedule {
     LR_CONSTANT = 0,
-    LR_STEP = 1,   /* lr * gamma ^ floor(t / step_size) */
-    LR_COSINE = 2, /* lr_min + (lr - lr_min) * (1 + cos(pi * min(t, total) / total)) / 2 */
+    LR_STEP = 1,        /* lr * gamma ^ floor(t / step_size) (ExponentialDecay, staircase) */
+    LR_COSINE = 2,      /* lr_min + (lr - lr_min) * (1 + cos(pi * min(t, total) / total)) / 2 */
+    LR_EXPONENTIAL = 3, /* lr * gamma ^ (t / step_size) (ExponentialDecay) */
+    LR_PIECEWISE = 4,   /* values[i], i the number of boundaries < t (PiecewiseConstantDecay) */
 } LrSchedule;
+
+typedef enum LrWarmup {
+    WARMUP_SCALE = 0, /* the schedule times min(1, (t + 1) / warmup_steps) */
+    WARMUP_RAMP = 1,  /* warmup_from + (lr - warmup_from) * t / warmup_steps while t < warmup_steps,
+                         then the schedule at t - warmup_steps (Keras' CosineDecay) */
+} LrWarmup;
+
+#define OPTIM_MAX_PIECES 64 /* values of LR_PIECEWISE */
 
 typedef struct OptimConfig {
     OptimKind kind;
@@ -43,28 +57,42 @@ typedef struct OptimConfig {
     int nesterov;       /* SGD */
     float weight_decay; /* L2 added to the gradient; decoupled for AdamW */
     float beta1, beta2; /* Adam(W) */
-    float eps;          /* Adam(W), RMSprop, Adadelta */
+    float eps;          /* Adam(W), RMSprop, Adadelta, Adagrad */
     float rho;          /* RMSprop alpha, Adadelta rho */
     int centered;       /* RMSprop */
+    float init_accum;   /* Adagrad: the accumulator's first value */
     /* schedule: t is the number of steps taken before this one */
     LrSchedule schedule;
-    int64_t step_size;    /* LR_STEP */
-    float gamma;          /* LR_STEP */
-    int64_t total_steps;  /* LR_COSINE */
-    float lr_min;         /* LR_COSINE */
-    int64_t warmup_steps; /* factor min(1, (t+1)/warmup_steps) on top of the schedule; 0 = none */
+    int64_t step_size;                        /* LR_STEP, LR_EXPONENTIAL */
+    float gamma;                              /* LR_STEP, LR_EXPONENTIAL */
+    int64_t total_steps;                      /* LR_COSINE */
+    float lr_min;                             /* LR_COSINE */
+    int npieces;                              /* LR_PIECEWISE: values, 1..OPTIM_MAX_PIECES */
+    int64_t boundaries[OPTIM_MAX_PIECES - 1]; /* LR_PIECEWISE: npieces - 1, increasing */
+    float values[OPTIM_MAX_PIECES];           /* LR_PIECEWISE: absolute rates; lr is unused */
+    int64_t warmup_steps;                     /* 0 = none */
+    LrWarmup warmup;
+    float warmup_from; /* WARMUP_RAMP's first rate */
     /* clipping, applied to the gradient before everything else; 0 = off */
-    float clip_norm;  /* scale g by min(1, clip_norm / ||g||_2) */
-    float clip_value; /* clamp g to [-clip_value, clip_value] */
+    float clip_norm;        /* scale g by min(1, clip_norm / ||g||_2) */
+    float clip_tensor_norm; /* scale each tensor's g by clip / max(||g_tensor||_2, clip) (Keras'
+                               clipnorm); tensors from optim_set_tensors, else the whole range */
+    float clip_value;       /* clamp g to [-clip_value, clip_value] */
 } OptimConfig;
 
 typedef struct Optimizer Optimizer;
 
-/* Fills cfg with torch.optim's defaults for kind (lr 1e-3, or 1.0 for Adadelta). */
+/* Fills cfg with torch.optim's defaults for kind (lr 1e-3, 1.0 for Adadelta,
+ * 0.01 for RMSprop and Adagrad; Adagrad's eps 1e-10). */
 void optim_config_default(OptimConfig *cfg, OptimKind kind);
 
 /* Validates cfg and allocates the state for n parameters (zeroed). */
 int optim_create(Optimizer **out, const OptimConfig *cfg, size_t n, SgError *err);
+
+/* Declares the tensors of the range for clip_tensor_norm: sizes[0..count)
+ * in order, summing to the size given at creation (one tensor, the whole
+ * range, until called). */
+int optim_set_tensors(Optimizer *o, const size_t *sizes, int count, SgError *err);
 
 /* params[n] -= update(grads[n]); n must equal the size given at creation. */
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err);
@@ -114,7 +142,7 @@ float optim_current_lr(const Optimizer *o);
 int64_t optim_get_step(const Optimizer *o);
 const OptimConfig *optim_config(const Optimizer *o);
 /* Sets the base learning rate (the schedule applies on top of it from the next step);
- * SG_EINVAL unless lr is finite and >= 0. */
+ * SG_EINVAL unless lr is finite and >= 0, SG_ESTATE under LR_PIECEWISE (absolute values). */
 int optim_set_base_lr(Optimizer *o, float lr, SgError *err);
 
 /* State for checkpoints: nslots * n floats, contiguous. */

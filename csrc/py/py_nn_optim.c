@@ -5,6 +5,7 @@
  */
 #include "py/py_nn.h"
 
+#include <limits.h>
 #include <string.h>
 
 static void optimizer_dealloc(OptimizerObject *self)
@@ -13,8 +14,11 @@ static void optimizer_dealloc(OptimizerObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static const char *const kind_names[] = {"sgd", "adam", "adamw", "rmsprop", "adadelta", NULL};
-static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
+static const char *const kind_names[] = {"sgd",      "adam",    "adamw", "rmsprop",
+                                         "adadelta", "adagrad", NULL};
+static const char *const sched_names[] = {"constant",    "step",      "cosine",
+                                          "exponential", "piecewise", NULL};
+static const char *const warmup_names[] = {"scale", "ramp", NULL};
 
 static int lookup(const char *const *names, const char *what, const char *v)
 {
@@ -25,27 +29,121 @@ static int lookup(const char *const *names, const char *what, const char *v)
     return -1;
 }
 
+/* LR_PIECEWISE's boundaries and values from two sequences (None: unused). */
+static int parse_pieces(OptimConfig *c, PyObject *boundaries, PyObject *values)
+{
+    if (boundaries == Py_None && values == Py_None)
+        return 0;
+    PyObject *b = PySequence_Fast(boundaries, "boundaries must be a sequence of ints");
+    PyObject *v = b ? PySequence_Fast(values, "values must be a sequence of floats") : NULL;
+    int rc = -1;
+    if (v == NULL)
+        goto cleanup;
+    Py_ssize_t nb = PySequence_Fast_GET_SIZE(b), nv = PySequence_Fast_GET_SIZE(v);
+    if (nv < 1 || nv > OPTIM_MAX_PIECES || nb != nv - 1) {
+        sg_raise_code(SG_EINVAL,
+                      "a piecewise schedule needs 1..%d values and one boundary fewer, got %zd "
+                      "boundaries and %zd values",
+                      OPTIM_MAX_PIECES, nb, nv);
+        goto cleanup;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        c->boundaries[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(b, i));
+        if (c->boundaries[i] == -1 && PyErr_Occurred())
+            goto cleanup;
+    }
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        c->values[i] = (float)PyFloat_AsDouble(PySequence_Fast_GET_ITEM(v, i));
+        if (c->values[i] == -1.0f && PyErr_Occurred())
+            goto cleanup;
+    }
+    c->npieces = (int)nv;
+    rc = 0;
+cleanup:
+    Py_XDECREF(b);
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* Declares the tensors of the range (a sequence of sizes; None: one tensor). */
+static int set_tensors(Optimizer *opt, PyObject *sizes)
+{
+    if (sizes == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(sizes, "tensor_sizes must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    size_t *v = PyMem_Malloc((size_t)(count > 0 ? count : 1) * sizeof *v);
+    if (v == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < count; i++) {
+        v[i] = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(seq, i));
+        rc = v[i] == (size_t)-1 && PyErr_Occurred() ? -1 : 0;
+    }
+    SgError err = {0};
+    if (rc == 0 && count > INT_MAX) {
+        sg_raise_code(SG_EINVAL, "tensor_sizes: %zd tensors, at most %d", count, INT_MAX);
+        rc = -1;
+    } else if (rc == 0 && (rc = optim_set_tensors(opt, v, (int)count, &err)) < 0) {
+        sg_raise(&err);
+    }
+    PyMem_Free(v);
+    Py_DECREF(seq);
+    return rc < 0 ? -1 : 0;
+}
+
 static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {
-        "kind",       "n",     "lr",          "momentum", "nesterov",     "weight_decay",
-        "beta1",      "beta2", "eps",         "rho",      "centered",     "schedule",
-        "step_size",  "gamma", "total_steps", "lr_min",   "warmup_steps", "clip_norm",
-        "clip_value", NULL};
-    const char *kind, *schedule = "constant";
+    static char *kwlist[] = {"kind",
+                             "n",
+                             "lr",
+                             "momentum",
+                             "nesterov",
+                             "weight_decay",
+                             "beta1",
+                             "beta2",
+                             "eps",
+                             "rho",
+                             "centered",
+                             "schedule",
+                             "step_size",
+                             "gamma",
+                             "total_steps",
+                             "lr_min",
+                             "warmup_steps",
+                             "clip_norm",
+                             "clip_value",
+                             "init_accum",
+                             "clip_tensor_norm",
+                             "boundaries",
+                             "values",
+                             "warmup",
+                             "warmup_from",
+                             "tensor_sizes",
+                             NULL};
+    const char *kind, *schedule = "constant", *warmup_kind = "scale";
     Py_ssize_t n;
     OptimConfig c;
     optim_config_default(&c, OPTIM_SGD);
     long long step_size = 1, total_steps = 1, warmup = 0;
     int nesterov = 0, centered = 0;
+    PyObject *boundaries = Py_None, *values = Py_None, *tensor_sizes = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "sn|$ffpfffffpsLfLfLff:Optimizer", kwlist, &kind, &n, &c.lr, &c.momentum,
-            &nesterov, &c.weight_decay, &c.beta1, &c.beta2, &c.eps, &c.rho, &centered, &schedule,
-            &step_size, &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm, &c.clip_value))
+            args, kw, "sn|$ffpfffffpsLfLfLffffOOsfO:Optimizer", kwlist, &kind, &n, &c.lr,
+            &c.momentum, &nesterov, &c.weight_decay, &c.beta1, &c.beta2, &c.eps, &c.rho, &centered,
+            &schedule, &step_size, &c.gamma, &total_steps, &c.lr_min, &warmup, &c.clip_norm,
+            &c.clip_value, &c.init_accum, &c.clip_tensor_norm, &boundaries, &values, &warmup_kind,
+            &c.warmup_from, &tensor_sizes))
         return -1;
     int k = lookup(kind_names, "optimizer kind", kind);
     int s = k < 0 ? -1 : lookup(sched_names, "schedule", schedule);
-    if (k < 0 || s < 0)
+    int w = s < 0 ? -1 : lookup(warmup_names, "warm-up", warmup_kind);
+    if (k < 0 || s < 0 || w < 0 || parse_pieces(&c, boundaries, values) < 0)
         return -1;
     if (n < 0) {
         PyErr_SetString(PyExc_ValueError, "n must be >= 0");
@@ -58,6 +156,7 @@ static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
     c.step_size = step_size;
     c.total_steps = total_steps;
     c.warmup_steps = warmup;
+    c.warmup = (LrWarmup)w;
     SgError err = {0};
     optim_free(self->opt);
     self->opt = NULL;
@@ -66,7 +165,7 @@ static int optimizer_init(OptimizerObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->n = (size_t)n;
-    return 0;
+    return set_tensors(self->opt, tensor_sizes);
 }
 
 float *nn_float_array(PyObject *obj, const char *name, size_t n, int writable)
@@ -216,7 +315,8 @@ PyTypeObject OptimizerType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Optimizer(kind, n, *, lr, momentum, nesterov, weight_decay, beta1, beta2, eps, rho, "
               "centered, schedule, step_size, gamma, total_steps, lr_min, warmup_steps, clip_norm, "
-              "clip_value): a C optimizer over n float32 parameters.",
+              "clip_value, init_accum, clip_tensor_norm, boundaries, values, warmup, warmup_from, "
+              "tensor_sizes): a C optimizer over n float32 parameters.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)optimizer_init,
     .tp_dealloc = (destructor)optimizer_dealloc,

@@ -259,9 +259,18 @@ class Model:
     ) -> np.ndarray: ...
 
 class Optimizer:
-    """A C optimizer (sgd, adam, adamw, rmsprop, adadelta) over n float32 parameters."""
+    """A C optimizer (sgd, adam, adamw, rmsprop, adadelta, adagrad) over n float32 parameters."""
 
-    def __init__(self, kind: str, n: int, **config: float | int | bool | str) -> None: ...
+    def __init__(
+        self,
+        kind: str,
+        n: int,
+        *,
+        tensor_sizes: Sequence[int] | None = None,
+        boundaries: Sequence[int] | None = None,
+        values: Sequence[float] | None = None,
+        **config: float | int | bool | str,
+    ) -> None: ...
     def step(self, params: np.ndarray, grads: np.ndarray) -> None: ...
     def state(self) -> np.ndarray: ...
     def set_state(self, step: int, state: np.ndarray) -> None: ...

@@ -13,30 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkgrad import hvd
-
-
-class Callback:
-    """Base: keeps the model fit gives to set_model; every hook does nothing."""
-
-    model: Any = None
-
-    def set_model(self, model: Any) -> None:
-        self.model = model
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        pass
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_step_end(self, step: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        pass
+from sparkgrad.nn.callbacks import Callback  # the base of every fit callback, re-exported here
 
 
 def _optimizer_with_lr(model: Any) -> Any:

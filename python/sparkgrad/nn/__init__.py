@@ -11,7 +11,8 @@ model.fit(x, y, batch_size=100, epochs=5)
 ```
 """
 
-from sparkgrad.nn import models, optimizers
+from sparkgrad.nn import callbacks, models, optimizers, schedules
+from sparkgrad.nn.callbacks import EarlyStopping, LearningRateScheduler, ReduceLROnPlateau, TerminateOnNaN
 from sparkgrad.nn.distributed import DistributedOptimizer
 from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import (
@@ -25,8 +26,9 @@ from sparkgrad.nn.layers import (
     MaxPooling2D,
 )
 from sparkgrad.nn.model import ParamTensor, Sequential
-from sparkgrad.nn.optimizers import SGD, Adadelta, Adam, AdamW, RMSprop
+from sparkgrad.nn.optimizers import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
 from sparkgrad.nn.saved import load_model, model_from_bytes, model_to_bytes, save_model
+from sparkgrad.nn.schedules import CosineDecay, ExponentialDecay, PiecewiseConstantDecay
 from sparkgrad.nn.state import TrainState
 from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_threads
 
@@ -55,6 +57,16 @@ __all__ = [
     "AdamW",
     "RMSprop",
     "Adadelta",
+    "Adagrad",
+    "schedules",
+    "ExponentialDecay",
+    "PiecewiseConstantDecay",
+    "CosineDecay",
+    "callbacks",
+    "EarlyStopping",
+    "ReduceLROnPlateau",
+    "LearningRateScheduler",
+    "TerminateOnNaN",
     "set_num_threads",
     "get_num_threads",
     "configure_threads",

@@ -24,6 +24,7 @@ in this process), looked up when fit starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -120,9 +121,9 @@ class DistributedOptimizer(Optimizer):
         """The wrapped optimizer's configuration."""
         return self.optimizer.config
 
-    def bind(self, n: int) -> _core.Optimizer:
-        """Binds the wrapped optimizer to ``n`` parameters (``Optimizer.bind``)."""
-        return self.optimizer.bind(n)
+    def bind(self, n: int, tensor_sizes: Sequence[int] | None = None) -> _core.Optimizer:
+        """Binds the wrapped optimizer to ``n`` parameters in tensors of ``tensor_sizes`` (``Optimizer.bind``)."""
+        return self.optimizer.bind(n, tensor_sizes)
 
     def apply(self, params: np.ndarray, grads: np.ndarray) -> None:
         """One step of the wrapped optimizer on ``params``, with ``grads`` as given (no reduction)."""

@@ -272,6 +272,10 @@ class Sequential:
         """The number of parameters (float32 values in ``params``)."""
         return int(self.params.size)
 
+    def tensor_sizes(self) -> list[int]:
+        """The sizes of the tensors in ``params``, in order (``param_table``): what ``clipnorm`` clips each of."""
+        return [t.size for t in self.param_table] or [self.num_params]
+
     @property
     def output_classes(self) -> int:
         """The number of outputs of the last layer (the classes of the cross-entropy)."""
@@ -357,7 +361,7 @@ class Sequential:
 
         Args:
             optimizer: An optimizer (`SGD`, `Adam`, ..., a `DistributedOptimizer`) or a name (``"sgd"``,
-                ``"adam"``, ``"adamw"``, ``"rmsprop"``, ``"adadelta"``) with Keras's defaults.
+                ``"adam"``, ``"adamw"``, ``"rmsprop"``, ``"adadelta"``, ``"adagrad"``) with Keras's defaults.
             loss: ``"sparse_categorical_crossentropy"`` (integer labels) or ``"categorical_crossentropy"``
                 (one-hot labels); either works on the logits of the last layer, or on its softmax.
             metrics: Only ``"accuracy"`` (or ``"acc"``) is supported.
@@ -379,7 +383,7 @@ class Sequential:
             if m not in ("accuracy", "acc"):
                 raise ValueError(f"unsupported metric {m!r}: only 'accuracy'")
         self.optimizer = _optimizers.get(optimizer)
-        self.optimizer.bind(self.num_params)
+        self.optimizer.bind(self.num_params, self.tensor_sizes())
         s = self.state  # optimizer state restored before compile (load, then compile)
         if s.optimizer_kind == self.optimizer.kind and (s.optimizer_steps or s.optimizer_slots.size):
             self.optimizer.set_state(s.optimizer_steps, s.optimizer_slots)
@@ -446,7 +450,7 @@ class Sequential:
             ``(loss_sum, correct, seen, steps)``: summed loss and correct predictions over ``seen`` rows,
             and the steps taken. ``state.step`` advances (under a ps hook, to the global step).
         """
-        copt = self.optimizer.bind(self.num_params) if update else None
+        copt = self.optimizer.bind(self.num_params, self.tensor_sizes()) if update else None
         batch = int(batch_size or max(x.shape[0], 1))
         r = self._core.train_steps(
             copt,
