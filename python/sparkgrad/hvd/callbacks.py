@@ -10,21 +10,9 @@ communicates is a collective.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkgrad import hvd
 from sparkgrad.nn.callbacks import Callback  # the base of every fit callback, re-exported here
-
-
-def _optimizer_with_lr(model: Any) -> Any:
-    """The model's optimizer (a DistributedOptimizer sets the rate of the optimizer it wraps)."""
-    opt = getattr(model, "optimizer", None)
-    if opt is None or not hasattr(opt, "set_learning_rate"):
-        raise TypeError(
-            f"LearningRateWarmupCallback: the model's optimizer {type(opt).__name__} has no set_learning_rate "
-            "(compile the model with a sparkgrad optimizer first)"
-        )
-    return opt
+from sparkgrad.nn.callbacks import _optimizer as _optimizer_with_lr
 
 
 class BroadcastGlobalVariablesCallback(Callback):
@@ -108,7 +96,7 @@ class LearningRateWarmupCallback(Callback):
         return self.initial_lr / n * (1.0 + epoch * (n - 1) / self.warmup_epochs)
 
     def _set(self, lr: float) -> None:
-        _optimizer_with_lr(self.model).set_learning_rate(lr)
+        _optimizer_with_lr("LearningRateWarmupCallback", self.model).set_learning_rate(lr)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = int(epoch)
