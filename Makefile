@@ -245,7 +245,8 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 # From a fresh clone on 2 quiet cores (2026-12-03, AMD EPYC): 15 min 58 s in all, of which the venv,
 # build and anchors took 2 min 6 s (system packages present, pip's cache warm; 4 min 56 s on
 # 2026-12-02 with nothing installed) and the benches 13 min 49 s. bench_train is the longest (5.0 min:
-# about 20 subprocesses, two torch.compile and four XLA compiles), then bench_feed (2.1 min) and
+# about 20 subprocesses, two torch.compile and four XLA compiles; measured before its binary and regression
+# rows, two more MLP-sized models: 2.3 of its 7.3 min with --quick on a loaded machine), then bench_feed (2.1 min) and
 # bench_cluster (1.6 min; TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll).
 bench: build $(ANCHORS_STAMP) build/bench/gemm_peak
 	@mkdir -p bench/results

@@ -2,11 +2,15 @@
 
 Models and data as issue 4: (a) the TFoS walkthrough MLP 784-128-64-10 ReLU,
 SGD lr 0.07, batch 100; (b) the HorovodRunner Keras CNN (Conv32-Conv64-MaxPool-
-Dropout-Flatten-Dense128-Dropout-Dense10, Adadelta lr 0.1, batch 128). Data:
-Fashion-MNIST in memory (random data of the same shape if it is absent).
+Dropout-Flatten-Dense128-Dropout-Dense10, Adadelta lr 0.1, batch 128); and the
+MLP's body (784-128-64 ReLU, SGD lr 0.07, batch 100) with a 1-unit head (HEADS):
+"binary", a sigmoid head trained with binary cross-entropy on label >= 5, and
+"regression", a linear head trained with mean squared error on label / 9 (float32
+targets [n, 1] made from the same labels for every system). Data: Fashion-MNIST
+in memory (random data of the same shape if it is absent).
 Each (system, configuration, model, threads) runs in its own subprocess, so
-thread settings and peak RSS are its own; each times 5 segments (1000 MLP / 20
-CNN steps; --quick: 3 of 200 / 5, 1 thread) after a warm-up and reports their
+thread settings and peak RSS are its own; each times 5 segments (1000 MLP-body /
+20 CNN steps; --quick: 3 of 200 / 5, 1 thread) after a warm-up and reports their
 median with the spread. The anchors run as a skilled user would run them, and
 sparkgrad is compared with each one's best configuration:
 
@@ -39,6 +43,7 @@ Prints the table and writes bench/results/train.json (rows system, metric, value
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -46,6 +51,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import benchlib
 
@@ -55,6 +61,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # and data gradient except for the first layer.
 MLP_LAYERS = [(784, 128), (128, 64), (64, 10)]
 MLP_FLOPS = sum(6 * i * o for i, o in MLP_LAYERS) - 2 * 784 * 128
+HEAD_LAYERS = [*MLP_LAYERS[:-1], (64, 1)]  # the MLP's body with a 1-unit head
+HEAD_FLOPS = sum(6 * i * o for i, o in HEAD_LAYERS) - 2 * 784 * 128
 CONV = [(26 * 26, 1 * 9, 32), (24 * 24, 32 * 9, 64)]  # (output pixels, C*KH*KW, OC)
 CNN_DENSE = [(9216, 128), (128, 10)]
 CNN_FLOPS = (
@@ -62,7 +70,28 @@ CNN_FLOPS = (
     - 2 * CONV[0][0] * CONV[0][1] * CONV[0][2]
     + sum(6 * i * o for i, o in CNN_DENSE)
 )
-BATCH = {"mlp": 100, "cnn": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """A 1-unit head on the MLP's body: the last Dense layer's activation in sparkgrad and Keras (PyTorch's
+    head is linear and its loss takes the logit), the loss (Keras' name, which sparkgrad takes too) and
+    PyTorch's, and the float32 target made from the Fashion-MNIST label (``target``, said in ``says``)."""
+
+    activation: str | None
+    loss: str
+    torch_loss: str  # a torch.nn class
+    target: Callable  # int64 labels [n] -> the target before the cast to float32 [n, 1]
+    says: str
+
+
+HEADS = {
+    "binary": Head("sigmoid", "binary_crossentropy", "BCEWithLogitsLoss", lambda y: y >= 5, "label >= 5 (1.0 or 0.0)"),
+    "regression": Head(None, "mse", "MSELoss", lambda y: y / 9, "label / 9 (0 to 1)"),
+}
+MODELS = ("mlp", "cnn", *HEADS)
+BATCH = {"mlp": 100, "cnn": 128, "binary": 100, "regression": 100}
+FLOPS = {"mlp": MLP_FLOPS, "cnn": CNN_FLOPS, "binary": HEAD_FLOPS, "regression": HEAD_FLOPS}
 
 
 def load_data(model: str):
@@ -77,8 +106,13 @@ def load_data(model: str):
     except Exception:  # noqa: BLE001 - the benchmark still runs without the dataset
         rng = np.random.default_rng(0)
         x, y = rng.random((60000, 28, 28), dtype=np.float32), rng.integers(0, 10, 60000).astype(np.uint8)
-    x = x.reshape(-1, 784) if model == "mlp" else x.reshape(-1, 28, 28, 1)
+    x = x.reshape(-1, 28, 28, 1) if model == "cnn" else x.reshape(-1, 784)
     return np.ascontiguousarray(x), y.astype(np.int64)
+
+
+def head_target(model: str, y):
+    """The float32 target [n, 1] of a HEADS model from the int64 labels [n]."""
+    return HEADS[model].target(y).astype("float32").reshape(-1, 1)
 
 
 def peak_rss_mb() -> float:
@@ -100,7 +134,7 @@ def rates_result(rates: list[float], **extra) -> dict:
 
 def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int, precision: str = "fp32") -> dict:
     import numpy as np
-    from sparkgrad.nn import SGD, Adadelta, set_num_threads
+    from sparkgrad.nn import SGD, Adadelta, Dense, Sequential, set_num_threads
     from sparkgrad.nn.models import horovod_cnn, walkthrough_mlp
 
     set_num_threads(threads)
@@ -109,6 +143,18 @@ def worker_sparkgrad(model: str, threads: int, steps: int, warmup: int, precisio
         m = walkthrough_mlp(seed=1)
         m.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", precision=precision)
         target = y
+    elif model in HEADS:  # walkthrough_mlp's layers with a 1-unit head
+        head, init = HEADS[model], "truncated_normal"
+        m = Sequential(
+            [
+                Dense(128, activation="relu", input_shape=(784,), kernel_initializer=init),
+                Dense(64, activation="relu", kernel_initializer=init),
+                Dense(1, activation=head.activation, kernel_initializer=init),
+            ],
+            seed=1,
+        )
+        m.compile(optimizer=SGD(0.07), loss=head.loss, precision=precision)
+        target = head_target(model, y)
     else:
         m = horovod_cnn(seed=1)
         m.compile(optimizer=Adadelta(0.1), loss="categorical_crossentropy", precision=precision)
@@ -144,10 +190,15 @@ def worker_torch(model: str, threads: int, steps: int, warmup: int, mode: str = 
         return {"unsupported": "no avx512_bf16/amx_bf16 in /proc/cpuinfo: bf16 autocast would be emulated"}
     torch.set_num_threads(threads)
     x, y = load_data(model)
+    if model in HEADS:  # a 1-unit linear head, whose loss takes the logit
+        y, lossf = head_target(model, y), getattr(tnn, HEADS[model].torch_loss)()
+    else:
+        lossf = tnn.CrossEntropyLoss()
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     torch.manual_seed(1)
-    if model == "mlp":
-        net = tnn.Sequential(tnn.Linear(784, 128), tnn.ReLU(), tnn.Linear(128, 64), tnn.ReLU(), tnn.Linear(64, 10))
+    if model != "cnn":
+        out = 1 if model in HEADS else 10
+        net = tnn.Sequential(tnn.Linear(784, 128), tnn.ReLU(), tnn.Linear(128, 64), tnn.ReLU(), tnn.Linear(64, out))
         opt = torch.optim.SGD(net.parameters(), lr=0.07)
     else:
         x = x.permute(0, 3, 1, 2).contiguous()
@@ -159,7 +210,6 @@ def worker_torch(model: str, threads: int, steps: int, warmup: int, mode: str = 
     fwd = torch.compile(net) if mode == "compile" else net
     b = BATCH[model]
     n = x.shape[0]
-    lossf = tnn.CrossEntropyLoss()
 
     def cast():
         return torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
@@ -222,6 +272,19 @@ def worker_keras(
         )
         opt, loss = keras.optimizers.SGD(0.07), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         target = y
+    elif model in HEADS:  # the MLP's body with a 1-unit head, in fp32 as the MLP's output layer
+        head = HEADS[model]
+        init = keras.initializers.TruncatedNormal(stddev=1 / 28.0)
+        net = keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(128, activation="relu", kernel_initializer=init),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(1, activation=head.activation, dtype="float32"),
+            ]
+        )
+        opt, loss = keras.optimizers.SGD(0.07), head.loss
+        target = head_target(model, y)
     else:
         L = keras.layers
         net = keras.Sequential(
@@ -368,15 +431,19 @@ def spawn(
 
 def tf_python() -> tuple[str | None, str]:
     """The interpreter with TensorFlow: $SPARKGRAD_TF_PYTHON if set, else this one (where
-    `make bench` installs the anchors extra); (path, why not)."""
+    `make bench` installs the anchors extra); (path, its TensorFlow and Keras versions) or (None, why not)."""
     python = os.environ.get("SPARKGRAD_TF_PYTHON") or sys.executable
     if not os.path.exists(python):
         return None, f"no interpreter at {python} ($SPARKGRAD_TF_PYTHON)"
-    r = subprocess.run([python, "-c", "import tensorflow"], capture_output=True, text=True, timeout=300)
+    code = "import tensorflow as tf; print(tf.__version__, tf.keras.__version__)"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")  # no TensorFlow log lines on stderr
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
         return None, f"{python} cannot import tensorflow ({last}; `make bench` installs the anchors extra)"
-    return python, ""
+    words = r.stdout.split()  # the versions are its last line
+    tf_version, keras_version = words[-2:] if len(words) >= 2 else ("?", "?")
+    return python, f"TensorFlow {tf_version}, Keras {keras_version}"
 
 
 # Each anchor's configurations: (label, extra worker arguments); its best is the one compared.
@@ -420,27 +487,34 @@ def main() -> int:
     meta = benchlib.metadata("train", omp_wait_policy=args.wait_policy)
     WAIT_POLICY = args.wait_policy
     REPEATS = 3 if args.quick else 5
-    steps = {"mlp": 200 if args.quick else 1000, "cnn": 5 if args.quick else 20}  # per timed segment
-    warmup = {"mlp": 50, "cnn": 3}
+    mlp_steps = 200 if args.quick else 1000  # per timed segment, for the MLP and its 1-unit heads
+    steps = {"cnn": 5 if args.quick else 20, **{m: mlp_steps for m in ("mlp", *HEADS)}}
+    warmup = {"cnn": 3, **{m: 50 for m in ("mlp", *HEADS)}}
     threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",")]
-    keras_python, keras_missing = tf_python()
-    flops = {"mlp": MLP_FLOPS, "cnn": CNN_FLOPS}
+    keras_python, keras_found = tf_python()
+    keras_missing = "" if keras_python else keras_found
     rows: list[dict] = []
     table: list[tuple] = []
     row = rows.append
     meta["notes"] = [
-        f"each figure is the median of {REPEATS} timed segments ({steps['mlp']} MLP / {steps['cnn']} CNN steps, "
+        f"each figure is the median of {REPEATS} timed segments ({mlp_steps} MLP / {steps['cnn']} CNN steps, "
         "Keras: a whole number of steps_per_execution) in one process after a warm-up",
+        "binary and regression: the MLP's body (784-128-64 ReLU, SGD lr 0.07, batch 100) with a 1-unit head on "
+        "the same Fashion-MNIST images, float32 targets [n, 1] made from the label: binary "
+        f"{HEADS['binary'].says}, a sigmoid head with binary_crossentropy (PyTorch: BCEWithLogitsLoss on the "
+        f"logit); regression {HEADS['regression'].says}, a linear head with mse (PyTorch: MSELoss)",
         "OMP_WAIT_POLICY of sparkgrad and PyTorch (OpenMP) at 2+ threads: "
         + ("passive and active, the faster kept" if WAIT_POLICY == "both" else WAIT_POLICY)
         + "; passive at 1 thread; TensorFlow's own thread pools do not read it",
         "PyTorch: eager, torch.compile (its compile, in the first step, reported apart and not in the rate) and "
         "bf16 autocast where the CPU has bf16; Keras: steps_per_execution 1, 10, 100 x jit_compile False/True, "
-        "each over one fit whose first epoch is the warm-up; ratios are against each anchor's best configuration",
+        "each over one fit whose first epoch is the warm-up; ratios are against each anchor's best configuration, "
+        "and sparkgrad fp32's also against each anchor's best fp32 configuration ('<anchor> fp32')",
         "sparkgrad_bf16 is compile(precision='bf16'); its ratio is against sparkgrad's own fp32",
+        f"Keras: {keras_found} in {keras_python}" if keras_python else f"Keras: not measured: {keras_missing}",
     ]
-    for model in ("mlp", "cnn"):
-        row(benchlib.row("machine", f"{model}_flops_per_training_sample", flops[model], "FLOP"))
+    for model in MODELS:
+        row(benchlib.row("machine", f"{model}_flops_per_training_sample", FLOPS[model], "FLOP"))
     bounds: dict[str, float] = {}
 
     def measure(system: str, label: str, model: str, t: int, extra: list[str]) -> list[tuple[str, dict | None, str]]:
@@ -470,15 +544,15 @@ def main() -> int:
                 row(benchlib.row("machine", f"gemm_{source}_t{t}", round(rate, 1),
                                  f"GFLOP/s ({what}{'; ' + note if note else ''})"))  # fmt: skip
         bf16_peak = (g or {}).get("sources", {}).get("onednn_bf16")
-        for model in ("mlp", "cnn"):
+        for model in MODELS:
             # no system can train faster than the measured GEMM peak over the FLOPs of one sample
-            bounds[f"{model}_t{t}"] = peak * 1e9 / flops[model]
+            bounds[f"{model}_t{t}"] = peak * 1e9 / FLOPS[model]
             row(benchlib.row("machine", f"{model}_compute_bound_t{t}", round(bounds[f"{model}_t{t}"], 1), "samples/s"))
             if bf16_peak:  # the same bound for a run whose every FLOP were a bf16 dot product
-                bound = round(bf16_peak * 1e9 / flops[model], 1)
+                bound = round(bf16_peak * 1e9 / FLOPS[model], 1)
                 what = "samples/s (oneDNN's bf16 matmul rate over the FLOPs of one sample)"
                 row(benchlib.row("machine", f"{model}_compute_bound_bf16_t{t}", bound, what))
-        for model in ("mlp", "cnn"):
+        for model in MODELS:
             tag = f"{model}_b{BATCH[model]}_t{t}"
             metric = f"{tag}_samples_per_s"
             unit = f"samples/s (median of {REPEATS} segments)"
@@ -492,10 +566,10 @@ def main() -> int:
                 extra = {"config": config} if config else {}
                 row(benchlib.median_row(system, metric, res["rates"], unit, **extra))
                 row(benchlib.row(system, f"{tag}_peak_rss", round(res["peak_rss_mb"], 1), "MB"))
-                share = s["median"] * flops[model] / (peak * 1e9)
+                share = s["median"] * FLOPS[model] / (peak * 1e9)
                 row(benchlib.row(system, f"{tag}_share_of_gemm_peak", round(share, 4), "fraction"))
                 if bf16_peak:
-                    share = s["median"] * flops[model] / (bf16_peak * 1e9)
+                    share = s["median"] * FLOPS[model] / (bf16_peak * 1e9)
                     row(benchlib.row(system, f"{tag}_share_of_bf16_gemm_peak", round(share, 4), "fraction"))
                 for key, what in (("compile_s", "s (torch.compile's compile, in the first step; not in the rate)"),
                                   ("first_epoch_s", "s (warm-up epoch: tracing/XLA compile)")):  # fmt: skip
@@ -528,18 +602,28 @@ def main() -> int:
                 record(BEST_OURS, res, config=", ".join(x for x in (precision, label) if x))
             for anchor, configs in anchor_configs(args.quick, model).items():
                 best: tuple[float, str, dict] | None = None
+                best_fp32: tuple[float, str, dict] | None = None  # the best of its configurations without bf16
                 reasons = []
-                for label, res, why in (run for lab, extra in configs for run in measure(anchor, lab, model, t, extra)):
-                    name = f"{anchor} ({label})"
-                    if res is None:
-                        row(benchlib.not_measured(name, metric, why))
-                        reasons.append(f"{label}: {why}")
-                        table.append((tag, anchor, label, f"not measured: {why}", ""))
-                        continue
-                    med = record(name, res)
-                    table.append((tag, anchor, label, f"{med:,.0f}", f"{ours / med:.2f}x" if ours else ""))
-                    if best is None or med > best[0]:
-                        best = (med, label, res)
+                for lab, extra in configs:
+                    for label, res, why in measure(anchor, lab, model, t, extra):
+                        name = f"{anchor} ({label})"
+                        if res is None:
+                            row(benchlib.not_measured(name, metric, why))
+                            reasons.append(f"{label}: {why}")
+                            table.append((tag, anchor, label, f"not measured: {why}", ""))
+                            continue
+                        med = record(name, res)
+                        table.append((tag, anchor, label, f"{med:,.0f}", f"{ours / med:.2f}x" if ours else ""))
+                        if best is None or med > best[0]:
+                            best = (med, label, res)
+                        if "bf16" not in extra and (best_fp32 is None or med > best_fp32[0]):
+                            best_fp32 = (med, label, res)
+                if best_fp32 is not None:  # fp32 against fp32, beside the best against the best
+                    fp32_med, fp32_label, fp32_res = best_fp32
+                    row(benchlib.median_row(f"{anchor} fp32", metric, fp32_res["rates"], unit, config=fp32_label))
+                    if ours:
+                        what = f"x (medians; sparkgrad fp32 against {anchor}'s best fp32: {fp32_label})"
+                        row(benchlib.row("sparkgrad", f"{tag}_ratio_vs_{anchor}_fp32", round(ours / fp32_med, 2), what))
                 if best is None:
                     row(benchlib.not_measured(anchor, metric, "; ".join(dict.fromkeys(reasons))))
                     continue
@@ -561,10 +645,12 @@ def main() -> int:
         peak_t = next(r["value"] for r in rows if r["metric"] == f"fp32_gemm_peak_t{t}")
         print(
             f"fp32 GEMM peak, {t} thread(s): {peak_t} GFLOP/s; compute bound (peak / FLOPs per sample): "
-            f"MLP {bounds[f'mlp_t{t}']:,.0f} samples/s, CNN {bounds[f'cnn_t{t}']:,.0f} samples/s"
+            f"MLP {bounds[f'mlp_t{t}']:,.0f} samples/s, CNN {bounds[f'cnn_t{t}']:,.0f} samples/s, "
+            f"1-unit heads {bounds[f'binary_t{t}']:,.0f} samples/s"
         )
-    keras_note = f"measured with {keras_python}" if keras_python else f"not measured: {keras_missing}"
-    print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M; keras: {keras_note}")
+    keras_note = f"measured with {keras_python} ({keras_found})" if keras_python else f"not measured: {keras_missing}"
+    print(f"FLOPs per training sample: MLP {MLP_FLOPS / 1e3:.0f} k, CNN {CNN_FLOPS / 1e6:.1f} M, "
+          f"1-unit heads {HEAD_FLOPS / 1e3:.0f} k; keras: {keras_note}")  # fmt: skip
     print(f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end {meta['load_average_end'][0]:.2f}"
           f"; OMP_WAIT_POLICY at 2+ threads: {WAIT_POLICY}")  # fmt: skip
     print(f"wrote {results}")

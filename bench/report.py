@@ -219,17 +219,29 @@ def render_raw() -> str:
 # ours / anchor's), "lower" (a time: anchor's / ours) or "diff" (ours - anchor's).
 
 
+# bench_train.py's models: (name in its metrics, batch, name in the tables)
+TRAIN_MODELS = (
+    ("mlp", 100, "MLP"),
+    ("cnn", 128, "CNN"),
+    ("binary", 100, "MLP binary classifier"),
+    ("regression", 100, "MLP regression"),
+)
+
+
 def _train_lines(rows: list[dict]) -> list[tuple]:
     lines = []
     for t in (1, 2):
-        for model, batch in (("mlp", 100), ("cnn", 128)):
+        for model, batch, title in TRAIN_MODELS:
             tag = f"{model}_b{batch}_t{t}"
-            name = f"{model.upper()}, {t} thread{'s' if t > 1 else ''}"
+            name = f"{title}, {t} thread{'s' if t > 1 else ''}"
             m = f"{tag}_samples_per_s"
             lines.append((name, ("sparkgrad", m), ("torch", m), "higher"))
             lines.append((name, ("sparkgrad", m), ("keras", m), "higher"))
             lines.append((name, ("sparkgrad (best precision)", m), ("torch", m), "higher"))
             lines.append((name, ("sparkgrad (best precision)", m), ("keras", m), "higher"))
+            for anchor in ("torch", "keras"):  # fp32 against fp32 (files from before it have no such row)
+                if _find(rows, f"{anchor} fp32", m):
+                    lines.append((name, ("sparkgrad", m), (f"{anchor} fp32", m), "higher"))
             lines.append((name, ("sparkgrad_bf16", m), ("sparkgrad", m), "higher"))
             lines.append((name, ("sparkgrad", m), ("machine", f"{model}_compute_bound_t{t}"), "higher"))
     return lines

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sparkgrad.nn import Conv2D, Dense, Dropout, Flatten
+from sparkgrad.nn import Activation, Conv2D, Dense, Dropout, Flatten
 from sparkgrad.nn.layers import AveragePooling2D, MaxPool2D
 
 
@@ -50,6 +50,8 @@ class TorchMirror:
                 t = num / den
             elif isinstance(layer, Flatten):
                 t = t.permute(0, 2, 3, 1).reshape(t.shape[0], -1)  # NHWC order, as Keras
+            elif isinstance(layer, Activation):
+                t = _act(t, layer.activation)
             elif isinstance(layer, Dropout):
                 if layer.rate != 0.0:
                     raise ValueError("TorchMirror compares deterministic networks (dropout rate 0)")
@@ -72,13 +74,20 @@ class TorchMirror:
 
 
 def _act(t: torch.Tensor, name: str | None) -> torch.Tensor:
-    if name == "relu":
-        return torch.relu(t)
-    if name == "tanh":
-        return torch.tanh(t)
-    if name == "sigmoid":
-        return torch.sigmoid(t)
-    return t  # None, "linear", "softmax" (in the loss)
+    """Keras 3's activations (with their default arguments) in torch."""
+    acts = {
+        "relu": torch.relu,
+        "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid,
+        "leaky_relu": lambda v: F.leaky_relu(v, 0.2),
+        "elu": F.elu,
+        "selu": F.selu,
+        "gelu": F.gelu,  # the exact erf form, Keras' approximate=False
+        "swish": F.silu,
+        "silu": F.silu,
+        "softplus": F.softplus,
+    }
+    return acts[name](t) if name in acts else t  # None, "linear", "softmax" (in the loss)
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

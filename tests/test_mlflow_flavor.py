@@ -45,6 +45,18 @@ def _cnn():
     return Sequential(layers, seed=2)
 
 
+def _binary():
+    m = Sequential([Dense(12, activation="relu", input_shape=(FEATURES,)), Dense(1, activation="sigmoid")], seed=5)
+    m.compile(loss="binary_crossentropy", metrics=["accuracy", "auc"])
+    return m
+
+
+def _regression(outputs=1):
+    m = Sequential([Dense(12, activation="relu", input_shape=(FEATURES,)), Dense(outputs)], seed=6)
+    m.compile(loss="mse", metrics=["mae"])
+    return m
+
+
 def _x(n, width=FEATURES, seed=0):
     return np.random.default_rng(seed).normal(size=(n, width)).astype(np.float32)
 
@@ -131,6 +143,64 @@ def test_spark_udf_scores_like_model_predict_and_model_transform(mlflow_store, s
     scored = sorted(SparkModel.from_nn(model, featuresCol="features").transform(df).collect(), key=lambda r: r.id)
     np.testing.assert_array_equal(np.array([r.probability.toArray() for r in scored], np.float32), [r.p for r in got])
     assert [r.prediction for r in scored] == [r.c for r in got]
+
+
+def test_a_binary_models_pyfunc_gives_its_probability_or_a_0_1_prediction(mlflow_store, tmp_path):
+    model, x = _binary(), _x(60)
+    sgmlflow.save_model(model, tmp_path / "probs")
+    sgmlflow.save_model(model, tmp_path / "preds", pyfunc_output="prediction")
+    out = Model.load(str(tmp_path / "probs" / "MLmodel")).signature.outputs.inputs[0]
+    assert (out.type, out.shape) == (np.dtype(np.float32), (-1, 1))  # the model's output width
+    assert Model.load(str(tmp_path / "preds" / "MLmodel")).signature.outputs.input_types() == [
+        mlflow.types.DataType.double
+    ]
+    p = model.predict(x)
+    assert ((p > 0) & (p < 1)).all() and 0 < (p > 0.5).sum() < len(x)  # sigmoid probabilities, both classes
+    np.testing.assert_array_equal(mlflow.pyfunc.load_model(str(tmp_path / "probs")).predict(x), p)
+    got = mlflow.pyfunc.load_model(str(tmp_path / "preds")).predict(x)
+    assert got.dtype == np.float64 and got.tolist() == (p[:, 0] > 0.5).astype(float).tolist()
+
+
+def test_a_regressions_pyfunc_gives_its_values(mlflow_store, tmp_path):
+    x = _x(30)
+    for outputs in (1, 3):
+        model = _regression(outputs)
+        sgmlflow.save_model(model, tmp_path / f"values{outputs}")
+        sgmlflow.save_model(model, tmp_path / f"preds{outputs}", pyfunc_output="prediction")
+        want = model.predict(x)
+        np.testing.assert_array_equal(mlflow.pyfunc.load_model(str(tmp_path / f"values{outputs}")).predict(x), want)
+        got = mlflow.pyfunc.load_model(str(tmp_path / f"preds{outputs}")).predict(x)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want[:, 0] if outputs == 1 else want)
+        out = Model.load(str(tmp_path / f"preds{outputs}" / "MLmodel")).signature.outputs
+        if outputs == 1:
+            assert out.input_types() == [mlflow.types.DataType.double]
+        else:
+            assert (out.inputs[0].type, out.inputs[0].shape) == (np.dtype(np.float64), (-1, 3))
+
+
+@pytest.mark.spark
+def test_spark_udf_scores_binary_and_regression_models_like_their_predict(mlflow_store, spark):
+    from pyspark.sql import functions as F
+
+    binary, regression, x = _binary(), _regression(), _x(50)
+    with mlflow.start_run():
+        probs = sgmlflow.log_model(binary, name="probs")
+        classes = sgmlflow.log_model(binary, name="classes", pyfunc_output="prediction")
+        values = sgmlflow.log_model(regression, name="values", pyfunc_output="prediction")
+    rows = [(i, x[i].tolist()) for i in range(len(x))]
+    df = spark.createDataFrame(rows, "id long, features array<float>").coalesce(2)
+    udfs = {
+        "p": mlflow.pyfunc.spark_udf(spark, probs.model_uri, result_type="array<float>"),
+        "c": mlflow.pyfunc.spark_udf(spark, classes.model_uri, result_type="double"),
+        "v": mlflow.pyfunc.spark_udf(spark, values.model_uri, result_type="double"),
+    }
+    out = df.select("id", *(udf(F.col("features")).alias(name) for name, udf in udfs.items()))
+    got = sorted(out.collect(), key=lambda r: r.id)
+    p = binary.predict(x)
+    np.testing.assert_allclose(np.array([r.p for r in got]), p, rtol=1e-6)
+    assert [r.c for r in got] == (p[:, 0] > 0.5).astype(float).tolist()
+    np.testing.assert_allclose([r.v for r in got], regression.predict(x)[:, 0], rtol=1e-6)
 
 
 def test_log_model_takes_artifact_path_or_name(mlflow_store):

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import sparkgrad.nn as nn
-from sparkgrad.errors import InvalidArgumentError, ModelError
+from sparkgrad.errors import InvalidArgumentError, ModelError, NonFiniteLossError
 from sparkgrad.hvd import callbacks as hvd_callbacks
 from sparkgrad.nn import (
     SGD,
@@ -359,10 +359,12 @@ def test_terminate_on_nan_stops_a_diverging_fit_and_history_has_no_epoch_after_i
     assert all(math.isfinite(v) for v in losses[:-1]) and not math.isfinite(losses[-1])
     assert m.step == h.steps[-1]["step"] < 40
     assert h.epoch == [] and h.history == {}
-    # without it the same fit runs all its epochs
+    assert np.all(np.isfinite(m.params))  # the batch whose loss was not finite was not applied
+    # without it the same fit raises at the first non-finite loss, naming the step
     m2 = _model(lr=1e6)
-    h2 = m2.fit(x, y, batch_size=10, epochs=3, log_every=1, verbose=0)
-    assert m2.step == 120 and h2.epoch == [0, 1, 2]
+    with pytest.raises(NonFiniteLossError, match=r"training step (\d+) .*loss is not finite") as info:
+        m2.fit(x, y, batch_size=10, epochs=3, log_every=1, verbose=0)
+    assert info.value.step == m.step and m2.step == m.step and np.all(np.isfinite(m2.params))
 
 
 def test_terminate_on_nan_with_raise_error_raises_naming_the_step():

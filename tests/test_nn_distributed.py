@@ -111,9 +111,8 @@ def test_train_steps_takes_only_a_grad_hook_capsule_and_a_hook_error_names_the_r
         client = _core.PsClient(ps.addresses, ps.secret, m.num_params + 1, 0, 10.0)
         client.init(np.zeros(m.num_params + 1, np.float32))
         hook = client.grad_hook()
-        with pytest.raises(
-            InvalidArgumentError, match=r"training step at row 32: gradient hook: ps client is for \d+ parameters"
-        ):
+        want = r"training step \d+ \(the batch at row 32 of the epoch\): gradient hook: ps client is for \d+ parameters"
+        with pytest.raises(InvalidArgumentError, match=want):
             m._core.train_steps(None, x, y, None, None, 32, 32, 2, hook=hook)
         client.done()
         client.close()
@@ -338,7 +337,7 @@ def test_errors_from_the_ps_hook_are_sparkgrad_errors():
 # ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
 
 
-def _fit_two_ranks(make_model, x, y, steps):
+def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
     """Two ranks (threads, a real ring over loopback): rank r fits rows 64r..64r+63
     of every 128-row batch with make_model(communicator); their models (or errors)."""
     secret = os.urandom(32)
@@ -351,7 +350,8 @@ def _fit_two_ranks(make_model, x, y, steps):
             with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
                 m = make_model(comm)
                 rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
-                m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+                h = m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks())
+                m.history_of_last_fit = h.history
                 results[r] = m
         except BaseException as exc:  # noqa: BLE001 - checked by the caller
             results[r] = exc
@@ -452,3 +452,85 @@ def test_two_bf16_ranks_allreducing_bf16_gradients_track_one_bf16_process():
         assert m.step == steps and m.precision == "bf16"
         _close_in_bf16(m.params, whole.params, start)
     np.testing.assert_array_equal(results[0].params, results[1].params)
+
+
+# ---- binary classification and regression in every mode (issue 29) --------------------------
+
+
+def _binary(seed=3, opt=None):
+    m = Sequential([Dense(16, activation="relu", input_shape=(12,)), Dense(1, activation="sigmoid")], seed=seed)
+    m.compile(optimizer=opt if opt is not None else Adam(0.01), loss="binary_crossentropy", metrics=["accuracy", "auc"])
+    m.set_input_transform(scale=1 / 255)
+    return m
+
+
+def test_a_binary_classifier_fits_through_the_ps_as_it_fits_locally():
+    x, y = data()
+    yb = (y >= 2).astype(np.float32)
+    local = _binary()
+    hl = local.fit(x, yb, batch_size=32, epochs=2, verbose=0)
+    with PsCluster(workers=1, model=_binary()) as cluster:
+        worker = _binary()
+        with TFNode.ps_client(cluster.workers[0], worker) as ps:
+            h = worker.fit(x, yb, batch_size=32, epochs=2, verbose=0, ps=ps, log_every=3)
+        assert cluster.join() == "done"
+    np.testing.assert_allclose(worker.params, local.params, rtol=1e-6, atol=1e-7)
+    assert h.history["auc"] == pytest.approx(hl.history["auc"], abs=1e-9)
+    assert h.history["loss"] == pytest.approx(hl.history["loss"], rel=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+def test_metric_average_pools_the_ranks_metric_states_so_each_reports_the_auc_of_all_rows():
+    """A binary classifier on two ranks: the parameters of one process on the whole batches; without
+    MetricAverageCallback each rank reports its own rows (as Horovod), with it each rank's epoch loss
+    and AUC are those of all 2560 rows (the summed states), the same on both ranks."""
+    steps = 20
+    x, y = data(steps * 128, 12, seed=4)
+    yb = (y % 2).astype(np.float32)
+    whole = _binary(seed=7, opt=SGD(0.1))
+    hw = whole.fit(x, yb, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    from sparkgrad.hvd.callbacks import MetricAverageCallback
+
+    own = _fit_two_ranks(
+        lambda comm: _binary(seed=7, opt=DistributedOptimizer(SGD(0.1), communicator=comm)), x, yb, steps
+    )
+    assert own[0].history_of_last_fit["auc"] != own[1].history_of_last_fit["auc"]  # each rank's own rows
+    results = _fit_two_ranks(
+        lambda comm: _binary(seed=7, opt=DistributedOptimizer(SGD(0.1), communicator=comm)),
+        x,
+        yb,
+        steps,
+        callbacks=lambda: [MetricAverageCallback()],  # one per rank: set_model binds it to its model
+    )
+    for m in results:
+        assert isinstance(m, Sequential), m
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+    h0, h1 = (m.history_of_last_fit for m in results)
+    assert h0["auc"] == h1["auc"] and h0["loss"] == h1["loss"]
+    # the AUC of the ranks' summed states (their own runs took the same steps), not the average of their AUCs
+    pooled_state = own[0].epoch_sums[""][2] + own[1].epoch_sums[""][2]
+    assert h0["auc"][0] == own[0].metric_values(pooled_state)["auc"]
+    mean_own = (own[0].history_of_last_fit["auc"][0] + own[1].history_of_last_fit["auc"][0]) / 2
+    assert h0["auc"][0] != mean_own
+    assert h0["loss"][0] == pytest.approx(hw.history["loss"][0], rel=1e-5)
+    assert h0["auc"][0] == pytest.approx(hw.history["auc"][0], abs=2e-3)
+
+
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+def test_two_ranks_train_a_regression_as_one_process_does():
+    steps = 20
+    x, y = data(steps * 128, 12, seed=5)
+    target = (x[:, 0].astype(np.float32) / 255 - 2 * x[:, 1].astype(np.float32) / 255).astype(np.float32)
+
+    def model(opt):
+        m = Sequential([Dense(16, activation="relu", input_shape=(12,)), Dense(1)], seed=7)
+        m.compile(optimizer=opt, loss="huber", metrics=["mae"])
+        m.set_input_transform(scale=1 / 255)
+        return m
+
+    whole = model(Adam(0.01))
+    whole.fit(x, target, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    results = _fit_two_ranks(lambda comm: model(DistributedOptimizer(Adam(0.01), communicator=comm)), x, target, steps)
+    for m in results:
+        assert isinstance(m, Sequential), m
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)

@@ -1,8 +1,10 @@
-"""sparkgrad.spark.Estimator / Model on real local Spark: Pipelines, both training modes, persistence, bad input.
+"""sparkgrad.spark.Estimator / Model on real local Spark: Pipelines, both training modes, persistence, bad input,
+binary classifiers and regressions.
 
-The data is Debian's Fashion-MNIST written once to Parquet (pixels as
-array<float> in [0, 1], the raw bytes as binary, the label as long) and read
-by Spark, so no test builds a DataFrame from Python rows.
+The classifier data is Debian's Fashion-MNIST written once to Parquet (pixels
+as array<float> in [0, 1], the raw bytes as binary, the label as long) and
+read by Spark; the binary and regression data is drawn by Spark itself
+(``randn``), so no test builds a DataFrame from Python rows.
 """
 
 from __future__ import annotations
@@ -15,19 +17,12 @@ import pytest
 from spark_ml_data import mlp, write_parquet
 from sparkgrad.data.idx import FASHION_MNIST_DIR, fashion_mnist
 from sparkgrad.errors import InsufficientSlotsError, InvalidArgumentError
-from sparkgrad.nn import Adam
+from sparkgrad.nn import Adam, Dense, Sequential, metrics
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")),
-        reason=f"Fashion-MNIST not installed in {FASHION_MNIST_DIR}",
-    ),
-]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
 # mapInArrow returns Spark ML vector columns (Model.transform's probabilityCol, a vector input) from pyspark 3.5 on
 vector_output = pytest.mark.skipif(
@@ -42,6 +37,8 @@ TEST_ROWS = 2_000
 @pytest.fixture(scope="module")
 def fashion(spark, tmp_path_factory):
     """(train DataFrame of 10k rows, test DataFrame of 2k rows): id, pixels array<float>, raw binary, label long."""
+    if not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")):
+        pytest.skip(f"Fashion-MNIST not installed in {FASHION_MNIST_DIR}")
     root = tmp_path_factory.mktemp("fashion")
     x, y = fashion_mnist("train")
     xt, yt = fashion_mnist("test")
@@ -297,3 +294,205 @@ def test_cluster_input_mapping_feeds_the_mapped_columns_sorted_or_names_a_missin
         r"\(it has 'id', 'pixels', 'raw', 'label'\)$",
     ):
         _select_mapped("inference", fashion[1], {"image": "x"}, None)
+
+
+# ---- binary classifiers and regressions -------------------------------------------------------------------
+
+
+def _table(spark, n, seed, partitions=2):
+    """n rows drawn by Spark: id, x array<double> of 4, label double (0/1, by x[0] + x[1]), target double
+    (a linear function of x), targets array<double> of 2."""
+    xs = ", ".join(f"randn({seed + i})" for i in range(4))
+    return (
+        spark.range(n, numPartitions=partitions)
+        .selectExpr("id", f"array({xs}) AS x")
+        .selectExpr(
+            "*",
+            "CAST(x[0] + x[1] > 0 AS DOUBLE) AS label",
+            "2 * x[0] - x[1] + 0.5 * x[2] + 0.5 AS target",
+            "array(x[0] - x[3], x[1] + x[2]) AS targets",
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def tabular(spark):
+    """(train DataFrame of 2000 rows, held-out DataFrame of 1000 rows), cached: see `_table`."""
+    return _table(spark, 2000, 1).cache(), _table(spark, 1000, 11).cache()
+
+
+def _arrays(df, *cols):
+    """The columns of df, ordered by id, as float64 arrays."""
+    rows = df.select("id", *cols).orderBy("id").collect()
+    return [np.array([np.asarray(r[c], np.float64) for r in rows]) for c in cols]
+
+
+def _binary_nn(seed=1):
+    nn = Sequential([Dense(16, activation="relu", input_shape=(4,)), Dense(1, activation="sigmoid")], seed=seed)
+    nn.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy", metrics.AUC(name="auc")])
+    return nn
+
+
+def _regression_nn(outputs=1, seed=2):
+    return Sequential([Dense(16, activation="relu", input_shape=(4,)), Dense(outputs)], seed=seed)
+
+
+@vector_output
+def test_binary_classifier_estimator_reaches_a_good_auc_and_writes_spark_ml_binary_columns(tabular):
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+    from sparkgrad.spark import Estimator
+
+    train, test = tabular
+    estimator = Estimator(
+        model=_binary_nn(),  # compiled with binary_crossentropy, accuracy and AUC: the Estimator's loss and metrics
+        optimizer=Adam(0.01),
+        featuresCol="x",
+        labelCol="label",  # a double column of 0.0 / 1.0
+        batch_size=32,
+        epochs=3,
+        num_workers=2,
+        validation=0.1,
+        seed=3,
+    )
+    fitted = estimator.fit(train)
+    assert set(fitted.validation_metrics) == {"val_loss", "val_accuracy", "val_auc", "val_rows"}
+    assert fitted.validation_metrics["val_auc"] > 0.95, fitted.validation_metrics
+    assert {"loss", "accuracy", "auc"} <= set(fitted.history[0]["logs"])
+
+    held_out = fitted.evaluate(test)
+    assert set(held_out) == {"loss", "accuracy", "auc", "rows"} and held_out["rows"] == 1000
+    assert held_out["auc"] > 0.98 and held_out["accuracy"] > 0.9, held_out
+
+    scored = fitted.transform(test)
+    types = {f.name: f.dataType for f in scored.schema.fields}
+    assert isinstance(types["rawPrediction"], VectorUDT) and isinstance(types["probability"], VectorUDT)
+    assert types["prediction"] == T.DoubleType()
+    x, raw, prob, pred = _arrays(scored, "x", "rawPrediction", "probability", "prediction")
+    p = fitted.nn_model.predict(x.astype(np.float32))[:, 0].astype(np.float64)
+    np.testing.assert_allclose(prob, np.stack([1 - p, p], axis=1), rtol=0, atol=1e-7)  # [1 - p, p], as Spark ML
+    clipped = np.clip(p, 1e-7, 1 - 1e-7)
+    np.testing.assert_allclose(raw, np.stack([-1, 1], axis=0) * np.log(clipped / (1 - clipped))[:, None], atol=1e-6)
+    assert pred.tolist() == (p > 0.5).astype(float).tolist()
+    # Spark ML's own evaluator reads the rawPrediction column; its exact AUC is close to the thresholded one
+    spark_auc = BinaryClassificationEvaluator(labelCol="label").evaluate(scored)
+    assert abs(spark_auc - held_out["auc"]) < 0.01, (spark_auc, held_out["auc"])
+
+    stricter = fitted.copy({fitted.threshold: 0.9}).transform(test)
+    (pred_09,) = _arrays(stricter, "prediction")
+    assert pred_09.tolist() == (p > 0.9).astype(float).tolist()
+
+
+def test_auc_over_several_partitions_is_the_auc_of_all_rows_at_once(tabular):
+    from sparkgrad.spark import Model
+
+    train, test = tabular
+    nn = _binary_nn(seed=4)
+    x, y = _arrays(train, "x", "label")
+    nn.fit(x.astype(np.float32), y, batch_size=64, epochs=2, verbose=0)
+    xt, yt = _arrays(test, "x", "label")
+    want = nn.evaluate(xt.astype(np.float32), yt, return_dict=True)
+    got = Model.from_nn(nn, featuresCol="x").evaluate(test.repartition(3))
+    assert got["rows"] == 1000
+    assert got["auc"] == pytest.approx(want["auc"], abs=1e-9) and got["accuracy"] == pytest.approx(want["accuracy"])
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+
+
+def test_regression_estimator_predicts_a_double_matching_nn_predict_with_a_small_mse(tabular):
+    from pyspark.sql import types as T
+    from sparkgrad.spark import Estimator
+
+    train, test = tabular
+    nn = _regression_nn()
+    nn.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    fitted = Estimator(
+        model=nn,
+        optimizer=Adam(0.02),
+        loss="mse",
+        featuresCol="x",
+        labelCol="target",
+        batch_size=32,
+        epochs=4,
+        num_workers=2,
+    ).fit(train)
+    held_out = fitted.evaluate(test)
+    assert set(held_out) == {"loss", "mae", "rows"}
+    assert held_out["loss"] < 0.05 and held_out["mae"] < 0.2, held_out  # the targets' variance is 5.25
+
+    scored = fitted.transform(test)
+    assert {"probability", "rawPrediction"}.isdisjoint(scored.columns)  # a regression has neither
+    assert scored.schema["prediction"].dataType == T.DoubleType()
+    x, pred = _arrays(scored, "x", "prediction")
+    np.testing.assert_allclose(pred, fitted.nn_model.predict(x.astype(np.float32))[:, 0], rtol=1e-6)
+
+
+def test_a_multi_output_regression_predicts_an_array_of_doubles_and_evaluates_its_metrics(tabular):
+    from pyspark.sql import types as T
+    from sparkgrad.spark import Model
+
+    test = tabular[1]
+    nn = _regression_nn(outputs=2)
+    nn.compile(optimizer="sgd", loss="mae", metrics=["mse"])
+    model = Model.from_nn(nn, featuresCol="x", labelCol="targets")
+    scored = model.transform(test)
+    assert scored.schema["prediction"].dataType == T.ArrayType(T.DoubleType())
+    x, y, pred = _arrays(scored, "x", "targets", "prediction")
+    np.testing.assert_allclose(pred, nn.predict(x.astype(np.float32)), rtol=1e-6)
+    want = nn.evaluate(x.astype(np.float32), y, return_dict=True)
+    got = model.evaluate(test)
+    assert set(got) == {"loss", "mse", "rows"}
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and got["mse"] == pytest.approx(want["mse"], rel=1e-5)
+
+
+def test_a_binary_label_outside_0_1_fails_fit_during_feeding_naming_column_partition_and_row(tabular):
+    from pyspark.sql import functions as F
+    from sparkgrad.spark import Estimator
+
+    train = tabular[0].filter("id < 400").withColumn("label", F.when(F.col("id") == 123, 2.0).otherwise(F.col("label")))
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^partition \d+, row \d+: label column 'label' holds 2.0; binary_crossentropy takes values in \[0, 1\]$",
+    ):
+        Estimator(model=_binary_nn(), featuresCol="x", labelCol="label", num_workers=2).fit(train)
+
+
+@pytest.mark.parametrize(
+    ("model", "params", "message"),
+    [
+        (
+            "binary",
+            {"labelCol": "name"},
+            r"^label column 'name' has type string: binary_crossentropy takes numbers \(or booleans\) in \[0, 1\], "
+            r"one per row \(the model has one output\)$",
+        ),
+        (
+            "regression",
+            {"labelCol": "name", "loss": "huber"},
+            r"^label column 'name' has type string: huber takes numbers, one per row \(the model has one output\)$",
+        ),
+        (
+            "regression2",
+            {"labelCol": "target", "loss": "mae"},
+            r"^label column 'target' has type double: mean_absolute_error takes arrays or vectors of 2 numbers, "
+            r"one per row \(the model has 2 outputs\)$",
+        ),
+        ("regression", {"labelCol": "target", "loss": "msle"}, r"^Estimator: loss must be one of .*not 'msle'$"),
+        (
+            "binary",
+            {"loss": "sparse_categorical_crossentropy"},
+            r"^Estimator: loss 'sparse_categorical_crossentropy' does not fit the model: ",
+        ),
+    ],
+    ids=["binary_string_label", "regression_string_label", "regression_width", "unknown_loss", "loss_vs_head"],
+)
+def test_labels_and_losses_that_do_not_fit_the_model_fail_fit_before_any_job(tabular, model, params, message):
+    from pyspark.sql import functions as F
+    from sparkgrad.spark import Estimator
+
+    nn = {"binary": _binary_nn, "regression": _regression_nn, "regression2": lambda: _regression_nn(outputs=2)}[model]
+    train = tabular[0].withColumn("name", F.lit("x"))
+    started = time.monotonic()
+    with pytest.raises(InvalidArgumentError, match=message):
+        Estimator(model=nn(), **{"featuresCol": "x", "num_workers": 2, **params}).fit(train)
+    assert time.monotonic() - started < 15  # no cluster was started

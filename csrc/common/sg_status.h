@@ -28,6 +28,7 @@
     X(SG_EMODEL, -25, "ModelError")                                                                \
     X(SG_EDNNL, -26, "OneDNNError")                                                                \
     X(SG_ECHECKPOINT, -27, "CheckpointError")                                                      \
+    X(SG_ENONFINITE, -28, "NonFiniteLossError")                                                    \
     X(SG_ECLUSTER, -30, "ClusterError")                                                            \
     X(SG_ERDV_TIMEOUT, -31, "RendezvousTimeout")                                                   \
     X(SG_ENODE, -32, "NodeFailure")                                                                \

@@ -1,28 +1,12 @@
 /*
  * nn_model.c - model declaration, the flat parameter buffer and its size
- * table, initialisers, and the per-batch-size execution plan: every oneDNN
- * primitive and memory object a forward/backward pass needs, created once
- * per batch size and reused for every step (see nn_model.h).
- *
- * Kernels per layer (oneDNN unless noted):
- *   Dense    inner product fwd (bias + activation fused as an eltwise post-op);
- *            eltwise bwd from dst, inner product bwd weights (+bias), bwd data
- *   Conv2D   convolution likewise; weights reordered to the format oneDNN
- *            prefers when it differs from HWIO
- *   MaxPool  pooling fwd training with workspace, pooling bwd
- *   AvgPool  pooling (padding excluded from the average)
- *   Dropout  C (counter-based RNG, nn_ref.c); Flatten: an alias, no copy
- *   Loss     training: softmax cross-entropy, its gradient and the hits in one
- *            C pass (nn_loss.c); evaluation: oneDNN log-softmax, then C
- * Plain SGD on a Dense stack is folded into the weight-gradient GEMMs
- * (model_backward_sgd in nn_plan.c). With NN_BF16 precision the Dense and
- * Conv2D primitives run on bf16 copies of their inputs (build_weighted in
- * nn_plan.c): the input rows are gathered into bf16, activations between two
- * bf16 layers stay bf16 both ways, and within a run of steps the optimizer
- * writes the next forward's bf16 Dense weights (optim_step_bf16). The
- * training loops are in nn_train.c.
+ * table, the loss and metrics chosen, initialisers and the RNG (see
+ * nn_model.h). Each layer's shapes and parameters come from its op's entry
+ * in the op table (nn_op.h, one file per op); the execution plan is
+ * nn_plan.c's, the training loops nn_train.c's, the loss and metric tables
+ * nn_loss.c's and nn_metric.c's.
  */
-#include "nn/nn_model_impl.h"
+#include "nn/nn_op.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,28 +14,7 @@
 
 /* ---- declaration and shapes --------------------------------------------- */
 
-static int out_dim(int in, int k, int s, int same, int *pad_lo, int *pad_hi)
-{
-    if (same) {
-        int o = (in + s - 1) / s;
-        int total = (o - 1) * s + k - in;
-        total = total > 0 ? total : 0;
-        *pad_lo = total / 2;
-        *pad_hi = total - *pad_lo;
-        return o;
-    }
-    *pad_lo = *pad_hi = 0;
-    return in >= k ? (in - k) / s + 1 : 0;
-}
-
-static const char *kind_name(LayerKind k)
-{
-    static const char *names[] = {"Dense",   "Conv2D", "MaxPool2D", "AveragePooling2D",
-                                  "Dropout", "Flatten"};
-    return (unsigned)k < 6 ? names[k] : "?";
-}
-
-static int add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shape)
+int model_add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shape)
 {
     ParamInfo *t = &m->tensors[m->ntensors++];
     t->layer = layer;
@@ -67,70 +30,24 @@ static int add_tensor(Model *m, int layer, int is_bias, int ndim, const int *sha
     return m->ntensors - 1;
 }
 
+/* Layer l on an input of h x w x c: its op's shapes and parameters, then
+ * what every layer shares (the activation rules). */
 static int shape_layer(Model *m, int l, int h, int w, int c, SgError *err)
 {
     const LayerSpec *sp = &m->specs[l];
+    const NnOpKind *op = nn_op_kind(sp->kind);
     LayerShape *s = &m->shapes[l];
     memset(s, 0, sizeof *s);
     s->h = h, s->w = w, s->c = c;
     m->kernel_t[l] = m->bias_t[l] = -1;
-    switch (sp->kind) {
-    case LAYER_DENSE: {
-        if (h != 1 || w != 1)
-            return sg_fail(err, SG_EMODEL,
-                           "layer %d (Dense): input is %dx%dx%d; add Flatten before a Dense layer",
-                           l, h, w, c);
-        if (sp->units <= 0)
-            return sg_fail(err, SG_EMODEL, "layer %d (Dense): units must be > 0, not %d", l,
-                           sp->units);
-        s->oh = s->ow = 1;
-        s->oc = sp->units;
-        int ks[2] = {c, sp->units}, bs[1] = {sp->units};
-        m->kernel_t[l] = add_tensor(m, l, 0, 2, ks);
-        m->bias_t[l] = add_tensor(m, l, 1, 1, bs);
-        break;
-    }
-    case LAYER_CONV2D:
-    case LAYER_MAXPOOL:
-    case LAYER_AVGPOOL: {
-        int conv = sp->kind == LAYER_CONV2D;
-        int stride = sp->stride > 0 ? sp->stride : (conv ? 1 : sp->kh);
-        if (sp->kh <= 0 || sp->kw <= 0 || stride <= 0 || (conv && sp->units <= 0))
-            return sg_fail(err, SG_EMODEL,
-                           "layer %d (%s): kernel %dx%d, stride %d, filters %d must be > 0", l,
-                           kind_name(sp->kind), sp->kh, sp->kw, stride, sp->units);
-        m->specs[l].stride = stride;
-        s->oh = out_dim(h, sp->kh, stride, sp->same, &s->pt, &s->pb);
-        s->ow = out_dim(w, sp->kw, stride, sp->same, &s->pl, &s->pr);
-        s->oc = conv ? sp->units : c;
-        if (s->oh <= 0 || s->ow <= 0)
-            return sg_fail(
-                err, SG_EMODEL,
-                "layer %d (%s): window %dx%d does not fit the %dx%d input with valid padding", l,
-                kind_name(sp->kind), sp->kh, sp->kw, h, w);
-        if (conv) {
-            int ks[4] = {sp->kh, sp->kw, c, sp->units}, bs[1] = {sp->units};
-            m->kernel_t[l] = add_tensor(m, l, 0, 4, ks);
-            m->bias_t[l] = add_tensor(m, l, 1, 1, bs);
-        }
-        break;
-    }
-    case LAYER_DROPOUT:
-        if (!(sp->rate >= 0.0f && sp->rate < 1.0f))
-            return sg_fail(err, SG_EMODEL, "layer %d (Dropout): rate must be in [0, 1), not %g", l,
-                           sp->rate);
-        s->oh = h, s->ow = w, s->oc = c;
-        break;
-    case LAYER_FLATTEN:
-        s->oh = s->ow = 1;
-        s->oc = h * w * c;
-        break;
-    default:
+    if (op == NULL)
         return sg_fail(err, SG_EMODEL, "layer %d: unknown layer kind %d", l, (int)sp->kind);
-    }
-    if (sp->act != NN_ACT_NONE && sp->kind != LAYER_DENSE && sp->kind != LAYER_CONV2D)
-        return sg_fail(err, SG_EMODEL, "layer %d (%s) takes no activation", l, kind_name(sp->kind));
-    if ((unsigned)sp->act > NN_ACT_SOFTMAX)
+    int rc = op->infer(m, l, err);
+    if (rc < 0)
+        return rc;
+    if (sp->act != NN_ACT_NONE && !(op->flags & NN_OP_ACTIVATION))
+        return sg_fail(err, SG_EMODEL, "layer %d (%s) takes no activation", l, op->name);
+    if ((unsigned)sp->act >= NN_ACT_COUNT)
         return sg_fail(err, SG_EMODEL, "layer %d: unknown activation %d", l, (int)sp->act);
     if (sp->act == NN_ACT_SOFTMAX && l != m->nlayers - 1)
         return sg_fail(err, SG_EMODEL, "layer %d: softmax is only supported on the last layer", l);
@@ -166,16 +83,23 @@ int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int 
             goto cleanup;
         h = m->shapes[l].oh, w = m->shapes[l].ow, c = m->shapes[l].oc;
     }
-    const LayerSpec *last = &m->specs[nlayers - 1];
-    if (h != 1 || w != 1 || (last->kind != LAYER_DENSE) ||
-        (last->act != NN_ACT_NONE && last->act != NN_ACT_SOFTMAX)) {
+    if (h != 1 || w != 1) {
         rc = sg_fail(err, SG_EMODEL,
-                     "the last layer must be Dense with softmax or no activation (cross-entropy on "
-                     "logits); it is %s with output %dx%dx%d",
-                     kind_name(last->kind), h, w, c);
+                     "the model's output is %dx%dx%d; it must be flat (end with Dense, or add "
+                     "Flatten)",
+                     h, w, c);
         goto cleanup;
     }
     m->classes = c;
+    const LayerSpec *last = &m->specs[nlayers - 1];
+    m->head = nn_op_kind(last->kind) == &nn_op_dense &&
+                      (last->act == NN_ACT_SOFTMAX || last->act == NN_ACT_SIGMOID)
+                  ? last->act
+                  : NN_ACT_NONE;
+    /* the default loss: what the head and the outputs suggest */
+    m->loss.kind = m->head == NN_ACT_SIGMOID ? NN_LOSS_BINARY_CE
+                   : c >= 2                  ? NN_LOSS_SPARSE_CE
+                                             : NN_LOSS_MSE;
     /* 64-byte aligned so that oneDNN and the optimizer loops vectorise cleanly */
     size_t bytes = ((m->nparams * sizeof(float) + 63) / 64) * 64;
     m->params = aligned_alloc(64, bytes ? bytes : 64);
@@ -215,6 +139,7 @@ void model_free(Model *m)
     free(m->tensors);
     free(m->kernel_t);
     free(m->bias_t);
+    free(m->metrics);
     free(m);
 }
 
@@ -246,10 +171,6 @@ int model_num_layers(const Model *m)
 {
     return m->nlayers;
 }
-const LayerSpec *model_layer_spec(const Model *m, int l)
-{
-    return l >= 0 && l < m->nlayers ? &m->specs[l] : NULL;
-}
 int model_num_classes(const Model *m)
 {
     return m->classes;
@@ -257,6 +178,64 @@ int model_num_classes(const Model *m)
 size_t model_input_size(const Model *m)
 {
     return (size_t)m->in_h * m->in_w * m->in_c;
+}
+
+NnAct model_head(const Model *m)
+{
+    return m->head;
+}
+
+NnAct model_layer_act(const Model *m, int l)
+{
+    return l == m->nlayers - 1 && m->head != NN_ACT_NONE ? NN_ACT_NONE : m->specs[l].act;
+}
+
+/* ---- loss and metrics ---------------------------------------------------- */
+
+int model_set_loss(Model *m, const NnLoss *loss, SgError *err)
+{
+    int rc = nn_loss_check(loss, m->head, m->classes, err);
+    if (rc < 0)
+        return rc;
+    /* the metrics must still fit the loss's targets */
+    for (int i = 0; i < m->nmetrics; i++)
+        if ((rc = nn_metric_check(&m->metrics[i], m->classes, nn_loss_ops(loss->kind)->sparse,
+                                  err)) < 0)
+            return rc;
+    m->loss = *loss;
+    return 0;
+}
+
+const NnLoss *model_loss(const Model *m)
+{
+    return &m->loss;
+}
+
+int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err)
+{
+    const int sparse = nn_loss_ops(m->loss.kind)->sparse;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = nn_metric_check(&metrics[i], m->classes, sparse, err);
+        if (rc < 0)
+            return rc;
+        total += nn_metric_state_size(&metrics[i]);
+    }
+    NnMetric *copy = NULL;
+    if (n > 0 && (copy = malloc((size_t)n * sizeof *copy)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "model: out of memory");
+    if (n > 0)
+        memcpy(copy, metrics, (size_t)n * sizeof *copy);
+    free(m->metrics);
+    m->metrics = copy;
+    m->nmetrics = n;
+    m->metric_state = total;
+    return 0;
+}
+
+size_t model_metric_state_size(const Model *m)
+{
+    return m->metric_state;
 }
 
 void model_get_rng(const Model *m, uint64_t *seed, uint64_t *counter)

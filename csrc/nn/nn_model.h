@@ -13,12 +13,15 @@
  * an optimizer step is one loop, a checkpoint one write and a
  * parameter-server push one frame.
  *
- * The loss is softmax cross-entropy on the last layer's pre-activation output
- * (logits), computed through a stable log-softmax; the last layer's
- * activation must be softmax or none. Targets are int32 or int64 labels [B]
- * (sparse) or float one-hot rows [B, K]. Inputs are float32 or uint8 rows,
- * converted while they are gathered into the batch (NnData's transform), so
- * that callers hand over their arrays as they are.
+ * The loss and the metrics are entries of the tables in nn_loss.h and
+ * nn_metric.h (model_set_loss, model_set_metrics). A last Dense layer with
+ * softmax or sigmoid is the model's "head": the forward pass leaves that
+ * activation to the loss, which applies it and differentiates through it in
+ * the stable fused form. Targets are int32 or int64 labels [B] (sparse
+ * losses) or float rows [B, K] (the others), with optional sample weights
+ * [B]. Inputs are float32 or uint8 rows, converted while they are gathered
+ * into the batch (NnData's transform), so that callers hand over their
+ * arrays as they are.
  *
  * Not thread-safe per instance: one caller at a time (the Python binding
  * refuses a second call while one runs, with StateError). Kernels run on
@@ -32,17 +35,32 @@
 
 #include "common/sg_status.h"
 #include "nn/nn_hook.h"
+#include "nn/nn_loss.h"
+#include "nn/nn_metric.h"
 #include "nn/nn_optim.h"
 #include "nn/nn_ref.h"
 
+/* The op kinds, in kind order: X(enum suffix, the op's table entry
+ * nn_op_<name> in nn_op_<file>.c). A new op is its file and one line here
+ * (nn_op.h), its Python class and its tests. */
+#define NN_OPS(X)                                                                                  \
+    X(DENSE, dense)                                                                                \
+    X(CONV2D, conv2d)                                                                              \
+    X(MAXPOOL, maxpool)                                                                            \
+    X(AVGPOOL, avgpool)                                                                            \
+    X(DROPOUT, dropout)                                                                            \
+    X(FLATTEN, flatten)                                                                            \
+    X(ACTIVATION, activation)
+
 typedef enum LayerKind {
-    LAYER_DENSE = 0,
-    LAYER_CONV2D = 1,
-    LAYER_MAXPOOL = 2,
-    LAYER_AVGPOOL = 3,
-    LAYER_DROPOUT = 4,
-    LAYER_FLATTEN = 5,
+#define NN_OP_ENUM(kind, name) LAYER_##kind,
+    NN_OPS(NN_OP_ENUM)
+#undef NN_OP_ENUM
+        LAYER_KIND_COUNT,
 } LayerKind;
+
+/* Keras' class name of a layer kind ("Dense"), or NULL for an unknown one. */
+const char *nn_layer_kind_name(LayerKind kind);
 
 typedef enum NnInit {
     INIT_GLOROT_UNIFORM = 0,   /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
@@ -78,22 +96,25 @@ typedef struct LayerShape {
 } LayerShape;
 
 typedef struct NnStats {
-    double loss_sum; /* sum over samples of the per-sample loss */
-    int64_t correct; /* argmax hits */
+    double loss_sum; /* sum over samples of w * the per-sample loss */
     int64_t seen;    /* samples */
     int64_t steps;   /* batches */
+    /* the metrics' summed states, model_metric_state_size(m) doubles that
+     * the passes add to (NULL: metrics not computed) */
+    double *metrics;
 } NnStats;
 
 /* Data in memory: x [n, row] float32 (or x_u8 uint8), and labels [n] int32
- * (or labels64 int64) or onehot [n, K]. With `transform` every input value
+ * (or labels64 int64) for a sparse loss or targets [n, K] float32 for the
+ * others, and optional sample weights [n]. With `transform` every input value
  * becomes (x * scale - mean[j]) / std[j] as it is gathered (j the position in
  * the row; mean/std NULL: 0 and 1); without, float32 rows are copied as they
  * are and uint8 rows converted to float unscaled. The first five fields keep
- * their order so that {x, labels, onehot, n, row} still initialises one. */
+ * their order so that {x, labels, targets, n, row} still initialises one. */
 typedef struct NnData {
     const float *x;
     const int32_t *labels;
-    const float *onehot;
+    const float *targets; /* [n, K] dense targets (one-hot, values) */
     size_t n;
     size_t row;
     const uint8_t *x_u8;     /* uint8 rows instead of x */
@@ -101,6 +122,7 @@ typedef struct NnData {
     int transform;
     float scale;
     const float *mean, *std; /* [row] each, or NULL */
+    const float *weights;    /* [n] sample weights, or NULL (all 1) */
 } NnData;
 
 typedef struct Model Model;
@@ -129,9 +151,22 @@ int model_num_tensors(const Model *m);
 const ParamInfo *model_param_info(const Model *m, int i);
 const LayerShape *model_layer_shape(const Model *m, int layer);
 int model_num_layers(const Model *m);
-const LayerSpec *model_layer_spec(const Model *m, int layer);
 int model_num_classes(const Model *m);
 size_t model_input_size(const Model *m);
+/* The head: NN_ACT_SOFTMAX or NN_ACT_SIGMOID when the last layer is a Dense
+ * with that activation (applied by the loss), else NN_ACT_NONE. */
+NnAct model_head(const Model *m);
+
+/* The training loss (default: sparse cross-entropy, or binary cross-entropy
+ * under a sigmoid head, or mean squared error on one linear output); checked
+ * against the head and the number of outputs (SG_EMODEL). The metrics (none
+ * by default) are checked against the outputs and the loss's targets. */
+int model_set_loss(Model *m, const NnLoss *loss, SgError *err);
+const NnLoss *model_loss(const Model *m);
+int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err);
+/* Doubles in the metrics' state (NnStats.metrics); their values come from
+ * nn_metric_result on each metric's part of a (summed) state. */
+size_t model_metric_state_size(const Model *m);
 
 /* 1 if this CPU (as oneDNN sees it, ONEDNN_MAX_CPU_ISA included) computes
  * bf16 natively (AVX512_BF16 or AMX). */
@@ -178,12 +213,11 @@ int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *or
                     int batch, int64_t nsteps, const NnGradHook *hook, int64_t *step, NnStats *st,
                     SgError *err);
 
-/* Inference over all rows of d (dropout off): loss and accuracy into st. */
+/* Inference over all rows of d (dropout off): loss and metrics into st. */
 int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *err);
 
-/* Inference outputs out [d->n, K] for the inputs of d (targets unused):
- * softmax probabilities when the last layer's activation is softmax, else
- * the last layer's outputs. */
+/* Inference outputs out [d->n, K] for the inputs of d (targets unused): the
+ * last layer's outputs, its head (softmax, sigmoid) applied. */
 int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err);
 
 /* OpenMP threads for oneDNN and the C loops. */

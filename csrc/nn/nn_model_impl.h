@@ -18,31 +18,33 @@ typedef struct LayerPlan {
     NnExec bwd[10]; /* [act bwd,] [diff_dst to bf16,] [src, diff_dst reorders,] bwd weights,
                       [diff weights reorder,] [weights reorder,] bwd data */
     int nbwd;
-    float *mask; /* Dropout [B, out] */
-    /* Dense and Conv2D: bwd[iww .. iww+nww) compute the weight gradients
-     * (the weights backward and its reorder); model_backward_sgd skips them */
-    int iww, nww;
-    int bf16; /* the layer's primitives run on bf16 inputs (see build_weighted) */
-    /* act[l] and dact[l] (in16), act[l+1] and dact[l+1] (out16) hold bf16 */
-    int in16, out16;
-    /* bf16 Dense: fwd[iwr] converts the f32 master weights into the bf16 copy
-     * the forward reads, which the optimizer can also write (copy); or -1 */
-    int iwr;
+    float *scratch; /* the op's plan scratch (NnOpKind.scratch): Dropout's mask [B, out] */
+    /* weighted ops: bwd[wgrad_first .. +wgrad_count) compute the weight
+     * gradients (the weights backward and its reorder); the folded SGD path
+     * skips them */
+    int wgrad_first, wgrad_count;
+    int bf16; /* the op's primitives run on bf16 inputs (see nn_op_weighted.c) */
+    /* act[l] and dact[l] (input_bf16), act[l+1] and dact[l+1] (output_bf16) hold bf16 */
+    int input_bf16, output_bf16;
+    /* bf16 Dense: fwd[weights_convert] converts the f32 master weights into
+     * the bf16 copy the forward reads, which the optimizer can also write
+     * (copy); or -1 */
+    int weights_convert;
 } LayerPlan;
 
 /* Everything that depends on the batch size B. */
 typedef struct Plan {
     int B;
     uint64_t last_use;
-    float *arena;    /* every buffer below */
-    float **act;     /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
-    float **dact;    /* [L+1]: gradient with respect to act[l] */
-    float *dpre;     /* [widest layer]: scratch (bias gradient sums of model_backward_sgd) */
-    float *logprob;  /* [B, K] */
-    int32_t *labels; /* [B] */
-    float *onehot;   /* [B, K] */
-    LayerPlan *lp;   /* [L] */
-    NnExec logsoftmax;
+    float *arena;          /* every buffer below */
+    float **act;           /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
+    float **dact;          /* [L+1]: gradient with respect to act[l] */
+    float *colsum;         /* [widest layer]: the bias gradient sums of the folded SGD update */
+    float *out;            /* [B, K]: the outputs after the head (nn_loss.h) */
+    float *targets;        /* [B, K]: dense targets */
+    float *weights;        /* [B]: sample weights */
+    int32_t *labels;       /* [B]: sparse targets */
+    LayerPlan *lp;         /* [L] */
     int nbf16;             /* weighted layers built in bf16 */
     int input16;           /* act[0] holds the input in bf16 (the first layer is bf16) */
     float *rowbuf;         /* [input row]: gather's scratch for input16 */
@@ -60,7 +62,12 @@ struct Model {
     LayerShape *shapes; /* [L] */
     int in_h, in_w, in_c;
     int classes;
-    ParamInfo *tensors; /* size table */
+    NnAct head;        /* see model_head */
+    NnLoss loss;       /* model_set_loss */
+    NnMetric *metrics; /* [nmetrics] */
+    int nmetrics;
+    size_t metric_state; /* doubles in the metrics' state */
+    ParamInfo *tensors;  /* size table */
     int ntensors;
     int *kernel_t, *bias_t; /* [L]: tensor index or -1 */
     size_t nparams;
@@ -77,13 +84,13 @@ struct Model {
     Plan *w16_fresh;
 };
 
-/* nn_plan.c */
+/* nn_plan.c (the op kinds: nn_op.h) */
 void plan_free(Plan *p);
 int model_plan(Model *m, int B, Plan **out, SgError *err);
 /* Forward through every layer from p->act[0]; training enables dropout. */
 int model_forward(Model *m, Plan *p, int training, SgError *err);
-/* log-softmax of the logits into p->logprob. */
-int model_logprob(Model *m, Plan *p, SgError *err);
+/* The activation layer l's primitives fuse: its own, except the head's. */
+NnAct model_layer_act(const Model *m, int l);
 /* Backward from p->dact[L] (the logits gradient) into m->grads; with a hook
  * whose ready is set, ready() is told each weighted layer's range of the
  * gradient buffer as soon as it is final (last layer first). */

@@ -43,25 +43,69 @@ void dense_backward_ref(float *dinp, float *dweight, float *dbias, const float *
     }
 }
 
+static double ref_sigmoid(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+/* act(x) in double (the references' precision) */
+static double act_value(double x, NnAct act)
+{
+    switch (act) {
+    case NN_ACT_RELU:
+        return x > 0.0 ? x : 0.0;
+    case NN_ACT_TANH:
+        return tanh(x);
+    case NN_ACT_SIGMOID:
+        return ref_sigmoid(x);
+    case NN_ACT_LEAKY_RELU:
+        return x > 0.0 ? x : NN_LEAKY_RELU_SLOPE * x;
+    case NN_ACT_ELU:
+        return x > 0.0 ? x : expm1(x);
+    case NN_ACT_SELU:
+        return NN_SELU_SCALE * (x > 0.0 ? x : NN_SELU_ALPHA * expm1(x));
+    case NN_ACT_GELU:
+        return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case NN_ACT_SWISH:
+        return x * ref_sigmoid(x);
+    case NN_ACT_SOFTPLUS:
+        return x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x));
+    default:
+        return x;
+    }
+}
+
+/* act'(x) in double */
+static double act_slope(double x, NnAct act)
+{
+    switch (act) {
+    case NN_ACT_RELU:
+        return x > 0.0 ? 1.0 : 0.0;
+    case NN_ACT_TANH:
+        return 1.0 - tanh(x) * tanh(x);
+    case NN_ACT_SIGMOID:
+        return ref_sigmoid(x) * (1.0 - ref_sigmoid(x));
+    case NN_ACT_LEAKY_RELU:
+        return x > 0.0 ? 1.0 : NN_LEAKY_RELU_SLOPE;
+    case NN_ACT_ELU:
+        return x > 0.0 ? 1.0 : exp(x);
+    case NN_ACT_SELU:
+        return NN_SELU_SCALE * (x > 0.0 ? 1.0 : NN_SELU_ALPHA * exp(x));
+    case NN_ACT_GELU:
+        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case NN_ACT_SWISH:
+        return ref_sigmoid(x) * (1.0 + x * (1.0 - ref_sigmoid(x)));
+    case NN_ACT_SOFTPLUS:
+        return ref_sigmoid(x);
+    default:
+        return 1.0;
+    }
+}
+
 void act_forward_ref(float *out, const float *inp, size_t n, NnAct act)
 {
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        switch (act) {
-        case NN_ACT_RELU:
-            out[i] = x > 0.0f ? x : 0.0f;
-            break;
-        case NN_ACT_TANH:
-            out[i] = tanhf(x);
-            break;
-        case NN_ACT_SIGMOID:
-            out[i] = 1.0f / (1.0f + expf(-x));
-            break;
-        default:
-            out[i] = x;
-            break;
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = (float)act_value(inp[i], act);
 }
 
 void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n, NnAct act)
@@ -78,11 +122,23 @@ void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n
         case NN_ACT_SIGMOID:
             dinp[i] = g * y * (1.0f - y);
             break;
+        case NN_ACT_LEAKY_RELU:
+            dinp[i] = y > 0.0f ? g : NN_LEAKY_RELU_SLOPE * g;
+            break;
+        case NN_ACT_ELU:
+            dinp[i] = y > 0.0f ? g : g * (y + 1.0f);
+            break;
         default:
             dinp[i] = g;
             break;
         }
     }
+}
+
+void act_backward_src_ref(float *dinp, const float *dout, const float *inp, size_t n, NnAct act)
+{
+    for (size_t i = 0; i < n; i++)
+        dinp[i] = (float)(dout[i] * act_slope(inp[i], act));
 }
 
 void log_softmax_forward_ref(float *logprob, const float *logits, int B, int K)

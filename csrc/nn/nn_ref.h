@@ -19,13 +19,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Activations, with Keras 3's default arguments. Dense and Conv2D fuse
+ * those up to NN_ACT_ELU (their backward runs from the output); the
+ * Activation op runs every one but softmax (from its input). */
 typedef enum NnAct {
     NN_ACT_NONE = 0,
     NN_ACT_RELU = 1,
     NN_ACT_TANH = 2,
     NN_ACT_SIGMOID = 3,
-    NN_ACT_SOFTMAX = 4, /* only on the last layer: handled by the loss */
+    NN_ACT_SOFTMAX = 4,    /* only on the last layer: handled by the loss */
+    NN_ACT_LEAKY_RELU = 5, /* x < 0: 0.2 x (keras.activations.leaky_relu) */
+    NN_ACT_ELU = 6,        /* x < 0: exp(x) - 1 */
+    NN_ACT_SELU = 7,       /* 1.0507 * elu(x, 1.67326) */
+    NN_ACT_GELU = 8,       /* x * Phi(x), the erf form (approximate=False) */
+    NN_ACT_SWISH = 9,      /* x * sigmoid(x), also silu */
+    NN_ACT_SOFTPLUS = 10,  /* log(1 + exp(x)) */
+    NN_ACT_COUNT,
 } NnAct;
+
+#define NN_LEAKY_RELU_SLOPE 0.2f
+#define NN_SELU_ALPHA       1.67326324235437728481f
+#define NN_SELU_SCALE       1.05070098735548049342f
 
 /* out[B,OC] = inp[B,C] @ weight[C,OC] + bias[OC] */
 void dense_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int B,
@@ -36,8 +50,11 @@ void dense_backward_ref(float *dinp, float *dweight, float *dbias, const float *
 
 /* out[n] = act(inp[n]) (NONE and SOFTMAX copy) */
 void act_forward_ref(float *out, const float *inp, size_t n, NnAct act);
-/* dinp[n] = dout[n] * act'(.), expressed through the forward output out[n] */
+/* dinp[n] = dout[n] * act'(.), expressed through the forward output out[n]
+ * (the activations up to NN_ACT_ELU) */
 void act_backward_ref(float *dinp, const float *dout, const float *out, size_t n, NnAct act);
+/* dinp[n] = dout[n] * act'(inp[n]), from the input (every activation) */
+void act_backward_src_ref(float *dinp, const float *dout, const float *inp, size_t n, NnAct act);
 
 /* logprob[B,K] = log_softmax(logits[B,K]) computed as x - max - log(sum(exp(x - max))) */
 void log_softmax_forward_ref(float *logprob, const float *logits, int B, int K);

@@ -4,11 +4,12 @@
  * in), runs of steps, evaluation and prediction, and the OpenMP thread
  * count. Pure C: the Python binding calls these with the GIL released.
  */
-#include "nn/nn_loss.h"
 #include "nn/nn_model_impl.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <string.h>
 
 void nn_set_num_threads(int n)
@@ -20,6 +21,20 @@ void nn_set_num_threads(int n)
 int nn_get_num_threads(void)
 {
     return omp_get_max_threads();
+}
+
+/* The first of v[n] that is NaN or infinite, or -1 (one vectorised pass
+ * when there is none). */
+static ptrdiff_t first_nonfinite(const float *v, size_t n)
+{
+    int bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (size_t j = 0; j < n; j++)
+        bad |= !(fabsf(v[j]) <= FLT_MAX);
+    for (size_t j = 0; bad && j < n; j++)
+        if (!(fabsf(v[j]) <= FLT_MAX))
+            return (ptrdiff_t)j;
+    return -1;
 }
 
 /* One input row into dst: copied, converted from uint8, or transformed. */
@@ -57,7 +72,8 @@ static void gather_row(const NnData *d, int64_t r, float *dst)
     }
 }
 
-/* Gathers rows order[start..start+B) (or start..start+B) of d into the plan. */
+/* Gathers rows order[start..start+B) (or start..start+B) of d into the plan:
+ * inputs, targets (checked against the loss) and sample weights. */
 static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
                   SgError *err)
 {
@@ -67,25 +83,48 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
         if (r < 0 || (size_t)r >= d->n)
             return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
                            d->n);
+        const float *in;
         if (!p->input16) {
             gather_row(d, r, p->act[0] + (size_t)i * row);
+            in = p->act[0] + (size_t)i * row;
         } else {
             /* the first layer's bf16 input, rounded as its reorder would */
-            const float *src = p->rowbuf;
+            in = p->rowbuf;
             if (!d->transform && d->x)
-                src = d->x + (size_t)r * row;
+                in = d->x + (size_t)r * row;
             else
                 gather_row(d, r, p->rowbuf);
-            optim_f32_to_bf16(src, (uint16_t *)p->act[0] + (size_t)i * row, row);
+            optim_f32_to_bf16(in, (uint16_t *)p->act[0] + (size_t)i * row, row);
         }
+        /* a NaN would pass a ReLU as 0 and reach the weights through the
+         * kernel's gradient: refused where it enters (uint8 rows cannot hold one) */
+        ptrdiff_t j = d->x ? first_nonfinite(in, row) : -1;
+        if (j >= 0)
+            return sg_fail(err, SG_EINVAL, "input value %g of row %lld (feature %td) is not finite",
+                           (double)in[j], (long long)r, j);
         if (d->labels || d->labels64) {
             int64_t y = d->labels ? (int64_t)d->labels[r] : d->labels64[r];
             if (y < 0 || (uint64_t)y >= K)
                 return sg_fail(err, SG_EINVAL, "label %lld of row %lld is outside [0, %zu)",
                                (long long)y, (long long)r, K);
             p->labels[i] = (int32_t)y;
-        } else if (d->onehot) {
-            memcpy(p->onehot + (size_t)i * K, d->onehot + (size_t)r * K, K * sizeof(float));
+        } else if (d->targets) {
+            const float *t = d->targets + (size_t)r * K;
+            int at;
+            if (nn_loss_bad_target(&m->loss, t, (int)K, &at))
+                return sg_fail(
+                    err, SG_EINVAL, "target %g (output %d) of row %lld is outside what %s takes%s",
+                    (double)t[at], at, (long long)r, nn_loss_ops(m->loss.kind)->name,
+                    m->loss.kind == NN_LOSS_BINARY_CE ? " ([0, 1])" : " (finite values)");
+            memcpy(p->targets + (size_t)i * K, t, K * sizeof(float));
+        }
+        if (d->weights) {
+            const float w = d->weights[r];
+            if (!(w >= 0.0f) || isinf(w))
+                return sg_fail(err, SG_EINVAL,
+                               "sample weight %g of row %lld must be finite and >= 0", (double)w,
+                               (long long)r);
+            p->weights[i] = w;
         }
     }
     return 0;
@@ -98,48 +137,57 @@ static int check_data(const Model *m, const NnData *d, int need_targets, SgError
                        model_input_size(m));
     if (!d->x == !d->x_u8)
         return sg_fail(err, SG_EINVAL, "inputs must be given as float32 or as uint8 rows");
-    if (need_targets && !d->labels && !d->labels64 && !d->onehot)
-        return sg_fail(err, SG_EINVAL, "no targets given");
-    return 0;
-}
-
-/* Loss and accuracy of the batch in the plan (evaluation), through the
- * oneDNN log-softmax. */
-static int batch_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *err)
-{
-    int rc = model_logprob(m, p, err);
-    if (rc < 0)
-        return rc;
-    const int B = p->B, K = m->classes;
+    if (!need_targets)
+        return 0;
+    const NnLossOps *ops = nn_loss_ops(m->loss.kind);
     const int sparse = d->labels || d->labels64;
-    const int32_t *labels = sparse ? p->labels : NULL;
-    const float *onehot = sparse ? NULL : p->onehot;
-    int bad = -1;
-    double loss = xent_forward(p->logprob, labels, onehot, B, K, &bad);
-    if (bad >= 0)
-        return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
-    st->loss_sum += loss * B;
-    st->correct += accuracy_count(p->logprob, labels, onehot, B, K);
-    st->seen += B;
-    st->steps += 1;
+    if (!sparse && !d->targets)
+        return sg_fail(err, SG_EINVAL, "no targets given");
+    if (sparse != ops->sparse)
+        return sg_fail(err, SG_EINVAL, "%s takes %s; %s given", ops->name,
+                       ops->sparse ? "integer labels [n]" : "float targets [n, outputs]",
+                       sparse ? "integer labels" : "float targets");
     return 0;
 }
 
-/* Training loss of the batch in the plan, from the logits in one pass
- * (nn_loss.h): the logits gradient into dact[L], loss and hits into st. */
-static int train_loss(Model *m, Plan *p, const NnData *d, NnStats *st, SgError *err)
+/* The loss (and, with dz, its gradient) and the metrics of the batch in the
+ * plan, into st. A non-finite loss in training is an error: nothing of the
+ * batch is applied. */
+static int batch_loss(Model *m, Plan *p, const NnData *d, float *dz, NnStats *st, SgError *err)
 {
     const int B = p->B, K = m->classes, L = m->nlayers;
-    double loss_sum;
-    int correct, bad = -1;
     const int sparse = d->labels || d->labels64;
-    if (softmax_xent_train(p->dact[L], &loss_sum, &correct, p->act[L], sparse ? p->labels : NULL,
-                           sparse ? NULL : p->onehot, B, K, &bad) < 0)
+    NnOutputs o = {B,
+                   K,
+                   m->head,
+                   p->act[L],
+                   p->out,
+                   sparse ? p->labels : NULL,
+                   sparse ? NULL : p->targets,
+                   d->weights ? p->weights : NULL};
+    double loss_sum = 0.0;
+    int bad = -1;
+    int rc = nn_loss_run(&m->loss, &o, dz, &loss_sum, &bad);
+    if (rc == -1)
         return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
+    if (rc == -2 && dz != NULL)
+        return sg_fail(err, SG_ENONFINITE,
+                       "the %s loss is not finite at batch row %d (outputs or targets hold NaN or "
+                       "inf, or training diverged: lower the learning rate, clip gradients, check "
+                       "the inputs)",
+                       nn_loss_ops(m->loss.kind)->name, bad);
+    if (rc == -2)
+        loss_sum = NAN; /* evaluation reports it */
     st->loss_sum += loss_sum;
-    st->correct += correct;
     st->seen += B;
     st->steps += 1;
+    if (st->metrics != NULL) {
+        double *state = st->metrics;
+        for (int i = 0; i < m->nmetrics; i++) {
+            nn_metric_update(&m->metrics[i], state, &o);
+            state += nn_metric_state_size(&m->metrics[i]);
+        }
+    }
     return 0;
 }
 
@@ -163,7 +211,7 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
         rc = model_forward(m, p, 1, err);
     /* from here on the bf16 weights are stale until an optimizer step rewrites them */
     m->w16_fresh = NULL;
-    if (rc < 0 || (rc = train_loss(m, p, d, st, err)) < 0)
+    if (rc < 0 || (rc = batch_loss(m, p, d, p->dact[m->nlayers], st, err)) < 0)
         return rc;
     int64_t next = (step ? *step : 0) + 1;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
@@ -219,10 +267,12 @@ int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *or
     m->w16_fresh = NULL;
     for (int64_t s = 0; s < nsteps && start < d->n; s++) {
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
+        const long long at = step ? (long long)*step + 1 : (long long)s + 1;
         int rc = train_batch(m, opt, d, order, start, B, hook, step, st, 1, err);
         if (rc < 0) {
             m->w16_fresh = NULL;
-            return sg_context(err, "training step at row %zu: ", start);
+            return sg_context(err, "training step %lld (the batch at row %zu of the epoch): ", at,
+                              start);
         }
         start += (size_t)B;
     }
@@ -243,7 +293,7 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
         Plan *p;
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
-            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, st, err)) < 0)
+            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, NULL, st, err)) < 0)
             return sg_context(err, "evaluating rows from %zu: ", start);
     }
     return 0;
@@ -257,8 +307,7 @@ int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err
     const size_t n = d->n;
     if (batch <= 0)
         return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
-    const size_t K = (size_t)m->classes;
-    const int softmax = m->specs[m->nlayers - 1].act == NN_ACT_SOFTMAX;
+    const int K = m->classes;
     for (size_t start = 0; start < n; start += (size_t)batch) {
         int B = n - start < (size_t)batch ? (int)(n - start) : batch;
         Plan *p;
@@ -266,15 +315,9 @@ int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err
             (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0)
             return sg_context(err, "predicting rows from %zu: ", start);
-        float *dst = out + start * K;
-        if (softmax) {
-            if ((rc = model_logprob(m, p, err)) < 0)
-                return rc;
-            for (size_t i = 0; i < (size_t)B * K; i++)
-                dst[i] = expf(p->logprob[i]);
-        } else {
-            memcpy(dst, p->act[m->nlayers], (size_t)B * K * sizeof(float));
-        }
+        NnOutputs o = {B,    K,    m->head, p->act[m->nlayers], out + start * (size_t)K,
+                       NULL, NULL, NULL};
+        nn_head_forward(&o);
     }
     return 0;
 }

@@ -246,11 +246,12 @@ static int optional_floats(PyObject *o, const char *name, size_t n, const float 
     return 0;
 }
 
-/* Fills d from (x, labels, onehot) and the input transform (scale NaN, mean
- * and std None: none); None for absent targets. x: float32 or uint8; labels:
- * int32 or int64. The arrays are used in place: the caller keeps them alive. */
+/* Fills d from (x, labels, targets), the sample weights and the input
+ * transform (scale NaN, mean and std None: none); None for what is absent.
+ * x: float32 or uint8; labels: int32 or int64; targets [n, K] and weights
+ * [n]: float32. The arrays are used in place: the caller keeps them alive. */
 static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, PyObject *oo,
-                      double scale, PyObject *meano, PyObject *stdo)
+                      double scale, PyObject *meano, PyObject *stdo, PyObject *wo)
 {
     memset(d, 0, sizeof *d);
     if (!PyArray_Check(xo))
@@ -297,17 +298,36 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, 
     }
     if (oo != Py_None) {
         size_t k = (size_t)model_num_classes(self->model);
-        if (nn_float_array(oo, "onehot targets", d->n * k, 0) == NULL)
+        if (nn_float_array(oo, "targets", d->n * k, 0) == NULL)
             return -1;
-        d->onehot = PyArray_DATA((PyArrayObject *)oo);
+        d->targets = PyArray_DATA((PyArrayObject *)oo);
     }
+    return optional_floats(wo, "sample weights", d->n, &d->weights);
+}
+
+/* The metrics' state array st->metrics points into: None, or a contiguous
+ * float64 array of model_metric_state_size doubles, added to in place. */
+static int metric_state(ModelObject *self, PyObject *o, NnStats *st)
+{
+    st->metrics = NULL;
+    if (o == Py_None)
+        return 0;
+    size_t n = model_metric_state_size(self->model);
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_FLOAT64 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) || !PyArray_ISWRITEABLE((PyArrayObject *)o) ||
+        (size_t)PyArray_SIZE((PyArrayObject *)o) != n)
+        return sg_raise_code(SG_EINVAL,
+                             "metrics must be None or a writable contiguous float64 array of %zu "
+                             "values (the metrics' state)",
+                             n),
+               -1;
+    st->metrics = PyArray_DATA((PyArrayObject *)o);
     return 0;
 }
 
 static PyObject *stats_tuple(const NnStats *st)
 {
-    return Py_BuildValue("(dLLL)", st->loss_sum, (long long)st->correct, (long long)st->seen,
-                         (long long)st->steps);
+    return Py_BuildValue("(dLL)", st->loss_sum, (long long)st->seen, (long long)st->steps);
 }
 
 /* What a hook capsule points to: the hook first, so the capsule's pointer is
@@ -371,16 +391,18 @@ static const NnGradHook *hook_from_capsule(PyObject *o)
 
 static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"opt",    "x",    "labels", "onehot", "order", "start", "batch",
-                             "nsteps", "hook", "step",   "scale",  "mean",  "std",   NULL};
+    static char *kwlist[] = {"opt",   "x",       "labels",  "targets", "order", "start",
+                             "batch", "nsteps",  "hook",    "step",    "scale", "mean",
+                             "std",   "weights", "metrics", NULL};
     PyObject *opto, *xo, *lo, *oo, *ordo, *hooko = Py_None, *meano = Py_None, *stdo = Py_None;
+    PyObject *wo = Py_None, *mo = Py_None;
     Py_ssize_t start;
     int batch;
     long long nsteps, step = 0;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOniL|$OLdOO:train_steps", kwlist, &opto, &xo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOniL|$OLdOOOO:train_steps", kwlist, &opto, &xo,
                                      &lo, &oo, &ordo, &start, &batch, &nsteps, &hooko, &step,
-                                     &scale, &meano, &stdo) ||
+                                     &scale, &meano, &stdo, &wo, &mo) ||
         model_ready(self) < 0)
         return NULL;
     Optimizer *opt = NULL;
@@ -397,10 +419,12 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
     if (hooko != Py_None && (hook = hook_from_capsule(hooko)) == NULL)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo) < 0)
+    NnStats st = {0};
+    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo, wo) < 0 ||
+        metric_state(self, mo, &st) < 0)
         return NULL;
-    if (!d.labels && !d.labels64 && !d.onehot)
-        return sg_raise_code(SG_EINVAL, "train_steps needs labels or one-hot targets");
+    if (!d.labels && !d.labels64 && !d.targets)
+        return sg_raise_code(SG_EINVAL, "train_steps needs labels or targets");
     const int64_t *order = NULL;
     if (ordo != Py_None) {
         if (!PyArray_Check(ordo) || PyArray_TYPE((PyArrayObject *)ordo) != NPY_INT64 ||
@@ -412,7 +436,6 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
     }
     if (start < 0)
         return sg_raise_code(SG_EINVAL, "start must be >= 0");
-    NnStats st = {0};
     SgError err = {0};
     int64_t gstep = (int64_t)step;
     int rc;
@@ -425,26 +448,39 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
     Py_END_ALLOW_THREADS
     self->busy = 0;
     Py_XDECREF(hook ? hooko : NULL);
+    if (rc < 0 && err.code != SG_ENOMEM) {
+        /* the steps before the failing one were applied: say how far the run got */
+        PyObject *details =
+            Py_BuildValue("{s:L,s:L,s:L,s:d}", "step", (long long)gstep, "steps",
+                          (long long)st.steps, "seen", (long long)st.seen, "loss_sum", st.loss_sum);
+        if (details == NULL)
+            return NULL;
+        sg_raise_details(&err, details);
+        Py_DECREF(details);
+        return NULL;
+    }
     if (rc < 0)
         return sg_raise(&err);
-    return Py_BuildValue("(dLLLL)", st.loss_sum, (long long)st.correct, (long long)st.seen,
-                         (long long)st.steps, (long long)gstep);
+    return Py_BuildValue("(dLLL)", st.loss_sum, (long long)st.seen, (long long)st.steps,
+                         (long long)gstep);
 }
 
 static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "labels", "onehot", "batch", "scale", "mean", "std", NULL};
-    PyObject *xo, *lo, *oo, *meano = Py_None, *stdo = Py_None;
+    static char *kwlist[] = {"x",    "labels", "targets", "batch",   "scale",
+                             "mean", "std",    "weights", "metrics", NULL};
+    PyObject *xo, *lo, *oo, *meano = Py_None, *stdo = Py_None, *wo = Py_None, *mo = Py_None;
     int batch;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOi|$dOO:evaluate", kwlist, &xo, &lo, &oo, &batch,
-                                     &scale, &meano, &stdo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOi|$dOOOO:evaluate", kwlist, &xo, &lo, &oo,
+                                     &batch, &scale, &meano, &stdo, &wo, &mo) ||
         model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo) < 0)
-        return NULL;
     NnStats st = {0};
+    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo, wo) < 0 ||
+        metric_state(self, mo, &st) < 0)
+        return NULL;
     SgError err = {0};
     int rc;
     self->busy = 1;
@@ -468,7 +504,7 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
         model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, Py_None, Py_None, scale, meano, stdo) < 0)
+    if (parse_data(self, &d, xo, Py_None, Py_None, scale, meano, stdo, Py_None) < 0)
         return NULL;
     npy_intp dims[2] = {(npy_intp)d.n, model_num_classes(self->model)};
     PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
@@ -487,6 +523,96 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
         return sg_raise(&err);
     }
     return out;
+}
+
+static PyObject *model_set_loss_py(ModelObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"kind", "from_logits", "label_smoothing", "delta", NULL};
+    int kind, from_logits = 0;
+    float smoothing = 0.0f, delta = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$pff:set_loss", kwlist, &kind, &from_logits,
+                                     &smoothing, &delta) ||
+        model_ready(self) < 0)
+        return NULL;
+    NnLoss loss = {(NnLossKind)kind, from_logits, smoothing, delta};
+    SgError err = {0};
+    if (model_set_loss(self->model, &loss, &err) < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+/* The NnMetric array of a sequence of (kind, threshold, num_thresholds,
+ * pr_curve, from_logits) tuples, PyMem_Malloc'ed into *out; -1 with an
+ * exception set. */
+static int parse_metrics(PyObject *list, NnMetric **out, int *count)
+{
+    PyObject *seq = PySequence_Fast(list, "metrics must be a sequence of tuples");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    NnMetric *ms = PyMem_Calloc(n ? (size_t)n : 1, sizeof *ms);
+    int rc = -1;
+    if (ms == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int kind;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ifipp", &kind, &ms[i].threshold,
+                              &ms[i].num_thresholds, &ms[i].pr_curve, &ms[i].from_logits)) {
+            sg_raise_code(SG_EINVAL,
+                          "metric %zd must be (kind, threshold, num_thresholds, pr_curve, "
+                          "from_logits)",
+                          i);
+            goto done;
+        }
+        if (nn_metric_ops((NnMetricKind)kind) == NULL) {
+            sg_raise_code(SG_EINVAL, "metric %zd: unknown kind %d", i, kind);
+            goto done;
+        }
+        ms[i].kind = (NnMetricKind)kind;
+    }
+    *out = ms;
+    *count = (int)n;
+    ms = NULL;
+    rc = 0;
+done:
+    PyMem_Free(ms);
+    Py_DECREF(seq);
+    return rc;
+}
+
+static PyObject *model_set_metrics_py(ModelObject *self, PyObject *args)
+{
+    PyObject *list;
+    NnMetric *ms;
+    int n;
+    if (!PyArg_ParseTuple(args, "O:set_metrics", &list) || model_ready(self) < 0 ||
+        parse_metrics(list, &ms, &n) < 0)
+        return NULL;
+    SgError err = {0};
+    int rc = model_set_metrics(self->model, ms, n, &err);
+    PyMem_Free(ms);
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *model_get_metric_state_size(ModelObject *self, void *closure)
+{
+    (void)closure;
+    return model_ready(self) < 0 ? NULL : PyLong_FromSize_t(model_metric_state_size(self->model));
+}
+
+static PyObject *model_get_head(ModelObject *self, void *closure)
+{
+    (void)closure;
+    if (model_ready(self) < 0)
+        return NULL;
+    NnAct h = model_head(self->model);
+    return PyUnicode_FromString(h == NN_ACT_SOFTMAX   ? "softmax"
+                                : h == NN_ACT_SIGMOID ? "sigmoid"
+                                                      : "linear");
 }
 
 static PyObject *model_get_classes(ModelObject *self, void *closure)
@@ -511,13 +637,20 @@ static PyMethodDef model_methods[] = {
     {"bf16_layers", (PyCFunction)model_bf16_layers_py, METH_VARARGS,
      "bf16_layers(batch) -> Dense/Conv2D layers running bf16 primitives at that batch size."},
     {"train_steps", (PyCFunction)(void (*)(void))model_train_steps, METH_VARARGS | METH_KEYWORDS,
-     "train_steps(opt|None, x, labels|None, onehot|None, order|None, start, batch, nsteps, *, "
-     "hook=None, step=0, scale=nan, mean=None, std=None) -> (loss_sum, correct, seen, steps, "
-     "step after); x float32 or uint8, labels int32 or int64; hook: a "
-     "sparkgrad._core.NnGradHook capsule; GIL released."},
+     "train_steps(opt|None, x, labels|None, targets|None, order|None, start, batch, nsteps, *, "
+     "hook=None, step=0, scale=nan, mean=None, std=None, weights=None, metrics=None) -> "
+     "(loss_sum, seen, steps, step after); x float32 or uint8, labels int32 or int64, targets "
+     "float32 [n, K], weights float32 [n]; metrics: the float64 state array the metrics add to; "
+     "hook: a sparkgrad._core.NnGradHook capsule; GIL released."},
     {"evaluate", (PyCFunction)(void (*)(void))model_evaluate_py, METH_VARARGS | METH_KEYWORDS,
-     "evaluate(x, labels|None, onehot|None, batch, *, scale=nan, mean=None, std=None) -> "
-     "(loss_sum, correct, seen, steps)."},
+     "evaluate(x, labels|None, targets|None, batch, *, scale=nan, mean=None, std=None, "
+     "weights=None, metrics=None) -> (loss_sum, seen, steps)."},
+    {"set_loss", (PyCFunction)(void (*)(void))model_set_loss_py, METH_VARARGS | METH_KEYWORDS,
+     "set_loss(kind, *, from_logits=False, label_smoothing=0.0, delta=1.0): kind indexes "
+     "LOSS_NAMES; checked against the head and the outputs (ModelError)."},
+    {"set_metrics", (PyCFunction)model_set_metrics_py, METH_VARARGS,
+     "set_metrics([(kind, threshold, num_thresholds, pr_curve, from_logits), ...]): kind indexes "
+     "METRIC_NAMES."},
     {"predict", (PyCFunction)(void (*)(void))model_predict_py, METH_VARARGS | METH_KEYWORDS,
      "predict(x, batch, *, scale=nan, mean=None, std=None) -> float32 [n, K]."},
     {NULL, NULL, 0, NULL},
@@ -527,6 +660,11 @@ static PyGetSetDef model_getset[] = {
     {"params", (getter)model_get_params, NULL, "flat parameter buffer (float32 view)", NULL},
     {"grads", (getter)model_get_grads, NULL, "flat gradient buffer (float32 view)", NULL},
     {"classes", (getter)model_get_classes, NULL, "output width K", NULL},
+    {"head", (getter)model_get_head, NULL,
+     "'softmax', 'sigmoid' (a last Dense layer's activation, applied by the loss) or 'linear'",
+     NULL},
+    {"metric_state_size", (getter)model_get_metric_state_size, NULL,
+     "doubles in the metrics' state array", NULL},
     {"precision", (getter)model_get_precision, NULL, "'fp32' or 'bf16': the precision in use",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -571,7 +709,49 @@ static PyObject *py_bf16_supported(PyObject *self, PyObject *noargs)
     return PyBool_FromLong(nn_bf16_supported());
 }
 
+static PyObject *py_metric_results(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *list, *so;
+    NnMetric *ms;
+    int n;
+    if (!PyArg_ParseTuple(args, "OO:metric_results", &list, &so) ||
+        parse_metrics(list, &ms, &n) < 0)
+        return NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += nn_metric_state_size(&ms[i]);
+    PyObject *out = NULL;
+    if (!PyArray_Check(so) || PyArray_TYPE((PyArrayObject *)so) != NPY_FLOAT64 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)so) ||
+        (size_t)PyArray_SIZE((PyArrayObject *)so) != total) {
+        sg_raise_code(SG_EINVAL,
+                      "state must be a contiguous float64 array of %zu values (the metrics' state)",
+                      total);
+        goto done;
+    }
+    const double *state = PyArray_DATA((PyArrayObject *)so);
+    if ((out = PyList_New(n)) == NULL)
+        goto done;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = PyFloat_FromDouble(nn_metric_result(&ms[i], state));
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+        state += nn_metric_state_size(&ms[i]);
+    }
+done:
+    PyMem_Free(ms);
+    return out;
+}
+
 static PyMethodDef nn_functions[] = {
+    {"metric_results", py_metric_results, METH_VARARGS,
+     "metric_results([(kind, threshold, num_thresholds, pr_curve, from_logits), ...], state) -> "
+     "[value per metric] from a (summed) float64 state array."},
+
     {"bf16_supported", py_bf16_supported, METH_NOARGS,
      "bf16_supported() -> True if oneDNN computes bf16 natively on this CPU (AVX512_BF16/AMX)."},
     {"set_num_threads", py_set_num_threads, METH_VARARGS,
@@ -580,9 +760,52 @@ static PyMethodDef nn_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* A tuple of the table's names, in kind order. */
+static PyObject *names_tuple(int n, const char *(*name)(int))
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t != NULL && i < n; i++) {
+        PyObject *v = PyUnicode_FromString(name(i));
+        if (v == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static const char *loss_name(int i)
+{
+    return nn_loss_ops((NnLossKind)i)->name;
+}
+
+static const char *metric_name(int i)
+{
+    return nn_metric_ops((NnMetricKind)i)->name;
+}
+
+static const char *layer_kind_name(int i)
+{
+    return nn_layer_kind_name((LayerKind)i);
+}
+
 int nn_module_init(PyObject *mod)
 {
     if (PyModule_AddType(mod, &ModelType) < 0)
+        return -1;
+    PyObject *losses = names_tuple(NN_LOSS_COUNT, loss_name);
+    PyObject *metrics = names_tuple(NN_METRIC_COUNT, metric_name);
+    PyObject *kinds = names_tuple(LAYER_KIND_COUNT, layer_kind_name);
+    int rc = losses && metrics && kinds && PyModule_AddObjectRef(mod, "LOSS_NAMES", losses) == 0 &&
+                     PyModule_AddObjectRef(mod, "METRIC_NAMES", metrics) == 0 &&
+                     PyModule_AddObjectRef(mod, "LAYER_KINDS", kinds) == 0
+                 ? 0
+                 : -1;
+    Py_XDECREF(losses);
+    Py_XDECREF(metrics);
+    Py_XDECREF(kinds);
+    if (rc < 0)
         return -1;
     return PyModule_AddFunctions(mod, nn_functions);
 }

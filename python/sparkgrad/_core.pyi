@@ -196,6 +196,14 @@ class Dataset(Iterator[dict[str, Any]]):
 
 # ---- nn (csrc/py/py_nn.c, csrc/py/py_nn_optim.c) ----
 
+LOSS_NAMES: tuple[str, ...]
+"""The loss table's names (csrc/nn/nn_loss.c), in kind order."""
+METRIC_NAMES: tuple[str, ...]
+"""The metric table's names (csrc/nn/nn_metric.c), in kind order."""
+
+def metric_results(metrics: Sequence[tuple[int, float, int, bool, bool]], state: np.ndarray) -> list[float]:
+    """The metrics' values from a (summed) float64 state array."""
+
 class Model:
     """A sequential network on oneDNN; layers are (kind, units, kh, kw, stride, same, act, rate, init)."""
 
@@ -216,12 +224,24 @@ class Model:
     def get_rng(self) -> tuple[int, int]: ...
     def set_rng(self, seed: int, counter: int) -> None: ...
     def shuffle(self, n: int) -> np.ndarray: ...
+    @property
+    def head(self) -> str:
+        """'softmax', 'sigmoid' (a last Dense layer's activation, applied by the loss) or 'linear'."""
+    @property
+    def metric_state_size(self) -> int:
+        """Doubles in the metrics' state array."""
+    def set_loss(
+        self, kind: int, *, from_logits: bool = False, label_smoothing: float = 0.0, delta: float = 1.0
+    ) -> None:
+        """kind indexes LOSS_NAMES; checked against the head and the outputs (ModelError)."""
+    def set_metrics(self, metrics: Sequence[tuple[int, float, int, bool, bool]]) -> None:
+        """(kind, threshold, num_thresholds, pr_curve, from_logits) each; kind indexes METRIC_NAMES."""
     def train_steps(
         self,
         opt: Optimizer | None,
         x: np.ndarray,
         labels: np.ndarray | None,
-        onehot: np.ndarray | None,
+        targets: np.ndarray | None,
         order: np.ndarray | None,
         start: int,
         batch: int,
@@ -232,22 +252,29 @@ class Model:
         scale: float = ...,
         mean: np.ndarray | None = None,
         std: np.ndarray | None = None,
-    ) -> tuple[float, int, int, int, int]:
-        """x float32 or uint8 [n, row]; labels int32 or int64; hook: a capsule named
+        weights: np.ndarray | None = None,
+        metrics: np.ndarray | None = None,
+    ) -> tuple[float, int, int, int]:
+        """x float32 or uint8 [n, row]; labels int32 or int64 (a sparse loss) or targets float32 [n, K];
+        weights float32 [n]; metrics: the float64 state array the metrics add to; hook: a capsule named
         "sparkgrad._core.NnGradHook" (csrc/nn/nn_hook.h); scale/mean/std: x_float =
         (x * scale - mean) / std in the gather (scale omitted, mean and std None: none).
-        Returns (loss_sum, correct, seen, steps, step after)."""
+        Returns (loss_sum, seen, steps, step after); a non-finite loss raises NonFiniteLossError with
+        step, steps, seen and loss_sum of the good steps before it."""
     def evaluate(
         self,
         x: np.ndarray,
         labels: np.ndarray | None,
-        onehot: np.ndarray | None,
+        targets: np.ndarray | None,
         batch: int,
         *,
         scale: float = ...,
         mean: np.ndarray | None = None,
         std: np.ndarray | None = None,
-    ) -> tuple[float, int, int, int]: ...
+        weights: np.ndarray | None = None,
+        metrics: np.ndarray | None = None,
+    ) -> tuple[float, int, int]:
+        """Returns (loss_sum, seen, steps); the metrics add to ``metrics``."""
     def predict(
         self,
         x: np.ndarray,

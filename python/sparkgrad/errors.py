@@ -21,7 +21,8 @@ names below are part of the C contract.
     ├── SchemaError (also ValueError)
     ├── ModelError
     │   ├── OneDNNError
-    │   └── CheckpointError
+    │   ├── CheckpointError
+    │   └── NonFiniteLossError
     ├── ClusterError
     │   ├── RendezvousTimeout (also TimeoutError)
     │   ├── NodeFailure
@@ -136,6 +137,15 @@ class OneDNNError(ModelError):
 
 class CheckpointError(ModelError):
     """A checkpoint could not be written, read or matched to the model."""
+
+
+class NonFiniteLossError(ModelError):
+    """The training loss became NaN or infinite; the message names the step and the batch row.
+
+    Nothing of that batch is applied and fit saves no checkpoint after it. From the C loop it carries
+    how far the run got: ``step`` (the model's step after the last good batch), ``steps`` and ``seen``
+    (the good batches and rows of the call) and ``loss_sum`` (their loss).
+    """
 
 
 class ClusterError(SparkgradError):

@@ -15,15 +15,19 @@ The artifact is a directory in MLflow's model layout: ``MLmodel`` (flavors
 the saved-model file of sparkgrad.nn.saved (architecture, weights, input
 transform and loss in one file), beside ``data/pyfunc.json`` (what the pyfunc
 returns). Without a signature, one is inferred from the model: input a
-float32 tensor of shape [-1, *input_shape], output float32 [-1, classes].
+float32 tensor of shape [-1, *input_shape], output float32 [-1, outputs].
 MLflow enforces it: inputs must be float32 (an array column of a DataFrame
 is stacked into one tensor, and flat rows are reshaped to the input shape).
 
 The pyfunc predicts with sparkgrad's C engine: it returns the model's outputs
-(``pyfunc_output="probability"``: float32 [n, classes], softmax probabilities
-or logits as model.predict), or the argmax as float64 [n]
-(``pyfunc_output="prediction"``: what Spark ML's prediction column holds,
-and the default ``double`` result of spark_udf).
+(``pyfunc_output="probability"``: float32 [n, outputs] as model.predict gives
+them: softmax or sigmoid probabilities, a regression's values, or logits), or
+what Spark ML's prediction column holds (``pyfunc_output="prediction"``,
+float64: a classifier's argmax, a binary classifier's 0/1 at probability 0.5,
+a regression's values; [n] for these, [n, outputs] for a multi-output binary
+or regression model; a one-column result is the default ``double`` result of
+spark_udf). Which of these a model is follows its compiled loss, else its
+head (sparkgrad.spark.columns.output_kind, as sparkgrad.spark.Model decides).
 
 Works with MLflow 2.22 and 3.x clients: 3.x names a logged model ``name``,
 2.x ``artifact_path``; log_model takes either. This module imports ``mlflow``
@@ -62,8 +66,10 @@ def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
 
     Args:
         model (sparkgrad.nn.Sequential): The model.
-        pyfunc_output: ``"probability"``: output a float32 tensor ``[-1, classes]``; ``"prediction"``:
-            one double column.
+        pyfunc_output: ``"probability"``: output a float32 tensor ``[-1, outputs]`` (the model's output
+            width); ``"prediction"``: one double column for a classifier, a binary classifier or a
+            regression of one output, a float64 tensor ``[-1, outputs]`` for a binary or regression
+            model of several.
 
     Returns:
         (mlflow.models.ModelSignature): Input a float32 tensor of shape ``[-1, *input_shape]``, output as above.
@@ -71,12 +77,38 @@ def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, DataType, Schema, TensorSpec
 
+    from sparkgrad.spark.columns import Task
+
     inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *(int(d) for d in model.input_shape)))])
-    if pyfunc_output == "prediction":
+    width = int(model.output_classes)
+    if pyfunc_output != "prediction":
+        outputs = Schema([TensorSpec(np.dtype(np.float32), (-1, width))])
+    elif width == 1 or _output_kind(model)[0] is Task.CLASSES:
         outputs = Schema([ColSpec(DataType.double)])
     else:
-        outputs = Schema([TensorSpec(np.dtype(np.float32), (-1, int(model.output_classes)))])
+        outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, width))])
     return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _output_kind(model: Any) -> tuple[Any, bool]:
+    """``(task, probabilities)`` of the model under its compiled loss, else by its head."""
+    from sparkgrad.spark import columns as C
+
+    return C.output_kind(model, C.resolve_loss(None, model, "sparkgrad.mlflow"))
+
+
+def _predictions(out: np.ndarray, kind: tuple[Any, bool]) -> np.ndarray:
+    """What ``pyfunc_output="prediction"`` returns for the outputs ``out`` of a model of `_output_kind` ``kind``."""
+    from sparkgrad.spark import columns as C
+
+    task, probabilities = kind
+    if task is C.Task.CLASSES:
+        return np.argmax(out, axis=1).astype(np.float64)
+    if task is C.Task.BINARY:
+        values = (C.binary_scores(out, probabilities)[0] > 0.5).astype(np.float64)
+    else:
+        values = out.astype(np.float64)
+    return values[:, 0] if values.shape[1] == 1 else values
 
 
 def get_default_pip_requirements() -> list[str]:
@@ -143,9 +175,11 @@ def save_model(
         mlflow_model (mlflow.models.Model | None): The MLmodel to add the flavors to (default a new one).
         signature (mlflow.models.ModelSignature | None): Default `infer_signature` of the model.
         input_example: Saved with the model, as MLflow saves examples.
-        pyfunc_output: What the pyfunc's predict returns: ``"probability"`` (float32 ``[n, classes]``,
-            softmax probabilities or logits as ``model.predict`` gives them) or ``"prediction"`` (the
-            argmax as float64 ``[n]``, what Spark ML's prediction column holds).
+        pyfunc_output: What the pyfunc's predict returns: ``"probability"`` (float32 ``[n, outputs]`` as
+            ``model.predict`` gives them: softmax or sigmoid probabilities, a regression's values, or
+            logits) or ``"prediction"`` (float64, what Spark ML's prediction column holds: a
+            classifier's argmax, a binary classifier's 0.0/1.0 at probability 0.5, a regression's
+            values; ``[n]``, or ``[n, outputs]`` for a binary or regression model of several outputs).
         conda_env: As in MLflow's own flavors.
         pip_requirements: As in MLflow's own flavors (default `get_default_pip_requirements`).
         extra_pip_requirements: As in MLflow's own flavors.
@@ -312,6 +346,7 @@ class _PyfuncModel:
     def __init__(self, model: Any, output: str) -> None:
         self.model = model
         self.output = output
+        self.kind = _output_kind(model)  # (task, probabilities): what "prediction" makes of the outputs
 
     def _inputs(self, data: Any) -> np.ndarray:
         if isinstance(data, dict):
@@ -328,7 +363,7 @@ class _PyfuncModel:
         x = self._inputs(model_input)
         out = self.model.predict(x, batch_size=int((params or {}).get("batch_size", 256)))
         if self.output == "prediction":
-            return np.argmax(out, axis=1).astype(np.float64)
+            return _predictions(out, self.kind)
         return out
 
     def get_raw_model(self) -> Any:

@@ -116,6 +116,8 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
     }
     NnData d = {x, sparse ? labels : NULL, sparse ? NULL : onehot, (size_t)B, row};
     NnStats st = {0};
+    NnLoss xent = {sparse ? NN_LOSS_SPARSE_CE : NN_LOSS_CATEGORICAL_CE, 0, 0.0f, 1.0f};
+    CHECK(model_set_loss(m, &xent, &err) == 0);
     if (model_train_batch(m, NULL, &d, NULL, 0, B, NULL, NULL, &st, &err) < 0) {
         fprintf(stderr, "%s: model_train_batch: %s\n", name, err.msg);
         failures++;
@@ -142,15 +144,13 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         memcpy(wr, m->params, sizeof(float) * m->nparams);
     }
 
-    /* loss kernels: training ran the one-pass loss (nn_loss.c); evaluation's
-     * oneDNN log-softmax runs here on the same logits */
+    /* the loss (the table's cross-entropy, nn_loss.c) against the reference
+     * log-softmax and cross-entropy on the same logits */
     float *lp = malloc(sizeof(float) * B * K), *dl = malloc(sizeof(float) * B * K);
-    CHECK(model_logprob(m, p, &err) == 0);
     log_softmax_forward_ref(lp, p->act[L], B, (int)K);
-    expect_close("log-softmax (oneDNN softmax_log)", L, p->logprob, lp, (size_t)B * K);
-    xent_backward(dl, lp, d.labels, d.onehot, B, (int)K);
+    xent_backward(dl, lp, d.labels, d.targets, B, (int)K);
     expect_close("cross-entropy gradient", L, p->dact[L], dl, (size_t)B * K);
-    double loss = xent_forward(lp, d.labels, d.onehot, B, (int)K, NULL);
+    double loss = xent_forward(lp, d.labels, d.targets, B, (int)K, NULL);
     CHECK(fabs(loss * B - st.loss_sum) < 1e-4 * fabs(st.loss_sum));
 
     /* forward: each kernel on the plan's own input */
@@ -159,14 +159,14 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         const LayerShape *sh = &m->shapes[l];
         const size_t o = (size_t)B * sh->oh * sh->ow * sh->oc;
         const float *X = p->act[l], *Y = p->act[l + 1];
-        NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
+        NnAct act = model_layer_act(m, l);
         switch (sp->kind) {
         case LAYER_DENSE:
         case LAYER_CONV2D: {
             const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
             const float *W = wr + kt->offset, *bias = m->params + bt->offset;
-            X = widen(X, (size_t)B * sh->h * sh->w * sh->c, p->lp[l].in16, sx);
-            Y = widen(Y, o, p->lp[l].out16, sy);
+            X = widen(X, (size_t)B * sh->h * sh->w * sh->c, p->lp[l].input_bf16, sx);
+            Y = widen(Y, o, p->lp[l].output_bf16, sy);
             if (p->lp[l].bf16) {
                 round_bf16(xr, X, (size_t)B * sh->h * sh->w * sh->c);
                 X = xr;
@@ -177,7 +177,7 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
                 conv2d_forward_ref(pre, X, W, bias, B, sh->h, sh->w, sh->c, sh->oc, sp->kh, sp->kw,
                                    sp->stride, sh->pt, sh->pl, sh->oh, sh->ow);
             act_forward_ref(want, pre, o, act);
-            if (p->lp[l].out16)
+            if (p->lp[l].output_bf16)
                 expect_close16(sp->kind == LAYER_DENSE ? "dense forward" : "conv2d forward", l, Y,
                                want, o);
             else
@@ -197,8 +197,8 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         case LAYER_DROPOUT: {
             size_t zeros = 0;
             for (size_t i = 0; i < o; i++) {
-                want[i] = X[i] * p->lp[l].mask[i];
-                zeros += p->lp[l].mask[i] == 0.0f;
+                want[i] = X[i] * p->lp[l].scratch[i];
+                zeros += p->lp[l].scratch[i] == 0.0f;
             }
             expect_close("dropout forward", l, Y, want, o);
             /* the drop fraction is within 4 binomial standard deviations of the rate */
@@ -213,6 +213,12 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         case LAYER_FLATTEN:
             CHECK(Y == X && p->dact[l + 1] == p->dact[l]);
             break;
+        case LAYER_ACTIVATION:
+            act_forward_ref(want, X, o, sp->act);
+            expect_close("activation forward", l, Y, want, o);
+            break;
+        default:
+            CHECK(!"a layer kind this test does not check");
         }
     }
 
@@ -227,10 +233,12 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         const size_t o = (size_t)B * sh->oh * sh->ow * sh->oc,
                      in = (size_t)B * sh->h * sh->w * sh->c;
         const float *X = p->act[l], *Y = p->act[l + 1];
-        NnAct act = sp->act == NN_ACT_SOFTMAX ? NN_ACT_NONE : sp->act;
+        NnAct act = model_layer_act(m, l);
         const char *what = "data gradient";
-        const int w16 = (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].out16;
-        const int d16 = (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].in16;
+        const int w16 =
+            (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].output_bf16;
+        const int d16 =
+            (sp->kind == LAYER_DENSE || sp->kind == LAYER_CONV2D) && p->lp[l].input_bf16;
         if (bf16 && sp->kind != LAYER_FLATTEN) /* the plan's own upstream (see above) */
             memcpy(up, widen(p->dact[l + 1], o, w16, sy), sizeof(float) * o);
         if (d16)
@@ -272,12 +280,18 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
             what = "avgpool backward";
             break;
         case LAYER_DROPOUT:
-            dropout_backward(down, up, p->lp[l].mask, o);
+            dropout_backward(down, up, p->lp[l].scratch, o);
             what = "dropout backward";
             break;
         case LAYER_FLATTEN:
             memcpy(down, up, sizeof(float) * o);
             break;
+        case LAYER_ACTIVATION:
+            act_backward_src_ref(down, up, X, o, sp->act);
+            what = "activation backward";
+            break;
+        default:
+            CHECK(!"a layer kind this test does not check");
         }
         int below_fused = 0;
         for (int k = l - 1; k >= 0; k--) {
@@ -375,6 +389,52 @@ static void test_keras_cnn_shapes_and_kernels(void)
     check_model("keras-cnn", 12, 12, 1, specs, 8, 4, 0);
 }
 
+/* Every activation: fused into Dense (those that backward from the output)
+ * and as Activation layers (every one, backward from the input), first
+ * layer and after a convolution included. */
+static void test_activation_kernels(void)
+{
+    LayerSpec mlp[] = {
+        {LAYER_DENSE, 16, 0, 0, 0, 0, NN_ACT_LEAKY_RELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_GELU, 0, 0},
+        {LAYER_DENSE, 12, 0, 0, 0, 0, NN_ACT_ELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SWISH, 0, 0},
+        {LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SOFTPLUS, 0, 0},
+        {LAYER_DENSE, 8, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SELU, 0, 0},
+        {LAYER_DENSE, 7, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_LEAKY_RELU, 0, 0},
+        {LAYER_DENSE, 6, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_ELU, 0, 0},
+        {LAYER_DENSE, 5, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+    };
+    check_model("activations", 1, 1, 20, mlp, 13, 6, 1);
+    LayerSpec first[] = {
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SIGMOID, 0, 0},
+        {LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+    };
+    check_model("activation first", 1, 1, 9, first, 2, 5, 1);
+    LayerSpec conv[] = {
+        {LAYER_CONV2D, 4, 3, 3, 1, 1, NN_ACT_NONE, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_GELU, 0, 0},
+        {LAYER_CONV2D, 3, 3, 3, 1, 0, NN_ACT_ELU, 0, INIT_GLOROT_UNIFORM},
+        {LAYER_FLATTEN, 0, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+        {LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, INIT_GLOROT_UNIFORM},
+    };
+    check_model("conv activations", 7, 6, 2, conv, 5, 4, 0);
+    /* a Dense cannot fuse an activation whose backward needs its input */
+    SgError err = {0};
+    Model *m = NULL;
+    LayerSpec gelu_dense[] = {{LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_GELU, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 3, gelu_dense, 1, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "Activation layer") != NULL);
+    LayerSpec softmax_layer[] = {{LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
+                                 {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 3, softmax_layer, 2, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "softmax") != NULL);
+}
+
 static void test_dnnl_errors_name_the_call(void)
 {
     SgError err = {0};
@@ -397,9 +457,33 @@ static void test_model_declaration_errors(void)
     };
     CHECK(model_create(&m, 8, 8, 1, no_flatten, 2, &err) == SG_EMODEL && m == NULL);
     CHECK(strstr(err.msg, "Flatten") != NULL);
-    LayerSpec relu_last[] = {{LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_RELU, 0, 0}};
-    CHECK(model_create(&m, 1, 1, 4, relu_last, 1, &err) == SG_EMODEL);
-    CHECK(strstr(err.msg, "last layer") != NULL);
+    LayerSpec image_out[] = {{LAYER_CONV2D, 4, 3, 3, 1, 0, NN_ACT_RELU, 0, 0}};
+    CHECK(model_create(&m, 8, 8, 1, image_out, 1, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "must be flat") != NULL);
+    /* a loss that does not fit the head: refused, naming both */
+    LayerSpec sigmoid_head[] = {{LAYER_DENSE, 3, 0, 0, 0, 0, NN_ACT_SIGMOID, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 4, sigmoid_head, 1, &err) == 0);
+    CHECK(model_head(m) == NN_ACT_SIGMOID && model_loss(m)->kind == NN_LOSS_BINARY_CE);
+    NnLoss sparse = {NN_LOSS_SPARSE_CE, 0, 0.0f, 1.0f};
+    CHECK(model_set_loss(m, &sparse, &err) == SG_EMODEL);
+    CHECK(strstr(err.msg, "sparse_categorical_crossentropy") && strstr(err.msg, "sigmoid"));
+    model_free(m);
+    m = NULL;
+    LayerSpec softmax_head[] = {{LAYER_DENSE, 3, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 4, softmax_head, 1, &err) == 0);
+    NnLoss bce = {NN_LOSS_BINARY_CE, 0, 0.0f, 1.0f};
+    CHECK(model_set_loss(m, &bce, &err) == SG_EMODEL && strstr(err.msg, "softmax"));
+    NnMetric acc = {NN_METRIC_SPARSE_ACCURACY, 0.5f, 200, 0, 0};
+    NnLoss cce = {NN_LOSS_CATEGORICAL_CE, 0, 0.0f, 1.0f};
+    CHECK(model_set_loss(m, &cce, &err) == 0);
+    CHECK(model_set_metrics(m, &acc, 1, &err) == SG_EMODEL && strstr(err.msg, "integer labels"));
+    model_free(m);
+    m = NULL;
+    LayerSpec relu_last[] = {{LAYER_DENSE, 1, 0, 0, 0, 0, NN_ACT_RELU, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 4, relu_last, 1, &err) == 0);
+    CHECK(model_head(m) == NN_ACT_NONE && model_loss(m)->kind == NN_LOSS_MSE);
+    model_free(m);
+    m = NULL;
     LayerSpec too_big[] = {
         {LAYER_CONV2D, 4, 5, 5, 1, 0, NN_ACT_RELU, 0, 0},
         {LAYER_FLATTEN, 0, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
@@ -580,7 +664,8 @@ static void test_grad_hook_in_the_loop(void)
     /* an error ends the run, naming the row */
     log.ret = -1;
     CHECK(model_fit_steps(m, opt, &du, NULL, 0, 2, 2, &hook, &step, &st, &err) == SG_ENODE);
-    CHECK(strstr(err.msg, "hook says no") != NULL && strstr(err.msg, "training step at row 0"));
+    CHECK(strstr(err.msg, "hook says no") != NULL &&
+          strstr(err.msg, "training step 101 (the batch at row 0"));
 done:
     optim_free(opt);
     model_free(m);
@@ -631,6 +716,7 @@ int main(void)
     test_mlp_kernels();
     test_cnn_kernels();
     test_keras_cnn_shapes_and_kernels();
+    test_activation_kernels();
     test_dnnl_errors_name_the_call();
     test_model_declaration_errors();
     test_folded_sgd_matches_gradient_then_update();

@@ -10,7 +10,11 @@ communicates is a collective.
 
 from __future__ import annotations
 
+import numpy as np
+
 from sparkgrad import hvd
+from sparkgrad.errors import ModelError
+from sparkgrad.hvd import codec
 from sparkgrad.nn.callbacks import Callback  # the base of every fit callback, re-exported here
 from sparkgrad.nn.callbacks import _optimizer as _optimizer_with_lr
 
@@ -37,24 +41,61 @@ class BroadcastGlobalVariablesCallback(Callback):
 
 
 class MetricAverageCallback(Callback):
-    """At each epoch's end, replaces every numeric metric in ``logs`` by its average over the ranks.
+    """At each epoch's end, replaces the metrics in ``logs`` by their value over all the ranks.
 
-    Put it before callbacks that read the metrics: fit runs the callbacks
-    in order, then records the epoch in History and checkpoints (its
-    ``save_best_only`` monitor), so both see the averages and every rank
-    decides on the same averaged ``val_loss``. A metric that some
-    rank lacks is left as it is.
+    The loss and the compiled metrics (with their ``val_`` forms) are pooled: every rank's sums (weighted
+    loss, rows, the metrics' states: `Sequential.epoch_sums`) are added and the values computed once
+    from the total, so an AUC is that of all the ranks' rows, never an average of the ranks' AUCs (for
+    the loss and accuracy over equal shards, the same as Horovod's average). Any other numeric entry a
+    callback wrote is averaged over the ranks, as Horovod does. Put it before callbacks that read the
+    metrics: fit runs the callbacks in order, then records the epoch in History and checkpoints (its
+    ``save_best_only`` monitor), so both see these values and every rank decides on the same
+    ``val_loss``. A metric that some rank lacks is left as it is.
     """
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None:
             return
+        model = getattr(self, "model", None)
+        sums = dict(getattr(model, "epoch_sums", None) or {})
         mine = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        gathered = hvd.allgather_object(mine)
+        shared = {"logs": mine, "sums": {p: [float(a), int(b), [float(v) for v in c]] for p, (a, b, c) in sums.items()}}
+        gathered = _allgather(model, shared)
+        pooled = set()
+        for prefix in sums:
+            parts = [g["sums"].get(prefix) for g in gathered]
+            if any(p is None for p in parts):
+                continue
+            loss_sum, seen = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            if seen <= 0:
+                continue
+            state = np.sum([np.asarray(p[2], np.float64) for p in parts], axis=0)
+            values = {"loss": loss_sum / seen, **model.metric_values(state)}
+            for name, value in values.items():
+                if prefix + name in logs:
+                    logs[prefix + name] = value
+                    pooled.add(prefix + name)
         for key in mine:
-            values = [g[key] for g in gathered if key in g]
+            if key in pooled:
+                continue
+            values = [g["logs"][key] for g in gathered if key in g["logs"]]
             if len(values) == len(gathered):
                 logs[key] = sum(values) / len(values)
+
+
+def _allgather(model, obj):
+    """Every rank's ``obj``: through the model's DistributedOptimizer's communicator when it has one
+    (ranks formed without hvd.init), else hvd's."""
+    comm = None
+    resolve = getattr(getattr(model, "optimizer", None), "resolve_communicator", None)
+    if resolve is not None:
+        try:
+            comm = resolve()
+        except ModelError:  # hvd.init() not called: hvd's own error below says so
+            comm = None
+    if comm is not None and hasattr(comm, "allgather_bytes"):
+        return [codec.decode(b) for b in comm.allgather_bytes(codec.encode(obj))]
+    return hvd.allgather_object(obj)
 
 
 class LearningRateWarmupCallback(Callback):

@@ -11,11 +11,12 @@ model.fit(x, y, batch_size=100, epochs=5)
 ```
 """
 
-from sparkgrad.nn import callbacks, models, optimizers, schedules
+from sparkgrad.nn import callbacks, losses, metrics, models, optimizers, schedules
 from sparkgrad.nn.callbacks import EarlyStopping, LearningRateScheduler, ReduceLROnPlateau, TerminateOnNaN
 from sparkgrad.nn.distributed import DistributedOptimizer
 from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import (
+    Activation,
     AveragePooling2D,
     AvgPool2D,
     Conv2D,
@@ -50,7 +51,10 @@ __all__ = [
     "AvgPool2D",
     "Dropout",
     "Flatten",
+    "Activation",
     "models",
+    "losses",
+    "metrics",
     "optimizers",
     "SGD",
     "Adam",

@@ -30,15 +30,25 @@ def keys(input_mapping: Mapping[str, str] | None, x_key: str, y_key: str) -> tup
 
 
 def batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of one dataset batch: a dict of arrays or an (x, y) pair."""
+    """(x, y) of one dataset batch: a dict of arrays or an (x, y) pair (see `batch_parts` for weights)."""
+    return batch_parts(batch, x_key, y_key)[:2]
+
+
+def batch_parts(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(x, y, sample_weight) of one dataset batch: a dict of arrays (``"sample_weight"``: optional) or an
+    (x, y) pair or (x, y, sample_weight) triple, as Keras takes them."""
     if isinstance(batch, Mapping):
         missing = [k for k in (x_key, y_key) if k not in batch]
         if missing:
             raise InvalidArgumentError(f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)")
-        return np.asarray(batch[x_key]), np.asarray(batch[y_key])
-    if isinstance(batch, tuple) and len(batch) == 2:
-        return np.asarray(batch[0]), np.asarray(batch[1])
-    raise InvalidArgumentError(f"dataset batches must be dicts of arrays or (x, y) pairs, not {type(batch).__name__}")
+        sw = batch.get("sample_weight")
+        return np.asarray(batch[x_key]), np.asarray(batch[y_key]), None if sw is None else np.asarray(sw)
+    if isinstance(batch, tuple) and len(batch) in (2, 3):
+        sw = batch[2] if len(batch) == 3 else None
+        return np.asarray(batch[0]), np.asarray(batch[1]), None if sw is None else np.asarray(sw)
+    raise InvalidArgumentError(
+        f"dataset batches must be dicts of arrays or (x, y) / (x, y, sample_weight) tuples, not {type(batch).__name__}"
+    )
 
 
 def inputs(x: object, input_shape: Sequence[int]) -> np.ndarray:
@@ -54,21 +64,38 @@ def inputs(x: object, input_shape: Sequence[int]) -> np.ndarray:
     return x.reshape(x.shape[0], row)
 
 
-def targets(y: object, n: int, classes: int, loss: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(labels, None) for sparse cross-entropy (int32/int64 as they are) or (None, one-hot float32)."""
+def targets(y: object, n: int, outputs: int, loss: object) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(labels, None)`` for a sparse loss (int32/int64 as they are) or ``(None, targets)``: float32
+    ``[n, outputs]`` for the others (``(n,)`` taken as ``(n, 1)`` for one output).
+
+    ``loss`` is a `sparkgrad.nn.losses.Loss`, or its function name.
+    """
     y = np.asarray(y)
     if y.ndim == 0 or y.shape[0] != n:
         raise InvalidArgumentError(f"x has {n} rows but y has {y.shape[0] if y.ndim else 'no'} rows")
-    if loss == "categorical_crossentropy":
-        if y.ndim != 2 or y.shape[1] != classes:
+    name = getattr(loss, "fn", loss) or "sparse_categorical_crossentropy"
+    sparse = getattr(loss, "sparse", name == "sparse_categorical_crossentropy")
+    if not sparse:
+        if y.dtype == object or not (np.issubdtype(y.dtype, np.number) or y.dtype == np.bool_):
+            raise InvalidArgumentError(f"{name} needs numeric targets, not {y.dtype}")
+        if y.ndim == 1 and outputs == 1:
+            y = y.reshape(n, 1)
+        if y.ndim != 2 or y.shape[1] != outputs:
+            hint = (
+                " (one-hot targets; for integer labels use sparse_categorical_crossentropy)"
+                if name == "categorical_crossentropy" and y.ndim == 1
+                else ""
+            )
             raise InvalidArgumentError(
-                f"categorical_crossentropy needs one-hot y of shape ({n}, {classes}), not {y.shape}"
+                f"{name} needs y of shape ({n}, {outputs}) for a model with {outputs} output"
+                f"{'s' if outputs != 1 else ''}, not {y.shape}{hint}"
             )
         return None, np.ascontiguousarray(y, dtype=np.float32)
-    y = y.reshape(n, -1)
+    y = y.reshape(n, -1) if y.ndim > 1 else y.reshape(n, 1)
     if y.shape[1] != 1:
         raise InvalidArgumentError(
-            f"sparse_categorical_crossentropy needs integer labels of shape ({n},), not {y.shape}"
+            f"sparse_categorical_crossentropy needs integer labels of shape ({n},), not {y.shape} "
+            "(one-hot targets: use categorical_crossentropy)"
         )
     labels = y.reshape(n)
     if labels.dtype in ENGINE_LABEL_DTYPES:
@@ -76,3 +103,44 @@ def targets(y: object, n: int, classes: int, loss: str | None) -> tuple[np.ndarr
     if not np.issubdtype(labels.dtype, np.integer) and not np.all(np.equal(np.mod(labels, 1), 0)):
         raise InvalidArgumentError("sparse labels must be integers")
     return np.ascontiguousarray(labels, dtype=np.int64), None
+
+
+def weights(
+    sample_weight: object,
+    class_weight: Mapping[int, float] | None,
+    n: int,
+    labels: np.ndarray | None,
+    dense: np.ndarray | None,
+) -> np.ndarray | None:
+    """Per-row float32 weights from ``sample_weight`` ``(n,)`` times ``class_weight[class of the row]``
+    (the label; for dense targets the largest output's index, or the rounded value for one output), as
+    Keras weighs them; None when both are None."""
+    w = None
+    if sample_weight is not None:
+        w = np.asarray(sample_weight, dtype=np.float32).reshape(-1)
+        if w.shape[0] != n:
+            raise InvalidArgumentError(f"sample_weight has {w.shape[0]} values for {n} rows")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            bad = int(np.flatnonzero(~np.isfinite(w) | (w < 0))[0])
+            raise InvalidArgumentError(f"sample_weight[{bad}] = {w[bad]}: weights must be finite and >= 0")
+    if class_weight is not None:
+        if not isinstance(class_weight, Mapping):
+            kind = type(class_weight).__name__
+            raise InvalidArgumentError(f"class_weight must be a dict {{class: weight}}, not {kind}")
+        if labels is not None:
+            cls = labels.astype(np.int64)
+        elif dense.shape[1] == 1:
+            cls = np.rint(dense[:, 0]).astype(np.int64)
+        else:
+            cls = np.argmax(dense, axis=1)
+        table = {int(k): float(v) for k, v in class_weight.items()}
+        missing = sorted(set(np.unique(cls).tolist()) - set(table))
+        if missing:
+            raise InvalidArgumentError(f"class_weight has no weight for class {missing[0]} (classes {sorted(table)})")
+        lut = np.zeros(max(max(table), int(cls.max(initial=0))) + 1, np.float32)
+        for k, v in table.items():
+            if k >= 0:
+                lut[k] = v
+        cw = lut[cls]
+        w = cw if w is None else w * cw
+    return None if w is None else np.ascontiguousarray(w, dtype=np.float32)

@@ -44,7 +44,7 @@ import zlib
 
 import numpy as np
 
-from sparkgrad.errors import CheckpointError, ModelError
+from sparkgrad.errors import CheckpointError, InvalidArgumentError, ModelError
 from sparkgrad.nn.state import TrainState
 
 MAGIC = b"SGCKPT\x00\x01"
@@ -103,9 +103,17 @@ def decode(data: bytes, path: str) -> dict:
     magic, version, hlen, nparams, nstate = fields[:5]
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a sparkgrad checkpoint (bad magic at byte 0)", path=path, offset=0)
-    if version != VERSION or hlen != HEADER.size:
+    if version != VERSION:
         raise CheckpointError(
-            f"{path}: unsupported checkpoint version {version} (header {hlen} bytes)", path=path, offset=8
+            f"{path}: checkpoint format version {version} at byte 8; this sparkgrad reads version {VERSION}",
+            path=path,
+            offset=8,
+        )
+    if hlen != HEADER.size:
+        raise CheckpointError(
+            f"{path}: checkpoint header of {hlen} bytes at byte 12; version {VERSION} has {HEADER.size}",
+            path=path,
+            offset=12,
         )
     need = HEADER.size + 4 * (nparams + nstate) + 4
     if len(data) != need:
@@ -205,9 +213,17 @@ def restore_bytes(model, data: bytes, path: str) -> dict:
 
 
 def _better(monitor: str, new: float, best: float | None) -> bool:
+    """Whether ``new`` beats ``best`` for ``monitor``, judged as the callbacks judge it (losses and errors
+    lower, accuracies, AUC, precision and recall higher; a name that says neither: lower)."""
+    from sparkgrad.nn.callbacks import _monitor_sign
+
     if best is None or math.isnan(best):
         return True
-    return new > best if "acc" in monitor else new < best
+    try:
+        sign = _monitor_sign("save_best_only", monitor, "auto")
+    except InvalidArgumentError:
+        sign = 1.0
+    return sign * new < sign * best
 
 
 class CheckpointManager:

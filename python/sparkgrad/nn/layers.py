@@ -11,16 +11,24 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from sparkgrad import _core
+
+
+def _kind(name: str) -> int:
+    """The C op table's kind number of the op named ``name`` (csrc/nn/nn_model.h's NN_OPS)."""
+    return _core.LAYER_KINDS.index(name)
+
 
 class Kind(enum.IntEnum):
-    """LayerKind of csrc/nn/nn_model.h."""
+    """LayerKind of csrc/nn/nn_model.h, by the op table's names."""
 
-    DENSE = 0
-    CONV2D = 1
-    MAXPOOL = 2
-    AVGPOOL = 3
-    DROPOUT = 4
-    FLATTEN = 5
+    DENSE = _kind("Dense")
+    CONV2D = _kind("Conv2D")
+    MAXPOOL = _kind("MaxPool2D")
+    AVGPOOL = _kind("AveragePooling2D")
+    DROPOUT = _kind("Dropout")
+    FLATTEN = _kind("Flatten")
+    ACTIVATION = _kind("Activation")
 
 
 class Act(enum.IntEnum):
@@ -31,6 +39,12 @@ class Act(enum.IntEnum):
     TANH = 2
     SIGMOID = 3
     SOFTMAX = 4
+    LEAKY_RELU = 5
+    ELU = 6
+    SELU = 7
+    GELU = 8
+    SWISH = 9
+    SOFTPLUS = 10
 
 
 class Init(enum.IntEnum):
@@ -45,6 +59,18 @@ class Init(enum.IntEnum):
 
 _ACTS = {None: Act.NONE, "linear": Act.NONE, "relu": Act.RELU, "tanh": Act.TANH, "sigmoid": Act.SIGMOID}
 _ACTS["softmax"] = Act.SOFTMAX
+_ACTS.update(
+    leaky_relu=Act.LEAKY_RELU,
+    elu=Act.ELU,
+    selu=Act.SELU,
+    gelu=Act.GELU,
+    swish=Act.SWISH,
+    silu=Act.SWISH,
+    softplus=Act.SOFTPLUS,
+)
+# what Dense and Conv2D fuse into their primitive (the backward runs from the output); the others go
+# in an Activation layer after a linear one
+FUSED = frozenset({None, "linear", "relu", "leaky_relu", "elu", "tanh", "sigmoid", "softmax"})
 _INITS = {
     "glorot_uniform": Init.GLOROT_UNIFORM,
     "truncated_normal": Init.TRUNCATED_NORMAL,
@@ -58,6 +84,16 @@ def _act(name: str | None) -> Act:
     if name not in _ACTS:
         raise ValueError(f"unknown activation {name!r}; one of {sorted(k for k in _ACTS if k)}")
     return _ACTS[name]
+
+
+def _fused(layer: str, name: str | None) -> Act:
+    act = _act(name)
+    if name not in FUSED:
+        raise ValueError(
+            f"{layer}(activation={name!r}): {layer} fuses {sorted(k for k in FUSED if k)}; write {layer}(...) "
+            f"without it and Activation({name!r}) after it"
+        )
+    return act
 
 
 def _init(name: str) -> Init:
@@ -102,13 +138,15 @@ class Dense(Layer):
     """Fully connected layer: ``activation(x @ kernel + bias)``, one fused oneDNN primitive.
 
     The kernel has Keras's layout ``[in, units]``; a Dense after a 3-D input or a Conv2D needs a
-    `Flatten` first. The last layer of a model must be a Dense with softmax or no activation (its
-    outputs are the logits of the cross-entropy).
+    `Flatten` first. A last Dense with softmax or sigmoid is the model's head: the loss applies that
+    activation in its stable fused form (see `sparkgrad.nn.losses`).
 
     Args:
         units (int): Number of outputs.
-        activation (str | None): ``None`` or ``"linear"`` (none), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
-            ``"softmax"`` (last layer only).
+        activation (str | None): ``None`` or ``"linear"`` (none), ``"relu"``, ``"leaky_relu"`` (slope
+            0.2), ``"elu"``, ``"tanh"``, ``"sigmoid"`` or ``"softmax"`` (last layer only): fused into the
+            primitive. ``"gelu"``, ``"selu"``, ``"swish"``/``"silu"`` and ``"softplus"`` go in an `Activation`
+            layer after a linear Dense (their backward needs the layer's output before them).
         input_shape (tuple[int, ...] | None): The shape of one sample without the batch dimension, e.g.
             ``(784,)``; on the first layer only.
         kernel_initializer (str): ``"glorot_uniform"`` (Keras's default), ``"truncated_normal"`` (stddev
@@ -129,7 +167,7 @@ class Dense(Layer):
         object.__setattr__(self, "kernel_initializer", kernel_initializer)
         object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
         object.__setattr__(self, "name", name)
-        _act(activation), _init(kernel_initializer)
+        _fused("Dense", activation), _init(kernel_initializer)
 
     def spec(self) -> tuple:
         """The C core's layer tuple (see `Layer.spec`)."""
@@ -186,7 +224,7 @@ class Conv2D(Layer):
         object.__setattr__(self, "kernel_initializer", kernel_initializer)
         object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
         object.__setattr__(self, "name", name)
-        _act(activation), _init(kernel_initializer), _padding(padding)
+        _fused("Conv2D", activation), _init(kernel_initializer), _padding(padding)
 
     def spec(self) -> tuple:
         """The C core's layer tuple (see `Layer.spec`)."""
@@ -323,3 +361,42 @@ class Flatten(Layer):
     def spec(self) -> tuple:
         """The C core's layer tuple (see `Layer.spec`)."""
         return (Kind.FLATTEN, 0, 0, 0, 0, 0, Act.NONE, 0.0, 0)
+
+
+@dataclass(frozen=True)
+class Activation(Layer):
+    """Applies an activation to its input, elementwise (Keras' ``Activation`` layer).
+
+    Every activation of Keras' list that sparkgrad has: ``"relu"``, ``"leaky_relu"`` (negative slope 0.2,
+    as ``keras.activations.leaky_relu``), ``"elu"``, ``"selu"``, ``"gelu"`` (the exact erf form, Keras'
+    ``approximate=False``), ``"swish"`` (also ``"silu"``), ``"softplus"``, ``"tanh"``, ``"sigmoid"`` and
+    ``"linear"``. oneDNN eltwise primitives, backward from the layer's input. ``"softmax"`` is a head:
+    give the last `Dense` ``activation="softmax"``.
+
+    ```python
+    from sparkgrad.nn import Activation, Dense, Sequential
+
+    model = Sequential([Dense(64, input_shape=(20,)), Activation("gelu"), Dense(1)], seed=0)
+    ```
+
+    Args:
+        activation (str): The activation's name.
+        input_shape (tuple[int, ...] | None): On the first layer only.
+        name (str | None): The name `Sequential.summary` shows.
+
+    Raises:
+        ValueError: An unknown activation, or softmax.
+    """
+
+    activation: str = "linear"
+
+    def __init__(self, activation, input_shape=None, name=None):
+        object.__setattr__(self, "activation", "linear" if activation is None else activation)
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        if _act(self.activation) == Act.SOFTMAX:
+            raise ValueError('Activation("softmax"): softmax is a head here; give the last Dense activation="softmax"')
+
+    def spec(self) -> tuple:
+        """The C core's layer tuple (see `Layer.spec`)."""
+        return (Kind.ACTIVATION, 0, 0, 0, 0, 0, _act(self.activation), 0.0, 0)

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgrad import _core
-from sparkgrad.errors import InvalidArgumentError, ModelError
+from sparkgrad.errors import InvalidArgumentError, ModelError, SparkgradError
 from sparkgrad.nn import batches as _batches
 from sparkgrad.nn import checkpoint as _checkpoint
+from sparkgrad.nn import losses as _losses
+from sparkgrad.nn import metrics as _metrics
 from sparkgrad.nn import optimizers as _optimizers
 from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import Layer
@@ -35,7 +37,8 @@ from sparkgrad.nn.training import Trainer
 
 __all__ = ["LOSSES", "History", "ParamTensor", "Sequential", "TrainState", "steps_per_epoch"]
 
-LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy")
+LOSSES = tuple(_core.LOSS_NAMES)
+"""The losses' function names (`sparkgrad.nn.losses` also takes ``"mse"`` and ``"mae"``)."""
 PRECISIONS = ("fp32", "bf16")
 _warned_no_bf16 = False
 
@@ -97,8 +100,9 @@ class Sequential:
     ```
 
     Args:
-        layers: The layers, in order; the first one, and only it, declares ``input_shape``. The last
-            must be a `Dense` with softmax or no activation.
+        layers: The layers, in order; the first one, and only it, declares ``input_shape``. The output
+            must be flat (end with a `Dense`); a last `Dense` with softmax or sigmoid is the head the loss
+            applies (see `sparkgrad.nn.losses`).
         seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
             ``os.urandom``).
         name: The model's name, printed by `summary`.
@@ -109,10 +113,16 @@ class Sequential:
         seed (int): The seed in use (64 bits).
         param_table (list[ParamTensor]): Where each kernel and bias lives in ``params``, in Keras order.
         optimizer (Optimizer | None): The optimizer `compile` chose (None before).
-        loss (str | None): The loss `compile` chose (None before).
-        metrics (list[str]): The metrics `compile` chose.
+        loss (str | None): The function name of the loss `compile` chose (None before), e.g.
+            ``"binary_crossentropy"``; ``loss_object`` is the `sparkgrad.nn.losses.Loss` itself.
+        metrics (list[Metric]): The metrics `compile` chose (`sparkgrad.nn.metrics`); their ``name`` is
+            their key in the logs.
         state (TrainState): The live training state (step, epoch, position in the epoch).
         stop_training (bool): Set it to True (from a callback) to stop fit after the current log interval.
+        epoch_sums (dict[str, tuple[float, int, np.ndarray]]): At an epoch's end, before the callbacks: the
+            epoch's ``(weighted loss sum, rows, metric state)`` by log prefix (``""``, and ``"val_"`` with
+            validation data). They add up across workers, so a callback can pool them exactly
+            (`metric_values` of the summed state); ``hvd.callbacks.MetricAverageCallback`` does.
 
     Raises:
         ModelError: No layers, ``input_shape`` missing on the first layer or given on another, or
@@ -142,10 +152,14 @@ class Sequential:
         self._classes = int(self._core.classes)
         self.optimizer: _optimizers.Optimizer | None = None
         self.loss: str | None = None
-        self.metrics: list[str] = []
+        self.loss_object: _losses.Loss | None = None
+        self.metrics: list[_metrics.Metric] = []
         self.state = TrainState()  # step, epoch, position in the epoch (see sparkgrad.nn.state)
         self.input_transform: tuple[float | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
         self.stop_training = False
+        # the last epoch's sums by log prefix ("" training, "val_" validation): (loss_sum, seen, metric
+        # state), which add up across ranks (hvd.callbacks.MetricAverageCallback pools them)
+        self.epoch_sums: dict[str, tuple[float, int, np.ndarray]] = {}
 
     # ---- training state ---------------------------------------------------
 
@@ -278,8 +292,26 @@ class Sequential:
 
     @property
     def output_classes(self) -> int:
-        """The number of outputs of the last layer (the classes of the cross-entropy)."""
+        """The number of outputs of the last layer (the classes of a cross-entropy)."""
         return self._classes
+
+    @property
+    def head(self) -> str:
+        """``"softmax"``, ``"sigmoid"`` (the last Dense layer's activation, which the loss applies) or ``"linear"``."""
+        return self._core.head
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """``["loss", *metric names]``: the keys of `evaluate`'s results, in order (Keras' name)."""
+        return ["loss", *(m.name for m in self.metrics)]
+
+    def metric_values(self, state: np.ndarray) -> dict[str, float]:
+        """The metrics' values from a (summed) state array, by name; computed in C."""
+        return _metrics.results(self.metrics, state)
+
+    def new_metric_state(self) -> np.ndarray:
+        """A zeroed float64 state for the compiled metrics (the C passes add to it; states add up)."""
+        return _metrics.new_state(self._core)
 
     def get_weights(self) -> list[np.ndarray]:
         """Copies of every tensor in Keras order and layout: kernel, then bias, of each layer that has them."""
@@ -351,20 +383,31 @@ class Sequential:
     def compile(
         self,
         optimizer: str | _optimizers.Optimizer = "sgd",
-        loss: str = "sparse_categorical_crossentropy",
-        metrics: Sequence[str] = ("accuracy",),
+        loss: str | _losses.Loss = "sparse_categorical_crossentropy",
+        metrics: Sequence[str | _metrics.Metric] | None = None,
+        loss_weights: Sequence[float] | Mapping[str, float] | None = None,
         precision: str = "fp32",
     ) -> None:
-        """Chooses the optimizer (bound to the flat buffer), the loss and the precision of the Dense and Conv2D layers.
+        """Chooses the optimizer (bound to the flat buffer), the loss, the metrics and the layers' precision.
 
         An optimizer state restored before compile (`load`, then compile) goes to the optimizer.
 
         Args:
             optimizer: An optimizer (`SGD`, `Adam`, ..., a `DistributedOptimizer`) or a name (``"sgd"``,
                 ``"adam"``, ``"adamw"``, ``"rmsprop"``, ``"adadelta"``, ``"adagrad"``) with Keras's defaults.
-            loss: ``"sparse_categorical_crossentropy"`` (integer labels) or ``"categorical_crossentropy"``
-                (one-hot labels); either works on the logits of the last layer, or on its softmax.
-            metrics: Only ``"accuracy"`` (or ``"acc"``) is supported.
+            loss: A name or a `sparkgrad.nn.losses.Loss`: ``"sparse_categorical_crossentropy"`` (integer
+                labels), ``"categorical_crossentropy"`` (one-hot targets), ``"binary_crossentropy"`` (targets
+                in [0, 1]; a sigmoid head or ``BinaryCrossentropy(from_logits=True)``),
+                ``"mean_squared_error"``/``"mse"``, ``"mean_absolute_error"``/``"mae"``, ``"huber"``,
+                ``"poisson"``. The cross-entropies work on the logits of a linear last layer or of a softmax
+                head.
+            metrics: Names or `sparkgrad.nn.metrics.Metric` objects: ``"accuracy"`` (binary, sparse or
+                categorical by the loss and the outputs, as Keras resolves it), ``"binary_accuracy"``,
+                ``"categorical_accuracy"``, ``"sparse_categorical_accuracy"``, ``"auc"``, ``"precision"``,
+                ``"recall"``, ``"mse"``, ``"mae"``, ``"rmse"``. None (the default): ``["accuracy"]`` for the
+                cross-entropies, none for the other losses.
+            loss_weights: Keras' weights of several outputs' losses; a model here has one output, so only
+                one weight (or None) is accepted, and it scales the loss.
             precision: ``"fp32"``, or ``"bf16"``: the Dense and Conv2D primitives take bf16 copies of the
                 activations, of the weights (converted from the float32 parameters once per step) and of
                 the output gradients, and accumulate in float32; parameters, gradients, optimizer state,
@@ -373,22 +416,33 @@ class Sequential:
                 says which is in use.
 
         Raises:
-            ValueError: An unknown loss, metric, precision or optimizer name.
+            ValueError: An unknown loss, metric, precision or optimizer name or argument.
+            ModelError: The loss or a metric does not fit the model's output (a sigmoid head with a sparse
+                cross-entropy, one output with a categorical loss...): the message names both.
         """
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-        if loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
-        for m in metrics:
-            if m not in ("accuracy", "acc"):
-                raise ValueError(f"unsupported metric {m!r}: only 'accuracy'")
-        self.optimizer = _optimizers.get(optimizer)
+        loss_obj = _losses.get(loss)
+        if loss_weights is not None:
+            w = list(loss_weights.values()) if isinstance(loss_weights, Mapping) else list(loss_weights)
+            if len(w) != 1 or float(w[0]) != 1.0:
+                raise ValueError(
+                    f"loss_weights={loss_weights!r}: this model has one output and its loss weight is 1 "
+                    "(weigh samples with sample_weight= or class_weight= in fit)"
+                )
+        metric_objs = _metrics.resolve(metrics, loss_obj, self._classes)
+        optimizer_obj = _optimizers.get(optimizer)
+        self._core.set_metrics([])
+        self._core.set_loss(loss_obj.kind, **loss_obj.core_args())
+        self._core.set_metrics([m.spec() for m in metric_objs])
+        self.optimizer = optimizer_obj
         self.optimizer.bind(self.num_params, self.tensor_sizes())
         s = self.state  # optimizer state restored before compile (load, then compile)
         if s.optimizer_kind == self.optimizer.kind and (s.optimizer_steps or s.optimizer_slots.size):
             self.optimizer.set_state(s.optimizer_steps, s.optimizer_slots)
-        self.loss = loss
-        self.metrics = list(metrics)
+        self.loss = loss_obj.fn
+        self.loss_object = loss_obj
+        self.metrics = metric_objs
         used = self._core.set_precision(precision)
         if used != precision:
             _warn_no_bf16()
@@ -400,17 +454,23 @@ class Sequential:
 
     # ---- data -------------------------------------------------------------
 
-    def engine_arrays(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """``(x, labels, onehot)`` as the C engine takes them.
+    def engine_arrays(
+        self, x: object, y: object, sample_weight: object = None, class_weight: Mapping[int, float] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """``(x, labels, targets, weights)`` as the C engine takes them.
 
-        x as ``[n, features]`` float32 or uint8, and int32/int64 labels (sparse loss) or one-hot float32
-        targets (categorical loss), the other None.
+        x as ``[n, features]`` float32 or uint8; int32/int64 labels (a sparse loss) or float32 targets
+        ``[n, outputs]`` (the other losses), the other None; float32 row weights (``sample_weight`` times
+        ``class_weight`` of each row's class) or None.
 
         Raises:
-            InvalidArgumentError: x's rows do not match ``input_shape``, or y does not match x or the loss.
+            InvalidArgumentError: x's rows do not match ``input_shape``, y does not match x or the loss, or
+                the weights do not match the rows.
         """
         xa = _batches.inputs(x, self.input_shape)
-        return (xa, *_batches.targets(y, xa.shape[0], self._classes, self.loss))
+        labels, targets = _batches.targets(y, xa.shape[0], self._classes, self.loss_object or self.loss)
+        w = _batches.weights(sample_weight, class_weight, xa.shape[0], labels, targets)
+        return xa, labels, targets, w
 
     def _require_compiled(self) -> None:
         if self.optimizer is None or self.loss is None:
@@ -422,22 +482,24 @@ class Sequential:
         self,
         x: np.ndarray,
         labels: np.ndarray | None,
-        onehot: np.ndarray | None,
+        targets: np.ndarray | None,
         order: np.ndarray | None = None,
         start: int = 0,
         batch_size: int | None = None,
         nsteps: int = 1,
         update: bool = True,
         hook: object = None,
-    ) -> tuple[float, int, int, int]:
+        weights: np.ndarray | None = None,
+        metrics: np.ndarray | None = None,
+    ) -> tuple[float, int, int]:
         """Up to ``nsteps`` training steps in one call of the C loop.
 
         The one call that fit, `train_on_batch` and `compute_gradients` share.
 
         Args:
             x: Inputs as `engine_arrays` returns them.
-            labels: Integer labels, or None with ``onehot``.
-            onehot: One-hot targets, or None with ``labels``.
+            labels: Integer labels, or None with ``targets``.
+            targets: Float targets, or None with ``labels``.
             order: Row order (int64 indices); None is ``0, 1, ...``.
             start: First position in ``order`` (or first row).
             batch_size: Rows per step; None is every row.
@@ -445,44 +507,69 @@ class Sequential:
             update: Apply the optimizer (False: gradients only).
             hook: A gradient-hook capsule (`DistributedOptimizer.grad_hook`, a ps client's) the loop calls
                 between backward and update.
+            weights: Per-row sample weights (float32), or None.
+            metrics: The metrics' state array (`new_metric_state`) the steps add to, or None.
 
         Returns:
-            ``(loss_sum, correct, seen, steps)``: summed loss and correct predictions over ``seen`` rows,
-            and the steps taken. ``state.step`` advances (under a ps hook, to the global step).
+            ``(loss_sum, seen, steps)``: the weighted loss summed over the ``seen`` rows, and the steps
+            taken. ``state.step`` advances (under a ps hook, to the global step).
+
+        Raises:
+            NonFiniteLossError: A batch's loss was NaN or infinite (nothing of it was applied).
+            SparkgradError: Any error of the loop carries ``step``, ``steps``, ``seen`` and ``loss_sum`` of the
+                good steps before it, which were applied (``state.step`` follows them).
         """
         copt = self.optimizer.bind(self.num_params, self.tensor_sizes()) if update else None
         batch = int(batch_size or max(x.shape[0], 1))
-        r = self._core.train_steps(
-            copt,
-            x,
-            labels,
-            onehot,
-            order,
-            int(start),
-            batch,
-            int(nsteps),
-            hook=hook,
-            step=self.state.step,
-            **self._transform_kw(),
-        )
+        try:
+            r = self._core.train_steps(
+                copt,
+                x,
+                labels,
+                targets,
+                order,
+                int(start),
+                batch,
+                int(nsteps),
+                hook=hook,
+                step=self.state.step,
+                weights=weights,
+                metrics=metrics,
+                **self._transform_kw(),
+            )
+        except SparkgradError as e:  # the good steps before the failing one were applied
+            if (update or hook is not None) and isinstance(getattr(e, "step", None), int):
+                self.state.step = int(e.step)
+            raise
         if update or hook is not None:
-            self.state.step = int(r[4])
-        return r[:4]
+            self.state.step = int(r[3])
+        return r[:3]
 
-    def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    def _batch_result(self, loss_sum: float, seen: int, state: np.ndarray) -> float | list[float]:
+        """Keras' return of a one-batch call: the mean loss, or ``[loss, *metrics]`` with metrics."""
+        loss = loss_sum / seen
+        if not self.metrics:
+            return loss
+        return [loss, *self.metric_values(state).values()]
+
+    def compute_gradients(
+        self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None
+    ) -> float | list[float]:
         """Forward and backward on one batch: fills ``grads`` without updating the parameters.
 
         For parameter servers and allreduce loops that apply the update themselves (`apply_gradients`).
 
         Returns:
-            ``(mean loss, accuracy)`` of the batch.
+            The batch's mean loss, or ``[loss, *metrics]`` when the model has metrics.
 
         Raises:
             ModelError: The model is not compiled.
         """
         self._require_compiled()
-        loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y), update=False)
-        return loss_sum / seen, correct / seen
+        state = self.new_metric_state()
+        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight)
+        loss_sum, seen, _ = self.run_steps(xa, labels, targets, update=False, weights=w, metrics=state)
+        return self._batch_result(loss_sum, seen, state)
 
     def apply_gradients(self, grads: np.ndarray | None = None) -> None:
         """One optimizer step from ``grads`` (default: the model's ``grads``); advances the step count.
@@ -494,18 +581,28 @@ class Sequential:
         self.optimizer.apply(self.params, self.grads if grads is None else grads)
         self.state.step += 1
 
-    def train_on_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    def train_on_batch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        sample_weight: np.ndarray | None = None,
+        class_weight: Mapping[int, float] | None = None,
+    ) -> float | list[float]:
         """One training step (forward, backward, update) on one batch.
 
         Returns:
-            ``(mean loss, accuracy)`` of the batch, before the update.
+            The batch's mean loss before the update, or ``[loss, *metrics]`` when the model has metrics
+            (Keras' return).
 
         Raises:
             ModelError: The model is not compiled.
+            NonFiniteLossError: The loss was NaN or infinite (the update was not applied).
         """
         self._require_compiled()
-        loss_sum, correct, seen, _ = self.run_steps(*self.engine_arrays(x, y))
-        return loss_sum / seen, correct / seen
+        state = self.new_metric_state()
+        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight, class_weight)
+        loss_sum, seen, _ = self.run_steps(xa, labels, targets, weights=w, metrics=state)
+        return self._batch_result(loss_sum, seen, state)
 
     def fit(
         self,
@@ -524,6 +621,8 @@ class Sequential:
         initial_epoch: int | None = None,
         input_mapping: Mapping[str, str] | None = None,
         ps: object = None,
+        sample_weight: np.ndarray | None = None,
+        class_weight: Mapping[int, float] | None = None,
         **options: object,
     ) -> History:
         """Trains until epoch ``epochs`` or until ``max_steps`` optimizer steps, whichever comes first.
@@ -545,12 +644,15 @@ class Sequential:
                 dtypes are converted to float32; see `set_input_transform`), or an iterable of batches
                 (dicts of arrays, or ``(x, y)`` pairs), re-iterated each epoch when it can be, e.g. a
                 `sparkgrad.data.TFRecordDataset`.
-            y: Labels for array ``x``: integers ``[n]`` (sparse loss) or one-hot ``[n, classes]``.
+            y: Targets for array ``x``: integer labels ``[n]`` (sparse cross-entropy), one-hot
+                ``[n, classes]`` (categorical), or floats ``[n]`` / ``[n, outputs]`` (binary cross-entropy,
+                regression losses).
             batch_size: Rows per step, for array inputs (an iterable's batches are taken as they come).
             epochs: The epoch to stop at (Keras's meaning: with ``initial_epoch=2, epochs=5`` it trains
                 3 epochs).
             verbose: 0 silent, 1 a progress bar (tqdm), 2 one line per epoch.
-            validation_data: ``(x, y)`` evaluated after each epoch, as ``val_loss`` and ``val_accuracy``.
+            validation_data: ``(x, y)`` or ``(x, y, sample_weight)`` evaluated after each epoch, as
+                ``val_loss`` and ``val_<metric>``.
             max_steps: Stop once the model's step count reaches it (a resumed run counts its steps).
             shuffle: Shuffle array rows each epoch.
             log_every: Steps between two returns to Python (progress, `History.steps`, ``on_step_end``).
@@ -563,6 +665,11 @@ class Sequential:
             ps: A parameter-server client (``TFNode.ps_client(ctx, model)``) through which every step
                 goes; the servers apply the update and the chief (worker 0) initialises them and writes
                 checkpoints.
+            sample_weight: Per-row weights ``[n]`` for array ``x``: each row's loss and metrics count with
+                its weight (the loss is ``sum(w * loss) / batch_size``, as Keras). Dataset batches carry
+                theirs as a ``"sample_weight"`` key or a third tuple element.
+            class_weight: ``{class: weight}``: each row's weight is multiplied by its class's (the label;
+                for one output, the rounded target). Every class present must have a weight.
             **options: ``checkpoint_dir`` (str): write ``ckpt-<step>.sgck`` there at each epoch end, and
                 every ``checkpoint_every`` (int) steps, keeping the last ``keep_last`` (default 3); with
                 ``resume`` (default True) fit resumes from the newest. ``save_best_only`` (bool): also keep
@@ -581,7 +688,10 @@ class Sequential:
         Raises:
             ModelError: The model is not compiled.
             InvalidArgumentError: Bad sizes or options (``batch_size <= 0``, ``log_every <= 0``, x without
-                rows, y not matching x, ``sync_dir`` or ``save_best_only`` without ``checkpoint_dir``).
+                rows, y not matching x or the loss, a target outside what the loss takes, ``sync_dir`` or
+                ``save_best_only`` without ``checkpoint_dir``).
+            NonFiniteLossError: A batch's loss was NaN or infinite; the message names the step and the
+                row. Nothing of that batch is applied and no checkpoint is written after it.
             SparkgradTimeout: An iterable gave no batch within ``prefetch_timeout``.
         """
         self._require_compiled()
@@ -600,6 +710,8 @@ class Sequential:
                 y_key=y_key,
                 initial_epoch=initial_epoch,
                 ps=ps,
+                sample_weight=sample_weight,
+                class_weight=class_weight,
             )
         except BaseException:
             if trainer.tracker is not None:  # an MLflow run fit started ends as FAILED
@@ -618,21 +730,24 @@ class Sequential:
         verbose: int = 0,
         return_dict: bool = False,
         input_mapping: Mapping[str, str] | None = None,
-    ) -> list[float] | dict[str, float]:
-        """Loss and accuracy over the data in inference mode (dropout off).
+        sample_weight: np.ndarray | None = None,
+    ) -> float | list[float] | dict[str, float]:
+        """The loss and the compiled metrics over the data, in inference mode (dropout off).
 
         Args:
             x: An array of inputs (with ``y``) or an iterable of batches, as for `fit`.
-            y: Labels for array ``x``; required then.
+            y: Targets for array ``x``; required then.
             batch_size: Rows per C call, for arrays.
             x_key: Key of the inputs in a dict batch.
-            y_key: Key of the labels in a dict batch.
+            y_key: Key of the targets in a dict batch.
             verbose: Nonzero prints the result.
-            return_dict: Return ``{"loss": ..., "accuracy": ...}`` instead of a list.
+            return_dict: Return ``{"loss": ..., <metric name>: ...}``.
             input_mapping: As for `fit`.
+            sample_weight: Per-row weights for array ``x``, as for `fit`.
 
         Returns:
-            ``[loss, accuracy]`` (mean loss per row), or the dict.
+            As Keras: the mean loss when the model has no metrics, else ``[loss, *metrics]`` in
+            ``metrics_names`` order; or the dict.
 
         Raises:
             ModelError: The model is not compiled.
@@ -642,29 +757,43 @@ class Sequential:
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
         if y is None and isinstance(x, np.ndarray):
             raise InvalidArgumentError("evaluate: y is required when x is an array")
+        state = self.new_metric_state()
         if y is None:
-            totals = np.zeros(3)
+            loss_sum, seen = 0.0, 0
             for batch in x:
-                xb, yb = _batches.batch_arrays(batch, x_key, y_key)
-                totals += self._evaluate_arrays(xb, yb, max(len(xb), 1))[:3]
-            loss_sum, correct, seen = totals
+                xb, yb, wb = _batches.batch_parts(batch, x_key, y_key)
+                r = self._evaluate_arrays(xb, yb, max(len(xb), 1), state, wb)
+                loss_sum, seen = loss_sum + r[0], seen + r[1]
         else:
-            loss_sum, correct, seen, _ = self._evaluate_arrays(x, y, batch_size)
+            loss_sum, seen, _ = self._evaluate_arrays(x, y, batch_size, state, sample_weight)
         if seen == 0:
             raise InvalidArgumentError("evaluate: no data")
-        logs = {"loss": loss_sum / seen, "accuracy": correct / seen}
+        logs = {"loss": loss_sum / seen, **self.metric_values(state)}
         if verbose:
-            print(f"evaluate: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f}")
-        return logs if return_dict else [logs["loss"], logs["accuracy"]]
+            print("evaluate: " + " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+        if return_dict:
+            return logs
+        return list(logs.values()) if self.metrics else logs["loss"]
 
-    def _evaluate_arrays(self, x: np.ndarray, y: np.ndarray, batch_size: int) -> tuple[float, int, int, int]:
-        return self._core.evaluate(*self.engine_arrays(x, y), int(batch_size), **self._transform_kw())
+    def _evaluate_arrays(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        batch_size: int,
+        state: np.ndarray | None = None,
+        sample_weight: np.ndarray | None = None,
+    ) -> tuple[float, int, int]:
+        """``(loss_sum, seen, steps)`` over arrays; the metrics add to ``state``."""
+        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight)
+        return self._core.evaluate(
+            xa, labels, targets, int(batch_size), weights=w, metrics=state, **self._transform_kw()
+        )
 
     def predict(self, x: np.ndarray, batch_size: int = 128) -> np.ndarray:
         """The model's outputs for ``x``, in inference mode (dropout off).
 
-        An ``[n, output_classes]`` float32 array: softmax probabilities if the last layer is softmax,
-        else its outputs (logits).
+        An ``[n, output_classes]`` float32 array: the last layer's outputs with its activation applied
+        (softmax or sigmoid probabilities for such a head; logits for a linear one).
 
         Args:
             x: ``[n, *input_shape]`` inputs (the input transform applies).

@@ -30,22 +30,22 @@ import numpy as np
 
 from sparkgrad.errors import ModelError
 from sparkgrad.nn import layers as _layers
+from sparkgrad.nn import losses as _losses
+from sparkgrad.nn import metrics as _metrics
 
 MAGIC = b"SGMODEL\x00"
 VERSION = 1
 _PREFIX = struct.Struct("<8sII")
 _MAX_HEADER = 1 << 20
 
+# every layer class of sparkgrad.nn.layers, by its name (a new layer class is saved without a change here)
 LAYER_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (
-        _layers.Dense,
-        _layers.Conv2D,
-        _layers.MaxPool2D,
-        _layers.AveragePooling2D,
-        _layers.Dropout,
-        _layers.Flatten,
-    )
+    for cls in vars(_layers).values()
+    if isinstance(cls, type)
+    and issubclass(cls, _layers.Layer)
+    and not cls.__name__.startswith("_")
+    and cls is not _layers.Layer
 }
 
 
@@ -80,7 +80,8 @@ def model_to_bytes(model) -> bytes:
         "precision": getattr(model, "precision", "fp32"),
         "input_transform": {"scale": scale, "mean": mean is not None, "std": std is not None},
         "loss": model.loss,
-        "metrics": list(model.metrics),
+        "loss_config": _losses.serialize(model.loss_object) if model.loss_object is not None else None,
+        "metrics": [_metrics.serialize(m) for m in model.metrics],
     }
     text = json.dumps(header, sort_keys=True).encode()
     parts = [_PREFIX.pack(MAGIC, VERSION, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
@@ -162,7 +163,11 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
         model.set_input_transform(transform["scale"], arrays.get("mean"), arrays.get("std"))
     if header.get("loss"):
         kw = {"precision": header["precision"]} if header.get("precision", "fp32") != "fp32" else {}
-        model.compile(optimizer="sgd", loss=header["loss"], metrics=list(header.get("metrics") or []), **kw)
+        loss = header.get("loss_config") or header["loss"]  # files saved before the loss table hold the name alone
+        try:
+            model.compile(optimizer="sgd", loss=loss, metrics=list(header.get("metrics") or []), **kw)
+        except ValueError as e:
+            raise _fail(source, f"header's loss {loss!r} or metrics {header.get('metrics')!r}: {e}") from None
     return model
 
 

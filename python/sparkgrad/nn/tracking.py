@@ -21,9 +21,9 @@ What is logged, all through ``MlflowClient`` on the run's id:
   MLflow params cannot change within a run, so a second fit in the same run
   keeps the first values (with a warning for each that differs);
 - ``model/summary.txt``: ``model.summary()``;
-- metrics ``loss``, ``accuracy``, ``lr`` at each log interval and
-  ``epoch``, ``epoch_loss``, ``epoch_accuracy``, ``val_loss``,
-  ``val_accuracy`` at each epoch end, all with ``step=model.step`` (queued
+- metrics ``loss``, each compiled metric (``accuracy``, ``auc``...) and
+  ``lr`` at each log interval, and ``epoch``, ``epoch_loss``,
+  ``epoch_<metric>``, ``val_loss``, ``val_<metric>`` at each epoch end, all with ``step=model.step`` (queued
   on MLflow's logging thread where it has one, MLflow >= 2.8; fit waits for
   them before it returns);
 - each checkpoint file as the CheckpointManager writes it, under ``checkpoints/``;
@@ -175,7 +175,7 @@ class MlflowCallback:
         self._client.log_text(self.run_id, m.summary(print_fn=None), "model/summary.txt")
 
     def on_step_end(self, step: int, logs: dict[str, float]) -> None:
-        self._log_metrics({k: logs[k] for k in ("loss", "accuracy", "lr") if k in logs}, step)
+        self._log_metrics(dict(logs), step)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
         named = {"epoch": epoch + 1}

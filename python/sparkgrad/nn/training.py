@@ -52,29 +52,38 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sparkgrad.cluster import rank as _rank
-from sparkgrad.errors import InvalidArgumentError, SparkgradTimeout
+from sparkgrad.errors import InvalidArgumentError, NonFiniteLossError, SparkgradTimeout
 from sparkgrad.nn import batches as _batches
+from sparkgrad.nn.callbacks import TerminateOnNaN
 from sparkgrad.nn.checkpoint import CheckpointManager, encode, restore_bytes
 from sparkgrad.nn.distributed import DistributedOptimizer
 from sparkgrad.nn.history import History
 
 
 class _Totals:
-    __slots__ = ("loss_sum", "correct", "seen", "steps")
+    """Sums over steps: the weighted loss, rows, steps and the metrics' state (which add up)."""
 
-    def __init__(self) -> None:
-        self.loss_sum, self.correct, self.seen, self.steps = 0.0, 0, 0, 0
+    __slots__ = ("model", "loss_sum", "seen", "steps", "state")
 
-    def add(self, r: tuple[float, int, int, int]) -> None:
+    def __init__(self, model) -> None:
+        self.model = model
+        self.loss_sum, self.seen, self.steps = 0.0, 0, 0
+        self.state = model.new_metric_state()
+
+    def add(self, r: tuple[float, int, int], state: np.ndarray) -> None:
         self.loss_sum += r[0]
-        self.correct += r[1]
-        self.seen += r[2]
-        self.steps += r[3]
+        self.seen += r[1]
+        self.steps += r[2]
+        self.state += state
+
+    def sums(self) -> tuple[float, int, np.ndarray]:
+        """``(loss_sum, seen, metric state)``: what adds up across ranks (see ``Sequential.epoch_sums``)."""
+        return self.loss_sum, self.seen, self.state.copy()
 
     def logs(self) -> dict[str, float]:
-        if self.seen == 0:
-            return {}
-        return {"loss": self.loss_sum / self.seen, "accuracy": self.correct / self.seen}
+        if self.seen == 0:  # NaN: the interval's first batch had a non-finite loss
+            return {"loss": math.nan} if math.isnan(self.loss_sum) else {}
+        return {"loss": self.loss_sum / self.seen, **self.model.metric_values(self.state)}
 
 
 _END = object()  # the producer's last item when the iterable is exhausted
@@ -233,10 +242,11 @@ class Trainer:
         history.steps.append({"step": m.step, **logs})
         if self.bar is not None:
             self.bar.update(interval.steps)
-            self.bar.set_postfix(loss=f"{logs['loss']:.4f}", acc=f"{logs['accuracy']:.4f}", refresh=False)
+            shown = {k: f"{v:.4f}" for k, v in logs.items() if k != "lr"}
+            self.bar.set_postfix(shown, refresh=False)
         if self.writer is not None:
-            for k in ("loss", "accuracy", "lr"):
-                self.writer.scalar(f"train/{k}", logs[k], m.step)
+            for k, v in logs.items():
+                self.writer.scalar(f"train/{k}", v, m.step)
         for cb in self.callbacks:
             if hasattr(cb, "on_step_end"):
                 cb.on_step_end(m.step, logs)
@@ -267,9 +277,32 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------
 
-    def _steps(self, x, labels, onehot, order, pos, batch_size, k) -> tuple[float, int, int, int]:
-        """The one step function of both paths: k steps in C from row pos."""
-        return self.model.run_steps(x, labels, onehot, order, pos, batch_size, k, hook=self.dist.hook)
+    def _steps(self, x, labels, targets, weights, order, pos, batch_size, k, state) -> tuple[float, int, int]:
+        """The one step function of both paths: k steps in C from row pos; the metrics add to state.
+
+        A non-finite loss raises NonFiniteLossError, unless a TerminateOnNaN callback (without
+        raise_error) asks to stop: the good steps before it count, the interval's loss is NaN, and the
+        callback stops training at the interval's end."""
+        try:
+            return self.model.run_steps(
+                x, labels, targets, order, pos, batch_size, k, hook=self.dist.hook, weights=weights, metrics=state
+            )
+        except NonFiniteLossError as e:
+            stop = any(isinstance(cb, TerminateOnNaN) and not cb.raise_error for cb in self.callbacks)
+            if not stop or getattr(e, "step", None) is None:
+                raise
+            print(f"fit: {e}", flush=True)
+            return float("nan"), int(e.seen), int(e.steps)
+
+    def _validate(self, validation_data, batch_size: int) -> _Totals:
+        """The loss and metric sums of ``validation_data`` ((x, y) or (x, y, sample_weight)), as evaluate."""
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+            raise InvalidArgumentError("fit: validation_data must be (x, y) or (x, y, sample_weight)")
+        vw = validation_data[2] if len(validation_data) == 3 else None
+        totals = _Totals(self.model)
+        r = self.model._evaluate_arrays(validation_data[0], validation_data[1], batch_size, totals.state, vw)
+        totals.add(r, 0.0)
+        return totals
 
     def _epoch_order(self, n: int, shuffle: bool, resuming: bool):
         """This epoch's row order. A new epoch records the RNG it starts from
@@ -294,7 +327,22 @@ class Trainer:
             self.dist.before_checkpoint()
             self.checkpoints.save(self.model, logs)
 
-    def run(self, x, y, batch_size, epochs, validation_data, max_steps, shuffle, x_key, y_key, initial_epoch, ps=None):
+    def run(
+        self,
+        x,
+        y,
+        batch_size,
+        epochs,
+        validation_data,
+        max_steps,
+        shuffle,
+        x_key,
+        y_key,
+        initial_epoch,
+        ps=None,
+        sample_weight=None,
+        class_weight=None,
+    ):
         m = self.model
         if batch_size <= 0 or epochs < 0:
             raise InvalidArgumentError(f"batch_size must be > 0 and epochs >= 0 (got {batch_size}, {epochs})")
@@ -314,12 +362,17 @@ class Trainer:
             m.epoch = 0  # as Keras: each call trains `epochs` epochs unless it resumes a checkpoint
         arrays = y is not None or isinstance(x, np.ndarray)
         if arrays:
-            xa, labels, onehot = m.engine_arrays(x, y)
+            xa, labels, targets, weights = m.engine_arrays(x, y, sample_weight, class_weight)
             n = xa.shape[0]
             if n == 0:
                 raise InvalidArgumentError("fit: x has no rows")
         elif not isinstance(x, Iterable):
             raise InvalidArgumentError("fit: x must be an array (with y) or an iterable of dict batches")
+        elif sample_weight is not None:
+            raise InvalidArgumentError(
+                "fit: sample_weight= goes with array inputs; dataset batches carry theirs as a 'sample_weight' "
+                "key or a third tuple element"
+            )
         history = History()
         m.stop_training = False
         self.dist.begin(restored is not None)
@@ -343,7 +396,7 @@ class Trainer:
                     break
                 started = time.monotonic()
                 self._callbacks("on_epoch_begin", epoch, {})
-                totals = _Totals()
+                totals = _Totals(m)
                 if arrays:
                     order = self._epoch_order(n, shuffle, resume_pos > 0)
                     pos, resume_pos = resume_pos, 0
@@ -355,34 +408,37 @@ class Trainer:
                             k = min(k, max_steps - m.step)
                         if k <= 0:
                             break
-                        r = self._steps(xa, labels, onehot, order, pos, batch_size, k)
-                        pos += r[2]
+                        state = m.new_metric_state()
+                        r = self._steps(xa, labels, targets, weights, order, pos, batch_size, k, state)
+                        pos += r[1]
                         m.state.epoch_pos = pos
-                        interval = _Totals()
-                        interval.add(r)
-                        totals.add(r)
+                        interval = _Totals(m)
+                        interval.add(r, state)
+                        totals.add(r, state)
                         self._step_logs(history, interval)
                         if self.checkpoint_every and m.step % self.checkpoint_every == 0 and pos < n:
                             self._save(None)
                     if pos < n:  # stopped early: an incomplete epoch is not counted
                         break
                 else:
-                    interval = _Totals()
+                    interval = _Totals(m)
 
                     def convert(batch):
-                        return m.engine_arrays(*_batches.batch_arrays(batch, x_key, y_key))
+                        xb, yb, wb = _batches.batch_parts(batch, x_key, y_key)
+                        return m.engine_arrays(xb, yb, wb, class_weight)
 
                     prefetcher = None
                     if self.prefetch:
                         prefetcher = _Prefetcher(iter(x), convert, self.prefetch, self.prefetch_timeout)
                     try:
-                        for xb, lb, ob in prefetcher if prefetcher is not None else map(convert, x):
-                            r = self._steps(xb, lb, ob, None, 0, max(xb.shape[0], 1), 1)
-                            interval.add(r)
-                            totals.add(r)
-                            if interval.steps >= self.log_every:
+                        for xb, lb, tb, wb in prefetcher if prefetcher is not None else map(convert, x):
+                            state = m.new_metric_state()
+                            r = self._steps(xb, lb, tb, wb, None, 0, max(xb.shape[0], 1), 1, state)
+                            interval.add(r, state)
+                            totals.add(r, state)
+                            if interval.steps >= self.log_every or math.isnan(r[0]):
                                 self._step_logs(history, interval)
-                                interval = _Totals()
+                                interval = _Totals(m)
                             if self.checkpoint_every and m.step % self.checkpoint_every == 0:
                                 self._save(None)
                             if m.stop_training or (max_steps is not None and m.step >= max_steps):
@@ -395,10 +451,12 @@ class Trainer:
                     if totals.seen == 0:
                         break  # a one-shot iterator is exhausted
                 logs = totals.logs()
+                sums = {"": totals.sums()}
                 if validation_data is not None:
-                    vx, vy = validation_data
-                    vl, va = m.evaluate(vx, vy, batch_size=batch_size)
-                    logs["val_loss"], logs["val_accuracy"] = vl, va
+                    val = self._validate(validation_data, batch_size)
+                    logs.update({f"val_{k}": v for k, v in val.logs().items()})
+                    sums["val_"] = val.sums()
+                m.epoch_sums = sums
                 m.epoch = epoch + 1
                 m.state.epoch_pos = 0
                 self._epoch_end(history, epoch, logs, started)
@@ -533,7 +591,7 @@ class _Distribution:
 
 
 def plot_history(history, path: str) -> None:
-    """Writes a PNG of loss and accuracy per step (and per epoch, with validation)."""
+    """Writes a PNG of the loss and each metric per step (and per epoch, with validation)."""
     try:
         import matplotlib
 
@@ -541,9 +599,11 @@ def plot_history(history, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise InvalidArgumentError(f"plot_path needs matplotlib (pip install matplotlib): {exc}") from exc
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    keys = ["loss", *(k for k in (history.steps[0] if history.steps else {}) if k not in ("step", "loss", "lr"))]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    axes = axes[0]
     steps = [s["step"] for s in history.steps]
-    for ax, key in zip(axes, ("loss", "accuracy"), strict=True):
+    for ax, key in zip(axes, keys, strict=True):
         ax.plot(steps, [s[key] for s in history.steps], label=f"train {key} (per interval)", alpha=0.6)
         if f"val_{key}" in history.history:
             ends = _epoch_end_steps(history)

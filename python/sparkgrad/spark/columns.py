@@ -12,15 +12,19 @@ scoring (Model.transform's mapInArrow function) and evaluation:
   order) and ``y``, raising on a row width the model does not take and on a
   label out of range for the loss, naming the column, the partition and the
   row;
-- ``vector_array`` / ``list_array`` build the Arrow form of the output
-  columns (a Spark ML dense vector, an array of floats) from NumPy without a
-  Python object per row.
+- ``resolve_loss`` and ``task_of`` say which loss a stage uses and what the
+  model's outputs are (classes, binary probabilities or values), which
+  decides the label a loss takes and the columns ``transform`` writes;
+- ``vector_array`` / ``list_array`` / ``double_array`` build the Arrow form
+  of the output columns (a Spark ML dense vector, an array of floats, a
+  double or an array of doubles) from NumPy without a Python object per row.
 
 pyspark is imported only inside the functions that need its types.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +34,64 @@ from sparkgrad.errors import InvalidArgumentError
 
 SPARSE_LOSS = "sparse_categorical_crossentropy"
 ONEHOT_LOSS = "categorical_crossentropy"
+BINARY_LOSS = "binary_crossentropy"
+LOGIT_EPS = 1e-7  # a probability is clipped to [eps, 1 - eps] before its logit: |logit| <= 16.1
+
+
+class Task(enum.Enum):
+    """What a model's outputs are, by its loss: it decides the label column a loss takes and the columns
+    ``Model.transform`` writes."""
+
+    CLASSES = "classes"  # sparse or categorical cross-entropy: one class of the outputs (softmax)
+    BINARY = "binary"  # binary cross-entropy: each output the probability of a positive
+    REGRESSION = "regression"  # mse, mae, huber, poisson: the outputs are the predicted values
+
+
+def task_of(loss: str) -> Task:
+    """The `Task` of a loss function name (a `sparkgrad.nn.losses.Loss`'s ``fn``)."""
+    if loss in (SPARSE_LOSS, ONEHOT_LOSS):
+        return Task.CLASSES
+    return Task.BINARY if loss == BINARY_LOSS else Task.REGRESSION
+
+
+def output_kind(model: Any, loss: Any) -> tuple[Task, bool]:
+    """``(task, probabilities)`` of ``model`` under ``loss`` (a `sparkgrad.nn.losses.Loss`).
+
+    ``probabilities``: ``model.predict`` gives probabilities (a softmax or sigmoid head, or a linear
+    layer a binary cross-entropy without ``from_logits`` reads as probabilities, as Keras does), not
+    logits (a linear last layer under a categorical loss or ``BinaryCrossentropy(from_logits=True)``).
+    """
+    task = task_of(loss.fn)
+    logits = model.head == "linear" and (task is not Task.BINARY or bool(getattr(loss, "from_logits", False)))
+    return task, not logits
+
+
+def resolve_loss(name: str | None, model: Any, what: str) -> Any:
+    """The `sparkgrad.nn.losses.Loss` a stage trains or evaluates ``model`` with.
+
+    ``name`` (a loss param: any name `sparkgrad.nn.losses.get` takes) when set, else the loss the model
+    was compiled with, else ``binary_crossentropy`` for a sigmoid head and
+    ``sparse_categorical_crossentropy`` otherwise. When the model was compiled with the same loss
+    function, its own object is returned, so its arguments (``from_logits``, ``delta``, ...) hold.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a loss name; the message starts with ``what``.
+    """
+    from sparkgrad.nn import losses
+    from sparkgrad.nn.model import LOSSES
+
+    compiled = getattr(model, "loss_object", None)
+    if name is None:
+        if compiled is not None:
+            return compiled
+        name = BINARY_LOSS if model.head == "sigmoid" else SPARSE_LOSS
+    try:
+        loss = losses.get(name)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{what}: loss must be one of {', '.join(map(repr, LOSSES))} (or 'mse', 'mae', 'huber_loss'), not {name!r}"
+        ) from None
+    return compiled if compiled is not None and compiled.fn == loss.fn else loss
 
 
 def _kind(dt: Any) -> str:
@@ -116,19 +178,49 @@ def check_schema(
         )
     if label is None:
         return
-    field = _field(schema, label, "label")
+    _check_label(_field(schema, label, "label"), label, loss, classes)
+
+
+def _dense_targets(loss: str, outputs: int) -> str:
+    """What a label column holds for a loss other than the sparse cross-entropy, in error messages."""
+    if loss == ONEHOT_LOSS:
+        return f"one-hot labels of {outputs} values (a vector or an array of numbers)"
+    values = "numbers in [0, 1]" if loss == BINARY_LOSS else "numbers"
+    if outputs == 1:
+        scalars = "numbers (or booleans) in [0, 1]" if loss == BINARY_LOSS else "numbers"
+        return f"{scalars}, one per row (the model has one output)"
+    return f"arrays or vectors of {outputs} {values}, one per row (the model has {outputs} outputs)"
+
+
+def _check_label(field: Any, label: str, loss: str, classes: int) -> None:
     kind = _kind(field.dataType)
+    if loss == SPARSE_LOSS:
+        if kind != "number":
+            raise InvalidArgumentError(
+                f"label column {label!r} has type {kind}: {SPARSE_LOSS} takes class indices, integers (or integral "
+                f"doubles, as StringIndexer writes) in [0, {classes}); index string labels first (StringIndexer)",
+                column=label,
+            )
+        return
     if loss == ONEHOT_LOSS:
         if kind not in ("vector", "array"):
             raise InvalidArgumentError(
-                f"label column {label!r} has type {kind}: {ONEHOT_LOSS} takes one-hot labels of {classes} values "
-                "(a vector or an array of numbers)",
+                f"label column {label!r} has type {kind}: {ONEHOT_LOSS} takes {_dense_targets(loss, classes)}",
                 column=label,
             )
-    elif kind != "number":
+        return
+    scalars = ("number", "bool") if loss == BINARY_LOSS else ("number",)
+    if kind not in ("vector", "array") and not (classes == 1 and kind in scalars):
         raise InvalidArgumentError(
-            f"label column {label!r} has type {kind}: {SPARSE_LOSS} takes class indices, integers (or integral "
-            f"doubles, as StringIndexer writes) in [0, {classes}); index string labels first (StringIndexer)",
+            f"label column {label!r} has type {field.dataType.simpleString()}: {loss} takes "
+            f"{_dense_targets(loss, classes)}",
+            column=label,
+        )
+    width = _known_width(field, kind)
+    if width is not None and width != classes:
+        raise InvalidArgumentError(
+            f"label column {label!r} holds {kind}s of {width} values (its schema says): {loss} takes "
+            f"{_dense_targets(loss, classes)}",
             column=label,
         )
 
@@ -175,19 +267,14 @@ class FeatureSpec:
         return np.concatenate([p.astype(np.float32, copy=False) for p in parts], axis=1)
 
     def y(self, cols: dict[str, np.ndarray], partition: int | None, first_row: int) -> np.ndarray:
+        """The labels: int64 ``[rows]`` class indices for the sparse cross-entropy, else float32
+        ``[rows, classes]`` targets (one-hot, in [0, 1] for the binary cross-entropy, finite values for
+        a regression)."""
         assert self.label is not None
         y = cols[self.label]
         where = f"partition {partition}, " if partition is not None else ""
-        if self.loss == ONEHOT_LOSS:
-            y = y.reshape(len(y), -1)
-            if y.shape[1] != self.classes:
-                raise InvalidArgumentError(
-                    f"{where}label column {self.label!r} holds {y.shape[1]} values per row; {ONEHOT_LOSS} takes "
-                    f"one-hot labels of {self.classes} (the model's outputs)",
-                    column=self.label,
-                    partition=partition,
-                )
-            return np.ascontiguousarray(y, np.float32)
+        if self.loss != SPARSE_LOSS:
+            return self._dense_y(y.reshape(len(y), -1), where, partition, first_row)
         y = y.reshape(len(y))
         bad = (y < 0) | (y >= self.classes)
         if y.dtype.kind == "f":
@@ -202,6 +289,32 @@ class FeatureSpec:
                 partition=partition,
             )
         return y.astype(np.int64, copy=False)
+
+    def _dense_y(self, y: np.ndarray, where: str, partition: int | None, first_row: int) -> np.ndarray:
+        if y.shape[1] != self.classes:
+            what = "one-hot labels" if self.loss == ONEHOT_LOSS else "targets"
+            raise InvalidArgumentError(
+                f"{where}label column {self.label!r} holds {y.shape[1]} values per row; {self.loss} takes "
+                f"{what} of {self.classes} (the model's outputs)",
+                column=self.label,
+                partition=partition,
+            )
+        y = np.ascontiguousarray(y, np.float32)
+        if self.loss == ONEHOT_LOSS:
+            return y
+        binary = self.loss == BINARY_LOSS
+        bad = ~((y >= 0) & (y <= 1)) if binary else ~np.isfinite(y)  # NaN fails both
+        rows = np.flatnonzero(bad.any(axis=1))
+        if rows.size:
+            i = int(rows[0])
+            value = y[i, 0].item() if self.classes == 1 else y[i].tolist()
+            wanted = "values in [0, 1]" if binary else "finite values"
+            raise InvalidArgumentError(
+                f"{where}row {first_row + i}: label column {self.label!r} holds {value!r}; {self.loss} takes {wanted}",
+                column=self.label,
+                partition=partition,
+            )
+        return y
 
     def __call__(self, cols: dict[str, np.ndarray], partition: int, first_row: int) -> dict[str, np.ndarray]:
         out = {"x": self.x(cols, partition, first_row)}
@@ -234,13 +347,37 @@ def vector_array(values: np.ndarray) -> Any:
     return pa.StructArray.from_arrays([kinds, sizes, indices, vals], fields=fields)
 
 
-def list_array(values: np.ndarray) -> Any:
-    """float32[rows, k] -> an Arrow list<float> array (Spark's array<float>)."""
+def list_array(values: np.ndarray, dtype: Any = np.float32) -> Any:
+    """float[rows, k] -> an Arrow list array of ``dtype`` (Spark's array<float>, or array<double>)."""
     import pyarrow as pa
 
     rows, k = values.shape
-    flat = pa.array(np.ascontiguousarray(values, np.float32).reshape(-1))
+    flat = pa.array(np.ascontiguousarray(values, dtype).reshape(-1))
     return pa.ListArray.from_arrays(pa.array(np.arange(rows + 1, dtype=np.int32) * k), flat)
+
+
+def double_array(values: np.ndarray) -> Any:
+    """float[rows, k] -> Arrow doubles for k == 1 (Spark's double), else a list<double> array (array<double>)."""
+    import pyarrow as pa
+
+    if values.shape[1] == 1:
+        return pa.array(np.ascontiguousarray(values[:, 0], np.float64))
+    return list_array(values, np.float64)
+
+
+def binary_scores(out: np.ndarray, probabilities: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, z)``, float64 ``[rows, k]``: the probabilities and logits of a binary model's outputs.
+
+    ``probabilities``: the outputs are probabilities (a sigmoid head; they are clipped to [0, 1]) and
+    ``z = log(p / (1 - p))`` of p clipped to ``[LOGIT_EPS, 1 - LOGIT_EPS]``: float32 probabilities lose
+    the logit's precision beyond about |z| = 16, where it saturates. Otherwise they are logits
+    (``BinaryCrossentropy(from_logits=True)`` on a linear last layer) and ``p = sigmoid(z)``.
+    """
+    o = out.astype(np.float64)
+    if not probabilities:
+        return np.exp(-np.logaddexp(0.0, -o)), o
+    c = np.clip(o, LOGIT_EPS, 1.0 - LOGIT_EPS)
+    return np.clip(o, 0.0, 1.0), np.log(c) - np.log1p(-c)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

@@ -19,7 +19,9 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasSeed
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError, NodeFailure
+from sparkgrad.errors import ClusterError, InsufficientSlotsError, InvalidArgumentError, ModelError, NodeFailure
+from sparkgrad.nn import losses as _losses
+from sparkgrad.nn import metrics as _metrics
 from sparkgrad.spark import columns as C
 from sparkgrad.spark import persist
 from sparkgrad.spark.model import Model, _ModelParams, task_error
@@ -33,6 +35,25 @@ FEED_TIMEOUT = 600.0
 
 def _is_nn_model(value: Any) -> bool:
     return hasattr(value, "layers") and hasattr(value, "params") and hasattr(value, "input_shape")
+
+
+def _compiled_metrics(nn: Any, loss: Any, model_bytes: bytes) -> tuple[dict, ...]:
+    """The metrics the nodes compile with (serialized): the model's own when its loss is ``loss``, else
+    the default of ``loss``. Compiles a copy of the model on the driver, so a loss or metric that does
+    not fit the model fails here, before any job.
+
+    Raises:
+        InvalidArgumentError: The loss or a metric does not fit the model's output.
+    """
+    from sparkgrad.nn.saved import model_from_bytes
+
+    probe = model_from_bytes(model_bytes, "Estimator model")
+    wanted = nn.metrics if nn.loss == loss.fn else None
+    try:
+        probe.compile(optimizer="sgd", loss=loss, metrics=wanted)
+    except (ModelError, ValueError) as exc:
+        raise InvalidArgumentError(f"Estimator: loss {loss.fn!r} does not fit the model: {exc}") from None
+    return tuple(_metrics.serialize(m) for m in probe.metrics)
 
 
 def _check_writable(model_dir: str) -> str:
@@ -66,12 +87,22 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     fitted = Pipeline(stages=[VectorAssembler(...), StandardScaler(...), est]).fit(df)
     ```
 
+    It trains classifiers, binary classifiers and regressions, as Spark ML's own estimators do; the
+    ``loss`` decides which, the label column it takes and the fitted `Model`'s output columns:
+
+    | loss | last layer | label column |
+    |---|---|---|
+    | ``sparse_categorical_crossentropy`` | ``Dense(k, activation="softmax")`` | class indices in [0, k) |
+    | ``categorical_crossentropy`` | ``Dense(k, activation="softmax")`` | one-hot vectors or arrays of k |
+    | ``binary_crossentropy`` | ``Dense(1, activation="sigmoid")`` | numbers or booleans in [0, 1] |
+    | ``mse``, ``mae``, ``huber``, ``poisson`` | ``Dense(1)`` / ``Dense(k)`` | numbers / vectors or arrays of k |
+
     ``fit(df)``:
 
     1. before any job: builds the model (``model`` called once on the driver if it is a function),
-       checks the schema (feature and label columns exist and have types that can be fed, a vector
-       size the schema tells matches the model's input, the label's type suits the loss) and that
-       ``model_dir`` can be written;
+       checks that the loss fits it, checks the schema (feature and label columns exist and have
+       types that can be fed, a vector size the schema tells matches the model's input, the label's
+       type and width suit the loss) and that ``model_dir`` can be written;
     2. splits off the validation rows (``validation``);
     3. starts a `TFCluster` in ``InputMode.SPARK`` of ``num_workers`` workers (plus ``num_ps``
        parameter servers in mode ``"ps"``) and feeds it the training rows ``epochs`` times through
@@ -80,11 +111,13 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
        the wrong width or a label out of range for the loss fails the job with a message naming the
        column, the partition, the row and what was expected, raised as InvalidArgumentError once the
        cluster is stopped (never a hang);
-    4. returns a `Model` with the chief's trained weights, its last training loss and accuracy in
-       ``history`` and, with validation, the validation loss and accuracy (`Model.evaluate` in the
-       tasks) in ``validation_metrics``. With ``model_dir``, the chief writes checkpoints there (every
-       ``checkpoint_every`` steps and at the end) and the driver writes the trained model as
-       ``model_dir/model.sgmodel``.
+    4. returns a `Model` with the chief's trained weights, each worker's last training loss and
+       metrics in ``history`` and, with validation, the validation loss and metrics (`Model.evaluate`
+       in the tasks: ``val_loss``, ``val_<metric>``, ``val_rows``) in ``validation_metrics``. The
+       metrics are those the model was compiled with when its loss is the Estimator's, else
+       ``accuracy`` for a cross-entropy and none for a regression. With ``model_dir``, the chief
+       writes checkpoints there (every ``checkpoint_every`` steps and at the end) and the driver
+       writes the trained model as ``model_dir/model.sgmodel``.
 
     ``batch_size`` is per worker; in mode ``"allreduce"`` each step averages the workers' gradients
     (the learning rate is the optimizer's, not scaled). Mode ``"allreduce"`` needs a task slot per
@@ -100,8 +133,10 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     Args:
         model: A sparkgrad.nn model, or a function returning one (called once on the driver).
         optimizer: A sparkgrad.nn optimizer instance or name.
-        loss: ``"sparse_categorical_crossentropy"`` (integer labels) or ``"categorical_crossentropy"``
-            (one-hot labels in a vector or array column).
+        loss: Any loss name of `sparkgrad.nn.losses` (see the table above). None (default): the loss
+            the model was compiled with (with its arguments, e.g. ``Huber(delta=2.0)``), else
+            ``"binary_crossentropy"`` for a sigmoid head and ``"sparse_categorical_crossentropy"``
+            otherwise.
         featuresCol: The feature column: a Spark ML vector, an array of numbers, binary (raw bytes of
             the input, e.g. uint8 pixels) or a number.
         inputCols: Several feature columns, flattened and concatenated in order (instead of featuresCol).
@@ -122,7 +157,9 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         seed: Seed of the validation split (None: 0).
         outputCol: The fitted `Model`'s raw-output column ("" skips it).
         predictionCol: The fitted `Model`'s prediction column.
-        probabilityCol: The fitted `Model`'s probability column.
+        probabilityCol: The fitted `Model`'s probability column (classifiers).
+        rawPredictionCol: The fitted `Model`'s raw-prediction column (binary classifiers).
+        threshold: The fitted `Model`'s binary decision threshold on the probability.
 
     Raises:
         InvalidArgumentError: From fit: a bad param, schema or row, or an unwritable ``model_dir``.
@@ -155,7 +192,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         *,
         model: Any = None,
         optimizer: Any = "adam",
-        loss: str = C.SPARSE_LOSS,
+        loss: str | None = None,
         featuresCol: str = "features",
         inputCols: list[str] | None = None,
         input_mapping: dict[str, str] | None = None,
@@ -172,6 +209,8 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         outputCol: str = "",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
+        threshold: float = 0.5,
     ) -> None:
         super().__init__()
         self._setDefault(
@@ -263,16 +302,16 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
 
         nn = self._resolved_model()
         mode, workers, ps = self._settings()
-        loss = self.getOrDefault(self.loss)
-        if loss not in (C.SPARSE_LOSS, C.ONEHOT_LOSS):
-            raise InvalidArgumentError(f"Estimator: loss must be {C.SPARSE_LOSS!r} or {C.ONEHOT_LOSS!r}, not {loss!r}")
+        loss = self._loss_of(nn, "Estimator")
+        model_bytes = model_to_bytes(nn)
+        metrics = _compiled_metrics(nn, loss, model_bytes)
         features = self._feature_columns("Estimator")
         label = self._label_column()
         if not label:
             raise InvalidArgumentError("Estimator: set labelCol (or map a column to 'y' in input_mapping)")
         width = int(np.prod(nn.input_shape))
-        spec = C.FeatureSpec(features, width, tuple(nn.input_shape), label, loss, int(nn.output_classes))
-        C.check_schema(dataset.schema, features, width, spec.input_shape, label, loss, spec.classes)
+        spec = C.FeatureSpec(features, width, tuple(nn.input_shape), label, loss.fn, int(nn.output_classes))
+        C.check_schema(dataset.schema, features, width, spec.input_shape, label, spec.loss, spec.classes)
         model_dir = self.getOrDefault(self.model_dir)
         local_dir = _check_writable(model_dir) if model_dir else None
         every = int(self.getOrDefault(self.checkpoint_every))
@@ -298,9 +337,10 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         train_df, val_df = self._split(dataset)
         train_df = train_df.select(*spec.columns).repartition(workers)
         args = TrainArgs(
-            model_to_bytes(nn),
+            model_bytes,
             opt,
-            loss,
+            _losses.serialize(loss),
+            metrics,
             batch,
             mode,
             os.path.join(local_dir, "checkpoints") if local_dir else None,
@@ -344,7 +384,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         ]
         if val_df is not None:
             ev = fitted.evaluate(val_df)
-            fitted.validation_metrics = {"val_loss": ev["loss"], "val_accuracy": ev["accuracy"], "val_rows": ev["rows"]}
+            fitted.validation_metrics = {("val_rows" if k == "rows" else f"val_{k}"): v for k, v in ev.items()}
         if local_dir:
             save_model(fitted.nn_model, os.path.join(local_dir, "model.sgmodel"))
         return fitted

@@ -1,8 +1,9 @@
 """``sparkgrad.spark.Model``: a trained sparkgrad.nn model as a Spark ML Transformer.
 
-The class docstring says how ``transform`` and ``evaluate`` work; the feature conversion is
-sparkgrad/spark/columns.py's and cluster/arrow_feed.py's, the shipping of the weights
-sparkgrad/spark/shipping.py's, persistence sparkgrad/spark/persist.py's.
+The class docstring says how ``transform`` and ``evaluate`` work and which columns each kind of model
+(classifier, binary classifier, regression) gets; the feature conversion is sparkgrad/spark/columns.py's
+and cluster/arrow_feed.py's, the shipping of the weights sparkgrad/spark/shipping.py's, persistence
+sparkgrad/spark/persist.py's.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from pyspark.ml.param.shared import (
     HasOutputCol,
     HasPredictionCol,
     HasProbabilityCol,
+    HasRawPredictionCol,
+    HasThreshold,
 )
 from pyspark.ml.util import MLReadable, MLWritable
 
 from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.nn import losses as _losses
+from sparkgrad.nn import metrics as _metrics
 from sparkgrad.spark import columns as C
 from sparkgrad.spark import persist
 
@@ -47,7 +52,16 @@ def task_error(exc: BaseException) -> BaseException:
     return cls(message.strip())
 
 
-class _ModelParams(HasFeaturesCol, HasInputCols, HasLabelCol, HasOutputCol, HasPredictionCol, HasProbabilityCol):
+class _ModelParams(
+    HasFeaturesCol,
+    HasInputCols,
+    HasLabelCol,
+    HasOutputCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
+    HasThreshold,
+):
     input_mapping = Param(
         Params._dummy(),
         "input_mapping",
@@ -57,7 +71,7 @@ class _ModelParams(HasFeaturesCol, HasInputCols, HasLabelCol, HasOutputCol, HasP
     loss = Param(
         Params._dummy(),
         "loss",
-        "sparse_categorical_crossentropy or categorical_crossentropy",
+        "a loss name of sparkgrad.nn.losses (None: the model's compiled loss, else by its head)",
         typeConverter=TypeConverters.toString,
     )
     batch_size = Param(Params._dummy(), "batch_size", "rows per batch", typeConverter=TypeConverters.toInt)
@@ -70,8 +84,10 @@ class _ModelParams(HasFeaturesCol, HasInputCols, HasLabelCol, HasOutputCol, HasP
             outputCol="",
             predictionCol="prediction",
             probabilityCol="probability",
+            rawPredictionCol="rawPrediction",
+            threshold=0.5,
             input_mapping=None,
-            loss=C.SPARSE_LOSS,
+            loss=None,
             batch_size=64,
         )
 
@@ -85,17 +101,20 @@ class _ModelParams(HasFeaturesCol, HasInputCols, HasLabelCol, HasOutputCol, HasP
     def _label_column(self) -> str | None:
         return C.mapped_label(self.getOrDefault(self.input_mapping), self.getOrDefault(self.labelCol))
 
+    def _loss_of(self, model: Any, what: str) -> Any:
+        """The `sparkgrad.nn.losses.Loss` of ``model`` under this stage's ``loss`` param (`C.resolve_loss`)."""
+        return C.resolve_loss(self.getOrDefault(self.loss), model, what)
+
 
 def _out_dim(model: Any) -> int:
     return int(model.output_classes)
 
 
-def _ends_in_softmax(model: Any) -> bool:
-    return getattr(model.layers[-1], "activation", None) == "softmax"
+def _check_vector_output(fields: list, outputs: list[str]) -> None:
+    """pyspark < 3.5 cannot return a Spark ML vector column from mapInArrow: say so before the job.
 
-
-def _check_vector_output(fields: list, probability: str) -> None:
-    """pyspark < 3.5 cannot return a Spark ML vector column from mapInArrow: say so before the job."""
+    ``outputs``: the names of the vector columns transform would add.
+    """
     import pyspark
     from pyspark.ml.linalg import VectorUDT
 
@@ -103,13 +122,13 @@ def _check_vector_output(fields: list, probability: str) -> None:
     if (major, minor) >= (3, 5):
         return
     vectors = [f.name for f in fields if isinstance(f.dataType, VectorUDT)]
-    if vectors or probability:
-        what = f"the vector column(s) {', '.join(map(repr, vectors))}" if vectors else "probabilityCol (a vector)"
+    if vectors or outputs:
+        what = f"the vector column(s) {', '.join(map(repr, vectors or outputs))}"
         raise InvalidArgumentError(
             f"Model.transform on pyspark {pyspark.__version__}: mapInArrow returns no Spark ML vector columns before "
             f"pyspark 3.5, and the output would hold {what}: drop vector columns before transform (keep the "
-            "features as an array, e.g. vector_to_array) and set probabilityCol='' (outputCol gives the outputs "
-            "as an array), or use pyspark >= 3.5"
+            "features as an array, e.g. vector_to_array) and set probabilityCol='' and rawPredictionCol='' "
+            "(outputCol gives the outputs as an array), or use pyspark >= 3.5"
         )
 
 
@@ -120,15 +139,65 @@ def _select(batch: Any, names: tuple[str, ...]) -> Any:
 
 
 @dataclass(frozen=True)
+class _Columns:
+    """The columns transform appends (an empty name: not written) and what the model's outputs are."""
+
+    task: C.Task
+    probabilities: bool  # the outputs are probabilities (a softmax or sigmoid head), not logits
+    prediction: str = ""
+    probability: str = ""
+    raw_prediction: str = ""
+    output: str = ""
+    threshold: float = 0.5
+
+    def fields(self, outputs: int) -> list[tuple[str, str, Any]]:
+        """``(param, name, Spark type)`` of each column written, in the order `arrays` gives them."""
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import types as T
+
+        number = T.DoubleType() if outputs == 1 or self.task is C.Task.CLASSES else T.ArrayType(T.DoubleType())
+        types = [
+            ("predictionCol", self.prediction, number),
+            ("probabilityCol", self.probability, VectorUDT()),
+            ("rawPredictionCol", self.raw_prediction, VectorUDT()),
+            ("outputCol", self.output, T.ArrayType(T.FloatType())),
+        ]
+        return [(param, name, t) for param, name, t in types if name]
+
+    def arrays(self, out: np.ndarray) -> list[Any]:
+        """The columns' Arrow arrays from the model's outputs ``out`` (float32 ``[rows, outputs]``)."""
+        import pyarrow as pa
+
+        cols = []
+        if self.task is C.Task.CLASSES:
+            if self.prediction:
+                cols.append(pa.array(out.argmax(axis=1).astype(np.float64) if len(out) else np.zeros(0)))
+            if self.probability:
+                cols.append(C.vector_array(out if self.probabilities else C.softmax(out)))
+        elif self.task is C.Task.BINARY:
+            p, z = C.binary_scores(out, self.probabilities)
+            one = p.shape[1] == 1  # as Spark ML's binary classifiers: [1 - p, p] and [-z, z]
+            if self.prediction:
+                cols.append(C.double_array((p > self.threshold).astype(np.float64)))
+            if self.probability:
+                cols.append(C.vector_array(np.hstack([1.0 - p, p]) if one else p))
+            if self.raw_prediction:
+                cols.append(C.vector_array(np.hstack([-z, z]) if one else z))
+        elif self.prediction:
+            cols.append(C.double_array(out))
+        if self.output:
+            cols.append(C.list_array(out))
+        return cols
+
+
+@dataclass(frozen=True)
 class _Scorer:
     """Model.transform's mapInArrow function: the input batch plus the output columns."""
 
     shipped: Any
     spec: C.FeatureSpec
-    prediction: str
-    probability: str
-    output: str
-    softmax: bool
+    columns: _Columns
+    names: tuple[str, ...]  # of the columns written, in order
     batch_size: int
 
     def __call__(self, batches: Any) -> Any:
@@ -144,52 +213,39 @@ class _Scorer:
             x = self.spec.x(batch_to_columns(_select(batch, self.spec.features), part, row), part, row)
             row += batch.num_rows
             out = model.predict(x, self.batch_size) if batch.num_rows else np.zeros((0, _out_dim(model)), np.float32)
-            arrays, names = list(batch.columns), list(batch.schema.names)
-            if self.prediction:
-                arrays.append(pa.array(out.argmax(axis=1).astype(np.float64) if len(out) else np.zeros(0)))
-                names.append(self.prediction)
-            if self.probability:
-                arrays.append(C.vector_array(out if self.softmax else C.softmax(out)))
-                names.append(self.probability)
-            if self.output:
-                arrays.append(C.list_array(out))
-                names.append(self.output)
-            yield pa.RecordBatch.from_arrays(arrays, names=names)
+            arrays = list(batch.columns) + self.columns.arrays(out)
+            yield pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + list(self.names))
 
 
 @dataclass(frozen=True)
 class _Evaluator:
-    """Model.evaluate's mapInArrow function: one row (loss_sum, correct, seen) per partition."""
+    """Model.evaluate's mapInArrow function: one row (loss_sum, seen, metric state) per partition."""
 
     shipped: Any
     spec: C.FeatureSpec
-    loss: str
+    loss: dict  # sparkgrad.nn.losses.serialize's form: the loss with its arguments
+    metrics: tuple  # of sparkgrad.nn.metrics.serialize's forms
     batch_size: int
 
     def __call__(self, batches: Any) -> Any:
-        import pyarrow as pa
         from pyspark import TaskContext
 
         from sparkgrad.cluster.arrow_feed import batch_to_columns
 
         model = self.shipped.load()
-        if model.loss != self.loss:
-            model.compile(optimizer="sgd", loss=self.loss, metrics=["accuracy"])
+        model.compile(optimizer="sgd", loss=self.loss, metrics=list(self.metrics))
         part = TaskContext.get().partitionId()
         row = 0
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum, seen, state = 0.0, 0, model.new_metric_state()
         for batch in batches:
             if not batch.num_rows:
                 continue
             cols = batch_to_columns(_select(batch, self.spec.columns), part, row)
             xy = self.spec(cols, part, row)
             row += batch.num_rows
-            r = model._evaluate_arrays(xy["x"], xy["y"], self.batch_size)
-            loss_sum, correct, seen = loss_sum + float(r[0]), correct + int(r[1]), seen + int(r[2])
-        yield pa.RecordBatch.from_pydict(
-            {"loss_sum": [loss_sum], "correct": [correct], "seen": [seen]},
-            schema=pa.schema([("loss_sum", pa.float64()), ("correct", pa.int64()), ("seen", pa.int64())]),
-        )
+            r = model._evaluate_arrays(xy["x"], xy["y"], self.batch_size, state)
+            loss_sum, seen = loss_sum + float(r[0]), seen + int(r[1])
+        yield _metrics.evaluation_batch(loss_sum, seen, state)
 
 
 class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable):
@@ -200,12 +256,27 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     row), runs the C engine's predict and appends the output columns to the batch, which goes back
     to Spark as Arrow. The weights travel once per job (`ShippedModel`: a broadcast on classic Spark,
     the closure or a shared file over Spark Connect) and each Python worker builds the model once.
-    Nothing is collected to the driver. The output columns (an empty name skips one):
+    Nothing is collected to the driver. The output columns follow the loss (``loss``; by default the
+    model's compiled loss, else ``binary_crossentropy`` for a sigmoid head and a classifier's
+    otherwise), as Spark ML's own models write them; an empty name skips one:
 
-    - ``predictionCol`` (double): the argmax class, as Spark ML classifiers write it;
-    - ``probabilityCol`` (Spark ML vector): the class probabilities (the model's softmax output, or
-      the softmax of its logits); vector outputs need pyspark >= 3.5;
-    - ``outputCol`` (array<float>): the model's raw output (default ``""``: off).
+    - a classifier (``sparse_categorical_crossentropy``, ``categorical_crossentropy``):
+      ``predictionCol`` (double) the argmax class; ``probabilityCol`` (Spark ML vector) the class
+      probabilities (the model's softmax output, or the softmax of its logits);
+    - a binary classifier (``binary_crossentropy``, one output), as ``LogisticRegressionModel``:
+      ``rawPredictionCol`` (vector) ``[-z, z]`` of the logit z; ``probabilityCol`` (vector)
+      ``[1 - p, p]``; ``predictionCol`` (double) 1.0 where ``p > threshold`` (default 0.5), else 0.0.
+      For a sigmoid head z is ``log(p / (1 - p))`` of the float32 probability clipped to
+      ``[1e-7, 1 - 1e-7]``, so ``|z| <= 16.1``; a linear last layer trained with
+      ``BinaryCrossentropy(from_logits=True)`` gives z itself. With k outputs (multi-label) the vectors
+      hold the k probabilities and logits and ``predictionCol`` is an array<double> of k 0/1 values;
+    - a regression (``mse``, ``mae``, ``huber``, ``poisson``): ``predictionCol`` the value, a double
+      for one output (as Spark ML regressors), an array<double> for k outputs (``prediction[0]`` in
+      SQL); no probability or raw prediction;
+    - any model: ``outputCol`` (array<float>) the model's output as ``predict`` gives it (default
+      ``""``: off).
+
+    Vector outputs need pyspark >= 3.5.
 
     Build one from a trained model with ``Model.from_nn(model, featuresCol=...)``; `Estimator` fit
     returns one. ``save(path)`` writes the params and the saved-model bytes; it loads with
@@ -219,16 +290,20 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         input_mapping: ``{column: "x" | "y"}``: the feature columns and the label column, as
             TensorFlowOnSpark's input_mapping.
         labelCol: The label column, for `evaluate`.
-        outputCol: Column of the raw outputs (array<float>); ``""`` skips it.
-        predictionCol: Column of the predicted class (double); ``""`` skips it.
-        probabilityCol: Column of the class probabilities (vector); ``""`` skips it.
-        loss: The loss `evaluate` computes: ``"sparse_categorical_crossentropy"`` or
-            ``"categorical_crossentropy"``.
+        outputCol: Column of the model's outputs (array<float>); ``""`` skips it.
+        predictionCol: Column of the predicted class or value (see above); ``""`` skips it.
+        probabilityCol: Column of the probabilities (vector) of a classifier; ``""`` skips it.
+        rawPredictionCol: Column of a binary classifier's logits ``[-z, z]`` (vector); ``""`` skips it.
+        threshold: A binary classifier predicts 1.0 where the probability is above it (Spark ML's name).
+        loss: A loss name of `sparkgrad.nn.losses` (``"binary_crossentropy"``, ``"mse"``, ...): the loss
+            `evaluate` computes, which also decides the columns above. None (default): the loss the model
+            was compiled with, else ``"binary_crossentropy"`` for a sigmoid head and
+            ``"sparse_categorical_crossentropy"`` otherwise.
         batch_size: Scoring works in batches of 16 times this many rows.
 
     Attributes:
         validation_metrics (dict[str, float]): From `Estimator` fit with validation: ``val_loss``,
-            ``val_accuracy`` and ``val_rows``.
+            ``val_<metric>`` for each compiled metric (``val_accuracy``, ``val_auc``, ...) and ``val_rows``.
         history (list[dict]): From `Estimator` fit: each worker's last training metrics, by rank.
     """
 
@@ -243,7 +318,9 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         outputCol: str = "",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        loss: str = C.SPARSE_LOSS,
+        rawPredictionCol: str = "rawPrediction",
+        threshold: float = 0.5,
+        loss: str | None = None,
         batch_size: int = 64,
     ) -> None:
         super().__init__()
@@ -310,19 +387,29 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
             self._shipped = (session, ShippedModel(session, self.model_bytes))
         return self._shipped[1]
 
-    def _spec(self, what: str, with_label: bool) -> C.FeatureSpec:
+    def _spec(self, what: str, loss: Any, with_label: bool) -> C.FeatureSpec:
         m = self.nn_model
         width = int(np.prod(m.input_shape))
         label = self._label_column() if with_label else None
         if with_label and not label:
             raise InvalidArgumentError(f"{what}: set labelCol (or map a column to 'y' in input_mapping)")
-        return C.FeatureSpec(
-            self._feature_columns(what),
-            width,
-            tuple(m.input_shape),
-            label,
-            self.getOrDefault(self.loss),
-            _out_dim(m),
+        return C.FeatureSpec(self._feature_columns(what), width, tuple(m.input_shape), label, loss.fn, _out_dim(m))
+
+    def _columns(self, loss: Any) -> _Columns:
+        """The columns transform writes for the model under ``loss``, from the params."""
+        task, probabilities = C.output_kind(self.nn_model, loss)
+        threshold = float(self.getOrDefault(self.threshold))
+        if not 0.0 <= threshold <= 1.0:
+            raise InvalidArgumentError(f"Model.transform: threshold must be in [0, 1], not {threshold}")
+        classifier = task is not C.Task.REGRESSION
+        return _Columns(
+            task,
+            probabilities,
+            prediction=self.getOrDefault(self.predictionCol),
+            probability=self.getOrDefault(self.probabilityCol) if classifier else "",
+            raw_prediction=self.getOrDefault(self.rawPredictionCol) if task is C.Task.BINARY else "",
+            output=self.getOrDefault(self.outputCol),
+            threshold=threshold,
         )
 
     # ---- scoring ---------------------------------------------------------------
@@ -331,82 +418,73 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import types as T
 
-        spec = self._spec("Model.transform", with_label=False)
+        loss = self._loss_of(self.nn_model, "Model.transform")
+        spec = self._spec("Model.transform", loss, with_label=False)
         C.check_schema(dataset.schema, spec.features, spec.width, spec.input_shape)
-        names = {
-            "predictionCol": self.getOrDefault(self.predictionCol),
-            "probabilityCol": self.getOrDefault(self.probabilityCol),
-            "outputCol": self.getOrDefault(self.outputCol),
-        }
+        columns = self._columns(loss)
+        added = columns.fields(spec.classes)
         fields = list(dataset.schema.fields)
-        _check_vector_output(fields, names["probabilityCol"])
-        types = {
-            "predictionCol": T.DoubleType(),
-            "probabilityCol": VectorUDT(),
-            "outputCol": T.ArrayType(T.FloatType()),
-        }
-        for param, name in names.items():
-            if not name:
-                continue
-            if name in dataset.columns:
+        _check_vector_output(fields, [name for _, name, t in added if isinstance(t, VectorUDT)])
+        for param, name, spark_type in added:
+            if any(f.name == name for f in fields):
                 raise InvalidArgumentError(
                     f"Model.transform: {param} {name!r} is already a column of the DataFrame (rename it or set "
                     f"{param} to another name, or '' to skip it)",
                     column=name,
                 )
-            fields.append(T.StructField(name, types[param], True))
+            fields.append(T.StructField(name, spark_type, True))
         scorer = _Scorer(
             self._ship(dataset.sparkSession),
             spec,
-            names["predictionCol"],
-            names["probabilityCol"],
-            names["outputCol"],
-            _ends_in_softmax(self.nn_model),
+            columns,
+            tuple(name for _, name, _ in added),
             max(1, int(self.getOrDefault(self.batch_size))) * 16,
         )
         return dataset.mapInArrow(scorer, T.StructType(fields))
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
-        """Loss and accuracy over ``dataset``, computed in Spark's tasks.
+        """The loss and metrics over ``dataset``, computed in Spark's tasks.
 
-        Spark sums the per-partition totals, so one row reaches the driver.
+        Each task returns its loss sum, its row count and its metrics' state (sums and counts, a few KB
+        for an AUC); the driver adds them, so the metrics are those of the whole DataFrame (an AUC of
+        the pooled counts, not an average of the tasks').
 
         Args:
             dataset: A DataFrame with the feature columns and ``labelCol``.
 
         Returns:
-            ``{"loss": mean loss, "accuracy": fraction correct, "rows": rows evaluated}``.
+            ``{"loss": mean loss, <metric>: value..., "rows": rows evaluated}``: the metrics the model
+            was compiled with when its loss is this Model's ``loss`` (e.g. ``accuracy`` and ``auc`` of a
+            binary classifier, ``mae`` of a regression), else ``accuracy`` for a cross-entropy and none
+            for a regression.
 
         Raises:
             InvalidArgumentError: A missing or unusable column, a bad row (the message names the column,
                 partition and row), or no rows.
         """
-        from pyspark.sql import functions as F
-
-        spec = self._spec("Model.evaluate", with_label=True)
+        nn = self.nn_model
+        loss = self._loss_of(nn, "Model.evaluate")
+        spec = self._spec("Model.evaluate", loss, with_label=True)
         C.check_schema(dataset.schema, spec.features, spec.width, spec.input_shape, spec.label, spec.loss, spec.classes)
+        metrics = _metrics.resolve(nn.metrics if nn.loss == loss.fn else None, loss, int(nn.output_classes))
         ev = _Evaluator(
             self._ship(dataset.sparkSession),
             spec,
-            self.getOrDefault(self.loss),
+            _losses.serialize(loss),
+            tuple(_metrics.serialize(m) for m in metrics),
             max(1, int(self.getOrDefault(self.batch_size))) * 16,
         )
-        sums = (
-            dataset.select(*spec.columns)
-            .mapInArrow(ev, "loss_sum double, correct long, seen long")
-            .agg(F.sum("loss_sum").alias("l"), F.sum("correct").alias("c"), F.sum("seen").alias("n"))
-        )
         try:
-            totals = sums.first()
+            rows = dataset.select(*spec.columns).mapInArrow(ev, _metrics.EVALUATION_SCHEMA).collect()
         except Exception as exc:  # noqa: BLE001 - a task's sparkgrad error, raised as itself
             found = task_error(exc)
             if found is exc:
                 raise
             raise found from None
-        seen = int(totals.n or 0)
+        loss_sum, seen, values = _metrics.sum_evaluations(rows, metrics)
         if seen == 0:
             raise InvalidArgumentError("Model.evaluate: the DataFrame has no rows")
-        return {"loss": float(totals.l) / seen, "accuracy": int(totals.c) / seen, "rows": seen}
+        return {"loss": loss_sum / seen, **values, "rows": seen}
 
     # ---- persistence -----------------------------------------------------------
 

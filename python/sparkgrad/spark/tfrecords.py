@@ -10,7 +10,7 @@ Spark); ``mapInArrow`` runs one function per partition that reads its files
 with sparkgrad's C reader (TFRecordDataset, one file at a time so an error
 names it), scores each batch with the model that ShippedModel delivered once
 per job and cached per Python worker, and yields Arrow record batches.
-Evaluation yields one row of sums per task (loss sum, correct, count) that
+Evaluation yields one row of sums per task (loss sum, count, the metrics' state) that
 Spark adds up; the driver receives that one row.
 
 Only the features the job needs are parsed: the model's input, the label
@@ -30,10 +30,10 @@ import numpy as np
 
 from sparkgrad.data.example import FixedLenFeature, Ragged, RawBytesFeature, Schema, as_schema
 from sparkgrad.errors import InvalidArgumentError, SchemaError, SparkgradError, SparkgradIOError
+from sparkgrad.nn import metrics as _metrics
 
 PREDICTION_COL = "prediction"
 PROBABILITY_COL = "probability"
-EVAL_SCHEMA = "loss_sum double, correct long, count long"
 
 
 def _feature_size(spec: Any) -> int | None:
@@ -194,24 +194,17 @@ class _Evaluate:
     label_col: str
 
     def __call__(self, ids: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
         model = self.shipped.load()
-        totals = [0.0, 0, 0]
+        loss_sum, seen, state = 0.0, 0, model.new_metric_state()
         for path, batch in self.reader.batches(ids):
             x = _inputs(path, self.input_col, batch, model)
             y = np.asarray(batch[self.label_col])
             try:
-                loss_sum, correct, seen, _ = model._evaluate_arrays(x, y, max(len(x), 1))
+                r = model._evaluate_arrays(x, y, max(len(x), 1), state)
             except (InvalidArgumentError, ValueError) as e:
                 raise InvalidArgumentError(f"{path}: label {self.label_col!r}: {e}", path=path) from None
-            totals[0] += float(loss_sum)
-            totals[1] += int(correct)
-            totals[2] += int(seen)
-        yield pa.RecordBatch.from_pydict(
-            {"loss_sum": [totals[0]], "correct": [totals[1]], "count": [totals[2]]},
-            schema=pa.schema([("loss_sum", pa.float64()), ("correct", pa.int64()), ("count", pa.int64())]),
-        )
+            loss_sum, seen = loss_sum + float(r[0]), seen + int(r[1])
+        yield _metrics.evaluation_batch(loss_sum, seen, state)
 
 
 def _prepare(paths: Any, model: Any, schema: Schema | Mapping, batch_size: int, check_paths: bool):
@@ -360,13 +353,12 @@ def evaluate_tfrecords(
     try:
         reader = _Reader(tuple(files), features, int(batch_size), compression)
         sums = _file_frame(spark, files, files_per_task).mapInArrow(
-            _Evaluate(reader, shipped, name, label_col), EVAL_SCHEMA
+            _Evaluate(reader, shipped, name, label_col), _metrics.EVALUATION_SCHEMA
         )
-        # DataFrame methods only: pyspark.sql.functions takes a Connect session made without SPARK_REMOTE for classic
-        row = sums.groupBy().sum("loss_sum", "correct", "count").collect()[0]
+        rows = sums.collect()  # one row per task: the metrics' states add up on the driver
     finally:
         shipped.release()
-    loss_sum, correct, count = float(row[0] or 0.0), int(row[1] or 0), int(row[2] or 0)
+    loss_sum, count, values = _metrics.sum_evaluations(rows, model.metrics)
     if count == 0:
         raise InvalidArgumentError(f"evaluate_tfrecords: the {len(files)} file(s) hold no records")
-    return {"loss": loss_sum / count, "accuracy": correct / count, "count": count}
+    return {"loss": loss_sum / count, **values, "count": count}

@@ -17,6 +17,8 @@ node builds the model from the saved-model bytes in ``TrainArgs``:
   between partitions, which the Estimator keeps to a row by repartitioning
   round-robin).
 
+Every node compiles the model with the Estimator's loss and metrics (any
+loss of sparkgrad.nn.losses: classifiers, binary classifiers, regressions).
 The chief returns the trained model's bytes and its epoch logs through
 Spark's task results (keep_results), never through sparkgrad's sockets.
 """
@@ -33,7 +35,8 @@ import numpy as np
 class TrainArgs:
     model_bytes: bytes
     optimizer: tuple[str, dict]  # (kind, config): rebuilt on each node (a bound C optimizer does not pickle)
-    loss: str
+    loss: dict  # sparkgrad.nn.losses.serialize's form: the loss with its arguments
+    metrics: tuple[dict, ...]  # sparkgrad.nn.metrics.serialize's forms
     batch_size: int
     mode: str  # "allreduce" | "ps"
     checkpoint_dir: str | None
@@ -96,7 +99,7 @@ def node_main(args: TrainArgs, ctx: Any) -> Any:
     rows = [0]
     if args.mode == "ps":
         server = TFNode.start_cluster_server(ctx)
-        model.compile(optimizer=optimizer, loss=args.loss, metrics=["accuracy"])
+        model.compile(optimizer=optimizer, loss=args.loss, metrics=list(args.metrics))
         if ctx.job_name == "ps":
             server.serve_parameters(model, mode="async")
             return None
@@ -110,7 +113,7 @@ def node_main(args: TrainArgs, ctx: Any) -> Any:
 
         hvd.init()
         chief = hvd.rank() == 0
-        model.compile(optimizer=DistributedOptimizer(optimizer), loss=args.loss, metrics=["accuracy"])
+        model.compile(optimizer=DistributedOptimizer(optimizer), loss=args.loss, metrics=list(args.metrics))
         feed = TFNode.DataFeed(ctx.mgr, timeout=args.feed_timeout)
 
         def agree(has_batch: bool) -> bool:
