@@ -169,11 +169,12 @@ static int batch_loss(Model *m, Plan *p, const NnData *d, float *dz, NnStats *st
 {
     const int B = p->B, K = m->classes, L = m->nlayers;
     const int sparse = d->labels || d->labels64;
+    /* without a head the outputs are z itself: no copy */
     NnOutputs o = {B,
                    K,
                    m->head,
                    p->act[L],
-                   p->out,
+                   m->head == NN_ACT_NONE ? p->act[L] : p->out,
                    sparse ? p->labels : NULL,
                    sparse ? NULL : p->targets,
                    d->weights ? p->weights : NULL};
