@@ -299,9 +299,10 @@ class Trainer:
         if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
             raise InvalidArgumentError("fit: validation_data must be (x, y) or (x, y, sample_weight)")
         vw = validation_data[2] if len(validation_data) == 3 else None
+        state = self.model.new_metric_state()
+        r = self.model._evaluate_arrays(validation_data[0], validation_data[1], batch_size, state, vw)
         totals = _Totals(self.model)
-        r = self.model._evaluate_arrays(validation_data[0], validation_data[1], batch_size, totals.state, vw)
-        totals.add(r, 0.0)
+        totals.add(r, state)
         return totals
 
     def _epoch_order(self, n: int, shuffle: bool, resuming: bool):
