@@ -76,6 +76,23 @@ def test_log_model_then_load_model_gives_the_same_model(mlflow_store):
     assert loaded.evaluate(x, np.arange(40) % CLASSES) == model.evaluate(x, np.arange(40) % CLASSES)
 
 
+def test_a_functional_model_logs_loads_and_predicts_through_pyfunc(mlflow_store):
+    from sparkgrad.nn import Add, Input
+    from sparkgrad.nn import Model as NnModel
+
+    inp = Input(shape=(FEATURES,))
+    h = Dense(8, activation="relu")(inp)
+    model = NnModel(inp, Dense(CLASSES, activation="softmax")(Add()([h, Dense(8, activation="relu")(h)])), seed=4)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x = _x(20)
+    info = _log(model)
+    np.testing.assert_array_equal(sgmlflow.load_model(info.model_uri).predict(x), model.predict(x))
+    np.testing.assert_allclose(mlflow.pyfunc.load_model(info.model_uri).predict(x), model.predict(x), rtol=1e-6)
+    a, b = Input(shape=(2,), name="a"), Input(shape=(2,), name="b")
+    with pytest.raises(InvalidArgumentError, match=r"one input and one output.*inputs \['a', 'b'\]"):
+        _log(NnModel([a, b], Dense(1)(Add()([a, b]))))
+
+
 def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(mlflow_store, tmp_path):
     model = _cnn()
     path = tmp_path / "saved"

@@ -15,7 +15,18 @@ import pytest
 from sparkgrad import TFNode, _core
 from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
 from sparkgrad.errors import InvalidArgumentError, ModelError, SparkgradError
-from sparkgrad.nn import SGD, Adam, Dense, DistributedOptimizer, Dropout, Sequential
+from sparkgrad.nn import (
+    SGD,
+    Adam,
+    Add,
+    Concatenate,
+    Dense,
+    DistributedOptimizer,
+    Dropout,
+    Input,
+    Model,
+    Sequential,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,8 +104,8 @@ def test_input_transform_and_dtype_errors_are_specific():
         m.set_input_transform(mean=np.zeros(3))
     with pytest.raises(InvalidArgumentError, match="std has zeros"):
         m.set_input_transform(std=np.zeros(12))
-    with pytest.raises(InvalidArgumentError, match="labels must be a contiguous int32 or int64"):
-        m._core.evaluate(np.zeros((2, 12), np.float32), np.zeros(2, np.int16), None, 2)
+    with pytest.raises(InvalidArgumentError, match=r"y\[0\] must be contiguous int32 or int64 labels \[2\]"):
+        m._core.evaluate(np.zeros((2, 12), np.float32), np.zeros(2, np.int16), 2)
     with pytest.raises(InvalidArgumentError, match="float32 or uint8"):
         m._core.predict(np.zeros((2, 12), np.float64), 2)
 
@@ -106,14 +117,14 @@ def test_train_steps_takes_only_a_grad_hook_capsule_and_a_hook_error_names_the_r
     m = mlp()
     x, y = data(64)
     with pytest.raises(InvalidArgumentError, match="sparkgrad._core.NnGradHook"):
-        m._core.train_steps(None, x, y, None, None, 0, 32, 1, hook=object())
+        m._core.train_steps(None, x, y, None, 0, 32, 1, hook=object())
     with PsCluster(total=m.num_params + 1, workers=1, lr=0.1) as ps:
         client = _core.PsClient(ps.addresses, ps.secret, m.num_params + 1, 0, 10.0)
         client.init(np.zeros(m.num_params + 1, np.float32))
         hook = client.grad_hook()
         want = r"training step \d+ \(the batch at row 32 of the epoch\): gradient hook: ps client is for \d+ parameters"
         with pytest.raises(InvalidArgumentError, match=want):
-            m._core.train_steps(None, x, y, None, None, 32, 32, 2, hook=hook)
+            m._core.train_steps(None, x, y, None, 32, 32, 2, hook=hook)
         client.done()
         client.close()
 
@@ -350,7 +361,11 @@ def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
             with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
                 m = make_model(comm)
                 rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
-                h = m.fit(x[rows], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks())
+
+                def take(v):  # one array, or one per input (output) of a functional model
+                    return [a[rows] for a in v] if isinstance(v, list) else v[rows]
+
+                h = m.fit(take(x), take(y), batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks())
                 m.history_of_last_fit = h.history
                 results[r] = m
         except BaseException as exc:  # noqa: BLE001 - checked by the caller
@@ -534,3 +549,58 @@ def test_two_ranks_train_a_regression_as_one_process_does():
     for m in results:
         assert isinstance(m, Sequential), m
         np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+
+
+# ---- functional models in the distributed modes (issue 29) -------------------
+
+
+def _functional(seed=7, opt=None):
+    """Two inputs, a residual Add, a Concatenate and two outputs (regression and 4 classes)."""
+    a, b = Input(shape=(12,), name="a"), Input(shape=(3,), name="b")
+    h = Dense(16, activation="relu")(a)
+    h = Add()([h, Dense(16, activation="relu")(h)])
+    joined = Concatenate()([h, b])
+    m = Model([a, b], [Dense(1, name="value")(joined), Dense(4, name="kind")(h)], seed=seed)
+    m.compile(
+        optimizer=opt if opt is not None else Adam(0.01),
+        loss=["huber", "sparse_categorical_crossentropy"],
+        loss_weights=[1.0, 0.5],
+        metrics=[["mae"], ["accuracy"]],
+    )
+    return m
+
+
+def _functional_data(n, seed=6):
+    x, y = data(n, 12, seed=seed)
+    xf = x.astype(np.float32) / 255
+    b = np.random.default_rng(seed).normal(size=(n, 3)).astype(np.float32)
+    value = (xf[:, 0] - 2 * xf[:, 1] + b[:, 0]).astype(np.float32)
+    return [xf, b], [value, y]
+
+
+@pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")
+def test_two_ranks_train_a_functional_model_with_two_inputs_and_outputs_as_one_process_does():
+    steps = 20
+    x, y = _functional_data(steps * 128)
+    whole = _functional()
+    whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    results = _fit_two_ranks(
+        lambda comm: _functional(opt=DistributedOptimizer(Adam(0.01), communicator=comm)), x, y, steps
+    )
+    for m in results:
+        assert isinstance(m, Model), m
+        assert set(m.history_of_last_fit) == {"loss", "value_loss", "kind_loss", "value_mae", "kind_accuracy"}
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+
+
+def test_a_functional_model_fits_through_the_ps_as_it_fits_locally():
+    x, y = _functional_data(256)
+    local = _functional(seed=3)
+    local.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    served = _functional(seed=3)
+    with PsCluster(workers=1, model=served) as cluster:
+        worker = _functional(seed=3)
+        with TFNode.ps_client(cluster.workers[0], worker) as ps:
+            worker.fit(x, y, batch_size=32, epochs=2, verbose=0, ps=ps)
+        assert cluster.join() == "done"
+    np.testing.assert_allclose(worker.params, local.params, rtol=1e-6, atol=1e-7)

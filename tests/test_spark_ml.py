@@ -427,6 +427,35 @@ def test_regression_estimator_predicts_a_double_matching_nn_predict_with_a_small
     np.testing.assert_allclose(pred, fitted.nn_model.predict(x.astype(np.float32))[:, 0], rtol=1e-6)
 
 
+def test_a_functional_residual_regression_trains_and_scores_as_a_sequential_does(tabular):
+    from sparkgrad.errors import InvalidArgumentError
+    from sparkgrad.nn import Add, Input
+    from sparkgrad.nn import Model as NnModel
+    from sparkgrad.spark import Estimator, Model
+
+    train, test = tabular
+    inp = Input(shape=(4,))
+    h = Dense(16, activation="relu")(inp)
+    h = Add()([h, Dense(16, activation="relu")(h)])
+    nn = NnModel(inp, Dense(1)(h), seed=2)
+    nn.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    fitted = Estimator(
+        model=nn, optimizer=Adam(0.02), featuresCol="x", labelCol="target", batch_size=32, epochs=4, num_workers=2
+    ).fit(train)
+    held_out = fitted.evaluate(test)
+    assert held_out["loss"] < 0.05, held_out
+    x, pred = _arrays(fitted.transform(test), "x", "prediction")
+    np.testing.assert_allclose(pred, fitted.nn_model.predict(x.astype(np.float32))[:, 0], rtol=1e-6)
+    assert isinstance(fitted.nn_model, NnModel) and not fitted.nn_model.is_chain
+    # two inputs do not map to one features column: refused before any job, naming them
+    a, b = Input(shape=(2,), name="a"), Input(shape=(2,), name="b")
+    two = NnModel([a, b], Dense(1)(Add()([a, b])))
+    with pytest.raises(InvalidArgumentError, match=r"inputs \['a', 'b'\] and outputs \['dense'\]"):
+        Estimator(model=two, featuresCol="x", labelCol="target", num_workers=2).fit(train)
+    with pytest.raises(InvalidArgumentError, match=r"Model.from_nn: the model has inputs \['a', 'b'\]"):
+        Model.from_nn(two, featuresCol="x")
+
+
 def test_a_multi_output_regression_predicts_an_array_of_doubles_and_evaluates_its_metrics(tabular):
     from pyspark.sql import types as T
     from sparkgrad.spark import Model

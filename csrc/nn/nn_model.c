@@ -30,76 +30,206 @@ int model_add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shap
     return m->ntensors - 1;
 }
 
-/* Layer l on an input of h x w x c: its op's shapes and parameters, then
- * what every layer shares (the activation rules). */
-static int shape_layer(Model *m, int l, int h, int w, int c, SgError *err)
+/* Node l uses node `shares`'s parameters: the tensors its infer just
+ * declared (from index ntensors) must have their shapes, and are dropped. */
+static int share_params(Model *m, int l, int ntensors, size_t nparams, SgError *err)
+{
+    const int o = m->nodes[l].shares;
+    const char *name = nn_op_of(m, l)->name;
+    if (o < 0 || o >= l || memcmp(&m->specs[o], &m->specs[l], sizeof m->specs[l]) != 0)
+        return sg_fail(
+            err, SG_EMODEL,
+            "layer %d (%s) shares layer %d's parameters; a shared layer is an earlier node "
+            "of the same layer",
+            l, name, o);
+    const int k = m->kernel_t[o], b = m->bias_t[o];
+    if (k < 0 || m->ntensors - ntensors != 2)
+        return sg_fail(err, SG_EMODEL, "layer %d (%s) has no parameters to share", l, name);
+    const ParamInfo *nk = &m->tensors[ntensors], *ok = &m->tensors[k];
+    if (nk->ndim != ok->ndim || memcmp(nk->shape, ok->shape, sizeof nk->shape[0] * nk->ndim) != 0)
+        return sg_fail(
+            err, SG_EMODEL,
+            "layer %d (%s) is layer %d called again, on an input of %d channels where "
+            "layer %d had %d: a shared layer's input must give its kernel the same shape",
+            l, name, o, m->shapes[l].c, o, m->shapes[o].c);
+    m->ntensors = ntensors;
+    m->nparams = nparams;
+    m->kernel_t[l] = k;
+    m->bias_t[l] = b;
+    return 0;
+}
+
+/* Node l on its inputs (their shapes known: nodes come in topological
+ * order): its op's shapes and parameters, then what every layer shares (the
+ * activation rules). */
+static int shape_layer(Model *m, int l, SgError *err)
 {
     const LayerSpec *sp = &m->specs[l];
     const NnOpKind *op = nn_op_kind(sp->kind);
+    const NnNode *nd = &m->nodes[l];
     LayerShape *s = &m->shapes[l];
     memset(s, 0, sizeof *s);
-    s->h = h, s->w = w, s->c = c;
     m->kernel_t[l] = m->bias_t[l] = -1;
     if (op == NULL)
         return sg_fail(err, SG_EMODEL, "layer %d: unknown layer kind %d", l, (int)sp->kind);
+    const int merge = (op->flags & NN_OP_MERGE) != 0;
+    if (merge ? nd->ninputs < 2 || nd->ninputs > NN_MAX_NODE_INPUTS : nd->ninputs != 1)
+        return sg_fail(err, SG_EMODEL, "layer %d (%s) reads %s, not %d", l, op->name,
+                       merge ? "2 to 8 tensors" : "one tensor", nd->ninputs);
+    for (int k = 0; k < nd->ninputs; k++)
+        if (nd->inputs[k] < 0 || nd->inputs[k] >= node_out(m, l))
+            return sg_fail(err, SG_EMODEL,
+                           "layer %d (%s): input %d is tensor %d; a layer reads the model's inputs "
+                           "(0..%d) or an earlier layer's output (tensor %d..%d)",
+                           l, op->name, k, nd->inputs[k], m->ninputs - 1, m->ninputs,
+                           node_out(m, l) - 1);
+    const NnShape *in = op_in_shape(m, l, 0);
+    s->h = in->h, s->w = in->w, s->c = in->c;
+    const int ntensors = m->ntensors;
+    const size_t nparams = m->nparams;
     int rc = op->infer(m, l, err);
     if (rc < 0)
+        return rc;
+    if (nd->shares >= 0 && (rc = share_params(m, l, ntensors, nparams, err)) < 0)
         return rc;
     if (sp->act != NN_ACT_NONE && !(op->flags & NN_OP_ACTIVATION))
         return sg_fail(err, SG_EMODEL, "layer %d (%s) takes no activation", l, op->name);
     if ((unsigned)sp->act >= NN_ACT_COUNT)
         return sg_fail(err, SG_EMODEL, "layer %d: unknown activation %d", l, (int)sp->act);
-    if (sp->act == NN_ACT_SOFTMAX && l != m->nlayers - 1)
-        return sg_fail(err, SG_EMODEL, "layer %d: softmax is only supported on the last layer", l);
+    NnShape *o = &m->tshape[node_out(m, l)];
+    o->h = s->oh, o->w = s->ow, o->c = s->oc;
     return 0;
 }
 
-int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int nlayers,
-                 SgError *err)
+/* The outputs, the readers of every tensor and which need a gradient. */
+static int link_graph(Model *m, const int *outputs, int noutputs, SgError *err)
+{
+    const int T = m->ntensors_graph;
+    for (int l = 0; l < m->nlayers; l++)
+        for (int k = 0; k < m->nodes[l].ninputs; k++)
+            m->readers[node_in(m, l, k)]++;
+    m->noutputs = noutputs;
+    for (int j = 0; j < noutputs; j++) {
+        const int t = outputs[j];
+        if (t < m->ninputs || t >= T)
+            return sg_fail(err, SG_EMODEL,
+                           "output %d is tensor %d; an output is a layer's (tensor %d..%d)", j, t,
+                           m->ninputs, T - 1);
+        for (int i = 0; i < j; i++)
+            if (outputs[i] == t)
+                return sg_fail(err, SG_EMODEL, "outputs %d and %d are the same tensor %d", i, j, t);
+        const NnShape *sh = &m->tshape[t];
+        const int l = t - m->ninputs;
+        if (sh->h != 1 || sh->w != 1)
+            return sg_fail(err, SG_EMODEL,
+                           "output %d (layer %d, %s) is %dx%dx%d; it must be flat (end with "
+                           "Dense, or add Flatten)",
+                           j, l, nn_op_of(m, l)->name, sh->h, sh->w, sh->c);
+        ModelOutput *o = &m->outputs[j];
+        o->tensor = t;
+        o->width = sh->c;
+        o->loss_weight = 1.0f;
+        const LayerSpec *sp = &m->specs[l];
+        /* a head only where nothing else reads the activation */
+        o->head = nn_op_of(m, l) == &nn_op_dense && m->readers[t] == 0 &&
+                          (sp->act == NN_ACT_SOFTMAX || sp->act == NN_ACT_SIGMOID)
+                      ? sp->act
+                      : NN_ACT_NONE;
+        /* the default loss: what the head and the width suggest */
+        o->loss.kind = o->head == NN_ACT_SIGMOID ? NN_LOSS_BINARY_CE
+                       : o->width >= 2           ? NN_LOSS_SPARSE_CE
+                                                 : NN_LOSS_MSE;
+        m->readers[t]++;
+    }
+    for (int l = 0; l < m->nlayers; l++) {
+        if (m->specs[l].act == NN_ACT_SOFTMAX) {
+            int head = 0;
+            for (int j = 0; j < noutputs; j++)
+                head |=
+                    m->outputs[j].tensor == node_out(m, l) && m->outputs[j].head == NN_ACT_SOFTMAX;
+            if (!head)
+                return sg_fail(err, SG_EMODEL,
+                               "layer %d: softmax is only supported on a Dense that is a model "
+                               "output read by no other layer (the loss applies it)",
+                               l);
+        }
+        if (m->readers[node_out(m, l)] == 0)
+            return sg_fail(err, SG_EMODEL, "layer %d (%s): its output reaches no model output", l,
+                           nn_op_of(m, l)->name);
+    }
+    for (int i = 0; i < m->ninputs; i++)
+        if (m->readers[i] == 0)
+            return sg_fail(err, SG_EMODEL, "input %d is read by no layer", i);
+    for (int l = 0; l < m->nlayers; l++) {
+        const int in = node_in(m, l, 0);
+        m->needs_grad[node_out(m, l)] =
+            (nn_op_of(m, l)->flags & NN_OP_ALIAS) ? m->needs_grad[in] : 1;
+    }
+    return 0;
+}
+
+int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const NnNode *nodes,
+                       int nnodes, const int *outputs, int noutputs, SgError *err)
 {
     *out = NULL;
-    if (nlayers <= 0 || h <= 0 || w <= 0 || c <= 0)
+    if (nnodes <= 0 || ninputs <= 0 || ninputs > NN_MAX_IO || noutputs <= 0 || noutputs > NN_MAX_IO)
         return sg_fail(err, SG_EMODEL,
-                       "model needs layers and a positive input shape (%dx%dx%d, %d layers)", h, w,
-                       c, nlayers);
+                       "a model needs layers, 1 to %d inputs and 1 to %d outputs (%d layers, %d "
+                       "inputs, %d outputs)",
+                       NN_MAX_IO, NN_MAX_IO, nnodes, ninputs, noutputs);
+    for (int i = 0; i < ninputs; i++)
+        if (inputs[i].h <= 0 || inputs[i].w <= 0 || inputs[i].c <= 0)
+            return sg_fail(err, SG_EMODEL, "input %d has shape %dx%dx%d; every size must be > 0", i,
+                           inputs[i].h, inputs[i].w, inputs[i].c);
     Model *m = calloc(1, sizeof *m);
     if (m == NULL)
         return sg_fail(err, SG_ENOMEM, "model: out of memory");
     int rc = 0;
-    m->nlayers = nlayers;
-    m->specs = calloc(nlayers, sizeof *m->specs);
-    m->shapes = calloc(nlayers, sizeof *m->shapes);
-    m->tensors = calloc(2 * (size_t)nlayers, sizeof *m->tensors);
-    m->kernel_t = calloc(nlayers, sizeof(int));
-    m->bias_t = calloc(nlayers, sizeof(int));
-    if (!m->specs || !m->shapes || !m->tensors || !m->kernel_t || !m->bias_t) {
+    const int T = ninputs + nnodes;
+    m->nlayers = nnodes;
+    m->ninputs = ninputs;
+    m->ntensors_graph = T;
+    m->specs = calloc(nnodes, sizeof *m->specs);
+    m->shapes = calloc(nnodes, sizeof *m->shapes);
+    m->nodes = calloc(nnodes, sizeof *m->nodes);
+    m->tshape = calloc(T, sizeof *m->tshape);
+    m->readers = calloc(T, sizeof(int));
+    m->needs_grad = calloc(T, sizeof(int));
+    m->accumulate = calloc(nnodes, sizeof(int));
+    m->tells = calloc(nnodes, sizeof(int));
+    m->tensors = calloc(2 * (size_t)nnodes, sizeof *m->tensors);
+    m->kernel_t = calloc(nnodes, sizeof(int));
+    m->bias_t = calloc(nnodes, sizeof(int));
+    if (!m->specs || !m->shapes || !m->nodes || !m->tshape || !m->readers || !m->needs_grad ||
+        !m->accumulate || !m->tells || !m->tensors || !m->kernel_t || !m->bias_t) {
         rc = sg_fail(err, SG_ENOMEM, "model: out of memory");
         goto cleanup;
     }
-    memcpy(m->specs, layers, nlayers * sizeof *layers);
-    m->in_h = h, m->in_w = w, m->in_c = c;
-    for (int l = 0; l < nlayers; l++) {
-        if ((rc = shape_layer(m, l, h, w, c, err)) < 0)
+    memcpy(m->nodes, nodes, nnodes * sizeof *nodes);
+    memcpy(m->tshape, inputs, ninputs * sizeof *inputs);
+    for (int l = 0; l < nnodes; l++) {
+        m->specs[l] = nodes[l].spec;
+        if ((rc = shape_layer(m, l, err)) < 0)
             goto cleanup;
-        h = m->shapes[l].oh, w = m->shapes[l].ow, c = m->shapes[l].oc;
     }
-    if (h != 1 || w != 1) {
-        rc = sg_fail(err, SG_EMODEL,
-                     "the model's output is %dx%dx%d; it must be flat (end with Dense, or add "
-                     "Flatten)",
-                     h, w, c);
+    if ((rc = link_graph(m, outputs, noutputs, err)) < 0)
         goto cleanup;
+    /* shared parameters: the group's last node writes the gradients, the
+     * others add theirs; the group's first tells the hook */
+    for (int l = 0; l < nnodes; l++) {
+        if (m->kernel_t[l] < 0)
+            continue;
+        int first = 1, last = 1;
+        for (int k = 0; k < nnodes; k++) {
+            if (k != l && m->kernel_t[k] == m->kernel_t[l]) {
+                first &= k > l;
+                last &= k < l;
+            }
+        }
+        m->accumulate[l] = !last;
+        m->tells[l] = first;
     }
-    m->classes = c;
-    const LayerSpec *last = &m->specs[nlayers - 1];
-    m->head = nn_op_kind(last->kind) == &nn_op_dense &&
-                      (last->act == NN_ACT_SOFTMAX || last->act == NN_ACT_SIGMOID)
-                  ? last->act
-                  : NN_ACT_NONE;
-    /* the default loss: what the head and the outputs suggest */
-    m->loss.kind = m->head == NN_ACT_SIGMOID ? NN_LOSS_BINARY_CE
-                   : c >= 2                  ? NN_LOSS_SPARSE_CE
-                                             : NN_LOSS_MSE;
+    m->classes = m->outputs[0].width;
     /* 64-byte aligned so that oneDNN and the optimizer loops vectorise cleanly */
     size_t bytes = ((m->nparams * sizeof(float) + 63) / 64) * 64;
     m->params = aligned_alloc(64, bytes ? bytes : 64);
@@ -122,6 +252,30 @@ cleanup:
     return rc;
 }
 
+int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int nlayers,
+                 SgError *err)
+{
+    *out = NULL;
+    if (nlayers <= 0 || h <= 0 || w <= 0 || c <= 0)
+        return sg_fail(err, SG_EMODEL,
+                       "model needs layers and a positive input shape (%dx%dx%d, %d layers)", h, w,
+                       c, nlayers);
+    NnNode *nodes = calloc(nlayers, sizeof *nodes);
+    if (nodes == NULL)
+        return sg_fail(err, SG_ENOMEM, "model: out of memory");
+    for (int l = 0; l < nlayers; l++) {
+        nodes[l].spec = layers[l];
+        nodes[l].ninputs = 1;
+        nodes[l].inputs[0] = l;
+        nodes[l].shares = -1;
+    }
+    const NnShape in = {h, w, c};
+    const int output = nlayers;
+    int rc = model_create_graph(out, &in, 1, nodes, nlayers, &output, 1, err);
+    free(nodes);
+    return rc;
+}
+
 void model_free(Model *m)
 {
     if (m == NULL)
@@ -136,10 +290,17 @@ void model_free(Model *m)
     free(m->grads);
     free(m->specs);
     free(m->shapes);
+    free(m->nodes);
+    free(m->tshape);
+    free(m->readers);
+    free(m->needs_grad);
+    free(m->accumulate);
+    free(m->tells);
     free(m->tensors);
     free(m->kernel_t);
     free(m->bias_t);
-    free(m->metrics);
+    for (int j = 0; j < NN_MAX_IO; j++)
+        free(m->outputs[j].metrics);
     free(m);
 }
 
@@ -171,54 +332,122 @@ int model_num_layers(const Model *m)
 {
     return m->nlayers;
 }
+int model_num_inputs(const Model *m)
+{
+    return m->ninputs;
+}
+int model_num_outputs(const Model *m)
+{
+    return m->noutputs;
+}
+const NnShape *model_input_shape(const Model *m, int i)
+{
+    return i >= 0 && i < m->ninputs ? &m->tshape[i] : NULL;
+}
+size_t model_input_row(const Model *m, int i)
+{
+    const NnShape *s = model_input_shape(m, i);
+    return s ? (size_t)s->h * s->w * s->c : 0;
+}
+int model_output_tensor(const Model *m, int j)
+{
+    return j >= 0 && j < m->noutputs ? m->outputs[j].tensor : -1;
+}
+int model_output_width(const Model *m, int j)
+{
+    return j >= 0 && j < m->noutputs ? m->outputs[j].width : 0;
+}
+int model_node_inputs(const Model *m, int l, const int **ids)
+{
+    if (l < 0 || l >= m->nlayers)
+        return 0;
+    *ids = m->nodes[l].inputs;
+    return m->nodes[l].ninputs;
+}
 int model_num_classes(const Model *m)
 {
     return m->classes;
 }
 size_t model_input_size(const Model *m)
 {
-    return (size_t)m->in_h * m->in_w * m->in_c;
+    return model_input_row(m, 0);
+}
+
+NnAct model_output_head(const Model *m, int j)
+{
+    return j >= 0 && j < m->noutputs ? m->outputs[j].head : NN_ACT_NONE;
 }
 
 NnAct model_head(const Model *m)
 {
-    return m->head;
+    return model_output_head(m, 0);
 }
 
 NnAct model_layer_act(const Model *m, int l)
 {
-    return l == m->nlayers - 1 && m->head != NN_ACT_NONE ? NN_ACT_NONE : m->specs[l].act;
+    for (int j = 0; j < m->noutputs; j++)
+        if (m->outputs[j].tensor == node_out(m, l) && m->outputs[j].head != NN_ACT_NONE)
+            return NN_ACT_NONE;
+    return m->specs[l].act;
 }
 
 /* ---- loss and metrics ---------------------------------------------------- */
 
-int model_set_loss(Model *m, const NnLoss *loss, SgError *err)
+static int check_output(const Model *m, int j, SgError *err)
 {
-    int rc = nn_loss_check(loss, m->head, m->classes, err);
+    if (j < 0 || j >= m->noutputs)
+        return sg_fail(err, SG_EINVAL, "output %d does not exist (the model has %d)", j,
+                       m->noutputs);
+    return 0;
+}
+
+int model_set_output_loss(Model *m, int j, const NnLoss *loss, float weight, SgError *err)
+{
+    int rc = check_output(m, j, err);
     if (rc < 0)
         return rc;
+    ModelOutput *o = &m->outputs[j];
+    if (!(weight >= 0.0f) || isinf(weight))
+        return sg_fail(err, SG_EINVAL, "output %d: loss weight %g must be finite and >= 0", j,
+                       (double)weight);
+    if ((rc = nn_loss_check(loss, o->head, o->width, err)) < 0)
+        return m->noutputs > 1 ? sg_context(err, "output %d: ", j) : rc;
     /* the metrics must still fit the loss's targets */
-    for (int i = 0; i < m->nmetrics; i++)
-        if ((rc = nn_metric_check(&m->metrics[i], m->classes, nn_loss_ops(loss->kind)->sparse,
-                                  err)) < 0)
+    for (int i = 0; i < o->nmetrics; i++)
+        if ((rc = nn_metric_check(&o->metrics[i], o->width, nn_loss_ops(loss->kind)->sparse, err)) <
+            0)
             return rc;
-    m->loss = *loss;
+    o->loss = *loss;
+    o->loss_weight = weight;
     return 0;
+}
+
+int model_set_loss(Model *m, const NnLoss *loss, SgError *err)
+{
+    return model_set_output_loss(m, 0, loss, 1.0f, err);
+}
+
+const NnLoss *model_output_loss(const Model *m, int j)
+{
+    return j >= 0 && j < m->noutputs ? &m->outputs[j].loss : NULL;
 }
 
 const NnLoss *model_loss(const Model *m)
 {
-    return &m->loss;
+    return model_output_loss(m, 0);
 }
 
-int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err)
+int model_set_output_metrics(Model *m, int j, const NnMetric *metrics, int n, SgError *err)
 {
-    const int sparse = nn_loss_ops(m->loss.kind)->sparse;
+    int rc = check_output(m, j, err);
+    if (rc < 0)
+        return rc;
+    ModelOutput *o = &m->outputs[j];
+    const int sparse = nn_loss_ops(o->loss.kind)->sparse;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
-        int rc = nn_metric_check(&metrics[i], m->classes, sparse, err);
-        if (rc < 0)
-            return rc;
+        if ((rc = nn_metric_check(&metrics[i], o->width, sparse, err)) < 0)
+            return m->noutputs > 1 ? sg_context(err, "output %d: ", j) : rc;
         total += nn_metric_state_size(&metrics[i]);
     }
     NnMetric *copy = NULL;
@@ -226,11 +455,17 @@ int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err)
         return sg_fail(err, SG_ENOMEM, "model: out of memory");
     if (n > 0)
         memcpy(copy, metrics, (size_t)n * sizeof *copy);
-    free(m->metrics);
-    m->metrics = copy;
-    m->nmetrics = n;
-    m->metric_state = total;
+    free(o->metrics);
+    o->metrics = copy;
+    o->nmetrics = n;
+    m->metric_state += total - o->metric_state;
+    o->metric_state = total;
     return 0;
+}
+
+int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err)
+{
+    return model_set_output_metrics(m, 0, metrics, n, err);
 }
 
 size_t model_metric_state_size(const Model *m)

@@ -1,11 +1,19 @@
 /*
- * nn_model.h - a sequential network whose parameters live in ONE contiguous
- * float buffer, with one gradient buffer of the same size beside it, and the
- * training loop that runs over it in C.
+ * nn_model.h - a network of layers over named tensors (a DAG: several inputs
+ * and outputs, merges), whose parameters live in ONE contiguous float buffer,
+ * with one gradient buffer of the same size beside it, and the training loop
+ * that runs over it in C.
+ *
+ * The graph: tensors 0..ninputs-1 are the model's inputs, tensor ninputs+k
+ * is the output of node k; nodes are in topological order (a node reads only
+ * tensors before its own) and each is one layer (LayerSpec) with its input
+ * tensors. A chain (Sequential) is the graph whose node k reads tensor k.
+ * Buffers are planned once per batch size in that order; a tensor read by
+ * several nodes gets its gradient summed from each reader's.
  *
  * Shape letters as in nn_ref.h (B batch, H W C input, OH OW OC output, K
- * classes). Activations are NHWC; a Dense layer takes a flat [B, C] input, so
- * it must follow Flatten when its input is an image. Parameter tensors, in
+ * classes). Activations are NHWC; a Dense layer works on the last axis (an
+ * [H, W, C] input gives [H, W, units]). Parameter tensors, in
  * layer order, each kernel then bias:
  *   Dense   kernel [C, OC]          bias [OC]
  *   Conv2D  kernel [KH, KW, C, OC]  bias [OC]       (Keras' layouts)
@@ -50,7 +58,10 @@
     X(AVGPOOL, avgpool)                                                                            \
     X(DROPOUT, dropout)                                                                            \
     X(FLATTEN, flatten)                                                                            \
-    X(ACTIVATION, activation)
+    X(ACTIVATION, activation)                                                                      \
+    X(RESHAPE, reshape)                                                                            \
+    X(ADD, add)                                                                                    \
+    X(CONCATENATE, concatenate)
 
 typedef enum LayerKind {
 #define NN_OP_ENUM(kind, name) LAYER_##kind,
@@ -79,7 +90,28 @@ typedef struct LayerSpec {
     NnAct act;
     float rate; /* Dropout */
     NnInit init;
+    int shape[3]; /* Reshape: the target h, w, c */
 } LayerSpec;
+
+/* Inputs a node may read, and inputs and outputs a model may have. */
+#define NN_MAX_NODE_INPUTS 8
+#define NN_MAX_IO          16
+
+/* One node of the graph: its layer and the tensors it reads (see above).
+ * `shares`: -1, or an earlier node whose parameters this one uses (a shared
+ * layer, called on several tensors: its spec must be that node's, and its
+ * input must give parameters of the same shapes); their gradients add up. */
+typedef struct NnNode {
+    LayerSpec spec;
+    int ninputs;
+    int inputs[NN_MAX_NODE_INPUTS];
+    int shares;
+} NnNode;
+
+/* A tensor's shape per sample (a flat one: h = w = 1). */
+typedef struct NnShape {
+    int h, w, c;
+} NnShape;
 
 typedef struct ParamInfo {
     int layer;
@@ -96,34 +128,61 @@ typedef struct LayerShape {
 } LayerShape;
 
 typedef struct NnStats {
-    double loss_sum; /* sum over samples of w * the per-sample loss */
-    int64_t seen;    /* samples */
-    int64_t steps;   /* batches */
+    /* sum over samples of w * the per-sample loss, summed over the outputs
+     * with their loss weights */
+    double loss_sum;
+    double output_loss[NN_MAX_IO]; /* each output's loss_sum (unweighted by loss weights) */
+    int64_t seen;                  /* samples */
+    int64_t steps;                 /* batches */
     /* the metrics' summed states, model_metric_state_size(m) doubles that
      * the passes add to (NULL: metrics not computed) */
     double *metrics;
 } NnStats;
 
-/* Data in memory: x [n, row] float32 (or x_u8 uint8), and labels [n] int32
- * (or labels64 int64) for a sparse loss or targets [n, K] float32 for the
- * others, and optional sample weights [n]. With `transform` every input value
- * becomes (x * scale - mean[j]) / std[j] as it is gathered (j the position in
- * the row; mean/std NULL: 0 and 1); without, float32 rows are copied as they
- * are and uint8 rows converted to float unscaled. The first five fields keep
- * their order so that {x, labels, targets, n, row} still initialises one. */
-typedef struct NnData {
-    const float *x;
-    const int32_t *labels;
-    const float *targets; /* [n, K] dense targets (one-hot, values) */
-    size_t n;
+/* The element types of the arrays NnData describes. */
+typedef enum NnDtype {
+    NN_F32 = 0,
+    NN_U8 = 1,
+    NN_I32 = 2,
+    NN_I64 = 3,
+} NnDtype;
+
+/* n rows of `row` values of one type, contiguous. */
+typedef struct NnArray {
+    NnDtype dtype;
+    const void *data;
     size_t row;
-    const uint8_t *x_u8;     /* uint8 rows instead of x */
-    const int64_t *labels64; /* int64 labels instead of labels */
-    int transform;
+} NnArray;
+
+/* With `on`, every value of an input becomes (x * scale - mean[j]) / std[j]
+ * as it is gathered (j the position in the row; mean/std NULL: 0 and 1);
+ * without, float32 rows are copied as they are and uint8 rows converted to
+ * float unscaled. */
+typedef struct NnTransform {
+    int on;
     float scale;
     const float *mean, *std; /* [row] each, or NULL */
-    const float *weights;    /* [n] sample weights, or NULL (all 1) */
+} NnTransform;
+
+/* Data in memory, n rows of each: one array per model input, in the model's
+ * order (float32 or uint8), and one target array per output (none for
+ * prediction): int32 or int64 labels [n] for a sparse loss, float32 rows
+ * [n, K] for the others; optional sample weights [n]. The one batch-gather
+ * stage (nn_train.c) reads every source through this description. */
+typedef struct NnData {
+    size_t n;
+    int ninputs;
+    NnArray inputs[NN_MAX_IO];
+    NnTransform transforms[NN_MAX_IO];
+    int ntargets;
+    NnArray targets[NN_MAX_IO];
+    const float *weights; /* [n] sample weights, or NULL (all 1) */
 } NnData;
+
+/* A one-input description: x [n, row] float32 or uint8 and one target
+ * array (labels int32/int64 [n] or float32 targets [n, k]; NULL: none). */
+NnData nn_data(NnDtype xtype, const void *x, size_t n, size_t row, NnDtype ytype, const void *y,
+               size_t k);
 
 typedef struct Model Model;
 
@@ -136,9 +195,15 @@ typedef enum NnPrecision {
     NN_BF16 = 1,
 } NnPrecision;
 
-/* Declares the network on an input of h x w x c (a flat input: 1 x 1 x c),
- * validates every layer, computes shapes and the size table and allocates the
- * parameter and gradient buffers (zeroed). */
+/* Declares the graph: the inputs' shapes, the nodes (topological order) and
+ * the output tensors; validates every node (SG_EMODEL naming the layer, and
+ * for a merge both inputs' shapes), computes shapes and the size table and
+ * allocates the parameter and gradient buffers (zeroed). Every node must
+ * lead to an output and every input must be read. */
+int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const NnNode *nodes,
+                       int nnodes, const int *outputs, int noutputs, SgError *err);
+/* A chain of layers on one input of h x w x c (a flat input: 1 x 1 x c),
+ * its output the last layer's. */
 int model_create(Model **out, int h, int w, int c, const LayerSpec *layers, int nlayers,
                  SgError *err);
 void model_free(Model *m);
@@ -151,20 +216,38 @@ int model_num_tensors(const Model *m);
 const ParamInfo *model_param_info(const Model *m, int i);
 const LayerShape *model_layer_shape(const Model *m, int layer);
 int model_num_layers(const Model *m);
+int model_num_inputs(const Model *m);
+int model_num_outputs(const Model *m);
+/* Input i's shape and values per row; output j's tensor and width (K). */
+const NnShape *model_input_shape(const Model *m, int i);
+size_t model_input_row(const Model *m, int i);
+int model_output_tensor(const Model *m, int j);
+int model_output_width(const Model *m, int j);
+/* Node l's input tensors (its count returned, ids into *ids). */
+int model_node_inputs(const Model *m, int l, const int **ids);
+/* Output 0's width and input 0's row (one-input one-output callers). */
 int model_num_classes(const Model *m);
 size_t model_input_size(const Model *m);
-/* The head: NN_ACT_SOFTMAX or NN_ACT_SIGMOID when the last layer is a Dense
- * with that activation (applied by the loss), else NN_ACT_NONE. */
+/* Output j's head: NN_ACT_SOFTMAX or NN_ACT_SIGMOID when its tensor is a
+ * Dense's with that activation that no node reads (applied by the loss),
+ * else NN_ACT_NONE; model_head is output 0's. */
+NnAct model_output_head(const Model *m, int j);
 NnAct model_head(const Model *m);
 
-/* The training loss (default: sparse cross-entropy, or binary cross-entropy
- * under a sigmoid head, or mean squared error on one linear output); checked
- * against the head and the number of outputs (SG_EMODEL). The metrics (none
- * by default) are checked against the outputs and the loss's targets. */
+/* Output j's training loss (default: sparse cross-entropy, or binary
+ * cross-entropy under a sigmoid head, or mean squared error on one linear
+ * output) and its weight in the total; checked against the head and the
+ * output's width (SG_EMODEL). The metrics (none by default) are checked
+ * against the output and the loss's targets. model_set_loss and
+ * model_set_metrics are output 0's. */
+int model_set_output_loss(Model *m, int j, const NnLoss *loss, float weight, SgError *err);
 int model_set_loss(Model *m, const NnLoss *loss, SgError *err);
+const NnLoss *model_output_loss(const Model *m, int j);
 const NnLoss *model_loss(const Model *m);
+int model_set_output_metrics(Model *m, int j, const NnMetric *metrics, int n, SgError *err);
 int model_set_metrics(Model *m, const NnMetric *metrics, int n, SgError *err);
-/* Doubles in the metrics' state (NnStats.metrics); their values come from
+/* Doubles in the metrics' state (NnStats.metrics): the outputs' metrics in
+ * output order, each metric's part in its order; their values come from
  * nn_metric_result on each metric's part of a (summed) state. */
 size_t model_metric_state_size(const Model *m);
 
@@ -216,9 +299,9 @@ int model_fit_steps(Model *m, Optimizer *opt, const NnData *d, const int64_t *or
 /* Inference over all rows of d (dropout off): loss and metrics into st. */
 int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *err);
 
-/* Inference outputs out [d->n, K] for the inputs of d (targets unused): the
- * last layer's outputs, its head (softmax, sigmoid) applied. */
-int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err);
+/* Inference outputs for the inputs of d (targets unused): out[j] [d->n, K_j]
+ * for each output j, its head (softmax, sigmoid) applied. */
+int model_predict(Model *m, const NnData *d, int batch, float *const *out, SgError *err);
 
 /* OpenMP threads for oneDNN and the C loops. */
 void nn_set_num_threads(int n);

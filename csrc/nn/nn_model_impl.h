@@ -13,10 +13,10 @@
 #define PLAN_CACHE 2
 
 typedef struct LayerPlan {
-    NnExec fwd[3]; /* [src to bf16,] [weights reorder,] compute */
+    NnExec fwd[5]; /* [src to bf16,] [weights reorder,] compute, [activation (SELU: 2)] */
     int nfwd;
-    NnExec bwd[10]; /* [act bwd,] [diff_dst to bf16,] [src, diff_dst reorders,] bwd weights,
-                      [diff weights reorder,] [weights reorder,] bwd data */
+    NnExec bwd[12]; /* [act bwd (SELU: 2),] [diff_dst to bf16,] [src, diff_dst reorders,] bwd
+                      weights, [diff weights reorder,] [weights reorder,] bwd data */
     int nbwd;
     float *scratch; /* the op's plan scratch (NnOpKind.scratch): Dropout's mask [B, out] */
     /* weighted ops: bwd[wgrad_first .. +wgrad_count) compute the weight
@@ -32,23 +32,38 @@ typedef struct LayerPlan {
     int weights_convert;
 } LayerPlan;
 
-/* Everything that depends on the batch size B. */
+/* Output j's buffers in a plan. */
+typedef struct PlanOutput {
+    float *out;      /* [B, K]: the outputs after the head (nn_loss.h) */
+    float *dz;       /* [B, K]: where the loss writes its gradient (dact, or an edge of it) */
+    float *targets;  /* [B, K]: dense targets */
+    int32_t *labels; /* [B]: sparse targets */
+} PlanOutput;
+
+/* Everything that depends on the batch size B. Buffers are per tensor
+ * (T = inputs + nodes): act[t] its values [B, size], dact[t] the gradient
+ * with respect to it (NULL where none is needed: the inputs, and aliases of
+ * them). A tensor with one reader hands that reader dact[t] itself; one with
+ * several (the loss of an output counts as one) gives each reader an edge
+ * buffer of its own and sums them into dact[t] before its producer's
+ * backward (model_backward). */
 typedef struct Plan {
     int B;
     uint64_t last_use;
-    float *arena;          /* every buffer below */
-    float **act;           /* [L+1]: act[0] the input [B, in], act[l+1] the output of layer l */
-    float **dact;          /* [L+1]: gradient with respect to act[l] */
-    float *colsum;         /* [widest layer]: the bias gradient sums of the folded SGD update */
-    float *out;            /* [B, K]: the outputs after the head (nn_loss.h) */
-    float *targets;        /* [B, K]: dense targets */
-    float *weights;        /* [B]: sample weights */
-    int32_t *labels;       /* [B]: sparse targets */
-    LayerPlan *lp;         /* [L] */
-    int nbf16;             /* weighted layers built in bf16 */
-    int input16;           /* act[0] holds the input in bf16 (the first layer is bf16) */
-    float *rowbuf;         /* [input row]: gather's scratch for input16 */
-    OptimBf16Copy *copies; /* [ncopies]: the bf16 weights the optimizer can write */
+    float *arena;    /* every buffer below */
+    float **act;     /* [T] */
+    float **dact;    /* [T] */
+    float **din;     /* [L * NN_MAX_NODE_INPUTS]: node l's gradient of its input k */
+    int *edge_first; /* [T+1]: tensor t's edge buffers are edges[edge_first[t] ..] */
+    float **edges;   /* several readers' gradient buffers, to sum */
+    float *colsum;   /* [widest layer]: the bias gradient sums of the folded SGD update */
+    PlanOutput outputs[NN_MAX_IO];
+    float *weights;         /* [B]: sample weights */
+    LayerPlan *lp;          /* [L] */
+    int nbf16;              /* weighted layers built in bf16 */
+    int input16[NN_MAX_IO]; /* act[i] holds input i in bf16 (its one reader is bf16) */
+    float *rowbuf;          /* [widest input row]: gather's scratch for input16 */
+    OptimBf16Copy *copies;  /* [ncopies]: the bf16 weights the optimizer can write */
     int ncopies;
     dnnl_memory_t *mems;
     int nmems, capmems;
@@ -56,17 +71,40 @@ typedef struct Plan {
     int nprims, capprims;
 } Plan;
 
-struct Model {
-    int nlayers;
-    LayerSpec *specs;   /* [L] */
-    LayerShape *shapes; /* [L] */
-    int in_h, in_w, in_c;
-    int classes;
-    NnAct head;        /* see model_head */
-    NnLoss loss;       /* model_set_loss */
+/* Output j of the model. */
+typedef struct ModelOutput {
+    int tensor;
+    int width;         /* K */
+    NnAct head;        /* see model_output_head */
+    NnLoss loss;       /* model_set_output_loss */
+    float loss_weight; /* its weight in the total loss (1) */
     NnMetric *metrics; /* [nmetrics] */
     int nmetrics;
-    size_t metric_state; /* doubles in the metrics' state */
+    size_t metric_state; /* doubles in its metrics' state */
+} ModelOutput;
+
+struct Model {
+    int nlayers;        /* L, the nodes */
+    LayerSpec *specs;   /* [L] */
+    LayerShape *shapes; /* [L]: input 0's shape, the output's, padding */
+    NnNode *nodes;      /* [L]: the tensors each reads */
+    int ninputs;        /* the model's inputs: tensors 0 .. ninputs-1 */
+    int ntensors_graph; /* T = ninputs + L */
+    NnShape *tshape;    /* [T] */
+    int *readers;       /* [T]: edges reading the tensor (an output's loss counts) */
+    /* [L]: node l shares its parameters with other nodes; its weight
+     * gradients go to its plan scratch and are added into m->grads after its
+     * backward, except at the group's last node (the first backward reaches),
+     * which writes them */
+    int *accumulate;
+    /* [L]: node l tells the gradient hook its parameters' range (the group's
+     * first node, the last backward reaches; every unshared node) */
+    int *tells;
+    int *needs_grad; /* [T]: 0 for the inputs and aliases of them */
+    int noutputs;
+    ModelOutput outputs[NN_MAX_IO];
+    int classes;         /* outputs[0].width */
+    size_t metric_state; /* doubles in the metrics' state, every output's */
     ParamInfo *tensors;  /* size table */
     int ntensors;
     int *kernel_t, *bias_t; /* [L]: tensor index or -1 */
@@ -84,6 +122,16 @@ struct Model {
     Plan *w16_fresh;
 };
 
+/* The tensor node l writes, and its k-th input. */
+static inline int node_out(const Model *m, int l)
+{
+    return m->ninputs + l;
+}
+static inline int node_in(const Model *m, int l, int k)
+{
+    return m->nodes[l].inputs[k];
+}
+
 /* nn_plan.c (the op kinds: nn_op.h) */
 void plan_free(Plan *p);
 int model_plan(Model *m, int B, Plan **out, SgError *err);
@@ -91,13 +139,13 @@ int model_plan(Model *m, int B, Plan **out, SgError *err);
 int model_forward(Model *m, Plan *p, int training, SgError *err);
 /* The activation layer l's primitives fuse: its own, except the head's. */
 NnAct model_layer_act(const Model *m, int l);
-/* Backward from p->dact[L] (the logits gradient) into m->grads; with a hook
+/* Backward from the outputs' gradients (PlanOutput.dz) into m->grads; with a hook
  * whose ready is set, ready() is told each weighted layer's range of the
  * gradient buffer as soon as it is final (last layer first). */
 int model_backward(Model *m, Plan *p, const NnGradHook *hook, SgError *err);
 /* 1 if every layer is Dense, Dropout or Flatten: model_backward_sgd applies. */
 int model_dense_only(const Model *m);
-/* Backward from p->dact[L] with plain SGD folded in: per Dense layer the
+/* Backward with plain SGD folded in: per Dense layer the
  * activation and data backward as model_backward, then
  * W -= lr * src^T @ dY in one GEMM (beta 1) and b -= lr * colsum(dY).
  * m->grads is not written. Needs model_dense_only(m). */

@@ -1,6 +1,8 @@
 /* nn_op.c - the op table and what the ops share (see nn_op.h). */
 #include "nn/nn_op.h"
 
+#include <string.h>
+
 static const NnOpKind *const OPS[LAYER_KIND_COUNT] = {
 #define NN_OP_ENTRY(kind, name) [LAYER_##kind] = &nn_op_##name,
     NN_OPS(NN_OP_ENTRY)
@@ -87,4 +89,103 @@ int nn_op_backward_primitives(Model *m, Plan *p, int l, const NnOpBackward *how,
 {
     (void)how;
     return nn_op_run(m, p->lp[l].bwd, p->lp[l].nbwd, -1, l, "backward", err);
+}
+
+/* The oneDNN algorithm and alpha of an activation (SELU: its ELU part). */
+dnnl_alg_kind_t nn_op_eltwise(NnAct act, float *alpha)
+{
+    *alpha = 0.0f;
+    switch (act) {
+    case NN_ACT_NONE:
+        *alpha = 1.0f; /* linear: 1 * x + 0 */
+        return dnnl_eltwise_linear;
+    case NN_ACT_RELU:
+        return dnnl_eltwise_relu;
+    case NN_ACT_LEAKY_RELU:
+        *alpha = NN_LEAKY_RELU_SLOPE;
+        return dnnl_eltwise_relu;
+    case NN_ACT_TANH:
+        return dnnl_eltwise_tanh;
+    case NN_ACT_SIGMOID:
+        return dnnl_eltwise_logistic;
+    case NN_ACT_ELU:
+        *alpha = 1.0f;
+        return dnnl_eltwise_elu;
+    case NN_ACT_SELU:
+        *alpha = NN_SELU_ALPHA;
+        return dnnl_eltwise_elu;
+    case NN_ACT_GELU:
+        return dnnl_eltwise_gelu_erf;
+    case NN_ACT_SWISH:
+        *alpha = 1.0f; /* x * sigmoid(1 * x) */
+        return dnnl_eltwise_swish;
+    case NN_ACT_SOFTPLUS:
+        *alpha = 1.0f; /* log(1 + exp(1 * x)) / 1 */
+        return dnnl_eltwise_soft_relu;
+    default:
+        return dnnl_alg_kind_undef;
+    }
+}
+
+/* One eltwise primitive pair: forward src -> dst into lp->fwd; unless dsrc
+ * is NULL (a model input's gradient), backward (src, diff_dst) -> diff_src into lp->bwd (at the
+ * front when `first`: a chain's backward runs in reverse). */
+static int eltwise_pair(Model *m, Plan *p, int l, dnnl_alg_kind_t alg, float alpha,
+                        const_dnnl_memory_desc_t md, float *src, float *dst, float *dsrc,
+                        float *ddst, SgError *err)
+{
+    LayerPlan *lp = &p->lp[l];
+    dnnl_primitive_desc_t fwd_pd = NULL, bwd_pd = NULL;
+    dnnl_memory_t src_m, dst_m, dsrc_m, ddst_m;
+    int rc;
+    if ((rc = DNNL(err, dnnl_eltwise_forward_primitive_desc_create, &fwd_pd, m->eng,
+                   dnnl_forward_training, alg, md, md, alpha, 0.0f, NULL)) < 0 ||
+        (rc = plan_mem(m, p, &src_m, md, src, err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, md, dst, err)) < 0)
+        goto cleanup;
+    NnExec *e = &lp->fwd[lp->nfwd++];
+    if ((rc = plan_prim(p, &e->prim, fwd_pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_DST, dst_m);
+    if (dsrc == NULL)
+        goto cleanup;
+    if ((rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &bwd_pd, m->eng, alg, md, md,
+                   md, alpha, 0.0f, fwd_pd, NULL)) < 0 ||
+        (rc = plan_mem(m, p, &dsrc_m, md, dsrc, err)) < 0 ||
+        (rc = plan_mem(m, p, &ddst_m, md, ddst, err)) < 0)
+        goto cleanup;
+    /* backward runs in reverse: the later pair's primitive goes first */
+    for (int i = lp->nbwd; i > 0; i--)
+        lp->bwd[i] = lp->bwd[i - 1];
+    lp->nbwd++;
+    e = &lp->bwd[0];
+    memset(e, 0, sizeof *e);
+    if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
+        goto cleanup;
+    nn_exec_arg(e, DNNL_ARG_SRC, src_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_DST, ddst_m);
+    nn_exec_arg(e, DNNL_ARG_DIFF_SRC, dsrc_m);
+cleanup:
+    dnnl_primitive_desc_destroy(fwd_pd);
+    dnnl_primitive_desc_destroy(bwd_pd);
+    return rc;
+}
+
+int nn_op_eltwise_chain(Model *m, Plan *p, int l, NnAct act, const_dnnl_memory_desc_t md,
+                        float *src, float *mid, float *dst, float *dsrc, float *ddst, SgError *err)
+{
+    float alpha;
+    const dnnl_alg_kind_t alg = nn_op_eltwise(act, &alpha);
+    if (alg == dnnl_alg_kind_undef)
+        return sg_fail(err, SG_EMODEL, "layer %d: activation %d has no eltwise form", l, (int)act);
+    if (act != NN_ACT_SELU)
+        return eltwise_pair(m, p, l, alg, alpha, md, src, dst, dsrc, ddst, err);
+    /* scale * elu(x): the ELU into mid, then the scale; backward the scale's
+     * into dsrc first, then the ELU's in place there */
+    int rc = eltwise_pair(m, p, l, alg, alpha, md, src, mid, dsrc, dsrc, err);
+    if (rc == 0)
+        rc = eltwise_pair(m, p, l, dnnl_eltwise_linear, NN_SELU_SCALE, md, mid, dst, dsrc, ddst,
+                          err);
+    return rc;
 }

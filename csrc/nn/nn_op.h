@@ -22,6 +22,7 @@ enum {
     NN_OP_ALIAS = 1 << 1,      /* its output is its input's buffer, reshaped (no pass) */
     NN_OP_ACTIVATION = 1 << 2, /* takes an activation (LayerSpec.act) */
     NN_OP_FOLDS_SGD = 1 << 3,  /* its backward takes plain SGD folded in (NnOpBackward.sgd_lr) */
+    NN_OP_MERGE = 1 << 4,      /* reads 2 to NN_MAX_NODE_INPUTS tensors (others read one) */
 };
 
 /* How build makes a weighted op's primitives (see nn_op_weighted.c). */
@@ -44,7 +45,8 @@ typedef struct NnOpKind {
     const char *name; /* Keras' class name */
     unsigned flags;
     /* Checks layer l's spec against its input (m->shapes[l].h/w/c, set by
-     * the caller), sets its output shape and padding, and declares its
+     * the caller from its first input; a merge reads the others' in
+     * m->tshape), sets its output shape and padding, and declares its
      * parameters (model_add_tensor). SG_EMODEL naming the layer. */
     int (*infer)(Model *m, int l, SgError *err);
     /* Floats of plan scratch beyond its activation and gradient (Dropout's
@@ -54,16 +56,43 @@ typedef struct NnOpKind {
      * bf16 primitives oneDNN lacks returns SG_EDNNL; the plan then rebuilds
      * it in f32. */
     int (*build)(Model *m, Plan *p, int l, const NnOpBuild *how, SgError *err);
-    /* Forward from p->act[l] into p->act[l+1] (NULL: nothing to run). */
+    /* Forward from its inputs (op_src) into its output (op_dst) (NULL:
+     * nothing to run). */
     int (*forward)(Model *m, Plan *p, int l, int training, SgError *err);
-    /* Backward from p->dact[l+1]: its parameter gradients into m->grads and,
-     * except for the first layer, p->dact[l] (NULL: nothing to run). */
+    /* Backward from op_ddst: its parameter gradients into m->grads and its
+     * inputs' gradients into op_dsrc, where that is not NULL (an input of the
+     * model needs none) (NULL: nothing to run). */
     int (*backward)(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err);
 } NnOpKind;
 
 #define NN_OP_EXTERN(kind, name) extern const NnOpKind nn_op_##name;
 NN_OPS(NN_OP_EXTERN)
 #undef NN_OP_EXTERN
+
+/* Node l's buffers in plan p: its input k, its output, the gradient of its
+ * output (summed over its readers) and the one it writes for its input k
+ * (NULL: not needed). */
+static inline float *op_src(const Model *m, const Plan *p, int l, int k)
+{
+    return p->act[node_in(m, l, k)];
+}
+static inline float *op_dst(const Model *m, const Plan *p, int l)
+{
+    return p->act[node_out(m, l)];
+}
+static inline float *op_ddst(const Model *m, const Plan *p, int l)
+{
+    return p->dact[node_out(m, l)];
+}
+static inline float *op_dsrc(const Plan *p, int l, int k)
+{
+    return p->din[(size_t)l * NN_MAX_NODE_INPUTS + k];
+}
+/* The shape of node l's input k. */
+static inline const NnShape *op_in_shape(const Model *m, int l, int k)
+{
+    return &m->tshape[node_in(m, l, k)];
+}
 
 /* The table entry of a kind, or NULL for an unknown one. */
 const NnOpKind *nn_op_kind(LayerKind kind);
@@ -87,6 +116,21 @@ int nn_op_run(Model *m, NnExec *list, int n, int skip, int l, const char *what, 
  * p->lp[l].fwd / bwd, in order (pooling, Activation). */
 int nn_op_forward_primitives(Model *m, Plan *p, int l, int training, SgError *err);
 int nn_op_backward_primitives(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err);
+
+/* 1 if weighted node l's activation runs as eltwise primitives after its
+ * primitive (gelu, selu, swish, softplus), not fused into it
+ * (nn_op_weighted.c); its output is then f32 even in a bf16 chain. */
+int nn_weighted_unfused(const Model *m, int l);
+
+/* The oneDNN eltwise algorithm and alpha of an activation (SELU: its ELU
+ * part; softmax and unknown ones: undef). */
+dnnl_alg_kind_t nn_op_eltwise(NnAct act, float *alpha);
+/* An activation as eltwise primitives of layer l, forward src -> dst
+ * appended to its forward list and, unless dsrc is NULL, backward (from src)
+ * ddst -> dsrc put at the front of its backward list (dsrc may be ddst: in
+ * place). SELU runs as ELU into mid (B x its size floats) then a scale. */
+int nn_op_eltwise_chain(Model *m, Plan *p, int l, NnAct act, const_dnnl_memory_desc_t md,
+                        float *src, float *mid, float *dst, float *dsrc, float *ddst, SgError *err);
 
 /* Plan bookkeeping for builds (nn_plan.c): a memory over data (or
  * DNNL_MEMORY_ALLOCATE), a primitive, a reorder from -> to appended as *e,

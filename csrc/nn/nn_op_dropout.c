@@ -32,28 +32,29 @@ static int dropout_op_forward(Model *m, Plan *p, int l, int training, SgError *e
     if (rc < 0)
         return rc;
     if (training && rate > 0.0f) {
-        dropout_forward(p->act[l + 1], p->lp[l].scratch, p->act[l], n, rate, m->rng_seed,
+        dropout_forward(op_dst(m, p, l), p->lp[l].scratch, op_src(m, p, l, 0), n, rate, m->rng_seed,
                         m->rng_counter);
         m->rng_counter += n;
     } else {
-        memcpy(p->act[l + 1], p->act[l], n * sizeof(float));
+        memcpy(op_dst(m, p, l), op_src(m, p, l, 0), n * sizeof(float));
     }
     return 0;
 }
 
-/* The gradient of the input from the output's, through the mask; the first
- * layer's input gradient is never needed. */
+/* The gradient of the input from the output's, through the mask; a model
+ * input's gradient is never needed. */
 static int dropout_op_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err)
 {
     (void)how;
+    float *dsrc = op_dsrc(p, l, 0);
     int rc = DNNL(err, dnnl_stream_wait, m->stream);
-    if (rc < 0 || l == 0)
+    if (rc < 0 || dsrc == NULL)
         return rc;
     const size_t n = (size_t)p->B * nn_op_out_size(m, l);
     if (m->specs[l].rate > 0.0f)
-        dropout_backward(p->dact[l], p->dact[l + 1], p->lp[l].scratch, n);
+        dropout_backward(dsrc, op_ddst(m, p, l), p->lp[l].scratch, n);
     else
-        memcpy(p->dact[l], p->dact[l + 1], n * sizeof(float));
+        memcpy(dsrc, op_ddst(m, p, l), n * sizeof(float));
     return 0;
 }
 

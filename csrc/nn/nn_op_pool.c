@@ -30,8 +30,8 @@ static int pool_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgError *e
         (rc = DNNL(err, dnnl_pooling_forward_primitive_desc_create, &fwd_pd, m->eng,
                    dnnl_forward_training, alg, src_md, dst_md, strides, kernel, dil, pl, pr,
                    NULL)) < 0 ||
-        (rc = plan_mem(m, p, &src_m, src_md, p->act[l], err)) < 0 ||
-        (rc = plan_mem(m, p, &dst_m, dst_md, p->act[l + 1], err)) < 0)
+        (rc = plan_mem(m, p, &src_m, src_md, op_src(m, p, l, 0), err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, dst_md, op_dst(m, p, l), err)) < 0)
         goto cleanup;
     const_dnnl_memory_desc_t ws_md =
         dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_workspace_md, 0);
@@ -45,11 +45,11 @@ static int pool_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgError *e
     nn_exec_arg(e, DNNL_ARG_DST, dst_m);
     if (ws_m)
         nn_exec_arg(e, DNNL_ARG_WORKSPACE, ws_m);
-    if (l > 0) {
+    if (op_dsrc(p, l, 0) != NULL) {
         if ((rc = DNNL(err, dnnl_pooling_backward_primitive_desc_create, &bwd_pd, m->eng, alg,
                        src_md, dst_md, strides, kernel, dil, pl, pr, fwd_pd, NULL)) < 0 ||
-            (rc = plan_mem(m, p, &ddst_m, dst_md, p->dact[l + 1], err)) < 0 ||
-            (rc = plan_mem(m, p, &dsrc_m, src_md, p->dact[l], err)) < 0)
+            (rc = plan_mem(m, p, &ddst_m, dst_md, op_ddst(m, p, l), err)) < 0 ||
+            (rc = plan_mem(m, p, &dsrc_m, src_md, op_dsrc(p, l, 0), err)) < 0)
             goto cleanup;
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)

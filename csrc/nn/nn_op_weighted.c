@@ -34,34 +34,39 @@ static dnnl_alg_kind_t act_alg(NnAct a, int use_dst, float *alpha)
     }
 }
 
-/* The activations a weighted layer fuses: backward from its output. */
-static int check_fused(const Model *m, int l, SgError *err)
+/* Every activation but softmax (a head's, which the loss applies) is taken:
+ * those act_alg knows as a post-op of the primitive, the others (gelu,
+ * selu, swish, softplus, whose backward needs the values before them) as
+ * eltwise primitives after it (nn_weighted_unfused). */
+static int check_act(const Model *m, int l, SgError *err)
 {
     float alpha;
     const NnAct act = m->specs[l].act;
     if (act == NN_ACT_NONE || act == NN_ACT_SOFTMAX ||
-        act_alg(act, 1, &alpha) != dnnl_alg_kind_undef)
+        nn_op_eltwise(act, &alpha) != dnnl_alg_kind_undef)
         return 0;
-    return sg_fail(err, SG_EMODEL,
-                   "layer %d (%s): activation %d is not fused into the layer (it fuses relu, "
-                   "leaky_relu, elu, tanh, sigmoid, softmax); use no activation and an Activation "
-                   "layer after it",
-                   l, nn_op_of(m, l)->name, (int)act);
+    return sg_fail(err, SG_EMODEL, "layer %d (%s): unknown activation %d", l, nn_op_of(m, l)->name,
+                   (int)act);
 }
 
+int nn_weighted_unfused(const Model *m, int l)
+{
+    float alpha;
+    const NnAct act = model_layer_act(m, l);
+    return act != NN_ACT_NONE && act_alg(act, 1, &alpha) == dnnl_alg_kind_undef;
+}
+
+/* Dense works on the last axis: an input of h x w x c is h*w rows of c. */
 static int dense_infer(Model *m, int l, SgError *err)
 {
     const LayerSpec *sp = &m->specs[l];
     LayerShape *s = &m->shapes[l];
-    if (s->h != 1 || s->w != 1)
-        return sg_fail(err, SG_EMODEL,
-                       "layer %d (Dense): input is %dx%dx%d; add Flatten before a Dense layer", l,
-                       s->h, s->w, s->c);
     if (sp->units <= 0)
         return sg_fail(err, SG_EMODEL, "layer %d (Dense): units must be > 0, not %d", l, sp->units);
-    s->oh = s->ow = 1;
+    s->oh = s->h;
+    s->ow = s->w;
     s->oc = sp->units;
-    int rc = check_fused(m, l, err);
+    int rc = check_act(m, l, err);
     if (rc < 0)
         return rc;
     int ks[2] = {s->c, sp->units}, bs[1] = {sp->units};
@@ -73,13 +78,29 @@ static int dense_infer(Model *m, int l, SgError *err)
 static int conv2d_infer(Model *m, int l, SgError *err)
 {
     int rc = nn_op_infer_window(m, l, 1, 1, err);
-    if (rc < 0 || (rc = check_fused(m, l, err)) < 0)
+    if (rc < 0 || (rc = check_act(m, l, err)) < 0)
         return rc;
     const LayerSpec *sp = &m->specs[l];
     int ks[4] = {sp->kh, sp->kw, m->shapes[l].c, sp->units}, bs[1] = {sp->units};
     m->kernel_t[l] = model_add_tensor(m, l, 0, 4, ks);
     m->bias_t[l] = model_add_tensor(m, l, 1, 1, bs);
     return 0;
+}
+
+/* The scratch of node l, in this order: a shared layer's gradients when it
+ * adds them (accumulate), an unfused activation's input (pre) and SELU's
+ * middle (mid), each B x its output. */
+static size_t grads_floats(const Model *m, int l)
+{
+    return m->accumulate[l] ? m->tensors[m->kernel_t[l]].size + m->tensors[m->bias_t[l]].size : 0;
+}
+
+static size_t weighted_scratch(const Model *m, int l, int B)
+{
+    size_t n = grads_floats(m, l);
+    if (nn_weighted_unfused(m, l))
+        n += (size_t)B * nn_op_out_size(m, l) * (model_layer_act(m, l) == NN_ACT_SELU ? 2 : 1);
+    return n;
 }
 
 /* ---- primitives ------------------------------------------------------------ */
@@ -168,6 +189,10 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
     float alpha;
     const dnnl_alg_kind_t act_bwd = act_alg(act, 1, &alpha), act_fwd = act_alg(act, 0, &alpha);
     const int fused = act_fwd != dnnl_alg_kind_undef;
+    /* an activation the primitive cannot fuse runs after it, from its output (pre) */
+    const int unfused = nn_weighted_unfused(m, l);
+    float *pre = unfused ? p->lp[l].scratch + grads_floats(m, l) : NULL;
+    float *mid = pre ? pre + (size_t)B * s->oh * s->ow * s->oc : NULL;
     const dnnl_data_type_t lt = bf16 ? dnnl_bf16 : dnnl_f32; /* the primitives' input type */
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
     dnnl_memory_desc_t src_md = NULL, dst_md = NULL, w_md = NULL, w_any = NULL, b_md = NULL,
@@ -186,7 +211,7 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
     int rc;
 
     in16 = in16 && bf16;
-    out16 = out16 && bf16;
+    out16 = out16 && bf16 && !unfused;
     lp->bf16 = bf16;
     lp->input_bf16 = in16;
     lp->output_bf16 = out16;
@@ -204,7 +229,9 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
             (rc = nn_md_dt(&dst16_md, 4, dd, lt, dnnl_nhwc, err)) < 0)
             goto cleanup;
     } else {
-        dnnl_dims_t sd = {B, s->c}, dd = {B, s->oc}, wd = {s->oc, s->c};
+        /* the rows: every position of every sample */
+        const dnnl_dim_t rows = (dnnl_dim_t)B * s->h * s->w;
+        dnnl_dims_t sd = {rows, s->c}, dd = {rows, s->oc}, wd = {s->oc, s->c};
         /* f32: the weights stay in the flat buffer's layout (io); bf16: the
          * conversion reorder writes the layout oneDNN prefers */
         dnnl_format_tag_t wt = bf16 ? dnnl_format_tag_any : dnnl_io;
@@ -239,14 +266,16 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
     if (rc < 0)
         goto cleanup;
 
-    float *W = m->params + kt->offset, *dW = m->grads + kt->offset;
-    if ((rc = plan_mem(m, p, &src_m, in_md, p->act[l], err)) < 0 ||
-        (rc = plan_mem(m, p, &dst_m, out_md, p->act[l + 1], err)) < 0 ||
-        (rc = plan_mem(m, p, &ddst_m, out_md, p->dact[l + 1], err)) < 0 ||
+    /* a shared layer's node that adds its gradients writes them to its scratch first */
+    float *W = m->params + kt->offset, *dW = m->accumulate[l] ? lp->scratch : m->grads + kt->offset;
+    float *dbias = m->accumulate[l] ? lp->scratch + kt->size : m->grads + bt->offset;
+    if ((rc = plan_mem(m, p, &src_m, in_md, op_src(m, p, l, 0), err)) < 0 ||
+        (rc = plan_mem(m, p, &dst_m, out_md, unfused ? pre : op_dst(m, p, l), err)) < 0 ||
+        (rc = plan_mem(m, p, &ddst_m, out_md, op_ddst(m, p, l), err)) < 0 ||
         (rc = plan_mem(m, p, &w_m, w_md, W, err)) < 0 ||
         (rc = plan_mem(m, p, &dw_m, w_md, dW, err)) < 0 ||
         (rc = plan_mem(m, p, &b_m, b_md, m->params + bt->offset, err)) < 0 ||
-        (rc = plan_mem(m, p, &db_m, b_md, m->grads + bt->offset, err)) < 0)
+        (rc = plan_mem(m, p, &db_m, b_md, dbias, err)) < 0)
         goto cleanup;
 
     /* forward: [input to bf16,] [weights to the preferred layout (and bf16),] compute */
@@ -285,6 +314,12 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
     nn_exec_arg(e, DNNL_ARG_BIAS, b_m);
     nn_exec_arg(e, DNNL_ARG_DST, dst_m);
 
+    /* an unfused activation: pre -> the output, its backward in place on the
+     * output's gradient (before everything below, as the fused one) */
+    if (unfused && (rc = nn_op_eltwise_chain(m, p, l, act, out_md, pre, mid, op_dst(m, p, l),
+                                             op_ddst(m, p, l), op_ddst(m, p, l), err)) < 0)
+        goto cleanup;
+
     /* backward: activation (from dst), [output gradient to bf16,] weights + bias, data */
     g_m = ddst_m;
     if (fused) {
@@ -293,7 +328,7 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
             (rc = DNNL(err, dnnl_eltwise_backward_primitive_desc_create, &ebwd_pd, m->eng, act_bwd,
                        out_md, out_md, out_md, alpha, 0.0f, efwd_pd, NULL)) < 0)
             goto cleanup;
-        /* in place: the gradient before the activation overwrites dact[l+1] */
+        /* in place: the gradient before the activation overwrites the output's */
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, ebwd_pd, err)) < 0)
             goto cleanup;
@@ -349,7 +384,7 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
         goto cleanup;
     lp->wgrad_count = lp->nbwd - lp->wgrad_first;
 
-    if (l > 0) {
+    if (op_dsrc(p, l, 0) != NULL) {
         rc = conv ? DNNL(err, dnnl_convolution_backward_data_primitive_desc_create, &bwd_pd, m->eng,
                          dnnl_convolution_direct, in_md, w_any, dst16_md, strides, dil, pl, pr,
                          fwd_pd, NULL)
@@ -361,7 +396,7 @@ static int weighted_build(Model *m, Plan *p, int l, const NnOpBuild *how, SgErro
             dnnl_primitive_desc_query_md(bwd_pd, dnnl_query_weights_md, 0);
         dnnl_memory_t bw_m, ws[2] = {fw_m, w_m};
         if ((rc = bind_as(m, p, lp, bw_md, ws, 2, w_m, &bw_m, err)) < 0 ||
-            (rc = plan_mem(m, p, &dsrc_m, in_md, p->dact[l], err)) < 0)
+            (rc = plan_mem(m, p, &dsrc_m, in_md, op_dsrc(p, l, 0), err)) < 0)
             goto cleanup;
         e = &lp->bwd[lp->nbwd++];
         if ((rc = plan_prim(p, &e->prim, bwd_pd, err)) < 0)
@@ -430,6 +465,13 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
     return 0;
 }
 
+static void add_into(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
 /* The backward primitives in order. With a hook, ready() is told the
  * layer's kernel and bias gradients (adjacent in the flat buffer) as soon as
  * they are final, before the data gradient. With sgd_lr (Dense) the
@@ -438,7 +480,7 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
 static int weighted_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err)
 {
     LayerPlan *lp = &p->lp[l];
-    const int tell = how->hook != NULL && how->hook->ready != NULL;
+    const int tell = how->hook != NULL && how->hook->ready != NULL && m->tells[l];
     const int last_wgrad = lp->wgrad_first + lp->wgrad_count - 1;
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
     int rc;
@@ -447,6 +489,13 @@ static int weighted_backward(Model *m, Plan *p, int l, const NnOpBackward *how, 
             continue;
         if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
             return sg_context(err, "backward of layer %d: ", l);
+        if (i == last_wgrad && m->accumulate[l]) {
+            /* a shared layer's: add this node's gradients to the others' */
+            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
+                return rc;
+            add_into(m->grads + kt->offset, lp->scratch, kt->size);
+            add_into(m->grads + bt->offset, lp->scratch + kt->size, bt->size);
+        }
         if (tell && i == last_wgrad) {
             if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
                 return rc;
@@ -460,22 +509,23 @@ static int weighted_backward(Model *m, Plan *p, int l, const NnOpBackward *how, 
     if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
         return rc;
     const LayerShape *s = &m->shapes[l];
-    if ((rc = dense_sgd_update(m->params + kt->offset, m->params + bt->offset, p->colsum, p->act[l],
-                               p->dact[l + 1], p->B, s->c, s->oc, *how->sgd_lr, err)) < 0)
+    if ((rc = dense_sgd_update(m->params + kt->offset, m->params + bt->offset, p->colsum,
+                               op_src(m, p, l, 0), op_ddst(m, p, l), p->B * s->h * s->w, s->c,
+                               s->oc, *how->sgd_lr, err)) < 0)
         return sg_context(err, "SGD update of layer %d: ", l);
     return 0;
 }
 
 const NnOpKind nn_op_dense = {
     "Dense",           NN_OP_WEIGHTED | NN_OP_ACTIVATION | NN_OP_FOLDS_SGD,
-    dense_infer,       NULL,
+    dense_infer,       weighted_scratch,
     weighted_build,    weighted_forward,
     weighted_backward,
 };
 
 const NnOpKind nn_op_conv2d = {
     "Conv2D",          NN_OP_WEIGHTED | NN_OP_ACTIVATION,
-    conv2d_infer,      NULL,
+    conv2d_infer,      weighted_scratch,
     weighted_build,    weighted_forward,
     weighted_backward,
 };

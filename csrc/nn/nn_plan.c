@@ -63,6 +63,9 @@ void plan_free(Plan *p)
     free(p->arena);
     free(p->act);
     free(p->dact);
+    free(p->din);
+    free(p->edge_first);
+    free(p->edges);
     free(p->lp);
     free(p);
 }
@@ -115,14 +118,25 @@ static int alias(const Model *m, int l)
     return (nn_op_of(m, l)->flags & NN_OP_ALIAS) != 0;
 }
 
-/* 1 if layer l's output is the input of a weighted layer, l being one too
- * (aliases such as Flatten in between): with chain, an activation kept in
- * bf16. */
+/* The one node that reads tensor t, or -1 (none, several, or an output's
+ * loss among its readers). */
+static int sole_reader(const Model *m, int t)
+{
+    if (m->readers[t] != 1)
+        return -1;
+    for (int l = 0; l < m->nlayers; l++)
+        if (node_in(m, l, 0) == t && m->nodes[l].ninputs == 1)
+            return l;
+    return -1; /* an output's loss, or a merge */
+}
+
+/* 1 if weighted layer l's output is read by one weighted layer alone (aliases
+ * such as Flatten in between): with chain, an activation kept in bf16. */
 static int chain16(const Model *m, int l)
 {
-    if (!weighted(m, l))
+    if (!weighted(m, l) || nn_weighted_unfused(m, l))
         return 0;
-    for (int k = l + 1; k < m->nlayers; k++)
+    for (int k = sole_reader(m, node_out(m, l)); k >= 0; k = sole_reader(m, node_out(m, k)))
         if (!alias(m, k))
             return weighted(m, k);
     return 0;
@@ -132,10 +146,120 @@ static int chain16_in(const Model *m, int l)
 {
     if (!weighted(m, l))
         return 0;
-    for (int k = l - 1; k >= 0; k--)
+    for (int t = node_in(m, l, 0); t >= m->ninputs; t = node_in(m, t - m->ninputs, 0)) {
+        const int k = t - m->ninputs;
         if (!alias(m, k))
             return chain16(m, k);
+    }
     return 0;
+}
+
+/* Input i of the model whose only reader is weighted layer l (gather() then
+ * hands l its input in bf16), or -1. */
+static int bf16_input(const Model *m, int l)
+{
+    const int t = node_in(m, l, 0);
+    return weighted(m, l) && t < m->ninputs && sole_reader(m, t) == l ? t : -1;
+}
+
+/* Floats of one sample of tensor t. */
+static size_t tensor_size(const Model *m, int t)
+{
+    const NnShape *s = &m->tshape[t];
+    return (size_t)s->h * s->w * s->c;
+}
+
+/* Whether tensor t owns its buffers (an alias's output shares its input's). */
+static int owns_buffers(const Model *m, int t)
+{
+    return t < m->ninputs || !alias(m, t - m->ninputs);
+}
+
+/* Where node l writes the gradient of its input k (see Plan). */
+static float **din_slot(Plan *p, int l, int k)
+{
+    return &p->din[(size_t)l * NN_MAX_NODE_INPUTS + k];
+}
+
+/* Lays the plan's buffers out in the arena (cur NULL: only counts floats,
+ * into *total): per tensor its values and gradient, the gradient edges of
+ * tensors with several readers, the ops' scratch, then the outputs' and the
+ * batch's buffers. */
+static void lay_out(const Model *m, Plan *p, float *cur, size_t *total, int *edge_count)
+{
+    const int B = p->B, T = m->ntensors_graph;
+    size_t n = 0, max_width = 0;
+#define TAKE(ptr, floats)                                                                          \
+    do {                                                                                           \
+        size_t f_ = round16(floats);                                                               \
+        if (cur)                                                                                   \
+            (ptr) = cur + n;                                                                       \
+        n += f_;                                                                                   \
+    } while (0)
+    int nedges = 0;
+    for (int t = 0; t < T; t++) {
+        const size_t size = (size_t)B * tensor_size(m, t);
+        max_width = tensor_size(m, t) > max_width ? tensor_size(m, t) : max_width;
+        float *a = NULL, *d = NULL;
+        if (owns_buffers(m, t)) {
+            TAKE(a, size);
+            if (m->needs_grad[t])
+                TAKE(d, size);
+        } else if (cur) {
+            const int l = t - m->ninputs;
+            a = p->act[node_in(m, l, 0)];
+            d = *din_slot(p, l, 0);
+        }
+        if (cur) {
+            p->act[t] = a;
+            p->dact[t] = d;
+            p->edge_first[t] = nedges;
+        }
+        /* the readers' gradient buffers: dact itself for one reader, else
+         * one edge each, summed into dact (slot: where the reader finds it) */
+        const int several = m->readers[t] > 1 && m->needs_grad[t];
+#define EDGE(slot)                                                                                 \
+    do {                                                                                           \
+        float *e_ = d;                                                                             \
+        if (several) {                                                                             \
+            TAKE(e_, size);                                                                        \
+            if (cur)                                                                               \
+                p->edges[nedges] = e_;                                                             \
+            nedges++;                                                                              \
+        }                                                                                          \
+        if (cur)                                                                                   \
+            *(slot) = e_;                                                                          \
+    } while (0)
+        for (int l = 0; l < m->nlayers; l++)
+            for (int k = 0; k < m->nodes[l].ninputs; k++)
+                if (node_in(m, l, k) == t)
+                    EDGE(din_slot(p, l, k));
+        for (int j = 0; j < m->noutputs; j++)
+            if (m->outputs[j].tensor == t)
+                EDGE(&p->outputs[j].dz);
+#undef EDGE
+    }
+    if (cur)
+        p->edge_first[T] = nedges;
+    for (int l = 0; l < m->nlayers; l++) {
+        const NnOpKind *op = nn_op_of(m, l);
+        if (op->scratch)
+            TAKE(p->lp[l].scratch, op->scratch(m, l, B));
+    }
+    TAKE(p->colsum, max_width);
+    for (int j = 0; j < m->noutputs; j++) {
+        const size_t bk = (size_t)B * m->outputs[j].width;
+        TAKE(p->outputs[j].out, bk);
+        TAKE(p->outputs[j].targets, bk);
+        float *labels = NULL;
+        TAKE(labels, B);
+        if (cur)
+            p->outputs[j].labels = (int32_t *)labels;
+    }
+    TAKE(p->weights, B);
+#undef TAKE
+    *total = n;
+    *edge_count = nedges;
 }
 
 /* Builds the plan for batch B; chain: bf16 layers hand bf16 activations to
@@ -143,35 +267,27 @@ static int chain16_in(const Model *m, int l)
  * had no bf16 implementation and was built in f32. */
 static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, SgError *err)
 {
-    const int L = m->nlayers;
+    const int L = m->nlayers, T = m->ntensors_graph;
     Plan *p = calloc(1, sizeof *p);
     if (p == NULL)
         return sg_fail(err, SG_ENOMEM, "model plan: out of memory");
     p->B = B;
-    p->act = calloc(L + 1, sizeof *p->act);
-    p->dact = calloc(L + 1, sizeof *p->dact);
+    size_t total = 0;
+    int nedges = 0;
+    lay_out(m, p, NULL, &total, &nedges);
+    p->act = calloc(T, sizeof *p->act);
+    p->dact = calloc(T, sizeof *p->dact);
+    p->din = calloc((size_t)L * NN_MAX_NODE_INPUTS, sizeof *p->din);
+    p->edge_first = calloc(T + 1, sizeof *p->edge_first);
+    p->edges = calloc(nedges ? nedges : 1, sizeof *p->edges);
     p->lp = calloc(L, sizeof *p->lp);
     for (int l = 0; p->lp && l < L; l++)
         p->lp[l].weights_convert = -1;
     int rc = 0;
-    if (!p->act || !p->dact || !p->lp) {
+    if (!p->act || !p->dact || !p->din || !p->edge_first || !p->edges || !p->lp) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
         goto fail;
     }
-    /* arena: act/dact per distinct buffer, the ops' scratch, colsum, out,
-     * targets, weights, labels */
-    size_t total = 2 * round16((size_t)B * model_input_size(m)), max_width = 0;
-    for (int l = 0; l < L; l++) {
-        const NnOpKind *op = nn_op_of(m, l);
-        size_t o = (size_t)B * nn_op_out_size(m, l);
-        max_width = nn_op_out_size(m, l) > max_width ? nn_op_out_size(m, l) : max_width;
-        if (!(op->flags & NN_OP_ALIAS))
-            total += 2 * round16(o);
-        if (op->scratch)
-            total += round16(op->scratch(m, l, B));
-    }
-    size_t bk = round16((size_t)B * m->classes);
-    total += round16(max_width) + 2 * bk + 2 * round16((size_t)B);
     p->arena = aligned_alloc(64, ((total * sizeof(float) + 63) / 64) * 64);
     if (p->arena == NULL) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: cannot allocate %zu floats for batch %d", total,
@@ -179,41 +295,25 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
         goto fail;
     }
     memset(p->arena, 0, total * sizeof(float));
-    float *cur = p->arena;
-    size_t in = round16((size_t)B * model_input_size(m));
-    p->act[0] = cur, cur += in;
-    p->dact[0] = cur, cur += in;
-    for (int l = 0; l < L; l++) {
-        const NnOpKind *op = nn_op_of(m, l);
-        size_t o = round16((size_t)B * nn_op_out_size(m, l));
-        if (op->flags & NN_OP_ALIAS) {
-            p->act[l + 1] = p->act[l];
-            p->dact[l + 1] = p->dact[l];
-        } else {
-            p->act[l + 1] = cur, cur += o;
-            p->dact[l + 1] = cur, cur += o;
-        }
-        if (op->scratch)
-            p->lp[l].scratch = cur, cur += round16(op->scratch(m, l, B));
-    }
-    p->colsum = cur, cur += round16(max_width);
-    p->out = cur, cur += bk;
-    p->targets = cur, cur += bk;
-    p->weights = cur, cur += round16((size_t)B);
-    p->labels = (int32_t *)cur;
+    lay_out(m, p, p->arena, &total, &nedges);
 
+    size_t max_row = 0;
     for (int l = 0; l < L; l++) {
         const NnOpKind *op = nn_op_of(m, l);
         if (op->build == NULL)
             continue;
         if ((op->flags & NN_OP_WEIGHTED) && m->precision == NN_BF16) {
             const int ncopies0 = p->ncopies;
-            /* the first layer reads bf16 inputs that gather() converts */
-            NnOpBuild how = {1, l == 0 || (chain && chain16_in(m, l)), chain && chain16(m, l)};
+            /* a layer whose input is the model's reads bf16 inputs that gather() converts */
+            const int in16 = bf16_input(m, l);
+            NnOpBuild how = {1, in16 >= 0 || (chain && chain16_in(m, l)), chain && chain16(m, l)};
             rc = op->build(m, p, l, &how, err);
             if (rc == 0) {
                 p->nbf16++;
-                p->input16 |= l == 0;
+                if (in16 >= 0) {
+                    p->input16[in16] = 1;
+                    max_row = tensor_size(m, in16) > max_row ? tensor_size(m, in16) : max_row;
+                }
                 continue;
             }
             /* no bf16 implementation for this layer's shapes: f32 (what
@@ -224,7 +324,9 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
             if (chain) /* its neighbours would hand it bf16: rebuild unchained */
                 goto fail;
             sg_error_clear(err);
+            float *scratch = p->lp[l].scratch;
             memset(&p->lp[l], 0, sizeof p->lp[l]);
+            p->lp[l].scratch = scratch;
             p->lp[l].weights_convert = -1;
             p->ncopies = ncopies0;
         }
@@ -232,7 +334,7 @@ static int plan_build(Model *m, int B, int chain, int *fell_back, Plan **out, Sg
         if ((rc = op->build(m, p, l, &f32, err)) < 0)
             goto fail;
     }
-    if (p->input16 && (p->rowbuf = malloc(model_input_size(m) * sizeof(float))) == NULL) {
+    if (max_row > 0 && (p->rowbuf = malloc(max_row * sizeof(float))) == NULL) {
         rc = sg_fail(err, SG_ENOMEM, "model plan: out of memory");
         goto fail;
     }
@@ -324,18 +426,43 @@ int model_forward(Model *m, Plan *p, int training, SgError *err)
 int model_dense_only(const Model *m)
 {
     for (int l = 0; l < m->nlayers; l++)
-        if (!(nn_op_of(m, l)->flags & NN_OP_FOLDS_SGD))
-            return 0;
+        if (!(nn_op_of(m, l)->flags & NN_OP_FOLDS_SGD) || m->accumulate[l] ||
+            (m->kernel_t[l] >= 0 && !m->tells[l]))
+            return 0; /* shared weights: an update between two uses would change the second */
     return 1;
 }
 
-/* One walk backward over the layers, last first (see NnOpBackward). */
+/* dact[t] = the sum of its readers' edge buffers, when it has several. */
+static void sum_edges(const Model *m, Plan *p, int t)
+{
+    const int first = p->edge_first[t], last = p->edge_first[t + 1];
+    if (last - first < 2 || p->dact[t] == NULL)
+        return;
+    const size_t n = (size_t)p->B * tensor_size(m, t);
+    float *d = p->dact[t];
+    memcpy(d, p->edges[first], n * sizeof(float));
+    for (int e = first + 1; e < last; e++) {
+        const float *src = p->edges[e];
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++)
+            d[i] += src[i];
+    }
+}
+
+/* One walk backward over the nodes, last first (see NnOpBackward): each
+ * node's output gradient summed from its readers', then its backward. */
 static int backward_pass(Model *m, Plan *p, const float *sgd_lr, const NnGradHook *hook,
                          SgError *err)
 {
     const NnOpBackward how = {hook, sgd_lr};
     for (int l = m->nlayers - 1; l >= 0; l--) {
         const NnOpKind *op = nn_op_of(m, l);
+        if (p->edge_first[node_out(m, l) + 1] - p->edge_first[node_out(m, l)] > 1) {
+            int rc = DNNL(err, dnnl_stream_wait, m->stream);
+            if (rc < 0)
+                return rc;
+            sum_edges(m, p, node_out(m, l));
+        }
         int rc = op->backward ? op->backward(m, p, l, &how, err) : 0;
         if (rc < 0)
             return rc;

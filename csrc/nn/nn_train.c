@@ -7,6 +7,7 @@
 #include "nn/nn_model_impl.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
@@ -49,94 +50,153 @@ static ptrdiff_t first_nonfinite(const float *v, size_t n)
     return -1;
 }
 
-/* One input row into dst: copied, converted from uint8, or transformed. */
-static void gather_row(const NnData *d, int64_t r, float *dst)
+NnData nn_data(NnDtype xtype, const void *x, size_t n, size_t row, NnDtype ytype, const void *y,
+               size_t k)
 {
-    const size_t row = d->row;
-    if (!d->transform && d->x) {
-        memcpy(dst, d->x + (size_t)r * row, row * sizeof(float));
+    NnData d;
+    memset(&d, 0, sizeof d);
+    d.n = n;
+    d.ninputs = 1;
+    d.inputs[0] = (NnArray){xtype, x, row};
+    if (y != NULL) {
+        d.ntargets = 1;
+        d.targets[0] = (NnArray){ytype, y, ytype == NN_F32 ? k : 1};
+    }
+    return d;
+}
+
+/* One input row into dst: copied, converted from uint8, or transformed. */
+static void gather_row(const NnArray *a, const NnTransform *tf, int64_t r, float *dst)
+{
+    const size_t row = a->row;
+    const float *xf = a->dtype == NN_F32 ? (const float *)a->data + (size_t)r * row : NULL;
+    const uint8_t *xu = a->dtype == NN_U8 ? (const uint8_t *)a->data + (size_t)r * row : NULL;
+    if (!tf->on && xf) {
+        memcpy(dst, xf, row * sizeof(float));
         return;
     }
-    if (!d->transform) {
-        const uint8_t *src = d->x_u8 + (size_t)r * row;
+    if (!tf->on) {
         for (size_t j = 0; j < row; j++)
-            dst[j] = (float)src[j];
+            dst[j] = (float)xu[j];
         return;
     }
-    const float scale = d->scale, *mean = d->mean, *sd = d->std;
+    const float scale = tf->scale, *mean = tf->mean, *sd = tf->std;
     /* float32 arithmetic in the order the caller wrote it: (x * scale - mean) / std */
-    if (d->x_u8) {
-        const uint8_t *src = d->x_u8 + (size_t)r * row;
-        for (size_t j = 0; j < row; j++) {
-            float v = (float)src[j] * scale;
-            if (mean)
-                v -= mean[j];
-            dst[j] = sd ? v / sd[j] : v;
-        }
-    } else {
-        const float *src = d->x + (size_t)r * row;
-        for (size_t j = 0; j < row; j++) {
-            float v = src[j] * scale;
-            if (mean)
-                v -= mean[j];
-            dst[j] = sd ? v / sd[j] : v;
-        }
+    for (size_t j = 0; j < row; j++) {
+        float v = (xu ? (float)xu[j] : xf[j]) * scale;
+        if (mean)
+            v -= mean[j];
+        dst[j] = sd ? v / sd[j] : v;
     }
 }
 
-/* Gathers rows order[start..start+B) (or start..start+B) of d into the plan:
- * inputs, targets (checked against the loss) and sample weights. */
-static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
-                  SgError *err)
+/* The name of input i or output j in a message: "" for a one-input
+ * (one-output) model, else " of input 2". */
+static const char *io_name(char *buf, size_t size, const char *what, int i, int count)
 {
-    const size_t row = d->row, K = (size_t)m->classes;
-    for (int i = 0; i < B; i++) {
-        int64_t r = order ? order[start + i] : (int64_t)(start + i);
-        if (r < 0 || (size_t)r >= d->n)
-            return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
-                           d->n);
+    if (count <= 1)
+        return "";
+    snprintf(buf, size, " of %s %d", what, i);
+    return buf;
+}
+
+/* Gathers input i's rows order[start..start+B) (or start..start+B) into its
+ * plan buffer (bf16 where its one reader takes it so). */
+static int gather_input(Model *m, Plan *p, const NnData *d, int i, const int64_t *order,
+                        size_t start, int B, SgError *err)
+{
+    const NnArray *a = &d->inputs[i];
+    const NnTransform *tf = &d->transforms[i];
+    const size_t row = a->row;
+    char nb[32];
+    for (int b = 0; b < B; b++) {
+        const int64_t r = order ? order[start + b] : (int64_t)(start + b);
         const float *in;
-        if (!p->input16) {
-            gather_row(d, r, p->act[0] + (size_t)i * row);
-            in = p->act[0] + (size_t)i * row;
+        if (!p->input16[i]) {
+            gather_row(a, tf, r, p->act[i] + (size_t)b * row);
+            in = p->act[i] + (size_t)b * row;
         } else {
             /* the first layer's bf16 input, rounded as its reorder would */
             in = p->rowbuf;
-            if (!d->transform && d->x)
-                in = d->x + (size_t)r * row;
+            if (!tf->on && a->dtype == NN_F32)
+                in = (const float *)a->data + (size_t)r * row;
             else
-                gather_row(d, r, p->rowbuf);
-            optim_f32_to_bf16(in, (uint16_t *)p->act[0] + (size_t)i * row, row);
+                gather_row(a, tf, r, p->rowbuf);
+            optim_f32_to_bf16(in, (uint16_t *)p->act[i] + (size_t)b * row, row);
         }
         /* a NaN would pass a ReLU as 0 and reach the weights through the
          * kernel's gradient: refused where it enters (uint8 rows cannot hold one) */
-        ptrdiff_t j = d->x ? first_nonfinite(in, row) : -1;
+        ptrdiff_t j = a->dtype == NN_F32 ? first_nonfinite(in, row) : -1;
         if (j >= 0)
-            return sg_fail(err, SG_EINVAL, "input value %g of row %lld (feature %td) is not finite",
-                           (double)in[j], (long long)r, j);
-        if (d->labels || d->labels64) {
-            int64_t y = d->labels ? (int64_t)d->labels[r] : d->labels64[r];
+            return sg_fail(
+                err, SG_EINVAL, "input value %g of row %lld (feature %td%s) is not finite",
+                (double)in[j], (long long)r, j, io_name(nb, sizeof nb, "input", i, m->ninputs));
+    }
+    return 0;
+}
+
+/* Gathers output j's targets of the batch, checked against its loss. */
+static int gather_targets(Model *m, Plan *p, const NnData *d, int j, const int64_t *order,
+                          size_t start, int B, SgError *err)
+{
+    const ModelOutput *o = &m->outputs[j];
+    const NnArray *a = &d->targets[j];
+    const size_t K = (size_t)o->width;
+    PlanOutput *po = &p->outputs[j];
+    char nb[32];
+    const char *of = io_name(nb, sizeof nb, "output", j, m->noutputs);
+    for (int b = 0; b < B; b++) {
+        const int64_t r = order ? order[start + b] : (int64_t)(start + b);
+        if (a->dtype == NN_I32 || a->dtype == NN_I64) {
+            const int64_t y = a->dtype == NN_I32 ? (int64_t)((const int32_t *)a->data)[r]
+                                                 : ((const int64_t *)a->data)[r];
             if (y < 0 || (uint64_t)y >= K)
-                return sg_fail(err, SG_EINVAL, "label %lld of row %lld is outside [0, %zu)",
-                               (long long)y, (long long)r, K);
-            p->labels[i] = (int32_t)y;
-        } else if (d->targets) {
-            const float *t = d->targets + (size_t)r * K;
+                return sg_fail(err, SG_EINVAL, "label %lld of row %lld%s is outside [0, %zu)",
+                               (long long)y, (long long)r, of, K);
+            po->labels[b] = (int32_t)y;
+        } else {
+            const float *t = (const float *)a->data + (size_t)r * K;
             int at;
-            if (nn_loss_bad_target(&m->loss, t, (int)K, &at))
-                return sg_fail(
-                    err, SG_EINVAL, "target %g (output %d) of row %lld is outside what %s takes%s",
-                    (double)t[at], at, (long long)r, nn_loss_ops(m->loss.kind)->name,
-                    m->loss.kind == NN_LOSS_BINARY_CE ? " ([0, 1])" : " (finite values)");
-            memcpy(p->targets + (size_t)i * K, t, K * sizeof(float));
+            if (nn_loss_bad_target(&o->loss, t, (int)K, &at))
+                return sg_fail(err, SG_EINVAL,
+                               "target %g (output %d) of row %lld%s is outside what %s takes%s",
+                               (double)t[at], at, (long long)r, of, nn_loss_ops(o->loss.kind)->name,
+                               o->loss.kind == NN_LOSS_BINARY_CE ? " ([0, 1])"
+                                                                 : " (finite values)");
+            memcpy(po->targets + (size_t)b * K, t, K * sizeof(float));
         }
-        if (d->weights) {
+    }
+    return 0;
+}
+
+/* Gathers rows order[start..start+B) (or start..start+B) of d into the plan:
+ * every input, every output's targets (with_targets) and sample weights.
+ * The one place every source's rows enter a step. */
+static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size_t start, int B,
+                  int with_targets, SgError *err)
+{
+    for (int b = 0; b < B; b++) {
+        const int64_t r = order ? order[start + b] : (int64_t)(start + b);
+        if (r < 0 || (size_t)r >= d->n)
+            return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
+                           d->n);
+    }
+    int rc;
+    for (int i = 0; i < m->ninputs; i++)
+        if ((rc = gather_input(m, p, d, i, order, start, B, err)) < 0)
+            return rc;
+    for (int j = 0; with_targets && j < m->noutputs; j++)
+        if ((rc = gather_targets(m, p, d, j, order, start, B, err)) < 0)
+            return rc;
+    if (d->weights) {
+        for (int b = 0; b < B; b++) {
+            const int64_t r = order ? order[start + b] : (int64_t)(start + b);
             const float w = d->weights[r];
             if (!(w >= 0.0f) || isinf(w))
                 return sg_fail(err, SG_EINVAL,
                                "sample weight %g of row %lld must be finite and >= 0", (double)w,
                                (long long)r);
-            p->weights[i] = w;
+            p->weights[b] = w;
         }
     }
     return 0;
@@ -144,63 +204,100 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
 
 static int check_data(const Model *m, const NnData *d, int need_targets, SgError *err)
 {
-    if (d->row != model_input_size(m))
-        return sg_fail(err, SG_EINVAL, "input rows have %zu values, the model takes %zu", d->row,
-                       model_input_size(m));
-    if (!d->x == !d->x_u8)
-        return sg_fail(err, SG_EINVAL, "inputs must be given as float32 or as uint8 rows");
+    if (d->ninputs != m->ninputs)
+        return sg_fail(err, SG_EINVAL, "%d input arrays given, the model has %d inputs", d->ninputs,
+                       m->ninputs);
+    char nb[32];
+    for (int i = 0; i < m->ninputs; i++) {
+        const NnArray *a = &d->inputs[i];
+        const char *of = io_name(nb, sizeof nb, "input", i, m->ninputs);
+        if (a->row != model_input_row(m, i))
+            return sg_fail(err, SG_EINVAL, "input rows%s have %zu values, the model takes %zu", of,
+                           a->row, model_input_row(m, i));
+        if ((a->dtype != NN_F32 && a->dtype != NN_U8) || (a->data == NULL && d->n > 0))
+            return sg_fail(err, SG_EINVAL, "inputs%s must be given as float32 or as uint8 rows",
+                           of);
+    }
     if (!need_targets)
         return 0;
-    const NnLossOps *ops = nn_loss_ops(m->loss.kind);
-    const int sparse = d->labels || d->labels64;
-    if (!sparse && !d->targets)
-        return sg_fail(err, SG_EINVAL, "no targets given");
-    if (sparse != ops->sparse)
-        return sg_fail(err, SG_EINVAL, "%s takes %s; %s given", ops->name,
-                       ops->sparse ? "integer labels [n]" : "float targets [n, outputs]",
-                       sparse ? "integer labels" : "float targets");
+    if (d->ntargets != m->noutputs)
+        return sg_fail(err, SG_EINVAL, "%s: %d target arrays given, the model has %d outputs",
+                       d->ntargets ? "targets" : "no targets given", d->ntargets, m->noutputs);
+    for (int j = 0; j < m->noutputs; j++) {
+        const NnArray *a = &d->targets[j];
+        const NnLossOps *ops = nn_loss_ops(m->outputs[j].loss.kind);
+        const int sparse = a->dtype == NN_I32 || a->dtype == NN_I64;
+        const char *of = io_name(nb, sizeof nb, "output", j, m->noutputs);
+        if (a->data == NULL && d->n > 0)
+            return sg_fail(err, SG_EINVAL, "no targets given%s", of);
+        if (sparse != ops->sparse || (!sparse && a->dtype != NN_F32))
+            return sg_fail(err, SG_EINVAL, "%s%s takes %s; %s given", ops->name, of,
+                           ops->sparse ? "integer labels [n]" : "float targets [n, outputs]",
+                           sparse ? "integer labels" : "another type");
+        if (!sparse && a->row != (size_t)m->outputs[j].width)
+            return sg_fail(err, SG_EINVAL, "targets%s have %zu values per row, the output %d", of,
+                           a->row, m->outputs[j].width);
+    }
     return 0;
 }
 
-/* The loss (and, with dz, its gradient) and the metrics of the batch in the
- * plan, into st. A non-finite loss in training is an error: nothing of the
- * batch is applied. */
-static int batch_loss(Model *m, Plan *p, const NnData *d, float *dz, NnStats *st, SgError *err)
+/* The loss (and, in training, its gradient into each output's dz, scaled by
+ * its loss weight) and the metrics of the batch in the plan, into st. A
+ * non-finite loss in training is an error: nothing of the batch is applied. */
+static int batch_loss(Model *m, Plan *p, const NnData *d, int training, NnStats *st, SgError *err)
 {
-    const int B = p->B, K = m->classes, L = m->nlayers;
-    const int sparse = d->labels || d->labels64;
-    /* without a head the outputs are z itself: no copy */
-    NnOutputs o = {B,
-                   K,
-                   m->head,
-                   p->act[L],
-                   m->head == NN_ACT_NONE ? p->act[L] : p->out,
-                   sparse ? p->labels : NULL,
-                   sparse ? NULL : p->targets,
-                   d->weights ? p->weights : NULL};
-    double loss_sum = 0.0;
-    int bad = -1;
-    int rc = nn_loss_run(&m->loss, &o, dz, &loss_sum, &bad);
-    if (rc == -1)
-        return sg_fail(err, SG_EINVAL, "label of batch row %d is outside [0, %d)", bad, K);
-    if (rc == -2 && dz != NULL)
-        return sg_fail(err, SG_ENONFINITE,
-                       "the %s loss is not finite at batch row %d (outputs or targets hold NaN or "
-                       "inf, or training diverged: lower the learning rate, clip gradients, check "
-                       "the inputs)",
-                       nn_loss_ops(m->loss.kind)->name, bad);
-    if (rc == -2)
-        loss_sum = NAN; /* evaluation reports it */
-    st->loss_sum += loss_sum;
-    st->seen += B;
-    st->steps += 1;
-    if (st->metrics != NULL) {
-        double *state = st->metrics;
-        for (int i = 0; i < m->nmetrics; i++) {
-            nn_metric_update(&m->metrics[i], state, &o);
-            state += nn_metric_state_size(&m->metrics[i]);
+    const int B = p->B;
+    double total = 0.0;
+    double *state = st->metrics;
+    char nb[32];
+    for (int j = 0; j < m->noutputs; j++) {
+        const ModelOutput *mo = &m->outputs[j];
+        PlanOutput *po = &p->outputs[j];
+        const int K = mo->width, sparse = nn_loss_ops(mo->loss.kind)->sparse;
+        float *z = p->act[mo->tensor];
+        /* without a head the outputs are z itself: no copy */
+        NnOutputs o = {B,
+                       K,
+                       mo->head,
+                       z,
+                       mo->head == NN_ACT_NONE ? z : po->out,
+                       sparse ? po->labels : NULL,
+                       sparse ? NULL : po->targets,
+                       d->weights ? p->weights : NULL};
+        double loss_sum = 0.0;
+        int bad = -1;
+        float *dz = training ? po->dz : NULL;
+        int rc = nn_loss_run(&mo->loss, &o, dz, &loss_sum, &bad);
+        const char *of = io_name(nb, sizeof nb, "output", j, m->noutputs);
+        if (rc == -1)
+            return sg_fail(err, SG_EINVAL, "label of batch row %d%s is outside [0, %d)", bad, of,
+                           K);
+        if (rc == -2 && training)
+            return sg_fail(err, SG_ENONFINITE,
+                           "the %s loss%s is not finite at batch row %d (outputs or targets hold "
+                           "NaN or inf, or training diverged: lower the learning rate, clip "
+                           "gradients, check the inputs)",
+                           nn_loss_ops(mo->loss.kind)->name, of, bad);
+        if (rc == -2)
+            loss_sum = NAN; /* evaluation reports it */
+        if (dz != NULL && mo->loss_weight != 1.0f) {
+            const size_t n = (size_t)B * K;
+            const float w = mo->loss_weight;
+            for (size_t i = 0; i < n; i++)
+                dz[i] *= w;
+        }
+        st->output_loss[j] += loss_sum;
+        total += (double)mo->loss_weight * loss_sum;
+        if (state != NULL) {
+            for (int i = 0; i < mo->nmetrics; i++) {
+                nn_metric_update(&mo->metrics[i], state, &o);
+                state += nn_metric_state_size(&mo->metrics[i]);
+            }
         }
     }
+    st->loss_sum += total;
+    st->seen += B;
+    st->steps += 1;
     return 0;
 }
 
@@ -219,12 +316,12 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
         return rc;
     if (m->w16_fresh != p)
         m->w16_fresh = NULL;
-    rc = gather(m, p, d, order, start, B, err);
+    rc = gather(m, p, d, order, start, B, 1, err);
     if (rc == 0)
         rc = model_forward(m, p, 1, err);
     /* from here on the bf16 weights are stale until an optimizer step rewrites them */
     m->w16_fresh = NULL;
-    if (rc < 0 || (rc = batch_loss(m, p, d, p->dact[m->nlayers], st, err)) < 0)
+    if (rc < 0 || (rc = batch_loss(m, p, d, 1, st, err)) < 0)
         return rc;
     int64_t next = (step ? *step : 0) + 1;
     /* plain SGD on a Dense stack: the update happens inside the weight-gradient
@@ -305,14 +402,14 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
         int B = d->n - start < (size_t)batch ? (int)(d->n - start) : batch;
         Plan *p;
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
-            (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
-            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, NULL, st, err)) < 0)
+            (rc = gather(m, p, d, NULL, start, B, 1, err)) < 0 ||
+            (rc = model_forward(m, p, 0, err)) < 0 || (rc = batch_loss(m, p, d, 0, st, err)) < 0)
             return sg_context(err, "evaluating rows from %zu: ", start);
     }
     return 0;
 }
 
-int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err)
+int model_predict(Model *m, const NnData *d, int batch, float *const *out, SgError *err)
 {
     int rc = check_data(m, d, 0, err);
     if (rc < 0)
@@ -320,17 +417,20 @@ int model_predict(Model *m, const NnData *d, int batch, float *out, SgError *err
     const size_t n = d->n;
     if (batch <= 0)
         return sg_fail(err, SG_EINVAL, "batch size must be > 0, not %d", batch);
-    const int K = m->classes;
     for (size_t start = 0; start < n; start += (size_t)batch) {
         int B = n - start < (size_t)batch ? (int)(n - start) : batch;
         Plan *p;
         if ((rc = model_plan(m, B, &p, err)) < 0 ||
-            (rc = gather(m, p, d, NULL, start, B, err)) < 0 ||
+            (rc = gather(m, p, d, NULL, start, B, 0, err)) < 0 ||
             (rc = model_forward(m, p, 0, err)) < 0)
             return sg_context(err, "predicting rows from %zu: ", start);
-        NnOutputs o = {B,    K,    m->head, p->act[m->nlayers], out + start * (size_t)K,
-                       NULL, NULL, NULL};
-        nn_head_forward(&o);
+        for (int j = 0; j < m->noutputs; j++) {
+            const ModelOutput *mo = &m->outputs[j];
+            NnOutputs o = {
+                B,    mo->width, mo->head, p->act[mo->tensor], out[j] + start * (size_t)mo->width,
+                NULL, NULL,      NULL};
+            nn_head_forward(&o);
+        }
     }
     return 0;
 }

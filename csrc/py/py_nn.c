@@ -1,5 +1,5 @@
 /*
- * py_nn.c - sparkgrad._core.Model: a sequential network of nn/nn_model.h
+ * py_nn.c - sparkgrad._core.Model: a network (a graph of layers) of nn/nn_model.h
  * whose parameter and gradient buffers are exposed as NumPy views (no copy),
  * and whose training, evaluation and prediction loops run with the GIL
  * released. The Keras-like API (sparkgrad.nn) is built on it in Python;
@@ -22,44 +22,191 @@ static void model_dealloc(ModelObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Sets *out from the int field `key` of a layer description (absent: left). */
+static int layer_int(PyObject *desc, const char *key, int *out, Py_ssize_t i)
+{
+    PyObject *v = PyDict_GetItemString(desc, key); /* borrowed */
+    if (v == NULL)
+        return 0;
+    long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return sg_raise_code(SG_EINVAL, "layer %zd: %s must be an int, not %s", i, key,
+                             Py_TYPE(v)->tp_name),
+               -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* Sets out[0..n) from the int-sequence field `key` (absent: left). */
+static int layer_ints(PyObject *desc, const char *key, int *out, int min, int max, int *count,
+                      Py_ssize_t i)
+{
+    PyObject *v = PyDict_GetItemString(desc, key);
+    if (v == NULL)
+        return 0;
+    PyObject *seq = PySequence_Fast(v, "");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : -1;
+    int rc = 0;
+    if (seq == NULL || n < min || n > max) {
+        PyErr_Clear();
+        rc = -1;
+    }
+    for (Py_ssize_t k = 0; rc == 0 && k < n; k++) {
+        long x = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            rc = -1;
+        }
+        out[k] = (int)x;
+    }
+    Py_XDECREF(seq);
+    if (rc < 0)
+        return sg_raise_code(SG_EINVAL, "layer %zd: %s must be a sequence of %d to %d ints", i, key,
+                             min, max),
+               -1;
+    if (count)
+        *count = (int)n;
+    return 0;
+}
+
+/* The fields of a layer description (a dict), the typed form Python hands
+ * over: "kind" (an index of LAYER_KINDS) is required, the others default to
+ * 0 / none; "inputs" defaults to the previous tensor (a chain). */
+static const char *const LAYER_FIELDS[] = {
+    "kind",       "inputs", "units",       "kernel_size",  "strides", "padding",
+    "activation", "rate",   "initializer", "target_shape", "shares",  NULL,
+};
+
+static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
+{
+    if (!PyDict_Check(desc))
+        return sg_raise_code(SG_EINVAL, "layer %zd must be a dict (a layer description), not %s", i,
+                             Py_TYPE(desc)->tp_name),
+               -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(desc, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = 0;
+        for (int f = 0; k != NULL && LAYER_FIELDS[f] != NULL; f++)
+            known |= strcmp(k, LAYER_FIELDS[f]) == 0;
+        if (!known) {
+            PyErr_Clear();
+            PyObject *r = PyObject_Repr(key);
+            sg_raise_code(SG_EINVAL, "layer %zd: unknown field %s", i,
+                          r ? PyUnicode_AsUTF8(r) : "?");
+            Py_XDECREF(r);
+            return -1;
+        }
+    }
+    LayerSpec *s = &nd->spec;
+    memset(nd, 0, sizeof *nd);
+    int kind = -1, act = 0, init = 0, kernel[2] = {0, 0};
+    nd->ninputs = 1;
+    nd->inputs[0] = ninputs - 1 + (int)i; /* the previous tensor */
+    nd->shares = -1;
+    if (layer_int(desc, "kind", &kind, i) < 0 || layer_int(desc, "units", &s->units, i) < 0 ||
+        layer_int(desc, "strides", &s->stride, i) < 0 ||
+        layer_int(desc, "activation", &act, i) < 0 ||
+        layer_int(desc, "initializer", &init, i) < 0 ||
+        layer_int(desc, "shares", &nd->shares, i) < 0 ||
+        layer_ints(desc, "kernel_size", kernel, 2, 2, NULL, i) < 0 ||
+        layer_ints(desc, "target_shape", s->shape, 3, 3, NULL, i) < 0 ||
+        layer_ints(desc, "inputs", nd->inputs, 1, NN_MAX_NODE_INPUTS, &nd->ninputs, i) < 0)
+        return -1;
+    if (kind < 0 || kind >= LAYER_KIND_COUNT)
+        return sg_raise_code(SG_EINVAL, "layer %zd: kind must be an index of LAYER_KINDS, not %d",
+                             i, kind),
+               -1;
+    PyObject *pad = PyDict_GetItemString(desc, "padding");
+    const char *ps = pad && PyUnicode_Check(pad) ? PyUnicode_AsUTF8(pad) : NULL;
+    if (pad != NULL && (ps == NULL || (strcmp(ps, "same") && strcmp(ps, "valid"))))
+        return sg_raise_code(SG_EINVAL, "layer %zd: padding must be 'same' or 'valid'", i), -1;
+    s->same = ps != NULL && strcmp(ps, "same") == 0;
+    PyObject *rate = PyDict_GetItemString(desc, "rate");
+    if (rate != NULL) {
+        double r = PyFloat_AsDouble(rate);
+        if (r == -1.0 && PyErr_Occurred())
+            return -1;
+        s->rate = (float)r;
+    }
+    s->kind = (LayerKind)kind;
+    s->kh = kernel[0];
+    s->kw = kernel[1];
+    s->act = (NnAct)act;
+    s->init = (NnInit)init;
+    return 0;
+}
+
 static int model_init(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"input_shape", "layers", NULL};
-    int h, w, c;
-    PyObject *layers;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "(iii)O:Model", kwlist, &h, &w, &c, &layers))
+    static char *kwlist[] = {"inputs", "layers", "outputs", NULL};
+    PyObject *inputs, *layers, *outputs = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:Model", kwlist, &inputs, &layers, &outputs))
         return -1;
-    PyObject *seq = PySequence_Fast(layers, "layers must be a sequence of tuples");
+    NnShape shapes[NN_MAX_IO];
+    int nin = 0, nout = 0, outs[NN_MAX_IO];
+    PyObject *iseq = PySequence_Fast(inputs, "inputs must be a sequence of (h, w, c) shapes");
+    if (iseq == NULL)
+        return -1;
+    Py_ssize_t ni = PySequence_Fast_GET_SIZE(iseq);
+    for (Py_ssize_t i = 0; i < ni && i < NN_MAX_IO; i++)
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(iseq, i), "iii;an input shape is (h, w, c)",
+                              &shapes[i].h, &shapes[i].w, &shapes[i].c)) {
+            Py_DECREF(iseq);
+            return -1;
+        }
+    Py_DECREF(iseq);
+    if (ni < 1 || ni > NN_MAX_IO)
+        return sg_raise_code(SG_EMODEL, "a model has 1 to %d inputs, not %zd", NN_MAX_IO, ni), -1;
+    nin = (int)ni;
+    PyObject *seq = PySequence_Fast(layers, "layers must be a sequence of layer descriptions");
     if (seq == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    LayerSpec *specs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *specs);
+    NnNode *nodes = PyMem_Calloc(n ? (size_t)n : 1, sizeof *nodes);
     int rc = -1;
-    if (specs == NULL) {
+    if (nodes == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        LayerSpec *s = &specs[i];
-        int kind, act, init;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiiiiiifi;layer tuple", &kind,
-                              &s->units, &s->kh, &s->kw, &s->stride, &s->same, &act, &s->rate,
-                              &init))
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_layer(PySequence_Fast_GET_ITEM(seq, i), i, nin, &nodes[i]) < 0)
             goto done;
-        s->kind = (LayerKind)kind;
-        s->act = (NnAct)act;
-        s->init = (NnInit)init;
+    if (outputs == Py_None) {
+        nout = 1;
+        outs[0] = nin + (int)n - 1;
+    } else {
+        PyObject *oseq = PySequence_Fast(outputs, "outputs must be a sequence of tensor ids");
+        if (oseq == NULL)
+            goto done;
+        Py_ssize_t no = PySequence_Fast_GET_SIZE(oseq);
+        for (Py_ssize_t j = 0; j < no && j < NN_MAX_IO; j++) {
+            outs[j] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(oseq, j));
+            if (outs[j] == -1 && PyErr_Occurred()) {
+                Py_DECREF(oseq);
+                goto done;
+            }
+        }
+        Py_DECREF(oseq);
+        if (no < 1 || no > NN_MAX_IO) {
+            sg_raise_code(SG_EMODEL, "a model has 1 to %d outputs, not %zd", NN_MAX_IO, no);
+            goto done;
+        }
+        nout = (int)no;
     }
     SgError err = {0};
     model_free(self->model);
     self->model = NULL;
-    if (model_create(&self->model, h, w, c, specs, (int)n, &err) < 0) {
+    if (model_create_graph(&self->model, shapes, nin, nodes, (int)n, outs, nout, &err) < 0) {
         sg_raise(&err);
         goto done;
     }
     rc = 0;
 done:
-    PyMem_Free(specs);
+    PyMem_Free(nodes);
     Py_DECREF(seq);
     return rc;
 }
@@ -246,63 +393,130 @@ static int optional_floats(PyObject *o, const char *name, size_t n, const float 
     return 0;
 }
 
-/* Fills d from (x, labels, targets), the sample weights and the input
- * transform (scale NaN, mean and std None: none); None for what is absent.
- * x: float32 or uint8; labels: int32 or int64; targets [n, K] and weights
- * [n]: float32. The arrays are used in place: the caller keeps them alive. */
-static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *lo, PyObject *oo,
-                      double scale, PyObject *meano, PyObject *stdo, PyObject *wo)
+/* The arrays of x (one array, or a list or tuple of them): *out holds n
+ * new references to sequence items or x itself. */
+static PyObject *as_list(PyObject *o)
 {
+    if (PyList_Check(o) || PyTuple_Check(o))
+        return PySequence_Fast(o, "");
+    return PyTuple_Pack(1, o);
+}
+
+/* Fills d from x (an array, or one per input), y (None, an array, or one per
+ * output: int32/int64 labels or float32 targets), the sample weights and the
+ * input transform of input 0 (scale NaN, mean and std None: none). The arrays
+ * are used in place: the caller keeps them alive. */
+static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, double scale,
+                      PyObject *meano, PyObject *stdo, PyObject *wo)
+{
+    Model *m = self->model;
     memset(d, 0, sizeof *d);
-    if (!PyArray_Check(xo))
-        return sg_raise_code(SG_EINVAL, "x must be a NumPy array, not %s", Py_TYPE(xo)->tp_name),
-               -1;
-    PyArrayObject *x = (PyArrayObject *)xo;
-    int xt = PyArray_TYPE(x);
-    if ((xt != NPY_FLOAT32 && xt != NPY_UINT8) || !PyArray_IS_C_CONTIGUOUS(x))
-        return sg_raise_code(SG_EINVAL, "x must be a C-contiguous float32 or uint8 array, not %s%s",
-                             PyArray_DESCR(x)->typeobj->tp_name,
-                             PyArray_IS_C_CONTIGUOUS(x) ? "" : " (not contiguous)"),
-               -1;
-    if (PyArray_NDIM(x) < 1)
-        return sg_raise_code(SG_EINVAL, "x must have a batch dimension"), -1;
-    d->n = (size_t)PyArray_DIM(x, 0);
-    d->row = model_input_size(self->model);
-    if ((size_t)PyArray_SIZE(x) != d->n * d->row)
-        return sg_raise_code(SG_EINVAL,
-                             "x has %zd values for %zu rows; the model takes %zu per row",
-                             PyArray_SIZE(x), d->n, d->row),
-               -1;
-    if (xt == NPY_FLOAT32)
-        d->x = PyArray_DATA(x);
-    else
-        d->x_u8 = PyArray_DATA(x);
-    if (optional_floats(meano, "input mean", d->row, &d->mean) < 0 ||
-        optional_floats(stdo, "input std", d->row, &d->std) < 0)
+    PyObject *xs = as_list(xo);
+    if (xs == NULL)
         return -1;
-    d->transform = !isnan(scale) || d->mean || d->std;
-    d->scale = isnan(scale) ? 1.0f : (float)scale;
-    if (lo != Py_None) {
-        PyArrayObject *l = (PyArrayObject *)lo;
-        int lt = PyArray_Check(lo) ? PyArray_TYPE(l) : -1;
-        if ((lt != NPY_INT32 && lt != NPY_INT64) || !PyArray_IS_C_CONTIGUOUS(l) ||
-            (size_t)PyArray_SIZE(l) != d->n)
-            return sg_raise_code(SG_EINVAL,
-                                 "labels must be a contiguous int32 or int64 array of %zu rows",
-                                 d->n),
-                   -1;
-        if (lt == NPY_INT32)
-            d->labels = PyArray_DATA(l);
-        else
-            d->labels64 = PyArray_DATA(l);
+    const Py_ssize_t nx = PySequence_Fast_GET_SIZE(xs);
+    int rc = -1;
+    if (nx != model_num_inputs(m)) {
+        sg_raise_code(SG_EINVAL, "x has %zd arrays, the model has %d inputs", nx,
+                      model_num_inputs(m));
+        goto done;
     }
-    if (oo != Py_None) {
-        size_t k = (size_t)model_num_classes(self->model);
-        if (nn_float_array(oo, "targets", d->n * k, 0) == NULL)
-            return -1;
-        d->targets = PyArray_DATA((PyArrayObject *)oo);
+    d->ninputs = (int)nx;
+    for (int i = 0; i < d->ninputs; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(xs, i);
+        if (!PyArray_Check(o)) {
+            sg_raise_code(SG_EINVAL, "x[%d] must be a NumPy array, not %s", i, Py_TYPE(o)->tp_name);
+            goto done;
+        }
+        PyArrayObject *x = (PyArrayObject *)o;
+        int xt = PyArray_TYPE(x);
+        if ((xt != NPY_FLOAT32 && xt != NPY_UINT8) || !PyArray_IS_C_CONTIGUOUS(x) ||
+            PyArray_NDIM(x) < 1) {
+            sg_raise_code(SG_EINVAL,
+                          "x[%d] must be a C-contiguous float32 or uint8 array with a batch "
+                          "dimension, not %s%s",
+                          i, PyArray_DESCR(x)->typeobj->tp_name,
+                          PyArray_IS_C_CONTIGUOUS(x) ? "" : " (not contiguous)");
+            goto done;
+        }
+        const size_t n = (size_t)PyArray_DIM(x, 0), row = model_input_row(m, i);
+        if (i == 0)
+            d->n = n;
+        if (n != d->n) {
+            sg_raise_code(SG_EINVAL, "x[%d] has %zu rows, x[0] %zu", i, n, d->n);
+            goto done;
+        }
+        if ((size_t)PyArray_SIZE(x) != n * row) {
+            sg_raise_code(SG_EINVAL,
+                          "x[%d] has %zd values for %zu rows; the model takes %zu per row", i,
+                          PyArray_SIZE(x), n, row);
+            goto done;
+        }
+        d->inputs[i] = (NnArray){xt == NPY_FLOAT32 ? NN_F32 : NN_U8, PyArray_DATA(x), row};
     }
-    return optional_floats(wo, "sample weights", d->n, &d->weights);
+    NnTransform *tf = &d->transforms[0];
+    if (optional_floats(meano, "input mean", d->inputs[0].row, &tf->mean) < 0 ||
+        optional_floats(stdo, "input std", d->inputs[0].row, &tf->std) < 0)
+        goto done;
+    tf->on = !isnan(scale) || tf->mean || tf->std;
+    tf->scale = isnan(scale) ? 1.0f : (float)scale;
+    for (int i = 1; i < d->ninputs; i++)
+        d->transforms[i].scale = 1.0f;
+    if (yo != Py_None) {
+        PyObject *ys = as_list(yo);
+        if (ys == NULL)
+            goto done;
+        const Py_ssize_t ny = PySequence_Fast_GET_SIZE(ys);
+        if (ny != model_num_outputs(m)) {
+            sg_raise_code(SG_EINVAL, "y has %zd arrays, the model has %d outputs", ny,
+                          model_num_outputs(m));
+            Py_DECREF(ys);
+            goto done;
+        }
+        d->ntargets = (int)ny;
+        for (int j = 0; j < d->ntargets; j++) {
+            PyObject *o = PySequence_Fast_GET_ITEM(ys, j);
+            PyArrayObject *y = (PyArrayObject *)o;
+            int yt = PyArray_Check(o) ? PyArray_TYPE(y) : -1;
+            size_t k = (size_t)model_output_width(m, j);
+            size_t row = yt == NPY_FLOAT32 ? k : 1;
+            if ((yt != NPY_INT32 && yt != NPY_INT64 && yt != NPY_FLOAT32) ||
+                !PyArray_IS_C_CONTIGUOUS(y) || (size_t)PyArray_SIZE(y) != d->n * row) {
+                sg_raise_code(SG_EINVAL,
+                              "y[%d] must be contiguous int32 or int64 labels [%zu] or float32 "
+                              "targets [%zu, %zu]",
+                              j, d->n, d->n, k);
+                Py_DECREF(ys);
+                goto done;
+            }
+            d->targets[j] = (NnArray){yt == NPY_INT32   ? NN_I32
+                                      : yt == NPY_INT64 ? NN_I64
+                                                        : NN_F32,
+                                      PyArray_DATA(y), row};
+        }
+        Py_DECREF(ys);
+    }
+    rc = optional_floats(wo, "sample weights", d->n, &d->weights);
+done:
+    Py_DECREF(xs);
+    return rc;
+}
+
+/* Doubles of the state array Python keeps: the metrics' state, then with
+ * several outputs each output's loss sum (they add up as the metrics do). */
+static size_t state_size(const Model *m)
+{
+    return model_metric_state_size(m) + (model_num_outputs(m) > 1 ? model_num_outputs(m) : 0);
+}
+
+/* Adds the run's per-output losses into the state's tail (see state_size). */
+static void add_output_losses(const Model *m, const NnStats *st)
+{
+    if (st->metrics == NULL || model_num_outputs(m) < 2)
+        return;
+    double *tail = st->metrics + model_metric_state_size(m);
+    for (int j = 0; j < model_num_outputs(m); j++)
+        tail[j] += st->output_loss[j];
 }
 
 /* The metrics' state array st->metrics points into: None, or a contiguous
@@ -312,13 +526,13 @@ static int metric_state(ModelObject *self, PyObject *o, NnStats *st)
     st->metrics = NULL;
     if (o == Py_None)
         return 0;
-    size_t n = model_metric_state_size(self->model);
+    size_t n = state_size(self->model);
     if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_FLOAT64 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) || !PyArray_ISWRITEABLE((PyArrayObject *)o) ||
         (size_t)PyArray_SIZE((PyArrayObject *)o) != n)
         return sg_raise_code(SG_EINVAL,
                              "metrics must be None or a writable contiguous float64 array of %zu "
-                             "values (the metrics' state)",
+                             "values (the metrics' state, then each output's loss sum)",
                              n),
                -1;
     st->metrics = PyArray_DATA((PyArrayObject *)o);
@@ -391,18 +605,18 @@ static const NnGradHook *hook_from_capsule(PyObject *o)
 
 static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"opt",   "x",       "labels",  "targets", "order", "start",
-                             "batch", "nsteps",  "hook",    "step",    "scale", "mean",
-                             "std",   "weights", "metrics", NULL};
-    PyObject *opto, *xo, *lo, *oo, *ordo, *hooko = Py_None, *meano = Py_None, *stdo = Py_None;
+    static char *kwlist[] = {"opt",   "x",      "y",       "order",   "start",
+                             "batch", "nsteps", "hook",    "step",    "scale",
+                             "mean",  "std",    "weights", "metrics", NULL};
+    PyObject *opto, *xo, *yo, *ordo, *hooko = Py_None, *meano = Py_None, *stdo = Py_None;
     PyObject *wo = Py_None, *mo = Py_None;
     Py_ssize_t start;
     int batch;
     long long nsteps, step = 0;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOniL|$OLdOOOO:train_steps", kwlist, &opto, &xo,
-                                     &lo, &oo, &ordo, &start, &batch, &nsteps, &hooko, &step,
-                                     &scale, &meano, &stdo, &wo, &mo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOniL|$OLdOOOO:train_steps", kwlist, &opto, &xo,
+                                     &yo, &ordo, &start, &batch, &nsteps, &hooko, &step, &scale,
+                                     &meano, &stdo, &wo, &mo) ||
         model_ready(self) < 0)
         return NULL;
     Optimizer *opt = NULL;
@@ -420,11 +634,10 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
         return NULL;
     NnData d;
     NnStats st = {0};
-    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo, wo) < 0 ||
-        metric_state(self, mo, &st) < 0)
+    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo) < 0 || metric_state(self, mo, &st) < 0)
         return NULL;
-    if (!d.labels && !d.labels64 && !d.targets)
-        return sg_raise_code(SG_EINVAL, "train_steps needs labels or targets");
+    if (d.ntargets == 0)
+        return sg_raise_code(SG_EINVAL, "train_steps needs targets (y)");
     const int64_t *order = NULL;
     if (ordo != Py_None) {
         if (!PyArray_Check(ordo) || PyArray_TYPE((PyArrayObject *)ordo) != NPY_INT64 ||
@@ -448,6 +661,7 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
     Py_END_ALLOW_THREADS
     self->busy = 0;
     Py_XDECREF(hook ? hooko : NULL);
+    add_output_losses(self->model, &st);
     if (rc < 0 && err.code != SG_ENOMEM) {
         /* the steps before the failing one were applied: say how far the run got */
         PyObject *details =
@@ -467,20 +681,20 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
 
 static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x",    "labels", "targets", "batch",   "scale",
-                             "mean", "std",    "weights", "metrics", NULL};
-    PyObject *xo, *lo, *oo, *meano = Py_None, *stdo = Py_None, *wo = Py_None, *mo = Py_None;
+    static char *kwlist[] = {"x", "y", "batch", "scale", "mean", "std", "weights", "metrics", NULL};
+    PyObject *xo, *yo, *meano = Py_None, *stdo = Py_None, *wo = Py_None, *mo = Py_None;
     int batch;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOi|$dOOOO:evaluate", kwlist, &xo, &lo, &oo,
-                                     &batch, &scale, &meano, &stdo, &wo, &mo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOi|$dOOOO:evaluate", kwlist, &xo, &yo, &batch,
+                                     &scale, &meano, &stdo, &wo, &mo) ||
         model_ready(self) < 0)
         return NULL;
     NnData d;
     NnStats st = {0};
-    if (parse_data(self, &d, xo, lo, oo, scale, meano, stdo, wo) < 0 ||
-        metric_state(self, mo, &st) < 0)
+    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo) < 0 || metric_state(self, mo, &st) < 0)
         return NULL;
+    if (d.ntargets == 0)
+        return sg_raise_code(SG_EINVAL, "evaluate needs targets (y)");
     SgError err = {0};
     int rc;
     self->busy = 1;
@@ -488,6 +702,7 @@ static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *
     rc = model_evaluate(self->model, &d, batch, &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    add_output_losses(self->model, &st);
     if (rc < 0)
         return sg_raise(&err);
     return stats_tuple(&st);
@@ -504,13 +719,23 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
         model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, Py_None, Py_None, scale, meano, stdo, Py_None) < 0)
+    if (parse_data(self, &d, xo, Py_None, scale, meano, stdo, Py_None) < 0)
         return NULL;
-    npy_intp dims[2] = {(npy_intp)d.n, model_num_classes(self->model)};
-    PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
-    if (out == NULL)
+    const int nout = model_num_outputs(self->model);
+    float *dst[NN_MAX_IO];
+    PyObject *outs = PyList_New(nout);
+    for (int j = 0; outs != NULL && j < nout; j++) {
+        npy_intp dims[2] = {(npy_intp)d.n, model_output_width(self->model, j)};
+        PyObject *o = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+        if (o == NULL) {
+            Py_CLEAR(outs);
+            break;
+        }
+        PyList_SET_ITEM(outs, j, o);
+        dst[j] = PyArray_DATA((PyArrayObject *)o);
+    }
+    if (outs == NULL)
         return NULL;
-    float *dst = PyArray_DATA((PyArrayObject *)out);
     SgError err = {0};
     int rc;
     self->busy = 1;
@@ -519,24 +744,32 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc < 0) {
-        Py_DECREF(out);
+        Py_DECREF(outs);
         return sg_raise(&err);
     }
-    return out;
+    if (nout > 1)
+        return outs;
+    PyObject *one = PyList_GET_ITEM(outs, 0);
+    Py_INCREF(one);
+    Py_DECREF(outs);
+    return one;
 }
 
 static PyObject *model_set_loss_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"kind", "from_logits", "label_smoothing", "delta", NULL};
-    int kind, from_logits = 0;
-    float smoothing = 0.0f, delta = 1.0f;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$pff:set_loss", kwlist, &kind, &from_logits,
-                                     &smoothing, &delta) ||
+    static char *kwlist[] = {"kind",   "from_logits", "label_smoothing", "delta", "output",
+                             "weight", NULL};
+    int kind, from_logits = 0, output = 0;
+    float smoothing = 0.0f, delta = 1.0f, weight = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$pffif:set_loss", kwlist, &kind, &from_logits,
+                                     &smoothing, &delta, &output, &weight) ||
         model_ready(self) < 0)
         return NULL;
+    if (kind < 0 || kind >= NN_LOSS_COUNT)
+        return sg_raise_code(SG_EINVAL, "set_loss: unknown loss kind %d", kind);
     NnLoss loss = {(NnLossKind)kind, from_logits, smoothing, delta};
     SgError err = {0};
-    if (model_set_loss(self->model, &loss, &err) < 0)
+    if (model_set_output_loss(self->model, output, &loss, weight, &err) < 0)
         return sg_raise(&err);
     Py_RETURN_NONE;
 }
@@ -582,16 +815,17 @@ done:
     return rc;
 }
 
-static PyObject *model_set_metrics_py(ModelObject *self, PyObject *args)
+static PyObject *model_set_metrics_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"metrics", "output", NULL};
     PyObject *list;
     NnMetric *ms;
-    int n;
-    if (!PyArg_ParseTuple(args, "O:set_metrics", &list) || model_ready(self) < 0 ||
-        parse_metrics(list, &ms, &n) < 0)
+    int n, output = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$i:set_metrics", kwlist, &list, &output) ||
+        model_ready(self) < 0 || parse_metrics(list, &ms, &n) < 0)
         return NULL;
     SgError err = {0};
-    int rc = model_set_metrics(self->model, ms, n, &err);
+    int rc = model_set_output_metrics(self->model, output, ms, n, &err);
     PyMem_Free(ms);
     if (rc < 0)
         return sg_raise(&err);
@@ -601,7 +835,31 @@ static PyObject *model_set_metrics_py(ModelObject *self, PyObject *args)
 static PyObject *model_get_metric_state_size(ModelObject *self, void *closure)
 {
     (void)closure;
-    return model_ready(self) < 0 ? NULL : PyLong_FromSize_t(model_metric_state_size(self->model));
+    return model_ready(self) < 0 ? NULL : PyLong_FromSize_t(state_size(self->model));
+}
+
+static const char *head_name(NnAct h)
+{
+    return h == NN_ACT_SOFTMAX ? "softmax" : h == NN_ACT_SIGMOID ? "sigmoid" : "linear";
+}
+
+static PyObject *model_get_outputs(ModelObject *self, void *closure)
+{
+    (void)closure;
+    if (model_ready(self) < 0)
+        return NULL;
+    const Model *m = self->model;
+    PyObject *out = PyList_New(model_num_outputs(m));
+    for (int j = 0; out != NULL && j < model_num_outputs(m); j++) {
+        PyObject *row = Py_BuildValue("(iis)", model_output_tensor(m, j), model_output_width(m, j),
+                                      head_name(model_output_head(m, j)));
+        if (row == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, j, row);
+    }
+    return out;
 }
 
 static PyObject *model_get_head(ModelObject *self, void *closure)
@@ -609,10 +867,7 @@ static PyObject *model_get_head(ModelObject *self, void *closure)
     (void)closure;
     if (model_ready(self) < 0)
         return NULL;
-    NnAct h = model_head(self->model);
-    return PyUnicode_FromString(h == NN_ACT_SOFTMAX   ? "softmax"
-                                : h == NN_ACT_SIGMOID ? "sigmoid"
-                                                      : "linear");
+    return PyUnicode_FromString(head_name(model_head(self->model)));
 }
 
 static PyObject *model_get_classes(ModelObject *self, void *closure)
@@ -637,34 +892,37 @@ static PyMethodDef model_methods[] = {
     {"bf16_layers", (PyCFunction)model_bf16_layers_py, METH_VARARGS,
      "bf16_layers(batch) -> Dense/Conv2D layers running bf16 primitives at that batch size."},
     {"train_steps", (PyCFunction)(void (*)(void))model_train_steps, METH_VARARGS | METH_KEYWORDS,
-     "train_steps(opt|None, x, labels|None, targets|None, order|None, start, batch, nsteps, *, "
-     "hook=None, step=0, scale=nan, mean=None, std=None, weights=None, metrics=None) -> "
-     "(loss_sum, seen, steps, step after); x float32 or uint8, labels int32 or int64, targets "
-     "float32 [n, K], weights float32 [n]; metrics: the float64 state array the metrics add to; "
-     "hook: a sparkgrad._core.NnGradHook capsule; GIL released."},
+     "train_steps(opt|None, x, y, order|None, start, batch, nsteps, *, hook=None, step=0, "
+     "scale=nan, mean=None, std=None, weights=None, metrics=None) -> (loss_sum, seen, steps, step "
+     "after); x: float32 or uint8 rows, or a list of them (one per input); y: per output int32 or "
+     "int64 labels or float32 targets [n, K] (an array, or a list with several outputs); weights "
+     "float32 [n]; metrics: the float64 state array the metrics (then, with several outputs, "
+     "each output's loss sum) add to; hook: a sparkgrad._core.NnGradHook capsule; GIL released."},
     {"evaluate", (PyCFunction)(void (*)(void))model_evaluate_py, METH_VARARGS | METH_KEYWORDS,
-     "evaluate(x, labels|None, targets|None, batch, *, scale=nan, mean=None, std=None, "
-     "weights=None, metrics=None) -> (loss_sum, seen, steps)."},
+     "evaluate(x, y, batch, *, scale=nan, mean=None, std=None, weights=None, metrics=None) -> "
+     "(loss_sum, seen, steps)."},
     {"set_loss", (PyCFunction)(void (*)(void))model_set_loss_py, METH_VARARGS | METH_KEYWORDS,
-     "set_loss(kind, *, from_logits=False, label_smoothing=0.0, delta=1.0): kind indexes "
-     "LOSS_NAMES; checked against the head and the outputs (ModelError)."},
-    {"set_metrics", (PyCFunction)model_set_metrics_py, METH_VARARGS,
-     "set_metrics([(kind, threshold, num_thresholds, pr_curve, from_logits), ...]): kind indexes "
-     "METRIC_NAMES."},
+     "set_loss(kind, *, from_logits=False, label_smoothing=0.0, delta=1.0, output=0, weight=1.0): "
+     "kind indexes LOSS_NAMES; checked against the output's head and width (ModelError)."},
+    {"set_metrics", (PyCFunction)(void (*)(void))model_set_metrics_py, METH_VARARGS | METH_KEYWORDS,
+     "set_metrics([(kind, threshold, num_thresholds, pr_curve, from_logits), ...], *, output=0): "
+     "kind indexes METRIC_NAMES."},
     {"predict", (PyCFunction)(void (*)(void))model_predict_py, METH_VARARGS | METH_KEYWORDS,
-     "predict(x, batch, *, scale=nan, mean=None, std=None) -> float32 [n, K]."},
+     "predict(x, batch, *, scale=nan, mean=None, std=None) -> float32 [n, K], or a list of them "
+     "with several outputs."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef model_getset[] = {
     {"params", (getter)model_get_params, NULL, "flat parameter buffer (float32 view)", NULL},
     {"grads", (getter)model_get_grads, NULL, "flat gradient buffer (float32 view)", NULL},
-    {"classes", (getter)model_get_classes, NULL, "output width K", NULL},
+    {"classes", (getter)model_get_classes, NULL, "output 0's width K", NULL},
+    {"outputs", (getter)model_get_outputs, NULL, "[(tensor, width, head)] per output", NULL},
     {"head", (getter)model_get_head, NULL,
      "'softmax', 'sigmoid' (a last Dense layer's activation, applied by the loss) or 'linear'",
      NULL},
     {"metric_state_size", (getter)model_get_metric_state_size, NULL,
-     "doubles in the metrics' state array", NULL},
+     "doubles in the state array: the metrics', then with several outputs their loss sums", NULL},
     {"precision", (getter)model_get_precision, NULL, "'fp32' or 'bf16': the precision in use",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -674,8 +932,12 @@ static PyTypeObject ModelType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.Model",
     .tp_basicsize = sizeof(ModelObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Model((h, w, c), layers): a sequential network on oneDNN; layers are tuples "
-              "(kind, units, kh, kw, stride, same, act, rate, init).",
+    .tp_doc =
+        "Model(inputs, layers, outputs=None): a network of layers on oneDNN. inputs: "
+        "[(h, w, c)]; layers: dicts {kind, inputs, units, kernel_size, strides, padding, "
+        "activation, rate, initializer, target_shape, shares} in topological order (inputs: tensor "
+        "ids, 0.. the model's inputs then each layer's output; default the previous); "
+        "outputs: tensor ids (None: the last layer's).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)model_init,
     .tp_dealloc = (destructor)model_dealloc,
@@ -747,7 +1009,25 @@ done:
     return out;
 }
 
+static PyObject *py_metric_state_size(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *list;
+    NnMetric *ms;
+    int n;
+    if (!PyArg_ParseTuple(args, "O:metric_state_size", &list) || parse_metrics(list, &ms, &n) < 0)
+        return NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += nn_metric_state_size(&ms[i]);
+    PyMem_Free(ms);
+    return PyLong_FromSize_t(total);
+}
+
 static PyMethodDef nn_functions[] = {
+    {"metric_state_size", py_metric_state_size, METH_VARARGS,
+     "metric_state_size([(kind, threshold, num_thresholds, pr_curve, from_logits), ...]) -> the "
+     "doubles of their state."},
     {"metric_results", py_metric_results, METH_VARARGS,
      "metric_results([(kind, threshold, num_thresholds, pr_curve, from_logits), ...], state) -> "
      "[value per metric] from a (summed) float64 state array."},

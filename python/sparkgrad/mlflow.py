@@ -143,10 +143,17 @@ def _write_environment(path: str, conda_env: Any, pip_requirements: Any, extra_p
 
 
 def _check_model(model: Any) -> None:
-    from sparkgrad.nn.model import Sequential
+    from sparkgrad.nn.model import Model
 
-    if not isinstance(model, Sequential):
-        raise InvalidArgumentError(f"sparkgrad.mlflow saves sparkgrad.nn.Sequential models, not {type(model).__name__}")
+    if not isinstance(model, Model):
+        raise InvalidArgumentError(
+            f"sparkgrad.mlflow saves sparkgrad.nn models (Sequential, Model), not {type(model).__name__}"
+        )
+    if len(model.inputs) > 1 or len(model.outputs) > 1:
+        raise InvalidArgumentError(
+            f"sparkgrad.mlflow saves models of one input and one output (a tensor in, a tensor out); this one has "
+            f"inputs {model.input_names} and outputs {model.output_names}"
+        )
 
 
 def save_model(

@@ -114,7 +114,8 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
         labels[b] = (int32_t)((b * 7 + 3) % K);
         onehot[(size_t)b * K + labels[b]] = 1.0f;
     }
-    NnData d = {x, sparse ? labels : NULL, sparse ? NULL : onehot, (size_t)B, row};
+    NnData d = sparse ? nn_data(NN_F32, x, (size_t)B, row, NN_I32, labels, K)
+                      : nn_data(NN_F32, x, (size_t)B, row, NN_F32, onehot, K);
     NnStats st = {0};
     NnLoss xent = {sparse ? NN_LOSS_SPARSE_CE : NN_LOSS_CATEGORICAL_CE, 0, 0.0f, 1.0f};
     CHECK(model_set_loss(m, &xent, &err) == 0);
@@ -148,9 +149,9 @@ static void check_model_prec(const char *name, int h, int w, int c, const LayerS
      * log-softmax and cross-entropy on the same logits */
     float *lp = malloc(sizeof(float) * B * K), *dl = malloc(sizeof(float) * B * K);
     log_softmax_forward_ref(lp, p->act[L], B, (int)K);
-    xent_backward(dl, lp, d.labels, d.targets, B, (int)K);
+    xent_backward(dl, lp, sparse ? labels : NULL, sparse ? NULL : onehot, B, (int)K);
     expect_close("cross-entropy gradient", L, p->dact[L], dl, (size_t)B * K);
-    double loss = xent_forward(lp, d.labels, d.targets, B, (int)K, NULL);
+    double loss = xent_forward(lp, sparse ? labels : NULL, sparse ? NULL : onehot, B, (int)K, NULL);
     CHECK(fabs(loss * B - st.loss_sum) < 1e-4 * fabs(st.loss_sum));
 
     /* forward: each kernel on the plan's own input */
@@ -426,9 +427,9 @@ static void test_activation_kernels(void)
     /* a Dense cannot fuse an activation whose backward needs its input */
     SgError err = {0};
     Model *m = NULL;
-    LayerSpec gelu_dense[] = {{LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_GELU, 0, 0}};
-    CHECK(model_create(&m, 1, 1, 3, gelu_dense, 1, &err) == SG_EMODEL && m == NULL);
-    CHECK(strstr(err.msg, "Activation layer") != NULL);
+    LayerSpec odd_dense[] = {{LAYER_DENSE, 4, 0, 0, 0, 0, (NnAct)99, 0, 0}};
+    CHECK(model_create(&m, 1, 1, 3, odd_dense, 1, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "layer 0 (Dense): unknown activation 99") != NULL);
     LayerSpec softmax_layer[] = {{LAYER_DENSE, 4, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
                                  {LAYER_ACTIVATION, 0, 0, 0, 0, 0, NN_ACT_SOFTMAX, 0, 0}};
     CHECK(model_create(&m, 1, 1, 3, softmax_layer, 2, &err) == SG_EMODEL && m == NULL);
@@ -501,7 +502,7 @@ static void test_model_declaration_errors(void)
     CHECK(model_create(&m, 1, 1, 2, ok, 1, &err) == 0);
     float x[4] = {0};
     int32_t y[2] = {1, 3};
-    NnData d = {x, y, NULL, 2, 2};
+    NnData d = nn_data(NN_F32, x, 2, 2, NN_I32, y, 3);
     NnStats st = {0};
     CHECK(model_train_batch(m, NULL, &d, NULL, 0, 2, NULL, NULL, &st, &err) == SG_EINVAL);
     CHECK(strstr(err.msg, "label 3 of row 1") != NULL);
@@ -544,7 +545,7 @@ static void test_folded_sgd_matches_gradient_then_update(void)
         x[i] = frand(&s);
     for (int b = 0; b < B; b++)
         labels[b] = (b * 3 + 1) % 5;
-    NnData d = {x, labels, NULL, (size_t)B, (size_t)C};
+    NnData d = nn_data(NN_F32, x, (size_t)B, (size_t)C, NN_I32, labels, 5);
     NnStats st1 = {0}, st2 = {0};
     for (int step = 0; step < STEPS; step++) {
         CHECK(model_train_batch(fused, opt, &d, NULL, 0, B, NULL, NULL, &st1, &err) == 0);
@@ -635,8 +636,9 @@ static void test_grad_hook_in_the_loop(void)
         xu[i] = (uint8_t)(i * 37 % 256);
         xf[i] = (float)xu[i] * (1.0f / 255.0f);
     }
-    NnData du = {NULL, NULL, NULL, (size_t)B, (size_t)C, xu, y64, 1, 1.0f / 255.0f, NULL, NULL};
-    NnData df = {xf, y32, NULL, (size_t)B, (size_t)C};
+    NnData du = nn_data(NN_U8, xu, (size_t)B, (size_t)C, NN_I64, y64, 3);
+    du.transforms[0] = (NnTransform){1, 1.0f / 255.0f, NULL, NULL};
+    NnData df = nn_data(NN_F32, xf, (size_t)B, (size_t)C, NN_I32, y32, 3);
     HookLog log = {.ret = 1};
     NnGradHook hook = {log_ready, log_step, &log};
     NnStats st = {0}, st2 = {0};

@@ -70,7 +70,7 @@ class MetricAverageCallback(Callback):
             if seen <= 0:
                 continue
             state = np.sum([np.asarray(p[2], np.float64) for p in parts], axis=0)
-            values = {"loss": loss_sum / seen, **model.metric_values(state)}
+            values = {"loss": loss_sum / seen, **model.metric_values(state, seen)}
             for name, value in values.items():
                 if prefix + name in logs:
                     logs[prefix + name] = value

@@ -1,4 +1,5 @@
-"""sparkgrad.nn: Keras-shaped models trained in C on oneDNN.
+"""sparkgrad.nn: Keras-shaped models trained in C on oneDNN (`Sequential`, or `Model` of Keras'
+functional API).
 
 ```python
 from sparkgrad.nn import SGD, Dense, Sequential
@@ -14,19 +15,23 @@ model.fit(x, y, batch_size=100, epochs=5)
 from sparkgrad.nn import callbacks, losses, metrics, models, optimizers, schedules
 from sparkgrad.nn.callbacks import EarlyStopping, LearningRateScheduler, ReduceLROnPlateau, TerminateOnNaN
 from sparkgrad.nn.distributed import DistributedOptimizer
+from sparkgrad.nn.graph import Input, KerasTensor
 from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import (
     Activation,
+    Add,
     AveragePooling2D,
     AvgPool2D,
+    Concatenate,
     Conv2D,
     Dense,
     Dropout,
     Flatten,
     MaxPool2D,
     MaxPooling2D,
+    Reshape,
 )
-from sparkgrad.nn.model import ParamTensor, Sequential
+from sparkgrad.nn.model import Model, ParamTensor, Sequential
 from sparkgrad.nn.optimizers import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
 from sparkgrad.nn.saved import load_model, model_from_bytes, model_to_bytes, save_model
 from sparkgrad.nn.schedules import CosineDecay, ExponentialDecay, PiecewiseConstantDecay
@@ -35,6 +40,9 @@ from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_thr
 
 __all__ = [
     "Sequential",
+    "Model",
+    "Input",
+    "KerasTensor",
     "save_model",
     "load_model",
     "model_to_bytes",
@@ -52,6 +60,9 @@ __all__ = [
     "Dropout",
     "Flatten",
     "Activation",
+    "Reshape",
+    "Add",
+    "Concatenate",
     "models",
     "losses",
     "metrics",

@@ -36,7 +36,8 @@ def batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.
 
 def batch_parts(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(x, y, sample_weight) of one dataset batch: a dict of arrays (``"sample_weight"``: optional) or an
-    (x, y) pair or (x, y, sample_weight) triple, as Keras takes them."""
+    (x, y) pair or (x, y, sample_weight) triple, as Keras takes them (x and y may be lists or dicts of
+    arrays, for a model of several inputs or outputs)."""
     if isinstance(batch, Mapping):
         missing = [k for k in (x_key, y_key) if k not in batch]
         if missing:
@@ -45,10 +46,17 @@ def batch_parts(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.n
         return np.asarray(batch[x_key]), np.asarray(batch[y_key]), None if sw is None else np.asarray(sw)
     if isinstance(batch, tuple) and len(batch) in (2, 3):
         sw = batch[2] if len(batch) == 3 else None
-        return np.asarray(batch[0]), np.asarray(batch[1]), None if sw is None else np.asarray(sw)
+        return _arrays(batch[0]), _arrays(batch[1]), None if sw is None else np.asarray(sw)
     raise InvalidArgumentError(
         f"dataset batches must be dicts of arrays or (x, y) / (x, y, sample_weight) tuples, not {type(batch).__name__}"
     )
+
+
+def _arrays(v: object) -> object:
+    """An array, or a list or dict of them (a functional model's inputs or outputs) as they are."""
+    if isinstance(v, (list, Mapping)):
+        return v
+    return np.asarray(v)
 
 
 def inputs(x: object, input_shape: Sequence[int]) -> np.ndarray:

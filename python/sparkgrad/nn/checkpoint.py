@@ -55,13 +55,36 @@ CKPT_RE = re.compile(r"^ckpt-(\d{10})\.sgck$")
 BEST = "best.sgck"
 
 
-def architecture_crc(model) -> int:
-    text = repr(
-        (
-            tuple(model.input_shape),
-            [tuple(int(v) if not isinstance(v, float) else v for v in layer.spec()) for layer in model.layers],
-        )
+def _chain_fields(spec: dict) -> tuple:
+    """A layer description in the positional order checkpoints of chains have always been keyed by:
+    (kind, units, kh, kw, stride, same, activation, rate, initializer)."""
+    kh, kw = spec.get("kernel_size", (0, 0))
+    return (
+        int(spec["kind"]),
+        int(spec.get("units", 0)),
+        int(kh),
+        int(kw),
+        int(spec.get("strides", 0)),
+        int(spec.get("padding") == "same"),
+        int(spec.get("activation", 0)),
+        float(spec.get("rate", 0.0)),
+        int(spec.get("initializer", 0)),
     )
+
+
+def architecture_crc(model) -> int:
+    """A CRC32 of the architecture: a chain's as checkpoints have always keyed it (so theirs still
+    load); a graph's over its inputs, its layers with the tensors each reads, and its outputs."""
+    layers = [_chain_fields(layer.spec()) for layer in model.layers]
+    if getattr(model, "is_chain", True):
+        text = repr((tuple(model.input_shape), layers))
+    else:
+        extra = [
+            tuple(sorted((k, v) for k, v in layer.spec().items() if k == "target_shape")) for layer in model.layers
+        ]
+        text = repr(
+            ([tuple(t.shape[1:]) for t in model.inputs], layers, extra, model._reads, model._shares, model.output_names)
+        )
     return zlib.crc32(text.encode())
 
 

@@ -1,7 +1,9 @@
-"""Keras-named layer declarations for sparkgrad.nn.Sequential.
+"""Keras-named layer declarations for sparkgrad.nn models.
 
 Each layer is a frozen description; the C core (csrc/nn/nn_model.h) builds the
-oneDNN kernels from it. Activations are NHWC (Keras' channels_last), kernels
+oneDNN kernels from it. A layer goes in a `Sequential` list, or is called on
+tensors (`sparkgrad.nn.Input`, another layer's output) to build a functional
+`Model`. Activations are NHWC (Keras' channels_last), kernels
 use Keras' layouts (Dense [in, out], Conv2D [kh, kw, in, out]), so weights move
 between Keras and sparkgrad unchanged.
 """
@@ -12,6 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from sparkgrad import _core
+from sparkgrad.nn.graph import KerasTensor, call_layer
 
 
 def _kind(name: str) -> int:
@@ -29,6 +32,9 @@ class Kind(enum.IntEnum):
     DROPOUT = _kind("Dropout")
     FLATTEN = _kind("Flatten")
     ACTIVATION = _kind("Activation")
+    RESHAPE = _kind("Reshape")
+    ADD = _kind("Add")
+    CONCATENATE = _kind("Concatenate")
 
 
 class Act(enum.IntEnum):
@@ -68,8 +74,8 @@ _ACTS.update(
     silu=Act.SWISH,
     softplus=Act.SOFTPLUS,
 )
-# what Dense and Conv2D fuse into their primitive (the backward runs from the output); the others go
-# in an Activation layer after a linear one
+# what Dense and Conv2D fuse into their primitive as a post-op (the backward runs from the output); the
+# others (gelu, selu, swish, softplus) run as eltwise primitives after it, from its output
 FUSED = frozenset({None, "linear", "relu", "leaky_relu", "elu", "tanh", "sigmoid", "softmax"})
 _INITS = {
     "glorot_uniform": Init.GLOROT_UNIFORM,
@@ -87,13 +93,8 @@ def _act(name: str | None) -> Act:
 
 
 def _fused(layer: str, name: str | None) -> Act:
-    act = _act(name)
-    if name not in FUSED:
-        raise ValueError(
-            f"{layer}(activation={name!r}): {layer} fuses {sorted(k for k in FUSED if k)}; write {layer}(...) "
-            f"without it and Activation({name!r}) after it"
-        )
-    return act
+    """A weighted layer's activation: any of Keras' list (softmax only on a model output's Dense)."""
+    return _act(name)
 
 
 def _init(name: str) -> Init:
@@ -116,16 +117,25 @@ def _padding(p: str) -> int:
     return int(p == "same")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Layer:
-    """Base of the layer declarations; ``input_shape`` only on the first layer."""
+    """Base of the layer declarations; ``input_shape`` only on the first layer of a `Sequential`.
+
+    Calling a layer on a tensor (or, for a merge, a list of tensors) returns its output tensor, as in
+    Keras' functional API: ``y = Dense(8)(x)``.
+    """
 
     input_shape: tuple[int, ...] | None = None
     name: str | None = None
 
-    def spec(self) -> tuple:
-        """The ``(kind, units, kh, kw, stride, same, act, rate, init)`` tuple the C core builds the layer from."""
+    def spec(self) -> dict:
+        """The typed description the C core builds the layer from: ``kind`` (an index of
+        ``_core.LAYER_KINDS``) and the fields the kind takes (``units``, ``kernel_size``, ``strides``,
+        ``padding``, ``activation``, ``rate``, ``initializer``, ``target_shape``)."""
         raise NotImplementedError
+
+    def __call__(self, inputs: KerasTensor | list[KerasTensor]) -> KerasTensor:
+        return call_layer(self, inputs)
 
     @property
     def type_name(self) -> str:
@@ -133,7 +143,7 @@ class Layer:
         return type(self).__name__
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dense(Layer):
     """Fully connected layer: ``activation(x @ kernel + bias)``, one fused oneDNN primitive.
 
@@ -169,12 +179,17 @@ class Dense(Layer):
         object.__setattr__(self, "name", name)
         _fused("Dense", activation), _init(kernel_initializer)
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
-        return (Kind.DENSE, self.units, 0, 0, 0, 0, _act(self.activation), 0.0, _init(self.kernel_initializer))
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {
+            "kind": int(Kind.DENSE),
+            "units": self.units,
+            "activation": int(_act(self.activation)),
+            "initializer": int(_init(self.kernel_initializer)),
+        }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Conv2D(Layer):
     """2-D convolution over NHWC (channels-last) input, with a bias, on oneDNN.
 
@@ -226,23 +241,20 @@ class Conv2D(Layer):
         object.__setattr__(self, "name", name)
         _fused("Conv2D", activation), _init(kernel_initializer), _padding(padding)
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
-        kh, kw = self.kernel_size
-        return (
-            Kind.CONV2D,
-            self.filters,
-            kh,
-            kw,
-            self.strides,
-            _padding(self.padding),
-            _act(self.activation),
-            0.0,
-            _init(self.kernel_initializer),
-        )
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {
+            "kind": int(Kind.CONV2D),
+            "units": self.filters,
+            "kernel_size": tuple(self.kernel_size),
+            "strides": int(self.strides),
+            "padding": self.padding,
+            "activation": int(_act(self.activation)),
+            "initializer": int(_init(self.kernel_initializer)),
+        }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Pool(Layer):
     pool_size: tuple[int, int] = (2, 2)
     strides: int | None = None
@@ -264,11 +276,11 @@ class _Pool(Layer):
 
     _kind = Kind.MAXPOOL
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
         kh, kw = self.pool_size
         stride = self.strides if self.strides is not None else kh
-        return (self._kind, 0, kh, kw, stride, _padding(self.padding), Act.NONE, 0.0, 0)
+        return {"kind": int(self._kind), "kernel_size": (kh, kw), "strides": int(stride), "padding": self.padding}
 
 
 class MaxPool2D(_Pool):
@@ -315,7 +327,7 @@ AvgPool2D = AveragePooling2D
 """Keras's other name for `AveragePooling2D` (the same class)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dropout(Layer):
     """Inverted dropout, in training only; masks come from the model's seeded RNG.
 
@@ -340,12 +352,12 @@ class Dropout(Layer):
         if not 0.0 <= self.rate < 1.0:
             raise ValueError(f"Dropout rate must be in [0, 1), not {rate!r}")
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
-        return (Kind.DROPOUT, 0, 0, 0, 0, 0, Act.NONE, self.rate, 0)
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.DROPOUT), "rate": self.rate}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Flatten(Layer):
     """Reshapes ``[B, H, W, C]`` to ``[B, H*W*C]`` in NHWC order, as Keras does, without copying.
 
@@ -358,12 +370,12 @@ class Flatten(Layer):
         object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
         object.__setattr__(self, "name", name)
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
-        return (Kind.FLATTEN, 0, 0, 0, 0, 0, Act.NONE, 0.0, 0)
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.FLATTEN)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Activation(Layer):
     """Applies an activation to its input, elementwise (Keras' ``Activation`` layer).
 
@@ -397,6 +409,98 @@ class Activation(Layer):
         if _act(self.activation) == Act.SOFTMAX:
             raise ValueError('Activation("softmax"): softmax is a head here; give the last Dense activation="softmax"')
 
-    def spec(self) -> tuple:
-        """The C core's layer tuple (see `Layer.spec`)."""
-        return (Kind.ACTIVATION, 0, 0, 0, 0, 0, _act(self.activation), 0.0, 0)
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.ACTIVATION), "activation": int(_act(self.activation))}
+
+
+def shape3(shape: tuple[int, ...], what: str = "input_shape") -> tuple[int, int, int]:
+    """The (h, w, c) the C core stores a per-sample shape of rank 1 to 3 as: ``(c,)`` is ``(1, 1, c)``,
+    ``(t, c)`` is ``(1, t, c)`` (so that Dense works on the last axis, as Keras'), ``(h, w, c)`` itself."""
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a tuple of ints, not {shape!r}") from None
+    if any(s <= 0 for s in shape) or not 1 <= len(shape) <= 3:
+        raise ValueError(f"{what} must have 1 to 3 positive dimensions (without the batch), not {shape!r}")
+    return ((1, 1) + shape)[-3:] if len(shape) < 3 else shape  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, eq=False)
+class Reshape(Layer):
+    """Gives its input another shape of as many values (Keras' ``Reshape``; the batch axis is kept).
+
+    No copy: activations are contiguous NHWC, so the output is the input's buffer read another way.
+
+    Args:
+        target_shape (tuple[int, ...]): The shape without the batch axis, 1 to 3 dimensions.
+        input_shape (tuple[int, ...] | None): On the first layer of a `Sequential` only.
+        name (str | None): The layer's name.
+    """
+
+    target_shape: tuple[int, ...] = ()
+
+    def __init__(self, target_shape, input_shape=None, name=None):
+        object.__setattr__(self, "target_shape", tuple(int(s) for s in target_shape))
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        if any(s == -1 for s in self.target_shape):
+            raise ValueError(f"Reshape{self.target_shape}: give every dimension (-1 is not inferred here)")
+        shape3(self.target_shape, "Reshape target_shape")
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.RESHAPE), "target_shape": shape3(self.target_shape)}
+
+
+@dataclass(frozen=True, eq=False)
+class _Merge(Layer):
+    """A layer called on a list of 2 to 8 tensors."""
+
+    merge = True
+
+    def __init__(self, name=None, input_shape=None):
+        if input_shape is not None:
+            raise ValueError(f"{type(self).__name__} takes no input_shape: it is called on tensors (Input(...))")
+        object.__setattr__(self, "input_shape", None)
+        object.__setattr__(self, "name", name)
+
+
+@dataclass(frozen=True, eq=False)
+class Add(_Merge):
+    """The elementwise sum of its inputs, all of one shape (Keras' ``Add``): ``Add()([x, y])``.
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.ADD)}
+
+
+@dataclass(frozen=True, eq=False)
+class Concatenate(_Merge):
+    """Joins its inputs along the last axis (Keras' ``Concatenate(axis=-1)``): ``Concatenate()([x, y])``.
+
+    The inputs must agree in every other axis.
+
+    Args:
+        axis (int): -1 (the last axis), the only one supported.
+        name (str | None): The layer's name.
+
+    Raises:
+        ValueError: Another axis.
+    """
+
+    axis: int = -1
+
+    def __init__(self, axis=-1, name=None, input_shape=None):
+        super().__init__(name=name, input_shape=input_shape)
+        if axis != -1:
+            raise ValueError(f"Concatenate(axis={axis!r}): only axis=-1 (the last axis) is supported")
+        object.__setattr__(self, "axis", -1)
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.CONCATENATE)}

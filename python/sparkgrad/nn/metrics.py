@@ -280,6 +280,11 @@ def serialize(metric: Metric) -> dict:
     return {"class_name": type(metric).__name__, "config": metric.get_config()}
 
 
+def state_size(metrics: Sequence[Metric]) -> int:
+    """The doubles of the state of ``metrics``, in C's layout."""
+    return int(_core.metric_state_size([m.spec() for m in metrics])) if metrics else 0
+
+
 def new_state(model_core) -> np.ndarray:
     """A zeroed state array for the metrics the core model was given."""
     return np.zeros(int(model_core.metric_state_size), np.float64)

@@ -1,5 +1,7 @@
-"""sparkgrad.nn.Sequential: a Keras-shaped model whose network, loss and
-optimizer run in C on oneDNN (csrc/nn/).
+"""sparkgrad.nn.Model and Sequential: Keras-shaped models whose network, loss
+and optimizer run in C on oneDNN (csrc/nn/). `Model(inputs, outputs)` is
+Keras' functional API (several inputs and outputs, merges); `Sequential` is
+the builder of a chain.
 
 All parameters live in one contiguous float32 buffer and all gradients in
 another; ``model.params`` and ``model.grads`` are NumPy views of them (no copy),
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,15 +30,17 @@ from sparkgrad import _core
 from sparkgrad.errors import InvalidArgumentError, ModelError, SparkgradError
 from sparkgrad.nn import batches as _batches
 from sparkgrad.nn import checkpoint as _checkpoint
+from sparkgrad.nn import graph as _graph
 from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 from sparkgrad.nn import optimizers as _optimizers
+from sparkgrad.nn.graph import KerasTensor
 from sparkgrad.nn.history import History
-from sparkgrad.nn.layers import Layer
+from sparkgrad.nn.layers import Layer, shape3
 from sparkgrad.nn.state import TrainState
-from sparkgrad.nn.training import Trainer
+from sparkgrad.nn.training import FitOptions, Trainer
 
-__all__ = ["LOSSES", "History", "ParamTensor", "Sequential", "TrainState", "steps_per_epoch"]
+__all__ = ["LOSSES", "History", "Model", "ParamTensor", "Sequential", "TrainState", "steps_per_epoch"]
 
 LOSSES = tuple(_core.LOSS_NAMES)
 """The losses' function names (`sparkgrad.nn.losses` also takes ``"mse"`` and ``"mae"``)."""
@@ -75,48 +80,77 @@ class ParamTensor:
     """Shape in Keras's layout: Dense ``(in, units)``, Conv2D ``(kh, kw, in, filters)``, a bias ``(units,)``."""
 
 
-def _input_shape3(shape: Sequence[int]) -> tuple[int, int, int]:
-    shape = tuple(int(s) for s in shape)
-    if len(shape) == 1:
-        return (1, 1, shape[0])
-    if len(shape) == 2:
-        return (shape[0], shape[1], 1)
-    if len(shape) == 3:
-        return shape  # type: ignore[return-value]
-    raise ValueError(f"input_shape must have 1 to 3 dimensions (H, W, C), not {shape!r}")
+def _per_output(value, names: list[str], what: str) -> list:
+    """``value`` for each output: one value for all, a list in output order, or a dict by output name (a
+    serialized loss or metric, ``{"class_name": ..., "config": ...}``, is one value)."""
+    if isinstance(value, Mapping) and "class_name" not in value:
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ValueError(f"{what} names unknown outputs {unknown}; the outputs are {names}")
+        missing = [n for n in names if n not in value]
+        if missing and what == "loss":
+            raise ValueError(f"loss gives no loss for outputs {missing} (the outputs are {names})")
+        return [value.get(n) for n in names]
+    if isinstance(value, (list, tuple)) and len(names) == 1 and len(value) == 1 and what != "metrics":
+        return list(value)  # Keras' list of one, for one output
+    if isinstance(value, (list, tuple)) and len(names) > 1:
+        if len(value) != len(names):
+            raise ValueError(f"{what} has {len(value)} entries, the model has {len(names)} outputs {names}")
+        return list(value)
+    return [value] * len(names)
 
 
-class Sequential:
-    """A Keras-shaped stack of layers whose forward pass, loss, backward pass and optimizer run in C on oneDNN.
+class Model:
+    """A Keras-shaped model whose forward pass, loss, backward pass and optimizer run in C on oneDNN.
 
-    All parameters live in one contiguous float32 buffer (``params``) and all gradients in another
-    (``grads``); ``param_table`` says which slice is which tensor. Build it, `compile` it, then `fit`,
-    `evaluate` and `predict`:
+    Built with Keras' functional API, from `Input` tensors and layers called on them, or as a
+    `Sequential` chain. All parameters live in one contiguous float32 buffer (``params``) and all
+    gradients in another (``grads``); ``param_table`` says which slice is which tensor. Build it,
+    `compile` it, then `fit`, `evaluate` and `predict`:
 
     ```python
-    model = Sequential([Dense(128, activation="relu", input_shape=(784,)), Dense(10)], seed=1)
-    model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(x, y, batch_size=100, epochs=5)
+    import numpy as np
+    from sparkgrad.nn import Concatenate, Dense, Input, Model
+
+    wide = Input(shape=(4,), name="wide")
+    deep = Input(shape=(12,), name="deep")
+    h = Dense(16, activation="relu")(deep)
+    out = Dense(1, activation="sigmoid", name="click")(Concatenate()([wide, h]))
+    model = Model([wide, deep], out, seed=0)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["auc"])
+    rng = np.random.default_rng(0)
+    xw, xd = rng.normal(size=(256, 4)), rng.normal(size=(256, 12))
+    y = (xw[:, 0] + xd[:, 0] > 0).astype(np.float32)
+    model.fit({"wide": xw, "deep": xd}, y, batch_size=32, epochs=2, verbose=0)
     ```
 
     Args:
-        layers: The layers, in order; the first one, and only it, declares ``input_shape``. The output
-            must be flat (end with a `Dense`); a last `Dense` with softmax or sigmoid is the head the loss
-            applies (see `sparkgrad.nn.losses`).
-        seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
-            ``os.urandom``).
+        inputs: An `Input` tensor, or a list (or dict) of them: the model's inputs, in the order `fit`
+            takes a list of arrays.
+        outputs: A layer's output tensor, or a list (or dict) of them: its names are the dict's keys, else
+            its layers' names. An output must be flat (``[n, K]``);
+            a `Dense` output with softmax or sigmoid that no other layer reads is a head the loss applies
+            (see `sparkgrad.nn.losses`).
         name: The model's name, printed by `summary`.
+        seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
+            ``os.urandom``). Our extension.
 
     Attributes:
-        layers (list[Layer]): The layer declarations.
-        input_shape (tuple[int, ...]): The first layer's ``input_shape``.
+        layers (list[Layer]): The layers, in the order they were called (the graph's topological order); a
+            layer called on several tensors (a shared layer: one set of weights, their gradients summed)
+            is listed at each call.
+        inputs (list[KerasTensor]): The input tensors; ``input_names`` their names.
+        outputs (list[KerasTensor]): The output tensors; ``output_names`` their layers' names.
+        input_shape (tuple[int, ...] | list[tuple[int, ...]]): The per-sample input shape, or a list of them
+            with several inputs.
         seed (int): The seed in use (64 bits).
         param_table (list[ParamTensor]): Where each kernel and bias lives in ``params``, in Keras order.
         optimizer (Optimizer | None): The optimizer `compile` chose (None before).
-        loss (str | None): The function name of the loss `compile` chose (None before), e.g.
-            ``"binary_crossentropy"``; ``loss_object`` is the `sparkgrad.nn.losses.Loss` itself.
-        metrics (list[Metric]): The metrics `compile` chose (`sparkgrad.nn.metrics`); their ``name`` is
-            their key in the logs.
+        loss (str | list[str] | None): The function name of the loss `compile` chose (None before), e.g.
+            ``"binary_crossentropy"`` (a list, one per output, with several outputs); ``loss_object`` is the
+            `sparkgrad.nn.losses.Loss` itself (a list likewise).
+        metrics (list[Metric]): The metrics `compile` chose (`sparkgrad.nn.metrics`), every output's; their
+            keys in the logs are ``metrics_names[1:]``.
         state (TrainState): The live training state (step, epoch, position in the epoch).
         stop_training (bool): Set it to True (from a callback) to stop fit after the current log interval.
         epoch_sums (dict[str, tuple[float, int, np.ndarray]]): At an epoch's end, before the callbacks: the
@@ -125,23 +159,46 @@ class Sequential:
             (`metric_values` of the summed state); ``hvd.callbacks.MetricAverageCallback`` does.
 
     Raises:
-        ModelError: No layers, ``input_shape`` missing on the first layer or given on another, or
-            layers that do not fit together (the message names the layer and the shapes).
+        ModelError: Inputs that are not `Input` tensors, outputs that do not depend on the inputs (the Input
+            is named), an input the outputs do not use, or layers that do not fit together (the message
+            names the layer and the shapes; a shared layer's calls must give its weights one shape).
     """
 
-    def __init__(self, layers: Sequence[Layer], seed: int | None = None, name: str = "sequential") -> None:
-        layers = list(layers)
-        if not layers:
-            raise ModelError("Sequential needs at least one layer")
-        if layers[0].input_shape is None:
-            raise ModelError("the first layer needs input_shape=, e.g. Dense(128, input_shape=(784,))")
-        for i, layer in enumerate(layers[1:], 1):
-            if layer.input_shape is not None:
-                raise ModelError(f"layer {i} ({layer.type_name}): only the first layer takes input_shape")
-        self.layers = layers
+    def __init__(self, inputs, outputs, name: str = "functional", seed: int | None = None) -> None:
+        g = _graph.collect(inputs, outputs)
+        self._build(g, name, seed, "dict" if g.output_keys is not None else "")
+
+    def _build(self, g: _graph.Graph, name: str, seed: int | None, listed_outputs: str) -> None:
+        self.layers = list(g.layers)
         self.name = name
-        self.input_shape = tuple(layers[0].input_shape)
-        self._core = _core.Model(_input_shape3(self.input_shape), [layer.spec() for layer in layers])
+        self.inputs = list(g.inputs)
+        self.outputs = list(g.output_tensors)
+        self.input_names = [t.name for t in self.inputs]
+        if len(set(self.input_names)) != len(self.input_names):
+            raise ModelError(f"the model's inputs must have distinct names, not {self.input_names}")
+        self._reads = [list(r) for r in g.reads]
+        self._shares = list(g.shares) or [-1] * len(g.layers)
+        shapes = [t.shape[1:] for t in self.inputs]
+        self.input_shape = tuple(shapes[0]) if len(shapes) == 1 else [tuple(s) for s in shapes]
+        nin = len(self.inputs)
+        self.layer_names = _layer_names(self.layers)
+        self.output_names = g.output_keys or [self.layer_names[t - nin] for t in g.outputs]
+        if len(set(self.output_names)) != len(self.output_names):
+            raise ModelError(f"the model's outputs must come from layers of distinct names, not {self.output_names}")
+        self._outputs_as_dict = listed_outputs == "dict"
+        specs = []
+        for layer, reads, shares in zip(self.layers, g.reads, self._shares, strict=True):
+            spec = dict(layer.spec())
+            spec["inputs"] = reads
+            if shares >= 0:
+                spec["shares"] = shares
+            specs.append(spec)
+        try:
+            self._core = _core.Model([shape3(s) for s in shapes], specs, g.outputs)
+        except ModelError as e:
+            if self.is_chain:
+                raise
+            raise ModelError(self._named(str(e))) from None
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         self.seed = int(seed) & (2**64 - 1)
@@ -149,17 +206,38 @@ class Sequential:
         self._core.set_rng(self.seed ^ 0x5DEECE66D, 0)
         self.param_table = [ParamTensor(i, bool(b), o, s, tuple(sh)) for i, b, o, s, sh in self._core.param_table()]
         # read once: fit's prefetch thread converts batches while the C core is busy
-        self._classes = int(self._core.classes)
+        self._outputs_core = [(int(t), int(k), str(h)) for t, k, h in self._core.outputs]
+        self._classes = self._outputs_core[0][1]
         self.optimizer: _optimizers.Optimizer | None = None
-        self.loss: str | None = None
-        self.loss_object: _losses.Loss | None = None
+        self.loss: str | list[str] | None = None
+        self.loss_object: _losses.Loss | list[_losses.Loss] | None = None
         self.metrics: list[_metrics.Metric] = []
+        self._metric_groups: list[list[_metrics.Metric]] = [[] for _ in self.outputs]
         self.state = TrainState()  # step, epoch, position in the epoch (see sparkgrad.nn.state)
         self.input_transform: tuple[float | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
         self.stop_training = False
         # the last epoch's sums by log prefix ("" training, "val_" validation): (loss_sum, seen, metric
         # state), which add up across ranks (hvd.callbacks.MetricAverageCallback pools them)
         self.epoch_sums: dict[str, tuple[float, int, np.ndarray]] = {}
+
+    def _named(self, message: str) -> str:
+        """A C message about a graph with its layers and tensors named: "layer 3 'add' (Add)", "('b')"."""
+        tensors = self.input_names + self.layer_names
+        message = re.sub(
+            r"\blayer (\d+)(?= \(| shares|:)",
+            lambda m: f"layer {m[1]} {self.layer_names[int(m[1])]!r}" if int(m[1]) < len(self.layer_names) else m[0],
+            message,
+        )
+        return re.sub(
+            r"\(tensor (\d+)\)",
+            lambda m: f"({tensors[int(m[1])]!r})" if int(m[1]) < len(tensors) else m[0],
+            message,
+        )
+
+    @property
+    def is_chain(self) -> bool:
+        """True when every layer reads the one before it (a `Sequential`'s shape)."""
+        return len(self.inputs) == 1 and all(r == [k] for k, r in enumerate(self._reads))
 
     # ---- training state ---------------------------------------------------
 
@@ -241,6 +319,8 @@ class Sequential:
         Raises:
             InvalidArgumentError: ``mean`` or ``std`` has the wrong number of values, or ``std`` has zeros.
         """
+        if len(self.inputs) > 1:
+            raise ModelError("set_input_transform applies to a one-input model; scale the arrays of several inputs")
         row = int(np.prod(self.input_shape))
 
         def per_feature(a: np.ndarray | None, name: str) -> np.ndarray | None:
@@ -292,22 +372,44 @@ class Sequential:
 
     @property
     def output_classes(self) -> int:
-        """The number of outputs of the last layer (the classes of a cross-entropy)."""
+        """The width of the (first) output: the classes of a cross-entropy."""
         return self._classes
 
     @property
     def head(self) -> str:
-        """``"softmax"``, ``"sigmoid"`` (the last Dense layer's activation, which the loss applies) or ``"linear"``."""
+        """``"softmax"``, ``"sigmoid"`` (the output Dense layer's activation, which the loss applies) or
+        ``"linear"``; the first output's with several."""
         return self._core.head
 
     @property
     def metrics_names(self) -> list[str]:
-        """``["loss", *metric names]``: the keys of `evaluate`'s results, in order (Keras' name)."""
-        return ["loss", *(m.name for m in self.metrics)]
+        """``["loss", *metric names]``: the keys of `evaluate`'s results, in order (Keras' name). With
+        several outputs: ``["loss", "<output>_loss", ..., "<output>_<metric>", ...]``."""
+        return ["loss", *self._value_keys()]
 
-    def metric_values(self, state: np.ndarray) -> dict[str, float]:
-        """The metrics' values from a (summed) state array, by name; computed in C."""
-        return _metrics.results(self.metrics, state)
+    def _value_keys(self) -> list[str]:
+        if len(self.outputs) == 1:
+            return [m.name for m in self.metrics]
+        keys = [f"{o}_loss" for o in self.output_names]
+        for o, group in zip(self.output_names, self._metric_groups, strict=True):
+            keys += [f"{o}_{m.name}" for m in group]
+        return keys
+
+    def metric_values(self, state: np.ndarray, seen: int = 0) -> dict[str, float]:
+        """The metrics' values from a (summed) state array, by name; computed in C. With several outputs
+        the state ends with each output's loss sum, reported as ``<output>_loss`` over ``seen`` rows."""
+        if len(self.outputs) == 1:
+            return _metrics.results(self.metrics, state)
+        state = np.asarray(state, np.float64)
+        n = len(self.outputs)
+        tail = state[state.size - n :]
+        out = {f"{o}_loss": float(v) / seen if seen else math.nan for o, v in zip(self.output_names, tail, strict=True)}
+        at = 0
+        for o, group in zip(self.output_names, self._metric_groups, strict=True):
+            size = _metrics.state_size(group)
+            out.update({f"{o}_{k}": v for k, v in _metrics.results(group, state[at : at + size]).items()})
+            at += size
+        return out
 
     def new_metric_state(self) -> np.ndarray:
         """A zeroed float64 state for the compiled metrics (the C passes add to it; states add up)."""
@@ -358,17 +460,32 @@ class Sequential:
         counts = [0] * len(self.layers)
         for t in self.param_table:
             counts[t.layer] += t.size
-        rows = [("Layer (type)", "Output Shape", "Param #")]
+        chain = self.is_chain
+        names = self.layer_names
+        tensor_names = self.input_names + names
+        rows = [("Layer (type)", "Output Shape", "Param #") + (() if chain else ("Connected to",))]
+        if not chain:
+            for t in self.inputs:
+                rows.append((f"{t.name} (InputLayer)", f"(None, {', '.join(map(str, t.shape[1:]))})", "0", "-"))
         for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
-            shape = f"(None, {oc})" if oh == 1 and ow == 1 else f"(None, {oh}, {ow}, {oc})"
-            name = layer.name or f"{layer.type_name.lower()}_{i}"
-            rows.append((f"{name} ({layer.type_name})", shape, str(counts[i])))
-        widths = [max(len(r[c]) for r in rows) + 2 for c in range(3)]
+            shape = (
+                f"(None, {oc})"
+                if oh == 1 and ow == 1
+                else f"(None, {ow}, {oc})"
+                if oh == 1
+                else f"(None, {oh}, {ow}, {oc})"
+            )
+            row = (f"{names[i]} ({layer.type_name})", shape, str(counts[i]))
+            if not chain:
+                row += (", ".join(tensor_names[r] for r in self._reads[i]),)
+            rows.append(row)
+        cols = len(rows[0])
+        widths = [max(len(r[c]) for r in rows) + 2 for c in range(cols)]
         line = "=" * sum(widths)
         text = [f'Model: "{self.name}"', line]
         for j, r in enumerate(rows):
-            text.append("".join(r[c].ljust(widths[c]) for c in range(3)))
+            text.append("".join(r[c].ljust(widths[c]) for c in range(cols)))
             text.append(line if j == 0 else "-" * sum(widths))
         text[-1] = line
         text.append(f"Total params: {self.num_params}")
@@ -383,8 +500,8 @@ class Sequential:
     def compile(
         self,
         optimizer: str | _optimizers.Optimizer = "sgd",
-        loss: str | _losses.Loss = "sparse_categorical_crossentropy",
-        metrics: Sequence[str | _metrics.Metric] | None = None,
+        loss: str | _losses.Loss | Sequence | Mapping = "sparse_categorical_crossentropy",
+        metrics: Sequence[str | _metrics.Metric] | Mapping | None = None,
         loss_weights: Sequence[float] | Mapping[str, float] | None = None,
         precision: str = "fp32",
     ) -> None:
@@ -400,14 +517,17 @@ class Sequential:
                 in [0, 1]; a sigmoid head or ``BinaryCrossentropy(from_logits=True)``),
                 ``"mean_squared_error"``/``"mse"``, ``"mean_absolute_error"``/``"mae"``, ``"huber"``,
                 ``"poisson"``. The cross-entropies work on the logits of a linear last layer or of a softmax
-                head.
+                head. With several outputs: one loss for all, a list in output order, or a dict by output
+                name (Keras' forms); the training loss is the sum of each output's, times its loss weight.
             metrics: Names or `sparkgrad.nn.metrics.Metric` objects: ``"accuracy"`` (binary, sparse or
                 categorical by the loss and the outputs, as Keras resolves it), ``"binary_accuracy"``,
                 ``"categorical_accuracy"``, ``"sparse_categorical_accuracy"``, ``"auc"``, ``"precision"``,
                 ``"recall"``, ``"mse"``, ``"mae"``, ``"rmse"``. None (the default): ``["accuracy"]`` for the
-                cross-entropies, none for the other losses.
-            loss_weights: Keras' weights of several outputs' losses; a model here has one output, so only
-                one weight (or None) is accepted, and it scales the loss.
+                cross-entropies, none for the other losses. With several outputs: a list of lists in output
+                order or a dict by output name (a flat list applies to every output); their keys in the
+                logs are ``<output>_<metric>``.
+            loss_weights: Each output's weight in the training loss: a list in output order or a dict by
+                output name (default 1 each).
             precision: ``"fp32"``, or ``"bf16"``: the Dense and Conv2D primitives take bf16 copies of the
                 activations, of the weights (converted from the float32 parameters once per step) and of
                 the output gradients, and accumulate in float32; parameters, gradients, optimizer state,
@@ -422,27 +542,43 @@ class Sequential:
         """
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-        loss_obj = _losses.get(loss)
-        if loss_weights is not None:
-            w = list(loss_weights.values()) if isinstance(loss_weights, Mapping) else list(loss_weights)
-            if len(w) != 1 or float(w[0]) != 1.0:
-                raise ValueError(
-                    f"loss_weights={loss_weights!r}: this model has one output and its loss weight is 1 "
-                    "(weigh samples with sample_weight= or class_weight= in fit)"
-                )
-        metric_objs = _metrics.resolve(metrics, loss_obj, self._classes)
+        names = self.output_names
+        loss_objs = [_losses.get(v) for v in _per_output(loss, names, "loss")]
+        weights = [1.0 if w is None else float(w) for w in _per_output(loss_weights, names, "loss_weights")]
+        for name, w in zip(names, weights, strict=True):
+            if not (w >= 0.0 and math.isfinite(w)):
+                raise ValueError(f"loss_weights: output {name!r} has weight {w!r}; weights are finite and >= 0")
+        if isinstance(metrics, Mapping) or (
+            len(names) > 1 and isinstance(metrics, (list, tuple)) and metrics and isinstance(metrics[0], (list, tuple))
+        ):
+            per_metrics = _per_output(metrics, names, "metrics")
+        else:
+            per_metrics = [metrics] * len(names)
+        groups = [
+            _metrics.resolve(m, lo, k)
+            for m, lo, (_, k, _h) in zip(per_metrics, loss_objs, self._outputs_core, strict=True)
+        ]
         optimizer_obj = _optimizers.get(optimizer)
-        self._core.set_metrics([])
-        self._core.set_loss(loss_obj.kind, **loss_obj.core_args())
-        self._core.set_metrics([m.spec() for m in metric_objs])
+        for j, (lo, w) in enumerate(zip(loss_objs, weights, strict=True)):
+            try:
+                self._core.set_metrics([], output=j)
+                self._core.set_loss(lo.kind, output=j, weight=w, **lo.core_args())
+                self._core.set_metrics([m.spec() for m in groups[j]], output=j)
+            except ModelError as e:
+                if len(names) == 1:
+                    raise
+                raise ModelError(str(e).replace(f"output {j}: ", f"output {j} {names[j]!r}: ", 1)) from None
         self.optimizer = optimizer_obj
         self.optimizer.bind(self.num_params, self.tensor_sizes())
         s = self.state  # optimizer state restored before compile (load, then compile)
         if s.optimizer_kind == self.optimizer.kind and (s.optimizer_steps or s.optimizer_slots.size):
             self.optimizer.set_state(s.optimizer_steps, s.optimizer_slots)
-        self.loss = loss_obj.fn
-        self.loss_object = loss_obj
-        self.metrics = metric_objs
+        one = len(names) == 1
+        self.loss = loss_objs[0].fn if one else [lo.fn for lo in loss_objs]
+        self.loss_object = loss_objs[0] if one else loss_objs
+        self.loss_weights = weights
+        self._metric_groups = groups
+        self.metrics = [m for g in groups for m in g]
         used = self._core.set_precision(precision)
         if used != precision:
             _warn_no_bf16()
@@ -454,23 +590,72 @@ class Sequential:
 
     # ---- data -------------------------------------------------------------
 
-    def engine_arrays(
-        self, x: object, y: object, sample_weight: object = None, class_weight: Mapping[int, float] | None = None
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        """``(x, labels, targets, weights)`` as the C engine takes them.
+    def _arrays_by_name(self, v: object, names: list[str], what: str) -> list:
+        """``v`` as one entry per input (or output): a dict by name, a list in order, or the one array."""
+        if isinstance(v, Mapping):
+            missing = [n for n in names if n not in v]
+            unknown = sorted(set(v) - set(names))
+            if missing or unknown:
+                raise InvalidArgumentError(
+                    f"{what} is a dict with keys {sorted(v)}; the model's {what == 'x' and 'inputs' or 'outputs'} are "
+                    f"{names}" + (f" (missing {missing})" if missing else f" (unknown {unknown})")
+                )
+            return [v[n] for n in names]
+        if len(names) == 1:
+            return [v]
+        if not isinstance(v, (list, tuple)) or len(v) != len(names):
+            kind = "inputs" if what == "x" else "outputs"
+            raise InvalidArgumentError(
+                f"the model has {len(names)} {kind} {names}: give {what} as a list of {len(names)} arrays in that "
+                f"order or a dict by name, not {type(v).__name__}"
+                + (f" of {len(v)}" if isinstance(v, (list, tuple)) else "")
+            )
+        return list(v)
 
-        x as ``[n, features]`` float32 or uint8; int32/int64 labels (a sparse loss) or float32 targets
-        ``[n, outputs]`` (the other losses), the other None; float32 row weights (``sample_weight`` times
-        ``class_weight`` of each row's class) or None.
+    def input_arrays(self, x: object) -> np.ndarray | list[np.ndarray]:
+        """x as the C engine takes it: ``[n, features]`` float32 or uint8 rows (a list, one per input,
+        with several inputs), from an array, a list in input order or a dict by input name.
 
         Raises:
-            InvalidArgumentError: x's rows do not match ``input_shape``, y does not match x or the loss, or
-                the weights do not match the rows.
+            InvalidArgumentError: A missing or unknown input name, a wrong number of arrays, rows that do not
+                match an input's shape, or inputs with different numbers of rows.
         """
-        xa = _batches.inputs(x, self.input_shape)
-        labels, targets = _batches.targets(y, xa.shape[0], self._classes, self.loss_object or self.loss)
-        w = _batches.weights(sample_weight, class_weight, xa.shape[0], labels, targets)
-        return xa, labels, targets, w
+        xs = [
+            _batches.inputs(a, t.shape[1:])
+            for a, t in zip(self._arrays_by_name(x, self.input_names, "x"), self.inputs, strict=True)
+        ]
+        for name, a in zip(self.input_names[1:], xs[1:], strict=True):
+            if a.shape[0] != xs[0].shape[0]:
+                raise InvalidArgumentError(
+                    f"input {name!r} has {a.shape[0]} rows, input {self.input_names[0]!r} {xs[0].shape[0]}"
+                )
+        return xs[0] if len(xs) == 1 else xs
+
+    def engine_arrays(
+        self, x: object, y: object, sample_weight: object = None, class_weight: Mapping[int, float] | None = None
+    ) -> tuple[np.ndarray | list[np.ndarray], np.ndarray | list[np.ndarray], np.ndarray | None]:
+        """``(x, y, weights)`` as the C engine takes them.
+
+        x as `input_arrays` gives it; y per output: int32/int64 labels (a sparse loss) or float32 targets
+        ``[n, outputs]`` (the other losses), a list with several outputs; float32 row weights
+        (``sample_weight`` times ``class_weight`` of each row's class, of the first output) or None.
+
+        Raises:
+            InvalidArgumentError: x's rows do not match the inputs, y does not match x or the loss (or the
+                outputs' names), or the weights do not match the rows.
+        """
+        xs = self.input_arrays(x)
+        n = (xs if isinstance(xs, np.ndarray) else xs[0]).shape[0]
+        losses = self.loss_object if isinstance(self.loss_object, list) else [self.loss_object or self.loss]
+        ys, first = [], None
+        for yv, (_, k, _h), lo in zip(
+            self._arrays_by_name(y, self.output_names, "y"), self._outputs_core, losses, strict=True
+        ):
+            labels, targets = _batches.targets(yv, n, k, lo)
+            ys.append(labels if labels is not None else targets)
+            first = first or (labels, targets)
+        w = _batches.weights(sample_weight, class_weight, n, *first)
+        return xs, ys[0] if len(ys) == 1 else ys, w
 
     def _require_compiled(self) -> None:
         if self.optimizer is None or self.loss is None:
@@ -480,9 +665,8 @@ class Sequential:
 
     def run_steps(
         self,
-        x: np.ndarray,
-        labels: np.ndarray | None,
-        targets: np.ndarray | None,
+        x: np.ndarray | list[np.ndarray],
+        y: np.ndarray | list[np.ndarray],
         order: np.ndarray | None = None,
         start: int = 0,
         batch_size: int | None = None,
@@ -498,8 +682,7 @@ class Sequential:
 
         Args:
             x: Inputs as `engine_arrays` returns them.
-            labels: Integer labels, or None with ``targets``.
-            targets: Float targets, or None with ``labels``.
+            y: Targets as `engine_arrays` returns them: integer labels or float targets per output.
             order: Row order (int64 indices); None is ``0, 1, ...``.
             start: First position in ``order`` (or first row).
             batch_size: Rows per step; None is every row.
@@ -520,13 +703,12 @@ class Sequential:
                 good steps before it, which were applied (``state.step`` follows them).
         """
         copt = self.optimizer.bind(self.num_params, self.tensor_sizes()) if update else None
-        batch = int(batch_size or max(x.shape[0], 1))
+        batch = int(batch_size or max((x if isinstance(x, np.ndarray) else x[0]).shape[0], 1))
         try:
             r = self._core.train_steps(
                 copt,
                 x,
-                labels,
-                targets,
+                y,
                 order,
                 int(start),
                 batch,
@@ -546,11 +728,12 @@ class Sequential:
         return r[:3]
 
     def _batch_result(self, loss_sum: float, seen: int, state: np.ndarray) -> float | list[float]:
-        """Keras' return of a one-batch call: the mean loss, or ``[loss, *metrics]`` with metrics."""
+        """Keras' return of a one-batch call: the mean loss, or ``[loss, *metrics]`` with metrics (and, with
+        several outputs, each output's loss)."""
         loss = loss_sum / seen
-        if not self.metrics:
+        if len(self.metrics_names) == 1:
             return loss
-        return [loss, *self.metric_values(state).values()]
+        return [loss, *self.metric_values(state, seen).values()]
 
     def compute_gradients(
         self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None
@@ -567,8 +750,8 @@ class Sequential:
         """
         self._require_compiled()
         state = self.new_metric_state()
-        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight)
-        loss_sum, seen, _ = self.run_steps(xa, labels, targets, update=False, weights=w, metrics=state)
+        xa, ya, w = self.engine_arrays(x, y, sample_weight)
+        loss_sum, seen, _ = self.run_steps(xa, ya, update=False, weights=w, metrics=state)
         return self._batch_result(loss_sum, seen, state)
 
     def apply_gradients(self, grads: np.ndarray | None = None) -> None:
@@ -600,8 +783,8 @@ class Sequential:
         """
         self._require_compiled()
         state = self.new_metric_state()
-        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight, class_weight)
-        loss_sum, seen, _ = self.run_steps(xa, labels, targets, weights=w, metrics=state)
+        xa, ya, w = self.engine_arrays(x, y, sample_weight, class_weight)
+        loss_sum, seen, _ = self.run_steps(xa, ya, weights=w, metrics=state)
         return self._batch_result(loss_sum, seen, state)
 
     def fit(
@@ -696,7 +879,9 @@ class Sequential:
         """
         self._require_compiled()
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
-        trainer = Trainer(self, verbose=verbose, log_every=log_every, callbacks=callbacks, **options)
+        trainer = Trainer(
+            self, verbose=verbose, log_every=log_every, callbacks=callbacks, options=FitOptions.of(options)
+        )
         try:
             return trainer.run(
                 x,
@@ -755,25 +940,29 @@ class Sequential:
         """
         self._require_compiled()
         x_key, y_key = _batches.keys(input_mapping, x_key, y_key)
-        if y is None and isinstance(x, np.ndarray):
-            raise InvalidArgumentError("evaluate: y is required when x is an array")
+        arrays = isinstance(x, (np.ndarray, Mapping)) or (
+            isinstance(x, list) and len(x) == len(self.inputs) and all(isinstance(a, np.ndarray) for a in x)
+        )
+        if y is None and arrays:
+            raise InvalidArgumentError("evaluate: y is required when x is an array (or the inputs' arrays)")
         state = self.new_metric_state()
         if y is None:
             loss_sum, seen = 0.0, 0
             for batch in x:
                 xb, yb, wb = _batches.batch_parts(batch, x_key, y_key)
-                r = self._evaluate_arrays(xb, yb, max(len(xb), 1), state, wb)
+                first = next(iter(xb.values())) if isinstance(xb, Mapping) else xb[0] if isinstance(xb, list) else xb
+                r = self._evaluate_arrays(xb, yb, max(len(first), 1), state, wb)
                 loss_sum, seen = loss_sum + r[0], seen + r[1]
         else:
             loss_sum, seen, _ = self._evaluate_arrays(x, y, batch_size, state, sample_weight)
         if seen == 0:
             raise InvalidArgumentError("evaluate: no data")
-        logs = {"loss": loss_sum / seen, **self.metric_values(state)}
+        logs = {"loss": loss_sum / seen, **self.metric_values(state, seen)}
         if verbose:
             print("evaluate: " + " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
         if return_dict:
             return logs
-        return list(logs.values()) if self.metrics else logs["loss"]
+        return list(logs.values()) if len(logs) > 1 else logs["loss"]
 
     def _evaluate_arrays(
         self,
@@ -784,23 +973,25 @@ class Sequential:
         sample_weight: np.ndarray | None = None,
     ) -> tuple[float, int, int]:
         """``(loss_sum, seen, steps)`` over arrays; the metrics add to ``state``."""
-        xa, labels, targets, w = self.engine_arrays(x, y, sample_weight)
-        return self._core.evaluate(
-            xa, labels, targets, int(batch_size), weights=w, metrics=state, **self._transform_kw()
-        )
+        xa, ya, w = self.engine_arrays(x, y, sample_weight)
+        return self._core.evaluate(xa, ya, int(batch_size), weights=w, metrics=state, **self._transform_kw())
 
-    def predict(self, x: np.ndarray, batch_size: int = 128) -> np.ndarray:
+    def predict(self, x: object, batch_size: int = 128) -> np.ndarray | list[np.ndarray]:
         """The model's outputs for ``x``, in inference mode (dropout off).
 
-        An ``[n, output_classes]`` float32 array: the last layer's outputs with its activation applied
-        (softmax or sigmoid probabilities for such a head; logits for a linear one).
+        An ``[n, K]`` float32 array per output: the output layer's values with its activation applied
+        (softmax or sigmoid probabilities for such a head; logits for a linear one). With several outputs
+        a list in output order (a dict by output name when the model was given its outputs as a dict).
 
         Args:
-            x: ``[n, *input_shape]`` inputs (the input transform applies).
+            x: ``[n, *input_shape]`` inputs (the input transform applies); with several inputs a list in
+                input order or a dict by input name.
             batch_size: Rows per C call.
         """
-        xa = _batches.inputs(x, self.input_shape)
-        return self._core.predict(xa, int(batch_size), **self._transform_kw())
+        out = self._core.predict(self.input_arrays(x), int(batch_size), **self._transform_kw())
+        if self._outputs_as_dict:
+            return dict(zip(self.output_names, out if isinstance(out, list) else [out], strict=True))
+        return out
 
     # ---- persistence (sparkgrad.nn.checkpoint) ----------------------------
 
@@ -830,3 +1021,82 @@ class Sequential:
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
+
+
+def _layer_names(layers: Sequence[Layer]) -> list[str]:
+    """Each call's layer name: its own, or Keras' default (``dense``, ``dense_1``, ...), a shared layer's
+    the same at each call."""
+    taken = {layer.name for layer in layers if layer.name}
+    by_id: dict[int, str] = {}
+    counts: dict[str, int] = {}
+    for layer in layers:
+        if layer.name or id(layer) in by_id:
+            continue
+        base = _snake(type(layer).__name__)
+        while True:
+            k = counts.get(base, 0)
+            counts[base] = k + 1
+            name = base if k == 0 else f"{base}_{k}"
+            if name not in taken:
+                break
+        taken.add(name)
+        by_id[id(layer)] = name
+    return [layer.name or by_id[id(layer)] for layer in layers]
+
+
+def _snake(name: str) -> str:
+    """``"MaxPool2D"`` -> ``"max_pool2d"``, as Keras names layers."""
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and (not name[i - 1].isupper() or (i + 1 < len(name) and name[i + 1].islower())):
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+class Sequential(Model):
+    """A Keras-shaped stack of layers: the `Model` whose every layer reads the one before it.
+
+    ```python
+    model = Sequential([Dense(128, activation="relu", input_shape=(784,)), Dense(10)], seed=1)
+    model.compile(optimizer=SGD(0.07), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, batch_size=100, epochs=5)
+    ```
+
+    Args:
+        layers: The layers, in order; the first one, and only it, declares ``input_shape``. The output
+            must be flat (end with a `Dense`); a last `Dense` with softmax or sigmoid is the head the loss
+            applies (see `sparkgrad.nn.losses`).
+        seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
+            ``os.urandom``).
+        name: The model's name, printed by `summary`.
+
+    Everything else is `Model`'s.
+
+    Raises:
+        ModelError: No layers, ``input_shape`` missing on the first layer or given on another, a merge layer
+            (it needs the functional API), or layers that do not fit together (the message names the layer
+            and the shapes).
+    """
+
+    def __init__(self, layers: Sequence[Layer], seed: int | None = None, name: str = "sequential") -> None:
+        layers = list(layers)
+        if not layers:
+            raise ModelError("Sequential needs at least one layer")
+        if layers[0].input_shape is None:
+            raise ModelError("the first layer needs input_shape=, e.g. Dense(128, input_shape=(784,))")
+        for i, layer in enumerate(layers):
+            if i and layer.input_shape is not None:
+                raise ModelError(f"layer {i} ({layer.type_name}): only the first layer takes input_shape")
+            if getattr(layer, "merge", False):
+                raise ModelError(f"layer {i} ({layer.type_name}) merges tensors: build it with Input and Model")
+        try:
+            shape3(tuple(layers[0].input_shape))
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        inp = KerasTensor((None, *(int(d) for d in layers[0].input_shape)), "float32", "input_layer")
+        tensors, t = [], inp
+        for layer in layers:
+            t = KerasTensor(None, "float32", layer.name or layer.type_name.lower(), layer, (t,))
+            tensors.append(t)
+        self._build(_graph.Graph([inp], layers, [[k] for k in range(len(layers))], [len(layers)], [t]), name, seed, "")

@@ -10,7 +10,9 @@ load it knowing nothing else. Layout (little-endian)::
     u32 crc32 of everything before it
 
 The JSON header names the layers and their arguments (the layer classes of
-sparkgrad.nn.layers), the input shape, the seed, the input transform's scale
+sparkgrad.nn.layers), the input shape, the seed (a functional model, version
+2: its inputs' names, shapes and dtypes, the tensors each layer reads and the
+outputs; a chain is written as version 1, which every release reads), the input transform's scale
 and whether mean/std follow, and optionally the loss and metrics the model was
 compiled with (a loaded model is compiled again with them and SGD, so evaluate
 works; the optimizer state is not kept: that is what checkpoints are for).
@@ -34,7 +36,8 @@ from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 
 MAGIC = b"SGMODEL\x00"
-VERSION = 1
+VERSION = 2  # 2: functional models (a "graph" in the header); chains are still written as 1
+VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sII")
 _MAX_HEADER = 1 << 20
 
@@ -70,21 +73,36 @@ def model_to_bytes(model) -> bytes:
     the transform's mean and std, and a CRC32 of everything before it.
     """
     scale, mean, std = model.input_transform
+    chain = model.is_chain and not model._outputs_as_dict and type(model).__name__ == "Sequential"
+    losses = model.loss_object if isinstance(model.loss_object, list) else [model.loss_object]
     header = {
         "format": "sparkgrad.saved_model",
         "name": model.name,
         "seed": int(model.seed),
-        "input_shape": list(model.input_shape),
+        "input_shape": list(model.input_shape) if chain else None,
         "layers": [_layer_config(layer) for layer in model.layers],
         "num_params": int(model.num_params),
         "precision": getattr(model, "precision", "fp32"),
         "input_transform": {"scale": scale, "mean": mean is not None, "std": std is not None},
         "loss": model.loss,
-        "loss_config": _losses.serialize(model.loss_object) if model.loss_object is not None else None,
+        "loss_config": _losses.serialize(model.loss_object) if model.loss_object is not None and chain else None,
         "metrics": [_metrics.serialize(m) for m in model.metrics],
     }
+    if not chain:
+        header["graph"] = {
+            "inputs": [{"name": t.name, "shape": list(t.shape[1:]), "dtype": t.dtype} for t in model.inputs],
+            "reads": model._reads,
+            "shares": model._shares,
+            "outputs": [model.layers.index(t.layer) + len(model.inputs) for t in model.outputs],
+            "outputs_as_dict": bool(model._outputs_as_dict),
+            "output_names": list(model.output_names),
+            "losses": [_losses.serialize(lo) for lo in losses] if model.loss_object is not None else None,
+            "loss_weights": list(getattr(model, "loss_weights", [1.0] * len(model.outputs))),
+            "metrics": [[_metrics.serialize(m) for m in g] for g in model._metric_groups],
+        }
     text = json.dumps(header, sort_keys=True).encode()
-    parts = [_PREFIX.pack(MAGIC, VERSION, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
+    version = 1 if chain else VERSION
+    parts = [_PREFIX.pack(MAGIC, version, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
     for a in (mean, std):
         if a is not None:
             parts.append(np.ascontiguousarray(a, np.float32).tobytes())
@@ -110,7 +128,8 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
         ModelError: The bytes are not a saved model (bad magic, version, length, header or CRC); the
             message names ``source`` and the byte offset or header field.
     """
-    from sparkgrad.nn.model import Sequential
+    from sparkgrad.nn.graph import KerasTensor
+    from sparkgrad.nn.model import Model, Sequential
 
     data = memoryview(data).cast("B")
     if len(data) < _PREFIX.size + 4:
@@ -118,8 +137,11 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
     magic, version, hlen = _PREFIX.unpack_from(data, 0)
     if magic != MAGIC:
         raise _fail(source, f"bad magic {bytes(magic)!r} at offset 0 (expected {MAGIC!r})")
-    if version != VERSION:
-        raise _fail(source, f"format version {version} at offset 8; this sparkgrad reads version {VERSION}")
+    if version not in VERSIONS:
+        raise _fail(
+            source,
+            f"format version {version} at offset 8; this sparkgrad reads versions {', '.join(map(str, VERSIONS))}",
+        )
     if hlen > _MAX_HEADER or _PREFIX.size + hlen + 4 > len(data):
         raise _fail(source, f"header length {hlen} at offset 12 runs past the end ({len(data)} bytes)")
     (crc,) = struct.unpack_from("<I", data, len(data) - 4)
@@ -130,7 +152,8 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
     try:
         header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + hlen]))
         specs = [(LAYER_TYPES[c["type"]], c["args"]) for c in header["layers"]]
-        shape = tuple(int(v) for v in header["input_shape"])
+        graph = header.get("graph")
+        shape = tuple(int(v) for v in (header["input_shape"] if graph is None else graph["inputs"][0]["shape"]))
         transform = header["input_transform"]
     except KeyError as e:
         raise _fail(source, f"header field {e} is missing or names an unknown layer type") from None
@@ -139,12 +162,28 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
     built = []
     for i, (cls, args) in enumerate(specs):
         args = dict(args)
-        args["input_shape"] = shape if i == 0 else None
+        args["input_shape"] = shape if i == 0 and graph is None else None
         try:
             built.append(cls(**args))
         except (TypeError, ValueError) as e:
             raise _fail(source, f"layer {i} ({cls.__name__}) arguments {args}: {e}") from None
-    model = Sequential(built, seed=int(header.get("seed", 0)), name=str(header.get("name", "sequential")))
+    seed, name = int(header.get("seed", 0)), str(header.get("name", "sequential"))
+    if graph is None:
+        model = Sequential(built, seed=seed, name=name)
+    else:
+        try:
+            tensors = [KerasTensor((None, *i["shape"]), i["dtype"], i["name"]) for i in graph["inputs"]]
+            shares = graph.get("shares") or [-1] * len(built)
+            for k, (reads, owner) in enumerate(zip(graph["reads"], shares, strict=True)):
+                layer = built[k] if owner < 0 else built[owner]  # a shared layer: the same object again
+                ins = [tensors[r] for r in reads]
+                tensors.append(layer(ins if getattr(layer, "merge", False) else ins[0]))
+            outs = [tensors[o] for o in graph["outputs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise _fail(source, f"header's graph does not describe a model ({e!r})") from None
+        keys = graph.get("output_names")
+        outputs = dict(zip(keys, outs, strict=True)) if graph.get("outputs_as_dict") else outs
+        model = Model(tensors[: len(graph["inputs"])], outputs, seed=seed, name=name)
     if model.num_params != int(header.get("num_params", -1)):
         raise _fail(source, f"header says {header.get('num_params')} parameters, the layers make {model.num_params}")
     off = _PREFIX.size + hlen
@@ -164,10 +203,16 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
     if header.get("loss"):
         kw = {"precision": header["precision"]} if header.get("precision", "fp32") != "fp32" else {}
         loss = header.get("loss_config") or header["loss"]  # files saved before the loss table hold the name alone
+        metrics = list(header.get("metrics") or [])
+        if graph is not None and graph.get("losses"):
+            loss, metrics = graph["losses"], graph["metrics"]
+            kw["loss_weights"] = graph["loss_weights"]
+            if len(loss) == 1:
+                loss, metrics = loss[0], metrics[0]
         try:
-            model.compile(optimizer="sgd", loss=loss, metrics=list(header.get("metrics") or []), **kw)
+            model.compile(optimizer="sgd", loss=loss, metrics=metrics, **kw)
         except ValueError as e:
-            raise _fail(source, f"header's loss {loss!r} or metrics {header.get('metrics')!r}: {e}") from None
+            raise _fail(source, f"header's loss {loss!r} or metrics {metrics!r}: {e}") from None
     return model
 
 

@@ -47,7 +47,8 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class _Totals:
     def logs(self) -> dict[str, float]:
         if self.seen == 0:  # NaN: the interval's first batch had a non-finite loss
             return {"loss": math.nan} if math.isnan(self.loss_sum) else {}
-        return {"loss": self.loss_sum / self.seen, **self.model.metric_values(self.state)}
+        return {"loss": self.loss_sum / self.seen, **self.model.metric_values(self.state, self.seen)}
 
 
 _END = object()  # the producer's last item when the iterable is exhausted
@@ -145,8 +146,51 @@ class _Prefetcher:
         self._thread.join(timeout=1.0)
 
 
+@dataclass(frozen=True)
+class FitOptions:
+    """fit's ``**options`` (documented on `sparkgrad.nn.Model.fit`), checked by name.
+
+    checkpoint_dir: write ``ckpt-<step>.sgck`` there at each epoch end (and every ``checkpoint_every``
+    steps), keeping the last ``keep_last``; resume from the newest when ``resume``. save_best_only: also
+    keep ``best.sgck`` for the best ``monitor``. sync_dir: copy each finished checkpoint there, whole files,
+    at most every ``sync_every_secs`` and at the end. plot_path: a PNG of the loss/accuracy curves.
+    tensorboard_dir: scalars through sparkgrad.summary.EventWriter. prefetch: batches of an iterable
+    prepared ahead (0: none), waiting at most ``prefetch_timeout`` seconds for each. mlflow: log to MLflow
+    from the chief (None: when mlflow is imported and a run is active; see sparkgrad.nn.tracking).
+    """
+
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    keep_last: int = 3
+    save_best_only: bool = False
+    monitor: str = "val_loss"
+    sync_dir: str | None = None
+    sync_every_secs: float = 60.0
+    plot_path: str | None = None
+    tensorboard_dir: str | None = None
+    resume: bool = True
+    prefetch: int = 2
+    prefetch_timeout: float = 600.0
+    mlflow: bool | None = None
+
+    @classmethod
+    def of(cls, options: dict) -> FitOptions:
+        """The options of ``fit(**options)``.
+
+        Raises:
+            InvalidArgumentError: An unknown option, naming the ones fit takes.
+        """
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InvalidArgumentError(
+                f"fit: unknown option{'s' if len(unknown) > 1 else ''} {unknown}; fit takes {known}"
+            )
+        return cls(**options)
+
+
 class Trainer:
-    """Runs Sequential.fit; options are documented on ``__init__``."""
+    """Runs Model.fit: the loop over epochs and log intervals, callbacks, checkpoints, distribution."""
 
     def __init__(
         self,
@@ -154,31 +198,13 @@ class Trainer:
         verbose: int = 1,
         log_every: int = 50,
         callbacks: Sequence[object] = (),
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int | None = None,
-        keep_last: int = 3,
-        save_best_only: bool = False,
-        monitor: str = "val_loss",
-        sync_dir: str | None = None,
-        sync_every_secs: float = 60.0,
-        plot_path: str | None = None,
-        tensorboard_dir: str | None = None,
-        resume: bool = True,
-        prefetch: int = 2,
-        prefetch_timeout: float = 600.0,
-        mlflow: bool | None = None,
+        options: FitOptions = FitOptions(),
     ) -> None:
-        """checkpoint_dir: write ``ckpt-<step>.sgck`` there at each epoch end (and every
-        ``checkpoint_every`` steps), keeping the last ``keep_last``; resume from the newest
-        when ``resume``. save_best_only: also keep ``best.sgck`` for the best ``monitor``
-        (``val_loss``/``loss`` lower is better, ``*accuracy`` higher). sync_dir: copy each
-        finished checkpoint there, whole files, at most every ``sync_every_secs`` and at
-        the end. plot_path: a PNG of the loss/accuracy curves (needs matplotlib).
-        tensorboard_dir: scalars through sparkgrad.summary.EventWriter when available.
-        prefetch: batches of an iterable dataset prepared ahead on a background thread
-        (0: none), waiting at most ``prefetch_timeout`` seconds for each. mlflow: log params,
-        metrics, checkpoints and the model to MLflow from the chief (None: when mlflow is
-        imported and a run is active; see sparkgrad.nn.tracking)."""
+        o = options
+        checkpoint_dir, checkpoint_every, keep_last = o.checkpoint_dir, o.checkpoint_every, o.keep_last
+        save_best_only, monitor, sync_dir, sync_every_secs = o.save_best_only, o.monitor, o.sync_dir, o.sync_every_secs
+        plot_path, tensorboard_dir, resume, mlflow = o.plot_path, o.tensorboard_dir, o.resume, o.mlflow
+        prefetch, prefetch_timeout = o.prefetch, o.prefetch_timeout
         if log_every <= 0:
             raise InvalidArgumentError(f"log_every must be > 0, not {log_every}")
         if prefetch < 0 or not prefetch_timeout > 0:
@@ -277,7 +303,7 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------
 
-    def _steps(self, x, labels, targets, weights, order, pos, batch_size, k, state) -> tuple[float, int, int]:
+    def _steps(self, x, y, weights, order, pos, batch_size, k, state) -> tuple[float, int, int]:
         """The one step function of both paths: k steps in C from row pos; the metrics add to state.
 
         A non-finite loss raises NonFiniteLossError, unless a TerminateOnNaN callback (without
@@ -285,7 +311,7 @@ class Trainer:
         callback stops training at the interval's end."""
         try:
             return self.model.run_steps(
-                x, labels, targets, order, pos, batch_size, k, hook=self.dist.hook, weights=weights, metrics=state
+                x, y, order, pos, batch_size, k, hook=self.dist.hook, weights=weights, metrics=state
             )
         except NonFiniteLossError as e:
             stop = any(isinstance(cb, TerminateOnNaN) and not cb.raise_error for cb in self.callbacks)
@@ -361,10 +387,10 @@ class Trainer:
             m.epoch = int(initial_epoch)
         elif restored is None:
             m.epoch = 0  # as Keras: each call trains `epochs` epochs unless it resumes a checkpoint
-        arrays = y is not None or isinstance(x, np.ndarray)
+        arrays = y is not None or isinstance(x, (np.ndarray, Mapping))
         if arrays:
-            xa, labels, targets, weights = m.engine_arrays(x, y, sample_weight, class_weight)
-            n = xa.shape[0]
+            xa, ya, weights = m.engine_arrays(x, y, sample_weight, class_weight)
+            n = (xa if isinstance(xa, np.ndarray) else xa[0]).shape[0]
             if n == 0:
                 raise InvalidArgumentError("fit: x has no rows")
         elif not isinstance(x, Iterable):
@@ -410,7 +436,7 @@ class Trainer:
                         if k <= 0:
                             break
                         state = m.new_metric_state()
-                        r = self._steps(xa, labels, targets, weights, order, pos, batch_size, k, state)
+                        r = self._steps(xa, ya, weights, order, pos, batch_size, k, state)
                         pos += r[1]
                         m.state.epoch_pos = pos
                         interval = _Totals(m)
@@ -432,9 +458,10 @@ class Trainer:
                     if self.prefetch:
                         prefetcher = _Prefetcher(iter(x), convert, self.prefetch, self.prefetch_timeout)
                     try:
-                        for xb, lb, tb, wb in prefetcher if prefetcher is not None else map(convert, x):
+                        for xb, yb, wb in prefetcher if prefetcher is not None else map(convert, x):
                             state = m.new_metric_state()
-                            r = self._steps(xb, lb, tb, wb, None, 0, max(xb.shape[0], 1), 1, state)
+                            rows = (xb if isinstance(xb, np.ndarray) else xb[0]).shape[0]
+                            r = self._steps(xb, yb, wb, None, 0, max(rows, 1), 1, state)
                             interval.add(r, state)
                             totals.add(r, state)
                             if interval.steps >= self.log_every or math.isnan(r[0]):

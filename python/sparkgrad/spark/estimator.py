@@ -37,6 +37,23 @@ def _is_nn_model(value: Any) -> bool:
     return hasattr(value, "layers") and hasattr(value, "params") and hasattr(value, "input_shape")
 
 
+def check_one_input_one_output(nn: Any, who: str) -> Any:
+    """``nn`` when it has one input and one output (any graph between them: Sequential or functional), which
+    is what a features column and a label column map to.
+
+    Raises:
+        InvalidArgumentError: Several inputs or outputs, naming them.
+    """
+    ins, outs = list(getattr(nn, "input_names", ["x"])), list(getattr(nn, "output_names", ["y"]))
+    if len(ins) > 1 or len(outs) > 1:
+        raise InvalidArgumentError(
+            f"{who}: the model has inputs {ins} and outputs {outs}; Spark ML here maps one features column to one "
+            "input and one label column to one output (train several inputs or outputs with model.fit, or "
+            "Concatenate the columns into one input)"
+        )
+    return nn
+
+
 def _compiled_metrics(nn: Any, loss: Any, model_bytes: bytes) -> tuple[dict, ...]:
     """The metrics the nodes compile with (serialized): the model's own when its loss is ``loss``, else
     the default of ``loss``. Compiles a copy of the model on the driver, so a loss or metric that does
@@ -248,7 +265,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
                 raise InvalidArgumentError(
                     f"Estimator: the model function returned {type(value).__name__}, not a sparkgrad.nn model"
                 )
-        return value
+        return check_one_input_one_output(value, "Estimator")
 
     def _settings(self) -> tuple[str, int, int]:
         mode = self.getOrDefault(self.mode)

@@ -339,15 +339,21 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         """Wraps a trained sparkgrad.nn model, or its saved-model bytes, as a Model.
 
         Args:
-            model: A `sparkgrad.nn.Sequential` or the bytes of `sparkgrad.nn.model_to_bytes`.
+            model: A `sparkgrad.nn` model of one input and one output (a `Sequential` or a functional `Model`)
+                or the bytes of `sparkgrad.nn.model_to_bytes`.
             **params: The Model's params (``featuresCol=``, ``predictionCol=``, ...).
+
+        Raises:
+            InvalidArgumentError: A model of several inputs or outputs.
         """
         from sparkgrad.nn.saved import model_from_bytes, model_to_bytes
+        from sparkgrad.spark.estimator import check_one_input_one_output
 
         out = cls(**params)
         out._model_bytes = bytes(model) if isinstance(model, (bytes, bytearray)) else model_to_bytes(model)
-        out._nn = (
-            model_from_bytes(out._model_bytes, "Model.from_nn") if isinstance(model, (bytes, bytearray)) else model
+        out._nn = check_one_input_one_output(
+            model_from_bytes(out._model_bytes, "Model.from_nn") if isinstance(model, (bytes, bytearray)) else model,
+            "Model.from_nn",
         )
         return out
 
