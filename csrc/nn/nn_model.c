@@ -122,8 +122,8 @@ static int link_graph(Model *m, const int *outputs, int noutputs, SgError *err)
         const int l = t - m->ninputs;
         if (sh->h != 1 || sh->w != 1)
             return sg_fail(err, SG_EMODEL,
-                           "output %d (layer %d, %s) is %dx%dx%d; it must be flat (end with "
-                           "Dense, or add Flatten)",
+                           "output %d (layer %d, %s) is %dx%dx%d; it must be flat: add Flatten "
+                           "before the Dense that makes it (Dense works on the last axis)",
                            j, l, nn_op_of(m, l)->name, sh->h, sh->w, sh->c);
         ModelOutput *o = &m->outputs[j];
         o->tensor = t;

@@ -457,7 +457,8 @@ static void test_model_declaration_errors(void)
         {LAYER_DENSE, 10, 0, 0, 0, 0, NN_ACT_NONE, 0, 0},
     };
     CHECK(model_create(&m, 8, 8, 1, no_flatten, 2, &err) == SG_EMODEL && m == NULL);
-    CHECK(strstr(err.msg, "Flatten") != NULL);
+    CHECK(strstr(err.msg, "output 0 (layer 1, Dense) is 6x6x10; it must be flat: add Flatten") !=
+          NULL);
     LayerSpec image_out[] = {{LAYER_CONV2D, 4, 3, 3, 1, 0, NN_ACT_RELU, 0, 0}};
     CHECK(model_create(&m, 8, 8, 1, image_out, 1, &err) == SG_EMODEL && m == NULL);
     CHECK(strstr(err.msg, "must be flat") != NULL);

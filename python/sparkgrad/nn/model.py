@@ -1065,7 +1065,8 @@ class Sequential(Model):
 
     Args:
         layers: The layers, in order; the first one, and only it, declares ``input_shape``. The output
-            must be flat (end with a `Dense`); a last `Dense` with softmax or sigmoid is the head the loss
+            must be flat (put `Flatten` before the last `Dense`: Dense works on the last axis); a last
+            `Dense` with softmax or sigmoid is the head the loss
             applies (see `sparkgrad.nn.losses`).
         seed: Fixes the initial weights, the dropout masks and the shuffling (None: drawn from
             ``os.urandom``).
