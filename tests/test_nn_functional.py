@@ -159,6 +159,17 @@ def test_predict_returns_outputs_in_the_form_the_model_was_given():
     assert [as_list.layer_names[t.layer] for t in as_list.param_table][-4:] == ["reg", "reg", "cls", "cls"]
 
 
+def test_get_layer_by_name_or_index():
+    model = build()
+    shared = model.get_layer("shared")
+    assert model.layers.count(shared) == 2  # a shared layer is listed at each of its calls
+    assert model.get_layer(index=0) is model.layers[0] and model.get_layer("dense_1") is not None
+    with pytest.raises(ValueError, match=r"no layer named 'nope'; the layers are \['add', 'cls'"):
+        model.get_layer("nope")
+    with pytest.raises(ValueError, match="give a name or an index"):
+        model.get_layer()
+
+
 def test_summary_lists_inputs_and_connections():
     text = build().summary(print_fn=None)
     assert "a (InputLayer)" in text and "b (InputLayer)" in text

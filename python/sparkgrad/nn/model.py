@@ -234,6 +234,24 @@ class Model:
             message,
         )
 
+    def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
+        """A layer by its name (``"dense_1"``, or the ``name=`` it was given) or by its index in ``layers``,
+        as Keras' ``Model.get_layer``.
+
+        Raises:
+            ValueError: Neither or both given, or no such layer (the message lists the names).
+        """
+        if (name is None) == (index is None):
+            raise ValueError("get_layer: give a name or an index")
+        if index is not None:
+            if not -len(self.layers) <= index < len(self.layers):
+                raise ValueError(f"get_layer: index {index} is outside the model's {len(self.layers)} layers")
+            return self.layers[index]
+        for layer, layer_name in zip(self.layers, self.layer_names, strict=True):
+            if layer_name == name:
+                return layer
+        raise ValueError(f"get_layer: no layer named {name!r}; the layers are {sorted(set(self.layer_names))}")
+
     @property
     def is_chain(self) -> bool:
         """True when every layer reads the one before it (a `Sequential`'s shape)."""
