@@ -75,15 +75,12 @@ def _chain_fields(spec: dict) -> tuple:
 def architecture_crc(model) -> int:
     """A CRC32 of the architecture: a chain's as checkpoints have always keyed it (so theirs still
     load); a graph's over its inputs, its layers with the tensors each reads, and its outputs."""
-    layers = [_chain_fields(layer.spec()) for layer in model.layers]
     if getattr(model, "is_chain", True):
-        text = repr((tuple(model.input_shape), layers))
+        text = repr((tuple(model.input_shape), [_chain_fields(layer.spec()) for layer in model.layers]))
     else:
-        extra = [
-            tuple(sorted((k, v) for k, v in layer.spec().items() if k == "target_shape")) for layer in model.layers
-        ]
+        specs = [sorted(layer.spec().items()) for layer in model.layers]
         text = repr(
-            ([tuple(t.shape[1:]) for t in model.inputs], layers, extra, model._reads, model._shares, model.output_names)
+            ([tuple(t.shape[1:]) for t in model.inputs], specs, model._reads, model._shares, model.output_names)
         )
     return zlib.crc32(text.encode())
 

@@ -3,7 +3,7 @@ is built from.
 
 A `KerasTensor` holds no values: it records which layer made it from which tensors. `Model(inputs,
 outputs)` walks back from its outputs, numbers the tensors as the C core does (the model's inputs
-0..n-1, then each layer's output in the order the layers were called, which is a topological order)
+0..n-1, then each layer call's output in Keras 3's order, a topological order: `_keras_order`)
 and hands C one typed description per layer (`Layer.spec` plus the ids of the tensors it reads).
 """
 
@@ -201,7 +201,7 @@ def collect(inputs, outputs) -> Graph:
     first: dict[int, int] = {}
     shares = []
     for k, t in enumerate(made):
-        shares.append(first.setdefault(id(t.layer), k) if id(t.layer) in first else -1)
+        shares.append(first.get(id(t.layer), -1))
         first.setdefault(id(t.layer), k)
     ids = {id(t): i for i, t in enumerate(ins)}
     for k, t in enumerate(made):

@@ -166,9 +166,9 @@ class Model:
 
     def __init__(self, inputs, outputs, name: str = "functional", seed: int | None = None) -> None:
         g = _graph.collect(inputs, outputs)
-        self._build(g, name, seed, "dict" if g.output_keys is not None else "")
+        self._build(g, name, seed)
 
-    def _build(self, g: _graph.Graph, name: str, seed: int | None, listed_outputs: str) -> None:
+    def _build(self, g: _graph.Graph, name: str, seed: int | None) -> None:
         self.layers = list(g.layers)
         self.name = name
         self.inputs = list(g.inputs)
@@ -185,7 +185,7 @@ class Model:
         self.output_names = g.output_keys or [self.layer_names[t - nin] for t in g.outputs]
         if len(set(self.output_names)) != len(self.output_names):
             raise ModelError(f"the model's outputs must come from layers of distinct names, not {self.output_names}")
-        self._outputs_as_dict = listed_outputs == "dict"
+        self._outputs_as_dict = g.output_keys is not None
         specs = []
         for layer, reads, shares in zip(self.layers, g.reads, self._shares, strict=True):
             spec = dict(layer.spec())
@@ -213,6 +213,7 @@ class Model:
         self.loss_object: _losses.Loss | list[_losses.Loss] | None = None
         self.metrics: list[_metrics.Metric] = []
         self._metric_groups: list[list[_metrics.Metric]] = [[] for _ in self.outputs]
+        self._metric_group_sizes = [0] * len(self.outputs)
         self.state = TrainState()  # step, epoch, position in the epoch (see sparkgrad.nn.state)
         self.input_transform: tuple[float | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
         self.stop_training = False
@@ -423,8 +424,7 @@ class Model:
         tail = state[state.size - n :]
         out = {f"{o}_loss": float(v) / seen if seen else math.nan for o, v in zip(self.output_names, tail, strict=True)}
         at = 0
-        for o, group in zip(self.output_names, self._metric_groups, strict=True):
-            size = _metrics.state_size(group)
+        for o, group, size in zip(self.output_names, self._metric_groups, self._metric_group_sizes, strict=True):
             out.update({f"{o}_{k}": v for k, v in _metrics.results(group, state[at : at + size]).items()})
             at += size
         return out
@@ -596,6 +596,7 @@ class Model:
         self.loss_object = loss_objs[0] if one else loss_objs
         self.loss_weights = weights
         self._metric_groups = groups
+        self._metric_group_sizes = [_metrics.state_size(g) for g in groups]  # the state's layout, once
         self.metrics = [m for g in groups for m in g]
         used = self._core.set_precision(precision)
         if used != precision:
@@ -1114,8 +1115,7 @@ class Sequential(Model):
         except ValueError as e:
             raise ModelError(str(e)) from None
         inp = KerasTensor((None, *(int(d) for d in layers[0].input_shape)), "float32", "input_layer")
-        tensors, t = [], inp
+        t = inp
         for layer in layers:
             t = KerasTensor(None, "float32", layer.name or layer.type_name.lower(), layer, (t,))
-            tensors.append(t)
-        self._build(_graph.Graph([inp], layers, [[k] for k in range(len(layers))], [len(layers)], [t]), name, seed, "")
+        self._build(_graph.Graph([inp], layers, [[k] for k in range(len(layers))], [len(layers)], [t]), name, seed)

@@ -73,7 +73,9 @@ def model_to_bytes(model) -> bytes:
     the transform's mean and std, and a CRC32 of everything before it.
     """
     scale, mean, std = model.input_transform
-    chain = model.is_chain and not model._outputs_as_dict and type(model).__name__ == "Sequential"
+    from sparkgrad.nn.model import Sequential
+
+    chain = isinstance(model, Sequential)  # written as version 1, which every release reads
     losses = model.loss_object if isinstance(model.loss_object, list) else [model.loss_object]
     header = {
         "format": "sparkgrad.saved_model",
