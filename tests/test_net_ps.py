@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 from sparkgrad import _core, errors
+from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
+from sparkgrad.cluster.ps import ParameterClient
 from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, SEQ, TamperRelay
 
 pytestmark = pytest.mark.timeout(60)
@@ -552,5 +554,133 @@ def test_parameters_altered_on_the_way_back_fail_the_client_naming_the_shard(sec
         got = np.empty(total, np.float32)
         assert fresh.pull(got) == 0
         np.testing.assert_array_equal(got, cl.init)
+    finally:
+        cl.close()
+
+
+# ---- model state (PUT_STATE / MEAN_STATE): BatchNorm statistics averaged over the workers ----
+
+
+@pytest.mark.parametrize("num_ps,security", [(1, "none"), (2, "auth"), (2, "encrypt")])
+def test_model_state_mean_is_over_the_workers_and_a_put_replaces_the_workers_own(num_ps, security):
+    cl = Cluster(30, num_ps, 3, "async", security=security)
+    try:
+        c = [cl.client(w, security=security) for w in range(3)]
+        got = np.full(6, -7.0, np.float32)
+        assert c[0].mean_state(got) == 0  # nothing put yet: left as it is
+        np.testing.assert_array_equal(got, np.full(6, -7.0, np.float32))
+        states = [np.arange(6, dtype=np.float32) * (w + 1) + 0.5 * w for w in range(3)]
+        assert [c[w].put_state(states[w]) for w in (0, 1)] == [1, 2]
+        assert c[2].mean_state(got) == 2  # a worker that put nothing reads the others' mean
+        np.testing.assert_array_equal(got, (states[0] + states[1]) / 2)
+        assert c[2].put_state(states[2]) == 3
+        states[0] = np.full(6, 100.0, np.float32)
+        assert c[0].put_state(states[0]) == 3  # replaces worker 0's own: still three workers
+        assert c[1].mean_state(got) == 3
+        np.testing.assert_allclose(got, np.mean(states, axis=0, dtype=np.float64), rtol=1e-6)
+        for x in c:
+            x.done()
+        assert cl.join() == ["done"] * num_ps
+    finally:
+        cl.close()
+
+
+def test_model_state_of_another_size_is_refused_naming_both_and_the_clients_stay_usable():
+    cl = Cluster(10, 1, 2, "async")
+    try:
+        c0, c1 = cl.client(0), cl.client(1)
+        assert c0.put_state(np.ones(4, np.float32)) == 1
+        with pytest.raises(
+            errors.ClusterError, match="worker 1 put 5 floats of model state, the workers before it put 4"
+        ):
+            c1.put_state(np.ones(5, np.float32))
+        with pytest.raises(errors.ClusterError, match="mean of 3 floats of model state, the workers put 4"):
+            c1.mean_state(np.empty(3, np.float32))
+        got = np.empty(4, np.float32)
+        assert c1.mean_state(got) == 1 and np.array_equal(got, np.ones(4, np.float32))
+        assert c1.put_state(np.full(4, 3.0, np.float32)) == 2
+        assert c0.mean_state(got) == 2 and np.array_equal(got, np.full(4, 2.0, np.float32))
+        with pytest.raises(errors.InvalidArgumentError, match="1-D C-contiguous float32"):
+            c0.put_state(np.ones(4, np.float64))
+        with pytest.raises(errors.InvalidArgumentError, match="not 1-D|of 2 dimensions"):
+            c0.put_state(np.ones((2, 2), np.float32))
+        ro = np.ones(4, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(errors.InvalidArgumentError, match="writable"):
+            c0.mean_state(ro)
+    finally:
+        cl.close()
+
+
+def test_model_state_puts_from_many_threads_each_keep_their_last():
+    workers, rounds, n = 6, 20, 1000
+    cl = Cluster(10, 1, workers, "async")
+    try:
+
+        def worker(w: int) -> list[int]:
+            c = cl.client(w)
+            held = [c.put_state(np.full(n, float(w * rounds + r), np.float32)) for r in range(rounds)]
+            c.close()
+            return held
+
+        held = run_workers(worker, workers)
+        assert all(isinstance(h, list) and 1 <= min(h) and max(h) <= workers for h in held), held
+        got = np.empty(n, np.float32)
+        assert cl.client(0).mean_state(got) == workers
+        # the mean of every worker's last put, w * rounds + rounds - 1
+        np.testing.assert_array_equal(got, np.full(n, np.mean([w * rounds + rounds - 1 for w in range(workers)])))
+    finally:
+        cl.close()
+
+
+def test_parameter_clients_average_their_model_state_through_two_encrypted_shards():
+    total = 21
+    cl = Cluster(total, 2, 2, "async", security="encrypt")
+    try:
+        nodes = [NodeInfo(i, "ps", i, host, port, os.getpid()) for i, (host, port) in enumerate(cl.addresses)]
+        nodes += [NodeInfo(2 + w, "worker", w, "127.0.0.1", 1, os.getpid()) for w in range(2)]
+        spec = cluster_spec(nodes)
+        ctxs = [
+            NodeContext(
+                n.executor_id,
+                n.role,
+                n.index,
+                spec,
+                "file://",
+                "/tmp",
+                tuple(nodes),
+                secret=cl.secret,
+                security="encrypt",
+            )
+            for n in nodes[2:]
+        ]
+        with ParameterClient(ctxs[0], total, timeout=10.0) as chief, ParameterClient(ctxs[1], total, 10.0) as other:
+            got = np.zeros(8, np.float32)
+            assert chief.mean_state(got) == 0 and not got.any()
+            assert chief.put_state(np.full(8, 1.0, np.float32)) == 1
+            assert other.put_state(np.arange(8, dtype=np.float32)) == 2
+            assert chief.mean_state(got) == 2
+            np.testing.assert_array_equal(got, (1.0 + np.arange(8, dtype=np.float32)) / 2)
+        assert cl.join() == ["done", "done"]
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("security", ["auth", "encrypt"])
+def test_a_model_state_altered_on_the_way_is_refused_and_never_kept(security):
+    cl = Cluster(10, 1, 2, "async", security=security)
+    try:
+        host, port = cl.addresses[0]
+        # byte 8 of the state in the PUT_STATE that follows HELLO
+        flip = HANDSHAKE_C2S + HELLO_FRAME + HEAD + SEQ + OP + 8
+        with TamperRelay(host, port, direction="c2s", flip_at=flip) as relay:
+            c = _core.PsClient([(relay.host, relay.port)], cl.secret, 10, 0, 20.0, security=security)
+            with pytest.raises(errors.AuthError, match=r"ps frame 1 failed its integrity check"):
+                c.put_state(np.ones(4, np.float32))
+            assert relay.flipped == 1
+            c.close()
+        assert cl.servers[0].integrity_failures == 1
+        fresh = cl.client(1, security=security)
+        assert fresh.mean_state(np.empty(4, np.float32)) == 0  # nothing of it was kept
     finally:
         cl.close()

@@ -51,12 +51,12 @@ def test_a_checkpoint_written_by_0_1_restores_weights_step_and_optimizer_and_tra
 def test_unknown_format_versions_name_both_versions(tmp_path):
     data = bytearray((FIXTURES / "model-0.1.sgmodel").read_bytes())
     struct.pack_into("<I", data, 8, 7)
-    with pytest.raises(ModelError, match="format version 7 at offset 8; this sparkgrad reads versions 1, 2"):
+    with pytest.raises(ModelError, match="format version 7 at offset 8; this sparkgrad reads versions 1, 2, 3"):
         model_from_bytes(bytes(data), "m.sgmodel")
     ckpt = bytearray((FIXTURES / "checkpoint-0.1.sgck").read_bytes())
     struct.pack_into("<I", ckpt, 8, 9)
     path = tmp_path / "c.sgck"
     path.write_bytes(bytes(ckpt))
     m = load_model(FIXTURES / "model-0.1.sgmodel")
-    with pytest.raises(CheckpointError, match="checkpoint format version 9 at byte 8; this sparkgrad reads version 1"):
+    with pytest.raises(CheckpointError, match="format version 9 at byte 8; this sparkgrad reads versions 1, 2"):
         m.load(path)

@@ -172,6 +172,23 @@ class PsCluster:
     def addresses(self):
         return [("127.0.0.1", self.listener.port)]
 
+    def run_workers(self, work) -> list:
+        """work(i, ctx) on a thread per worker; their results (or errors), once every one returned."""
+        results: list = [None] * len(self.workers)
+
+        def one(i):
+            try:
+                results[i] = work(i, self.workers[i])
+            except BaseException as exc:  # noqa: BLE001 - checked by the caller
+                results[i] = exc
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(self.workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return results
+
     def join(self):
         self.thread.join(30)
         assert not self.thread.is_alive(), "the ps did not exit"
@@ -210,24 +227,16 @@ def test_two_workers_on_a_sync_ps_share_the_global_step_and_only_the_chief_check
     x, y = data(256)
     model = mlp(opt=SGD(0.1))
     dirs = [tmp_path / "chief", tmp_path / "other"]
-    results: list = [None, None]
     with PsCluster(workers=2, model=model, mode="sync") as cluster:
 
-        def work(i):
-            try:
-                m = mlp(seed=3 + i, opt=SGD(0.1))  # the chief's initial weights win
-                with TFNode.ps_client(cluster.workers[i], m) as ps:
-                    part = slice(i * 128, (i + 1) * 128)
-                    m.fit(x[part], y[part], batch_size=32, epochs=2, verbose=0, ps=ps, checkpoint_dir=str(dirs[i]))
-                results[i] = m
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                results[i] = exc
+        def work(i, ctx):
+            m = mlp(seed=3 + i, opt=SGD(0.1))  # the chief's initial weights win
+            with TFNode.ps_client(ctx, m) as ps:
+                part = slice(i * 128, (i + 1) * 128)
+                m.fit(x[part], y[part], batch_size=32, epochs=2, verbose=0, ps=ps, checkpoint_dir=str(dirs[i]))
+            return m
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = cluster.run_workers(work)
         assert cluster.join() == "done"
     chief, other = results
     assert isinstance(chief, Sequential), chief
@@ -348,9 +357,9 @@ def test_errors_from_the_ps_hook_are_sparkgrad_errors():
 # ---- allreduce through DistributedOptimizer (needs _core.Communicator, csrc/net/coll*.c) ----
 
 
-def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
-    """Two ranks (threads, a real ring over loopback): rank r fits rows 64r..64r+63
-    of every 128-row batch with make_model(communicator); their models (or errors)."""
+def two_ranks(work):
+    """Two ranks (threads, a real ring over loopback): work(r, communicator) on each; their results (or
+    errors)."""
     secret = os.urandom(32)
     listeners = [_core.Listener("127.0.0.1", 0) for _ in range(2)]
     addresses = [("127.0.0.1", lis.port) for lis in listeners]
@@ -359,15 +368,7 @@ def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
     def rank(r):
         try:
             with _core.Communicator(listeners[r], secret, r, addresses, timeout=30.0) as comm:
-                m = make_model(comm)
-                rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
-
-                def take(v):  # one array, or one per input (output) of a functional model
-                    return [a[rows] for a in v] if isinstance(v, list) else v[rows]
-
-                h = m.fit(take(x), take(y), batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks())
-                m.history_of_last_fit = h.history
-                results[r] = m
+                results[r] = work(r, comm)
         except BaseException as exc:  # noqa: BLE001 - checked by the caller
             results[r] = exc
 
@@ -379,6 +380,24 @@ def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
     for lis in listeners:
         lis.close()
     return results
+
+
+def _fit_two_ranks(make_model, x, y, steps, callbacks=list):
+    """Rank r of `two_ranks` fits rows 64r..64r+63 of every 128-row batch with make_model(communicator);
+    their models (or errors)."""
+
+    def work(r, comm):
+        m = make_model(comm)
+        rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+
+        def take(v):  # one array, or one per input (output) of a functional model
+            return [a[rows] for a in v] if isinstance(v, list) else v[rows]
+
+        h = m.fit(take(x), take(y), batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks())
+        m.history_of_last_fit = h.history
+        return m
+
+    return two_ranks(work)
 
 
 @pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator yet")

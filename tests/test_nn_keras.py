@@ -3,7 +3,9 @@
 into their sparkgrad twins. A functional model with two inputs, a shared layer, Add, Concatenate, Reshape
 and two outputs (predictions, evaluate's losses and accuracy, the total loss's gradients); every activation,
 fused into Dense and as an Activation layer; binary classification's loss and metrics (accuracy, ROC and PR
-AUC, precision, recall) with sample weights; regression's losses (mse, mae, huber, poisson) and metrics.
+AUC, precision, recall) with sample weights; regression's losses (mse, mae, huber, poisson) and metrics;
+BatchNormalization and LayerNormalization after Dense and Conv2D (inference on the moving statistics, a
+training pass's output, gradients and moving statistics, one SGD step).
 """
 
 from __future__ import annotations
@@ -12,7 +14,18 @@ import pathlib
 
 import numpy as np
 import pytest
-from sparkgrad.nn import SGD, Activation, Dense, Sequential, losses, metrics
+from sparkgrad.nn import (
+    SGD,
+    Activation,
+    BatchNormalization,
+    Conv2D,
+    Dense,
+    Flatten,
+    LayerNormalization,
+    Sequential,
+    losses,
+    metrics,
+)
 from test_nn_functional import build
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "keras" / "keras.npz"
@@ -98,3 +111,47 @@ def test_regression_losses_and_metrics_match_keras(k, loss):
     logs = model.evaluate(k["regression/x"], k["regression/y"], return_dict=True)
     for key in ("loss", "mse", "mae", "rmse"):
         assert logs[key] == pytest.approx(float(f[key]), rel=1e-5), key
+
+
+NORMALIZATION = {
+    "dense": lambda: Sequential(
+        [
+            Dense(8, input_shape=(6,)),
+            BatchNormalization(momentum=0.9),
+            Activation("relu"),
+            LayerNormalization(),
+            Dense(2),
+        ]
+    ),
+    "conv": lambda: Sequential(
+        [
+            Conv2D(3, 3, input_shape=(5, 5, 2)),
+            BatchNormalization(center=False, epsilon=0.01),
+            Flatten(),
+            Dense(1),
+        ]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZATION))
+def test_normalization_matches_keras(k, name):
+    f = case(k, f"normalization/{name}")
+    model = NORMALIZATION[name]()
+    model.compile(optimizer=SGD(0.1), loss="mse")
+    count = len(model.get_weights())
+    start = [f[f"w{i}"] for i in range(count)]
+    model.set_weights(start)
+    np.testing.assert_allclose(model.predict(f["x"]), f["pred"], rtol=1e-5, atol=1e-5)
+    # a training pass: the batch's statistics, the gradients, and the moving statistics moved once
+    loss = model.compute_gradients(f["x"], f["y"])
+    assert loss == pytest.approx(float(f["loss"]), rel=1e-5)
+    for t, i in zip(model.param_table, range(count), strict=False):
+        got = model.grads[t.offset : t.offset + t.size].reshape(t.shape)
+        np.testing.assert_allclose(got, f[f"g{i}"], rtol=1e-4, atol=1e-5, err_msg=f"gradient {i} ({t.name})")
+    for i, w in enumerate(model.get_weights()):
+        np.testing.assert_allclose(w, f[f"after_forward{i}"], rtol=1e-5, atol=1e-6, err_msg=f"weight {i}")
+    model.set_weights(start)
+    model.train_on_batch(f["x"], f["y"])
+    for i, w in enumerate(model.get_weights()):
+        np.testing.assert_allclose(w, f[f"after_step{i}"], rtol=1e-4, atol=1e-5, err_msg=f"weight {i} after a step")

@@ -23,6 +23,10 @@
  *   WAIT_OTHERS a=timeout in ms                      -> a=step, count floats, once every
  *              other worker said DONE (the final parameters, for the chief's last
  *              checkpoint and evaluation); SG_ETIMEOUT / SG_ECANCELLED otherwise
+ *   PUT_STATE  a=n, n floats (the worker's model state) -> a=workers whose state
+ *              the shard holds b=n
+ *   MEAN_STATE a=n expected                          -> a=workers averaged b=n, n floats
+ *              (their elementwise mean); a=0 b=0 and no data while no worker put any
  *   any        -> ERROR a=status code (int64), data = message text
  * Floats travel in host order: sparkgrad supports little-endian hosts only.
  *
@@ -40,6 +44,17 @@
  * average, bumps the step and only then answers those pushes; a worker that
  * says DONE stops being waited for, one that disconnects without DONE breaks
  * the step for everyone (SG_ENODE naming it) instead of hanging them.
+ *
+ * Model state (non-trainable: BatchNorm's moving mean and variance) is not
+ * a gradient: each worker updates its own while it trains and puts it with
+ * PUT_STATE; whoever reads it (the chief's checkpoint, the final model) gets
+ * the mean over the workers that put one, as Keras' MirroredStrategy reads
+ * its SyncOnRead variables. A shard keeps each worker's last state (one
+ * buffer per worker id, replaced by its next PUT_STATE), under a lock of its
+ * own so that a put never waits on a synchronous step; every worker must put
+ * the same n (SG_ECLUSTER naming both sizes otherwise), at most PS_STATE_MAX.
+ * Every shard accepts the two ops; the client sends them to shard 0 alone
+ * (the state is small), so only shard 0 holds it.
  *
  * Optimizer state lives on the ps: a shard configured with an Optimizer
  * (nn/nn_optim.h, created for `count` values) applies every gradient (async)
@@ -74,6 +89,8 @@ typedef enum PsOp {
     PS_OP_DONE = 7,
     PS_OP_GET_STATE = 8,
     PS_OP_WAIT_OTHERS = 9,
+    PS_OP_PUT_STATE = 10,
+    PS_OP_MEAN_STATE = 11,
     PS_OP_REPLY = 100,
     PS_OP_ERROR = 101,
 } PsOp;
@@ -83,6 +100,10 @@ typedef enum PsWire { PS_WIRE_F32 = 0, PS_WIRE_BF16 = 1 } PsWire;
 typedef enum PsMode { PS_MODE_ASYNC = 0, PS_MODE_SYNC = 1 } PsMode;
 
 #define PS_OP_HEADER 32
+
+/* Floats of model state one PUT_STATE may carry (1 GiB): refused, before
+ * anything is allocated for it, above this. */
+#define PS_STATE_MAX ((uint64_t)1 << 28)
 
 /* Applies grads (n) to params (n); returns 0 or a status with err filled.
  * Called with the shard locked, never concurrently. */
@@ -216,6 +237,16 @@ int ps_client_done(PsClient *c, SgError *err);
 /* Waits up to `timeout` seconds until every other worker said DONE, then
  * fills params (total floats) with the final parameters. */
 int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err);
+/* Puts this worker's model state (n floats, the same n on every worker, at
+ * most PS_STATE_MAX) on shard 0, replacing the one it put before; *holders
+ * is the number of workers whose state the shard now holds. */
+int ps_client_put_state(PsClient *c, const float *state, size_t n, int *holders, SgError *err);
+/* Fills state (n floats) with the elementwise mean of the model states the
+ * workers put (accumulated in double); *workers is how many were averaged.
+ * *workers = 0 when none put any yet: state is left as it is. SG_ECLUSTER
+ * when n is not the size they put. On a failure state's contents are
+ * unspecified. */
+int ps_client_mean_state(PsClient *c, float *state, size_t n, int *workers, SgError *err);
 /* The gradient hook (nn/nn_hook.h) of the training loop on this client: its
  * step() pushes the gradients, pulls the parameters the ps updated with them
  * into params, sets *global_step to the ps' step and returns 1 (the loop's

@@ -1,7 +1,8 @@
 /*
  * ps_client.c - a worker's connections to every parameter-server shard
  * (ps.h). Each call sends its request to all shards first, then collects the
- * replies, so shards work in parallel without client threads; parameters are
+ * replies, so shards work in parallel without client threads (the model-state
+ * calls, PUT_STATE and MEAN_STATE, go to shard 0 alone); parameters are
  * read from the socket straight into the caller's array. Calls are serialized
  * by a mutex; a transport failure leaves the client unusable (the shards'
  * streams would be out of step) and every later call says why. Each shard
@@ -80,6 +81,57 @@ static int bad_reply(PsShardConn *sh, int shard, const NetFrameHeader *h, size_t
     return rc;
 }
 
+/* Reads a reply's frame header (a payload of at most cap bytes) and op
+ * header (into v). An ERROR reply is read whole and becomes its status
+ * (*remote = 1); otherwise 0 leaves h->length - PS_OP_HEADER bytes of data
+ * and the tag to read. */
+static int recv_reply_head(PsShardConn *sh, int shard, size_t cap, NetFrameHeader *h, uint64_t v[4],
+                           double deadline, int *remote, SgError *err)
+{
+    NetSession *sess = &sh->sess;
+    uint8_t oph[PS_OP_HEADER];
+    *remote = 0;
+    if (cap < PS_OP_HEADER + SG_ERROR_MAX)
+        cap = PS_OP_HEADER + SG_ERROR_MAX;
+    int rc = net_frame_recv_header(sh->fd, sess, (uint32_t)cap, deadline, sh->peer, h, err);
+    if (rc == SG_ETIMEOUT || rc == SG_EAUTH)
+        return sg_context(err, "ps shard %d: ", shard);
+    if (rc < 0)
+        return rc;
+    if (h->type != NET_FRAME_PS || h->length < PS_OP_HEADER ||
+        (h->flags != PS_OP_REPLY && h->flags != PS_OP_ERROR))
+        return bad_reply(sh, shard, h, 0, deadline,
+                         sg_fail(err, SG_EPROTO,
+                                 "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply",
+                                 shard, sh->peer, net_frame_type_name(h->type), h->flags),
+                         err);
+    if ((rc = net_frame_recv_payload(sh->fd, sess, oph, sizeof oph, deadline, sh->peer,
+                                     "a ps reply header", err)) < 0)
+        return rc;
+    ps_op_decode(oph, v);
+    size_t data = h->length - PS_OP_HEADER;
+    if (h->flags == PS_OP_ERROR) {
+        char msg[SG_ERROR_MAX + 1];
+        if (data > SG_ERROR_MAX)
+            return bad_reply(sh, shard, h, PS_OP_HEADER, deadline,
+                             sg_fail(err, SG_EPROTO,
+                                     "ps shard %d (%s) sent a %zu-byte error message (at most %d)",
+                                     shard, sh->peer, data, SG_ERROR_MAX),
+                             err);
+        if ((rc = net_frame_recv_payload(sh->fd, sess, msg, data, deadline, sh->peer, "a ps error",
+                                         err)) < 0)
+            return rc;
+        if ((rc = net_frame_recv_end(sh->fd, sess, h->type, deadline, sh->peer, err)) < 0)
+            return sg_context(err, "ps shard %d: ", shard);
+        msg[data] = '\0';
+        int64_t code = (int64_t)v[0];
+        *remote = 1;
+        return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s",
+                       shard, sh->peer, msg);
+    }
+    return SG_OK;
+}
+
 /* Reads one reply; parameters (if any) land in dest + offset; with opt, the
  * reply also carries v[2] floats of optimizer state (malloc'd into opt).
  * What lands in dest is trusted only if this returns 0 (the tag checked).
@@ -90,48 +142,14 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
 {
     NetSession *sess = &sh->sess;
     size_t bytes = (size_t)sh->count * sizeof(float);
-    size_t cap = PS_OP_HEADER + (bytes > SG_ERROR_MAX ? bytes : SG_ERROR_MAX);
+    size_t cap = PS_OP_HEADER + bytes;
     if (opt != NULL) /* parameters plus at most 3 optimizer slots (nn_optim.h) */
         cap = PS_OP_HEADER + 4 * bytes > UINT32_MAX ? UINT32_MAX : PS_OP_HEADER + 4 * bytes;
     NetFrameHeader h;
-    uint8_t oph[PS_OP_HEADER];
-    *remote = 0;
-    int rc = net_frame_recv_header(sh->fd, sess, (uint32_t)cap, deadline, sh->peer, &h, err);
-    if (rc == SG_ETIMEOUT || rc == SG_EAUTH)
-        return sg_context(err, "ps shard %d: ", shard);
+    int rc = recv_reply_head(sh, shard, cap, &h, v, deadline, remote, err);
     if (rc < 0)
         return rc;
-    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER ||
-        (h.flags != PS_OP_REPLY && h.flags != PS_OP_ERROR))
-        return bad_reply(sh, shard, &h, 0, deadline,
-                         sg_fail(err, SG_EPROTO,
-                                 "ps shard %d (%s) sent a %s frame (flags %u) instead of a reply",
-                                 shard, sh->peer, net_frame_type_name(h.type), h.flags),
-                         err);
-    if ((rc = net_frame_recv_payload(sh->fd, sess, oph, sizeof oph, deadline, sh->peer,
-                                     "a ps reply header", err)) < 0)
-        return rc;
-    ps_op_decode(oph, v);
     size_t data = h.length - PS_OP_HEADER;
-    if (h.flags == PS_OP_ERROR) {
-        char msg[SG_ERROR_MAX + 1];
-        if (data > SG_ERROR_MAX)
-            return bad_reply(sh, shard, &h, PS_OP_HEADER, deadline,
-                             sg_fail(err, SG_EPROTO,
-                                     "ps shard %d (%s) sent a %zu-byte error message (at most %d)",
-                                     shard, sh->peer, data, SG_ERROR_MAX),
-                             err);
-        if ((rc = net_frame_recv_payload(sh->fd, sess, msg, data, deadline, sh->peer, "a ps error",
-                                         err)) < 0)
-            return rc;
-        if ((rc = net_frame_recv_end(sh->fd, sess, h.type, deadline, sh->peer, err)) < 0)
-            return sg_context(err, "ps shard %d: ", shard);
-        msg[data] = '\0';
-        int64_t code = (int64_t)v[0];
-        *remote = 1;
-        return sg_fail(err, code < 0 && code > -100 ? (int)code : SG_EPROTO, "ps shard %d (%s): %s",
-                       shard, sh->peer, msg);
-    }
     size_t extra =
         opt != NULL && v[2] <= (UINT32_MAX / sizeof(float)) ? (size_t)v[2] * sizeof(float) : 0;
     if (data != (dest != NULL ? bytes + extra : 0))
@@ -161,6 +179,30 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
     return SG_OK;
 }
 
+/* Takes the call lock, unless an earlier failure left the client unusable
+ * (then fails naming it). */
+static int lock_usable(PsClient *c, SgError *err)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->broken)
+        return SG_OK;
+    int rc = sg_fail(err, c->broken_err.code, "PsClient unusable after an earlier failure: %s",
+                     c->broken_err.msg);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Releases the call lock; a transport failure (err) leaves the client
+ * unusable, the shards' streams being out of step. */
+static void unlock_after(PsClient *c, int transport, const SgError *err)
+{
+    if (transport) {
+        c->broken = 1;
+        c->broken_err = *err;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* One op on every shard: send all, then read all replies. opt_in: per-shard
  * optimizer state sent after data (SET_STATE); opt_out: per-shard optimizer
  * state received after the parameters (GET_STATE). */
@@ -168,15 +210,11 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
                         const PsOptState *opt_in, PsOptState *opt_out, uint64_t out[4],
                         double timeout, SgError *err)
 {
-    pthread_mutex_lock(&c->mu);
-    if (c->broken) {
-        int rc = sg_fail(err, c->broken_err.code, "PsClient unusable after an earlier failure: %s",
-                         c->broken_err.msg);
-        pthread_mutex_unlock(&c->mu);
+    int rc = lock_usable(c, err);
+    if (rc < 0)
         return rc;
-    }
     double deadline = net_now() + timeout;
-    int rc = SG_OK, sent = 0, transport = 0;
+    int sent = 0, transport = 0;
     const void *payload = data;
     size_t elem = sizeof(float);
     uint64_t vp[4] = {v[0], v[1], v[2], v[3]};
@@ -215,11 +253,7 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
         if (i == 0 && x == 0)
             memcpy(out, r, sizeof r);
     }
-    if (transport) {
-        c->broken = 1;
-        c->broken_err = *err;
-    }
-    pthread_mutex_unlock(&c->mu);
+    unlock_after(c, transport, err);
     return rc;
 }
 
@@ -323,6 +357,71 @@ int ps_client_get_state(PsClient *c, float *params, uint64_t *step, PsOptState *
         ps_opt_states_free(opt, c->num_ps);
     *step = r[0];
     return rc;
+}
+
+/* ---- model state: shard 0 alone ---------------------------------------------- */
+
+/* Reads the reply to a model-state op (a=workers b=n): n floats into dest
+ * when dest is not NULL and a > 0, nothing otherwise. */
+static int recv_state_reply(PsShardConn *sh, uint64_t v[4], float *dest, size_t n, double deadline,
+                            int *remote, SgError *err)
+{
+    NetFrameHeader h;
+    size_t bytes = n * sizeof(float);
+    int rc = recv_reply_head(sh, 0, PS_OP_HEADER + (dest != NULL ? bytes : 0), &h, v, deadline,
+                             remote, err);
+    if (rc < 0)
+        return rc;
+    size_t data = h.length - PS_OP_HEADER, want = dest != NULL && v[0] > 0 ? bytes : 0;
+    if (data != want || (want > 0 && v[1] != n))
+        return bad_reply(sh, 0, &h, PS_OP_HEADER, deadline,
+                         sg_fail(err, SG_EPROTO,
+                                 "ps shard 0 (%s) answered a model-state op with %zu data bytes "
+                                 "for %llu floats, expected %zu for %zu",
+                                 sh->peer, data, (unsigned long long)v[1], want, n),
+                         err);
+    if (want > 0 && (rc = net_frame_recv_payload(sh->fd, &sh->sess, dest, want, deadline, sh->peer,
+                                                 "model state", err)) < 0)
+        return rc;
+    if ((rc = net_frame_recv_end(sh->fd, &sh->sess, h.type, deadline, sh->peer, err)) < 0)
+        return sg_context(err, "ps shard 0: ");
+    return SG_OK;
+}
+
+/* PUT_STATE (state, n floats) or MEAN_STATE (into dest) on shard 0; *count
+ * is the reply's a (workers holding a state / averaged). */
+static int call_state(PsClient *c, int op, const float *state, float *dest, size_t n, int *count,
+                      SgError *err)
+{
+    *count = 0;
+    if ((uint64_t)n > PS_STATE_MAX)
+        return sg_fail(err, SG_EINVAL, "%zu floats of model state: a ps shard holds at most %llu",
+                       n, (unsigned long long)PS_STATE_MAX);
+    int rc = lock_usable(c, err);
+    if (rc < 0)
+        return rc;
+    PsShardConn *sh = &c->shards[0];
+    uint64_t v[4] = {(uint64_t)n, 0, 0, 0}, r[4] = {0};
+    double deadline = net_now() + c->timeout;
+    int remote = 0;
+    rc = send_req(sh, op, v, NULL, sizeof(float), state, state != NULL ? n : 0, deadline, err);
+    if (rc == 0)
+        rc = recv_state_reply(sh, r, dest, n, deadline, &remote, err);
+    /* a shard that found our request altered closes the connection */
+    unlock_after(c, rc < 0 && (!remote || rc == SG_EAUTH), err);
+    if (rc == 0)
+        *count = (int)r[0];
+    return rc;
+}
+
+int ps_client_put_state(PsClient *c, const float *state, size_t n, int *holders, SgError *err)
+{
+    return call_state(c, PS_OP_PUT_STATE, state, NULL, n, holders, err);
+}
+
+int ps_client_mean_state(PsClient *c, float *state, size_t n, int *workers, SgError *err)
+{
+    return call_state(c, PS_OP_MEAN_STATE, NULL, state, n, workers, err);
 }
 
 void ps_opt_states_free(PsOptState *opt, int n)

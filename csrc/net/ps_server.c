@@ -1,7 +1,8 @@
 /*
  * ps_server.c - one parameter-server shard (ps.h): an accept loop in the
  * caller's thread (ps_server_serve), one thread per worker connection, the
- * shard under one mutex, async and sync application of gradients.
+ * shard under one mutex, async and sync application of gradients, the
+ * workers' model state (PUT_STATE / MEAN_STATE) under a mutex of its own.
  *
  * Every wait is bounded or woken: connection threads poll with a 1 s period
  * and check `closing`; serve's exit shuts every connection down, so blocked
@@ -45,7 +46,8 @@ typedef struct PsConn {
     int first_done; /* this connection marked its worker done: ack it, then count */
     int ended;      /* the thread is done: serve joins and frees it */
     float *buf;     /* count floats: gradients in, parameters out (after auth) */
-    float *extra;   /* SET_STATE / GET_STATE: optimizer state (malloc'd per request) */
+    float *extra;   /* SET_STATE / GET_STATE: optimizer state, PUT_STATE / MEAN_STATE:
+                       model state (malloc'd per request) */
     size_t extra_len;
 } PsConn;
 
@@ -76,6 +78,13 @@ struct PsServer {
     NetGate gate;
     uint64_t integrity_failures; /* connections closed by a failed tag or seq */
     SgError last_integrity;
+
+    /* Model state: never touched under mu, so that a put never waits on a
+     * synchronous step (state_mu is never held while taking mu). */
+    pthread_mutex_t state_mu;
+    float **worker_state; /* [num_workers] each worker's last PUT_STATE, or NULL */
+    size_t state_floats;  /* n of every worker's state, fixed by the first PUT_STATE */
+    int state_holders;    /* workers with a state */
 };
 
 /* ---- shard state (s->mu held) ---------------------------------------------- */
@@ -295,6 +304,68 @@ static int reply_error(PsConn *c, const SgError *e)
     return rc;
 }
 
+/* (s->state_mu held) PUT_STATE: takes c->extra (the request's n floats) as
+ * the worker's state, replacing its last one. */
+static int put_state_locked(PsServer *s, PsConn *c, size_t n, SgError *err)
+{
+    if (s->state_holders > 0 && n != s->state_floats)
+        return sg_fail(err, SG_ECLUSTER,
+                       "worker %ld put %zu floats of model state, the workers before it put %zu "
+                       "(models differ between workers?)",
+                       c->worker_id, n, s->state_floats);
+    float **slot = &s->worker_state[c->worker_id];
+    if (*slot == NULL)
+        s->state_holders++;
+    free(*slot);
+    *slot = c->extra;
+    c->extra = NULL;
+    s->state_floats = n;
+    return SG_OK;
+}
+
+/* (s->state_mu held) MEAN_STATE: the elementwise mean of the workers' states,
+ * summed in double, into c->extra (malloc'd; NULL while no worker put any). */
+static int mean_state_locked(PsServer *s, PsConn *c, size_t n, SgError *err)
+{
+    if (s->state_holders == 0)
+        return SG_OK;
+    if (n != s->state_floats)
+        return sg_fail(err, SG_ECLUSTER,
+                       "worker %ld asked for the mean of %zu floats of model state, the workers "
+                       "put %zu (models differ between workers?)",
+                       c->worker_id, n, s->state_floats);
+    if ((c->extra = malloc((n > 0 ? n : 1) * sizeof(float))) == NULL)
+        return sg_fail(err, SG_ENOMEM, "averaging %zu floats of model state", n);
+    for (size_t i = 0; i < n; i++) {
+        double sum = 0.0;
+        for (int w = 0; w < s->cfg.num_workers; w++)
+            if (s->worker_state[w] != NULL)
+                sum += s->worker_state[w][i];
+        c->extra[i] = (float)(sum / s->state_holders);
+    }
+    c->extra_len = n;
+    return SG_OK;
+}
+
+/* PUT_STATE / MEAN_STATE (a = n), under state_mu alone. */
+static int handle_state(PsConn *c, int op, const uint64_t v[4], SgError *err)
+{
+    PsServer *s = c->s;
+    size_t n = (size_t)v[0];
+    /* n = 0 puts an empty state: the slot still says that this worker put one */
+    if (op == PS_OP_PUT_STATE && c->extra == NULL && (c->extra = malloc(sizeof(float))) == NULL)
+        return sg_fail(err, SG_ENOMEM, "keeping the model state of worker %ld", c->worker_id);
+    pthread_mutex_lock(&s->state_mu);
+    int rc =
+        op == PS_OP_PUT_STATE ? put_state_locked(s, c, n, err) : mean_state_locked(s, c, n, err);
+    uint64_t r[4] = {(uint64_t)s->state_holders, s->state_holders > 0 ? s->state_floats : 0, 0, 0};
+    pthread_mutex_unlock(&s->state_mu);
+    if (rc < 0)
+        return rc;
+    const float *mean = op == PS_OP_MEAN_STATE ? c->extra : NULL;
+    return reply(c, r, mean, mean != NULL ? n * sizeof(float) : 0, NULL, 0, err);
+}
+
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
 {
     PsServer *s = c->s;
@@ -305,6 +376,8 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     int64_t opt_step = 0;
     if (op != PS_OP_HELLO && c->worker_id < 0)
         return sg_fail(err, SG_EPROTO, "%s sent ps op %d before HELLO", c->peer, op);
+    if (op == PS_OP_PUT_STATE || op == PS_OP_MEAN_STATE)
+        return handle_state(c, op, v, err);
     pthread_mutex_lock(&s->mu);
     switch (op) {
     case PS_OP_HELLO:
@@ -429,12 +502,16 @@ static int serve_one(PsConn *c, SgError *err)
     NetSession *sess = &c->sess;
     size_t bytes = (size_t)s->cfg.count * sizeof(float);
     size_t opt_bytes = s->opt_floats * sizeof(float); /* fixed after construction */
+    /* the largest request: SET_STATE, or a PUT_STATE of PS_STATE_MAX floats;
+     * each op's exact length is checked against its op header below */
+    size_t cap = PS_OP_HEADER + bytes + opt_bytes;
+    if (cap < PS_OP_HEADER + PS_STATE_MAX * sizeof(float))
+        cap = PS_OP_HEADER + PS_STATE_MAX * sizeof(float);
     double deadline = net_now() + PS_IO_TIMEOUT;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc = net_frame_recv_header(c->fd, sess, (uint32_t)(PS_OP_HEADER + bytes + opt_bytes),
-                                   deadline, c->peer, &h, err);
+    int rc = net_frame_recv_header(c->fd, sess, (uint32_t)cap, deadline, c->peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
@@ -460,8 +537,9 @@ static int serve_one(PsConn *c, SgError *err)
     const int bf16 = push && v[0] == PS_WIRE_BF16;
     /* bf16 gradients land in the upper half of buf, widened in place below */
     size_t in_bytes = bf16 ? (size_t)s->cfg.count * sizeof(uint16_t) : bytes;
-    size_t extra =
-        h.flags == PS_OP_SET_STATE && v[2] <= s->opt_floats ? (size_t)v[2] * sizeof(float) : 0;
+    /* after the parameters: optimizer state (SET_STATE, c = k floats) or,
+     * alone, model state (PUT_STATE, a = n floats), each into c->extra */
+    const int put_state = h.flags == PS_OP_PUT_STATE;
     if (h.flags == PS_OP_SET_STATE && v[2] > s->opt_floats)
         return bad_request(c, &h, PS_OP_HEADER, deadline,
                            sg_fail(err, SG_EPROTO,
@@ -469,13 +547,24 @@ static int serve_one(PsConn *c, SgError *err)
                                    "this ps shard's optimizer holds %zu",
                                    c->peer, (unsigned long long)v[2], s->opt_floats),
                            err);
-    if (data != (carries ? in_bytes + extra : 0))
+    if (put_state && v[0] > PS_STATE_MAX)
         return bad_request(c, &h, PS_OP_HEADER, deadline,
                            sg_fail(err, SG_EPROTO,
-                                   "ps op %u from %s carries %zu data bytes, expected %zu%s",
-                                   h.flags, c->peer, data, carries ? in_bytes + extra : (size_t)0,
-                                   bf16 ? " (bf16 gradients)" : ""),
+                                   "PUT_STATE from %s carries %llu floats of model state, at most "
+                                   "%llu are accepted",
+                                   c->peer, (unsigned long long)v[0],
+                                   (unsigned long long)PS_STATE_MAX),
                            err);
+    size_t extra = h.flags == PS_OP_SET_STATE ? (size_t)v[2] * sizeof(float)
+                   : put_state                ? (size_t)v[0] * sizeof(float)
+                                              : 0;
+    size_t expected = (carries ? in_bytes : 0) + extra;
+    if (data != expected)
+        return bad_request(
+            c, &h, PS_OP_HEADER, deadline,
+            sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu%s",
+                    h.flags, c->peer, data, expected, bf16 ? " (bf16 gradients)" : ""),
+            err);
     uint8_t *in = (uint8_t *)c->buf + (bytes - in_bytes);
     if (carries && (rc = net_frame_recv_payload(c->fd, sess, in, in_bytes, deadline, c->peer,
                                                 bf16 ? "bf16 gradients" : "ps data", err)) < 0)
@@ -484,11 +573,12 @@ static int serve_one(PsConn *c, SgError *err)
     c->extra = NULL;
     c->extra_len = extra / sizeof(float);
     if (extra > 0) {
+        const char *what = put_state ? "model state" : "optimizer state";
         if ((c->extra = malloc(extra)) == NULL)
-            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of optimizer state from %s", extra,
+            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of %s from %s", extra, what,
                            c->peer);
-        if ((rc = net_frame_recv_payload(c->fd, sess, c->extra, extra, deadline, c->peer,
-                                         "optimizer state", err)) < 0)
+        if ((rc = net_frame_recv_payload(c->fd, sess, c->extra, extra, deadline, c->peer, what,
+                                         err)) < 0)
             return rc;
     }
     /* nothing of the request is acted on before its tag checked */
@@ -755,6 +845,7 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         return rc;
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->state_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -765,7 +856,8 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         (s->params = calloc(n, sizeof(float))) == NULL ||
         (s->accum = calloc(cfg->mode == PS_MODE_SYNC ? n : 1, sizeof(float))) == NULL ||
         (s->contributed = calloc((size_t)cfg->num_workers, 1)) == NULL ||
-        (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL) {
+        (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL ||
+        (s->worker_state = calloc((size_t)cfg->num_workers, sizeof *s->worker_state)) == NULL) {
         ps_server_free(s);
         return sg_fail(err, SG_ENOMEM, "allocating a ps shard of %zu floats", n);
     }
@@ -853,7 +945,11 @@ void ps_server_free(PsServer *s)
     free(s->accum);
     free(s->contributed);
     free(s->done);
+    for (int w = 0; s->worker_state != NULL && w < s->cfg.num_workers; w++)
+        free(s->worker_state[w]);
+    free(s->worker_state);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->state_mu);
     pthread_cond_destroy(&s->cv);
     free(s);
 }

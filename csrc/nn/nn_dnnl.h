@@ -19,7 +19,7 @@ int nn_dnnl_check(SgError *err, const char *call, dnnl_status_t status);
 #define DNNL(err, fn, ...) nn_dnnl_check((err), #fn, fn(__VA_ARGS__))
 
 /* One primitive execution: the primitive and its (argument, memory) pairs. */
-#define NN_EXEC_MAX_ARGS 8
+#define NN_EXEC_MAX_ARGS 10
 typedef struct NnExec {
     dnnl_primitive_t prim;
     int nargs;

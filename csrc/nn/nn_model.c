@@ -14,25 +14,54 @@
 
 /* ---- declaration and shapes --------------------------------------------- */
 
-int model_add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shape)
+static int add_table(ParamInfo *table, int *count, size_t *total, int layer, const char *name,
+                     NnFill fill, int ndim, const int *shape)
 {
-    ParamInfo *t = &m->tensors[m->ntensors++];
+    ParamInfo *t = &table[(*count)++];
     t->layer = layer;
-    t->is_bias = is_bias;
+    t->name = name;
+    t->fill = fill;
+    t->is_bias = fill == NN_FILL_ZEROS;
     t->ndim = ndim;
     t->size = 1;
     for (int i = 0; i < ndim; i++) {
         t->shape[i] = shape[i];
         t->size *= (size_t)shape[i];
     }
-    t->offset = m->nparams;
-    m->nparams += t->size;
-    return m->ntensors - 1;
+    t->offset = *total;
+    *total += t->size;
+    return *count - 1;
 }
 
-/* Node l uses node `shares`'s parameters: the tensors its infer just
- * declared (from index ntensors) must have their shapes, and are dropped. */
-static int share_params(Model *m, int l, int ntensors, size_t nparams, SgError *err)
+int model_add_param(Model *m, int layer, const char *name, NnFill fill, int ndim, const int *shape)
+{
+    return add_table(m->tensors, &m->ntensors, &m->nparams, layer, name, fill, ndim, shape);
+}
+
+int model_add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shape)
+{
+    return model_add_param(m, layer, is_bias ? "bias" : "kernel",
+                           is_bias ? NN_FILL_ZEROS : NN_FILL_INIT, ndim, shape);
+}
+
+int model_add_state(Model *m, int layer, const char *name, NnFill fill, int ndim, const int *shape)
+{
+    return add_table(m->states, &m->nstates, &m->nstate, layer, name, fill, ndim, shape);
+}
+
+/* 1 if tables a[0..n) and b[0..n) declare tensors of the same shapes. */
+static int same_shapes(const ParamInfo *a, const ParamInfo *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].ndim != b[i].ndim ||
+            memcmp(a[i].shape, b[i].shape, sizeof a[i].shape[0] * a[i].ndim) != 0)
+            return 0;
+    return 1;
+}
+
+/* Node l uses node `shares`'s parameters and state: the tensors its infer
+ * just declared must have their shapes, and are dropped. */
+static int share_params(Model *m, int l, SgError *err)
 {
     const int o = m->nodes[l].shares;
     const char *name = nn_op_of(m, l)->name;
@@ -42,20 +71,24 @@ static int share_params(Model *m, int l, int ntensors, size_t nparams, SgError *
             "layer %d (%s) shares layer %d's parameters; a shared layer is an earlier node "
             "of the same layer",
             l, name, o);
-    const int k = m->kernel_t[o], b = m->bias_t[o];
-    if (k < 0 || m->ntensors - ntensors != 2)
+    const int np = m->param_count[l], ns = m->state_count[l];
+    if (np + ns == 0)
         return sg_fail(err, SG_EMODEL, "layer %d (%s) has no parameters to share", l, name);
-    const ParamInfo *nk = &m->tensors[ntensors], *ok = &m->tensors[k];
-    if (nk->ndim != ok->ndim || memcmp(nk->shape, ok->shape, sizeof nk->shape[0] * nk->ndim) != 0)
+    if (!same_shapes(&m->tensors[m->param_first[l]], &m->tensors[m->param_first[o]], np) ||
+        !same_shapes(&m->states[m->state_first[l]], &m->states[m->state_first[o]], ns))
         return sg_fail(
             err, SG_EMODEL,
             "layer %d (%s) is layer %d called again, on an input of %d channels where "
-            "layer %d had %d: a shared layer's input must give its kernel the same shape",
+            "layer %d had %d: a shared layer's input must give its weights the same shapes",
             l, name, o, m->shapes[l].c, o, m->shapes[o].c);
-    m->ntensors = ntensors;
-    m->nparams = nparams;
-    m->kernel_t[l] = k;
-    m->bias_t[l] = b;
+    m->ntensors = m->param_first[l];
+    m->nparams = np ? m->tensors[m->ntensors].offset : m->nparams;
+    m->nstates = m->state_first[l];
+    m->nstate = ns ? m->states[m->nstates].offset : m->nstate;
+    m->param_first[l] = m->param_first[o];
+    m->state_first[l] = m->state_first[o];
+    m->kernel_t[l] = m->kernel_t[o];
+    m->bias_t[l] = m->bias_t[o];
     return 0;
 }
 
@@ -85,12 +118,14 @@ static int shape_layer(Model *m, int l, SgError *err)
                            node_out(m, l) - 1);
     const NnShape *in = op_in_shape(m, l, 0);
     s->h = in->h, s->w = in->w, s->c = in->c;
-    const int ntensors = m->ntensors;
-    const size_t nparams = m->nparams;
+    m->param_first[l] = m->ntensors;
+    m->state_first[l] = m->nstates;
     int rc = op->infer(m, l, err);
     if (rc < 0)
         return rc;
-    if (nd->shares >= 0 && (rc = share_params(m, l, ntensors, nparams, err)) < 0)
+    m->param_count[l] = m->ntensors - m->param_first[l];
+    m->state_count[l] = m->nstates - m->state_first[l];
+    if (nd->shares >= 0 && (rc = share_params(m, l, err)) < 0)
         return rc;
     if (sp->act != NN_ACT_NONE && !(op->flags & NN_OP_ACTIVATION))
         return sg_fail(err, SG_EMODEL, "layer %d (%s) takes no activation", l, op->name);
@@ -198,13 +233,19 @@ int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const Nn
     m->accumulate = calloc(nnodes, sizeof(int));
     m->tells = calloc(nnodes, sizeof(int));
     m->tensors = calloc(2 * (size_t)nnodes, sizeof *m->tensors);
+    m->states = calloc(2 * (size_t)nnodes, sizeof *m->states);
     m->kernel_t = calloc(nnodes, sizeof(int));
     m->bias_t = calloc(nnodes, sizeof(int));
+    m->param_first = calloc(4 * (size_t)nnodes, sizeof(int));
     if (!m->specs || !m->shapes || !m->nodes || !m->tshape || !m->readers || !m->needs_grad ||
-        !m->accumulate || !m->tells || !m->tensors || !m->kernel_t || !m->bias_t) {
+        !m->accumulate || !m->tells || !m->tensors || !m->states || !m->kernel_t || !m->bias_t ||
+        !m->param_first) {
         rc = sg_fail(err, SG_ENOMEM, "model: out of memory");
         goto cleanup;
     }
+    m->param_count = m->param_first + nnodes;
+    m->state_first = m->param_count + nnodes;
+    m->state_count = m->state_first + nnodes;
     memcpy(m->nodes, nodes, nnodes * sizeof *nodes);
     memcpy(m->tshape, inputs, ninputs * sizeof *inputs);
     for (int l = 0; l < nnodes; l++) {
@@ -217,11 +258,11 @@ int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const Nn
     /* shared parameters: the group's last node writes the gradients, the
      * others add theirs; the group's first tells the hook */
     for (int l = 0; l < nnodes; l++) {
-        if (m->kernel_t[l] < 0)
+        if (m->param_count[l] == 0)
             continue;
         int first = 1, last = 1;
         for (int k = 0; k < nnodes; k++) {
-            if (k != l && m->kernel_t[k] == m->kernel_t[l]) {
+            if (k != l && m->param_count[k] > 0 && m->param_first[k] == m->param_first[l]) {
                 first &= k > l;
                 last &= k < l;
             }
@@ -240,6 +281,12 @@ int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const Nn
     }
     memset(m->params, 0, bytes);
     memset(m->grads, 0, bytes);
+    bytes = ((m->nstate * sizeof(float) + 63) / 64) * 64;
+    if ((m->state = aligned_alloc(64, bytes ? bytes : 64)) == NULL) {
+        rc = sg_fail(err, SG_ENOMEM, "model: cannot allocate %zu values of state", m->nstate);
+        goto cleanup;
+    }
+    memset(m->state, 0, bytes ? bytes : 64);
     if ((rc = DNNL(err, dnnl_engine_create, &m->eng, dnnl_cpu, 0)) < 0)
         goto cleanup;
     if ((rc = DNNL(err, dnnl_stream_create, &m->stream, m->eng, dnnl_stream_default_flags)) < 0)
@@ -288,6 +335,9 @@ void model_free(Model *m)
         dnnl_engine_destroy(m->eng);
     free(m->params);
     free(m->grads);
+    free(m->state);
+    free(m->states);
+    free(m->param_first);
     free(m->specs);
     free(m->shapes);
     free(m->nodes);
@@ -323,6 +373,22 @@ int model_num_tensors(const Model *m)
 const ParamInfo *model_param_info(const Model *m, int i)
 {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
+}
+size_t model_num_state(const Model *m)
+{
+    return m->nstate;
+}
+float *model_state(Model *m)
+{
+    return m->state;
+}
+int model_num_state_tensors(const Model *m)
+{
+    return m->nstates;
+}
+const ParamInfo *model_state_info(const Model *m, int i)
+{
+    return i >= 0 && i < m->nstates ? &m->states[i] : NULL;
 }
 const LayerShape *model_layer_shape(const Model *m, int l)
 {
@@ -505,16 +571,27 @@ static double truncated_normal_at(uint64_t seed, uint64_t *ctr)
     }
 }
 
+/* A constant fill (zeros, ones); 0 for NN_FILL_INIT, left to the caller. */
+static int fill_constant(const ParamInfo *p, float *w)
+{
+    if (p->fill == NN_FILL_INIT)
+        return 0;
+    const float v = p->fill == NN_FILL_ONES ? 1.0f : 0.0f;
+    for (size_t i = 0; i < p->size; i++)
+        w[i] = v;
+    return 1;
+}
+
 void model_init_params(Model *m, uint64_t seed)
 {
+    for (int t = 0; t < m->nstates; t++)
+        fill_constant(&m->states[t], m->state + m->states[t].offset);
     uint64_t ctr = 0;
     for (int t = 0; t < m->ntensors; t++) {
         const ParamInfo *p = &m->tensors[t];
         float *w = m->params + p->offset;
-        if (p->is_bias) {
-            memset(w, 0, p->size * sizeof(float));
+        if (fill_constant(p, w))
             continue;
-        }
         const LayerSpec *sp = &m->specs[p->layer];
         /* fan_in = size / OC, fan_out = size / C (receptive field included) */
         int oc = p->shape[p->ndim - 1], cin = p->shape[p->ndim - 2];

@@ -61,7 +61,9 @@
     X(ACTIVATION, activation)                                                                      \
     X(RESHAPE, reshape)                                                                            \
     X(ADD, add)                                                                                    \
-    X(CONCATENATE, concatenate)
+    X(CONCATENATE, concatenate)                                                                    \
+    X(BATCHNORM, batchnorm)                                                                        \
+    X(LAYERNORM, layernorm)
 
 typedef enum LayerKind {
 #define NN_OP_ENUM(kind, name) LAYER_##kind,
@@ -91,6 +93,11 @@ typedef struct LayerSpec {
     float rate; /* Dropout */
     NnInit init;
     int shape[3]; /* Reshape: the target h, w, c */
+    /* BatchNormalization, LayerNormalization: on the last axis; with
+     * center a beta, with scale a gamma; momentum of the moving statistics
+     * (BatchNormalization) */
+    float epsilon, momentum;
+    int center, scale;
 } LayerSpec;
 
 /* Inputs a node may read, and inputs and outputs a model may have. */
@@ -113,12 +120,19 @@ typedef struct NnShape {
     int h, w, c;
 } NnShape;
 
+/* How model_init_params fills a tensor: the layer's initializer (a bias:
+ * zeros), zeros or ones. */
+typedef enum NnFill { NN_FILL_INIT = 0, NN_FILL_ZEROS = 1, NN_FILL_ONES = 2 } NnFill;
+
+/* One tensor of the parameter buffer or of the state buffer. */
 typedef struct ParamInfo {
     int layer;
     int is_bias;
     size_t offset, size; /* in floats, into the flat buffer */
     int ndim;
     int shape[4];
+    const char *name; /* Keras' variable name: "kernel", "bias", "gamma", "moving_mean", ... */
+    NnFill fill;
 } ParamInfo;
 
 typedef struct LayerShape {
@@ -214,6 +228,15 @@ float *model_params(Model *m);
 float *model_grads(Model *m);
 int model_num_tensors(const Model *m);
 const ParamInfo *model_param_info(const Model *m, int i);
+/* Non-trainable state (BatchNormalization's moving statistics): a second
+ * flat buffer [n] that training passes update in place (not a gradient: no
+ * optimizer, hook or ps push touches it) and inference reads; its size
+ * table as the parameters'. Distribution averages it across workers when it
+ * is read (python/sparkgrad/nn/training.py). */
+size_t model_num_state(const Model *m);
+float *model_state(Model *m);
+int model_num_state_tensors(const Model *m);
+const ParamInfo *model_state_info(const Model *m, int i);
 const LayerShape *model_layer_shape(const Model *m, int layer);
 int model_num_layers(const Model *m);
 int model_num_inputs(const Model *m);
@@ -265,7 +288,8 @@ NnPrecision model_precision(const Model *m);
  * (built if needed); 0 in NN_FP32. */
 int model_bf16_layers(Model *m, int B, int *count, SgError *err);
 
-/* Fills the parameters from the seeded initialisers (biases zero). */
+/* Fills the parameters from the seeded initialisers (biases zero) and the
+ * state from its fills (moving means 0, moving variances 1). */
 void model_init_params(Model *m, uint64_t seed);
 
 /* RNG state (dropout masks, shuffling): a seed and a counter. */

@@ -107,10 +107,18 @@ struct Model {
     size_t metric_state; /* doubles in the metrics' state, every output's */
     ParamInfo *tensors;  /* size table */
     int ntensors;
-    int *kernel_t, *bias_t; /* [L]: tensor index or -1 */
+    int *kernel_t, *bias_t; /* [L]: tensor index or -1 (weighted ops) */
+    /* [L]: node l's parameter tensors are tensors[param_first .. + param_count)
+     * (a shared node's: its group's), its state tensors states[state_first ..
+     * + state_count) */
+    int *param_first, *param_count, *state_first, *state_count;
     size_t nparams;
-    float *params; /* [nparams] */
-    float *grads;  /* [nparams] */
+    float *params;     /* [nparams] */
+    float *grads;      /* [nparams] */
+    ParamInfo *states; /* the state buffer's size table */
+    int nstates;
+    size_t nstate;
+    float *state; /* [nstate] */
     dnnl_engine_t eng;
     dnnl_stream_t stream;
     Plan *plans[PLAN_CACHE];

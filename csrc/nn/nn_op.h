@@ -141,7 +141,22 @@ int plan_prim(Plan *p, dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd, Sg
 int plan_reorder(Model *m, Plan *p, NnExec *e, dnnl_memory_t from, dnnl_memory_t to, SgError *err);
 int plan_copy(Plan *p, const OptimBf16Copy *c, SgError *err);
 
-/* Declares a parameter tensor of layer l (nn_model.c): its index. */
+/* Declares a parameter tensor of layer l (nn_model.c): its index. A
+ * kernel ("kernel", the layer's initializer) or a bias ("bias", zeros). */
 int model_add_tensor(Model *m, int layer, int is_bias, int ndim, const int *shape);
+/* Declares a parameter tensor of layer l by name and fill: its index. */
+int model_add_param(Model *m, int layer, const char *name, NnFill fill, int ndim, const int *shape);
+/* Declares a tensor of layer l in the state buffer: its index into
+ * m->states. */
+int model_add_state(Model *m, int layer, const char *name, NnFill fill, int ndim, const int *shape);
+/* Node l's parameter tensor i and state tensor i (NULL: it has no i-th). */
+static inline const ParamInfo *op_param(const Model *m, int l, int i)
+{
+    return i < m->param_count[l] ? &m->tensors[m->param_first[l] + i] : NULL;
+}
+static inline const ParamInfo *op_state(const Model *m, int l, int i)
+{
+    return i < m->state_count[l] ? &m->states[m->state_first[l] + i] : NULL;
+}
 
 #endif /* NN_OP_H */

@@ -12,9 +12,10 @@
 #include "py/py_net.h"
 #include "py/py_nn.h"
 
-/* A C-contiguous float32 array of exactly n values (writable if asked);
- * returns its data or NULL with an exception set. */
-static float *float_array(PyObject *obj, uint64_t n, int writable, const char *what)
+/* A C-contiguous float32 array (writable if asked): of exactly *n values
+ * when `exact`, else 1-D of any size (into *n). Returns its data or NULL
+ * with an exception set. */
+static float *float_array_n(PyObject *obj, int exact, uint64_t *n, int writable, const char *what)
 {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of float32, got %s", what,
@@ -22,16 +23,31 @@ static float *float_array(PyObject *obj, uint64_t n, int writable, const char *w
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != NPY_FLOAT32 || !PyArray_IS_C_CONTIGUOUS(a) ||
-        (uint64_t)PyArray_SIZE(a) != n || (writable && !PyArray_ISWRITEABLE(a))) {
+    int bad = PyArray_TYPE(a) != NPY_FLOAT32 || !PyArray_IS_C_CONTIGUOUS(a) ||
+              (writable && !PyArray_ISWRITEABLE(a));
+    const char *tname = PyArray_DESCR(a)->typeobj->tp_name;
+    const char *contig = PyArray_IS_C_CONTIGUOUS(a) ? "" : " (not contiguous)";
+    if (exact && (bad || (uint64_t)PyArray_SIZE(a) != *n)) {
         sg_raise_code(SG_EINVAL,
                       "%s must be a C-contiguous%s float32 array of %llu values, got %s[%lld]%s",
-                      what, writable ? ", writable" : "", (unsigned long long)n,
-                      PyArray_DESCR(a)->typeobj->tp_name, (long long)PyArray_SIZE(a),
-                      PyArray_IS_C_CONTIGUOUS(a) ? "" : " (not contiguous)");
+                      what, writable ? ", writable" : "", (unsigned long long)*n, tname,
+                      (long long)PyArray_SIZE(a), contig);
         return NULL;
     }
+    if (!exact && (bad || PyArray_NDIM(a) != 1)) {
+        sg_raise_code(SG_EINVAL,
+                      "%s must be a 1-D C-contiguous%s float32 array, got %s of %d dimensions%s",
+                      what, writable ? ", writable" : "", tname, PyArray_NDIM(a), contig);
+        return NULL;
+    }
+    *n = (uint64_t)PyArray_SIZE(a);
     return (float *)PyArray_DATA(a);
+}
+
+/* A C-contiguous float32 array of exactly n values (writable if asked). */
+static float *float_array(PyObject *obj, uint64_t n, int writable, const char *what)
+{
+    return float_array_n(obj, 1, &n, writable, what);
 }
 
 /* ---- ps_shard_range ----------------------------------------------------------- */
@@ -571,6 +587,40 @@ static PyObject *PsClient_wait_others(PsClientObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(step);
 }
 
+/* put_state(state) -> holders / mean_state(state) -> workers: the model
+ * state (any 1-D float32 array) on shard 0, GIL released. */
+static PyObject *state_call(PsClientObject *self, PyObject *args, int put)
+{
+    PyObject *a;
+    if (!PyArg_ParseTuple(args, put ? "O:put_state" : "O:mean_state", &a) || cli_live(self) == NULL)
+        return NULL;
+    uint64_t n = 0;
+    float *state = float_array_n(a, 0, &n, !put, "state");
+    if (state == NULL)
+        return NULL;
+    SgError err;
+    int rc, count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (put)
+        rc = ps_client_put_state(self->cli, state, (size_t)n, &count, &err);
+    else
+        rc = ps_client_mean_state(self->cli, state, (size_t)n, &count, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return sg_raise(&err);
+    return PyLong_FromLong(count);
+}
+
+static PyObject *PsClient_put_state(PsClientObject *self, PyObject *args)
+{
+    return state_call(self, args, 1);
+}
+
+static PyObject *PsClient_mean_state(PsClientObject *self, PyObject *args)
+{
+    return state_call(self, args, 0);
+}
+
 static PyObject *PsClient_set_state(PsClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"params", "step", "optimizer_state", NULL};
@@ -727,6 +777,13 @@ static PyMethodDef PsClient_methods[] = {
     {"get_state", (PyCFunction)PsClient_get_state, METH_NOARGS,
      "get_state() -> (params, step, optimizer_state): every shard's parameters, the global step "
      "and per shard (optimizer_step, float32 slots) or None (no optimizer), for checkpoints."},
+    {"put_state", (PyCFunction)PsClient_put_state, METH_VARARGS,
+     "put_state(state) -> int: put this worker's model state (1-D float32, e.g. BatchNorm's "
+     "moving statistics; the same size on every worker) on ps shard 0, replacing its last one; "
+     "returns how many workers' states the shard holds."},
+    {"mean_state", (PyCFunction)PsClient_mean_state, METH_VARARGS,
+     "mean_state(state) -> int: fill state in place with the elementwise mean of the workers' "
+     "model states; returns how many were averaged (0: none put yet, state left as it is)."},
     {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
     {"grad_hook", (PyCFunction)PsClient_grad_hook, METH_NOARGS,
      "grad_hook() -> capsule sparkgrad._core.NnGradHook for Model.train_steps(hook=): each step "

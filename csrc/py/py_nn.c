@@ -76,8 +76,22 @@ static int layer_ints(PyObject *desc, const char *key, int *out, int min, int ma
  * 0 / none; "inputs" defaults to the previous tensor (a chain). */
 static const char *const LAYER_FIELDS[] = {
     "kind",       "inputs", "units",       "kernel_size",  "strides", "padding",
-    "activation", "rate",   "initializer", "target_shape", "shares",  NULL,
+    "activation", "rate",   "initializer", "target_shape", "shares",  "epsilon",
+    "momentum",   "center", "scale",       NULL,
 };
+
+/* desc[key] as a float into *out, if present. */
+static int layer_float(PyObject *desc, const char *key, float *out)
+{
+    PyObject *v = PyDict_GetItemString(desc, key);
+    if (v == NULL)
+        return 0;
+    double r = PyFloat_AsDouble(v);
+    if (r == -1.0 && PyErr_Occurred())
+        return -1;
+    *out = (float)r;
+    return 0;
+}
 
 static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
 {
@@ -112,6 +126,10 @@ static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
         layer_int(desc, "activation", &act, i) < 0 ||
         layer_int(desc, "initializer", &init, i) < 0 ||
         layer_int(desc, "shares", &nd->shares, i) < 0 ||
+        layer_int(desc, "center", &s->center, i) < 0 ||
+        layer_int(desc, "scale", &s->scale, i) < 0 || layer_float(desc, "rate", &s->rate) < 0 ||
+        layer_float(desc, "epsilon", &s->epsilon) < 0 ||
+        layer_float(desc, "momentum", &s->momentum) < 0 ||
         layer_ints(desc, "kernel_size", kernel, 2, 2, NULL, i) < 0 ||
         layer_ints(desc, "target_shape", s->shape, 3, 3, NULL, i) < 0 ||
         layer_ints(desc, "inputs", nd->inputs, 1, NN_MAX_NODE_INPUTS, &nd->ninputs, i) < 0)
@@ -125,13 +143,6 @@ static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
     if (pad != NULL && (ps == NULL || (strcmp(ps, "same") && strcmp(ps, "valid"))))
         return sg_raise_code(SG_EINVAL, "layer %zd: padding must be 'same' or 'valid'", i), -1;
     s->same = ps != NULL && strcmp(ps, "same") == 0;
-    PyObject *rate = PyDict_GetItemString(desc, "rate");
-    if (rate != NULL) {
-        double r = PyFloat_AsDouble(rate);
-        if (r == -1.0 && PyErr_Occurred())
-            return -1;
-        s->rate = (float)r;
-    }
     s->kind = (LayerKind)kind;
     s->kh = kernel[0];
     s->kw = kernel[1];
@@ -224,9 +235,9 @@ static int model_ready(ModelObject *self)
     return 0;
 }
 
-static PyObject *view(ModelObject *self, float *data)
+static PyObject *view(ModelObject *self, float *data, size_t n)
 {
-    npy_intp dims[1] = {(npy_intp)model_num_params(self->model)};
+    npy_intp dims[1] = {(npy_intp)n};
     PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, data);
     if (arr == NULL)
         return NULL;
@@ -241,30 +252,40 @@ static PyObject *view(ModelObject *self, float *data)
 static PyObject *model_get_params(ModelObject *self, void *closure)
 {
     (void)closure;
-    return model_ready(self) < 0 ? NULL : view(self, model_params(self->model));
+    return model_ready(self) < 0
+               ? NULL
+               : view(self, model_params(self->model), model_num_params(self->model));
 }
 
 static PyObject *model_get_grads(ModelObject *self, void *closure)
 {
     (void)closure;
-    return model_ready(self) < 0 ? NULL : view(self, model_grads(self->model));
+    return model_ready(self) < 0
+               ? NULL
+               : view(self, model_grads(self->model), model_num_params(self->model));
 }
 
-static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
+static PyObject *model_get_state(ModelObject *self, void *closure)
 {
-    (void)noargs;
-    if (model_ready(self) < 0)
-        return NULL;
-    int n = model_num_tensors(self->model);
+    (void)closure;
+    return model_ready(self) < 0
+               ? NULL
+               : view(self, model_state(self->model), model_num_state(self->model));
+}
+
+/* A size table as [(layer, is_bias, offset, size, shape, name)]. */
+static PyObject *size_table(const Model *m, int n, const ParamInfo *(*info)(const Model *m, int i))
+{
     PyObject *out = PyList_New(n);
     for (int i = 0; out && i < n; i++) {
-        const ParamInfo *p = model_param_info(self->model, i);
+        const ParamInfo *p = info(m, i);
         PyObject *shape = PyTuple_New(p->ndim);
         for (int d = 0; shape && d < p->ndim; d++)
             PyTuple_SET_ITEM(shape, d, PyLong_FromLong(p->shape[d]));
-        PyObject *row = shape ? Py_BuildValue("(iinnN)", p->layer, p->is_bias,
-                                              (Py_ssize_t)p->offset, (Py_ssize_t)p->size, shape)
-                              : NULL;
+        PyObject *row = shape
+                            ? Py_BuildValue("(iinnNs)", p->layer, p->is_bias, (Py_ssize_t)p->offset,
+                                            (Py_ssize_t)p->size, shape, p->name)
+                            : NULL;
         if (row == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -272,6 +293,22 @@ static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
         PyList_SET_ITEM(out, i, row);
     }
     return out;
+}
+
+static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    return size_table(self->model, model_num_tensors(self->model), model_param_info);
+}
+
+static PyObject *model_state_table(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    return size_table(self->model, model_num_state_tensors(self->model), model_state_info);
 }
 
 static PyObject *model_layer_shapes(ModelObject *self, PyObject *noargs)
@@ -878,7 +915,11 @@ static PyObject *model_get_classes(ModelObject *self, void *closure)
 
 static PyMethodDef model_methods[] = {
     {"param_table", (PyCFunction)model_param_table, METH_NOARGS,
-     "param_table() -> [(layer, is_bias, offset, size, shape)]: the size table."},
+     "param_table() -> [(layer, is_bias, offset, size, shape, name)]: the parameters' size "
+     "table."},
+    {"state_table", (PyCFunction)model_state_table, METH_NOARGS,
+     "state_table() -> [(layer, is_bias, offset, size, shape, name)]: the state buffer's size "
+     "table (BatchNormalization's moving statistics)."},
     {"layer_shapes", (PyCFunction)model_layer_shapes, METH_NOARGS,
      "layer_shapes() -> [((h,w,c), (oh,ow,oc), (pt,pl,pb,pr))]."},
     {"init_params", (PyCFunction)model_init_params_py, METH_VARARGS,
@@ -916,6 +957,9 @@ static PyMethodDef model_methods[] = {
 static PyGetSetDef model_getset[] = {
     {"params", (getter)model_get_params, NULL, "flat parameter buffer (float32 view)", NULL},
     {"grads", (getter)model_get_grads, NULL, "flat gradient buffer (float32 view)", NULL},
+    {"state", (getter)model_get_state, NULL,
+     "flat non-trainable state buffer (float32 view): moving statistics, updated by training",
+     NULL},
     {"classes", (getter)model_get_classes, NULL, "output 0's width K", NULL},
     {"outputs", (getter)model_get_outputs, NULL, "[(tensor, width, head)] per output", NULL},
     {"head", (getter)model_get_head, NULL,
@@ -932,12 +976,12 @@ static PyTypeObject ModelType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.Model",
     .tp_basicsize = sizeof(ModelObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc =
-        "Model(inputs, layers, outputs=None): a network of layers on oneDNN. inputs: "
-        "[(h, w, c)]; layers: dicts {kind, inputs, units, kernel_size, strides, padding, "
-        "activation, rate, initializer, target_shape, shares} in topological order (inputs: tensor "
-        "ids, 0.. the model's inputs then each layer's output; default the previous); "
-        "outputs: tensor ids (None: the last layer's).",
+    .tp_doc = "Model(inputs, layers, outputs=None): a network of layers on oneDNN. inputs: "
+              "[(h, w, c)]; layers: dicts {kind, inputs, units, kernel_size, strides, padding, "
+              "activation, rate, initializer, target_shape, shares, epsilon, momentum, center, "
+              "scale} in topological order (inputs: tensor "
+              "ids, 0.. the model's inputs then each layer's output; default the previous); "
+              "outputs: tensor ids (None: the last layer's).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)model_init,
     .tp_dealloc = (destructor)model_dealloc,

@@ -1,7 +1,8 @@
 /* test_net_ps_optim.c - a ps shard with an nn_optim optimizer over loopback:
  * construction rules (global-norm clipping on a partial shard, apply and
- * optim together), Adam on two shards equal to Adam run locally, and the
- * full state (params, step, optimizer state and step) through the client. */
+ * optim together), Adam on two shards equal to Adam run locally, the full
+ * state (params, step, optimizer state and step) through the client, and
+ * the workers' model state (PUT_STATE / MEAN_STATE) averaged by the ps. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,9 +145,97 @@ static void test_adam_on_two_shards(void)
     optim_free(ref);
 }
 
+#define NSTATE 5
+
+/* Two workers on two "auth" shards put their model states; the mean is
+ * theirs, a second put replaces the first, sizes must agree. */
+static void test_model_state_is_averaged_over_the_workers(void)
+{
+    SgError err;
+    int lfd[NPS], port[NPS];
+    const char *hosts[NPS];
+    PsServer *srv[NPS];
+    pthread_t th[NPS];
+    float init[TOTAL] = {0};
+    for (int k = 0; k < NPS; k++) {
+        uint64_t off, cnt;
+        CHECK(ps_shard_range(TOTAL, NPS, k, &off, &cnt, &err) == 0);
+        CHECK(net_listen("127.0.0.1", 0, 8, &lfd[k], &port[k], NULL, 0, &err) == 0);
+        PsServerConfig cfg = {.total = TOTAL,
+                              .offset = off,
+                              .count = cnt,
+                              .num_workers = 2,
+                              .mode = PS_MODE_SYNC,
+                              .init = init + off,
+                              .lr = 0.1f,
+                              .security = NET_SEC_AUTH};
+        CHECK(ps_server_new(lfd[k], secret, sizeof secret, &cfg, &srv[k], &err) == 0);
+        hosts[k] = "127.0.0.1";
+        CHECK(pthread_create(&th[k], NULL, serve_main, srv[k]) == 0);
+    }
+    PsClient *c[2] = {NULL, NULL};
+    for (int w = 0; w < 2; w++)
+        CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_AUTH, TOTAL, w,
+                                10.0, &c[w], &err) == 0);
+    float a[NSTATE], b[NSTATE], got[NSTATE], keep[NSTATE];
+    for (int i = 0; i < NSTATE; i++) {
+        a[i] = (float)i; /* means of these are exact in float32 */
+        b[i] = 3.0f * (float)i + 0.5f;
+        got[i] = keep[i] = -7.0f;
+    }
+    int n = -1;
+    /* before any put: 0 workers, the buffer left as it is */
+    CHECK(ps_client_mean_state(c[0], got, NSTATE, &n, &err) == 0 && n == 0);
+    CHECK(memcmp(got, keep, sizeof got) == 0);
+
+    CHECK(ps_client_put_state(c[0], a, NSTATE, &n, &err) == 0 && n == 1);
+    CHECK(ps_client_mean_state(c[1], got, NSTATE, &n, &err) == 0 && n == 1);
+    CHECK(memcmp(got, a, sizeof got) == 0);
+    CHECK(ps_client_put_state(c[1], b, NSTATE, &n, &err) == 0 && n == 2);
+    CHECK(ps_client_mean_state(c[0], got, NSTATE, &n, &err) == 0 && n == 2);
+    for (int i = 0; i < NSTATE; i++)
+        CHECK(got[i] == 2.0f * (float)i + 0.25f);
+
+    /* worker 0 puts again: its own state is replaced, still two workers */
+    for (int i = 0; i < NSTATE; i++)
+        a[i] = -b[i] + 2.0f;
+    CHECK(ps_client_put_state(c[0], a, NSTATE, &n, &err) == 0 && n == 2);
+    CHECK(ps_client_mean_state(c[1], got, NSTATE, &n, &err) == 0 && n == 2);
+    for (int i = 0; i < NSTATE; i++)
+        CHECK(got[i] == 1.0f);
+
+    /* another size: refused naming both sizes and the worker, nothing changes */
+    float big[NSTATE + 1] = {0};
+    CHECK(ps_client_put_state(c[1], big, NSTATE + 1, &n, &err) == SG_ECLUSTER);
+    CHECK(strstr(err.msg, "worker 1 put 6 floats of model state") != NULL);
+    CHECK(strstr(err.msg, "put 5") != NULL);
+    CHECK(ps_client_mean_state(c[0], got, NSTATE - 1, &n, &err) == SG_ECLUSTER);
+    CHECK(strstr(err.msg, "mean of 4 floats") != NULL && strstr(err.msg, "put 5") != NULL);
+    /* the refusals left both clients usable and the state as it was */
+    CHECK(ps_client_mean_state(c[1], got, NSTATE, &n, &err) == 0 && n == 2);
+    for (int i = 0; i < NSTATE; i++)
+        CHECK(got[i] == 1.0f);
+    /* above the cap: refused before anything is sent or read */
+    CHECK(ps_client_put_state(c[0], a, (size_t)PS_STATE_MAX + 1, &n, &err) == SG_EINVAL);
+    CHECK(strstr(err.msg, "at most 268435456") != NULL);
+
+    for (int w = 0; w < 2; w++) {
+        CHECK(ps_client_done(c[w], &err) == 0);
+        ps_client_free(c[w]);
+    }
+    for (int k = 0; k < NPS; k++) {
+        void *rc;
+        pthread_join(th[k], &rc);
+        CHECK((long)rc == 1);
+        ps_server_free(srv[k]);
+        net_close(&lfd[k]);
+    }
+}
+
 int main(void)
 {
     test_construction_rules();
     test_adam_on_two_shards();
+    test_model_state_is_averaged_over_the_workers();
     return check_report("test_net_ps_optim");
 }

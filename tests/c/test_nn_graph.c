@@ -5,7 +5,10 @@
  * weights. Every parameter's gradient against central finite differences of
  * the loss (in double over the model's own float forward), the folded SGD
  * update against gradient-then-update on the same graph, prediction against
- * evaluation, and the declaration errors naming layers and shapes.
+ * evaluation, the declaration errors naming layers and shapes, and
+ * BatchNormalization and LayerNormalization (their gradients against finite
+ * differences of the training loss; the state buffer moved by training
+ * only).
  */
 #include <math.h>
 #include <stdio.h>
@@ -413,8 +416,108 @@ done:
     model_free(b);
 }
 
+/* The training-mode loss (batch statistics) at the current parameters,
+ * leaving the state buffer as it was. */
+static double train_loss_at(Model *m, const NnData *d)
+{
+    SgError err = {0};
+    NnStats st = {0};
+    float *keep = malloc(m->nstate * sizeof(float));
+    memcpy(keep, m->state, m->nstate * sizeof(float));
+    CHECK(model_train_batch(m, NULL, d, NULL, 0, B, NULL, NULL, &st, &err) == 0);
+    memcpy(m->state, keep, m->nstate * sizeof(float));
+    free(keep);
+    return st.loss_sum / B;
+}
+
+/* b [2,3,2] -> Dense(4) [2,3,4] -> BatchNormalization (per channel over the
+ * batch and the 6 positions) -> LayerNormalization (each position's 4) ->
+ * Reshape [1,1,24] -> Dense(2), MSE. */
+static void test_normalization(void)
+{
+    SgError err = {0};
+    NnShape in = {2, 3, 2};
+    NnNode nodes[5] = {
+        node(LAYER_DENSE, 4, NN_ACT_NONE, 1, 0, 0),
+        node(LAYER_BATCHNORM, 0, NN_ACT_NONE, 1, 1, 0),
+        node(LAYER_LAYERNORM, 0, NN_ACT_NONE, 1, 2, 0),
+        node(LAYER_RESHAPE, 0, NN_ACT_NONE, 1, 3, 0),
+        node(LAYER_DENSE, 2, NN_ACT_NONE, 1, 4, 0),
+    };
+    for (int k = 1; k <= 2; k++) {
+        nodes[k].spec.epsilon = 1e-3f;
+        nodes[k].spec.momentum = 0.9f;
+        nodes[k].spec.center = nodes[k].spec.scale = 1;
+    }
+    nodes[3].spec.shape[0] = 1, nodes[3].spec.shape[1] = 1, nodes[3].spec.shape[2] = 24;
+    const int out = 5;
+    Model *m = NULL;
+    CHECK(model_create_graph(&m, &in, 1, nodes, 5, &out, 1, &err) == 0);
+    if (m == NULL) {
+        fprintf(stderr, "normalization: %s\n", err.msg);
+        return;
+    }
+    /* gamma, beta of each, in node order; BatchNormalization's moving stats */
+    CHECK(m->nparams == 2 * 4 + 4 + 2 * 4 + 2 * 4 + 24 * 2 + 2);
+    CHECK(model_num_state(m) == 8 && model_num_state_tensors(m) == 2);
+    CHECK(strcmp(model_state_info(m, 0)->name, "moving_mean") == 0 &&
+          strcmp(model_state_info(m, 1)->name, "moving_variance") == 0);
+    CHECK(strcmp(model_param_info(m, 2)->name, "gamma") == 0 &&
+          strcmp(model_param_info(m, 3)->name, "beta") == 0);
+    NnLoss mse = {NN_LOSS_MSE, 0, 0.0f, 1.0f};
+    CHECK(model_set_loss(m, &mse, &err) == 0);
+    model_init_params(m, 7);
+    CHECK(m->state[0] == 0.0f && m->state[4] == 1.0f && m->params[8 + 4] == 1.0f);
+    uint64_t s = 3;
+    for (size_t i = 0; i < m->nparams; i++) /* gammas and betas away from 1 and 0 */
+        m->params[i] += 0.3f * frand(&s);
+    Batch bt;
+    make_batch(&bt);
+    for (int i = 0; i < B * 12; i++)
+        bt.b[i] = 3.0f * bt.b[i] + 1.0f;
+    NnData d = nn_data(NN_F32, bt.b, B, 12, NN_F32, bt.y0, 2);
+    float before[8];
+    memcpy(before, m->state, sizeof before);
+    NnStats st = {0};
+    CHECK(model_evaluate(m, &d, B, &st, &err) == 0);
+    CHECK(memcmp(before, m->state, sizeof before) == 0); /* inference reads the state only */
+    st = (NnStats){0};
+    CHECK(model_train_batch(m, NULL, &d, NULL, 0, B, NULL, NULL, &st, &err) == 0);
+    CHECK(memcmp(before, m->state, sizeof before) != 0); /* training moved it */
+    for (int c = 0; c < 4; c++)                          /* towards the batch's, by 1 - momentum */
+        CHECK(m->state[4 + c] > 0.0f && fabsf(m->state[c]) < 10.0f);
+    /* the gradients of the training loss, against its finite differences */
+    float *g = malloc(m->nparams * sizeof(float));
+    memcpy(g, m->grads, m->nparams * sizeof(float));
+    const float eps = 1e-2f;
+    double worst = 0.0;
+    for (size_t i = 0; i < m->nparams; i++) {
+        const float w = m->params[i];
+        m->params[i] = w + eps;
+        double up = train_loss_at(m, &d);
+        m->params[i] = w - eps;
+        double down = train_loss_at(m, &d);
+        m->params[i] = w;
+        double num = (up - down) / (2.0 * eps);
+        double e = fabs(num - g[i]) / (fabs(num) + fabs(g[i]) + 1e-2);
+        if (e > worst)
+            worst = e;
+    }
+    if (worst > 2e-2)
+        fprintf(stderr, "normalization: gradient relative error %g\n", worst);
+    CHECK(worst <= 2e-2);
+    free(g);
+    /* a bad epsilon is named */
+    nodes[1].spec.epsilon = 0.0f;
+    Model *bad = NULL;
+    CHECK(model_create_graph(&bad, &in, 1, nodes, 5, &out, 1, &err) == SG_EMODEL);
+    CHECK(strstr(err.msg, "layer 1 (BatchNormalization): epsilon must be > 0") != NULL);
+    model_free(m);
+}
+
 int main(void)
 {
+    test_normalization();
     test_unfused_activations_on_dense();
     test_shared_layer();
     test_graph_gradients_match_finite_differences();

@@ -210,6 +210,41 @@ class ParameterClient:
         """
         self._client.set_state(params, step, optimizer_state)
 
+    def put_state(self, state: np.ndarray) -> int:
+        """Puts this worker's model state on the servers, replacing the one it put before.
+
+        Model state is what a model keeps besides its trainable parameters (BatchNormalization's moving
+        mean and variance): each worker updates its own while it trains, and `mean_state` reads the
+        average over the workers, as Keras' MirroredStrategy reads its SyncOnRead variables. It is small
+        and lives on the first ps alone.
+
+        Args:
+            state: The flat float32 state (1-D, C-contiguous); the same size on every worker.
+
+        Returns:
+            How many workers' states the servers hold, this one's included.
+
+        Raises:
+            ClusterError: Another worker put a state of another size (the message names both).
+        """
+        return self._client.put_state(state)
+
+    def mean_state(self, state: np.ndarray) -> int:
+        """Fills ``state`` in place with the elementwise mean of the model states the workers put.
+
+        How the chief reads the model state for a checkpoint or the final model (see `put_state`).
+
+        Args:
+            state: A writable flat float32 array (1-D, C-contiguous) of the size the workers put.
+
+        Returns:
+            How many workers' states were averaged; 0 when none put any yet, ``state`` then left as it is.
+
+        Raises:
+            ClusterError: ``state`` is not the size the workers put (the message names both).
+        """
+        return self._client.mean_state(state)
+
     def _shard_ranges(self) -> list[tuple[int, int]]:
         core = net()
         return [core.ps_shard_range(self.total, self._num_ps, i) for i in range(self._num_ps)]

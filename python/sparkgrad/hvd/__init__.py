@@ -318,7 +318,8 @@ def broadcast_parameters(model: Any, root_rank: int = 0) -> None:
     Call it once after building the model, so every rank starts from the same weights.
 
     Args:
-        model: A `sparkgrad.nn.Sequential` (its flat ``params`` buffer), a dict of NumPy arrays
+        model: A `sparkgrad.nn.Sequential` or `Model` (its flat ``params`` buffer, and its ``buffers`` of
+            non-trainable state when it has BatchNormalization layers), a dict of NumPy arrays
             (broadcast in sorted key order) or a list of arrays; every array must be C-contiguous
             and writable.
         root_rank: The rank whose parameters every rank receives.
@@ -330,6 +331,9 @@ def broadcast_parameters(model: Any, root_rank: int = 0) -> None:
     comm = communicator()
     if hasattr(model, "params") and isinstance(model.params, np.ndarray):
         comm.broadcast(model.params, root=int(root_rank))
+        buffers = getattr(model, "buffers", None)
+        if isinstance(buffers, np.ndarray) and buffers.size:  # the moving statistics start equal too
+            comm.broadcast(buffers, root=int(root_rank))
         return
     if isinstance(model, dict):
         arrays = [model[k] for k in sorted(model)]

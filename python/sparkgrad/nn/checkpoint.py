@@ -7,7 +7,7 @@ File format (``.sgck``), all integers little-endian:
 
     offset  size  field
          0     8  magic  b"SGCKPT\\0\\1"
-         8     4  u32 format version (1)
+         8     4  u32 format version (1; 2 when the model has non-trainable state, B > 0)
         12     4  u32 header length in bytes (128)
         16     8  u64 number of parameters P
         24     8  u64 optimizer state length S (float32 values)
@@ -21,9 +21,11 @@ File format (``.sgck``), all integers little-endian:
         96     4  u32 CRC-32 of the architecture string (input shape + layer specs)
        100     8  optimizer kind, ASCII, NUL padded ("sgd", "adam", ...; "" if none)
        108     8  f64 monitored metric value (NaN if none)
-       116    12  reserved (zero)
+       116     8  u64 non-trainable state length B (float32 values; 0 in version 1)
+       124     4  reserved (zero)
        128   4*P  parameters, float32 (the model's flat buffer)
      128+4P  4*S  optimizer state, float32 (its slot arrays)
+  128+4P+4S  4*B  non-trainable state, float32 (model.buffers: BatchNormalization's moving statistics)
         end     4  u32 CRC-32 (zlib) of every preceding byte
 
 The header and the optimizer state are the model's TrainState
@@ -48,8 +50,9 @@ from sparkgrad.errors import CheckpointError, InvalidArgumentError, ModelError
 from sparkgrad.nn.state import TrainState
 
 MAGIC = b"SGCKPT\x00\x01"
-VERSION = 1
-HEADER = struct.Struct("<8sIIQQqqqqQQQQI8sd12x")
+VERSION = 2  # written only for a model with non-trainable state; others are written as 1, which every release reads
+VERSIONS = (1, 2)
+HEADER = struct.Struct("<8sIIQQqqqqQQQQI8sdQ4x")
 assert HEADER.size == 128
 CKPT_RE = re.compile(r"^ckpt-(\d{10})\.sgck$")
 BEST = "best.sgck"
@@ -91,9 +94,10 @@ def encode(model, metric: float = float("nan")) -> bytes:
     seed, counter = st.rng
     eseed, ecounter = st.epoch_rng if st.epoch_rng is not None else st.rng
     slots = np.ascontiguousarray(st.optimizer_slots, np.float32)
+    buffers = np.ascontiguousarray(model.buffers, np.float32)
     header = HEADER.pack(
         MAGIC,
-        VERSION,
+        VERSION if buffers.size else 1,
         HEADER.size,
         model.num_params,
         slots.size,
@@ -108,8 +112,9 @@ def encode(model, metric: float = float("nan")) -> bytes:
         architecture_crc(model),
         st.optimizer_kind.encode(),
         float(metric),
+        buffers.size,
     )
-    body = header + model.params.tobytes() + slots.tobytes()
+    body = header + model.params.tobytes() + slots.tobytes() + buffers.tobytes()
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -121,21 +126,30 @@ def decode(data: bytes, path: str) -> dict:
         )
     fields = HEADER.unpack_from(data, 0)
     magic, version, hlen, nparams, nstate = fields[:5]
+    nbuffers = fields[16]
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a sparkgrad checkpoint (bad magic at byte 0)", path=path, offset=0)
-    if version != VERSION:
+    if version not in VERSIONS:
         raise CheckpointError(
-            f"{path}: checkpoint format version {version} at byte 8; this sparkgrad reads version {VERSION}",
+            f"{path}: checkpoint format version {version} at byte 8; this sparkgrad reads versions "
+            f"{', '.join(map(str, VERSIONS))}",
             path=path,
             offset=8,
         )
     if hlen != HEADER.size:
         raise CheckpointError(
-            f"{path}: checkpoint header of {hlen} bytes at byte 12; version {VERSION} has {HEADER.size}",
+            f"{path}: checkpoint header of {hlen} bytes at byte 12; version {version} has {HEADER.size}",
             path=path,
             offset=12,
         )
-    need = HEADER.size + 4 * (nparams + nstate) + 4
+    if version == 1 and nbuffers:
+        raise CheckpointError(
+            f"{path}: a version 1 checkpoint with {nbuffers} state values at byte 116 (that field is reserved "
+            "there): the file is corrupted",
+            path=path,
+            offset=116,
+        )
+    need = HEADER.size + 4 * (nparams + nstate + nbuffers) + 4
     if len(data) != need:
         raise CheckpointError(
             f"{path}: checkpoint is {len(data)} bytes, its header announces {need}", path=path, offset=16
@@ -147,6 +161,7 @@ def decode(data: bytes, path: str) -> dict:
         )
     params = np.frombuffer(data, np.float32, nparams, HEADER.size)
     state = np.frombuffer(data, np.float32, nstate, HEADER.size + 4 * nparams)
+    buffers = np.frombuffer(data, np.float32, nbuffers, HEADER.size + 4 * (nparams + nstate))
     kind = fields[14].rstrip(b"\0").decode()
     train_state = TrainState(
         step=fields[6],
@@ -162,6 +177,7 @@ def decode(data: bytes, path: str) -> dict:
         train_state=train_state,
         params=params,
         state=state,
+        buffers=buffers,
         opt_steps=fields[5],
         step=fields[6],
         epoch=fields[7],
@@ -218,10 +234,15 @@ def load(model, path) -> dict:
 def restore_bytes(model, data: bytes, path: str) -> dict:
     """Restores the checkpoint bytes ``data`` (named ``path`` in errors) into the model, as load() does."""
     ck = decode(data, path)
-    if ck["arch_crc"] != architecture_crc(model) or ck["params"].size != model.num_params:
+    if (
+        ck["arch_crc"] != architecture_crc(model)
+        or ck["params"].size != model.num_params
+        or ck["buffers"].size != model.buffers.size
+    ):
         raise CheckpointError(
-            f"{path}: checkpoint is for a different architecture ({ck['params'].size} parameters, "
-            f"architecture CRC {ck['arch_crc']:08x}; this model has {model.num_params}, {architecture_crc(model):08x})",
+            f"{path}: checkpoint is for a different architecture ({ck['params'].size} parameters and "
+            f"{ck['buffers'].size} state values, architecture CRC {ck['arch_crc']:08x}; this model has "
+            f"{model.num_params} and {model.buffers.size}, {architecture_crc(model):08x})",
             path=path,
         )
     try:
@@ -229,6 +250,7 @@ def restore_bytes(model, data: bytes, path: str) -> dict:
     except ModelError as exc:
         raise CheckpointError(f"{path}: {exc}", path=path) from exc
     model.params[:] = ck["params"]
+    model.buffers[:] = ck["buffers"]
     return ck
 
 

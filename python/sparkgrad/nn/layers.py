@@ -35,6 +35,8 @@ class Kind(enum.IntEnum):
     RESHAPE = _kind("Reshape")
     ADD = _kind("Add")
     CONCATENATE = _kind("Concatenate")
+    BATCHNORM = _kind("BatchNormalization")
+    LAYERNORM = _kind("LayerNormalization")
 
 
 class Act(enum.IntEnum):
@@ -504,3 +506,113 @@ class Concatenate(_Merge):
     def spec(self) -> dict:
         """The C core's layer description (see `Layer.spec`)."""
         return {"kind": int(Kind.CONCATENATE)}
+
+
+def _normalization(layer: Layer, axis, epsilon, center, scale, input_shape, name) -> None:
+    """Sets what BatchNormalization and LayerNormalization share, checked."""
+    kind = type(layer).__name__
+    epsilon = float(epsilon)
+    if not epsilon > 0.0 or epsilon == float("inf"):
+        raise ValueError(f"{kind} epsilon must be > 0 and finite, not {epsilon!r}")
+    if axis not in (-1, [-1], (-1,)):
+        raise ValueError(f"{kind}(axis={axis!r}): only axis=-1 (the last axis, the channels) is supported")
+    object.__setattr__(layer, "axis", -1)
+    object.__setattr__(layer, "epsilon", epsilon)
+    object.__setattr__(layer, "center", bool(center))
+    object.__setattr__(layer, "scale", bool(scale))
+    object.__setattr__(layer, "input_shape", tuple(input_shape) if input_shape is not None else None)
+    object.__setattr__(layer, "name", name)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchNormalization(Layer):
+    """Normalizes each channel (the last axis) over the batch, as Keras' ``BatchNormalization``.
+
+    ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``. In training ``mean`` and ``var`` are the
+    batch's, over every axis but the last (the biased variance, as Keras), and each training step moves
+    the layer's moving statistics towards them: ``moving = moving * momentum + batch * (1 - momentum)``.
+    In `evaluate` and `predict` the moving statistics are used. ``gamma`` and ``beta`` are trained;
+    ``moving_mean`` and ``moving_variance`` are the model's non-trainable state (``model.buffers``), in
+    `get_weights` after the layer's trainable weights, as Keras orders them. Under distribution each
+    worker updates its own, and they are averaged across workers whenever they are read (each epoch's
+    end, checkpoints, the final model), as Keras' ``MirroredStrategy`` does.
+
+    ```python
+    from sparkgrad.nn import BatchNormalization, Dense, Sequential
+
+    model = Sequential([Dense(64, input_shape=(20,)), BatchNormalization(), Dense(1)], seed=0)
+    ```
+
+    Args:
+        axis (int): -1, the last axis (the channels of an image), the only one supported.
+        momentum (float): Of the moving statistics, in ``[0, 1]`` (Keras' 0.99; PyTorch's ``momentum``
+            is ``1 -`` this).
+        epsilon (float): Added to the variance, > 0 (Keras' 0.001).
+        center (bool): Learn ``beta``, an offset.
+        scale (bool): Learn ``gamma``, a factor.
+        input_shape (tuple[int, ...] | None): On the first layer of a `Sequential` only.
+        name (str | None): The layer's name.
+
+    Raises:
+        ValueError: Another axis, a momentum outside ``[0, 1]`` or an epsilon that is not > 0.
+    """
+
+    axis: int = -1
+    momentum: float = 0.99
+    epsilon: float = 0.001
+    center: bool = True
+    scale: bool = True
+
+    def __init__(self, axis=-1, momentum=0.99, epsilon=0.001, center=True, scale=True, input_shape=None, name=None):
+        _normalization(self, axis, epsilon, center, scale, input_shape, name)
+        object.__setattr__(self, "momentum", float(momentum))
+        if not 0.0 <= self.momentum <= 1.0:
+            raise ValueError(f"BatchNormalization momentum must be in [0, 1], not {momentum!r}")
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {
+            "kind": int(Kind.BATCHNORM),
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "center": int(self.center),
+            "scale": int(self.scale),
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class LayerNormalization(Layer):
+    """Normalizes each sample's last axis, as Keras' ``LayerNormalization(axis=-1)``.
+
+    ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` with ``mean`` and ``var`` over the last axis
+    of each position (each row of a ``(batch, features)`` input, each time step of a sequence), in
+    training and inference alike; no state.
+
+    Args:
+        axis (int): -1, the last axis, the only one supported.
+        epsilon (float): Added to the variance, > 0 (Keras' 0.001).
+        center (bool): Learn ``beta``, an offset.
+        scale (bool): Learn ``gamma``, a factor.
+        input_shape (tuple[int, ...] | None): On the first layer of a `Sequential` only.
+        name (str | None): The layer's name.
+
+    Raises:
+        ValueError: Another axis or an epsilon that is not > 0.
+    """
+
+    axis: int = -1
+    epsilon: float = 0.001
+    center: bool = True
+    scale: bool = True
+
+    def __init__(self, axis=-1, epsilon=0.001, center=True, scale=True, input_shape=None, name=None):
+        _normalization(self, axis, epsilon, center, scale, input_shape, name)
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {
+            "kind": int(Kind.LAYERNORM),
+            "epsilon": self.epsilon,
+            "center": int(self.center),
+            "scale": int(self.scale),
+        }

@@ -63,21 +63,26 @@ def _warn_no_bf16() -> None:
 
 @dataclass(frozen=True)
 class ParamTensor:
-    """Where one tensor lives in the model's flat parameter buffer (an entry of ``model.param_table``).
+    """Where one tensor lives in the model's flat parameter buffer (an entry of ``model.param_table``), or
+    in its non-trainable state buffer (an entry of ``model.buffer_table``).
 
-    ``model.params[t.offset : t.offset + t.size].reshape(t.shape)`` is the tensor, as a view.
+    ``model.params[t.offset : t.offset + t.size].reshape(t.shape)`` is the tensor, as a view
+    (``model.buffers[...]`` for a state tensor).
     """
 
     layer: int
     """Index of the layer in the model."""
     is_bias: bool
-    """True for a bias, False for a kernel."""
+    """True for a tensor that starts at zero (a bias, a beta, a moving mean)."""
     offset: int
     """First element of the tensor in the flat buffer (in float32 values, not bytes)."""
     size: int
     """Number of float32 values."""
     shape: tuple[int, ...]
     """Shape in Keras's layout: Dense ``(in, units)``, Conv2D ``(kh, kw, in, filters)``, a bias ``(units,)``."""
+    name: str = ""
+    """Keras' variable name: ``"kernel"``, ``"bias"``, ``"gamma"``, ``"beta"``, ``"moving_mean"``,
+    ``"moving_variance"``."""
 
 
 def _per_output(value, names: list[str], what: str) -> list:
@@ -204,7 +209,18 @@ class Model:
         self.seed = int(seed) & (2**64 - 1)
         self._core.init_params(self.seed)
         self._core.set_rng(self.seed ^ 0x5DEECE66D, 0)
-        self.param_table = [ParamTensor(i, bool(b), o, s, tuple(sh)) for i, b, o, s, sh in self._core.param_table()]
+        self.param_table = [
+            ParamTensor(i, bool(b), o, s, tuple(sh), n) for i, b, o, s, sh, n in self._core.param_table()
+        ]
+        self.buffer_table = [
+            ParamTensor(i, bool(b), o, s, tuple(sh), n) for i, b, o, s, sh, n in self._core.state_table()
+        ]
+        # Keras' weight order: each layer's trainable tensors, then its non-trainable ones
+        self._weight_order = sorted(
+            [(t.layer, 0, k, t) for k, t in enumerate(self.param_table)]
+            + [(t.layer, 1, k, t) for k, t in enumerate(self.buffer_table)],
+            key=lambda e: e[:3],
+        )
         # read once: fit's prefetch thread converts batches while the C core is busy
         self._outputs_core = [(int(t), int(k), str(h)) for t, k, h in self._core.outputs]
         self._classes = self._outputs_core[0][1]
@@ -385,6 +401,17 @@ class Model:
         """The number of parameters (float32 values in ``params``)."""
         return int(self.params.size)
 
+    @property
+    def buffers(self) -> np.ndarray:
+        """The flat float32 non-trainable state buffer (a view: writes go to the model): BatchNormalization's
+        moving statistics, laid out by ``buffer_table``. Training steps update it in place; no gradient or
+        optimizer touches it. Empty for a model without such layers."""
+        return self._core.state
+
+    def _buffer_view(self, t: ParamTensor, is_state: int) -> np.ndarray:
+        flat = self.buffers if is_state else self.params
+        return flat[t.offset : t.offset + t.size].reshape(t.shape)
+
     def tensor_sizes(self) -> list[int]:
         """The sizes of the tensors in ``params``, in order (``param_table``): what ``clipnorm`` clips each of."""
         return [t.size for t in self.param_table] or [self.num_params]
@@ -434,9 +461,9 @@ class Model:
         return _metrics.new_state(self._core)
 
     def get_weights(self) -> list[np.ndarray]:
-        """Copies of every tensor in Keras order and layout: kernel, then bias, of each layer that has them."""
-        p = self.params
-        return [p[t.offset : t.offset + t.size].reshape(t.shape).copy() for t in self.param_table]
+        """Copies of every tensor in Keras order and layout: each layer's trainable tensors (kernel, then bias;
+        gamma, then beta), then its non-trainable ones (moving_mean, then moving_variance)."""
+        return [self._buffer_view(t, b).copy() for _, b, _, t in self._weight_order]
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
         """Loads tensors in `get_weights`'s order and shapes (Keras layouts, so a Keras model's weights fit).
@@ -445,25 +472,27 @@ class Model:
             InvalidArgumentError: The number of arrays or a shape differs from the model's.
         """
         weights = list(weights)
-        if len(weights) != len(self.param_table):
-            raise InvalidArgumentError(f"set_weights: got {len(weights)} arrays, the model has {len(self.param_table)}")
-        p = self.params
-        for i, (t, w) in enumerate(zip(self.param_table, weights, strict=True)):
-            w = np.asarray(w, dtype=np.float32)
+        if len(weights) != len(self._weight_order):
+            raise InvalidArgumentError(
+                f"set_weights: got {len(weights)} arrays, the model has {len(self._weight_order)}"
+            )
+        arrays = [np.asarray(w, dtype=np.float32) for w in weights]
+        for i, ((_, _, _, t), w) in enumerate(zip(self._weight_order, arrays, strict=True)):
             if w.shape != t.shape:
                 raise InvalidArgumentError(
-                    f"set_weights: array {i} has shape {w.shape}, layer {t.layer} needs {t.shape}"
+                    f"set_weights: array {i} has shape {w.shape}, layer {t.layer} {self.layer_names[t.layer]!r} "
+                    f"needs {t.shape} (its {t.name})"
                 )
-            p[t.offset : t.offset + t.size] = w.reshape(-1)
+        for (_, b, _, t), w in zip(self._weight_order, arrays, strict=True):
+            self._buffer_view(t, b)[...] = w
 
     def layer_weights(self, layer: int) -> list[np.ndarray]:
-        """Views (no copy: writes change the model) of one layer's tensors, kernel then bias.
+        """Views (no copy: writes change the model) of one layer's tensors, in `get_weights`' order.
 
         Args:
             layer: The layer's index (an empty list for a layer without parameters).
         """
-        p = self.params
-        return [p[t.offset : t.offset + t.size].reshape(t.shape) for t in self.param_table if t.layer == layer]
+        return [self._buffer_view(t, b) for lay, b, _, t in self._weight_order if lay == layer]
 
     def summary(self, print_fn: Callable[[str], None] | None = print) -> str:
         """A Keras-like table of the layers, their output shapes and parameter counts.
@@ -476,7 +505,7 @@ class Model:
         """
         shapes = self._core.layer_shapes()
         counts = [0] * len(self.layers)
-        for t in self.param_table:
+        for _, _, _, t in self._weight_order:
             counts[t.layer] += t.size
         chain = self.is_chain
         names = self.layer_names
@@ -506,7 +535,11 @@ class Model:
             text.append("".join(r[c].ljust(widths[c]) for c in range(cols)))
             text.append(line if j == 0 else "-" * sum(widths))
         text[-1] = line
-        text.append(f"Total params: {self.num_params}")
+        nstate = int(self.buffers.size)
+        text.append(f"Total params: {self.num_params + nstate}")
+        if nstate:
+            text.append(f"Trainable params: {self.num_params}")
+            text.append(f"Non-trainable params: {nstate}")
         text.append(f"Parameter buffer: {self.num_params * 4} bytes, one contiguous float32 array")
         out = "\n".join(text)
         if print_fn is not None:
@@ -1030,10 +1063,11 @@ class Model:
         _checkpoint.load(self, path)
 
     def export_npz(self, path: str | os.PathLike) -> None:
-        """Writes the weights as a NumPy ``.npz``: arrays ``layer<i>_kernel`` and ``layer<i>_bias``, Keras layouts."""
+        """Writes the weights as a NumPy ``.npz``: arrays ``layer<i>_<name>`` (``layer0_kernel``, ``layer0_bias``,
+        ``layer1_moving_mean``, ...), Keras layouts."""
         arrays = {}
-        for t, w in zip(self.param_table, self.get_weights(), strict=True):
-            arrays[f"layer{t.layer}_{'bias' if t.is_bias else 'kernel'}"] = w
+        for (_, _, _, t), w in zip(self._weight_order, self.get_weights(), strict=True):
+            arrays[f"layer{t.layer}_{t.name}"] = w
         with open(os.fspath(path), "wb") as f:
             np.savez(f, **arrays)
 

@@ -6,8 +6,11 @@ build it, so a scoring worker, a Spark ML ``Model`` or an MLflow flavor can
 load it knowing nothing else. Layout (little-endian)::
 
     magic "SGMODEL\\x00"  u32 version  u32 header_len  header (UTF-8 JSON)
-    params float32[num_params]  mean float32[features]?  std float32[features]?
+    params float32[num_params]  state float32[num_state]?  mean float32[features]?  std float32[features]?
     u32 crc32 of everything before it
+
+The state (``model.buffers``: BatchNormalization's moving statistics) is
+there in version 3, which a model with such layers is written as.
 
 The JSON header names the layers and their arguments (the layer classes of
 sparkgrad.nn.layers), the input shape, the seed (a functional model, version
@@ -36,8 +39,10 @@ from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 
 MAGIC = b"SGMODEL\x00"
-VERSION = 2  # 2: functional models (a "graph" in the header); chains are still written as 1
-VERSIONS = (1, 2)
+# 2: functional models (a "graph" in the header); 3: a non-trainable state buffer after the parameters. Each
+# model is written as the lowest version that holds it (a chain without state as 1, which every release reads).
+VERSION = 3
+VERSIONS = (1, 2, 3)
 _PREFIX = struct.Struct("<8sII")
 _MAX_HEADER = 1 << 20
 
@@ -84,6 +89,7 @@ def model_to_bytes(model) -> bytes:
         "input_shape": list(model.input_shape) if chain else None,
         "layers": [_layer_config(layer) for layer in model.layers],
         "num_params": int(model.num_params),
+        "num_state": int(model.buffers.size),
         "precision": getattr(model, "precision", "fp32"),
         "input_transform": {"scale": scale, "mean": mean is not None, "std": std is not None},
         "loss": model.loss,
@@ -103,8 +109,10 @@ def model_to_bytes(model) -> bytes:
             "metrics": [[_metrics.serialize(m) for m in g] for g in model._metric_groups],
         }
     text = json.dumps(header, sort_keys=True).encode()
-    version = 1 if chain else VERSION
+    version = 3 if model.buffers.size else 1 if chain else 2
     parts = [_PREFIX.pack(MAGIC, version, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
+    if model.buffers.size:
+        parts.append(np.ascontiguousarray(model.buffers, np.float32).tobytes())
     for a in (mean, std):
         if a is not None:
             parts.append(np.ascontiguousarray(a, np.float32).tobytes())
@@ -188,13 +196,18 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
         model = Model(tensors[: len(graph["inputs"])], outputs, seed=seed, name=name)
     if model.num_params != int(header.get("num_params", -1)):
         raise _fail(source, f"header says {header.get('num_params')} parameters, the layers make {model.num_params}")
+    nstate = int(model.buffers.size)
+    if nstate != int(header.get("num_state", 0)):
+        raise _fail(source, f"header says {header.get('num_state', 0)} state values, the layers make {nstate}")
     off = _PREFIX.size + hlen
     features = int(np.prod(shape))
-    want = off + 4 * model.num_params + 4 * features * (bool(transform["mean"]) + bool(transform["std"])) + 4
+    want = off + 4 * (model.num_params + nstate) + 4 * features * (bool(transform["mean"]) + bool(transform["std"])) + 4
     if want != len(data):
         raise _fail(source, f"{len(data)} bytes, the header describes {want}")
     model.params[:] = np.frombuffer(data, np.float32, model.num_params, off)
     off += 4 * model.num_params
+    model.buffers[:] = np.frombuffer(data, np.float32, nstate, off)
+    off += 4 * nstate
     arrays = {}
     for key in ("mean", "std"):
         if transform[key]:

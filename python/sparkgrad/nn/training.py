@@ -480,6 +480,7 @@ class Trainer:
                         break  # a one-shot iterator is exhausted
                 logs = totals.logs()
                 sums = {"": totals.sums()}
+                self.dist.average_buffers()  # what validation, callbacks and checkpoints read
                 if validation_data is not None:
                     val = self._validate(validation_data, batch_size)
                     logs.update({f"val_{k}": v for k, v in val.logs().items()})
@@ -488,6 +489,7 @@ class Trainer:
                 m.epoch = epoch + 1
                 m.state.epoch_pos = 0
                 self._epoch_end(history, epoch, logs, started)
+                self.dist.own_buffers()
             finished = True
         finally:
             if self.bar is not None:
@@ -516,6 +518,7 @@ class _Distribution:
         self.model, self.ps, self.hook = model, ps, None
         self.checkpoints = checkpoints  # fit writes checkpoints (on the chief)
         self.servers_done = False  # the ps client said done: the servers' state is no longer there to read
+        self._own = None  # the ps chief's own non-trainable state while it holds the workers' mean
         distributed = isinstance(model.optimizer, DistributedOptimizer)
         if ps is not None and distributed:
             raise InvalidArgumentError(
@@ -529,6 +532,11 @@ class _Distribution:
                         f"fit: ps= must be a parameter-server client (TFNode.ps_client(ctx, model)), "
                         f"not {type(ps).__name__}"
                     )
+            if model.buffers.size and not (hasattr(ps, "put_state") and hasattr(ps, "mean_state")):
+                raise InvalidArgumentError(
+                    f"fit: the model has non-trainable state (BatchNormalization's moving statistics) that the ps "
+                    f"averages across workers; {type(ps).__name__} has no put_state/mean_state"
+                )
             if int(getattr(ps, "total", model.num_params)) != model.num_params:
                 raise InvalidArgumentError(
                     f"fit: the ps client is for {ps.total} parameters, the model has {model.num_params}"
@@ -602,15 +610,52 @@ class _Distribution:
         if opt.get_state()[1].size == state.size:  # the servers run the model's optimizer kind
             opt.set_state(steps, state)
 
+    def average_buffers(self) -> None:
+        """The model's non-trainable state (BatchNormalization's moving statistics, which each worker
+        updates from its own batches) averaged across the workers, as Keras' MirroredStrategy reads its
+        SyncOnRead variables: under allreduce every rank takes the average (a collective, at the same
+        epoch end on every rank; the moving averages are linear, so averaging at every epoch's end gives
+        at the end what one average of the ranks' own would); under a ps each worker puts its state on
+        shard 0 and the chief reads the mean of the workers' latest, for what reads it until
+        `own_buffers` (its own go on training, as each replica's do under MirroredStrategy: the
+        workers do not step in time). Nothing without state or distribution."""
+        m = self.model
+        buffers = m.buffers
+        if buffers.size == 0:
+            return
+        if self.ps is not None:
+            if not self.servers_done:
+                self.ps.put_state(buffers)
+                if self.chief:
+                    self._own = buffers.copy()
+                    self.ps.mean_state(buffers)
+        elif isinstance(m.optimizer, DistributedOptimizer):
+            comm = m.optimizer.resolve_communicator()
+            if int(getattr(comm, "size", 1)) > 1:
+                comm.allreduce(buffers, op="average")
+
+    def own_buffers(self) -> None:
+        """After the epoch's end read the ps mean (validation, callbacks, checkpoints), the chief trains on
+        with its own statistics again."""
+        own, self._own = self._own, None
+        if own is not None:
+            self.model.buffers[:] = own
+
     def end(self, finished: bool) -> bool:
         """Ends the distributed run; True when the chief then holds final
         parameters worth a last checkpoint (the ps' after every worker's updates)."""
         self.hook = None
         if self.ps is None or not finished:
+            if finished:
+                self.average_buffers()
             return False
         m = self.model
+        if m.buffers.size:
+            self.ps.put_state(m.buffers)  # before done: shard 0 holds it when the chief's wait ends
         if self.chief:
             m.step = self.ps.wait_for_workers(m.params)
+            if m.buffers.size:
+                self.ps.mean_state(m.buffers)  # every worker's last state
             if self.checkpoints:
                 self.before_checkpoint()  # for the last checkpoint: the servers may end once the chief said done
         self.ps.done()
