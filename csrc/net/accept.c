@@ -75,7 +75,7 @@ static void back_off(NetGate *g, int e)
     g->backoff = g->backoff <= 0 ? NET_GATE_BACKOFF_MIN : g->backoff * 2;
     if (g->backoff > NET_GATE_BACKOFF_MAX)
         g->backoff = NET_GATE_BACKOFF_MAX;
-    g->retry_at = net_now() + g->backoff;
+    g->retry_at = sg_now() + g->backoff;
     g->accept_errors++;
     g->last_errno = e;
 }
@@ -83,7 +83,7 @@ static void back_off(NetGate *g, int e)
 int net_gate_accept(NetGate *g, int lfd, int *fd_out, char *peer, size_t peer_len)
 {
     pthread_mutex_lock(&g->mu);
-    if (g->retry_at > 0 && net_now() < g->retry_at) {
+    if (g->retry_at > 0 && sg_now() < g->retry_at) {
         pthread_mutex_unlock(&g->mu);
         return 0;
     }

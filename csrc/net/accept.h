@@ -43,7 +43,7 @@ typedef struct NetGate {
     NetGatePeer *peers;           /* addresses with unauthenticated connections */
     int npeers;
     double backoff;  /* seconds of the current backoff, 0 when none */
-    double retry_at; /* net_now() before which the listener is not polled */
+    double retry_at; /* sg_now() before which the listener is not polled */
     long refused;    /* closed over a cap */
     long accept_errors;
     int last_errno;

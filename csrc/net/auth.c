@@ -222,7 +222,7 @@ int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t s
                      NetSecurity mode, double deadline, int *fd_out, NetSession *session,
                      const char *peer, const char *connect_context, SgError *err)
 {
-    double backoff = 0.01, first = net_now();
+    double backoff = 0.01, first = sg_now();
     for (int attempt = 1;; attempt++) {
         int fd = -1;
         int rc = net_connect(host, port, deadline, &fd, err);
@@ -230,12 +230,12 @@ int net_connect_auth(const char *host, int port, const uint8_t *secret, size_t s
             return sg_context(err, "%s", connect_context);
         if (closed_before_challenge(fd, deadline)) {
             net_close(&fd);
-            if (net_now() + backoff >= deadline)
+            if (sg_now() + backoff >= deadline)
                 return sg_fail(err, SG_EPEER,
                                "%s closed each of %d connections before its auth challenge over "
                                "%.1f s (a server at its cap of unauthenticated connections, "
                                "flooded, or not a sparkgrad server)",
-                               peer, attempt, net_now() - first);
+                               peer, attempt, sg_now() - first);
             poll(NULL, 0, (int)(backoff * 1000.0));
             backoff = backoff * 2 > 0.2 ? 0.2 : backoff * 2;
             continue;

@@ -117,7 +117,6 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity
 
 int coll_comm_rank(const CollComm *c);
 int coll_comm_size(const CollComm *c);
-double coll_comm_timeout(const CollComm *c);
 void coll_comm_stats(CollComm *c, CollStats *out);
 
 /* Element size of a dtype (1 for COLL_BYTES), 0 if unknown. */

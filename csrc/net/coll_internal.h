@@ -1,21 +1,144 @@
 /*
- * coll_internal.h - what coll.c, coll_ops.c and coll_hook.c share and nothing
- * outside csrc/net/coll*.c uses: wire conversions and reduction kernels.
+ * coll_internal.h - what the files of the ring communicator (coll.h) share
+ * and nothing outside csrc/net/coll*.c uses:
+ *   coll_ring.c  forming the ring (handshake, HELLO), the communicator's life
+ *                (close, free, stats), entering a collective and the header
+ *                exchange that starts it
+ *   coll_xfer.c  the transfer engine (ring steps both ways at once) and its
+ *                two sealers (plain streams, sealed records), failure notices
+ *   coll.c       the collectives: what each ring step sends and receives
+ *   coll_ops.c   element sizes, fp16 conversions, reduction kernels
+ * coll_hook.c uses coll.h alone.
  */
 #ifndef NET_COLL_INTERNAL_H
 #define NET_COLL_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "net/coll.h"
+#include "net/sock.h"
 
-/* IEEE half and bfloat16 from float32, round to nearest even (NaN stays NaN,
- * overflow becomes infinity), and back (exact). */
+#define COLL_TMP_BYTES (256u << 10) /* c->tmp and c->stage: a receive chunk, a send batch */
+
+typedef struct CollSealer CollSealer;
+
+struct CollComm {
+    int rank, size, left, right;
+    int fd_left, fd_right;
+    char left_peer[NET_PEER_MAX], right_peer[NET_PEER_MAX];
+    double timeout, cur_timeout;
+    uint64_t check, seq;
+    pthread_mutex_t mu;
+    int closed, broken;
+    SgError broken_err;
+    CollStats stats;
+    uint8_t *tmp, *stage; /* COLL_TMP_BYTES each */
+    NetSecurity mode;
+    const CollSealer *sealer; /* how data crosses both connections (coll_sealer(mode)) */
+    NetSession sleft, sright; /* the sessions of fd_left (server side) and fd_right (client) */
+    char *peers;              /* size * NET_PEER_MAX: "host:port" of every rank */
+    int right_eof; /* the right neighbour closed its end (fine once nothing is left to send) */
+    int spin;      /* waits poll for COLL_SPIN_SECONDS before sleeping (coll_xfer.c) */
+    int have_notice, notice_code, notice_origin;
+    char notice[SG_ERROR_MAX - 100]; /* the first failure, passed to the left */
+};
+
+/* ---- coll_ring.c: entering a collective, its header ---- */
+
+enum { KIND_ALLREDUCE = 1, KIND_BROADCAST, KIND_BROADCAST_VAR, KIND_ALLGATHER, KIND_BARRIER };
+
+/* The per-collective header (coll.h, docs/design/net.md). */
+typedef struct CollHeader {
+    uint64_t seq, count;
+    uint32_t kind, op, dtype, comp, rank;
+    int32_t root;
+} CollHeader;
+
+/* The header fields every rank must agree on (coll_begin's mask). */
+enum {
+    AGREE_KIND = 1u << 0,
+    AGREE_OP = 1u << 1,
+    AGREE_DTYPE = 1u << 2,
+    AGREE_COMP = 1u << 3,
+    AGREE_COUNT = 1u << 4,
+    AGREE_ROOT = 1u << 5,
+    AGREE_TAG = 1u << 6,
+};
+
+/* Locks c and checks it can run a collective; sets *deadline (timeout < 0:
+ * the communicator's). On failure c is unlocked. */
+int coll_enter(CollComm *c, double timeout, double *deadline, SgError *err);
+
+/* Counts the collective begun at t0 and unlocks c; returns rc. */
+int coll_leave(CollComm *c, double t0, int rc);
+
+/* Starts the next collective: numbers it (mine->seq, and `what` = "<kind>
+ * #seq" for every message about it), exchanges this rank's header with every
+ * rank's and checks that they agree on the fields in mask (AGREE_*). hs (size
+ * entries) receives every rank's header when not NULL. A ring of one agrees
+ * with itself. */
+int coll_begin(CollComm *c, CollHeader *mine, const char *kind, unsigned mask, char *what,
+               size_t what_len, CollHeader *hs, double deadline, SgError *err);
+
+const char *coll_dtype_name(uint32_t dtype);
+const char *coll_comp_name(uint32_t comp);
+
+/* ---- coll_xfer.c: the transfer engine ---- */
+
+/* One direction of one ring step: len wire bytes at ptr. A send with
+ * compression reads the float32 values at ptr and sends them encoded. A
+ * receive with consume set goes through c->tmp to the transfer's consume,
+ * which gets ptr; without, the bytes land at ptr as they arrive. */
+typedef struct CollSpan {
+    uint8_t *ptr;
+    size_t len;
+    int consume;
+} CollSpan;
+
+/* A transfer: `steps` ring steps, each sending one span to the right while
+ * receiving one from the left. The two directions step on their own, so a
+ * send step fed by a receive step (lag) goes out as its bytes arrive and are
+ * consumed: no step waits for the one before it to complete, and the send
+ * never runs ahead of what exists. */
+typedef struct CollXfer CollXfer;
+struct CollXfer {
+    int steps;
+    /* >= 0: send step j carries the bytes receive step j - lag brings (0: a
+     * relay, 1: the allreduce), so only those received and consumed go out;
+     * < 0: every send is ready from the start */
+    int lag;
+    CollSpan tx, rx; /* the current steps' spans (given, with one step and no next) */
+    /* fills step j's span (send: tx, else rx), for every step from 0 */
+    void (*next)(CollXfer *x, int j, int send, CollSpan *span);
+    /* n wire elements of receive step j, which belong at element `elem` of its span (base) */
+    void (*consume)(CollXfer *x, int j, uint8_t *base, size_t elem, const uint8_t *wire, size_t n);
+    size_t wsz;           /* wire bytes per element, with consume */
+    CollCompression comp; /* the encoding of sends */
+    int from_rank;        /* whose data arrives (for timeouts); -1: the left neighbour's */
+    const char *what;     /* the transfer in messages, or describe(step) when set: */
+    const char *(*describe)(const CollXfer *x, int step, char *out, size_t cap);
+};
+
+/* Runs x to its end before deadline, or fails breaking the communicator
+ * (coll_break), naming peer, rank, step and what arrived. */
+int coll_xfer_run(CollComm *c, CollXfer *x, double deadline, SgError *err);
+
+/* Breaks the communicator on err: looks for a notice from the right first
+ * (then the error to report), passes the notice to the left, shuts both
+ * connections down. Returns err->code. */
+int coll_break(CollComm *c, SgError *err);
+
+/* The sealer of a connection in security mode `mode`. */
+const CollSealer *coll_sealer(NetSecurity mode);
+
+/* ---- coll_ops.c: the arithmetic ---- */
+
+/* IEEE half from float32, round to nearest even (NaN stays NaN, overflow
+ * becomes infinity), and back (exact). bf16's: common/sg_bf16.h. */
 uint16_t coll_f32_to_f16(float f);
 float coll_f16_to_f32(uint16_t h);
-uint16_t coll_f32_to_bf16(float f);
-float coll_bf16_to_f32(uint16_t h);
 
 /* Bytes per element on the wire: the dtype's size, or 2 with compression. */
 size_t coll_wire_size(CollDtype dtype, CollCompression comp);

@@ -1,12 +1,14 @@
 /*
- * coll_ops.c - the arithmetic of the collectives (coll_internal.h): fp16 and
- * bf16 conversions in plain C (round to nearest even), and the reduction
- * kernels per dtype and op. Integer sums wrap as NumPy's do (computed on
- * unsigned values, so no signed overflow). No I/O here.
+ * coll_ops.c - the arithmetic of the collectives (coll_internal.h): element
+ * sizes, fp16 conversions in plain C (round to nearest even; bf16's are
+ * common/sg_bf16.h), and the reduction kernels per dtype and op. Integer
+ * sums wrap as NumPy's do (computed on unsigned values, so no signed
+ * overflow). No I/O here.
  */
 #include <math.h>
 #include <string.h>
 
+#include "common/sg_bf16.h"
 #include "net/coll_internal.h"
 
 uint16_t coll_f32_to_f16(float f)
@@ -50,22 +52,20 @@ float coll_f16_to_f32(uint16_t h)
     return f;
 }
 
-uint16_t coll_f32_to_bf16(float f)
+size_t coll_dtype_size(int dtype)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float coll_bf16_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
+    switch (dtype) {
+    case COLL_F32:
+    case COLL_I32:
+        return 4;
+    case COLL_F64:
+    case COLL_I64:
+        return 8;
+    case COLL_BYTES:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 size_t coll_wire_size(CollDtype dtype, CollCompression comp)
@@ -77,7 +77,7 @@ static float wire_f32(const uint8_t *p, CollCompression comp)
 {
     uint16_t h;
     memcpy(&h, p, sizeof h);
-    return comp == COLL_COMP_FP16 ? coll_f16_to_f32(h) : coll_bf16_to_f32(h);
+    return comp == COLL_COMP_FP16 ? coll_f16_to_f32(h) : sg_bf16_to_f32(h);
 }
 
 /* One loop per (type, op); `a` is dst[i], `b` the arriving value. */
@@ -152,7 +152,7 @@ void coll_decode(float *dst, const uint8_t *wire, size_t n, CollCompression comp
 void coll_encode(uint8_t *wire, const float *src, size_t n, CollCompression comp)
 {
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = comp == COLL_COMP_FP16 ? coll_f32_to_f16(src[i]) : coll_f32_to_bf16(src[i]);
+        uint16_t h = comp == COLL_COMP_FP16 ? coll_f32_to_f16(src[i]) : sg_f32_to_bf16(src[i]);
         memcpy(wire + 2 * i, &h, sizeof h);
     }
 }
@@ -193,6 +193,6 @@ void coll_finish(void *buf, size_t n, CollDtype dtype, CollOp op, CollCompressio
         float *p = buf;
         for (size_t i = 0; i < n; i++)
             p[i] = comp == COLL_COMP_FP16 ? coll_f16_to_f32(coll_f32_to_f16(p[i]))
-                                          : coll_bf16_to_f32(coll_f32_to_bf16(p[i]));
+                                          : sg_bf16_to_f32(sg_f32_to_bf16(p[i]));
     }
 }

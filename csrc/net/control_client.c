@@ -38,7 +38,7 @@ struct CtlClient {
     long executor_id;
     double heartbeat_interval;
     double driver_timeout; /* silence from the driver that counts as its loss */
-    double last_recv;      /* net_now() of the last frame from the driver (I/O thread only) */
+    double last_recv;      /* sg_now() of the last frame from the driver (I/O thread only) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t send_mu;
@@ -119,7 +119,7 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 
 static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
 {
-    c->last_recv = net_now();
+    c->last_recv = sg_now();
     if (h->type == NET_FRAME_HEARTBEAT)
         return SG_OK;
     if (h->type != NET_FRAME_JSON)
@@ -185,8 +185,8 @@ static void *io_main(void *arg)
     NetFrameParser parser;
     net_frame_parser_init(&parser, CTL_MAX_FRAME);
     net_frame_parser_protect(&parser, &c->session, CTL_MAX_FRAME, c->driver);
-    double next_hb = net_now() + c->heartbeat_interval;
-    c->last_recv = net_now();
+    double next_hb = sg_now() + c->heartbeat_interval;
+    c->last_recv = sg_now();
     SgError err;
     for (;;) {
         pthread_mutex_lock(&c->mu);
@@ -212,23 +212,23 @@ static void *io_main(void *arg)
             fail_io(c, &err);
             break;
         }
-        if (net_now() - c->last_recv > c->driver_timeout) {
+        if (sg_now() - c->last_recv > c->driver_timeout) {
             sg_fail(
                 &err, SG_ETIMEOUT,
                 "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
                 "process or its host is gone",
-                c->peer, net_now() - c->last_recv);
+                c->peer, sg_now() - c->last_recv);
             fail_io(c, &err);
             break;
         }
-        if (net_now() >= next_hb) {
+        if (sg_now() >= next_hb) {
             /* A heartbeat that cannot leave within a few intervals means a dead link. */
-            double deadline = net_now() + 5 * c->heartbeat_interval + 1.0;
+            double deadline = sg_now() + 5 * c->heartbeat_interval + 1.0;
             if (send_frame(c, NET_FRAME_HEARTBEAT, NULL, 0, deadline, &err) < 0) {
                 fail_io(c, &err);
                 break;
             }
-            next_hb = net_now() + c->heartbeat_interval;
+            next_hb = sg_now() + c->heartbeat_interval;
         }
     }
     net_frame_parser_free(&parser);
@@ -239,7 +239,7 @@ static void *io_main(void *arg)
 
 static int wait_until(CtlClient *c, double deadline)
 {
-    double left = deadline - net_now();
+    double left = deadline - sg_now();
     if (left <= 0)
         return ETIMEDOUT;
     struct timespec ts;

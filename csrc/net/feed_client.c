@@ -192,7 +192,7 @@ static int wait_msg(FeedClient *c, uint16_t op, double deadline, FeedMsg **out, 
             *out = m;
             break;
         }
-        double left = deadline - net_now();
+        double left = deadline - sg_now();
         if (c->io_err.code != 0 || left <= 0)
             break;
         struct timespec ts;
@@ -255,7 +255,7 @@ static int explain_failure(FeedClient *c, int rc, SgError *err)
 {
     FeedMsg *m;
     SgError why;
-    if (wait_msg(c, 0, net_now() + 0.5, &m, NULL, &why) < 0)
+    if (wait_msg(c, 0, sg_now() + 0.5, &m, NULL, &why) < 0)
         *err = why, rc = why.code;
     return rc;
 }
@@ -264,7 +264,7 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 {
     pthread_mutex_lock(&c->send_mu);
     int rc =
-        feed_send_batch(c->fd, &c->session, FEED_OP_BATCH, b, net_now() + c->timeout, c->peer, err);
+        feed_send_batch(c->fd, &c->session, FEED_OP_BATCH, b, sg_now() + c->timeout, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     if (rc == SG_ETIMEOUT)
         sg_context(err, "the worker's feed queue stayed full (is it consuming?): ");
@@ -275,7 +275,7 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 
 int feed_client_end(FeedClient *c, const char *input, SgError *err)
 {
-    double deadline = net_now() + c->timeout;
+    double deadline = sg_now() + c->timeout;
     pthread_mutex_lock(&c->send_mu);
     int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_END, input, strlen(input),
                             deadline, c->peer, err);

@@ -99,7 +99,7 @@ static void note(FeedServer *s, const char *fmt, ...)
 
 static void wait_until(FeedServer *s, double deadline)
 {
-    double left = deadline - net_now();
+    double left = deadline - sg_now();
     if (left > 1.0)
         left = 1.0;
     if (left <= 0)
@@ -165,7 +165,7 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
         rc = feed_schema_check(in->schema, b, err);
     while (rc == 0 && in->bytes > 0 && in->bytes + len > s->capacity && !s->stopping)
         wait_until(s,
-                   net_now() + 1.0); /* backpressure: this feeder's socket is not read meanwhile */
+                   sg_now() + 1.0); /* backpressure: this feeder's socket is not read meanwhile */
     if (rc == 0 && s->stopping)
         rc = sg_fail(err, SG_ECANCELLED, "the worker's feed server stopped");
     if (rc == 0) {
@@ -206,7 +206,7 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
                        FEED_MAX_INPUTS);
     pthread_mutex_lock(&c->send_mu);
     int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
-                            net_now() + FEED_IO_TIMEOUT, c->peer, err);
+                            sg_now() + FEED_IO_TIMEOUT, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     return rc;
 }
@@ -236,7 +236,7 @@ static int serve_feeder(FeedServer *s, FeedConn *c, SgError *err)
         NetFrameHeader h;
         uint8_t *payload = NULL;
         /* Whole frame, tag checked, before anything of it is queued. */
-        if ((rc = net_frame_recv(c->fd, &c->session, s->max_frame, net_now() + FEED_IO_TIMEOUT,
+        if ((rc = net_frame_recv(c->fd, &c->session, s->max_frame, sg_now() + FEED_IO_TIMEOUT,
                                  c->peer, &h, &payload, err)) < 0)
             return rc;
         if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
@@ -295,7 +295,7 @@ static void *conn_main(void *arg)
         SgError ignored;
         pthread_mutex_lock(&c->send_mu);
         net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n,
-                       net_now() + 1.0, c->peer, &ignored);
+                       sg_now() + 1.0, c->peer, &ignored);
         pthread_mutex_unlock(&c->send_mu);
     }
     shutdown(c->fd, SHUT_RDWR);
@@ -322,7 +322,7 @@ static void add_conn(FeedServer *s, int fd, const char *peer)
     int ok = c != NULL && grown != NULL;
     if (ok) {
         *c = (FeedConn){
-            .s = s, .id = ++s->next_id, .fd = fd, .auth_deadline = net_now() + s->auth_timeout};
+            .s = s, .id = ++s->next_id, .fd = fd, .auth_deadline = sg_now() + s->auth_timeout};
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         pthread_mutex_init(&c->send_mu, NULL);
         ok = pthread_create(&c->thread, NULL, conn_main, c) == 0;
@@ -400,7 +400,7 @@ static void *accept_main(void *arg)
     for (size_t i = 0; i < s->nconns; i++)
         shutdown(s->conns[i]->fd, SHUT_RDWR);
     while (s->senders > 0) /* result senders fail fast on the shut sockets */
-        wait_until(s, net_now() + 1.0);
+        wait_until(s, sg_now() + 1.0);
     pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)
         conn_free(s->conns[i]);
@@ -524,7 +524,7 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_
         pthread_mutex_unlock(&s->mu);
         return sg_fail(err, SG_EINVAL, "more than %d named inputs", FEED_MAX_INPUTS);
     }
-    while (in->rows < min_rows && !input_finished(s, in) && !s->stopping && net_now() < deadline)
+    while (in->rows < min_rows && !input_finished(s, in) && !s->stopping && sg_now() < deadline)
         wait_until(s, deadline);
     if (in->rows >= min_rows || input_finished(s, in))
         rc = take_rows(s, in, in->rows < n ? in->rows : n, out, err);

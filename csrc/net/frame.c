@@ -11,29 +11,8 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "common/sg_le.h"
 #include "net/sock.h"
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
 
 const char *net_frame_type_name(uint8_t type)
 {
@@ -64,11 +43,11 @@ const char *net_frame_type_name(uint8_t type)
 void net_frame_header_encode(uint8_t out[NET_FRAME_HEADER_SIZE], uint8_t type, uint16_t flags,
                              uint32_t length)
 {
-    put_u32(out, NET_FRAME_MAGIC);
+    sg_put_le32(out, NET_FRAME_MAGIC);
     out[4] = NET_FRAME_VERSION;
     out[5] = type;
-    put_u16(out + 6, flags);
-    put_u32(out + 8, length);
+    sg_put_le16(out + 6, flags);
+    sg_put_le32(out + 8, length);
 }
 
 int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload, NetFrameHeader *h,
@@ -77,7 +56,7 @@ int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload
     if (len < NET_FRAME_HEADER_SIZE)
         return sg_fail(err, SG_EPROTO, "frame header needs %d bytes, got %zu",
                        NET_FRAME_HEADER_SIZE, len);
-    uint32_t magic = get_u32(buf);
+    uint32_t magic = sg_get_le32(buf);
     if (magic != NET_FRAME_MAGIC)
         return sg_fail(
             err, SG_EPROTO,
@@ -90,14 +69,14 @@ int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload
                        NET_FRAME_VERSION);
     if (strcmp(net_frame_type_name(buf[5]), "unknown") == 0)
         return sg_fail(err, SG_EPROTO, "unknown frame type %u at byte 5", buf[5]);
-    uint32_t length = get_u32(buf + 8);
+    uint32_t length = sg_get_le32(buf + 8);
     if (length > max_payload)
         return sg_fail(err, SG_EFRAME,
                        "%s frame announces %u payload bytes, above the maximum of %u for this "
                        "connection",
                        net_frame_type_name(buf[5]), length, max_payload);
     h->type = buf[5];
-    h->flags = get_u16(buf + 6);
+    h->flags = sg_get_le16(buf + 6);
     h->length = length;
     return SG_OK;
 }

@@ -18,8 +18,8 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "common/sg_bf16.h"
 #include "net/auth.h"
-#include "net/coll_internal.h" /* the bf16 conversion the allreduce uses */
 #include "net/frame.h"
 #include "net/ps.h"
 #include "net/sock.h"
@@ -213,14 +213,14 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
     int rc = lock_usable(c, err);
     if (rc < 0)
         return rc;
-    double deadline = net_now() + timeout;
+    double deadline = sg_now() + timeout;
     int sent = 0, transport = 0;
     const void *payload = data;
     size_t elem = sizeof(float);
     uint64_t vp[4] = {v[0], v[1], v[2], v[3]};
     if (data != NULL && c->wire == PS_WIRE_BF16 && (op == PS_OP_PUSH || op == PS_OP_PUSH_PULL)) {
         for (uint64_t i = 0; i < c->total; i++)
-            c->wire16[i] = coll_f32_to_bf16(data[i]);
+            c->wire16[i] = sg_f32_to_bf16(data[i]);
         payload = c->wire16;
         elem = sizeof(uint16_t);
         vp[0] = PS_WIRE_BF16;
@@ -402,7 +402,7 @@ static int call_state(PsClient *c, int op, const float *state, float *dest, size
         return rc;
     PsShardConn *sh = &c->shards[0];
     uint64_t v[4] = {(uint64_t)n, 0, 0, 0}, r[4] = {0};
-    double deadline = net_now() + c->timeout;
+    double deadline = sg_now() + c->timeout;
     int remote = 0;
     rc = send_req(sh, op, v, NULL, sizeof(float), state, state != NULL ? n : 0, deadline, err);
     if (rc == 0)

@@ -25,10 +25,10 @@
 
 #include <openssl/crypto.h>
 
+#include "common/sg_bf16.h"
 #include "net/accept.h"
 #include "net/auth.h"
 #include "net/frame.h"
-#include "net/coll_internal.h" /* bf16 widening, as the allreduce does */
 #include "net/ps.h"
 #include "net/sock.h"
 
@@ -206,7 +206,7 @@ static int mark_done(PsServer *s, PsConn *c, SgError *err)
  * passes or the shard stops. */
 static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err)
 {
-    double deadline = net_now() + (double)timeout_ms / 1000.0;
+    double deadline = sg_now() + (double)timeout_ms / 1000.0;
     int want = s->cfg.num_workers - 1;
     for (;;) {
         int others = s->n_done - (s->done[c->worker_id] ? 1 : 0);
@@ -219,7 +219,7 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
                            "ps shard stopped while worker %ld waited for the other workers "
                            "(%d of %d had said done)",
                            c->worker_id, others, want);
-        if (net_now() >= deadline)
+        if (sg_now() >= deadline)
             return sg_fail(err, SG_ETIMEOUT,
                            "worker %ld waited %.1f s for the other workers to finish: %d of %d "
                            "said done",
@@ -243,7 +243,7 @@ static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, c
     if (len2 > 0)
         pieces[n++] = (struct iovec){(void *)data2, len2};
     int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
-                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+                             sg_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
     c->send_failed = rc < 0;
     return rc;
 }
@@ -299,7 +299,7 @@ static int reply_error(PsConn *c, const SgError *e)
     struct iovec pieces[2] = {{op, sizeof op}, {(void *)e->msg, len}};
     SgError ignored;
     int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_ERROR, pieces, len > 0 ? 2 : 1,
-                             net_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
+                             sg_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
     c->send_failed = rc < 0;
     return rc;
 }
@@ -507,7 +507,7 @@ static int serve_one(PsConn *c, SgError *err)
     size_t cap = PS_OP_HEADER + bytes + opt_bytes;
     if (cap < PS_OP_HEADER + PS_STATE_MAX * sizeof(float))
         cap = PS_OP_HEADER + PS_STATE_MAX * sizeof(float);
-    double deadline = net_now() + PS_IO_TIMEOUT;
+    double deadline = sg_now() + PS_IO_TIMEOUT;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
@@ -590,7 +590,7 @@ static int serve_one(PsConn *c, SgError *err)
         for (size_t i = 0; i < (size_t)s->cfg.count; i++) {
             uint16_t g;
             memcpy(&g, in + 2 * i, sizeof g);
-            c->buf[i] = coll_bf16_to_f32(g);
+            c->buf[i] = sg_bf16_to_f32(g);
         }
     }
     rc = handle(c, h.flags, v, err);
@@ -610,7 +610,7 @@ static void *conn_main(void *arg)
     PsServer *s = c->s;
     SgError err;
     int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->cfg.security,
-                             net_now() + s->cfg.auth_timeout, c->peer, &c->sess, &err);
+                             sg_now() + s->cfg.auth_timeout, c->peer, &c->sess, &err);
     int authed = rc == 0;
     if (authed)
         net_gate_authenticated(&s->gate, c->peer);
@@ -725,7 +725,7 @@ static void close_conns(PsServer *s)
 
 int ps_server_serve(PsServer *s, double timeout, SgError *err)
 {
-    double deadline = timeout < 0 ? -1 : net_now() + timeout;
+    double deadline = timeout < 0 ? -1 : sg_now() + timeout;
     int result = 0, rc = SG_OK;
     pthread_mutex_lock(&s->mu);
     if (s->closing)

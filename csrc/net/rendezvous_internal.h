@@ -34,7 +34,7 @@ typedef struct RdvConn {
     int finished;     /* sent "done" or "error": closing is not a loss */
     int dead;         /* freed at the end of the loop iteration */
     int gated;        /* counted by the gate as unauthenticated */
-    double last_seen; /* net_now() of the last frame */
+    double last_seen; /* sg_now() of the last frame */
     double deadline;  /* CONN_AUTH / CONN_CLOSING deadline */
 } RdvConn;
 
@@ -66,7 +66,7 @@ struct RdvServer {
     double heartbeat_timeout;
     double auth_timeout; /* seconds an unauthenticated peer may take */
     NetGate gate;        /* caps on unauthenticated connections, accept backoff */
-    double last_beat;    /* net_now() of the last heartbeat sent to the nodes */
+    double last_beat;    /* sg_now() of the last heartbeat sent to the nodes */
     RdvConn **conns;
     size_t nconns, capconns;
     RdvNode *nodes; /* [num_nodes], by executor_id */

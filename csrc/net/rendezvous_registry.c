@@ -284,7 +284,7 @@ void rdv_registry_free(RdvServer *s)
 /* Waits on s->cv until the monotonic deadline; ETIMEDOUT when it passed. */
 static int wait_until(RdvServer *s, double deadline)
 {
-    double left = deadline - net_now();
+    double left = deadline - sg_now();
     if (left <= 0)
         return ETIMEDOUT;
     struct timespec ts;

@@ -114,7 +114,7 @@ static void conn_reject(RdvServer *s, RdvConn *c, const char *reason)
         rdv_conn_queue_json(c, msg);
     cJSON_Delete(msg);
     c->state = CONN_CLOSING;
-    c->deadline = net_now() + RDV_CLOSE_LINGER;
+    c->deadline = sg_now() + RDV_CLOSE_LINGER;
 }
 
 /* Drops a connection: a registered node that had not finished is lost. */
@@ -188,7 +188,7 @@ static void accept_new(RdvServer *s)
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         c->state = CONN_AUTH;
         c->executor_id = -1;
-        c->deadline = net_now() + s->auth_timeout;
+        c->deadline = sg_now() + s->auth_timeout;
         net_frame_parser_init(&c->parser, NET_FRAME_MAX_UNAUTH);
         s->conns[s->nconns++] = c;
         s->stats.accepted++;
@@ -226,7 +226,7 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
     c->state = CONN_READY;
     net_gate_authenticated(&s->gate, c->peer);
     c->gated = 0;
-    c->last_seen = net_now();
+    c->last_seen = sg_now();
     net_frame_parser_protect(&c->parser, &c->session, s->max_frame, c->peer);
 }
 
@@ -238,7 +238,7 @@ static void handle_frame(RdvServer *s, RdvConn *c, const NetFrameHeader *h, cons
     }
     if (c->state != CONN_READY)
         return; /* closing: ignore whatever else arrives */
-    c->last_seen = net_now();
+    c->last_seen = sg_now();
     if (h->type == NET_FRAME_HEARTBEAT)
         return;
     SgError err;
@@ -401,7 +401,7 @@ static void *serve(void *arg)
         }
         if (pfd[1].fd < 0 || (pfd[1].revents & POLLIN))
             accept_new(s); /* while backing off, the gate accepts once the backoff is over */
-        double now = net_now();
+        double now = sg_now();
         check_timeouts(s, now);
         if (now - s->last_beat >= RDV_DRIVER_BEAT) {
             /* The driver's heartbeat: lets nodes notice a driver that vanished without a FIN. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sg_le.h"
 #include "net/frame.h"
 
 #define DIR_C2S     1u
@@ -173,20 +174,6 @@ int net_session_scratch(NetSession *s, uint8_t **buf, SgError *err)
     return SG_OK;
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* Starts the AEAD for the frame numbered d->seq: nonce, then header || seq as associated data. */
 static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_t header_len,
                      SgError *err)
@@ -202,8 +189,8 @@ static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_
                        (unsigned long long)d->seq);
     for (int i = 0; i < 4; i++)
         nonce[i] = (uint8_t)(d->direction >> (8 * i));
-    put_u64(nonce + 4, d->seq);
-    put_u64(seq, d->seq);
+    sg_put_le64(nonce + 4, d->seq);
+    sg_put_le64(seq, d->seq);
     int outl = 0;
     int ok = encrypt ? EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce)
                      : EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce);
@@ -248,7 +235,7 @@ int net_session_seal_begin(NetSession *s, const uint8_t *header, size_t header_l
 {
     if (s->mode == NET_SEC_NONE)
         return SG_OK;
-    put_u64(seq_out, s->send.seq);
+    sg_put_le64(seq_out, s->send.seq);
     return dir_begin(&s->send, 1, header, header_len, err);
 }
 
@@ -288,7 +275,7 @@ int net_session_open_begin(NetSession *s, const uint8_t *header, size_t header_l
     if (s->mode == NET_SEC_NONE)
         return SG_OK;
     NetSessionDir *d = &s->recv;
-    uint64_t got = get_u64(seq_in);
+    uint64_t got = sg_get_le64(seq_in);
     if (got != d->seq)
         return sg_fail(
             err, SG_EAUTH, "%s: %s frame with sequence number %llu where %llu was due (%s)", peer,

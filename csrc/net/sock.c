@@ -26,16 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-double net_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int net_poll_ms(double deadline)
 {
-    double left = deadline - net_now();
+    double left = deadline - sg_now();
     if (left <= 0)
         return 0;
     double ms = ceil(left * 1000.0);
@@ -48,7 +41,7 @@ int net_deadline(double timeout, const char *what, double *deadline, SgError *er
         return sg_fail(err, SG_EINVAL,
                        "timeout for %s must be a finite number of seconds >= 0, got %g", what,
                        timeout);
-    *deadline = net_now() + timeout;
+    *deadline = sg_now() + timeout;
     return SG_OK;
 }
 
@@ -154,13 +147,13 @@ static int resolve_name(const char *node, const char *service, const struct addr
         lookup_unref(l);
         return sg_fail(err, SG_ENOMEM, "starting a thread to resolve host '%s'", node);
     }
-    double t0 = net_now();
+    double t0 = sg_now();
     pthread_mutex_lock(&l->mu);
-    while (!l->done && net_now() < deadline) {
+    while (!l->done && sg_now() < deadline) {
         double until = deadline;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        double left = until - net_now();
+        double left = until - sg_now();
         double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left > 0 ? left : 0);
         ts.tv_sec = (time_t)whole;
         ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
@@ -178,7 +171,7 @@ static int resolve_name(const char *node, const char *service, const struct addr
         return sg_fail(err, SG_ETIMEOUT,
                        "timed out resolving host '%s' (port %s): no answer from the name "
                        "resolver within %.1f s",
-                       node, service, net_now() - t0);
+                       node, service, sg_now() - t0);
     return SG_OK;
 }
 
@@ -221,7 +214,7 @@ int net_listen(const char *host, int port, int backlog, int *fd_out, int *port_o
                char *bound_host, size_t bound_len, SgError *err)
 {
     struct addrinfo *res = NULL;
-    int rc = resolve(host, port, 1, net_now() + NET_RESOLVE_TIMEOUT, &res, err);
+    int rc = resolve(host, port, 1, sg_now() + NET_RESOLVE_TIMEOUT, &res, err);
     if (rc < 0)
         return rc;
     int fd = -1, last_errno = 0;

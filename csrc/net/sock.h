@@ -3,9 +3,10 @@
  * accept, and whole-buffer I/O bounded by a deadline.
  *
  * Every socket is CLOEXEC and non-blocking; blocking-style helpers wait with
- * poll() up to an absolute deadline on the monotonic clock (net_now()), so no
- * call here can block without bound. Helpers return 0 or a negative SgStatus
- * and fill the caller's SgError naming the peer ("host:port").
+ * poll() up to an absolute deadline on the monotonic clock (sg_now() of
+ * common/sg_clock.h), so no call here can block without bound. Helpers
+ * return 0 or a negative SgStatus and fill the caller's SgError naming the
+ * peer ("host:port").
  */
 #ifndef NET_SOCK_H
 #define NET_SOCK_H
@@ -13,13 +14,11 @@
 #include <stddef.h>
 #include <sys/uio.h>
 
+#include "common/sg_clock.h"
 #include "common/sg_status.h"
 
 #define NET_PEER_MAX        300  /* "host:port" of any resolvable name */
 #define NET_RESOLVE_TIMEOUT 10.0 /* seconds net_listen waits for the name resolver */
-
-/* Seconds on CLOCK_MONOTONIC. */
-double net_now(void);
 
 /* Milliseconds from now until deadline for poll(): 0 if passed, rounded up. */
 int net_poll_ms(double deadline);

@@ -11,7 +11,7 @@
  */
 #include "rest/rest_client.h"
 
-#include "net/sock.h" /* net_now(): the monotonic clock the transport uses */
+#include "common/sg_clock.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -24,8 +24,8 @@
  * when cancelled. */
 static int sleep_s(double s, const RestCancel *cancel)
 {
-    double end = net_now() + s;
-    for (double left = s; left > 0; left = end - net_now()) {
+    double end = sg_now() + s;
+    for (double left = s; left > 0; left = end - sg_now()) {
         double slice = left < 0.1 ? left : 0.1;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(slice * 1e9)};
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -187,10 +187,10 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
     int st = rest_config_check(cfg, err);
     if (st < 0 || (st = call_lines(cfg, call, &lines, err)) < 0)
         return st;
-    double start = net_now(), deadline = start + cfg->budget_s;
+    double start = sg_now(), deadline = start + cfg->budget_s;
     unsigned seed = (unsigned)(start * 1e6);
     for (;;) {
-        double left = deadline - net_now();
+        double left = deadline - sg_now();
         long timeout_ms = (long)(1000 * (left < cfg->timeout_s ? left : cfg->timeout_s));
         RestRequest req = {.method = call->method,
                            .url = lines.url,
@@ -216,7 +216,7 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
                                 .headers = r.headers,
                                 .headers_len = r.headers_len,
                                 .attempts = fail->attempts,
-                                .elapsed_s = net_now() - start};
+                                .elapsed_s = sg_now() - start};
             return SG_OK;
         }
         size_t ra_len = 0;
@@ -225,9 +225,9 @@ int rest_client_call(const RestClientConfig *cfg, const RestCall *call, RestResu
         double wait =
             rest_backoff_s(fail->attempts, cfg->backoff_s, rest_parse_retry_after(ra, ra_len),
                            (double)rand_r(&seed) / ((double)RAND_MAX + 1));
-        int spent = next == 1 && net_now() + wait >= deadline;
+        int spent = next == 1 && sg_now() + wait >= deadline;
         if (next < 0 || spent) {
-            st = give_up(cfg, call, &r, st, spent, net_now() - start, fail, err);
+            st = give_up(cfg, call, &r, st, spent, sg_now() - start, fail, err);
             rest_response_free(&r);
             return st;
         }

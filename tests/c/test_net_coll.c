@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/sg_bf16.h"
 #include "net/coll_internal.h"
 #include "net/sock.h"
 
@@ -48,18 +49,18 @@ static void test_bf16_round_trip_and_ties(void)
 {
     int bad = 0;
     for (uint32_t h = 0; h < 0x10000; h++) {
-        float f = coll_bf16_to_f32((uint16_t)h);
+        float f = sg_bf16_to_f32((uint16_t)h);
         if (!isnan(f))
-            bad += coll_f32_to_bf16(f) != h;
+            bad += sg_f32_to_bf16(f) != h;
     }
     CHECK(bad == 0);
     uint32_t x = 0x3f808000u; /* 1.00390625: halfway between 0x3f80 and 0x3f81 */
     float f;
     memcpy(&f, &x, sizeof f);
-    CHECK(coll_f32_to_bf16(f) == 0x3f80);
+    CHECK(sg_f32_to_bf16(f) == 0x3f80);
     x = 0x3f818000u;
     memcpy(&f, &x, sizeof f);
-    CHECK(coll_f32_to_bf16(f) == 0x3f82);
+    CHECK(sg_f32_to_bf16(f) == 0x3f82);
 }
 
 static void test_reduce_kernels(void)

@@ -122,7 +122,7 @@ static void *server_side(void *arg)
 {
     Side *s = arg;
     s->rc =
-        net_auth_server(s->fd, s->secret, 32, NET_SEC_NONE, net_now() + 5, "client", NULL, &s->err);
+        net_auth_server(s->fd, s->secret, 32, NET_SEC_NONE, sg_now() + 5, "client", NULL, &s->err);
     if (s->rc < 0)
         shutdown(s->fd, SHUT_RDWR); /* as every server closes a peer that failed */
     return NULL;
@@ -139,8 +139,8 @@ static void handshake(const uint8_t *server_secret, const uint8_t *client_secret
     Side s = {.fd = sv[0], .secret = server_secret};
     pthread_t t;
     pthread_create(&t, NULL, server_side, &s);
-    *crc = net_auth_client(sv[1], client_secret, 32, NET_SEC_NONE, net_now() + 5, "server", NULL,
-                           cerr);
+    *crc =
+        net_auth_client(sv[1], client_secret, 32, NET_SEC_NONE, sg_now() + 5, "server", NULL, cerr);
     pthread_join(t, NULL);
     *src = s.rc;
     close(sv[0]);

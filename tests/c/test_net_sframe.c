@@ -30,7 +30,7 @@ static void *serve(void *arg)
 {
     Server *s = arg;
     s->rc =
-        net_auth_server(s->fd, SECRET, 32, s->mode, net_now() + 5, "client", &s->session, &s->err);
+        net_auth_server(s->fd, SECRET, 32, s->mode, sg_now() + 5, "client", &s->session, &s->err);
     return NULL;
 }
 
@@ -44,7 +44,7 @@ static int pair(NetSecurity server_mode, NetSecurity client_mode, int sv[2], Net
     pthread_t t;
     pthread_create(&t, NULL, serve, &s);
     memset(cli, 0, sizeof *cli);
-    int crc = net_auth_client(sv[1], SECRET, 32, client_mode, net_now() + 5, "server", cli, cerr);
+    int crc = net_auth_client(sv[1], SECRET, 32, client_mode, sg_now() + 5, "server", cli, cerr);
     if (crc < 0)
         shutdown(sv[1], SHUT_RDWR); /* as a failing client's close would */
     pthread_join(t, NULL);
@@ -74,7 +74,7 @@ static void *send_main(void *arg)
 {
     Sender *x = arg;
     SgError e;
-    x->rc = net_frame_sendv(x->fd, x->s, NET_FRAME_PS, 7, x->pieces, x->n, net_now() + 10, "reader",
+    x->rc = net_frame_sendv(x->fd, x->s, NET_FRAME_PS, 7, x->pieces, x->n, sg_now() + 10, "reader",
                             "a test frame", &e);
     return NULL;
 }
@@ -103,14 +103,14 @@ static void test_round_trip(NetSecurity mode)
         NetFrameHeader h;
         SgError e;
         uint8_t *got = malloc(total);
-        CHECK(net_frame_recv_header(sv[0], &srv, (uint32_t)total, net_now() + 10, "writer", &h,
+        CHECK(net_frame_recv_header(sv[0], &srv, (uint32_t)total, sg_now() + 10, "writer", &h,
                                     &e) == SG_OK);
         CHECK(h.type == NET_FRAME_PS && h.flags == 7 && h.length == total);
-        CHECK(net_frame_recv_payload(sv[0], &srv, got, 3, net_now() + 10, "writer", "part", &e) ==
+        CHECK(net_frame_recv_payload(sv[0], &srv, got, 3, sg_now() + 10, "writer", "part", &e) ==
               SG_OK);
-        CHECK(net_frame_recv_payload(sv[0], &srv, got + 3, total - 3, net_now() + 10, "writer",
+        CHECK(net_frame_recv_payload(sv[0], &srv, got + 3, total - 3, sg_now() + 10, "writer",
                                      "part", &e) == SG_OK);
-        CHECK(net_frame_recv_end(sv[0], &srv, h.type, net_now() + 10, "writer", &e) == SG_OK);
+        CHECK(net_frame_recv_end(sv[0], &srv, h.type, sg_now() + 10, "writer", &e) == SG_OK);
         pthread_join(t, NULL);
         CHECK(x.rc == SG_OK);
         size_t off = 0;
@@ -123,7 +123,7 @@ static void test_round_trip(NetSecurity mode)
     /* Server to client through the parser, fed one byte at a time. */
     SgError e;
     const char msg[] = "{\"type\":\"ok\"}";
-    CHECK(net_frame_send(sv[0], &srv, NET_FRAME_JSON, 0, msg, sizeof msg - 1, net_now() + 5,
+    CHECK(net_frame_send(sv[0], &srv, NET_FRAME_JSON, 0, msg, sizeof msg - 1, sg_now() + 5,
                          "client", &e) == SG_OK);
     NetFrameParser parser;
     net_frame_parser_init(&parser, 16);
@@ -177,7 +177,7 @@ static int deliver(NetSession *srv, NetSession *cli, int sv[2], int replay,
     uint8_t wire[256], payload[40];
     memset(payload, 0x5a, sizeof payload);
     SgError se;
-    CHECK(net_frame_send(sv[1], cli, NET_FRAME_PS, 0, payload, sizeof payload, net_now() + 5,
+    CHECK(net_frame_send(sv[1], cli, NET_FRAME_PS, 0, payload, sizeof payload, sg_now() + 5,
                          "server", &se) == SG_OK);
     size_t n = drain(sv[0], wire, sizeof wire);
     static uint8_t last[256];
@@ -198,7 +198,7 @@ static int deliver(NetSession *srv, NetSession *cli, int sv[2], int replay,
     close(fds[1]);
     NetFrameHeader h;
     uint8_t *out = NULL;
-    int rc = net_frame_recv(fds[0], srv, 1024, net_now() + 2, "10.1.2.3:4000", &h, &out, e);
+    int rc = net_frame_recv(fds[0], srv, 1024, sg_now() + 2, "10.1.2.3:4000", &h, &out, e);
     free(out);
     close(fds[0]);
     return rc;
@@ -273,7 +273,7 @@ static void test_modes_must_agree(void)
     Server s = {.fd = sv[0], .mode = NET_SEC_NONE};
     pthread_t t;
     pthread_create(&t, NULL, serve, &s);
-    CHECK(net_auth_client(sv[1], SECRET, 32, NET_SEC_NONE, net_now() + 5, "server", NULL, &e) ==
+    CHECK(net_auth_client(sv[1], SECRET, 32, NET_SEC_NONE, sg_now() + 5, "server", NULL, &e) ==
           SG_OK);
     pthread_join(t, NULL);
     CHECK(s.rc == SG_OK && s.session.mode == NET_SEC_NONE);

@@ -1,0 +1,31 @@
+/*
+ * sg_bf16.h - bfloat16 from float32 (round to nearest even; NaN stays a
+ * quiet NaN, overflow becomes infinity) and back (exact), as the collectives'
+ * compression and the parameter server's bf16 wire both use them. Plain C on
+ * the bits, inlined into the callers' loops; no vector code here.
+ */
+#ifndef SG_BF16_H
+#define SG_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t sg_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static inline float sg_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+#endif /* SG_BF16_H */
