@@ -51,6 +51,8 @@ def write_ctx(args, ctx):
         "working_dir": ctx.working_dir,
         "tf_config": json.loads(os.environ.get("TF_CONFIG", "null")),  # not exported by a node in a driver thread
         "ctx_tf_config": json.loads(ctx.tf_config),
+        "ctx_env": dict(ctx.env),
+        "test_var": os.environ.get("SPARKGRAD_TEST_VAR"),  # TFCluster.run's env=, exported by a node process
         "thread": threading.current_thread().name,
         "rank": list(dataclasses.astuple(rank.current())),
         "listener_port": server.listener.port,

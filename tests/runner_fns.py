@@ -17,7 +17,7 @@ def describe(tag="", env_name="SPARKGRAD_TEST_VAR"):
 
     hvd.init()
     me = rank.current()
-    setup = collective.current()
+    handle = collective.current()
     print(f"stdout line of {tag} from {hvd.rank()}")
     print(f"stderr line of {tag} from {hvd.rank()}", file=sys.stderr)
     return {
@@ -27,7 +27,7 @@ def describe(tag="", env_name="SPARKGRAD_TEST_VAR"):
         "hvd": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
         "env": os.environ.get(env_name),
         "pid": os.getpid(),
-        "comm": [list(a) for a in setup.addresses],
+        "comm": [list(a) for a in handle.setup.addresses],
         "array": np.arange(3) * me.rank,  # any picklable value comes back
     }
 
@@ -130,8 +130,8 @@ def tf_ports(args, ctx):
     """A TFCluster map_fun: the communicator addresses its node was given (None without them)."""
     from sparkgrad.cluster import collective
 
-    setup = collective.current()
-    return {"comm": None if setup is None else [list(a) for a in setup.addresses]}
+    handle = collective.current()
+    return {"comm": None if handle is None else [list(a) for a in handle.setup.addresses]}
 
 
 def callbacks_flow(warmup_epochs):
@@ -374,4 +374,4 @@ def security_probe():
 
     hvd.init()
     total = hvd.allreduce(np.full(1000, hvd.rank() + 1.0, np.float32), op=hvd.Sum)
-    return {"security": collective.current().security, "sum": total}
+    return {"security": collective.current().setup.security, "sum": total}

@@ -9,10 +9,12 @@ import threading
 import time
 
 import cluster_nodes
+import numpy as np
 import pytest
 import sparkgrad
 from cluster_checks import alive
 from sparkgrad import TFCluster
+from sparkgrad.cluster import launch
 from sparkgrad.errors import NodeFailure, RendezvousTimeout
 
 pytestmark = pytest.mark.timeout(90)
@@ -51,11 +53,18 @@ def test_local_run_gives_each_process_its_role_and_the_spec(tmp_path):
 
 def test_tfcluster_run_without_spark_is_the_local_launcher(tmp_path):
     cluster = TFCluster.run(
-        None, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, master_node="chief", output=_quiet
-    )
+        None, cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, master_node="chief", output=_quiet,
+        env={"SPARKGRAD_TEST_VAR": "from env="},
+    )  # fmt: skip
     cluster.shutdown(timeout=60)
     assert cluster.cluster_spec.keys() == {"chief", "worker"}
-    assert json.loads((tmp_path / "ctx-0.json").read_text())["tf_config"]["task"] == {"type": "chief", "index": 0}
+    chief = json.loads((tmp_path / "ctx-0.json").read_text())
+    assert chief["tf_config"]["task"] == {"type": "chief", "index": 0}
+    # a node process has its environment in ctx.env and exports it: TF_CONFIG and env=
+    assert chief["ctx_env"].keys() == {"TF_CONFIG", "SPARKGRAD_TEST_VAR"}
+    assert json.loads(chief["ctx_env"]["TF_CONFIG"]) == chief["tf_config"]
+    assert chief["ctx_env"]["SPARKGRAD_TEST_VAR"] == chief["test_var"] == "from env="
+    assert "SPARKGRAD_TEST_VAR" not in os.environ and "TF_CONFIG" not in os.environ  # the driver's is its own
 
 
 def test_local_exception_raises_node_failure(tmp_path):
@@ -93,9 +102,11 @@ def test_driver_interrupt_stops_every_node(tmp_path):
 
 
 def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "1")
+    monkeypatch.setattr(launch, "held_executors", lambda: frozenset({1}))
+    started = time.monotonic()
     with pytest.raises(RendezvousTimeout, match=r"missing.*1"):
         sparkgrad.local.run(cluster_nodes.write_ctx, {"dir": str(tmp_path)}, 2, 0, output=_quiet, reservation_timeout=2)
+    assert time.monotonic() - started >= 2 * 0.9  # it waited reservation_timeout for the held node
 
 
 def _tensorboard_cluster(tmp_path) -> tuple:
@@ -179,6 +190,58 @@ def test_a_frozen_node_is_lost_after_heartbeat_timeout_and_killed(tmp_path):
     assert (info.value.role, info.value.index) == ("worker", 1)
     assert time.monotonic() - started < 15  # 2 s of silence, then stop, terminate (and kill if need be)
     _assert_all_gone(cluster)
+
+
+def _env_of_two_threads(args, ctx):
+    """map_fun of two nodes run as threads of one process: what each sees, read while both are in map_fun."""
+    import sparkgrad.hvd as hvd
+
+    args["both_in"].wait(30)  # an export by either node would now show in the other's view
+    hvd.init(timeout=30)
+    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+    args["seen"][ctx.executor_id] = {
+        "env": dict(ctx.env),
+        "process_tf_config": os.environ.get("TF_CONFIG"),
+        "process_test_var": os.environ.get("SPARKGRAD_TEST_VAR"),
+        "hvd": (hvd.rank(), hvd.size(), float(total[0])),
+    }
+    args["both_in"].wait(30)  # neither returns (and restores anything) before the other has looked
+
+
+def test_nodes_in_threads_of_one_process_each_see_their_own_environment(monkeypatch):
+    from sparkgrad.cluster.driver import Cluster, new_secret
+    from sparkgrad.cluster.local import DriverThreadLauncher
+    from sparkgrad.cluster.node import NodeConfig
+    from sparkgrad.cluster.roles import InputMode, build_template
+    from sparkgrad.cluster.transport import net
+
+    monkeypatch.setenv("SPARKGRAD_TEST_VAR", "the driver's")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    template = build_template(2, 0, None, False)
+    secret = new_secret()
+    server = net().RendezvousServer(secret, 2, "127.0.0.1", 0)
+    cfg = NodeConfig(
+        driver_host="127.0.0.1", driver_port=server.port, secret=secret, template=template, register_timeout=30,
+        env=(("SPARKGRAD_TEST_VAR", "the nodes'"),),
+    )  # fmt: skip
+    args = {"both_in": threading.Barrier(2), "seen": {}}
+    launcher = DriverThreadLauncher(cfg, (0, 1), _env_of_two_threads, args, host="127.0.0.1")
+    cluster = Cluster(
+        template=template, server=server, launchers=[launcher], input_mode=InputMode.TENSORFLOW, stop_grace=1.0,
+        output=_quiet, secret=secret,
+    )  # fmt: skip
+    cluster.start(30)
+    cluster.shutdown(timeout=60)
+    seen = args["seen"]
+    assert sorted(seen) == [0, 1]
+    for eid, view in seen.items():
+        assert json.loads(view["env"]["TF_CONFIG"])["task"] == {"type": "worker", "index": eid}
+        assert view["env"]["SPARKGRAD_TEST_VAR"] == "the nodes'"
+        # neither thread exported its TF_CONFIG or env= into the process they share
+        assert view["process_tf_config"] is None and view["process_test_var"] == "the driver's"
+    # each thread formed its own communicator: ranks 0 and 1 of 2, and the sum of both
+    assert sorted(v["hvd"] for v in seen.values()) == [(0, 2, 3.0), (1, 2, 3.0)]
+    assert os.environ["SPARKGRAD_TEST_VAR"] == "the driver's" and "TF_CONFIG" not in os.environ
 
 
 def test_thread_output_routing_forwards_only_the_node_thread_and_passes_the_rest_through(capsys):

@@ -80,8 +80,9 @@ def test_next_batch_timeout_says_what_it_waited_for(feed):
     t0 = time.monotonic()
     with pytest.raises(errors.SparkgradTimeout, match="10 rows of input 'train': 3 queued, 1 feeder.*1 sent END"):
         srv.next_batch(10, 0.3)
-    assert 0.25 < time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 >= 0.3 * 0.9  # it waited its timeout before failing
     assert not srv.drained()
+    assert srv.next_batch(3, 1.0)["y"].tolist() == [0, 1, 2]  # the rows it waited beside stay queued
 
 
 def test_partial_next_batch_returns_what_is_queued_without_waiting_for_a_full_batch(feed):
@@ -91,7 +92,7 @@ def test_partial_next_batch_returns_what_is_queued_without_waiting_for_a_full_ba
     feeder(port, secret, 0, [7])
     t0 = time.monotonic()
     cols, sources = srv.next_batch(100, 20.0, with_source=True, partial=True)
-    assert time.monotonic() - t0 < 1.0  # did not wait for 100 rows or the end of the input
+    assert time.monotonic() - t0 < 10.0  # did not wait out its 20 s for 100 rows or the end of the input
     assert cols["y"].tolist() == list(range(7)) and len(sources) == 7
     feeder(port, secret, 7, [5])
     assert srv.next_batch(3, 20.0, partial=True)["y"].tolist() == [7, 8, 9]  # at most n
@@ -102,15 +103,17 @@ def test_partial_next_batch_returns_what_is_queued_without_waiting_for_a_full_ba
 def test_finish_releases_a_waiting_consumer_with_a_short_batch(feed):
     srv, port, secret = feed()
     out: list = []
+    feeder(port, secret, 0, [10])
+    # 10 rows queued do not make a batch of 100: a consumer waits for more (here until its timeout)
+    with pytest.raises(errors.SparkgradTimeout, match="100 rows of input 'train': 10 queued"):
+        srv.next_batch(100, 0.2)
     t = threading.Thread(target=lambda: out.append(srv.next_batch(100, 20.0)))
     t.start()
-    feeder(port, secret, 0, [10])
-    time.sleep(0.1)
-    assert not out
-    t0 = time.monotonic()
+    t.join(0.2)  # time to start waiting; it cannot return on its own (20 s timeout, 10 rows of 100)
+    assert t.is_alive() and not out
     srv.finish()
-    t.join(5)
-    assert time.monotonic() - t0 < 1.0
+    t.join(10)
+    assert not t.is_alive(), "finish() did not release the consumer (it waits up to 20 s)"
     assert out[0]["y"].tolist() == list(range(10))
     assert srv.drained()
 
@@ -233,10 +236,11 @@ def test_close_stops_a_waiting_consumer(feed):
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.1)
+    t.join(0.2)  # time to start waiting; nothing is fed, so it cannot return on its own
+    assert t.is_alive() and not out
     srv.close()
-    t.join(5)
-    assert isinstance(out[0], errors.CancelledError)
+    t.join(10)
+    assert not t.is_alive() and isinstance(out[0], errors.CancelledError)
     # The port stays bound (the Listener belongs to the caller) but nobody answers.
     with pytest.raises(errors.SparkgradTimeout, match="auth challenge"):
         _core.FeedClient("127.0.0.1", port, secret, 0.3)

@@ -386,7 +386,7 @@ def test_name_resolution_that_gets_no_answer_times_out_naming_host_and_timeout(t
         pytest.skip(f"namespaces refused: {out.stderr.strip()}")
     assert out.returncode == 0, out.stderr
     waited, _, message = out.stdout.strip().partition(" ")
-    assert float(waited) < 5.0, out.stdout
+    assert 1.0 * 0.9 <= float(waited) < 5.0, out.stdout  # its 1 s timeout, not the resolver's 30 s per try
     assert "sparkgrad-unanswered.test" in message and "1.0 s" in message and "5555" in message, message
 
 

@@ -330,18 +330,17 @@ def test_a_node_that_dies_or_stalls_is_lost_within_heartbeat_timeout(secret, how
                 proc.send_signal(signal.SIGKILL)
             elif how == "sigstop":
                 proc.send_signal(signal.SIGSTOP)
-            event = srv.next_event(5.0)
+            event = srv.next_event(10.0)
             elapsed = time.monotonic() - t0
         finally:
             proc.kill()
             proc.wait(10)
         assert event is not None and event["type"] == "lost"
         assert event["executor_id"] == 0 and event["role"] == "ps" and event["host"] == "127.0.0.1"
-        if how == "sigstop":
-            assert "no heartbeat" in event["reason"] and 0.9 <= elapsed < 3.0
-        else:
+        if how == "sigstop":  # silent but connected: lost once the heartbeat timeout passed, not before
+            assert "no heartbeat" in event["reason"] and 1.0 * 0.9 <= elapsed < 1.0 + 5
+        else:  # the closed connection itself, not the heartbeat timeout, made it lost
             assert "closed the connection" in event["reason"] or "reset" in event["reason"]
-            assert elapsed < 1.0
 
 
 def test_node_notices_a_driver_that_went_silent(secret):
@@ -367,8 +366,9 @@ def test_node_notices_a_driver_that_went_silent(secret):
             assert c.spec == [net_raw.node(0)]
             t0 = time.monotonic()
             with pytest.raises(errors.SparkgradTimeout, match=f"no message or heartbeat from driver 127.0.0.1:{port}"):
-                c.recv(10.0)
-            assert 1.5 < time.monotonic() - t0 < 4.0
+                c.recv(30.0)
+            # at least driver_timeout (2 s) of silence, and well before recv's own 30 s
+            assert 2.0 * 0.9 <= time.monotonic() - t0 < 2.0 + 15
             c.close()
         finally:
             release.set()
@@ -378,8 +378,9 @@ def test_node_notices_a_driver_that_went_silent(secret):
 def test_driver_heartbeats_keep_an_idle_node_connected(secret):
     with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
         c = _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 5.0, driver_timeout=2.0)
-        time.sleep(2.6)
-        assert c.recv(0.1) is None  # still connected, nothing queued
+        # waiting longer than driver_timeout with nothing to receive: only the driver's heartbeats keep it from
+        # raising "no message or heartbeat" (see test_node_notices_a_driver_that_went_silent)
+        assert c.recv(3.0) is None
         c.log("alive")
         assert srv.next_event(2.0)["line"] == "alive"
         c.close()
@@ -389,14 +390,13 @@ def test_interrupt_wakes_a_waiting_recv_and_keeps_queued_messages(secret):
     with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
         c = _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 5.0)
         got: list = []
-        t = threading.Thread(target=lambda: got.append((c.recv(30.0), time.monotonic())))
+        t = threading.Thread(target=lambda: got.append(c.recv(30.0)))
         t.start()
-        time.sleep(0.2)
-        asked = time.monotonic()
+        t.join(0.2)  # time to start waiting; nothing is sent, so it cannot return on its own
+        assert t.is_alive() and not got
         c.interrupt()
         t.join(10)
-        assert not t.is_alive() and got[0][0] is None
-        assert got[0][1] - asked < 1.0  # woken, not timed out
+        assert not t.is_alive() and got == [None]  # woken, long before its 30 s timeout
         c.interrupt()  # before a recv: the next one returns at once, then it is spent
         srv.send(0, {"type": "ping"})
         assert c.recv(5.0) is None
@@ -416,11 +416,11 @@ def test_closing_the_server_wakes_a_waiting_next_event(secret):
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.2)
-    asked = time.monotonic()
+    t.join(0.2)  # time to start waiting; no node registers, so it cannot return on its own
+    assert t.is_alive() and not raised
     srv.close()
     t.join(10)
-    assert not t.is_alive() and raised and time.monotonic() - asked < 2.0
+    assert not t.is_alive() and raised  # woken, long before its 30 s timeout
 
 
 def test_comm_port_is_kept_in_the_spec_when_given_and_a_log_line_carries_its_stream(secret):

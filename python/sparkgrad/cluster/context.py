@@ -4,8 +4,10 @@
 task_index, cluster_spec, num_workers, defaultFS, working_dir,
 absolute_path()) plus sparkgrad's own: the node's listening socket (bound
 before registration and kept open), the registered nodes, a stop event set
-when the driver says stop, and a metric() channel to the driver. The cluster
-spec is built from the registration list the driver sends, never guessed.
+when the driver says stop, a metric() channel to the driver, and ``env``, the
+node's own environment variables (TF_CONFIG and the launcher's env=), which
+hold for nodes that run as threads of the driver too. The cluster spec is
+built from the registration list the driver sends, never guessed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sparkgrad.cluster.roles import EVALUATOR, ROLE_ORDER, TRAINING_ROLES, InputMode
@@ -162,6 +165,9 @@ class NodeContext:
     # How many times the driver restarted the cluster before this run of map_fun (max_restarts): 0 on the
     # first run; > 0 means resume from the last checkpoint (model.fit with checkpoint_dir does by default).
     attempt: int = 0
+    # The node's environment: TF_CONFIG, then the launcher's env= (sparkgrad.run, TFCluster.run). A node in its
+    # own process also has them in os.environ while map_fun runs; a node in a thread of the driver only here.
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _metric_sink: Callable[[str, float, int], None] | None = field(default=None, repr=False, compare=False)
     _stop_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)

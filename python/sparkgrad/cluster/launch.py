@@ -21,10 +21,13 @@ from sparkgrad.errors import ClusterError, InvalidArgumentError, SparkgradError
 LOCAL_HOST = "127.0.0.1"
 
 
-def _held_executors() -> frozenset[int]:
-    """Test hook: SPARKGRAD_TEST_HOLD_REGISTRATION="1,2" keeps those executors from registering."""
-    raw = os.environ.get("SPARKGRAD_TEST_HOLD_REGISTRATION", "")
-    return frozenset(int(x) for x in raw.split(",") if x.strip())
+def held_executors() -> frozenset[int]:
+    """Executor ids kept from registering (NodeConfig.hold_registration): none.
+
+    A test hook: a test replaces this function (``monkeypatch.setattr(launch, "held_executors", ...)``)
+    to make nodes miss the rendezvous; production code never sets it.
+    """
+    return frozenset()
 
 
 def _default_fs(session: Any) -> str:
@@ -118,7 +121,9 @@ def run(
         slots_timeout: Seconds to wait for Spark's executors to provide enough task slots.
         output: Called with each line of the nodes' live output (default: print to stdout).
         keep_results: Bring ``map_fun``'s return values back (`TFCluster.node_results` after shutdown).
-        env: Environment variables set on every node while ``map_fun`` runs.
+        env: Environment variables of every node's ``map_fun``: in ``ctx.env``, and set in ``os.environ``
+            while ``map_fun`` runs on a node that is its own process (not on a ps run as a thread of the
+            driver, whose environment stays the driver's).
         label: ``label(event)`` names a node in output and failures (default ``role:index``).
         on_log: ``on_log(event)`` takes the nodes' log events instead of ``output``.
         max_restarts: When a node is lost or fails while training (its process died, it raised, it went
@@ -201,7 +206,7 @@ def run(
             log_dir=log_dir,
             register_timeout=float(reservation_timeout),
             stop_grace=float(stop_grace),
-            hold_registration=_held_executors(),
+            hold_registration=held_executors(),
             env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
             attempt=attempt,
             security=security,

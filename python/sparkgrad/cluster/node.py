@@ -3,12 +3,15 @@
 run_node() is the one code path of every launcher: it binds the node's
 listening socket first (kept open until the node ends: no bind-close-rebind
 race), registers with the driver's rendezvous through an authenticated
-ControlClient, builds ctx from the spec the driver sends, exports TF_CONFIG,
-forwards the node's log records and stdout/stderr lines to the driver, runs
-map_fun(args, ctx), and reports "done" or the exception with its traceback.
+ControlClient, builds ctx from the spec the driver sends (ctx.env: TF_CONFIG
+and the launcher's env=, exported to os.environ only by a node that is its
+own process, never by a thread of the driver), forwards the node's log
+records and stdout/stderr lines to the driver, runs map_fun(args, ctx),
+and reports "done" or the exception with its traceback.
 Training nodes of a cluster without ps also bind a second socket, the
 allreduce communicator's (registered as comm_port), and run map_fun with
-what hvd.init() needs in sparkgrad.cluster.collective; run_node_keeping_result
+the communicator's handle assigned in sparkgrad.cluster.collective (what
+hvd.init() opens), closed when map_fun ended; run_node_keeping_result
 keeps map_fun's value (pickled) for the launcher's own result path.
 A watcher thread listens for the driver's "stop" (or the loss of the driver)
 and stops the node; sockets are always closed on the way out.
@@ -30,10 +33,11 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sparkgrad.cluster import collective, rank
-from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec
+from sparkgrad.cluster.context import NodeContext, NodeInfo, cluster_spec, tf_config
 from sparkgrad.cluster.roles import PS, TRAINING_ROLES, ClusterTemplate, InputMode
 from sparkgrad.cluster.transport import net
 from sparkgrad.errors import CancelledError, ClusterError, SparkgradError
@@ -60,7 +64,8 @@ class NodeConfig:
     feed_capacity_bytes: int = 256 << 20  # per input, on each training node (InputMode.SPARK)
     # Test hook: executor ids that never register (they wait register_timeout, then fail).
     hold_registration: frozenset[int] = frozenset()
-    # Environment variables set on every node while map_fun runs (sparkgrad.run's env=).
+    # Environment variables of every node's map_fun (sparkgrad.run's and TFCluster.run's env=): in ctx.env, and
+    # in os.environ while map_fun runs on a node that is its own process.
     env: tuple[tuple[str, str], ...] = ()
     # Restarts of the cluster before this generation of nodes (TFCluster.run's max_restarts): ctx.attempt.
     attempt: int = 0
@@ -230,7 +235,8 @@ def _forward_output(
 
 
 @contextlib.contextmanager
-def _envs(values: tuple[tuple[str, str], ...]) -> Iterator[None]:
+def _exported(values: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Sets the variables in os.environ for the block, then restores them: for a node that is its own process."""
     saved = {name: os.environ.get(name) for name, _ in values}
     for name, value in values:
         os.environ[name] = value
@@ -362,18 +368,18 @@ def _run_map_fun(
     tf_args: Any,
     echo: bool,
     in_driver: bool,
-    comm: collective.CommSetup | None = None,
+    comm: collective.CommHandle | None = None,
 ) -> _Outcome:
     name = f"{ctx.job_name}:{ctx.task_index}"
 
     def send_err(line: str) -> None:  # the driver tells the node's stderr from its stdout
         client.log(line, stream="stderr")
 
-    # A node in a thread of the driver shares the driver's process: only its own thread's output is
-    # forwarded, and the driver's environment keeps no TF_CONFIG (ctx.tf_config has it) nor cfg.env.
+    # A node in a thread of the driver shares the driver's process (and its other node threads'): only its own
+    # thread's output is forwarded, and its environment stays in ctx.env, out of the process's os.environ.
     output = _route_thread_output(client.log, send_err) if in_driver else _forward_output(client.log, echo, send_err)
-    env = () if in_driver else (("TF_CONFIG", ctx.tf_config), *cfg.env)
-    with output, _envs(env):
+    exported = () if in_driver else tuple(ctx.env.items())
+    with output, _exported(exported):
         if ctx.mgr is not None:  # on stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError)
             ctx.on_stop(ctx.mgr.close)
         watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
@@ -425,8 +431,9 @@ def run_node(
     against each other and training slows down tenfold).
 
     ``in_driver``: the node is a thread of the driver process
-    (driver_ps_nodes): its output is told apart by thread and TF_CONFIG is
-    not exported (see _run_map_fun). ``spark``: (Spark's executor id, its
+    (driver_ps_nodes; DriverThreadLauncher is the one launcher that says
+    so): its output is told apart by thread, and neither TF_CONFIG nor the
+    launcher's env= is exported to os.environ (map_fun reads ctx.env). ``spark``: (Spark's executor id, its
     host) of the task running the node, carried in the registration.
 
     A map_fun exception is reported to the driver (which raises NodeFailure)
@@ -450,11 +457,13 @@ def run_node(
                 feed = net().FeedServer(
                     listener, cfg.secret, capacity_bytes=cfg.feed_capacity_bytes, security=cfg.security
                 )
+            spec = cluster_spec(nodes)
+            env = {"TF_CONFIG": tf_config(spec, role.role, role.index), **dict(cfg.env)}
             ctx = NodeContext(
                 executor_id=executor_id,
                 job_name=role.role,
                 task_index=role.index,
-                cluster_spec=cluster_spec(nodes),
+                cluster_spec=spec,
                 defaultFS=cfg.default_fs,
                 working_dir=cfg.working_dir,
                 nodes=nodes,
@@ -467,16 +476,17 @@ def run_node(
                 log_dir=cfg.log_dir,
                 mgr=feed,
                 attempt=cfg.attempt,
+                env=MappingProxyType(env),
                 _metric_sink=client.metric,
             )
-            comm = collective.setup_from_nodes(nodes, executor_id, comm_listener, cfg.secret, cfg.security)
+            comm = collective.handle_from_nodes(nodes, executor_id, comm_listener, cfg.secret, cfg.security)
             try:
                 outcome = _run_map_fun(cfg, ctx, client, map_fun, tf_args, echo, in_driver, comm)
             finally:
                 if feed is not None:
                     feed.close()
                 if comm is not None:  # after an error was reported: the cause reaches the driver first
-                    comm.release()
+                    comm.close()
             if outcome.status != "error":
                 client.done(outcome.result)
         finally:

@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import importlib
 import os
-import secrets
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkgrad.cluster import collective, security
-from sparkgrad.cluster import rank as _rank
+from sparkgrad.cluster import collective
 from sparkgrad.errors import InvalidArgumentError, StateError
 from sparkgrad.hvd import codec
 
-if TYPE_CHECKING:  # loaded on first use by __getattr__ below (it imports sparkgrad.nn)
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below (it imports sparkgrad.nn, which never imports hvd)
     from sparkgrad.nn.distributed import DistributedOptimizer
 
 DEFAULT_TIMEOUT = 60.0  # seconds to form the communicator (env SPARKGRAD_COMM_TIMEOUT)
@@ -82,47 +79,6 @@ class Compression:
     """bfloat16 on the wire (float32's exponent range, 8 bits of mantissa)."""
 
 
-_solo_lock = threading.Lock()
-_solo: collective.CommSetup | None = None  # a plain process's own one-rank setup
-
-
-def _solo_setup() -> collective.CommSetup:
-    global _solo
-    with _solo_lock:
-        if _solo is None:
-            from sparkgrad import _core
-
-            listener = _core.Listener("127.0.0.1", 0)
-            _solo = collective.CommSetup(
-                rank=0,
-                size=1,
-                local_rank=0,
-                local_size=1,
-                cross_rank=0,
-                cross_size=1,
-                addresses=(("127.0.0.1", listener.port),),
-                listener=listener,
-                secret=secrets.token_bytes(32),
-                security=security.default(),
-            )
-        return _solo
-
-
-def _setup() -> collective.CommSetup:
-    setup = collective.current()
-    if setup is not None:
-        return setup
-    launched = _rank.current()
-    if launched.role != "local":  # a launcher set a rank, but this process has no communicator address
-        raise StateError(
-            f"hvd.init(): this {launched.role} node has no allreduce communicator: TFCluster opens one on the "
-            "training nodes of a cluster without parameter servers (TFCluster.run(..., num_ps=0)); with "
-            "num_ps > 0 train through the ps (TFNode.ps_client) instead, or run fn with sparkgrad.run / "
-            "HorovodRunner"
-        )
-    return _solo_setup()
-
-
 def init(timeout: float | None = None) -> None:
     """Forms this process's communicator with every other rank (a collective: every rank calls it).
 
@@ -139,39 +95,30 @@ def init(timeout: float | None = None) -> None:
             allreduce communicator.
         SparkgradTimeout: Not every rank connected within ``timeout``.
     """
-    setup = _setup()
-    if setup.state.get("initialized"):
-        return
-    from sparkgrad import _core
-
+    handle = collective.handle_for_init()
     if timeout is None:
         timeout = float(os.environ.get("SPARKGRAD_COMM_TIMEOUT", DEFAULT_TIMEOUT))
-    factory = getattr(_core, "Communicator", None)
-    if factory is not None:
-        setup.state["comm"] = factory(
-            setup.listener, setup.secret, setup.rank, list(setup.addresses), float(timeout), security=setup.security
-        )
-    setup.state["initialized"] = True
+    handle.open(float(timeout))
 
 
 def shutdown() -> None:
     """Closes this process's communicator; init() may form a new one afterwards."""
-    setup = collective.current() or _solo
-    if setup is not None:
-        setup.release()
+    handle = collective.in_use()
+    if handle is not None:
+        handle.close()
 
 
 def is_initialized() -> bool:
     """Whether `init()` formed this process's communicator (and `shutdown()` did not close it since)."""
-    setup = collective.current() or _solo
-    return setup is not None and bool(setup.state.get("initialized"))
+    handle = collective.in_use()
+    return handle is not None and handle.is_open
 
 
 def _initialized() -> collective.CommSetup:
-    setup = collective.current() or _solo
-    if setup is None or not setup.state.get("initialized"):
+    handle = collective.in_use()
+    if handle is None or not handle.is_open:
         raise StateError("sparkgrad.hvd is not initialized: call hvd.init() first (in every rank)")
-    return setup
+    return handle.setup
 
 
 def rank() -> int:
@@ -218,11 +165,7 @@ def communicator() -> Any:
     Raises:
         StateError: `init()` was not called, or this build of sparkgrad has no collectives.
     """
-    setup = _initialized()
-    comm = setup.state.get("comm")
-    if comm is None:
-        raise StateError("this sparkgrad._core has no Communicator (built without the collectives): rebuild sparkgrad")
-    return comm
+    return collective.communicator()
 
 
 def _array(value: Any, what: str) -> np.ndarray:

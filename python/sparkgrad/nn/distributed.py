@@ -18,8 +18,9 @@ bucket of about that many bytes of gradient as the C backward reports its
 layers done (0, the default: the whole gradient after backward; the
 results are equal either way; bench/bench_overlap.py measures whether it
 pays for a model). The communicator
-defaults to ``sparkgrad.hvd.communicator()`` (the one ``hvd.init()`` set up
-in this process), looked up when fit starts.
+defaults to the one ``hvd.init()`` set up in this process (found through
+sparkgrad.cluster.collective, so this module does not import sparkgrad.hvd,
+which imports it), looked up when fit starts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from sparkgrad import _core
-from sparkgrad.errors import InvalidArgumentError, ModelError
+from sparkgrad.cluster import collective
+from sparkgrad.errors import InvalidArgumentError, ModelError, StateError
 from sparkgrad.nn.optimizers import Optimizer, get
 
 OPS = ("average", "sum", "min", "max")
@@ -163,7 +165,7 @@ class DistributedOptimizer(Optimizer):
     # ---- fit time --------------------------------------------------------------
 
     def resolve_communicator(self) -> Any:
-        """The communicator given, else ``sparkgrad.hvd.communicator()``.
+        """The communicator given, else the one ``sparkgrad.hvd.init()`` formed in this process.
 
         Raises:
             ModelError: None was given and ``hvd.init()`` was not called in this process.
@@ -171,18 +173,11 @@ class DistributedOptimizer(Optimizer):
         if self.communicator is not None:
             return self.communicator
         try:
-            from sparkgrad import hvd  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise ModelError(
-                "DistributedOptimizer needs a communicator: call sparkgrad.hvd.init() in each process (run it "
-                f"under sparkgrad.run or HorovodRunner), or pass communicator= ({exc})"
-            ) from exc
-        try:
-            return hvd.communicator()
-        except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+            return collective.communicator()
+        except StateError as exc:
             raise ModelError(
                 "DistributedOptimizer: no communicator in this process; call sparkgrad.hvd.init() first "
-                f"(under sparkgrad.run or HorovodRunner): {exc}"
+                f"(under sparkgrad.run or HorovodRunner), or pass communicator=: {exc}"
             ) from exc
 
     def grad_hook(self) -> object:
