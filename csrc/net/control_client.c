@@ -22,11 +22,6 @@
 
 #define CTL_MAX_FRAME (16u << 20)
 
-typedef struct CtlMsg {
-    char *json;
-    struct CtlMsg *next;
-} CtlMsg;
-
 struct CtlClient {
     int fd;
     NetSession session; /* keyed by the handshake; send half under send_mu, recv half: reader */
@@ -46,30 +41,11 @@ struct CtlClient {
     int acked, registered, num_nodes;
     cJSON *spec;     /* the spec array, as received */
     char *spec_json; /* its text, printed on first ctl_client_spec() */
-    CtlMsg *head, *tail;
 };
 
 /* ---- the reader thread's callbacks ---------------------------------------- */
 
-static int enqueue(CtlClient *c, const cJSON *msg)
-{
-    char *text = net_json_print(msg);
-    CtlMsg *m = text != NULL ? malloc(sizeof *m) : NULL;
-    if (m == NULL) {
-        free(text);
-        return SG_ENOMEM;
-    }
-    m->json = text;
-    m->next = NULL;
-    if (c->tail != NULL)
-        c->tail->next = m;
-    else
-        c->head = m;
-    c->tail = m;
-    return SG_OK;
-}
-
-/* Handles one driver message; called with c->mu held. */
+/* Handles one driver message; called with c->mu held. 1: for recv to return. */
 static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 {
     if (strcmp(type, "registered") == 0) {
@@ -97,8 +73,8 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
     } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
         return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed",
                        c->peer);
-    } else if (enqueue(c, msg) < 0) {
-        return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
+    } else {
+        return 1;
     }
     return SG_OK;
 }
@@ -109,7 +85,7 @@ static int handle_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, Sg
     c->last_recv = net_now();
     cJSON *msg = NULL;
     const char *type;
-    int rc = SG_OK;
+    int rc = SG_OK, queued = 0;
     if (h->type != NET_FRAME_HEARTBEAT && h->type != NET_FRAME_JSON)
         rc = sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
                      net_frame_type_name(h->type));
@@ -117,11 +93,14 @@ static int handle_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, Sg
              (rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err)) == 0) {
         pthread_mutex_lock(&c->mu);
         rc = handle_msg(c, msg, type, err);
+        if ((queued = rc == 1) && (rc = net_reader_queue(&c->rd, h, payload)) < 0)
+            sg_fail(err, rc, "queueing a message from %s", c->peer); /* it freed payload */
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         cJSON_Delete(msg);
     }
-    free(payload);
+    if (!queued)
+        free(payload);
     return rc;
 }
 
@@ -349,17 +328,14 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && c->rd.err.code == 0 && !c->stopped && !c->interrupted &&
+    while (c->rd.head == NULL && c->rd.err.code == 0 && !c->stopped && !c->interrupted &&
            net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
         ;
     if (c->interrupted) {
         c->interrupted = 0; /* returns no message; a queued one stays for the next recv */
-    } else if (c->head != NULL) {
-        CtlMsg *m = c->head;
-        c->head = m->next;
-        if (c->head == NULL)
-            c->tail = NULL;
-        *json = m->json;
+    } else if (c->rd.head != NULL) {
+        NetMsg *m = net_reader_take(&c->rd, -1);
+        *json = (char *)m->payload;
         free(m);
     } else if (c->rd.err.code != 0) {
         rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
@@ -399,12 +375,7 @@ void ctl_client_free(CtlClient *c)
     if (c == NULL)
         return;
     ctl_client_stop(c);
-    while (c->head != NULL) {
-        CtlMsg *m = c->head;
-        c->head = m->next;
-        free(m->json);
-        free(m);
-    }
+    net_reader_free(&c->rd);
     cJSON_Delete(c->spec);
     free(c->spec_json);
     pthread_mutex_destroy(&c->mu);

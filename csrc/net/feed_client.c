@@ -23,23 +23,15 @@
 
 #define FEED_CLIENT_MAX_FRAME (256u << 20)
 
-typedef struct FeedMsg {
-    uint16_t op;
-    uint8_t *payload;
-    uint32_t len;
-    struct FeedMsg *next;
-} FeedMsg;
-
 struct FeedClient {
     int fd;
     NetSession session;      /* keyed by the handshake; send half under send_mu */
     pthread_mutex_t send_mu; /* send and end may come from different threads */
     char peer[NET_PEER_MAX];
     double timeout;
-    NetReader rd; /* rd.err, code != 0: the worker's ERROR, or the connection ended */
+    NetReader rd; /* ACK and RESULT frames; rd.err, code != 0: the worker's ERROR, or the end */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    FeedMsg *head, *tail; /* ACK and RESULT frames in arrival order */
 };
 
 int feed_send_batch(int fd, NetSession *s, int op, const FeedBatch *b, double deadline,
@@ -76,70 +68,42 @@ cleanup:
 
 /* ---- the reader thread's callback ---------------------------------------- */
 
-static int frame_error(FeedClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
-{
-    if (h->type != NET_FRAME_FEED ||
-        (h->flags != FEED_OP_ACK && h->flags != FEED_OP_RESULT && h->flags != FEED_OP_ERROR))
-        return sg_fail(err, SG_EPROTO, "worker %s sent a %s frame (op %u) on the feed connection",
-                       c->peer, net_frame_type_name(h->type), h->flags);
-    if (h->flags != FEED_OP_ERROR)
-        return SG_OK;
-    if (h->length < 4)
-        return sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
-    int32_t code = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 |
-                             (uint32_t)payload[2] << 16 | (uint32_t)payload[3] << 24);
-    return sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
-                   "worker %s refused the feed: %.*s", c->peer,
-                   (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);
-}
-
 static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgError *err)
 {
     FeedClient *c = ctx;
-    int rc = frame_error(c, h, payload, err);
-    FeedMsg *m = rc == 0 ? malloc(sizeof *m) : NULL;
-    if (rc == 0 && m == NULL)
-        rc = sg_fail(err, SG_ENOMEM, "queueing a frame from %s", c->peer);
+    int rc = SG_OK;
+    if (h->type != NET_FRAME_FEED ||
+        (h->flags != FEED_OP_ACK && h->flags != FEED_OP_RESULT && h->flags != FEED_OP_ERROR))
+        rc = sg_fail(err, SG_EPROTO, "worker %s sent a %s frame (op %u) on the feed connection",
+                     c->peer, net_frame_type_name(h->type), h->flags);
+    else if (h->flags == FEED_OP_ERROR && h->length < 4)
+        rc = sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
+    else if (h->flags == FEED_OP_ERROR) {
+        int32_t code = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 |
+                                 (uint32_t)payload[2] << 16 | (uint32_t)payload[3] << 24);
+        rc = sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
+                     "worker %s refused the feed: %.*s", c->peer,
+                     (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);
+    }
     if (rc < 0) {
         free(payload);
         return rc;
     }
-    *m = (FeedMsg){.op = h->flags, .payload = payload, .len = h->length};
     pthread_mutex_lock(&c->mu);
-    if (c->tail != NULL)
-        c->tail->next = m;
-    else
-        c->head = m;
-    c->tail = m;
-    pthread_cond_broadcast(&c->cv);
+    if ((rc = net_reader_queue(&c->rd, h, payload)) < 0)
+        sg_fail(err, rc, "queueing a frame from %s", c->peer);
     pthread_mutex_unlock(&c->mu);
-    return SG_OK;
+    return rc;
 }
-
 /* Waits for the first queued frame with op (removed and returned), the
  * connection's error, or the deadline. */
-static int wait_msg(FeedClient *c, uint16_t op, double deadline, FeedMsg **out, const char *what,
+static int wait_msg(FeedClient *c, uint16_t op, double deadline, NetMsg **out, const char *what,
                     SgError *err)
 {
-    *out = NULL;
     pthread_mutex_lock(&c->mu);
-    for (;;) {
-        FeedMsg *prev = NULL, *m = c->head;
-        while (m != NULL && m->op != op)
-            prev = m, m = m->next;
-        if (m != NULL) {
-            if (prev != NULL)
-                prev->next = m->next;
-            else
-                c->head = m->next;
-            if (c->tail == m)
-                c->tail = prev;
-            *out = m;
-            break;
-        }
-        if (c->rd.err.code != 0 || net_cond_wait(&c->cv, &c->mu, deadline) == ETIMEDOUT)
-            break;
-    }
+    while ((*out = net_reader_take(&c->rd, op)) == NULL && c->rd.err.code == 0 &&
+           net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
+        ;
     int rc = SG_OK;
     if (*out == NULL && c->rd.err.code != 0)
         rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
@@ -193,7 +157,7 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
 /* After a failed send: the worker's reason, if it gave one in time. */
 static int explain_failure(FeedClient *c, int rc, SgError *err)
 {
-    FeedMsg *m;
+    NetMsg *m;
     SgError why;
     if (wait_msg(c, 0, net_now() + 0.5, &m, NULL, &why) < 0)
         *err = why, rc = why.code;
@@ -222,7 +186,7 @@ int feed_client_end(FeedClient *c, const char *input, SgError *err)
     pthread_mutex_unlock(&c->send_mu);
     if (rc < 0)
         return explain_failure(c, rc, err);
-    FeedMsg *m;
+    NetMsg *m;
     char what[FEED_NAME_MAX + 64];
     snprintf(what, sizeof what, "the acknowledgement of the end of input '%s'", input);
     if ((rc = wait_msg(c, FEED_OP_ACK, deadline, &m, what, err)) < 0)
@@ -238,7 +202,7 @@ int feed_client_recv_results(FeedClient *c, double timeout, FeedBatch *out, uint
     double deadline;
     int rc = net_deadline(timeout, "FeedClient.recv_results", &deadline, err);
     *payload = NULL;
-    FeedMsg *m = NULL;
+    NetMsg *m = NULL;
     if (rc < 0 || (rc = wait_msg(c, FEED_OP_RESULT, deadline, &m, NULL, err)) < 0 || m == NULL)
         return rc;
     rc = feed_batch_decode(m->payload, m->len, out, err);
@@ -256,15 +220,9 @@ void feed_client_free(FeedClient *c)
 {
     if (c == NULL)
         return;
-    net_reader_stop(&c->rd);
+    net_reader_free(&c->rd);
     net_close(&c->fd);
     net_session_free(&c->session);
-    while (c->head != NULL) {
-        FeedMsg *m = c->head;
-        c->head = m->next;
-        free(m->payload);
-        free(m);
-    }
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_cond_destroy(&c->cv);

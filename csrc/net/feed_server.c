@@ -61,16 +61,6 @@ struct FeedServer {
     FeedStats stats;
 };
 
-static void note(FeedServer *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(FeedServer *s, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->stats.last_error, sizeof s->stats.last_error, fmt, ap);
-    va_end(ap);
-    s->stats.rejected++;
-}
-
 /* The named input, created on first use; NULL if FEED_MAX_INPUTS are taken. */
 static FeedInput *input_get(FeedServer *s, const char *name)
 {
@@ -209,10 +199,12 @@ static int feeder_open(void *ctx, NetConn *nc, SgError *err)
 static void feeder_close(void *ctx, NetConn *nc, int rc, const SgError *err)
 {
     FeedServer *s = ctx;
+    free(((FeedConn *)nc)->batch);
     if (rc >= 0 || rc == SG_EPEER)
         return;
     pthread_mutex_lock(&s->mu);
-    note(s, "%s", err->msg);
+    snprintf(s->stats.last_error, sizeof s->stats.last_error, "%.255s", err->msg);
+    s->stats.rejected++;
     pthread_mutex_unlock(&s->mu);
     if (!nc->authed)
         return;
@@ -230,12 +222,6 @@ static void feeder_close(void *ctx, NetConn *nc, int rc, const SgError *err)
     net_frame_send(nc->fd, &nc->session, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, net_now() + 1.0,
                    nc->peer, &ignored);
     pthread_mutex_unlock(&nc->send_mu);
-}
-
-static void feeder_free(void *ctx, NetConn *nc)
-{
-    (void)ctx;
-    free(((FeedConn *)nc)->batch);
 }
 
 static void feed_stopping(void *ctx)
@@ -268,7 +254,6 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecu
                     .open = feeder_open,
                     .serve = serve_feeder,
                     .close = feeder_close,
-                    .free = feeder_free,
                     .stopping = feed_stopping};
     int rc = net_server_new(lfd, secret, secret_len, mode, "feed server", &h, &s->srv, err);
     if (rc == 0)
@@ -415,7 +400,7 @@ void feed_server_stop(FeedServer *s)
     feed_stopping(s);
     if (s->srv != NULL) {
         SgError ignored;
-        net_server_stop(s->srv);
+        net_server_end(s->srv, NET_SERVER_STOPPED);
         net_server_wait(s->srv, -1, &ignored);
     }
 }

@@ -209,22 +209,30 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
 
 /* ---- one request ------------------------------------------------------------ */
 
-/* One reply frame: the op header r, then data and data2 (either may be empty). */
-static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
-                 size_t len2, SgError *err)
+/* One frame of op (a reply or an error): the op header r, then data and
+ * data2 (either may be empty). */
+static int reply_op(PsConn *c, int op, const uint64_t r[4], const void *data, size_t len,
+                    const void *data2, size_t len2, SgError *err)
 {
-    uint8_t op[PS_OP_HEADER];
-    ps_op_encode(op, r[0], r[1], r[2], r[3]);
-    struct iovec pieces[3] = {{op, sizeof op}};
+    uint8_t oph[PS_OP_HEADER];
+    ps_op_encode(oph, r[0], r[1], r[2], r[3]);
+    struct iovec pieces[3] = {{oph, sizeof oph}};
     int n = 1;
     if (len > 0)
         pieces[n++] = (struct iovec){(void *)data, len};
     if (len2 > 0)
         pieces[n++] = (struct iovec){(void *)data2, len2};
-    int rc = net_frame_sendv(c->base.fd, &c->base.session, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
-                             net_now() + PS_IO_TIMEOUT, c->base.peer, "a ps reply", err);
+    int rc = net_frame_sendv(c->base.fd, &c->base.session, NET_FRAME_PS, (uint16_t)op, pieces, n,
+                             net_now() + PS_IO_TIMEOUT, c->base.peer,
+                             op == PS_OP_ERROR ? "a ps error" : "a ps reply", err);
     c->send_failed = rc < 0;
     return rc;
+}
+
+static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
+                 size_t len2, SgError *err)
+{
+    return reply_op(c, PS_OP_REPLY, r, data, len, data2, len2, err);
 }
 
 /* (s->mu held) */
@@ -270,18 +278,10 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
  * seq, hence its AEAD nonce). */
 static int reply_error(PsConn *c, const SgError *e)
 {
-    if (c->send_failed)
-        return SG_EIO;
-    uint8_t op[PS_OP_HEADER];
-    size_t len = strlen(e->msg);
-    ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
-    struct iovec pieces[2] = {{op, sizeof op}, {(void *)e->msg, len}};
+    uint64_t r[4] = {(uint64_t)(int64_t)e->code, 0, 0, 0};
     SgError ignored;
-    int rc = net_frame_sendv(c->base.fd, &c->base.session, NET_FRAME_PS, PS_OP_ERROR, pieces,
-                             len > 0 ? 2 : 1, net_now() + PS_IO_TIMEOUT, c->base.peer, "a ps error",
-                             &ignored);
-    c->send_failed = rc < 0;
-    return rc;
+    return c->send_failed ? SG_EIO
+                          : reply_op(c, PS_OP_ERROR, r, e->msg, strlen(e->msg), NULL, 0, &ignored);
 }
 
 /* (s->state_mu held) PUT_STATE: takes c->extra (the request's n floats) as
@@ -439,7 +439,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         pthread_mutex_lock(&s->mu);
         c->first_done = 0;
         if (++s->n_done_acked == cfg->num_workers)
-            net_server_done(s->srv);
+            net_server_end(s->srv, NET_SERVER_DONE);
         pthread_mutex_unlock(&s->mu);
     }
     return rc;
@@ -609,13 +609,8 @@ static void conn_close(void *ctx, NetConn *nc, int rc, const SgError *err)
             "step cannot complete",
             c->worker_id, nc->peer, (unsigned long long)s->step);
     pthread_mutex_unlock(&s->mu);
-}
-
-static void conn_free(void *ctx, NetConn *nc)
-{
-    (void)ctx;
-    free(((PsConn *)nc)->buf);
-    free(((PsConn *)nc)->extra);
+    free(c->buf);
+    free(c->extra);
 }
 
 static void shard_closing(void *ctx)
@@ -631,7 +626,7 @@ int ps_server_serve(PsServer *s, double timeout, SgError *err)
 {
     int rc = net_server_start(s->srv, err);
     if (rc == 0 && (rc = net_server_wait(s->srv, timeout, err)) == 0) {
-        net_server_stop(s->srv); /* timed out: close, as at any end */
+        net_server_end(s->srv, NET_SERVER_STOPPED); /* timed out: close, as at any end */
         SgError ignored;
         net_server_wait(s->srv, -1, &ignored);
     }
@@ -654,7 +649,7 @@ void ps_server_stop(PsServer *s)
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    net_server_stop(s->srv);
+    net_server_end(s->srv, NET_SERVER_STOPPED);
 }
 
 /* ---- construction and state ------------------------------------------------- */
@@ -746,7 +741,6 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
                     .open = conn_open,
                     .serve = serve_one,
                     .close = conn_close,
-                    .free = conn_free,
                     .stopping = shard_closing};
     if ((rc = net_server_new(lfd, secret, secret_len, cfg->security, "ps shard", &h, &s->srv,
                              err)) < 0) {

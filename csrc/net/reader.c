@@ -81,13 +81,13 @@ int net_reader_start(NetReader *r, SgError *err)
 {
     snprintf(r->label, sizeof r->label, "%s %s", r->who, r->peer);
     int rc = net_wake_pipe(r->wake, err);
-    if (rc < 0)
-        return rc;
-    r->piped = 1;
-    if (pthread_create(&r->thread, NULL, reader_main, r) != 0)
-        return sg_fail(err, SG_EIO, "cannot start the %s connection's reader thread", r->what);
-    r->started = 1;
-    return SG_OK;
+    if (rc == 0 && pthread_create(&r->thread, NULL, reader_main, r) != 0) {
+        net_close(&r->wake[0]);
+        net_close(&r->wake[1]);
+        rc = sg_fail(err, SG_EIO, "cannot start the %s connection's reader thread", r->what);
+    }
+    r->started = rc == 0;
+    return rc;
 }
 
 void net_reader_stop(NetReader *r)
@@ -98,11 +98,48 @@ void net_reader_stop(NetReader *r)
     if (r->started) {
         net_wake(r->wake[1]);
         pthread_join(r->thread, NULL);
-        r->started = 0;
-    }
-    if (r->piped) {
         net_close(&r->wake[0]);
         net_close(&r->wake[1]);
-        r->piped = 0;
+        r->started = 0;
     }
+}
+
+void net_reader_free(NetReader *r)
+{
+    net_reader_stop(r);
+    for (NetMsg *m; (m = net_reader_take(r, -1)) != NULL; free(m))
+        free(m->payload);
+}
+
+int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload)
+{
+    NetMsg *m = malloc(sizeof *m);
+    if (m == NULL) {
+        free(payload);
+        return SG_ENOMEM;
+    }
+    *m = (NetMsg){.op = h->flags, .payload = payload, .len = h->length};
+    if (r->tail != NULL)
+        r->tail->next = m;
+    else
+        r->head = m;
+    r->tail = m;
+    pthread_cond_broadcast(r->cv);
+    return SG_OK;
+}
+
+NetMsg *net_reader_take(NetReader *r, int op)
+{
+    NetMsg *prev = NULL, *m = r->head;
+    while (m != NULL && op >= 0 && m->op != op)
+        prev = m, m = m->next;
+    if (m == NULL)
+        return NULL;
+    if (prev != NULL)
+        prev->next = m->next;
+    else
+        r->head = m->next;
+    if (r->tail == m)
+        r->tail = prev;
+    return m;
 }

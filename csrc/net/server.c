@@ -4,7 +4,7 @@
  * that run the handshake and then the handler.
  *
  * Locking: s->mu is a leaf lock: no handler callback runs under it, so a
- * handler may call net_server_done or net_server_conn_get under its own.
+ * handler may call net_server_end or net_server_conn_get under its own.
  */
 #include "net/server.h"
 
@@ -16,22 +16,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
-
 #include "net/accept.h"
 #include "net/auth.h"
 
 struct NetServer {
-    int lfd;
-    uint8_t *secret;
-    size_t secret_len;
-    NetSecurity mode;
+    NetAcceptor acc; /* lfd not owned */
     char name[32];
     NetHandler h;
-    NetGate gate;
-    int wake[2];
     pthread_t thread;
-    int started, joined;
+    int started;
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* loop ended, a reference dropped */
@@ -39,7 +32,6 @@ struct NetServer {
     int closing;       /* the accept thread is closing the connections */
     int loop_done;
     SgError loop_err;
-    double auth_timeout;
     NetConn **conns; /* live connections; ended ones are reaped at once */
     size_t nconns, capconns;
     uint32_t next_id; /* ids given so far */
@@ -70,15 +62,15 @@ static void *conn_main(void *arg)
     NetConn *c = arg;
     NetServer *s = c->srv;
     SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->mode, c->auth_deadline, c->peer,
-                             &c->session, &err);
+    int rc = net_auth_server(c->fd, s->acc.secret, s->acc.secret_len, s->acc.mode, c->auth_deadline,
+                             c->peer, &c->session, &err);
     pthread_mutex_lock(&s->mu);
     c->authed = rc == 0;
     pthread_mutex_unlock(&s->mu);
     if (c->authed)
-        net_gate_authenticated(&s->gate, c->peer);
+        net_gate_authenticated(&s->acc.gate, c->peer);
     else
-        net_gate_release(&s->gate, c->peer);
+        net_gate_release(&s->acc.gate, c->peer);
     if (rc == 0 && s->h.open != NULL)
         rc = s->h.open(s->h.ctx, c, &err);
     while (rc == 0 && (rc = wait_request(s, c, &err)) == 0)
@@ -88,16 +80,14 @@ static void *conn_main(void *arg)
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     c->ended = 1;
-    net_wake(s->wake[1]); /* the accept thread reaps it */
+    net_wake(s->acc.wake[1]); /* the accept thread reaps it */
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-static void conn_free(NetServer *s, NetConn *c)
+static void conn_free(NetConn *c)
 {
     pthread_join(c->thread, NULL);
-    if (s->h.free != NULL)
-        s->h.free(s->h.ctx, c);
     net_close(&c->fd);
     net_session_free(&c->session);
     pthread_mutex_destroy(&c->send_mu);
@@ -119,7 +109,7 @@ static void add_conn(void *ctx, int fd, const char *peer)
     int ok = c != NULL && grown != NULL;
     if (ok) {
         c->srv = s, c->id = ++s->next_id, c->fd = fd;
-        c->auth_deadline = net_now() + s->auth_timeout;
+        c->auth_deadline = net_gate_auth_deadline(&s->acc.gate);
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         pthread_mutex_init(&c->send_mu, NULL);
         ok = pthread_create(&c->thread, NULL, conn_main, c) == 0;
@@ -132,7 +122,7 @@ static void add_conn(void *ctx, int fd, const char *peer)
     if (!ok) {
         free(c);
         close(fd);
-        net_gate_release(&s->gate, peer);
+        net_gate_release(&s->acc.gate, peer);
     }
 }
 
@@ -154,7 +144,7 @@ static void reap_conns(NetServer *s)
     s->nconns = j;
     pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < n; i++)
-        conn_free(s, ended[i]);
+        conn_free(ended[i]);
 }
 
 /* ---- the accept thread ----------------------------------------------------- */
@@ -174,7 +164,7 @@ static void close_conns(NetServer *s)
             pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s, s->conns[i]);
+        conn_free(s->conns[i]);
     s->nconns = 0;
 }
 
@@ -189,8 +179,9 @@ static void *accept_main(void *arg)
             break;
         int ms = 1000;
         /* the listener is left out while the gate backs off (EMFILE & co) */
-        struct pollfd p[2] = {{.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN},
-                              {.fd = s->wake[0], .events = POLLIN}};
+        struct pollfd p[2] = {
+            {.fd = net_gate_poll_fd(&s->acc.gate, s->acc.lfd, &ms), .events = POLLIN},
+            {.fd = s->acc.wake[0], .events = POLLIN}};
         if (poll(p, 2, ms) == -1) {
             if (errno == EINTR)
                 continue;
@@ -200,10 +191,10 @@ static void *accept_main(void *arg)
             break;
         }
         if (p[1].revents)
-            net_wake_drain(s->wake[0]);
+            net_wake_drain(s->acc.wake[0]);
         reap_conns(s);
-        net_gate_accept_ready(&s->gate, s->lfd, p[0].fd < 0 || (p[0].revents & POLLIN), add_conn,
-                              s);
+        net_gate_accept_ready(&s->acc.gate, s->acc.lfd, p[0].fd < 0 || (p[0].revents & POLLIN),
+                              add_conn, s);
     }
     close_conns(s);
     pthread_mutex_lock(&s->mu);
@@ -218,25 +209,14 @@ static void *accept_main(void *arg)
 int net_server_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode,
                    const char *name, const NetHandler *h, NetServer **out, SgError *err)
 {
-    int rc = net_auth_check_secret(secret_len, err);
-    if (rc < 0)
-        return rc;
     NetServer *s = calloc(1, sizeof *s);
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a %s", name);
-    s->lfd = lfd, s->mode = mode, s->h = *h;
+    s->h = *h;
     snprintf(s->name, sizeof s->name, "%s", name);
-    s->wake[0] = s->wake[1] = -1;
-    s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     pthread_mutex_init(&s->mu, NULL);
     net_cond_init(&s->cv);
-    rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err);
-    if (rc == 0 && (s->secret = malloc(secret_len)) == NULL)
-        rc = sg_fail(err, SG_ENOMEM, "allocating a %s", name);
-    else if (rc == 0)
-        memcpy(s->secret, secret, s->secret_len = secret_len);
-    if (rc == 0)
-        rc = net_wake_pipe(s->wake, err);
+    int rc = net_acceptor_init(&s->acc, lfd, secret, secret_len, mode, err);
     if (rc < 0) {
         net_server_free(s);
         return rc;
@@ -247,56 +227,34 @@ int net_server_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurit
 
 void net_server_set_auth_timeout(NetServer *s, double seconds)
 {
-    pthread_mutex_lock(&s->mu);
-    s->auth_timeout = seconds;
-    pthread_mutex_unlock(&s->mu);
+    net_gate_set_auth_timeout(&s->acc.gate, seconds);
 }
 
 int net_server_start(NetServer *s, SgError *err)
 {
-    pthread_mutex_lock(&s->mu);
-    int was = s->started;
-    s->started = 1;
-    pthread_mutex_unlock(&s->mu);
-    if (was)
+    if (s->started) /* the caller serializes start, wait and free */
         return sg_fail(err, SG_ESTATE, "%s already served and closed", s->name);
-    if (pthread_create(&s->thread, NULL, accept_main, s) == 0)
-        return SG_OK;
-    pthread_mutex_lock(&s->mu);
-    s->started = 0;
-    pthread_mutex_unlock(&s->mu);
-    return sg_fail(err, SG_EIO, "cannot start the %s thread", s->name);
+    if (pthread_create(&s->thread, NULL, accept_main, s) != 0)
+        return sg_fail(err, SG_EIO, "cannot start the %s thread", s->name);
+    s->started = 1;
+    return SG_OK;
 }
 
-static void end_with(NetServer *s, int reason)
+void net_server_end(NetServer *s, int reason)
 {
     pthread_mutex_lock(&s->mu);
     if (s->reason == 0)
         s->reason = reason;
-    net_wake(s->wake[1]);
+    net_wake(s->acc.wake[1]);
     pthread_mutex_unlock(&s->mu);
-}
-
-void net_server_stop(NetServer *s)
-{
-    end_with(s, NET_SERVER_STOPPED);
-}
-
-void net_server_done(NetServer *s)
-{
-    end_with(s, NET_SERVER_DONE);
 }
 
 int net_server_wait(NetServer *s, double timeout, SgError *err)
 {
-    double deadline = timeout < 0 ? -1 : net_now() + timeout;
+    double deadline = net_now() + (timeout < 0 ? 1e9 : timeout);
     pthread_mutex_lock(&s->mu);
-    while (s->started && !s->loop_done) {
-        if (deadline < 0)
-            pthread_cond_wait(&s->cv, &s->mu);
-        else if (net_cond_wait(&s->cv, &s->mu, deadline) == ETIMEDOUT)
-            break;
-    }
+    while (s->started && !s->loop_done && net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
+        ;
     int rc = s->started && !s->loop_done ? 0 : s->reason;
     if (s->loop_err.code != 0)
         rc = sg_fail(err, s->loop_err.code, "%s", s->loop_err.msg);
@@ -322,7 +280,7 @@ void net_server_conn_put(NetServer *s, NetConn *c)
 {
     pthread_mutex_lock(&s->mu);
     if (--c->refs == 0 && c->ended)
-        net_wake(s->wake[1]); /* reap it now */
+        net_wake(s->acc.wake[1]); /* reap it now */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -331,18 +289,11 @@ void net_server_free(NetServer *s)
 {
     if (s == NULL)
         return;
-    net_server_stop(s);
-    if (s->started && !s->joined) {
+    net_server_end(s, NET_SERVER_STOPPED);
+    if (s->started)
         pthread_join(s->thread, NULL);
-        s->joined = 1;
-    }
-    net_close(&s->wake[0]);
-    net_close(&s->wake[1]);
+    net_acceptor_free(&s->acc);
     free(s->conns);
-    if (s->secret != NULL)
-        OPENSSL_cleanse(s->secret, s->secret_len);
-    free(s->secret);
-    net_gate_free(&s->gate);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "net/frame.h"
+#include "net/frame_type.h"
 
 #define DIR_C2S     1u
 #define DIR_S2C     2u
