@@ -263,30 +263,29 @@ static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data,
     return call_all_opt(c, op, v, data, dest, NULL, NULL, out, c->timeout, err);
 }
 
-/* PULL, PUSH, PUSH_PULL: *step is the global step after it. */
-static int call_step(PsClient *c, int op, const float *data, float *dest, uint64_t *step,
-                     SgError *err)
+int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
 {
     uint64_t v[4] = {0}, r[4] = {0};
-    int rc = call_all(c, op, v, data, dest, r, err);
+    int rc = call_all(c, PS_OP_PULL, v, NULL, params, r, err);
     *step = r[0];
     return rc;
 }
 
-int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
-{
-    return call_step(c, PS_OP_PULL, NULL, params, step, err);
-}
-
 int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err)
 {
-    return call_step(c, PS_OP_PUSH, grads, NULL, step, err);
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH, v, grads, NULL, r, err);
+    *step = r[0];
+    return rc;
 }
 
 int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
                         SgError *err)
 {
-    return call_step(c, PS_OP_PUSH_PULL, grads, params, step, err);
+    uint64_t v[4] = {0}, r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH_PULL, v, grads, params, r, err);
+    *step = r[0];
+    return rc;
 }
 
 int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err)
