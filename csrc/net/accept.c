@@ -1,21 +1,26 @@
 /*
  * accept.c - the shared accept gate of the servers (see accept.h): caps on
  * unauthenticated connections, per server and per peer address, and backoff
- * on accept errors instead of ending the server or spinning.
+ * on accept errors instead of ending the server or spinning; the acceptor
+ * state every server keeps beside its listener.
  */
 #include "net/accept.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "net/auth.h"
 
 int net_gate_init(NetGate *g, int max_unauth, int max_per_peer, SgError *err)
 {
     memset(g, 0, sizeof *g);
     g->max_unauth = max_unauth;
     g->max_per_peer = max_per_peer;
+    g->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     size_t slots = max_unauth > 0 ? (size_t)max_unauth : NET_GATE_MAX_UNAUTH;
     g->peers = calloc(slots, sizeof *g->peers);
     if (g->peers == NULL)
@@ -181,4 +186,45 @@ void net_gate_accept_ready(NetGate *g, int lfd, int ready, NetGateAdd add, void 
         if (a == 1)
             add(ctx, fd, peer);
     }
+}
+
+void net_gate_set_auth_timeout(NetGate *g, double seconds)
+{
+    pthread_mutex_lock(&g->mu);
+    g->auth_timeout = seconds;
+    pthread_mutex_unlock(&g->mu);
+}
+
+double net_gate_auth_deadline(NetGate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    double deadline = sg_now() + g->auth_timeout;
+    pthread_mutex_unlock(&g->mu);
+    return deadline;
+}
+
+int net_acceptor_init(NetAcceptor *a, int lfd, const uint8_t *secret, size_t secret_len,
+                      NetSecurity mode, SgError *err)
+{
+    *a = (NetAcceptor){.lfd = lfd, .mode = mode, .wake = {-1, -1}};
+    int rc = net_auth_check_secret(secret_len, err);
+    if (rc == 0 && (a->secret = malloc(secret_len)) == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "allocating a server's secret");
+    if (rc < 0)
+        return rc;
+    memcpy(a->secret, secret, a->secret_len = secret_len);
+    if ((rc = net_gate_init(&a->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err)) == 0)
+        rc = net_wake_pipe(a->wake, err);
+    return rc;
+}
+
+void net_acceptor_free(NetAcceptor *a)
+{
+    net_close(&a->wake[0]);
+    net_close(&a->wake[1]);
+    if (a->secret != NULL)
+        OPENSSL_cleanse(a->secret, a->secret_len);
+    free(a->secret);
+    a->secret = NULL;
+    net_gate_free(&a->gate);
 }

@@ -13,6 +13,10 @@
  * backlog meanwhile. Transient errors (EINTR, ECONNABORTED, EPROTO, EPERM)
  * are skipped.
  *
+ * The gate also keeps the deadline of the handshake (auth_timeout), and a
+ * NetAcceptor what every server keeps beside its listener: the secret and
+ * mode of the handshake, the gate, and a wake-up pipe for its loop.
+ *
  * Thread-safe (one mutex): connection threads report authentication and
  * their end while the accept loop runs. Not here: the handshake (auth.c).
  */
@@ -23,6 +27,7 @@
 #include <stddef.h>
 
 #include "common/sg_status.h"
+#include "net/session.h"
 #include "net/sock.h"
 
 #define NET_GATE_MAX_UNAUTH      256 /* unauthenticated connections per server */
@@ -42,9 +47,10 @@ typedef struct NetGate {
     int unauth;                   /* admitted, not yet authenticated nor ended */
     NetGatePeer *peers;           /* addresses with unauthenticated connections */
     int npeers;
-    double backoff;  /* seconds of the current backoff, 0 when none */
-    double retry_at; /* sg_now() before which the listener is not polled */
-    long refused;    /* closed over a cap */
+    double auth_timeout; /* seconds an admitted connection may take to authenticate */
+    double backoff;      /* seconds of the current backoff, 0 when none */
+    double retry_at;     /* sg_now() before which the listener is not polled */
+    long refused;        /* closed over a cap */
     long accept_errors;
     int last_errno;
 } NetGate;
@@ -79,5 +85,27 @@ void net_gate_release(NetGate *g, const char *peer);
 
 /* Current number of unauthenticated connections. */
 int net_gate_unauth(NetGate *g);
+
+/* Seconds an admitted connection may take to authenticate
+ * (NET_AUTH_TIMEOUT_DEFAULT until set), and the deadline (sg_now()) of one
+ * admitted now. */
+void net_gate_set_auth_timeout(NetGate *g, double seconds);
+double net_gate_auth_deadline(NetGate *g);
+
+typedef struct NetAcceptor {
+    int lfd;         /* the listener (the acceptor's owner decides who closes it) */
+    uint8_t *secret; /* a copy, wiped when freed */
+    size_t secret_len;
+    NetSecurity mode; /* announced in every challenge; peers must use the same */
+    NetGate gate;     /* NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER */
+    int wake[2];      /* wakes the server's loop */
+} NetAcceptor;
+
+/* Checks and copies the secret, sets up the gate and the pipe. On failure
+ * *a is safe to free. */
+int net_acceptor_init(NetAcceptor *a, int lfd, const uint8_t *secret, size_t secret_len,
+                      NetSecurity mode, SgError *err);
+/* Frees all but lfd; idempotent. */
+void net_acceptor_free(NetAcceptor *a);
 
 #endif /* NET_ACCEPT_H */

@@ -1,89 +1,51 @@
 /*
  * control_client.c - the node side of the rendezvous (control_client.h).
  *
- * One I/O thread per client polls the socket and a wake-up pipe: it parses
- * incoming frames into a queue and sends a heartbeat frame whenever
- * heartbeat_interval has passed. Writers (the I/O thread and API callers)
- * serialize on send_mu; the queue and connection state live under mu.
+ * The connection's reader thread (reader.h) parses incoming frames into a
+ * queue and, at each tick, sends a heartbeat frame whenever
+ * heartbeat_interval has passed and watches the driver's silence. Writers
+ * (the reader thread and API callers) serialize on send_mu; the queue and
+ * connection state live under mu.
  */
 #include "net/control_client.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "net/auth.h"
-#include "net/frame.h"
 #include "net/json_msg.h"
-#include "net/sock.h"
+#include "net/reader.h"
 
 #define CTL_MAX_FRAME (16u << 20)
 
-typedef struct CtlMsg {
-    char *json;
-    struct CtlMsg *next;
-} CtlMsg;
-
 struct CtlClient {
     int fd;
-    NetSession session; /* keyed by the handshake; send half under send_mu, recv half: I/O thread */
-    int wake[2];
+    NetSession session; /* keyed by the handshake; send half under send_mu, recv half: reader */
     char peer[NET_PEER_MAX];
-    char driver[NET_PEER_MAX + 8]; /* "driver host:port": names it in the session's errors */
     long executor_id;
     double heartbeat_interval;
     double driver_timeout; /* silence from the driver that counts as its loss */
-    double last_recv;      /* sg_now() of the last frame from the driver (I/O thread only) */
-    pthread_t thread;
-    int thread_started;
+    double last_recv;      /* sg_now() of the last frame from the driver (reader thread only) */
+    double next_hb;        /* sg_now() of the next heartbeat (reader thread only) */
+    NetReader rd;          /* rd.err: code != 0 once the connection broke (under mu) */
     pthread_mutex_t send_mu;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int stopping, stopped;
+    int stopped;
     int interrupted; /* ctl_client_interrupt() since the last recv returned */
-    SgError io_err;  /* code != 0 once the connection broke */
     int acked, registered, num_nodes;
     cJSON *spec;     /* the spec array, as received */
     char *spec_json; /* its text, printed on first ctl_client_spec() */
-    CtlMsg *head, *tail;
 };
 
-/* ---- the I/O thread ------------------------------------------------------ */
+/* ---- the reader thread's callbacks ---------------------------------------- */
 
-static void fail_io(CtlClient *c, const SgError *e)
-{
-    pthread_mutex_lock(&c->mu);
-    if (c->io_err.code == 0)
-        c->io_err = *e;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static int enqueue(CtlClient *c, const cJSON *msg)
-{
-    char *text = net_json_print(msg);
-    CtlMsg *m = text != NULL ? malloc(sizeof *m) : NULL;
-    if (m == NULL) {
-        free(text);
-        return SG_ENOMEM;
-    }
-    m->json = text;
-    m->next = NULL;
-    if (c->tail != NULL)
-        c->tail->next = m;
-    else
-        c->head = m;
-    c->tail = m;
-    return SG_OK;
-}
-
-/* Handles one driver message; called with c->mu held. */
+/* Handles one driver message; called with c->mu held. 1: for recv to return. */
 static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 {
     if (strcmp(type, "registered") == 0) {
@@ -111,61 +73,35 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
     } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
         return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed",
                        c->peer);
-    } else if (enqueue(c, msg) < 0) {
-        return sg_fail(err, SG_ENOMEM, "queueing a message from %s", c->peer);
+    } else {
+        return 1;
     }
     return SG_OK;
 }
 
-static int handle_frame(CtlClient *c, const NetFrameHeader *h, const uint8_t *payload, SgError *err)
+static int handle_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgError *err)
 {
+    CtlClient *c = ctx;
     c->last_recv = sg_now();
-    if (h->type == NET_FRAME_HEARTBEAT)
-        return SG_OK;
-    if (h->type != NET_FRAME_JSON)
-        return sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection",
-                       c->peer, net_frame_type_name(h->type));
     cJSON *msg = NULL;
     const char *type;
-    int rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err);
-    if (rc < 0)
-        return rc;
-    pthread_mutex_lock(&c->mu);
-    rc = handle_msg(c, msg, type, err);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    cJSON_Delete(msg);
-    return rc;
-}
-
-static int read_frames(CtlClient *c, NetFrameParser *p, SgError *err)
-{
-    uint8_t buf[16384];
-    long n = net_read_some(c->fd, buf, sizeof buf, c->peer, err);
-    if (n < 0)
-        return n == SG_EPEER
-                   ? sg_fail(err, SG_EPEER, "driver %s closed the control connection", c->peer)
-                   : (int)n;
-    size_t off = 0;
-    while (off < (size_t)n) {
-        size_t used = 0;
-        int rc = net_frame_parser_feed(p, buf + off, (size_t)n - off, &used, err);
-        off += used;
-        if (rc == SG_EAUTH)
-            return rc; /* the session's message names the driver, frame type and seq */
-        if (rc < 0)
-            return sg_context(err, "from driver %s: ", c->peer);
-        if (rc == 1) {
-            NetFrameHeader h;
-            uint8_t *payload;
-            net_frame_parser_take(p, &h, &payload);
-            rc = handle_frame(c, &h, payload, err);
-            free(payload);
-            if (rc < 0)
-                return rc;
-        }
+    int rc = SG_OK, queued = 0;
+    if (h->type != NET_FRAME_HEARTBEAT && h->type != NET_FRAME_JSON)
+        rc = sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
+                     net_frame_type_name(h->type));
+    else if (h->type == NET_FRAME_JSON &&
+             (rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err)) == 0) {
+        pthread_mutex_lock(&c->mu);
+        rc = handle_msg(c, msg, type, err);
+        if ((queued = rc == 1) && (rc = net_reader_queue(&c->rd, h, payload)) < 0)
+            sg_fail(err, rc, "queueing a message from %s", c->peer); /* it freed payload */
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        cJSON_Delete(msg);
     }
-    return SG_OK;
+    if (!queued)
+        free(payload);
+    return rc;
 }
 
 static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, double deadline,
@@ -179,90 +115,40 @@ static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, d
     return rc;
 }
 
-static void *io_main(void *arg)
+/* The reader's tick: the driver's silence, then this node's heartbeat. */
+static int tick(void *ctx, double *wake_at, SgError *err)
 {
-    CtlClient *c = arg;
-    NetFrameParser parser;
-    net_frame_parser_init(&parser, CTL_MAX_FRAME);
-    net_frame_parser_protect(&parser, &c->session, CTL_MAX_FRAME, c->driver);
-    double next_hb = sg_now() + c->heartbeat_interval;
-    c->last_recv = sg_now();
-    SgError err;
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        int stop = c->stopping;
-        pthread_mutex_unlock(&c->mu);
-        if (stop)
-            break;
-        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN},
-                                {.fd = c->wake[0], .events = POLLIN}};
-        double wake_at =
-            next_hb < c->last_recv + c->driver_timeout ? next_hb : c->last_recv + c->driver_timeout;
-        int n = poll(pfd, 2, net_poll_ms(wake_at));
-        if (n == -1) {
-            if (errno == EINTR)
-                continue;
-            sg_fail_errno(&err, SG_EIO, errno, "poll on control connection to %s", c->peer);
-            fail_io(c, &err);
-            break;
-        }
-        if (pfd[1].revents)
-            net_wake_drain(c->wake[0]);
-        if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) && read_frames(c, &parser, &err) < 0) {
-            fail_io(c, &err);
-            break;
-        }
-        if (sg_now() - c->last_recv > c->driver_timeout) {
-            sg_fail(
-                &err, SG_ETIMEOUT,
-                "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
-                "process or its host is gone",
-                c->peer, sg_now() - c->last_recv);
-            fail_io(c, &err);
-            break;
-        }
-        if (sg_now() >= next_hb) {
-            /* A heartbeat that cannot leave within a few intervals means a dead link. */
-            double deadline = sg_now() + 5 * c->heartbeat_interval + 1.0;
-            if (send_frame(c, NET_FRAME_HEARTBEAT, NULL, 0, deadline, &err) < 0) {
-                fail_io(c, &err);
-                break;
-            }
-            next_hb = sg_now() + c->heartbeat_interval;
-        }
+    CtlClient *c = ctx;
+    if (sg_now() - c->last_recv > c->driver_timeout)
+        return sg_fail(
+            err, SG_ETIMEOUT,
+            "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
+            "process or its host is gone",
+            c->peer, sg_now() - c->last_recv);
+    if (sg_now() >= c->next_hb) {
+        /* A heartbeat that cannot leave within a few intervals means a dead link. */
+        double deadline = sg_now() + 5 * c->heartbeat_interval + 1.0;
+        int rc = send_frame(c, NET_FRAME_HEARTBEAT, NULL, 0, deadline, err);
+        if (rc < 0)
+            return rc;
+        c->next_hb = sg_now() + c->heartbeat_interval;
     }
-    net_frame_parser_free(&parser);
-    return NULL;
+    double silent_at = c->last_recv + c->driver_timeout;
+    *wake_at = c->next_hb < silent_at ? c->next_hb : silent_at;
+    return SG_OK;
 }
 
 /* ---- API ----------------------------------------------------------------- */
-
-static int wait_until(CtlClient *c, double deadline)
-{
-    double left = deadline - sg_now();
-    if (left <= 0)
-        return ETIMEDOUT;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
-    ts.tv_sec = (time_t)whole;
-    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-    return pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-}
 
 static CtlClient *client_new(void)
 {
     CtlClient *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
-    c->fd = c->wake[0] = c->wake[1] = -1;
+    c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    net_cond_init(&c->cv);
     return c;
 }
 
@@ -313,28 +199,35 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
         return sg_fail(err, SG_ENOMEM, "allocating a control client");
     }
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    snprintf(c->driver, sizeof c->driver, "driver %s", c->peer);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;
     c->driver_timeout = driver_timeout;
     rc = connect_and_register(c, host, port, secret, secret_len, mode, node, deadline, err);
     cJSON_Delete(node);
+    c->last_recv = sg_now();
+    c->next_hb = c->last_recv + heartbeat_interval;
+    c->rd = (NetReader){.fd = c->fd,
+                        .session = &c->session,
+                        .peer = c->peer,
+                        .who = "driver",
+                        .what = "control",
+                        .max_frame = CTL_MAX_FRAME,
+                        .mu = &c->mu,
+                        .cv = &c->cv,
+                        .ctx = c,
+                        .frame = handle_frame,
+                        .tick = tick};
     if (rc == 0)
-        rc = net_wake_pipe(c->wake, err);
-    if (rc == 0) {
-        if (pthread_create(&c->thread, NULL, io_main, c) != 0)
-            rc = sg_fail(err, SG_EIO, "cannot start the control client thread");
-        else
-            c->thread_started = 1;
-    }
+        rc = net_reader_start(&c->rd, err);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        while (c->spec == NULL && c->io_err.code == 0 && wait_until(c, deadline) != ETIMEDOUT)
+        while (c->spec == NULL && c->rd.err.code == 0 &&
+               net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
             ;
         if (c->spec != NULL)
             rc = SG_OK;
-        else if (c->io_err.code != 0)
-            rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
+        else if (c->rd.err.code != 0)
+            rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
         else if (c->acked)
             rc = sg_fail(err, SG_ERDV_TIMEOUT,
                          "executor %ld got no cluster spec from driver %s within %.1f s: when it "
@@ -435,20 +328,17 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && c->io_err.code == 0 && !c->stopped && !c->interrupted &&
-           wait_until(c, deadline) != ETIMEDOUT)
+    while (c->rd.head == NULL && c->rd.err.code == 0 && !c->stopped && !c->interrupted &&
+           net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
         ;
     if (c->interrupted) {
         c->interrupted = 0; /* returns no message; a queued one stays for the next recv */
-    } else if (c->head != NULL) {
-        CtlMsg *m = c->head;
-        c->head = m->next;
-        if (c->head == NULL)
-            c->tail = NULL;
-        *json = m->json;
+    } else if (c->rd.head != NULL) {
+        NetMsg *m = net_reader_take(&c->rd, -1);
+        *json = (char *)m->payload;
         free(m);
-    } else if (c->io_err.code != 0) {
-        rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
+    } else if (c->rd.err.code != 0) {
+        rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
     } else if (c->stopped) {
         rc = sg_fail(err, SG_ESTATE, "control client for %s is closed", c->peer);
     }
@@ -468,22 +358,16 @@ void ctl_client_stop(CtlClient *c)
 {
     pthread_mutex_lock(&c->mu);
     int was = c->stopped;
-    c->stopping = c->stopped = 1;
+    c->stopped = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (was)
         return;
-    if (c->thread_started) {
-        net_wake(c->wake[1]);
-        pthread_join(c->thread, NULL);
-        c->thread_started = 0;
-    }
+    net_reader_stop(&c->rd);
     pthread_mutex_lock(&c->send_mu);
     net_close(&c->fd);
     net_session_free(&c->session);
     pthread_mutex_unlock(&c->send_mu);
-    net_close(&c->wake[0]);
-    net_close(&c->wake[1]);
 }
 
 void ctl_client_free(CtlClient *c)
@@ -491,12 +375,7 @@ void ctl_client_free(CtlClient *c)
     if (c == NULL)
         return;
     ctl_client_stop(c);
-    while (c->head != NULL) {
-        CtlMsg *m = c->head;
-        c->head = m->next;
-        free(m->json);
-        free(m);
-    }
+    net_reader_free(&c->rd);
     cJSON_Delete(c->spec);
     free(c->spec_json);
     pthread_mutex_destroy(&c->mu);

@@ -4,48 +4,34 @@
  * no copy, plain or protected alike), END and wait for the worker's ACK,
  * receive RESULT batches.
  *
- * A reader thread owns the receiving half of the socket: it queues ACK and
- * RESULT frames and records the worker's ERROR (or the connection's end), so
- * results never back up behind a feeder that is still sending, and a failed
- * send reports the worker's reason rather than a bare broken pipe.
+ * The connection's reader thread (reader.h) owns the receiving half of the
+ * socket: it queues ACK and RESULT frames and records the worker's ERROR (or
+ * the connection's end), so results never back up behind a feeder that is
+ * still sending, and a failed send reports the worker's reason rather than
+ * a bare broken pipe.
  */
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <time.h>
 
 #include "net/auth.h"
 #include "net/feed.h"
-#include "net/frame.h"
-#include "net/sock.h"
+#include "net/reader.h"
 
 #define FEED_CLIENT_MAX_FRAME (256u << 20)
-
-typedef struct FeedMsg {
-    uint16_t op;
-    uint8_t *payload;
-    uint32_t len;
-    struct FeedMsg *next;
-} FeedMsg;
 
 struct FeedClient {
     int fd;
     NetSession session;      /* keyed by the handshake; send half under send_mu */
     pthread_mutex_t send_mu; /* send and end may come from different threads */
-    int wake[2];
     char peer[NET_PEER_MAX];
     double timeout;
-    pthread_t thread;
-    int started;
+    NetReader rd; /* ACK and RESULT frames; rd.err, code != 0: the worker's ERROR, or the end */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    FeedMsg *head, *tail; /* ACK and RESULT frames in arrival order */
-    int stopping;
-    SgError io_err; /* code != 0: the worker's ERROR, or the connection ended */
 };
 
 int feed_send_batch(int fd, NetSession *s, int op, const FeedBatch *b, double deadline,
@@ -80,131 +66,47 @@ cleanup:
     return rc;
 }
 
-/* ---- the reader thread ------------------------------------------------- */
+/* ---- the reader thread's callback ---------------------------------------- */
 
-static void set_io_err(FeedClient *c, const SgError *e)
+static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgError *err)
 {
-    pthread_mutex_lock(&c->mu);
-    if (c->io_err.code == 0)
-        c->io_err = *e;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static int on_frame(FeedClient *c, const NetFrameHeader *h, uint8_t *payload, SgError *err)
-{
+    FeedClient *c = ctx;
+    int rc = SG_OK;
     if (h->type != NET_FRAME_FEED ||
         (h->flags != FEED_OP_ACK && h->flags != FEED_OP_RESULT && h->flags != FEED_OP_ERROR))
-        return sg_fail(err, SG_EPROTO, "worker %s sent a %s frame (op %u) on the feed connection",
-                       c->peer, net_frame_type_name(h->type), h->flags);
-    if (h->flags == FEED_OP_ERROR) {
-        if (h->length < 4)
-            return sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
+        rc = sg_fail(err, SG_EPROTO, "worker %s sent a %s frame (op %u) on the feed connection",
+                     c->peer, net_frame_type_name(h->type), h->flags);
+    else if (h->flags == FEED_OP_ERROR && h->length < 4)
+        rc = sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
+    else if (h->flags == FEED_OP_ERROR) {
         int32_t code = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 |
                                  (uint32_t)payload[2] << 16 | (uint32_t)payload[3] << 24);
-        return sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
-                       "worker %s refused the feed: %.*s", c->peer,
-                       (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);
+        rc = sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
+                     "worker %s refused the feed: %.*s", c->peer,
+                     (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);
     }
-    FeedMsg *m = malloc(sizeof *m);
-    if (m == NULL)
-        return sg_fail(err, SG_ENOMEM, "queueing a frame from %s", c->peer);
-    *m = (FeedMsg){.op = h->flags, .payload = payload, .len = h->length};
+    if (rc < 0) {
+        free(payload);
+        return rc;
+    }
     pthread_mutex_lock(&c->mu);
-    if (c->tail != NULL)
-        c->tail->next = m;
-    else
-        c->head = m;
-    c->tail = m;
-    pthread_cond_broadcast(&c->cv);
+    if ((rc = net_reader_queue(&c->rd, h, payload)) < 0)
+        sg_fail(err, rc, "queueing a frame from %s", c->peer);
     pthread_mutex_unlock(&c->mu);
-    return SG_OK;
+    return rc;
 }
-
-static void *reader_main(void *arg)
-{
-    FeedClient *c = arg;
-    NetFrameParser p;
-    net_frame_parser_init(&p, FEED_CLIENT_MAX_FRAME);
-    net_frame_parser_protect(&p, &c->session, FEED_CLIENT_MAX_FRAME, c->peer);
-    uint8_t buf[65536];
-    SgError err;
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        int stop = c->stopping;
-        pthread_mutex_unlock(&c->mu);
-        if (stop)
-            break;
-        struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN},
-                                {.fd = c->wake[0], .events = POLLIN}};
-        int n = poll(pfd, 2, 1000);
-        if (n == -1 && errno != EINTR) {
-            sg_fail_errno(&err, SG_EIO, errno, "poll on the feed connection to %s", c->peer);
-            set_io_err(c, &err);
-            break;
-        }
-        if (n <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
-            continue;
-        long got = net_read_some(c->fd, buf, sizeof buf, c->peer, &err);
-        int rc = got < 0 ? (int)got : SG_OK;
-        for (size_t off = 0; rc == 0 && off < (size_t)got;) {
-            size_t used = 0;
-            rc = net_frame_parser_feed(&p, buf + off, (size_t)got - off, &used, &err);
-            off += used;
-            if (rc == 1) {
-                NetFrameHeader h;
-                uint8_t *payload;
-                net_frame_parser_take(&p, &h, &payload);
-                rc = on_frame(c, &h, payload, &err);
-                if (rc < 0 || h.flags == FEED_OP_ERROR)
-                    free(payload);
-            }
-        }
-        if (rc < 0) {
-            if (rc == SG_EPEER)
-                sg_fail(&err, SG_EPEER, "worker %s closed the feed connection", c->peer);
-            set_io_err(c, &err);
-            break;
-        }
-    }
-    net_frame_parser_free(&p);
-    return NULL;
-}
-
 /* Waits for the first queued frame with op (removed and returned), the
  * connection's error, or the deadline. */
-static int wait_msg(FeedClient *c, uint16_t op, double deadline, FeedMsg **out, const char *what,
+static int wait_msg(FeedClient *c, uint16_t op, double deadline, NetMsg **out, const char *what,
                     SgError *err)
 {
-    *out = NULL;
     pthread_mutex_lock(&c->mu);
-    for (;;) {
-        FeedMsg *prev = NULL, *m = c->head;
-        while (m != NULL && m->op != op)
-            prev = m, m = m->next;
-        if (m != NULL) {
-            if (prev != NULL)
-                prev->next = m->next;
-            else
-                c->head = m->next;
-            if (c->tail == m)
-                c->tail = prev;
-            *out = m;
-            break;
-        }
-        double left = deadline - sg_now();
-        if (c->io_err.code != 0 || left <= 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 1.0 ? left : 1.0);
-        ts.tv_sec = (time_t)whole;
-        ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-    }
+    while ((*out = net_reader_take(&c->rd, op)) == NULL && c->rd.err.code == 0 &&
+           net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
+        ;
     int rc = SG_OK;
-    if (*out == NULL && c->io_err.code != 0)
-        rc = sg_fail(err, c->io_err.code, "%s", c->io_err.msg);
+    if (*out == NULL && c->rd.err.code != 0)
+        rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
     else if (*out == NULL && what != NULL)
         rc = sg_fail(err, SG_ETIMEOUT, "timed out waiting for %s from worker %s", what, c->peer);
     pthread_mutex_unlock(&c->mu);
@@ -224,24 +126,26 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     FeedClient *c = calloc(1, sizeof *c);
     if (c == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a feed client");
-    c->fd = c->wake[0] = c->wake[1] = -1;
+    c->fd = -1;
     c->timeout = timeout;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    net_cond_init(&c->cv);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    if ((rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
-                               c->peer, "feed: ", err)) == 0 &&
-        (rc = net_wake_pipe(c->wake, err)) == 0) {
-        if (pthread_create(&c->thread, NULL, reader_main, c) != 0)
-            rc = sg_fail(err, SG_EIO, "cannot start the feed client's reader thread");
-        else
-            c->started = 1;
-    }
+    rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
+                          c->peer, "feed: ", err);
+    c->rd = (NetReader){.fd = c->fd,
+                        .session = &c->session,
+                        .peer = c->peer,
+                        .who = "worker",
+                        .what = "feed",
+                        .max_frame = FEED_CLIENT_MAX_FRAME,
+                        .mu = &c->mu,
+                        .cv = &c->cv,
+                        .ctx = c,
+                        .frame = on_frame};
+    if (rc == 0)
+        rc = net_reader_start(&c->rd, err);
     if (rc < 0) {
         feed_client_free(c);
         return rc;
@@ -253,7 +157,7 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
 /* After a failed send: the worker's reason, if it gave one in time. */
 static int explain_failure(FeedClient *c, int rc, SgError *err)
 {
-    FeedMsg *m;
+    NetMsg *m;
     SgError why;
     if (wait_msg(c, 0, sg_now() + 0.5, &m, NULL, &why) < 0)
         *err = why, rc = why.code;
@@ -282,7 +186,7 @@ int feed_client_end(FeedClient *c, const char *input, SgError *err)
     pthread_mutex_unlock(&c->send_mu);
     if (rc < 0)
         return explain_failure(c, rc, err);
-    FeedMsg *m;
+    NetMsg *m;
     char what[FEED_NAME_MAX + 64];
     snprintf(what, sizeof what, "the acknowledgement of the end of input '%s'", input);
     if ((rc = wait_msg(c, FEED_OP_ACK, deadline, &m, what, err)) < 0)
@@ -298,7 +202,7 @@ int feed_client_recv_results(FeedClient *c, double timeout, FeedBatch *out, uint
     double deadline;
     int rc = net_deadline(timeout, "FeedClient.recv_results", &deadline, err);
     *payload = NULL;
-    FeedMsg *m = NULL;
+    NetMsg *m = NULL;
     if (rc < 0 || (rc = wait_msg(c, FEED_OP_RESULT, deadline, &m, NULL, err)) < 0 || m == NULL)
         return rc;
     rc = feed_batch_decode(m->payload, m->len, out, err);
@@ -316,23 +220,9 @@ void feed_client_free(FeedClient *c)
 {
     if (c == NULL)
         return;
-    pthread_mutex_lock(&c->mu);
-    c->stopping = 1;
-    pthread_mutex_unlock(&c->mu);
-    if (c->started) {
-        net_wake(c->wake[1]);
-        pthread_join(c->thread, NULL);
-    }
+    net_reader_free(&c->rd);
     net_close(&c->fd);
     net_session_free(&c->session);
-    net_close(&c->wake[0]);
-    net_close(&c->wake[1]);
-    while (c->head != NULL) {
-        FeedMsg *m = c->head;
-        c->head = m->next;
-        free(m->payload);
-        free(m);
-    }
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_cond_destroy(&c->cv);

@@ -1,29 +1,22 @@
 /*
- * feed_server.c - the worker's FeedServer (feed.h): an accept thread, one
- * thread per feeder connection, per-input bounded queues of whole batches,
- * and feed_server_next which takes rows across batches for the trainer.
+ * feed_server.c - the worker's FeedServer (feed.h) as a handler of the
+ * server of server.h (an accept thread, one thread per feeder connection):
+ * per-input bounded queues of whole batches, and feed_server_next which
+ * takes rows across batches for the trainer.
  *
  * Backpressure: a connection thread holding a batch that does not fit waits
  * (and so stops reading its socket) until the consumer frees space. Every
  * wait is bounded or woken by stop. Not here: the feeder (feed_client.c).
  */
-#include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
-#include <openssl/crypto.h>
-
-#include "net/accept.h"
-#include "net/auth.h"
 #include "net/feed.h"
 #include "net/frame.h"
+#include "net/server.h"
 #include "net/sock.h"
 
 #define FEED_IO_TIMEOUT 60.0
@@ -48,69 +41,25 @@ typedef struct FeedInput {
     FeedBatch *schema; /* the first batch's columns (data pointers unused) */
 } FeedInput;
 
+/* base.id, 1, 2, ... in accept order, is the "source" of its rows; the conn
+ * thread (ACK, ERROR) and result senders write under base.send_mu. */
 typedef struct FeedConn {
-    struct FeedServer *s;
-    uint32_t id; /* 1, 2, ... in accept order: the "source" of its rows */
-    int fd;
-    NetSession session;      /* keyed by the handshake; its send half under send_mu */
-    pthread_mutex_t send_mu; /* the conn thread (ACK, ERROR) and result senders write */
-    char peer[NET_PEER_MAX];
-    pthread_t thread;
+    NetConn base;
     FeedBatch *batch; /* decode scratch, allocated once the feeder authenticated */
-    double auth_deadline;
-    int ended; /* the thread is done: the accept thread joins and frees it */
-    int refs;  /* feed_server_send_results calls using it (under s->mu) */
 } FeedConn;
 
 struct FeedServer {
-    int lfd;
-    uint8_t *secret;
-    size_t secret_len;
-    NetSecurity mode;
+    NetServer *srv;
     size_t capacity;
     int expected;
     uint32_t max_frame;
-    int wake[2];
-    pthread_t thread;
-    int started;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* data queued, space freed, finished, stopping */
     FeedInput inputs[FEED_MAX_INPUTS];
     int ninputs;
     int finish_all, stopping;
-    FeedConn **conns; /* live connections, under mu; ended ones are reaped at once */
-    size_t nconns, capconns;
-    uint32_t next_id; /* ids given so far */
-    double auth_timeout;
-    NetGate gate;
-    int senders; /* feed_server_send_results calls in flight (they use conns without mu) */
     FeedStats stats;
 };
-
-static void note(FeedServer *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(FeedServer *s, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->stats.last_error, sizeof s->stats.last_error, fmt, ap);
-    va_end(ap);
-    s->stats.rejected++;
-}
-
-static void wait_until(FeedServer *s, double deadline)
-{
-    double left = deadline - sg_now();
-    if (left > 1.0)
-        left = 1.0;
-    if (left <= 0)
-        return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
-    ts.tv_sec = (time_t)whole;
-    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-}
 
 /* The named input, created on first use; NULL if FEED_MAX_INPUTS are taken. */
 static FeedInput *input_get(FeedServer *s, const char *name)
@@ -138,15 +87,15 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
     FeedBatch *b = c->batch;
     int rc = feed_batch_decode(payload, len, b, err);
     if (rc < 0)
-        return sg_context(err, "from feeder %s: ", c->peer);
+        return sg_context(err, "from feeder %s: ", c->base.peer);
     FeedItem *item = calloc(1, sizeof *item);
     FeedColumn *cols = item != NULL ? malloc((size_t)b->ncols * sizeof *cols) : NULL;
     if (cols == NULL) {
         free(item);
-        return sg_fail(err, SG_ENOMEM, "queueing a %zu-byte batch from %s", len, c->peer);
+        return sg_fail(err, SG_ENOMEM, "queueing a %zu-byte batch from %s", len, c->base.peer);
     }
     memcpy(cols, b->cols, (size_t)b->ncols * sizeof *cols);
-    *item = (FeedItem){.source = c->id,
+    *item = (FeedItem){.source = c->base.id,
                        .rows = b->rows,
                        .ncols = b->ncols,
                        .cols = cols,
@@ -155,7 +104,7 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
     pthread_mutex_lock(&s->mu);
     FeedInput *in = input_get(s, b->input);
     if (in == NULL)
-        rc = sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
+        rc = sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->base.peer,
                      FEED_MAX_INPUTS);
     else if (in->schema == NULL && (in->schema = malloc(sizeof *in->schema)) != NULL)
         *in->schema = *b;
@@ -164,8 +113,7 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
     else
         rc = feed_schema_check(in->schema, b, err);
     while (rc == 0 && in->bytes > 0 && in->bytes + len > s->capacity && !s->stopping)
-        wait_until(s,
-                   sg_now() + 1.0); /* backpressure: this feeder's socket is not read meanwhile */
+        net_cond_wait(&s->cv, &s->mu, sg_now() + 1.0); /* backpressure: the socket waits */
     if (rc == 0 && s->stopping)
         rc = sg_fail(err, SG_ECANCELLED, "the worker's feed server stopped");
     if (rc == 0) {
@@ -202,210 +150,87 @@ static int end_input(FeedServer *s, FeedConn *c, const char *name, SgError *err)
     }
     pthread_mutex_unlock(&s->mu);
     if (in == NULL)
-        return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->peer,
+        return sg_fail(err, SG_EINVAL, "feeder %s: more than %d named inputs", c->base.peer,
                        FEED_MAX_INPUTS);
-    pthread_mutex_lock(&c->send_mu);
-    int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
-                            sg_now() + FEED_IO_TIMEOUT, c->peer, err);
-    pthread_mutex_unlock(&c->send_mu);
+    pthread_mutex_lock(&c->base.send_mu);
+    int rc = net_frame_send(c->base.fd, &c->base.session, NET_FRAME_FEED, FEED_OP_ACK, NULL, 0,
+                            sg_now() + FEED_IO_TIMEOUT, c->base.peer, err);
+    pthread_mutex_unlock(&c->base.send_mu);
     return rc;
 }
 
-/* Waits for the next frame; 1 when stopping. */
-static int wait_frame(FeedServer *s, FeedConn *c, SgError *err)
+/* NetHandler.serve: one frame from the feeder, whole and its tag checked
+ * before anything of it is queued. */
+static int serve_feeder(void *ctx, NetConn *nc, SgError *err)
 {
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int stop = s->stopping;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            return 1;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        int n = poll(&p, 1, 1000);
-        if (n == -1 && errno != EINTR)
-            return sg_fail_errno(err, SG_EIO, errno, "poll on feeder %s", c->peer);
-        if (n > 0)
-            return SG_OK;
-    }
-}
-
-static int serve_feeder(FeedServer *s, FeedConn *c, SgError *err)
-{
-    int rc;
-    while ((rc = wait_frame(s, c, err)) == 0) {
-        NetFrameHeader h;
-        uint8_t *payload = NULL;
-        /* Whole frame, tag checked, before anything of it is queued. */
-        if ((rc = net_frame_recv(c->fd, &c->session, s->max_frame, sg_now() + FEED_IO_TIMEOUT,
-                                 c->peer, &h, &payload, err)) < 0)
-            return rc;
-        if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
-            rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection",
-                         c->peer, net_frame_type_name(h.type), h.flags);
-        else if (h.flags == FEED_OP_BATCH && (rc = enqueue(s, c, payload, h.length, err)) == 0)
-            payload = NULL; /* owned by the queue now */
-        else if (h.flags == FEED_OP_END && (h.length == 0 || h.length > FEED_NAME_MAX ||
-                                            strlen((const char *)payload) != h.length))
-            rc = sg_fail(err, SG_EPROTO, "feeder %s sent END with a bad input name", c->peer);
-        else if (h.flags == FEED_OP_END)
-            rc = end_input(s, c, (const char *)payload, err);
-        free(payload);
-        if (rc < 0)
-            return rc;
-    }
+    FeedServer *s = ctx;
+    FeedConn *c = (FeedConn *)nc;
+    NetFrameHeader h;
+    uint8_t *payload = NULL;
+    int rc = net_frame_recv(nc->fd, &nc->session, s->max_frame, sg_now() + FEED_IO_TIMEOUT,
+                            nc->peer, &h, &payload, err);
+    if (rc < 0)
+        return rc;
+    if (h.type != NET_FRAME_FEED || (h.flags != FEED_OP_BATCH && h.flags != FEED_OP_END))
+        rc = sg_fail(err, SG_EPROTO, "feeder %s sent a %s frame (op %u) on the feed connection",
+                     nc->peer, net_frame_type_name(h.type), h.flags);
+    else if (h.flags == FEED_OP_BATCH && (rc = enqueue(s, c, payload, h.length, err)) == 0)
+        payload = NULL; /* owned by the queue now */
+    else if (h.flags == FEED_OP_END && (h.length == 0 || h.length > FEED_NAME_MAX ||
+                                        strlen((const char *)payload) != h.length))
+        rc = sg_fail(err, SG_EPROTO, "feeder %s sent END with a bad input name", nc->peer);
+    else if (h.flags == FEED_OP_END)
+        rc = end_input(s, c, (const char *)payload, err);
+    free(payload);
     return rc;
 }
 
-static void *conn_main(void *arg)
+static int feeder_open(void *ctx, NetConn *nc, SgError *err)
 {
-    FeedConn *c = arg;
-    FeedServer *s = c->s;
-    SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->mode, c->auth_deadline, c->peer,
-                             &c->session, &err);
-    int authed = rc == 0;
-    if (authed)
-        net_gate_authenticated(&s->gate, c->peer);
-    else
-        net_gate_release(&s->gate, c->peer);
-    if (authed) {
-        pthread_mutex_lock(&s->mu);
-        s->stats.feeders++;
-        pthread_mutex_unlock(&s->mu);
-        if ((c->batch = malloc(sizeof *c->batch)) == NULL)
-            rc = sg_fail(&err, SG_ENOMEM, "allocating a decode buffer for feeder %s", c->peer);
-    }
-    if (rc == 0)
-        rc = serve_feeder(s, c, &err);
-    if (rc < 0 && rc != SG_EPEER) {
-        pthread_mutex_lock(&s->mu);
-        note(s, "%s", err.msg);
-        pthread_mutex_unlock(&s->mu);
-    }
-    if (authed && rc < 0 && rc != SG_EPEER) {
-        /* Tell the feeder why: u32 code + message (never a peer that did not authenticate),
-         * through the session: a frame of the feeder's that failed its tag broke only the
-         * feeder -> worker direction. */
-        uint8_t buf[4 + SG_ERROR_MAX];
-        size_t n = strlen(err.msg);
-        uint32_t code = (uint32_t)(int32_t)rc;
-        for (int i = 0; i < 4; i++)
-            buf[i] = (uint8_t)(code >> (8 * i));
-        memcpy(buf + 4, err.msg, n);
-        SgError ignored;
-        pthread_mutex_lock(&c->send_mu);
-        net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n,
-                       sg_now() + 1.0, c->peer, &ignored);
-        pthread_mutex_unlock(&c->send_mu);
-    }
-    shutdown(c->fd, SHUT_RDWR);
+    FeedServer *s = ctx;
     pthread_mutex_lock(&s->mu);
-    c->ended = 1;
-    net_wake(s->wake[1]); /* the accept thread reaps it */
+    s->stats.feeders++;
     pthread_mutex_unlock(&s->mu);
-    return NULL;
+    if ((((FeedConn *)nc)->batch = malloc(sizeof(FeedBatch))) == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating a decode buffer for feeder %s", nc->peer);
+    return SG_OK;
 }
 
-/* Starts a thread for an admitted (unauthenticated) connection; on failure
- * closes it and gives its place in the gate back. */
-static void add_conn(FeedServer *s, int fd, const char *peer)
+static void feeder_close(void *ctx, NetConn *nc, int rc, const SgError *err)
 {
-    FeedConn *c = calloc(1, sizeof *c);
+    FeedServer *s = ctx;
+    free(((FeedConn *)nc)->batch);
+    if (rc >= 0 || rc == SG_EPEER)
+        return;
     pthread_mutex_lock(&s->mu);
-    FeedConn **grown = c != NULL && s->nconns == s->capconns
-                           ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 8) * sizeof *grown)
-                           : s->conns;
-    if (c != NULL && grown != NULL && s->nconns == s->capconns) {
-        s->conns = grown;
-        s->capconns = s->capconns ? 2 * s->capconns : 8;
-    }
-    int ok = c != NULL && grown != NULL;
-    if (ok) {
-        *c = (FeedConn){
-            .s = s, .id = ++s->next_id, .fd = fd, .auth_deadline = sg_now() + s->auth_timeout};
-        snprintf(c->peer, sizeof c->peer, "%s", peer);
-        pthread_mutex_init(&c->send_mu, NULL);
-        ok = pthread_create(&c->thread, NULL, conn_main, c) == 0;
-        if (!ok)
-            pthread_mutex_destroy(&c->send_mu);
-    }
-    if (ok)
-        s->conns[s->nconns++] = c;
+    snprintf(s->stats.last_error, sizeof s->stats.last_error, "%.255s", err->msg);
+    s->stats.rejected++;
     pthread_mutex_unlock(&s->mu);
-    if (!ok) {
-        free(c);
-        close(fd);
-        net_gate_release(&s->gate, peer);
-    }
+    if (!nc->authed)
+        return;
+    /* Tell the feeder why: u32 code + message (never a peer that did not authenticate),
+     * through the session: a frame of the feeder's that failed its tag broke only the
+     * feeder -> worker direction. */
+    uint8_t buf[4 + SG_ERROR_MAX];
+    size_t n = strlen(err->msg);
+    uint32_t code = (uint32_t)(int32_t)rc;
+    for (int i = 0; i < 4; i++)
+        buf[i] = (uint8_t)(code >> (8 * i));
+    memcpy(buf + 4, err->msg, n);
+    SgError ignored;
+    pthread_mutex_lock(&nc->send_mu);
+    net_frame_send(nc->fd, &nc->session, NET_FRAME_FEED, FEED_OP_ERROR, buf, 4 + n, sg_now() + 1.0,
+                   nc->peer, &ignored);
+    pthread_mutex_unlock(&nc->send_mu);
 }
 
-static void add_conn_cb(void *ctx, int fd, const char *peer)
+static void feed_stopping(void *ctx)
 {
-    add_conn((FeedServer *)ctx, fd, peer);
-}
-
-static void conn_free(FeedConn *c)
-{
-    pthread_join(c->thread, NULL);
-    net_close(&c->fd);
-    net_session_free(&c->session);
-    pthread_mutex_destroy(&c->send_mu);
-    free(c->batch);
-    free(c);
-}
-
-/* Joins and frees ended connections no result sender holds: their socket,
- * thread and buffer go as soon as the feeder is done, not at shutdown. */
-static void reap_conns(FeedServer *s)
-{
-    FeedConn *ended[64];
-    size_t n = 0, j = 0;
+    FeedServer *s = ctx;
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++) {
-        FeedConn *c = s->conns[i];
-        if (c->ended && c->refs == 0 && n < sizeof ended / sizeof *ended)
-            ended[n++] = c;
-        else
-            s->conns[j++] = c;
-    }
-    s->nconns = j;
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < n; i++)
-        conn_free(ended[i]);
-}
-
-static void *accept_main(void *arg)
-{
-    FeedServer *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int stop = s->stopping;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            break;
-        int ms = 1000;
-        /* the listener is left out while the gate backs off (EMFILE & co) */
-        struct pollfd p[2] = {{.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN},
-                              {.fd = s->wake[0], .events = POLLIN}};
-        int n = poll(p, 2, ms);
-        if (n < 0)
-            continue; /* EINTR; other poll errors cannot happen on valid fds */
-        if (p[1].revents)
-            net_wake_drain(s->wake[0]);
-        reap_conns(s);
-        net_gate_accept_ready(&s->gate, s->lfd, p[0].fd < 0 || (p[0].revents & POLLIN), add_conn_cb,
-                              s);
-    }
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++)
-        shutdown(s->conns[i]->fd, SHUT_RDWR);
-    while (s->senders > 0) /* result senders fail fast on the shut sockets */
-        wait_until(s, sg_now() + 1.0);
-    pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s->conns[i]);
-    s->nconns = 0;
-    return NULL;
 }
 
 /* ---- API -------------------------------------------------------------------- */
@@ -414,9 +239,6 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecu
                       size_t capacity_bytes, int expected_feeders, uint32_t max_frame,
                       FeedServer **out, SgError *err)
 {
-    int rc = net_auth_check_secret(secret_len, err);
-    if (rc < 0)
-        return rc;
     if (capacity_bytes == 0 || expected_feeders < 0 || max_frame < 64)
         return sg_fail(
             err, SG_EINVAL,
@@ -424,31 +246,22 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecu
     FeedServer *s = calloc(1, sizeof *s);
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a feed server");
-    s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    s->mode = mode;
-    s->lfd = lfd, s->capacity = capacity_bytes, s->expected = expected_feeders,
-    s->max_frame = max_frame;
-    s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
-    rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err);
-    if (rc == 0 && (s->secret = malloc(secret_len)) == NULL)
-        rc = sg_fail(err, SG_ENOMEM, "allocating a feed server");
-    else if (rc == 0)
-        memcpy(s->secret, secret, s->secret_len = secret_len);
+    net_cond_init(&s->cv);
+    s->capacity = capacity_bytes, s->expected = expected_feeders, s->max_frame = max_frame;
+    NetHandler h = {.ctx = s,
+                    .conn_size = sizeof(FeedConn),
+                    .open = feeder_open,
+                    .serve = serve_feeder,
+                    .close = feeder_close,
+                    .stopping = feed_stopping};
+    int rc = net_server_new(lfd, secret, secret_len, mode, "feed server", &h, &s->srv, err);
     if (rc == 0)
-        rc = net_wake_pipe(s->wake, err);
-    if (rc == 0 && pthread_create(&s->thread, NULL, accept_main, s) != 0)
-        rc = sg_fail(err, SG_EIO, "cannot start the feed server thread");
+        rc = net_server_start(s->srv, err);
     if (rc < 0) {
         feed_server_free(s);
         return rc;
     }
-    s->started = 1;
     *out = s;
     return SG_OK;
 }
@@ -525,7 +338,7 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_
         return sg_fail(err, SG_EINVAL, "more than %d named inputs", FEED_MAX_INPUTS);
     }
     while (in->rows < min_rows && !input_finished(s, in) && !s->stopping && sg_now() < deadline)
-        wait_until(s, deadline);
+        net_cond_wait(&s->cv, &s->mu, deadline);
     if (in->rows >= min_rows || input_finished(s, in))
         rc = take_rows(s, in, in->rows < n ? in->rows : n, out, err);
     else if (s->stopping)
@@ -579,22 +392,16 @@ void feed_server_stats(FeedServer *s, FeedStats *out)
 
 void feed_server_set_auth_timeout(FeedServer *s, double seconds)
 {
-    pthread_mutex_lock(&s->mu);
-    s->auth_timeout = seconds;
-    pthread_mutex_unlock(&s->mu);
+    net_server_set_auth_timeout(s->srv, seconds);
 }
 
 void feed_server_stop(FeedServer *s)
 {
-    pthread_mutex_lock(&s->mu);
-    int was = s->stopping;
-    s->stopping = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    if (!was && s->started) {
-        net_wake(s->wake[1]);
-        pthread_join(s->thread, NULL);
-        s->started = 0;
+    feed_stopping(s);
+    if (s->srv != NULL) {
+        SgError ignored;
+        net_server_end(s->srv, NET_SERVER_STOPPED);
+        net_server_wait(s->srv, -1, &ignored);
     }
 }
 
@@ -614,13 +421,7 @@ void feed_server_free(FeedServer *s)
         }
         free(in->schema);
     }
-    net_close(&s->wake[0]);
-    net_close(&s->wake[1]);
-    free(s->conns);
-    if (s->secret != NULL)
-        OPENSSL_cleanse(s->secret, s->secret_len);
-    free(s->secret);
-    net_gate_free(&s->gate);
+    net_server_free(s->srv);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -645,35 +446,24 @@ int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b,
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->mu);
-    FeedConn *c = NULL;
-    for (size_t i = 0; !s->stopping && i < s->nconns && c == NULL; i++)
-        if (s->conns[i]->id == source)
-            c = s->conns[i];
-    if (c != NULL && c->ended && c->batch == NULL)
-        c = NULL; /* never authenticated: not a feeder */
-    int gone = c == NULL && !s->stopping && source >= 1 && source <= s->next_id;
-    if (c != NULL)
-        s->senders++, c->refs++;
+    int stopping = s->stopping;
     pthread_mutex_unlock(&s->mu);
+    int gone = 0;
+    NetConn *c = stopping ? NULL : net_server_conn_get(s->srv, source, &gone);
     if (gone)
         return sg_fail(err, SG_EPEER,
                        "sending results to feeder %u: its connection has ended (the feeder "
                        "closed it)",
                        source);
     if (c == NULL)
-        return sg_fail(err, s->stopping ? SG_ESTATE : SG_EINVAL,
+        return sg_fail(err, stopping ? SG_ESTATE : SG_EINVAL,
                        "no feeder connection with source id %u%s", source,
-                       s->stopping ? " (the feed server is closed)" : "");
+                       stopping ? " (the feed server is closed)" : "");
     pthread_mutex_lock(&c->send_mu);
     rc = feed_send_batch(c->fd, &c->session, FEED_OP_RESULT, b, deadline, c->peer, err);
     pthread_mutex_unlock(&c->send_mu);
     if (rc == SG_EPEER || rc == SG_EIO)
         sg_context(err, "sending results to feeder %u: ", source);
-    pthread_mutex_lock(&s->mu);
-    s->senders--;
-    if (--c->refs == 0 && c->ended)
-        net_wake(s->wake[1]); /* reap it now */
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    net_server_conn_put(s->srv, c);
     return rc;
 }

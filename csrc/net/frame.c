@@ -14,32 +14,6 @@
 #include "common/sg_le.h"
 #include "net/sock.h"
 
-const char *net_frame_type_name(uint8_t type)
-{
-    switch (type) {
-    case NET_FRAME_AUTH_CHALLENGE:
-        return "auth-challenge";
-    case NET_FRAME_AUTH_RESPONSE:
-        return "auth-response";
-    case NET_FRAME_AUTH_OK:
-        return "auth-ok";
-    case NET_FRAME_AUTH_FAIL:
-        return "auth-fail";
-    case NET_FRAME_JSON:
-        return "json";
-    case NET_FRAME_HEARTBEAT:
-        return "heartbeat";
-    case NET_FRAME_PS:
-        return "ps";
-    case NET_FRAME_FEED:
-        return "feed";
-    case NET_FRAME_COLL:
-        return "coll";
-    default:
-        return "unknown";
-    }
-}
-
 void net_frame_header_encode(uint8_t out[NET_FRAME_HEADER_SIZE], uint8_t type, uint16_t flags,
                              uint32_t length)
 {

@@ -30,6 +30,7 @@
 #include <sys/uio.h>
 
 #include "common/sg_status.h"
+#include "net/frame_type.h"
 #include "net/session.h"
 
 #define NET_FRAME_MAGIC       0x4E544753u
@@ -39,18 +40,6 @@
 #define NET_FRAME_MAX_UNAUTH  256u
 /* What a protected frame adds on the wire beyond header and payload. */
 #define NET_FRAME_SEC_OVERHEAD (NET_SESSION_SEQ + NET_SESSION_TAG)
-
-typedef enum NetFrameType {
-    NET_FRAME_AUTH_CHALLENGE = 1, /* server nonce (32) */
-    NET_FRAME_AUTH_RESPONSE = 2,  /* client nonce (32) + client MAC (32) */
-    NET_FRAME_AUTH_OK = 3,        /* server MAC (32) */
-    NET_FRAME_AUTH_FAIL = 4,      /* reason text */
-    NET_FRAME_JSON = 10,          /* one JSON object with a "type" member */
-    NET_FRAME_HEARTBEAT = 11,     /* empty */
-    NET_FRAME_PS = 20,            /* parameter-server request/reply (ps_*.c) */
-    NET_FRAME_FEED = 30,          /* feed batch or control (feed.c) */
-    NET_FRAME_COLL = 40,          /* collectives: hello, per-collective header (coll.c) */
-} NetFrameType;
 
 typedef struct NetFrameHeader {
     uint8_t type;
@@ -134,8 +123,5 @@ int net_frame_recv_end(int fd, NetSession *s, uint8_t type, double deadline, con
  * net_frame_parser_take. */
 int net_frame_recv(int fd, NetSession *s, uint32_t max_payload, double deadline, const char *peer,
                    NetFrameHeader *h, uint8_t **payload, SgError *err);
-
-/* A human name for a frame type ("json", "unknown"). */
-const char *net_frame_type_name(uint8_t type);
 
 #endif /* NET_FRAME_H */

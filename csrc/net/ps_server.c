@@ -1,50 +1,38 @@
 /*
- * ps_server.c - one parameter-server shard (ps.h): an accept loop in the
- * caller's thread (ps_server_serve), one thread per worker connection, the
- * shard under one mutex, async and sync application of gradients, the
- * workers' model state (PUT_STATE / MEAN_STATE) under a mutex of its own.
+ * ps_server.c - one parameter-server shard (ps.h) as a handler of the
+ * server of server.h (one thread per worker connection; ps_server_serve is
+ * its start, wait and stop): the shard under one mutex, async and sync
+ * application of gradients, the workers' model state (PUT_STATE /
+ * MEAN_STATE) under a mutex of its own.
  *
- * Every wait is bounded or woken: connection threads poll with a 1 s period
- * and check `closing`; serve's exit shuts every connection down, so blocked
- * reads return at once. Each connection keeps the session its handshake
- * keyed (cfg.security): requests are read in parts straight into the
- * connection's buffers and handled only after their tag checked; replies
- * and errors go out as pieces of one protected frame. Not here: the worker
- * side (ps_client.c).
+ * Every wait is bounded or woken: the server's end sets `closing` and
+ * shuts every connection down, so blocked reads return at once. Each
+ * connection keeps the session its handshake keyed (cfg.security):
+ * requests are read in parts straight into the connection's buffers and
+ * handled only after their tag checked; replies and errors go out as pieces
+ * of one protected frame. Not here: the worker side (ps_client.c).
  */
-#include <errno.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
-#include <openssl/crypto.h>
-
-#include "common/sg_bf16.h"
-#include "net/accept.h"
-#include "net/auth.h"
 #include "net/frame.h"
+#include "common/sg_bf16.h"
 #include "net/ps.h"
+#include "net/server.h"
 #include "net/sock.h"
 
 #define PS_IO_TIMEOUT 60.0 /* seconds for one request body or reply to cross */
 
 typedef struct PsConn {
+    NetConn base;
     struct PsServer *s;
-    int fd;
-    char peer[NET_PEER_MAX];
-    NetSession sess; /* keyed by the handshake; wiped when the connection is freed */
     int send_failed; /* a frame to the worker broke off: nothing more may follow it */
-    pthread_t thread;
-    long worker_id; /* -1 until HELLO */
+    long worker_id;  /* -1 until HELLO */
     int said_done;
     int first_done; /* this connection marked its worker done: ack it, then count */
-    int ended;      /* the thread is done: serve joins and frees it */
     float *buf;     /* count floats: gradients in, parameters out (after auth) */
     float *extra;   /* SET_STATE / GET_STATE: optimizer state, PUT_STATE / MEAN_STATE:
                        model state (malloc'd per request) */
@@ -52,13 +40,10 @@ typedef struct PsConn {
 } PsConn;
 
 struct PsServer {
-    int lfd;
-    uint8_t *secret;
-    size_t secret_len;
+    NetServer *srv;
     PsServerConfig cfg;
     float lr;
     size_t opt_floats; /* optimizer state size (fixed) */
-    int wake[2];
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* step advanced, initialized, broken, closing */
@@ -73,9 +58,6 @@ struct PsServer {
     int broken;
     SgError broken_err;
     int stopping, closing;
-    PsConn **conns; /* live connections; ended ones are reaped by serve */
-    size_t nconns, capconns;
-    NetGate gate;
     uint64_t integrity_failures; /* connections closed by a failed tag or seq */
     SgError last_integrity;
 
@@ -106,10 +88,7 @@ static void break_sync(PsServer *s, int code, const char *fmt, ...)
 
 static int cond_wait_1s(PsServer *s)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += 1;
-    return pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    return net_cond_wait(&s->cv, &s->mu, sg_now() + 1.0);
 }
 
 /* Sync: averages the step's gradients, applies them, advances the step. */
@@ -211,7 +190,7 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
     for (;;) {
         int others = s->n_done - (s->done[c->worker_id] ? 1 : 0);
         if (others >= want)
-            return wait_initialized(s, c->peer, err);
+            return wait_initialized(s, c->base.peer, err);
         if (s->broken)
             return sg_fail(err, s->broken_err.code, "%s", s->broken_err.msg);
         if (s->closing || s->stopping)
@@ -230,22 +209,30 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
 
 /* ---- one request ------------------------------------------------------------ */
 
-/* One reply frame: the op header r, then data and data2 (either may be empty). */
-static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
-                 size_t len2, SgError *err)
+/* One frame of op (a reply or an error): the op header r, then data and
+ * data2 (either may be empty). */
+static int reply_op(PsConn *c, int op, const uint64_t r[4], const void *data, size_t len,
+                    const void *data2, size_t len2, SgError *err)
 {
-    uint8_t op[PS_OP_HEADER];
-    ps_op_encode(op, r[0], r[1], r[2], r[3]);
-    struct iovec pieces[3] = {{op, sizeof op}};
+    uint8_t oph[PS_OP_HEADER];
+    ps_op_encode(oph, r[0], r[1], r[2], r[3]);
+    struct iovec pieces[3] = {{oph, sizeof oph}};
     int n = 1;
     if (len > 0)
         pieces[n++] = (struct iovec){(void *)data, len};
     if (len2 > 0)
         pieces[n++] = (struct iovec){(void *)data2, len2};
-    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_REPLY, pieces, n,
-                             sg_now() + PS_IO_TIMEOUT, c->peer, "a ps reply", err);
+    int rc = net_frame_sendv(c->base.fd, &c->base.session, NET_FRAME_PS, (uint16_t)op, pieces, n,
+                             sg_now() + PS_IO_TIMEOUT, c->base.peer,
+                             op == PS_OP_ERROR ? "a ps error" : "a ps reply", err);
     c->send_failed = rc < 0;
     return rc;
+}
+
+static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
+                 size_t len2, SgError *err)
+{
+    return reply_op(c, PS_OP_REPLY, r, data, len, data2, len2, err);
 }
 
 /* (s->mu held) */
@@ -291,17 +278,10 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
  * seq, hence its AEAD nonce). */
 static int reply_error(PsConn *c, const SgError *e)
 {
-    if (c->send_failed)
-        return SG_EIO;
-    uint8_t op[PS_OP_HEADER];
-    size_t len = strlen(e->msg);
-    ps_op_encode(op, (uint64_t)(int64_t)e->code, 0, 0, 0);
-    struct iovec pieces[2] = {{op, sizeof op}, {(void *)e->msg, len}};
+    uint64_t r[4] = {(uint64_t)(int64_t)e->code, 0, 0, 0};
     SgError ignored;
-    int rc = net_frame_sendv(c->fd, &c->sess, NET_FRAME_PS, PS_OP_ERROR, pieces, len > 0 ? 2 : 1,
-                             sg_now() + PS_IO_TIMEOUT, c->peer, "a ps error", &ignored);
-    c->send_failed = rc < 0;
-    return rc;
+    return c->send_failed ? SG_EIO
+                          : reply_op(c, PS_OP_ERROR, r, e->msg, strlen(e->msg), NULL, 0, &ignored);
 }
 
 /* (s->state_mu held) PUT_STATE: takes c->extra (the request's n floats) as
@@ -375,7 +355,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     int rc = SG_OK, send_params = 0, send_extra = 0;
     int64_t opt_step = 0;
     if (op != PS_OP_HELLO && c->worker_id < 0)
-        return sg_fail(err, SG_EPROTO, "%s sent ps op %d before HELLO", c->peer, op);
+        return sg_fail(err, SG_EPROTO, "%s sent ps op %d before HELLO", c->base.peer, op);
     if (op == PS_OP_PUT_STATE || op == PS_OP_MEAN_STATE)
         return handle_state(c, op, v, err);
     pthread_mutex_lock(&s->mu);
@@ -387,7 +367,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
                 err, SG_ECLUSTER,
                 "worker %llu at %s expects shard [%llu, +%llu) of %llu parameters, this ps serves "
                 "[%llu, +%llu) of %llu for %d workers (model or num_ps differ between nodes?)",
-                (unsigned long long)v[0], c->peer, (unsigned long long)v[2],
+                (unsigned long long)v[0], c->base.peer, (unsigned long long)v[2],
                 (unsigned long long)v[3], (unsigned long long)v[1], (unsigned long long)cfg->offset,
                 (unsigned long long)cfg->count, (unsigned long long)cfg->total, cfg->num_workers);
         else
@@ -395,7 +375,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         flag = (uint64_t)s->initialized;
         break;
     case PS_OP_PULL:
-        rc = wait_initialized(s, c->peer, err);
+        rc = wait_initialized(s, c->base.peer, err);
         send_params = 1;
         break;
     case PS_OP_PUSH:
@@ -441,7 +421,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         send_params = 1;
         break;
     default:
-        rc = sg_fail(err, SG_EPROTO, "%s sent unknown ps op %d", c->peer, op);
+        rc = sg_fail(err, SG_EPROTO, "%s sent unknown ps op %d", c->base.peer, op);
     }
     r[0] = s->step;
     r[1] = flag, r[2] = (uint64_t)cfg->num_workers, r[3] = (uint64_t)cfg->mode;
@@ -459,7 +439,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         pthread_mutex_lock(&s->mu);
         c->first_done = 0;
         if (++s->n_done_acked == cfg->num_workers)
-            net_wake(s->wake[1]);
+            net_server_end(s->srv, NET_SERVER_DONE);
         pthread_mutex_unlock(&s->mu);
     }
     return rc;
@@ -472,34 +452,22 @@ static int bad_request(PsConn *c, const NetFrameHeader *h, size_t consumed, doub
                        SgError *err)
 {
     SgError e;
-    if (ps_frame_drain_check(c->fd, &c->sess, h->type, h->length - consumed, deadline, c->peer,
-                             &e) < 0) {
+    if (ps_frame_drain_check(c->base.fd, &c->base.session, h->type, h->length - consumed, deadline,
+                             c->base.peer, &e) < 0) {
         *err = e;
         return SG_EAUTH;
     }
     return rc;
 }
 
-/* Reads one request into c->buf (and c->extra) and, once its tag checked,
- * handles it. Returns 0, SG_EPEER when the worker left, 1 when closing, or
+/* NetHandler.serve: reads one request into c->buf (and c->extra) and, once
+ * its tag checked, handles it. Returns 0, SG_EPEER when the worker left, or
  * another status (connection is dropped). */
-static int serve_one(PsConn *c, SgError *err)
+static int serve_one(void *ctx, NetConn *nc, SgError *err)
 {
-    PsServer *s = c->s;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int closing = s->closing;
-        pthread_mutex_unlock(&s->mu);
-        if (closing)
-            return 1;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        int n = poll(&p, 1, 1000);
-        if (n == -1 && errno != EINTR)
-            return sg_fail_errno(err, SG_EIO, errno, "poll on worker connection %s", c->peer);
-        if (n > 0)
-            break;
-    }
-    NetSession *sess = &c->sess;
+    PsServer *s = ctx;
+    PsConn *c = (PsConn *)nc;
+    NetSession *sess = &c->base.session;
     size_t bytes = (size_t)s->cfg.count * sizeof(float);
     size_t opt_bytes = s->opt_floats * sizeof(float); /* fixed after construction */
     /* the largest request: SET_STATE, or a PUT_STATE of PS_STATE_MAX floats;
@@ -511,16 +479,17 @@ static int serve_one(PsConn *c, SgError *err)
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc = net_frame_recv_header(c->fd, sess, (uint32_t)cap, deadline, c->peer, &h, err);
+    int rc =
+        net_frame_recv_header(c->base.fd, sess, (uint32_t)cap, deadline, c->base.peer, &h, err);
     if (rc < 0)
         return rc;
     if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
         return bad_request(c, &h, 0, deadline,
                            sg_fail(err, SG_EPROTO,
-                                   "%s sent a %u-byte %s frame where a ps request belongs", c->peer,
-                                   h.length, net_frame_type_name(h.type)),
+                                   "%s sent a %u-byte %s frame where a ps request belongs",
+                                   c->base.peer, h.length, net_frame_type_name(h.type)),
                            err);
-    if ((rc = net_frame_recv_payload(c->fd, sess, oph, sizeof oph, deadline, c->peer,
+    if ((rc = net_frame_recv_payload(c->base.fd, sess, oph, sizeof oph, deadline, c->base.peer,
                                      "a ps op header", err)) < 0)
         return rc;
     ps_op_decode(oph, v);
@@ -531,7 +500,7 @@ static int serve_one(PsConn *c, SgError *err)
         return bad_request(
             c, &h, PS_OP_HEADER, deadline,
             sg_fail(err, SG_EPROTO,
-                    "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->peer,
+                    "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->base.peer,
                     (unsigned long long)v[0]),
             err);
     const int bf16 = push && v[0] == PS_WIRE_BF16;
@@ -545,14 +514,14 @@ static int serve_one(PsConn *c, SgError *err)
                            sg_fail(err, SG_EPROTO,
                                    "SET_STATE from %s carries %llu floats of optimizer state, "
                                    "this ps shard's optimizer holds %zu",
-                                   c->peer, (unsigned long long)v[2], s->opt_floats),
+                                   c->base.peer, (unsigned long long)v[2], s->opt_floats),
                            err);
     if (put_state && v[0] > PS_STATE_MAX)
         return bad_request(c, &h, PS_OP_HEADER, deadline,
                            sg_fail(err, SG_EPROTO,
                                    "PUT_STATE from %s carries %llu floats of model state, at most "
                                    "%llu are accepted",
-                                   c->peer, (unsigned long long)v[0],
+                                   c->base.peer, (unsigned long long)v[0],
                                    (unsigned long long)PS_STATE_MAX),
                            err);
     size_t extra = h.flags == PS_OP_SET_STATE ? (size_t)v[2] * sizeof(float)
@@ -563,11 +532,12 @@ static int serve_one(PsConn *c, SgError *err)
         return bad_request(
             c, &h, PS_OP_HEADER, deadline,
             sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu%s",
-                    h.flags, c->peer, data, expected, bf16 ? " (bf16 gradients)" : ""),
+                    h.flags, c->base.peer, data, expected, bf16 ? " (bf16 gradients)" : ""),
             err);
     uint8_t *in = (uint8_t *)c->buf + (bytes - in_bytes);
-    if (carries && (rc = net_frame_recv_payload(c->fd, sess, in, in_bytes, deadline, c->peer,
-                                                bf16 ? "bf16 gradients" : "ps data", err)) < 0)
+    if (carries &&
+        (rc = net_frame_recv_payload(c->base.fd, sess, in, in_bytes, deadline, c->base.peer,
+                                     bf16 ? "bf16 gradients" : "ps data", err)) < 0)
         return rc;
     free(c->extra);
     c->extra = NULL;
@@ -576,13 +546,13 @@ static int serve_one(PsConn *c, SgError *err)
         const char *what = put_state ? "model state" : "optimizer state";
         if ((c->extra = malloc(extra)) == NULL)
             return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of %s from %s", extra, what,
-                           c->peer);
-        if ((rc = net_frame_recv_payload(c->fd, sess, c->extra, extra, deadline, c->peer, what,
-                                         err)) < 0)
+                           c->base.peer);
+        if ((rc = net_frame_recv_payload(c->base.fd, sess, c->extra, extra, deadline, c->base.peer,
+                                         what, err)) < 0)
             return rc;
     }
     /* nothing of the request is acted on before its tag checked */
-    if ((rc = net_frame_recv_end(c->fd, sess, h.type, deadline, c->peer, err)) < 0)
+    if ((rc = net_frame_recv_end(c->base.fd, sess, h.type, deadline, c->base.peer, err)) < 0)
         return rc;
     if (bf16) {
         /* ascending: element i is read before float i is written, and float
@@ -604,161 +574,63 @@ static int serve_one(PsConn *c, SgError *err)
     return rc;
 }
 
-static void *conn_main(void *arg)
+/* ---- the handler of the server (server.h) ------------------------------------ */
+
+static int conn_open(void *ctx, NetConn *nc, SgError *err)
 {
-    PsConn *c = arg;
-    PsServer *s = c->s;
-    SgError err;
-    int rc = net_auth_server(c->fd, s->secret, s->secret_len, s->cfg.security,
-                             sg_now() + s->cfg.auth_timeout, c->peer, &c->sess, &err);
-    int authed = rc == 0;
-    if (authed)
-        net_gate_authenticated(&s->gate, c->peer);
-    else
-        net_gate_release(&s->gate, c->peer);
-    if (authed && (c->buf = malloc((size_t)s->cfg.count * sizeof(float))) == NULL)
-        rc = sg_fail(&err, SG_ENOMEM, "allocating a %llu-float buffer for %s",
-                     (unsigned long long)s->cfg.count, c->peer);
-    while (rc == 0)
-        rc = serve_one(c, &err);
+    PsConn *c = (PsConn *)nc;
+    c->s = ctx;
+    c->worker_id = -1;
+    if ((c->buf = malloc((size_t)c->s->cfg.count * sizeof(float))) == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating a %llu-float buffer for %s",
+                       (unsigned long long)c->s->cfg.count, nc->peer);
+    return SG_OK;
+}
+
+static void conn_close(void *ctx, NetConn *nc, int rc, const SgError *err)
+{
+    PsServer *s = ctx;
+    PsConn *c = (PsConn *)nc;
     /* An unauthenticated peer gets nothing but the close. An authenticated
      * one whose frame failed its check is told so (the direction to it is
      * intact) before the close. */
-    if (authed && rc != 1 && rc != SG_EPEER)
-        reply_error(c, &err);
+    if (nc->authed && rc != 1 && rc != SG_EPEER)
+        reply_error(c, err);
     pthread_mutex_lock(&s->mu);
-    if (authed && rc == SG_EAUTH) {
+    if (nc->authed && rc == SG_EAUTH) {
         s->integrity_failures++;
-        s->last_integrity = err;
+        s->last_integrity = *err;
     }
-    if (c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC && !s->closing)
+    if (nc->authed && c->worker_id >= 0 && !c->said_done && s->cfg.mode == PS_MODE_SYNC &&
+        !s->closing)
         break_sync(
             s, SG_ENODE,
             "worker %ld (%s) disconnected during synchronous step %llu without saying done; the "
             "step cannot complete",
-            c->worker_id, c->peer, (unsigned long long)s->step);
-    shutdown(c->fd, SHUT_RDWR);
-    c->ended = 1;
-    net_wake(s->wake[1]); /* serve reaps it */
+            c->worker_id, nc->peer, (unsigned long long)s->step);
     pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* ---- serve ------------------------------------------------------------------ */
-
-static void conn_free(PsConn *c)
-{
-    pthread_join(c->thread, NULL);
-    net_close(&c->fd);
-    net_session_free(&c->sess);
     free(c->buf);
     free(c->extra);
-    free(c);
 }
 
-/* Starts a thread for an admitted (unauthenticated) connection; on failure
- * closes it and gives its place in the gate back. */
-static void add_conn(PsServer *s, int fd, const char *peer)
+static void shard_closing(void *ctx)
 {
-    pthread_mutex_lock(&s->mu);
-    int ok = 1;
-    if (s->nconns == s->capconns) {
-        size_t cap = s->capconns ? 2 * s->capconns : 8;
-        PsConn **p = realloc(s->conns, cap * sizeof *p);
-        ok = p != NULL;
-        if (ok)
-            s->conns = p, s->capconns = cap;
-    }
-    PsConn *c = ok ? calloc(1, sizeof *c) : NULL;
-    if (c != NULL) {
-        c->s = s, c->fd = fd, c->worker_id = -1;
-        snprintf(c->peer, sizeof c->peer, "%s", peer);
-        if (pthread_create(&c->thread, NULL, conn_main, c) == 0)
-            s->conns[s->nconns++] = c;
-        else
-            free(c), c = NULL;
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (c == NULL) {
-        close(fd);
-        net_gate_release(&s->gate, peer);
-    }
-}
-
-static void add_conn_cb(void *ctx, int fd, const char *peer)
-{
-    add_conn((PsServer *)ctx, fd, peer);
-}
-
-/* Joins and frees the connections whose thread ended (their socket closes
- * now, not at shutdown). Only serve's thread changes the table's length. */
-static void reap_conns(PsServer *s)
-{
-    PsConn *ended[64];
-    size_t n = 0;
-    pthread_mutex_lock(&s->mu);
-    size_t j = 0;
-    for (size_t i = 0; i < s->nconns; i++) {
-        if (s->conns[i]->ended && n < sizeof ended / sizeof *ended)
-            ended[n++] = s->conns[i];
-        else
-            s->conns[j++] = s->conns[i];
-    }
-    s->nconns = j;
-    pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < n; i++)
-        conn_free(ended[i]);
-}
-
-static void close_conns(PsServer *s)
-{
+    PsServer *s = ctx;
     pthread_mutex_lock(&s->mu);
     s->closing = 1;
-    for (size_t i = 0; i < s->nconns; i++)
-        shutdown(s->conns[i]->fd, SHUT_RDWR);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s->conns[i]);
-    s->nconns = 0;
 }
 
 int ps_server_serve(PsServer *s, double timeout, SgError *err)
 {
-    double deadline = timeout < 0 ? -1 : sg_now() + timeout;
-    int result = 0, rc = SG_OK;
-    pthread_mutex_lock(&s->mu);
-    if (s->closing)
-        rc = sg_fail(err, SG_ESTATE, "ps shard already served and closed");
-    pthread_mutex_unlock(&s->mu);
-    while (rc == 0) {
-        pthread_mutex_lock(&s->mu);
-        result = s->stopping ? 2 : s->n_done_acked == s->cfg.num_workers ? 1 : 0;
-        pthread_mutex_unlock(&s->mu);
-        if (result != 0)
-            break;
-        int ms = deadline < 0 ? 1000 : net_poll_ms(deadline);
-        if (deadline >= 0 && ms == 0)
-            break;
-        ms = ms > 1000 ? 1000 : ms;
-        /* the listener is left out while the gate backs off (EMFILE & co) */
-        struct pollfd p[2] = {{.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN},
-                              {.fd = s->wake[0], .events = POLLIN}};
-        int n = poll(p, 2, ms);
-        if (n == -1) {
-            if (errno == EINTR)
-                continue;
-            rc = sg_fail_errno(err, SG_EIO, errno, "poll on the ps listener");
-            break;
-        }
-        if (p[1].revents)
-            net_wake_drain(s->wake[0]);
-        reap_conns(s);
-        net_gate_accept_ready(&s->gate, s->lfd, p[0].fd < 0 || (p[0].revents & POLLIN), add_conn_cb,
-                              s);
+    int rc = net_server_start(s->srv, err);
+    if (rc == 0 && (rc = net_server_wait(s->srv, timeout, err)) == 0) {
+        net_server_end(s->srv, NET_SERVER_STOPPED); /* timed out: close, as at any end */
+        SgError ignored;
+        net_server_wait(s->srv, -1, &ignored);
     }
-    close_conns(s);
-    return rc < 0 ? rc : result;
+    return rc;
 }
 
 uint64_t ps_server_integrity_failures(PsServer *s, SgError *last)
@@ -776,8 +648,8 @@ void ps_server_stop(PsServer *s)
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv);
-    net_wake(s->wake[1]);
     pthread_mutex_unlock(&s->mu);
+    net_server_end(s->srv, NET_SERVER_STOPPED);
 }
 
 /* ---- construction and state ------------------------------------------------- */
@@ -790,9 +662,7 @@ static int ps_apply_optim(void *ctx, float *params, const float *grads, size_t n
 int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg,
                   PsServer **out, SgError *err)
 {
-    int rc = net_auth_check_secret(secret_len, err);
-    if (rc < 0)
-        return rc;
+    int rc;
     if (cfg->count == 0 || cfg->offset + cfg->count > cfg->total || cfg->num_workers < 1 ||
         cfg->num_workers > 65536 || (cfg->mode != PS_MODE_ASYNC && cfg->mode != PS_MODE_SYNC) ||
         cfg->count > (UINT32_MAX - PS_OP_HEADER) / sizeof(float))
@@ -839,21 +709,11 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a ps shard");
     s->opt_floats = opt_floats;
-    s->wake[0] = s->wake[1] = -1;
-    if ((rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err)) < 0) {
-        free(s);
-        return rc;
-    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->state_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    net_cond_init(&s->cv);
     size_t n = (size_t)cfg->count;
-    if ((s->secret = malloc(secret_len)) == NULL ||
-        (s->params = calloc(n, sizeof(float))) == NULL ||
+    if ((s->params = calloc(n, sizeof(float))) == NULL ||
         (s->accum = calloc(cfg->mode == PS_MODE_SYNC ? n : 1, sizeof(float))) == NULL ||
         (s->contributed = calloc((size_t)cfg->num_workers, 1)) == NULL ||
         (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL ||
@@ -861,13 +721,8 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         ps_server_free(s);
         return sg_fail(err, SG_ENOMEM, "allocating a ps shard of %zu floats", n);
     }
-    memcpy(s->secret, secret, secret_len);
-    s->secret_len = secret_len;
-    s->lfd = lfd;
     s->cfg = *cfg;
     s->cfg.init = NULL;
-    if (!(s->cfg.auth_timeout > 0))
-        s->cfg.auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     s->lr = cfg->lr;
     if (s->cfg.apply == NULL && s->cfg.optim != NULL) {
         s->cfg.apply = ps_apply_optim;
@@ -881,10 +736,19 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
         s->initialized = 1;
     }
     s->step = cfg->step;
-    if ((rc = net_wake_pipe(s->wake, err)) < 0) {
+    NetHandler h = {.ctx = s,
+                    .conn_size = sizeof(PsConn),
+                    .open = conn_open,
+                    .serve = serve_one,
+                    .close = conn_close,
+                    .stopping = shard_closing};
+    if ((rc = net_server_new(lfd, secret, secret_len, cfg->security, "ps shard", &h, &s->srv,
+                             err)) < 0) {
         ps_server_free(s);
         return rc;
     }
+    if (cfg->auth_timeout > 0)
+        net_server_set_auth_timeout(s->srv, cfg->auth_timeout);
     *out = s;
     return SG_OK;
 }
@@ -932,15 +796,7 @@ void ps_server_free(PsServer *s)
 {
     if (s == NULL)
         return;
-    if (s->nconns > 0)
-        close_conns(s);
-    net_close(&s->wake[0]);
-    net_close(&s->wake[1]);
-    free(s->conns);
-    if (s->secret != NULL)
-        OPENSSL_cleanse(s->secret, s->secret_len);
-    free(s->secret);
-    net_gate_free(&s->gate);
+    net_server_free(s->srv); /* every connection closed before the shard goes */
     free(s->params);
     free(s->accum);
     free(s->contributed);

@@ -1,7 +1,8 @@
 /*
  * rendezvous_internal.h - state shared by rendezvous_server.c (the I/O loop)
- * and rendezvous_registry.c (registration, spec, events, API waits).
- * Not a public header.
+ * and rendezvous_registry.c (registration, spec, events, API waits), and
+ * what the registry offers the loop: the dependency goes one way, from the
+ * server to the registry. Not a public header.
  */
 #ifndef NET_RENDEZVOUS_INTERNAL_H
 #define NET_RENDEZVOUS_INTERNAL_H
@@ -34,7 +35,7 @@ typedef struct RdvConn {
     int finished;     /* sent "done" or "error": closing is not a loss */
     int dead;         /* freed at the end of the loop iteration */
     int gated;        /* counted by the gate as unauthenticated */
-    double last_seen; /* sg_now() of the last frame */
+    double last_seen; /* sg_now() of the last frame (CONN_AUTH: of the accept) */
     double deadline;  /* CONN_AUTH / CONN_CLOSING deadline */
 } RdvConn;
 
@@ -49,14 +50,11 @@ typedef struct RdvEvent {
 } RdvEvent;
 
 struct RdvServer {
-    int lfd, port;
+    NetAcceptor acc; /* the listener (owned, closed by stop), secret, mode, gate, wake-up pipe */
+    int port;
     char host[64];
-    uint8_t *secret;
-    size_t secret_len;
-    NetSecurity mode; /* announced in every challenge; nodes must use the same */
     int num_nodes;
     uint32_t max_frame;
-    int wake[2];
     pthread_t thread;
 
     pthread_mutex_t mu;
@@ -64,9 +62,7 @@ struct RdvServer {
     int stopping, stopped, loop_done;
     SgError loop_err;
     double heartbeat_timeout;
-    double auth_timeout; /* seconds an unauthenticated peer may take */
-    NetGate gate;        /* caps on unauthenticated connections, accept backoff */
-    double last_beat;    /* sg_now() of the last heartbeat sent to the nodes */
+    double last_beat; /* sg_now() of the last heartbeat sent to the nodes */
     RdvConn **conns;
     size_t nconns, capconns;
     RdvNode *nodes; /* [num_nodes], by executor_id */
@@ -77,14 +73,16 @@ struct RdvServer {
     RdvStats stats;
 };
 
-/* rendezvous_server.c */
-int rdv_conn_queue_json(RdvConn *c, const cJSON *msg);
-int rdv_conn_queue_text(RdvConn *c, const char *json);
-void rdv_conn_drop(RdvServer *s, RdvConn *c, const char *reason);
-
-/* rendezvous_registry.c (called with s->mu held) */
+/* rendezvous_registry.c, called with s->mu held. rdv_handle_message returns
+ * 0, a negative status, or after a registration RDV_REGISTERED (the loop
+ * acks it, and sends the spec to this node alone when there is one: a
+ * re-registration) or RDV_SPEC_FIRST (the spec just completed: to every
+ * node). A registration that replaces an older connection of its executor
+ * id marks that one dead. */
+enum { RDV_REGISTERED = 1, RDV_SPEC_FIRST = 2 };
 int rdv_handle_message(RdvServer *s, RdvConn *c, const cJSON *msg, const char *type, SgError *err);
 void rdv_node_disconnected(RdvServer *s, RdvConn *c, const char *reason);
+int rdv_closed_error(RdvServer *s, SgError *err); /* SG_ESTATE, or the loop's error */
 void rdv_registry_free(RdvServer *s);
 
 #endif /* NET_RENDEZVOUS_INTERNAL_H */

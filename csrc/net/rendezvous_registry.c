@@ -4,14 +4,16 @@
  * and the thread-safe API waits of rendezvous.h.
  *
  * Functions named rdv_* without "server" run on the I/O thread with s->mu
- * held; rdv_server_* are the API and take s->mu themselves.
+ * held; rdv_server_* are the API and take s->mu themselves. Nothing here
+ * touches a socket or calls into rendezvous_server.c: what goes out to the
+ * nodes (the registration's ack, the spec) the server queues from the
+ * result of rdv_handle_message.
  */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "net/json_msg.h"
 #include "net/rendezvous_internal.h"
@@ -80,28 +82,6 @@ void rdv_node_disconnected(RdvServer *s, RdvConn *c, const char *reason)
 }
 
 /* ---- registration and the spec ------------------------------------------- */
-
-/* Queues {"type":"spec","spec":[...]} to every connected node (or only one);
- * the text is built once, not per node. */
-static int send_spec(RdvServer *s, RdvConn *only)
-{
-    static const char head[] = "{\"type\":\"spec\",\"spec\":";
-    size_t n = strlen(s->spec_json);
-    char *text = malloc(sizeof head + n + 1);
-    if (text == NULL)
-        return SG_ENOMEM;
-    memcpy(text, head, sizeof head - 1);
-    memcpy(text + sizeof head - 1, s->spec_json, n);
-    memcpy(text + sizeof head - 1 + n, "}", 2);
-    int rc = SG_OK;
-    for (int i = 0; i < s->num_nodes && rc == 0; i++) {
-        RdvConn *c = s->nodes[i].conn;
-        if (c != NULL && (only == NULL || c == only))
-            rc = rdv_conn_queue_text(c, text);
-    }
-    free(text);
-    return rc;
-}
 
 static int build_spec(RdvServer *s, SgError *err)
 {
@@ -174,9 +154,10 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
             cJSON_AddStringToObject(info, spark_fields[i], spark_values[i]);
     RdvNode *n = &s->nodes[eid];
     if (n->conn != NULL && n->conn != c) {
-        /* A retried task: the newer registration wins, the old link goes quietly. */
+        /* A retried task: the newer registration wins, the old link goes quietly (the loop
+         * frees it). */
         n->conn->executor_id = -1;
-        rdv_conn_drop(s, n->conn, "replaced by a re-registration");
+        n->conn->dead = 1;
     }
     if (n->info == NULL)
         s->registered++;
@@ -185,24 +166,12 @@ static int handle_register(RdvServer *s, RdvConn *c, const cJSON *msg, SgError *
     n->conn = c;
     c->executor_id = eid;
     s->stats.registrations++;
-    cJSON *ack = cJSON_CreateObject();
-    if (ack == NULL)
-        return sg_fail(err, SG_ENOMEM, "registering %s", c->peer);
-    cJSON_AddStringToObject(ack, "type", "registered");
-    cJSON_AddNumberToObject(ack, "registered", s->registered);
-    cJSON_AddNumberToObject(ack, "num_nodes", s->num_nodes);
-    rc = rdv_conn_queue_json(c, ack);
-    cJSON_Delete(ack);
-    if (rc < 0)
-        return sg_fail(err, SG_ENOMEM, "queueing the registration ack for %s", c->peer);
-    if (s->registered == s->num_nodes) {
-        int first = s->spec_json == NULL;
-        if ((rc = build_spec(s, err)) < 0)
-            return rc;
-        if (send_spec(s, first ? NULL : c) < 0)
-            return sg_fail(err, SG_ENOMEM, "queueing the cluster spec");
-    }
-    return SG_OK;
+    if (s->registered < s->num_nodes)
+        return RDV_REGISTERED;
+    int first = s->spec_json == NULL;
+    if ((rc = build_spec(s, err)) < 0)
+        return rc;
+    return first ? RDV_SPEC_FIRST : RDV_REGISTERED;
 }
 
 int rdv_handle_message(RdvServer *s, RdvConn *c, const cJSON *msg, const char *type, SgError *err)
@@ -281,21 +250,7 @@ void rdv_registry_free(RdvServer *s)
 
 /* ---- API ------------------------------------------------------------------ */
 
-/* Waits on s->cv until the monotonic deadline; ETIMEDOUT when it passed. */
-static int wait_until(RdvServer *s, double deadline)
-{
-    double left = deadline - sg_now();
-    if (left <= 0)
-        return ETIMEDOUT;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
-    ts.tv_sec = (time_t)whole;
-    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-    return pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-}
-
-static int closed_error(RdvServer *s, SgError *err)
+int rdv_closed_error(RdvServer *s, SgError *err)
 {
     if (s->loop_err.code != 0)
         return sg_fail(err, s->loop_err.code, "%s", s->loop_err.msg);
@@ -328,13 +283,13 @@ int rdv_server_wait(RdvServer *s, double timeout, char **spec_json, SgError *err
         return rc;
     pthread_mutex_lock(&s->mu);
     while (s->spec_json == NULL && !s->stopped && !s->loop_done &&
-           wait_until(s, deadline) != ETIMEDOUT)
+           net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
         ;
     if (s->spec_json != NULL) {
         *spec_json = strdup(s->spec_json);
         rc = *spec_json != NULL ? SG_OK : sg_fail(err, SG_ENOMEM, "copying the cluster spec");
     } else if (s->stopped || s->loop_done) {
-        rc = closed_error(s, err);
+        rc = rdv_closed_error(s, err);
     } else {
         char have[400], missing[400];
         format_ids(s, 1, have, sizeof have);
@@ -360,7 +315,7 @@ int rdv_server_next_event(RdvServer *s, double timeout, char **event_json, SgErr
     *event_json = NULL;
     pthread_mutex_lock(&s->mu);
     while (s->ev_head == NULL && !s->stopped && !s->loop_done &&
-           wait_until(s, deadline) != ETIMEDOUT)
+           net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
         ;
     if (s->ev_head != NULL) {
         RdvEvent *e = s->ev_head;
@@ -371,79 +326,10 @@ int rdv_server_next_event(RdvServer *s, double timeout, char **event_json, SgErr
         *event_json = e->json;
         free(e);
     } else if (s->stopped || s->loop_done) {
-        rc = closed_error(s, err);
+        rc = rdv_closed_error(s, err);
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
-}
-
-static int queue_text(RdvConn *c, const char *json, SgError *err)
-{
-    cJSON *msg = NULL;
-    const char *type;
-    int rc = net_json_parse((const uint8_t *)json, strlen(json), "the driver", &msg, &type, err);
-    if (rc < 0)
-        return sg_fail(err, SG_EINVAL,
-                       "message to send must be a JSON object with a string \"type\"");
-    rc = rdv_conn_queue_json(c, msg);
-    cJSON_Delete(msg);
-    return rc < 0 ? sg_fail(err, SG_ENOMEM, "queueing a message for %s", c->peer) : SG_OK;
-}
-
-int rdv_server_send(RdvServer *s, long executor_id, const char *json, SgError *err)
-{
-    int rc;
-    pthread_mutex_lock(&s->mu);
-    if (s->stopped) {
-        rc = closed_error(s, err);
-    } else if (executor_id < 0 || executor_id >= s->num_nodes) {
-        rc = sg_fail(err, SG_EINVAL, "executor_id %ld is outside 0..%d", executor_id,
-                     s->num_nodes - 1);
-    } else if (s->nodes[executor_id].conn == NULL) {
-        rc = sg_fail(err, SG_ECLUSTER, "executor %ld is not connected (%s)", executor_id,
-                     s->nodes[executor_id].info == NULL ? "never registered"
-                                                        : "its connection was lost");
-    } else {
-        rc = queue_text(s->nodes[executor_id].conn, json, err);
-        if (rc == 0)
-            net_wake(s->wake[1]);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-}
-
-int rdv_server_broadcast(RdvServer *s, const char *json, int *sent, SgError *err)
-{
-    int rc = SG_OK;
-    *sent = 0;
-    pthread_mutex_lock(&s->mu);
-    if (s->stopped)
-        rc = closed_error(s, err);
-    for (int i = 0; rc == 0 && i < s->num_nodes; i++) {
-        if (s->nodes[i].conn == NULL)
-            continue;
-        rc = queue_text(s->nodes[i].conn, json, err);
-        *sent += rc == 0;
-    }
-    if (*sent > 0)
-        net_wake(s->wake[1]);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-}
-
-void rdv_server_set_heartbeat_timeout(RdvServer *s, double seconds)
-{
-    pthread_mutex_lock(&s->mu);
-    s->heartbeat_timeout = seconds;
-    pthread_mutex_unlock(&s->mu);
-}
-
-double rdv_server_heartbeat_timeout(RdvServer *s)
-{
-    pthread_mutex_lock(&s->mu);
-    double v = s->heartbeat_timeout;
-    pthread_mutex_unlock(&s->mu);
-    return v;
 }
 
 void rdv_server_stats(RdvServer *s, RdvStats *out)

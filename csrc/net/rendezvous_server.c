@@ -19,8 +19,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
-
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/json_msg.h"
@@ -29,8 +27,7 @@
 
 #define RDV_CLOSE_LINGER 2.0   /* seconds to flush a reject before closing */
 #define RDV_MAX_EVENTS   65536 /* queued events before log/metric are dropped */
-#define RDV_ACCEPT_BATCH 64
-#define RDV_DRIVER_BEAT  1.0 /* seconds between the driver's heartbeats to nodes */
+#define RDV_DRIVER_BEAT  1.0   /* seconds between the driver's heartbeats to nodes */
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -89,17 +86,17 @@ static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
     return conn_queue_frame(c, &c->session, type, 0, payload, len);
 }
 
-int rdv_conn_queue_text(RdvConn *c, const char *json)
+static int conn_queue_text(RdvConn *c, const char *json)
 {
     return conn_queue(c, NET_FRAME_JSON, json, strlen(json));
 }
 
-int rdv_conn_queue_json(RdvConn *c, const cJSON *msg)
+static int conn_queue_json(RdvConn *c, const cJSON *msg)
 {
     char *text = net_json_print(msg);
     if (text == NULL)
         return SG_ENOMEM;
-    int rc = rdv_conn_queue_text(c, text);
+    int rc = conn_queue_text(c, text);
     free(text);
     return rc;
 }
@@ -111,14 +108,14 @@ static void conn_reject(RdvServer *s, RdvConn *c, const char *reason)
     cJSON *msg = cJSON_CreateObject();
     if (msg != NULL && cJSON_AddStringToObject(msg, "type", "reject") != NULL &&
         cJSON_AddStringToObject(msg, "reason", reason) != NULL)
-        rdv_conn_queue_json(c, msg);
+        conn_queue_json(c, msg);
     cJSON_Delete(msg);
     c->state = CONN_CLOSING;
     c->deadline = sg_now() + RDV_CLOSE_LINGER;
 }
 
 /* Drops a connection: a registered node that had not finished is lost. */
-void rdv_conn_drop(RdvServer *s, RdvConn *c, const char *reason)
+static void conn_drop(RdvServer *s, RdvConn *c, const char *reason)
 {
     if (c->dead)
         return;
@@ -133,7 +130,7 @@ static void conn_flush(RdvServer *s, RdvConn *c)
     while (c->out_off < c->out_len && !c->dead) {
         long n = net_write_some(c->fd, c->out + c->out_off, c->out_len - c->out_off, c->peer, &err);
         if (n < 0) {
-            rdv_conn_drop(s, c, err.msg);
+            conn_drop(s, c, err.msg);
             return;
         } else if (n == 0) {
             return; /* kernel buffer full: wait for POLLOUT */
@@ -149,7 +146,7 @@ static void conn_flush(RdvServer *s, RdvConn *c)
 static void conn_free(RdvServer *s, RdvConn *c)
 {
     if (c->gated)
-        net_gate_release(&s->gate, c->peer);
+        net_gate_release(&s->acc.gate, c->peer);
     net_close(&c->fd);
     net_frame_parser_free(&c->parser);
     net_session_free(&c->session);
@@ -157,48 +154,35 @@ static void conn_free(RdvServer *s, RdvConn *c)
     free(c);
 }
 
-static void accept_new(RdvServer *s)
+/* The gate's add: a new connection, challenged at once. */
+static void add_conn(void *ctx, int fd, const char *peer)
 {
-    for (int i = 0; i < RDV_ACCEPT_BATCH; i++) {
-        SgError err;
-        int fd = -1;
-        char peer[NET_PEER_MAX];
-        int rc = net_gate_accept(&s->gate, s->lfd, &fd, peer, sizeof peer);
-        if (rc == 2)
-            continue; /* over a cap: closed unanswered */
-        if (rc == 0)
-            return; /* none pending, or backing off after an accept error */
-        RdvConn **grown =
-            s->nconns == s->capconns
-                ? realloc(s->conns, (s->capconns ? 2 * s->capconns : 16) * sizeof *grown)
-                : s->conns;
-        RdvConn *c = grown != NULL ? calloc(1, sizeof *c) : NULL;
-        if (grown != NULL && s->nconns == s->capconns) {
-            s->conns = grown;
-            s->capconns = s->capconns ? 2 * s->capconns : 16;
-        }
-        if (c == NULL || net_auth_random(c->challenge, sizeof c->challenge, &err) < 0) {
-            free(c);
-            close(fd);
-            net_gate_release(&s->gate, peer);
-            continue;
-        }
-        c->gated = 1;
-        c->fd = fd;
-        snprintf(c->peer, sizeof c->peer, "%s", peer);
-        c->state = CONN_AUTH;
-        c->executor_id = -1;
-        c->deadline = sg_now() + s->auth_timeout;
-        net_frame_parser_init(&c->parser, NET_FRAME_MAX_UNAUTH);
-        s->conns[s->nconns++] = c;
-        s->stats.accepted++;
-        /* The challenge's flags announce the server's security mode (auth.h). */
-        if (conn_queue_frame(c, NULL, NET_FRAME_AUTH_CHALLENGE, (uint16_t)s->mode, c->challenge,
-                             sizeof c->challenge) < 0)
-            c->dead = 1;
-        else
-            conn_flush(s, c);
+    RdvServer *s = ctx;
+    SgError err;
+    size_t cap = s->capconns ? 2 * s->capconns : 16;
+    RdvConn **grown = s->nconns == s->capconns ? realloc(s->conns, cap * sizeof *grown) : s->conns;
+    if (grown != NULL && s->nconns == s->capconns)
+        s->conns = grown, s->capconns = cap;
+    RdvConn *c = grown != NULL ? calloc(1, sizeof *c) : NULL;
+    if (c == NULL || net_auth_random(c->challenge, sizeof c->challenge, &err) < 0) {
+        free(c);
+        close(fd);
+        net_gate_release(&s->acc.gate, peer);
+        return;
     }
+    c->fd = fd, c->state = CONN_AUTH, c->executor_id = -1, c->gated = 1;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    c->deadline = net_gate_auth_deadline(&s->acc.gate);
+    c->last_seen = sg_now();
+    net_frame_parser_init(&c->parser, NET_FRAME_MAX_UNAUTH);
+    s->conns[s->nconns++] = c;
+    s->stats.accepted++;
+    /* The challenge's flags announce the server's security mode (auth.h). */
+    if (conn_queue_frame(c, NULL, NET_FRAME_AUTH_CHALLENGE, (uint16_t)s->acc.mode, c->challenge,
+                         sizeof c->challenge) < 0)
+        c->dead = 1;
+    else
+        conn_flush(s, c);
 }
 
 /* ---- frames ----------------------------------------------------------- */
@@ -207,11 +191,12 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
 {
     SgError err;
     uint8_t ok[NET_AUTH_MAC];
-    int rc = h->type != NET_FRAME_AUTH_RESPONSE
-                 ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating",
-                           c->peer, net_frame_type_name(h->type))
-                 : net_auth_server_check(s->secret, s->secret_len, s->mode, c->challenge, h->flags,
-                                         payload, h->length, ok, c->peer, &c->session, &err);
+    int rc =
+        h->type != NET_FRAME_AUTH_RESPONSE
+            ? sg_fail(&err, SG_EAUTH, "client %s sent a %s frame before authenticating", c->peer,
+                      net_frame_type_name(h->type))
+            : net_auth_server_check(s->acc.secret, s->acc.secret_len, s->acc.mode, c->challenge,
+                                    h->flags, payload, h->length, ok, c->peer, &c->session, &err);
     if (rc < 0) { /* nothing but the close goes to a peer that did not authenticate */
         note(s, &s->stats.auth_failures, "%s", err.msg);
         c->dead = 1;
@@ -224,10 +209,51 @@ static void handle_auth(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const
         return;
     }
     c->state = CONN_READY;
-    net_gate_authenticated(&s->gate, c->peer);
+    net_gate_authenticated(&s->acc.gate, c->peer);
     c->gated = 0;
     c->last_seen = sg_now();
     net_frame_parser_protect(&c->parser, &c->session, s->max_frame, c->peer);
+}
+
+/* Queues {"type":"spec","spec":[...]} to every connected node (or only one);
+ * the text is built once, not per node. */
+static int send_spec(RdvServer *s, RdvConn *only)
+{
+    static const char head[] = "{\"type\":\"spec\",\"spec\":";
+    size_t n = strlen(s->spec_json);
+    char *text = malloc(sizeof head + n + 1);
+    if (text == NULL)
+        return SG_ENOMEM;
+    memcpy(text, head, sizeof head - 1);
+    memcpy(text + sizeof head - 1, s->spec_json, n);
+    memcpy(text + sizeof head - 1 + n, "}", 2);
+    int rc = SG_OK;
+    for (int i = 0; i < s->num_nodes && rc == 0; i++) {
+        RdvConn *c = s->nodes[i].conn;
+        if (c != NULL && (only == NULL || c == only))
+            rc = conn_queue_text(c, text);
+    }
+    free(text);
+    return rc;
+}
+
+/* After a registration: the ack, then the spec if there is one (to every
+ * node when it just completed, else to this one). */
+static int ack_registration(RdvServer *s, RdvConn *c, int spec_first, SgError *err)
+{
+    cJSON *ack = cJSON_CreateObject();
+    if (ack == NULL)
+        return sg_fail(err, SG_ENOMEM, "registering %s", c->peer);
+    cJSON_AddStringToObject(ack, "type", "registered");
+    cJSON_AddNumberToObject(ack, "registered", s->registered);
+    cJSON_AddNumberToObject(ack, "num_nodes", s->num_nodes);
+    int rc = conn_queue_json(c, ack);
+    cJSON_Delete(ack);
+    if (rc < 0)
+        return sg_fail(err, SG_ENOMEM, "queueing the registration ack for %s", c->peer);
+    if (s->spec_json != NULL && send_spec(s, spec_first ? NULL : c) < 0)
+        return sg_fail(err, SG_ENOMEM, "queueing the cluster spec");
+    return SG_OK;
 }
 
 static void handle_frame(RdvServer *s, RdvConn *c, const NetFrameHeader *h, const uint8_t *payload)
@@ -252,6 +278,8 @@ static void handle_frame(RdvServer *s, RdvConn *c, const NetFrameHeader *h, cons
         rc = net_json_parse(payload, h->length, c->peer, &msg, &type, &err);
         if (rc == 0)
             rc = rdv_handle_message(s, c, msg, type, &err);
+        if (rc > 0)
+            rc = ack_registration(s, c, rc == RDV_SPEC_FIRST, &err);
         cJSON_Delete(msg);
     }
     if (rc < 0) {
@@ -272,7 +300,7 @@ static void conn_read(RdvServer *s, RdvConn *c)
     if (n < 0) {
         if (c->state == CONN_AUTH)
             note(s, &s->stats.auth_failures, "%s disconnected before authenticating", c->peer);
-        rdv_conn_drop(s, c, err.msg);
+        conn_drop(s, c, err.msg);
         return;
     } else if (n == 0) {
         return;
@@ -286,7 +314,7 @@ static void conn_read(RdvServer *s, RdvConn *c)
             net_frame_parser_free(&c->parser);
             if (c->state == CONN_AUTH) {
                 note(s, &s->stats.auth_failures, "unauthenticated peer %s: %s", c->peer, err.msg);
-                rdv_conn_drop(s, c, err.msg);
+                conn_drop(s, c, err.msg);
             } else if (rc == SG_EAUTH) {
                 /* A frame that failed its seq or tag (the message names peer, frame type and
                  * seq): the connection goes; the node is told why through the session, whose
@@ -297,7 +325,7 @@ static void conn_read(RdvServer *s, RdvConn *c)
                 conn_reject(s, c, err.msg);
             } else {
                 note(s, &s->stats.protocol_errors, "protocol error from %s: %s", c->peer, err.msg);
-                rdv_conn_drop(s, c, s->stats.last_rejection);
+                conn_drop(s, c, s->stats.last_rejection);
             }
             return;
         } else if (rc == 1) {
@@ -319,17 +347,17 @@ static void check_timeouts(RdvServer *s, double now)
             continue;
         if (c->state == CONN_AUTH && now > c->deadline) {
             note(s, &s->stats.auth_failures, "%s did not authenticate within %.1f s", c->peer,
-                 s->auth_timeout);
-            rdv_conn_drop(s, c, "authentication timeout");
+                 now - c->last_seen);
+            conn_drop(s, c, "authentication timeout");
         } else if (c->state == CONN_CLOSING && now > c->deadline) {
-            rdv_conn_drop(s, c, "closed after rejection");
+            conn_drop(s, c, "closed after rejection");
         } else if (c->state == CONN_READY && now - c->last_seen > s->heartbeat_timeout) {
             char reason[NET_PEER_MAX + 200];
             snprintf(reason, sizeof reason,
                      "no heartbeat from %s for %.1f s (heartbeat_timeout %.1f s): the process is "
                      "stuck, stopped, or its host is unreachable",
                      c->peer, now - c->last_seen, s->heartbeat_timeout);
-            rdv_conn_drop(s, c, reason);
+            conn_drop(s, c, reason);
         }
     }
 }
@@ -365,11 +393,12 @@ static void *serve(void *arg)
             pfd = p;
             pcap = n * 2;
         }
-        pfd[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
+        pfd[0] = (struct pollfd){.fd = s->acc.wake[0], .events = POLLIN};
         int ms = (int)(s->heartbeat_timeout * 250.0);
         ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
         /* -1 (not polled) while the gate backs off after EMFILE & co: no spin */
-        pfd[1] = (struct pollfd){.fd = net_gate_poll_fd(&s->gate, s->lfd, &ms), .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = net_gate_poll_fd(&s->acc.gate, s->acc.lfd, &ms),
+                                 .events = POLLIN};
         size_t polled = s->nconns;
         for (size_t i = 0; i < polled; i++) {
             RdvConn *c = s->conns[i];
@@ -387,7 +416,7 @@ static void *serve(void *arg)
             break;
         }
         if (pfd[0].revents)
-            net_wake_drain(s->wake[0]);
+            net_wake_drain(s->acc.wake[0]);
         /* Queued by the API since the poll set was built. */
         for (size_t i = 0; i < s->nconns; i++)
             if (s->conns[i]->out_len > s->conns[i]->out_off)
@@ -399,8 +428,9 @@ static void *serve(void *arg)
             if (!c->dead && c->out_len > c->out_off)
                 conn_flush(s, c);
         }
-        if (pfd[1].fd < 0 || (pfd[1].revents & POLLIN))
-            accept_new(s); /* while backing off, the gate accepts once the backoff is over */
+        /* while backing off, the gate accepts once the backoff is over */
+        net_gate_accept_ready(&s->acc.gate, s->acc.lfd, pfd[1].fd < 0 || (pfd[1].revents & POLLIN),
+                              add_conn, s);
         double now = sg_now();
         check_timeouts(s, now);
         if (now - s->last_beat >= RDV_DRIVER_BEAT) {
@@ -425,39 +455,22 @@ static void *serve(void *arg)
 int rdv_server_start(const uint8_t *secret, size_t secret_len, NetSecurity mode, int num_nodes,
                      const char *host, int port, RdvServer **out, SgError *err)
 {
-    int rc = net_auth_check_secret(secret_len, err);
-    if (rc < 0)
-        return rc;
     if (num_nodes < 1 || num_nodes > 65536)
         return sg_fail(err, SG_EINVAL, "num_nodes must be 1..65536, got %d", num_nodes);
     RdvServer *s = calloc(1, sizeof *s);
-    if (s == NULL || (s->secret = malloc(secret_len)) == NULL ||
-        (s->nodes = calloc((size_t)num_nodes, sizeof *s->nodes)) == NULL) {
-        if (s != NULL)
-            free(s->secret);
+    if (s == NULL || (s->nodes = calloc((size_t)num_nodes, sizeof *s->nodes)) == NULL) {
         free(s);
         return sg_fail(err, SG_ENOMEM, "allocating a rendezvous server for %d nodes", num_nodes);
     }
-    memcpy(s->secret, secret, secret_len);
-    s->secret_len = secret_len;
-    s->mode = mode;
     s->num_nodes = num_nodes;
     s->heartbeat_timeout = 10.0;
-    s->auth_timeout = NET_AUTH_TIMEOUT_DEFAULT;
     s->max_frame = 1u << 20;
-    s->lfd = s->wake[0] = s->wake[1] = -1;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    net_cond_init(&s->cv);
     pthread_mutex_init(&s->mu, NULL);
     s->stopped = 1; /* until the thread runs: lets rdv_server_free clean up */
-    rc = net_gate_init(&s->gate, NET_GATE_MAX_UNAUTH, NET_GATE_MAX_PER_PEER, err);
+    int rc = net_acceptor_init(&s->acc, -1, secret, secret_len, mode, err);
     if (rc == 0)
-        rc = net_listen(host, port, 1024, &s->lfd, &s->port, s->host, sizeof s->host, err);
-    if (rc == 0)
-        rc = net_wake_pipe(s->wake, err);
+        rc = net_listen(host, port, 1024, &s->acc.lfd, &s->port, s->host, sizeof s->host, err);
     if (rc == 0 && pthread_create(&s->thread, NULL, serve, s) != 0)
         rc = sg_fail(err, SG_EIO, "cannot start the rendezvous server thread");
     if (rc < 0) {
@@ -469,11 +482,80 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, NetSecurity mode,
     return SG_OK;
 }
 
-void rdv_server_set_auth_timeout(RdvServer *s, double seconds)
+static int queue_user_text(RdvConn *c, const char *json, SgError *err)
+{
+    cJSON *msg = NULL;
+    const char *type;
+    int rc = net_json_parse((const uint8_t *)json, strlen(json), "the driver", &msg, &type, err);
+    if (rc < 0)
+        return sg_fail(err, SG_EINVAL,
+                       "message to send must be a JSON object with a string \"type\"");
+    rc = conn_queue_json(c, msg);
+    cJSON_Delete(msg);
+    return rc < 0 ? sg_fail(err, SG_ENOMEM, "queueing a message for %s", c->peer) : SG_OK;
+}
+
+int rdv_server_send(RdvServer *s, long executor_id, const char *json, SgError *err)
+{
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopped) {
+        rc = rdv_closed_error(s, err);
+    } else if (executor_id < 0 || executor_id >= s->num_nodes) {
+        rc = sg_fail(err, SG_EINVAL, "executor_id %ld is outside 0..%d", executor_id,
+                     s->num_nodes - 1);
+    } else if (s->nodes[executor_id].conn == NULL) {
+        rc = sg_fail(err, SG_ECLUSTER, "executor %ld is not connected (%s)", executor_id,
+                     s->nodes[executor_id].info == NULL ? "never registered"
+                                                        : "its connection was lost");
+    } else {
+        rc = queue_user_text(s->nodes[executor_id].conn, json, err);
+        if (rc == 0)
+            net_wake(s->acc.wake[1]);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int rdv_server_broadcast(RdvServer *s, const char *json, int *sent, SgError *err)
+{
+    int rc = SG_OK;
+    *sent = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopped)
+        rc = rdv_closed_error(s, err);
+    for (int i = 0; rc == 0 && i < s->num_nodes; i++) {
+        if (s->nodes[i].conn == NULL)
+            continue;
+        rc = queue_user_text(s->nodes[i].conn, json, err);
+        *sent += rc == 0;
+    }
+    if (*sent > 0)
+        net_wake(s->acc.wake[1]);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void rdv_server_set_heartbeat_timeout(RdvServer *s, double seconds)
 {
     pthread_mutex_lock(&s->mu);
-    s->auth_timeout = seconds;
+    s->heartbeat_timeout = seconds;
+    if (!s->stopped)
+        net_wake(s->acc.wake[1]); /* the loop's poll period follows it */
     pthread_mutex_unlock(&s->mu);
+}
+
+double rdv_server_heartbeat_timeout(RdvServer *s)
+{
+    pthread_mutex_lock(&s->mu);
+    double v = s->heartbeat_timeout;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+void rdv_server_set_auth_timeout(RdvServer *s, double seconds)
+{
+    net_gate_set_auth_timeout(&s->acc.gate, seconds);
 }
 
 void rdv_server_stop(RdvServer *s)
@@ -484,7 +566,7 @@ void rdv_server_stop(RdvServer *s)
     s->stopped = 1;
     pthread_mutex_unlock(&s->mu);
     if (!was_stopped) {
-        net_wake(s->wake[1]);
+        net_wake(s->acc.wake[1]);
         pthread_join(s->thread, NULL);
     }
     pthread_mutex_lock(&s->mu);
@@ -493,9 +575,7 @@ void rdv_server_stop(RdvServer *s)
     s->nconns = 0;
     for (int i = 0; i < s->num_nodes; i++)
         s->nodes[i].conn = NULL;
-    net_close(&s->lfd);
-    net_close(&s->wake[0]);
-    net_close(&s->wake[1]);
+    net_close(&s->acc.lfd);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -507,10 +587,7 @@ void rdv_server_free(RdvServer *s)
     rdv_server_stop(s);
     rdv_registry_free(s);
     free(s->conns);
-    if (s->secret != NULL)
-        OPENSSL_cleanse(s->secret, s->secret_len);
-    free(s->secret);
-    net_gate_free(&s->gate);
+    net_acceptor_free(&s->acc);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/sg_le.h"
-#include "net/frame.h"
+#include "net/frame_type.h"
 
 #define DIR_C2S     1u
 #define DIR_S2C     2u

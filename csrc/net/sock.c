@@ -35,6 +35,28 @@ int net_poll_ms(double deadline)
     return ms > (double)INT_MAX ? INT_MAX : (int)ms;
 }
 
+void net_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+int net_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
+{
+    double left = deadline - sg_now();
+    if (left <= 0)
+        return ETIMEDOUT;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
+    return pthread_cond_timedwait(cv, mu, &ts);
+}
+
 int net_deadline(double timeout, const char *what, double *deadline, SgError *err)
 {
     if (!isfinite(timeout) || timeout < 0)
@@ -131,11 +153,7 @@ static int resolve_name(const char *node, const char *service, const struct addr
     l->hints = *hints;
     l->refs = 2;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&l->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    net_cond_init(&l->cv);
     pthread_attr_t ta;
     pthread_attr_init(&ta);
     pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
@@ -149,16 +167,8 @@ static int resolve_name(const char *node, const char *service, const struct addr
     }
     double t0 = sg_now();
     pthread_mutex_lock(&l->mu);
-    while (!l->done && sg_now() < deadline) {
-        double until = deadline;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double left = until - sg_now();
-        double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left > 0 ? left : 0);
-        ts.tv_sec = (time_t)whole;
-        ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-    }
+    while (!l->done && net_cond_wait(&l->cv, &l->mu, deadline) != ETIMEDOUT)
+        ;
     int done = l->done;
     if (done) {
         *gai_rc = l->rc;

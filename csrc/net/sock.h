@@ -11,6 +11,7 @@
 #ifndef NET_SOCK_H
 #define NET_SOCK_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <sys/uio.h>
 
@@ -22,6 +23,13 @@
 
 /* Milliseconds from now until deadline for poll(): 0 if passed, rounded up. */
 int net_poll_ms(double deadline);
+
+/* pthread_cond_init on CLOCK_MONOTONIC, so that waits take sg_now() deadlines. */
+void net_cond_init(pthread_cond_t *cv);
+
+/* Waits on cv (mu held; cv from net_cond_init) until woken or the deadline:
+ * ETIMEDOUT, without waiting, once it has passed. */
+int net_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline);
 
 /* Converts a relative timeout (seconds, finite, >= 0) into a deadline;
  * fails with SG_EINVAL naming what the timeout was for. */

@@ -91,12 +91,6 @@ static int map_foreach(const uint8_t *base, const uint8_t *p, size_t n, uint32_t
     return rc;
 }
 
-int ex_features_foreach(const uint8_t *base, const uint8_t *p, size_t n, ExEntryFn fn, void *ctx,
-                        SgError *err)
-{
-    return map_foreach(base, p, n, 1, "Features.feature", fn, ctx, err);
-}
-
 /* Walks every occurrence of message field `field_no` (repeated occurrences of
  * a singular message merge, so each is walked in turn). */
 static int message_fields(const uint8_t *rec, size_t n, uint32_t field_no, const char *what,

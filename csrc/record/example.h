@@ -45,13 +45,10 @@ typedef struct ExFeature {
 
 typedef int (*ExEntryFn)(void *ctx, const ExEntry *entry, SgError *err);
 
-/* Calls fn for every map entry of Features (duplicates included, in order),
- * after checking its structure and that the key is UTF-8. `base` is the
- * record start. A non-zero return from fn stops the walk and is returned. */
-int ex_features_foreach(const uint8_t *base, const uint8_t *p, size_t n, ExEntryFn fn, void *ctx,
-                        SgError *err);
-
-/* The same for an Example record (every `features` field, in order). */
+/* Calls fn for every map entry of an Example record's Features (every
+ * `features` field, duplicates included, in order), after checking its
+ * structure and that the key is UTF-8. A non-zero return from fn stops the
+ * walk and is returned. */
 int ex_example_foreach(const uint8_t *rec, size_t n, ExEntryFn fn, void *ctx, SgError *err);
 
 /* Decodes a Feature body: its kind (EX_NONE when empty), the list, and the

@@ -624,11 +624,6 @@ int tfr_reader_use_inflate(TfrReader *r, int backend, SgError *err)
     return 0;
 }
 
-int tfr_reader_inflate(const TfrReader *r)
-{
-    return r->comp == TFR_NONE ? 0 : (int)r->inf.backend;
-}
-
 uint64_t tfr_reader_offset(const TfrReader *r)
 {
     return r->last_offset;

@@ -60,10 +60,8 @@ int tfr_reader_next(TfrReader *r, const uint8_t **data, size_t *len, SgError *er
 
 /* ZLIB / GZIP readers: decode with `backend` (an SgInflateBackend of
  * record/inflate.h) instead of the one SPARKGRAD_INFLATE chose at open; only
- * before the first read. tfr_reader_inflate tells the one in use (zlib once
- * ISA-L handed a damaged stream over to it), 0 for plain readers. */
+ * before the first read. */
 int tfr_reader_use_inflate(TfrReader *r, int backend, SgError *err);
-int tfr_reader_inflate(const TfrReader *r);
 
 /* Stream offset of the record last returned by tfr_reader_next. */
 uint64_t tfr_reader_offset(const TfrReader *r);

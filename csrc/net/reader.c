@@ -1,0 +1,145 @@
+/*
+ * reader.c - the client reader thread of reader.h.
+ */
+#include "net/reader.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Reads what is there and hands over every frame it completes. */
+static int read_frames(NetReader *r, NetFrameParser *p, SgError *err)
+{
+    uint8_t buf[65536];
+    long n = net_read_some(r->fd, buf, sizeof buf, r->peer, err);
+    if (n == SG_EPEER)
+        return sg_fail(err, SG_EPEER, "%s %s closed the %s connection", r->who, r->peer, r->what);
+    if (n < 0)
+        return (int)n;
+    for (size_t off = 0; off < (size_t)n;) {
+        size_t used = 0;
+        int rc = net_frame_parser_feed(p, buf + off, (size_t)n - off, &used, err);
+        off += used;
+        if (rc == SG_EAUTH)
+            return rc; /* the session's message names the peer, frame type and seq */
+        if (rc < 0)
+            return sg_context(err, "from %s %s: ", r->who, r->peer);
+        if (rc == 1) {
+            NetFrameHeader h;
+            uint8_t *payload;
+            net_frame_parser_take(p, &h, &payload);
+            if ((rc = r->frame(r->ctx, &h, payload, err)) < 0)
+                return rc;
+        }
+    }
+    return SG_OK;
+}
+
+static void *reader_main(void *arg)
+{
+    NetReader *r = arg;
+    NetFrameParser parser;
+    net_frame_parser_init(&parser, r->max_frame);
+    net_frame_parser_protect(&parser, r->session, r->max_frame, r->label);
+    SgError err;
+    int rc = SG_OK;
+    while (rc == 0) {
+        pthread_mutex_lock(r->mu);
+        int stop = r->stopping;
+        pthread_mutex_unlock(r->mu);
+        if (stop)
+            break;
+        double wake_at = sg_now() + 1.0;
+        if (r->tick != NULL && (rc = r->tick(r->ctx, &wake_at, &err)) < 0)
+            break;
+        struct pollfd pfd[2] = {{.fd = r->fd, .events = POLLIN},
+                                {.fd = r->wake[0], .events = POLLIN}};
+        if (poll(pfd, 2, net_poll_ms(wake_at)) == -1) {
+            if (errno != EINTR)
+                rc = sg_fail_errno(&err, SG_EIO, errno, "poll on the %s connection to %s", r->what,
+                                   r->peer);
+            continue;
+        }
+        if (pfd[1].revents)
+            net_wake_drain(r->wake[0]);
+        if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))
+            rc = read_frames(r, &parser, &err);
+    }
+    if (rc < 0) {
+        pthread_mutex_lock(r->mu);
+        if (r->err.code == 0)
+            r->err = err;
+        pthread_cond_broadcast(r->cv);
+        pthread_mutex_unlock(r->mu);
+    }
+    net_frame_parser_free(&parser);
+    return NULL;
+}
+
+int net_reader_start(NetReader *r, SgError *err)
+{
+    snprintf(r->label, sizeof r->label, "%s %s", r->who, r->peer);
+    int rc = net_wake_pipe(r->wake, err);
+    if (rc == 0 && pthread_create(&r->thread, NULL, reader_main, r) != 0) {
+        net_close(&r->wake[0]);
+        net_close(&r->wake[1]);
+        rc = sg_fail(err, SG_EIO, "cannot start the %s connection's reader thread", r->what);
+    }
+    r->started = rc == 0;
+    return rc;
+}
+
+void net_reader_stop(NetReader *r)
+{
+    pthread_mutex_lock(r->mu);
+    r->stopping = 1;
+    pthread_mutex_unlock(r->mu);
+    if (r->started) {
+        net_wake(r->wake[1]);
+        pthread_join(r->thread, NULL);
+        net_close(&r->wake[0]);
+        net_close(&r->wake[1]);
+        r->started = 0;
+    }
+}
+
+void net_reader_free(NetReader *r)
+{
+    net_reader_stop(r);
+    for (NetMsg *m; (m = net_reader_take(r, -1)) != NULL; free(m))
+        free(m->payload);
+}
+
+int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload)
+{
+    NetMsg *m = malloc(sizeof *m);
+    if (m == NULL) {
+        free(payload);
+        return SG_ENOMEM;
+    }
+    *m = (NetMsg){.op = h->flags, .payload = payload, .len = h->length};
+    if (r->tail != NULL)
+        r->tail->next = m;
+    else
+        r->head = m;
+    r->tail = m;
+    pthread_cond_broadcast(r->cv);
+    return SG_OK;
+}
+
+NetMsg *net_reader_take(NetReader *r, int op)
+{
+    NetMsg *prev = NULL, *m = r->head;
+    while (m != NULL && op >= 0 && m->op != op)
+        prev = m, m = m->next;
+    if (m == NULL)
+        return NULL;
+    if (prev != NULL)
+        prev->next = m->next;
+    else
+        r->head = m->next;
+    if (r->tail == m)
+        r->tail = prev;
+    return m;
+}

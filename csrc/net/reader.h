@@ -1,0 +1,66 @@
+/*
+ * reader.h - the reader thread of a client connection (the control client,
+ * the feeder): it feeds what arrives to a frame parser under the
+ * connection's session and hands each whole frame to the owner's `frame`
+ * callback (which may queue it for the owner's callers); an optional `tick`
+ * runs the owner's timers before every poll. The first error is kept in
+ * `err`, under the owner's mutex, and ends the thread.
+ */
+#ifndef NET_READER_H
+#define NET_READER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/sg_status.h"
+#include "net/frame.h"
+#include "net/sock.h"
+
+typedef struct NetMsg {
+    uint16_t op;      /* the frame's flags */
+    uint8_t *payload; /* NUL-terminated */
+    uint32_t len;
+    struct NetMsg *next;
+} NetMsg;
+
+typedef struct NetReader {
+    /* set by the owner before net_reader_start */
+    int fd;
+    NetSession *session;
+    const char *peer; /* "host:port" */
+    const char *who;  /* names the peer in errors: "driver", "worker" */
+    const char *what; /* names the connection: "control", "feed" */
+    uint32_t max_frame;
+    pthread_mutex_t *mu; /* the owner's: guards err and the stop flag */
+    pthread_cond_t *cv;  /* the owner's: broadcast when err is set */
+    void *ctx;
+    /* A whole frame; payload (may be NULL) is the callback's to free. */
+    int (*frame)(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgError *err);
+    /* Before every poll (optional): sets *wake_at (sg_now() seconds); without
+     * it the thread wakes every second. */
+    int (*tick)(void *ctx, double *wake_at, SgError *err);
+
+    /* the reader's */
+    SgError err;                   /* code != 0 once the connection broke (under *mu) */
+    NetMsg *head, *tail;           /* queued frames, in arrival order (under *mu) */
+    char label[NET_PEER_MAX + 16]; /* "<who> <peer>": names the peer in session errors */
+    int stopping, started;
+    int wake[2]; /* while started */
+    pthread_t thread;
+} NetReader;
+
+/* Starts the thread (r's owner fields set; the rest zeroed). */
+int net_reader_start(NetReader *r, SgError *err);
+
+/* Stops and joins the thread, closes its wake-up pipe; idempotent.
+ * net_reader_free stops and drops the queue. */
+void net_reader_stop(NetReader *r);
+void net_reader_free(NetReader *r);
+
+/* (*mu held) Queues a frame whose payload it takes (freed on failure,
+ * SG_ENOMEM) and broadcasts; takes the first queued frame of op (any op
+ * when op < 0) off the queue, NULL when there is none. */
+int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload);
+NetMsg *net_reader_take(NetReader *r, int op);
+
+#endif /* NET_READER_H */
