@@ -118,9 +118,12 @@ static double loss_at(Model *m, const NnData *d)
     return st.loss_sum / B;
 }
 
+typedef double (*LossAt)(Model *m, const NnData *d);
+static double train_loss_at(Model *m, const NnData *d);
+
 /* The worst relative error of m->grads (from a training batch just run)
- * against central differences of the loss over every parameter. */
-static double worst_gradient_error(Model *m, const NnData *d)
+ * against central differences of loss_fn over every parameter. */
+static double worst_error_of(Model *m, const NnData *d, LossAt loss_fn)
 {
     float *g = malloc(m->nparams * sizeof(float));
     memcpy(g, m->grads, m->nparams * sizeof(float));
@@ -130,9 +133,9 @@ static double worst_gradient_error(Model *m, const NnData *d)
     for (size_t i = 0; i < m->nparams; i++) {
         const float w = m->params[i];
         m->params[i] = w + eps;
-        double up = loss_at(m, d);
+        double up = loss_fn(m, d);
         m->params[i] = w - eps;
-        double down = loss_at(m, d);
+        double down = loss_fn(m, d);
         m->params[i] = w;
         double num = (up - down) / (2.0 * eps);
         double e = fabs(num - g[i]) / (fabs(num) + fabs(g[i]) + 1e-2);
@@ -143,6 +146,11 @@ static double worst_gradient_error(Model *m, const NnData *d)
         fprintf(stderr, "gradient %zu: relative error %g\n", at, worst);
     free(g);
     return worst;
+}
+
+static double worst_gradient_error(Model *m, const NnData *d)
+{
+    return worst_error_of(m, d, loss_at);
 }
 
 static void test_graph_gradients_match_finite_differences(void)
@@ -486,27 +494,9 @@ static void test_normalization(void)
     CHECK(memcmp(before, m->state, sizeof before) != 0); /* training moved it */
     for (int c = 0; c < 4; c++)                          /* towards the batch's, by 1 - momentum */
         CHECK(m->state[4 + c] > 0.0f && fabsf(m->state[c]) < 10.0f);
-    /* the gradients of the training loss, against its finite differences */
-    float *g = malloc(m->nparams * sizeof(float));
-    memcpy(g, m->grads, m->nparams * sizeof(float));
-    const float eps = 1e-2f;
-    double worst = 0.0;
-    for (size_t i = 0; i < m->nparams; i++) {
-        const float w = m->params[i];
-        m->params[i] = w + eps;
-        double up = train_loss_at(m, &d);
-        m->params[i] = w - eps;
-        double down = train_loss_at(m, &d);
-        m->params[i] = w;
-        double num = (up - down) / (2.0 * eps);
-        double e = fabs(num - g[i]) / (fabs(num) + fabs(g[i]) + 1e-2);
-        if (e > worst)
-            worst = e;
-    }
-    if (worst > 2e-2)
-        fprintf(stderr, "normalization: gradient relative error %g\n", worst);
-    CHECK(worst <= 2e-2);
-    free(g);
+    /* the gradients of the training loss (batch statistics), against its
+     * finite differences */
+    CHECK(worst_error_of(m, &d, train_loss_at) <= 2e-2);
     /* a bad epsilon is named */
     nodes[1].spec.epsilon = 0.0f;
     Model *bad = NULL;
