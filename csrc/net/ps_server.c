@@ -511,9 +511,7 @@ static int serve_one(void *ctx, NetConn *nc, SgError *err)
         (rc = net_frame_recv_payload(c->base.fd, sess, in, in_bytes, deadline, c->base.peer,
                                      bf16 ? "bf16 gradients" : "ps data", err)) < 0)
         return rc;
-    free(c->extra);
-    c->extra = NULL;
-    c->extra_len = extra / sizeof(float);
+    c->extra_len = extra / sizeof(float); /* c->extra is NULL between requests */
     if (extra > 0) {
         const char *what = put_state ? "model state" : "optimizer state";
         if ((c->extra = malloc(extra)) == NULL)
