@@ -143,7 +143,7 @@ int net_gate_accept(NetGate *g, int lfd, int *fd_out, char *peer, size_t peer_le
     return 1;
 }
 
-static void leave(NetGate *g, const char *peer)
+void net_gate_release(NetGate *g, const char *peer)
 {
     char addr[NET_PEER_MAX];
     peer_addr(peer, addr, sizeof addr);
@@ -157,14 +157,10 @@ static void leave(NetGate *g, const char *peer)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* Either way the connection leaves the unauthenticated count. */
 void net_gate_authenticated(NetGate *g, const char *peer)
 {
-    leave(g, peer);
-}
-
-void net_gate_release(NetGate *g, const char *peer)
-{
-    leave(g, peer);
+    net_gate_release(g, peer);
 }
 
 int net_gate_unauth(NetGate *g)

@@ -157,34 +157,30 @@ void coll_encode(uint8_t *wire, const float *src, size_t n, CollCompression comp
     }
 }
 
+/* buf's n values of type T divided by size (the average's last step). */
+#define DIVIDE_ALL(T)                                                                              \
+    do {                                                                                           \
+        T *p = buf;                                                                                \
+        for (size_t i = 0; i < n; i++)                                                             \
+            p[i] /= (T)size;                                                                       \
+    } while (0)
+
 void coll_finish(void *buf, size_t n, CollDtype dtype, CollOp op, CollCompression comp, int size)
 {
     if (op == COLL_AVERAGE && size > 1) {
         switch (dtype) {
-        case COLL_F32: {
-            float *p = buf;
-            for (size_t i = 0; i < n; i++)
-                p[i] /= (float)size;
+        case COLL_F32:
+            DIVIDE_ALL(float);
             break;
-        }
-        case COLL_F64: {
-            double *p = buf;
-            for (size_t i = 0; i < n; i++)
-                p[i] /= (double)size;
+        case COLL_F64:
+            DIVIDE_ALL(double);
             break;
-        }
-        case COLL_I32: {
-            int32_t *p = buf;
-            for (size_t i = 0; i < n; i++)
-                p[i] /= size;
+        case COLL_I32:
+            DIVIDE_ALL(int32_t);
             break;
-        }
-        case COLL_I64: {
-            int64_t *p = buf;
-            for (size_t i = 0; i < n; i++)
-                p[i] /= size;
+        case COLL_I64:
+            DIVIDE_ALL(int64_t);
             break;
-        }
         default:
             break;
         }

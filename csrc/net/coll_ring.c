@@ -277,20 +277,14 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity
                   .deadline = deadline,
                   .wake = {-1, -1}};
     pthread_t th;
-    if ((rc = net_gate_init(&a.gate, 0, 0, err)) < 0) {
-        coll_comm_free(c);
-        return rc;
-    }
-    if ((rc = net_wake_pipe(a.wake, err)) < 0) {
-        net_gate_free(&a.gate);
-        coll_comm_free(c);
-        return rc;
-    }
-    if (pthread_create(&th, NULL, acceptor_main, &a) != 0) {
+    if ((rc = net_gate_init(&a.gate, 0, 0, err)) == 0 && (rc = net_wake_pipe(a.wake, err)) == 0 &&
+        pthread_create(&th, NULL, acceptor_main, &a) != 0)
+        rc = sg_fail(err, SG_ENOMEM, "starting the ring's accept thread");
+    if (rc < 0) { /* what was not set up is still zero (gate) or -1 (pipe): freeing it is a no-op */
         net_close(&a.wake[0]), net_close(&a.wake[1]);
         net_gate_free(&a.gate);
         coll_comm_free(c);
-        return sg_fail(err, SG_ENOMEM, "starting the ring's accept thread");
+        return rc;
     }
     rc = connect_right(c, hosts[c->right], ports[c->right], secret, secret_len, deadline, err);
     /* Another secret or security mode is a configuration error the left

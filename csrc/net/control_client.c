@@ -140,18 +140,6 @@ static int tick(void *ctx, double *wake_at, SgError *err)
 
 /* ---- API ----------------------------------------------------------------- */
 
-static CtlClient *client_new(void)
-{
-    CtlClient *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return NULL;
-    c->fd = -1;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->send_mu, NULL);
-    net_cond_init(&c->cv);
-    return c;
-}
-
 /* Connect, authenticate, send the registration (no thread yet). */
 static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
                                 size_t secret_len, NetSecurity mode, cJSON *node, double deadline,
@@ -193,11 +181,15 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
         cJSON_Delete(node);
         return sg_fail(err, SG_EINVAL, "node must be an object with an integer executor_id");
     }
-    CtlClient *c = client_new();
+    CtlClient *c = calloc(1, sizeof *c);
     if (c == NULL) {
         cJSON_Delete(node);
         return sg_fail(err, SG_ENOMEM, "allocating a control client");
     }
+    c->fd = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
+    net_cond_init(&c->cv);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;

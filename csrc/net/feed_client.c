@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "common/sg_le.h"
 #include "net/auth.h"
 #include "net/feed.h"
 #include "net/reader.h"
@@ -79,8 +80,7 @@ static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgErro
     else if (h->flags == FEED_OP_ERROR && h->length < 4)
         rc = sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
     else if (h->flags == FEED_OP_ERROR) {
-        int32_t code = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 |
-                                 (uint32_t)payload[2] << 16 | (uint32_t)payload[3] << 24);
+        int32_t code = (int32_t)sg_get_le32(payload);
         rc = sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
                      "worker %s refused the feed: %.*s", c->peer,
                      (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sg_le.h"
 #include "net/feed.h"
 #include "net/frame.h"
 #include "net/server.h"
@@ -73,6 +74,13 @@ static FeedInput *input_get(FeedServer *s, const char *name)
     memset(in, 0, sizeof *in);
     snprintf(in->name, sizeof in->name, "%s", name);
     return in;
+}
+
+static void item_free(FeedItem *it)
+{
+    free(it->payload);
+    free(it->cols);
+    free(it);
 }
 
 static int input_finished(const FeedServer *s, const FeedInput *in)
@@ -213,9 +221,7 @@ static void feeder_close(void *ctx, NetConn *nc, int rc, const SgError *err)
      * feeder -> worker direction. */
     uint8_t buf[4 + SG_ERROR_MAX];
     size_t n = strlen(err->msg);
-    uint32_t code = (uint32_t)(int32_t)rc;
-    for (int i = 0; i < 4; i++)
-        buf[i] = (uint8_t)(code >> (8 * i));
+    sg_put_le32(buf, (uint32_t)(int32_t)rc);
     memcpy(buf + 4, err->msg, n);
     SgError ignored;
     pthread_mutex_lock(&nc->send_mu);
@@ -306,9 +312,7 @@ static int take_rows(FeedServer *s, FeedInput *in, uint64_t take, FeedOut *out, 
             if (in->head == NULL)
                 in->tail = NULL;
             in->bytes -= it->bytes;
-            free(it->payload);
-            free(it->cols);
-            free(it);
+            item_free(it);
             pthread_cond_broadcast(&s->cv); /* space for waiting feeders */
         }
     }
@@ -412,12 +416,9 @@ void feed_server_free(FeedServer *s)
     feed_server_stop(s);
     for (int i = 0; i < s->ninputs; i++) {
         FeedInput *in = &s->inputs[i];
-        while (in->head != NULL) {
-            FeedItem *it = in->head;
-            in->head = it->next;
-            free(it->payload);
-            free(it->cols);
-            free(it);
+        for (FeedItem *it = in->head, *next; it != NULL; it = next) {
+            next = it->next;
+            item_free(it);
         }
         free(in->schema);
     }

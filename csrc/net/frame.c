@@ -71,10 +71,8 @@ void net_frame_parser_protect(NetFrameParser *p, NetSession *s, uint32_t max_pay
 
 static void parser_reset(NetFrameParser *p)
 {
-    p->hdr_have = 0;
+    p->hdr_have = p->payload_have = p->tag_have = 0;
     p->have_header = 0;
-    p->payload_have = 0;
-    p->tag_have = 0;
 }
 
 void net_frame_parser_free(NetFrameParser *p)
@@ -130,9 +128,7 @@ int net_frame_parser_feed(NetFrameParser *p, const uint8_t *buf, size_t len, siz
         p->payload = malloc((size_t)p->header.length + 1);
         if (p->payload == NULL)
             return sg_fail(err, SG_ENOMEM, "allocating a %u-byte frame payload", p->header.length);
-        p->payload_have = 0;
-        p->tag_have = 0;
-        p->have_header = 1;
+        p->have_header = 1; /* payload_have and tag_have are 0 since the last reset */
     }
     take_into(p->hdr, &p->hdr_have, NET_FRAME_HEADER_SIZE + seq, buf, len, &used);
     if (p->hdr_have == NET_FRAME_HEADER_SIZE + seq)

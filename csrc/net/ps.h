@@ -121,14 +121,20 @@ int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, 
 void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d);
 void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4]);
 
+/* One NET_FRAME_PS frame of op: the op header v, then data and data2 (either
+ * may be empty), sent as pieces. what names it in I/O errors. */
+int ps_send_op(int fd, NetSession *s, int op, const uint64_t v[4], const void *data, size_t len,
+               const void *data2, size_t len2, double deadline, const char *peer, const char *what,
+               SgError *err);
+
 /* Both ends, for a frame whose (not yet verified) header or op header broke
- * a rule: on a protected connection reads the frame's remaining `left`
- * payload bytes and its tag, so that an altered frame is named as such
- * (SG_EAUTH) rather than by what the alteration made of it. SG_OK (also on
- * a plain connection, where nothing is read) means the frame was as its
- * sender wrote it: the caller's own error stands. */
+ * a rule (rc, err filled by the caller): on a protected connection reads the
+ * frame's remaining `left` payload bytes and its tag, so that an altered
+ * frame is named as such (SG_EAUTH, err replaced) rather than by what the
+ * alteration made of it. Otherwise (also on a plain connection, where
+ * nothing is read) the frame was as its sender wrote it: returns rc. */
 int ps_frame_drain_check(int fd, NetSession *s, uint8_t type, size_t left, double deadline,
-                         const char *peer, SgError *err);
+                         const char *peer, int rc, SgError *err);
 
 /* ---- server ---- */
 

@@ -54,16 +54,9 @@ static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const void *da
     if (PS_OP_HEADER + len + len2 > UINT32_MAX)
         return sg_fail(err, SG_EINVAL, "ps request of %zu bytes for %s does not fit one frame",
                        len + len2, sh->peer);
-    uint8_t oph[PS_OP_HEADER];
-    ps_op_encode(oph, v[0], v[1], v[2], v[3]);
-    struct iovec pieces[3] = {{oph, sizeof oph}};
-    int n = 1;
-    if (len > 0)
-        pieces[n++] = (struct iovec){(void *)((const uint8_t *)data + sh->offset * elem), len};
-    if (len2 > 0)
-        pieces[n++] = (struct iovec){(void *)extra, len2};
-    return net_frame_sendv(sh->fd, &sh->sess, NET_FRAME_PS, (uint16_t)op, pieces, n, deadline,
-                           sh->peer, "a ps request", err);
+    const void *slice = len > 0 ? (const uint8_t *)data + sh->offset * elem : NULL;
+    return ps_send_op(sh->fd, &sh->sess, op, v, slice, len, extra, len2, deadline, sh->peer,
+                      "a ps request", err);
 }
 
 /* A reply broke a rule of its (not yet verified) header (rc, err filled):
@@ -72,13 +65,9 @@ static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const void *da
 static int bad_reply(PsShardConn *sh, int shard, const NetFrameHeader *h, size_t consumed,
                      double deadline, int rc, SgError *err)
 {
-    SgError e;
-    if (ps_frame_drain_check(sh->fd, &sh->sess, h->type, h->length - consumed, deadline, sh->peer,
-                             &e) < 0) {
-        *err = e;
-        return sg_context(err, "ps shard %d: ", shard);
-    }
-    return rc;
+    rc = ps_frame_drain_check(sh->fd, &sh->sess, h->type, h->length - consumed, deadline, sh->peer,
+                              rc, err);
+    return rc == SG_EAUTH ? sg_context(err, "ps shard %d: ", shard) : rc;
 }
 
 /* Reads a reply's frame header (a payload of at most cap bytes) and op
@@ -257,24 +246,26 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
     return rc;
 }
 
-static int call_all(PsClient *c, int op, const uint64_t v[4], const float *data, float *dest,
-                    uint64_t out[4], SgError *err)
+/* An op without header values on every shard, bounded by the client's timeout. */
+static int call_all(PsClient *c, int op, const float *data, float *dest, uint64_t out[4],
+                    SgError *err)
 {
+    const uint64_t v[4] = {0};
     return call_all_opt(c, op, v, data, dest, NULL, NULL, out, c->timeout, err);
 }
 
 int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
 {
-    uint64_t v[4] = {0}, r[4] = {0};
-    int rc = call_all(c, PS_OP_PULL, v, NULL, params, r, err);
+    uint64_t r[4] = {0};
+    int rc = call_all(c, PS_OP_PULL, NULL, params, r, err);
     *step = r[0];
     return rc;
 }
 
 int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err)
 {
-    uint64_t v[4] = {0}, r[4] = {0};
-    int rc = call_all(c, PS_OP_PUSH, v, grads, NULL, r, err);
+    uint64_t r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH, grads, NULL, r, err);
     *step = r[0];
     return rc;
 }
@@ -282,16 +273,16 @@ int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err
 int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
                         SgError *err)
 {
-    uint64_t v[4] = {0}, r[4] = {0};
-    int rc = call_all(c, PS_OP_PUSH_PULL, v, grads, params, r, err);
+    uint64_t r[4] = {0};
+    int rc = call_all(c, PS_OP_PUSH_PULL, grads, params, r, err);
     *step = r[0];
     return rc;
 }
 
 int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err)
 {
-    uint64_t v[4] = {0}, r[4] = {0};
-    int rc = call_all(c, PS_OP_INIT, v, params, NULL, r, err);
+    uint64_t r[4] = {0};
+    int rc = call_all(c, PS_OP_INIT, params, NULL, r, err);
     *initialized = (int)r[1];
     return rc;
 }
@@ -435,8 +426,8 @@ void ps_opt_states_free(PsOptState *opt, int n)
 
 int ps_client_done(PsClient *c, SgError *err)
 {
-    uint64_t v[4] = {0}, r[4];
-    return call_all(c, PS_OP_DONE, v, NULL, NULL, r, err);
+    uint64_t r[4];
+    return call_all(c, PS_OP_DONE, NULL, NULL, r, err);
 }
 
 int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err)
@@ -514,10 +505,7 @@ void ps_client_free(PsClient *c)
 {
     if (c == NULL)
         return;
-    for (int i = 0; i < c->num_ps; i++) {
-        net_close(&c->shards[i].fd);
-        net_session_free(&c->shards[i].sess);
-    }
+    ps_client_close(c);
     free(c->shards);
     free(c->wire16);
     pthread_mutex_destroy(&c->mu);

@@ -4,6 +4,9 @@
  */
 #include "net/ps.h"
 
+#include <sys/uio.h>
+
+#include "common/sg_le.h"
 #include "net/frame.h"
 
 int ps_apply_sgd(void *ctx, float *params, const float *grads, size_t n, SgError *err)
@@ -37,33 +40,48 @@ void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c,
 {
     const uint64_t v[4] = {a, b, c, d};
     for (int k = 0; k < 4; k++)
-        for (int i = 0; i < 8; i++)
-            out[8 * k + i] = (uint8_t)(v[k] >> (8 * i));
+        sg_put_le64(out + 8 * k, v[k]);
 }
 
 void ps_op_decode(const uint8_t in[PS_OP_HEADER], uint64_t v[4])
 {
-    for (int k = 0; k < 4; k++) {
-        v[k] = 0;
-        for (int i = 0; i < 8; i++)
-            v[k] |= (uint64_t)in[8 * k + i] << (8 * i);
-    }
+    for (int k = 0; k < 4; k++)
+        v[k] = sg_get_le64(in + 8 * k);
+}
+
+int ps_send_op(int fd, NetSession *s, int op, const uint64_t v[4], const void *data, size_t len,
+               const void *data2, size_t len2, double deadline, const char *peer, const char *what,
+               SgError *err)
+{
+    uint8_t oph[PS_OP_HEADER];
+    ps_op_encode(oph, v[0], v[1], v[2], v[3]);
+    struct iovec pieces[3] = {{oph, sizeof oph}};
+    int n = 1;
+    if (len > 0)
+        pieces[n++] = (struct iovec){(void *)data, len};
+    if (len2 > 0)
+        pieces[n++] = (struct iovec){(void *)data2, len2};
+    return net_frame_sendv(fd, s, NET_FRAME_PS, (uint16_t)op, pieces, n, deadline, peer, what, err);
 }
 
 int ps_frame_drain_check(int fd, NetSession *s, uint8_t type, size_t left, double deadline,
-                         const char *peer, SgError *err)
+                         const char *peer, int rc, SgError *err)
 {
     if (!net_session_on(s))
-        return SG_OK;
+        return rc;
     uint8_t sink[4096];
-    int rc = SG_OK;
-    while (left > 0 && rc == SG_OK) {
+    SgError e;
+    int st = SG_OK;
+    while (left > 0 && st == SG_OK) {
         size_t n = left < sizeof sink ? left : sizeof sink;
-        rc = net_frame_recv_payload(fd, s, sink, n, deadline, peer, "the rest of a bad ps frame",
-                                    err);
+        st = net_frame_recv_payload(fd, s, sink, n, deadline, peer, "the rest of a bad ps frame",
+                                    &e);
         left -= n;
     }
-    if (rc == SG_OK)
-        rc = net_frame_recv_end(fd, s, type, deadline, peer, err);
-    return rc == SG_EAUTH ? rc : SG_OK;
+    if (st == SG_OK)
+        st = net_frame_recv_end(fd, s, type, deadline, peer, &e);
+    if (st != SG_EAUTH)
+        return rc;
+    *err = e;
+    return SG_EAUTH;
 }

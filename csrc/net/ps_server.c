@@ -42,7 +42,6 @@ typedef struct PsConn {
 struct PsServer {
     NetServer *srv;
     PsServerConfig cfg;
-    float lr;
     size_t opt_floats; /* optimizer state size (fixed) */
 
     pthread_mutex_t mu;
@@ -214,31 +213,11 @@ static int wait_others(PsServer *s, PsConn *c, uint64_t timeout_ms, SgError *err
 static int reply_op(PsConn *c, int op, const uint64_t r[4], const void *data, size_t len,
                     const void *data2, size_t len2, SgError *err)
 {
-    uint8_t oph[PS_OP_HEADER];
-    ps_op_encode(oph, r[0], r[1], r[2], r[3]);
-    struct iovec pieces[3] = {{oph, sizeof oph}};
-    int n = 1;
-    if (len > 0)
-        pieces[n++] = (struct iovec){(void *)data, len};
-    if (len2 > 0)
-        pieces[n++] = (struct iovec){(void *)data2, len2};
-    int rc = net_frame_sendv(c->base.fd, &c->base.session, NET_FRAME_PS, (uint16_t)op, pieces, n,
-                             sg_now() + PS_IO_TIMEOUT, c->base.peer,
-                             op == PS_OP_ERROR ? "a ps error" : "a ps reply", err);
+    int rc = ps_send_op(c->base.fd, &c->base.session, op, r, data, len, data2, len2,
+                        sg_now() + PS_IO_TIMEOUT, c->base.peer,
+                        op == PS_OP_ERROR ? "a ps error" : "a ps reply", err);
     c->send_failed = rc < 0;
     return rc;
-}
-
-static int reply(PsConn *c, const uint64_t r[4], const void *data, size_t len, const void *data2,
-                 size_t len2, SgError *err)
-{
-    return reply_op(c, PS_OP_REPLY, r, data, len, data2, len2, err);
-}
-
-/* (s->mu held) */
-static size_t optim_floats(const PsServer *s)
-{
-    return s->cfg.optim != NULL ? optim_state_size(s->cfg.optim) : 0;
 }
 
 /* (s->mu held) Restores params, step and, if opt, the optimizer. */
@@ -253,12 +232,12 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
                            "with optimizer=...?)",
                            opt->len, (long long)opt->step, (unsigned long long)s->cfg.offset,
                            (unsigned long long)s->cfg.count);
-        if (opt->len != optim_floats(s))
+        if (opt->len != s->opt_floats)
             return sg_fail(err, SG_EINVAL,
                            "optimizer state has %zu floats, the optimizer of ps shard [%llu, "
                            "+%llu) holds %zu (optimizer or num_ps differ from the checkpoint's?)",
                            opt->len, (unsigned long long)s->cfg.offset,
-                           (unsigned long long)s->cfg.count, optim_floats(s));
+                           (unsigned long long)s->cfg.count, s->opt_floats);
         if (opt->step < 0)
             return sg_fail(err, SG_EINVAL, "optimizer step must be >= 0, not %lld",
                            (long long)opt->step);
@@ -343,7 +322,7 @@ static int handle_state(PsConn *c, int op, const uint64_t v[4], SgError *err)
     if (rc < 0)
         return rc;
     const float *mean = op == PS_OP_MEAN_STATE ? c->extra : NULL;
-    return reply(c, r, mean, mean != NULL ? n * sizeof(float) : 0, NULL, 0, err);
+    return reply_op(c, PS_OP_REPLY, r, mean, mean != NULL ? n * sizeof(float) : 0, NULL, 0, err);
 }
 
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
@@ -402,10 +381,8 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
             break;
         }
         send_params = send_extra = 1;
-        c->extra_len = optim_floats(s);
-        free(c->extra);
-        c->extra = c->extra_len > 0 ? malloc(c->extra_len * sizeof(float)) : NULL;
-        if (c->extra_len > 0 && c->extra == NULL) {
+        c->extra_len = s->opt_floats; /* c->extra is NULL: GET_STATE carries no data */
+        if (c->extra_len > 0 && (c->extra = malloc(c->extra_len * sizeof(float))) == NULL) {
             rc = sg_fail(err, SG_ENOMEM, "copying %zu floats of optimizer state", c->extra_len);
             break;
         }
@@ -432,8 +409,8 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     pthread_mutex_unlock(&s->mu);
     if (rc < 0)
         return rc;
-    rc = reply(c, r, send_params ? c->buf : NULL, send_params ? bytes : 0,
-               send_extra ? c->extra : NULL, send_extra ? c->extra_len * sizeof(float) : 0, err);
+    rc = reply_op(c, PS_OP_REPLY, r, send_params ? c->buf : NULL, send_params ? bytes : 0,
+                  send_extra ? c->extra : NULL, send_extra ? c->extra_len * sizeof(float) : 0, err);
     if (op == PS_OP_DONE && c->first_done) {
         /* Counted only once acknowledged, so serve's exit cannot cut this reply. */
         pthread_mutex_lock(&s->mu);
@@ -451,13 +428,8 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
 static int bad_request(PsConn *c, const NetFrameHeader *h, size_t consumed, double deadline, int rc,
                        SgError *err)
 {
-    SgError e;
-    if (ps_frame_drain_check(c->base.fd, &c->base.session, h->type, h->length - consumed, deadline,
-                             c->base.peer, &e) < 0) {
-        *err = e;
-        return SG_EAUTH;
-    }
-    return rc;
+    return ps_frame_drain_check(c->base.fd, &c->base.session, h->type, h->length - consumed,
+                                deadline, c->base.peer, rc, err);
 }
 
 /* NetHandler.serve: reads one request into c->buf (and c->extra) and, once
@@ -539,9 +511,7 @@ static int serve_one(void *ctx, NetConn *nc, SgError *err)
         (rc = net_frame_recv_payload(c->base.fd, sess, in, in_bytes, deadline, c->base.peer,
                                      bf16 ? "bf16 gradients" : "ps data", err)) < 0)
         return rc;
-    free(c->extra);
-    c->extra = NULL;
-    c->extra_len = extra / sizeof(float);
+    c->extra_len = extra / sizeof(float); /* c->extra is NULL between requests */
     if (extra > 0) {
         const char *what = put_state ? "model state" : "optimizer state";
         if ((c->extra = malloc(extra)) == NULL)
@@ -723,13 +693,12 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     }
     s->cfg = *cfg;
     s->cfg.init = NULL;
-    s->lr = cfg->lr;
     if (s->cfg.apply == NULL && s->cfg.optim != NULL) {
         s->cfg.apply = ps_apply_optim;
         s->cfg.apply_ctx = s->cfg.optim;
     } else if (s->cfg.apply == NULL) {
         s->cfg.apply = ps_apply_sgd;
-        s->cfg.apply_ctx = &s->lr;
+        s->cfg.apply_ctx = &s->cfg.lr;
     }
     if (cfg->init != NULL) {
         memcpy(s->params, cfg->init, n * sizeof(float));

@@ -20,12 +20,14 @@
 
 /* ---- events --------------------------------------------------------------- */
 
+#define RDV_MAX_EVENTS 65536 /* queued events before log/metric are dropped */
+
 static void push_event(RdvServer *s, cJSON *ev, int droppable)
 {
     char *text = ev != NULL ? net_json_print(ev) : NULL;
     cJSON_Delete(ev);
     RdvEvent *e = text != NULL ? malloc(sizeof *e) : NULL;
-    if (e == NULL || (droppable && s->ev_count >= 65536)) {
+    if (e == NULL || (droppable && s->ev_count >= RDV_MAX_EVENTS)) {
         s->stats.events_dropped++;
         free(text);
         free(e);

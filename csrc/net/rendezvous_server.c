@@ -25,9 +25,8 @@
 #include "net/rendezvous_internal.h"
 #include "net/sock.h"
 
-#define RDV_CLOSE_LINGER 2.0   /* seconds to flush a reject before closing */
-#define RDV_MAX_EVENTS   65536 /* queued events before log/metric are dropped */
-#define RDV_DRIVER_BEAT  1.0   /* seconds between the driver's heartbeats to nodes */
+#define RDV_CLOSE_LINGER 2.0 /* seconds to flush a reject before closing */
+#define RDV_DRIVER_BEAT  1.0 /* seconds between the driver's heartbeats to nodes */
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -81,14 +80,9 @@ static int conn_queue_frame(RdvConn *c, NetSession *s, uint8_t type, uint16_t fl
     return SG_OK;
 }
 
-static int conn_queue(RdvConn *c, uint8_t type, const void *payload, size_t len)
-{
-    return conn_queue_frame(c, &c->session, type, 0, payload, len);
-}
-
 static int conn_queue_text(RdvConn *c, const char *json)
 {
-    return conn_queue(c, NET_FRAME_JSON, json, strlen(json));
+    return conn_queue_frame(c, &c->session, NET_FRAME_JSON, 0, json, strlen(json));
 }
 
 static int conn_queue_json(RdvConn *c, const cJSON *msg)
@@ -439,7 +433,7 @@ static void *serve(void *arg)
             for (size_t i = 0; i < s->nconns; i++) {
                 RdvConn *c = s->conns[i];
                 if (!c->dead && c->state == CONN_READY && c->executor_id >= 0 &&
-                    conn_queue(c, NET_FRAME_HEARTBEAT, NULL, 0) == 0)
+                    conn_queue_frame(c, &c->session, NET_FRAME_HEARTBEAT, 0, NULL, 0) == 0)
                     conn_flush(s, c);
             }
         }

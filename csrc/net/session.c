@@ -21,7 +21,7 @@
 #define INFO_PREFIX "sparkgrad-session-v1 "
 
 /* "OpenSSL <what> <step> failed: <queued error>" (step may be NULL). */
-static int ossl_fail2(SgError *err, const char *what, const char *step)
+static int ossl_fail(SgError *err, const char *what, const char *step)
 {
     unsigned long e = ERR_get_error();
     char buf[160] = "no OpenSSL error queued";
@@ -30,11 +30,6 @@ static int ossl_fail2(SgError *err, const char *what, const char *step)
     ERR_clear_error();
     return sg_fail(err, SG_EIO, "OpenSSL %s%s%s failed: %s", what, step ? " " : "",
                    step ? step : "", buf);
-}
-
-static int ossl_fail(SgError *err, const char *what)
-{
-    return ossl_fail2(err, what, NULL);
 }
 
 int net_security_parse(const char *text, NetSecurity *mode, SgError *err)
@@ -68,11 +63,11 @@ static int hkdf(const uint8_t *secret, size_t secret_len, const uint8_t *salt, s
 {
     EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
     if (kdf == NULL)
-        return ossl_fail(err, "EVP_KDF_fetch(HKDF)");
+        return ossl_fail(err, "EVP_KDF_fetch(HKDF)", NULL);
     EVP_KDF_CTX *kctx = EVP_KDF_CTX_new(kdf);
     EVP_KDF_free(kdf);
     if (kctx == NULL)
-        return ossl_fail(err, "EVP_KDF_CTX_new");
+        return ossl_fail(err, "EVP_KDF_CTX_new", NULL);
     OSSL_PARAM params[5];
     params[0] = OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0);
     params[1] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)secret, secret_len);
@@ -81,7 +76,7 @@ static int hkdf(const uint8_t *secret, size_t secret_len, const uint8_t *salt, s
     params[4] = OSSL_PARAM_construct_end();
     int ok = EVP_KDF_derive(kctx, out, NET_SESSION_KEY, params) == 1;
     EVP_KDF_CTX_free(kctx);
-    return ok ? SG_OK : ossl_fail(err, "HKDF-SHA256 derive");
+    return ok ? SG_OK : ossl_fail(err, "HKDF-SHA256 derive", NULL);
 }
 
 /* "auth" only needs a MAC over bytes that travel in clear. Poly1305 (ChaCha20-Poly1305 given
@@ -113,14 +108,14 @@ static int dir_init(NetSessionDir *d, uint32_t direction, uint32_t send_dir, con
         return rc;
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
     if (ctx == NULL)
-        return ossl_fail(err, "EVP_CIPHER_CTX_new");
+        return ossl_fail(err, "EVP_CIPHER_CTX_new", NULL);
     d->ctx = ctx;
     /* Keyed once: each frame only sets its nonce. The send side encrypts, the receive side
      * decrypts (in NET_SEC_AUTH both only authenticate associated data). */
     const EVP_CIPHER *cipher = mode_cipher(mode);
     int ok = direction == send_dir ? EVP_EncryptInit_ex(ctx, cipher, NULL, d->key, NULL)
                                    : EVP_DecryptInit_ex(ctx, cipher, NULL, d->key, NULL);
-    return ok == 1 ? SG_OK : ossl_fail2(err, d->aead, "key setup");
+    return ok == 1 ? SG_OK : ossl_fail(err, d->aead, "key setup");
 }
 
 int net_session_init(NetSession *s, NetSecurity mode, const uint8_t *secret, size_t secret_len,
@@ -187,19 +182,18 @@ static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_
                        "frame %llu on this connection was cut off part-way; the connection cannot "
                        "carry another frame",
                        (unsigned long long)d->seq);
-    for (int i = 0; i < 4; i++)
-        nonce[i] = (uint8_t)(d->direction >> (8 * i));
+    sg_put_le32(nonce, d->direction);
     sg_put_le64(nonce + 4, d->seq);
     sg_put_le64(seq, d->seq);
     int outl = 0;
     int ok = encrypt ? EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce)
                      : EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce);
     if (ok != 1)
-        return ossl_fail2(err, d->aead, "init");
+        return ossl_fail(err, d->aead, "init");
     if (header_len > 0 && EVP_CipherUpdate(ctx, NULL, &outl, header, (int)header_len) != 1)
-        return ossl_fail2(err, d->aead, "header");
+        return ossl_fail(err, d->aead, "header");
     if (EVP_CipherUpdate(ctx, NULL, &outl, seq, NET_SESSION_SEQ) != 1)
-        return ossl_fail2(err, d->aead, "seq");
+        return ossl_fail(err, d->aead, "seq");
     d->active = 1;
     return SG_OK;
 }
@@ -207,9 +201,15 @@ static int dir_begin(NetSessionDir *d, int encrypt, const uint8_t *header, size_
 /* EVP's update takes an int length: feed large payloads in pieces. */
 #define AEAD_PIECE ((size_t)1 << 30)
 
+/* Mode "none": copies in to out (when they differ). */
 static int dir_update(NetSessionDir *d, NetSecurity mode, const uint8_t *in, uint8_t *out,
                       size_t len, SgError *err)
 {
+    if (mode == NET_SEC_NONE) {
+        if (out != in)
+            memcpy(out, in, len);
+        return SG_OK;
+    }
     if (!d->active)
         return sg_fail(err, SG_ESTATE, "session update outside a frame");
     EVP_CIPHER_CTX *ctx = (EVP_CIPHER_CTX *)d->ctx;
@@ -218,12 +218,12 @@ static int dir_update(NetSessionDir *d, NetSecurity mode, const uint8_t *in, uin
         int outl = 0;
         if (mode == NET_SEC_AUTH) {
             if (EVP_CipherUpdate(ctx, NULL, &outl, in + off, (int)n) != 1)
-                return ossl_fail2(err, d->aead, "update");
+                return ossl_fail(err, d->aead, "update");
             if (out != in)
                 memcpy(out + off, in + off, n);
         } else if (EVP_CipherUpdate(ctx, out + off, &outl, in + off, (int)n) != 1 ||
                    (size_t)outl != n) {
-            return ossl_fail2(err, d->aead, "update");
+            return ossl_fail(err, d->aead, "update");
         }
         off += n;
     }
@@ -242,11 +242,6 @@ int net_session_seal_begin(NetSession *s, const uint8_t *header, size_t header_l
 int net_session_seal_update(NetSession *s, const uint8_t *in, uint8_t *out, size_t len,
                             SgError *err)
 {
-    if (s->mode == NET_SEC_NONE) {
-        if (out != in)
-            memcpy(out, in, len);
-        return SG_OK;
-    }
     return dir_update(&s->send, s->mode, in, out, len, err);
 }
 
@@ -263,7 +258,7 @@ int net_session_seal_end(NetSession *s, uint8_t tag[NET_SESSION_TAG], SgError *e
     d->active = 0;
     if (EVP_EncryptFinal_ex(ctx, none, &outl) != 1 ||
         EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, NET_SESSION_TAG, tag) != 1)
-        return ossl_fail2(err, d->aead, "tag");
+        return ossl_fail(err, d->aead, "tag");
     d->seq++;
     return SG_OK;
 }
@@ -287,11 +282,6 @@ int net_session_open_begin(NetSession *s, const uint8_t *header, size_t header_l
 int net_session_open_update(NetSession *s, const uint8_t *in, uint8_t *out, size_t len,
                             SgError *err)
 {
-    if (s->mode == NET_SEC_NONE) {
-        if (out != in)
-            memcpy(out, in, len);
-        return SG_OK;
-    }
     return dir_update(&s->recv, s->mode, in, out, len, err);
 }
 
@@ -308,7 +298,7 @@ int net_session_open_end(NetSession *s, const uint8_t tag[NET_SESSION_TAG], cons
         return sg_fail(err, SG_ESTATE, "session open_end outside a frame");
     d->active = 0;
     if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, NET_SESSION_TAG, (void *)tag) != 1)
-        return ossl_fail2(err, d->aead, "set tag");
+        return ossl_fail(err, d->aead, "set tag");
     if (EVP_DecryptFinal_ex(ctx, none, &outl) != 1) {
         ERR_clear_error();
         return sg_fail(err, SG_EAUTH,

@@ -354,9 +354,10 @@ int net_accept(int lfd, int *fd_out, char *peer, size_t peer_len, SgError *err)
     }
 }
 
-/* Waits until fd is ready for events or the deadline passes. */
-static int wait_ready(int fd, short events, double deadline, const char *peer, const char *what,
-                      SgError *err)
+/* Waits until fd is ready for events or the deadline passes; a timeout says
+ * "timed out <doing> <what> <to_from> <peer>". */
+static int wait_ready(int fd, short events, double deadline, const char *peer, const char *doing,
+                      const char *what, const char *to_from, SgError *err)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
@@ -366,7 +367,7 @@ static int wait_ready(int fd, short events, double deadline, const char *peer, c
                 continue;
             return sg_fail_errno(err, SG_EIO, errno, "poll on connection to %s", peer);
         } else if (n == 0) {
-            return sg_fail(err, SG_ETIMEOUT, "timed out %s %s", what, peer);
+            return sg_fail(err, SG_ETIMEOUT, "timed out %s %s %s %s", doing, what, to_from, peer);
         } else {
             return SG_OK;
         }
@@ -390,9 +391,7 @@ int net_writev_all(int fd, struct iovec *iov, int iovcnt, double deadline, const
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                char w[96];
-                snprintf(w, sizeof w, "sending %s to", what);
-                int rc = wait_ready(fd, POLLOUT, deadline, peer, w, err);
+                int rc = wait_ready(fd, POLLOUT, deadline, peer, "sending", what, "to", err);
                 if (rc < 0)
                     return rc;
                 continue;
@@ -428,9 +427,7 @@ int net_read_exact(int fd, void *buf, size_t len, double deadline, const char *p
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                char w[96];
-                snprintf(w, sizeof w, "waiting for %s from", what);
-                int rc = wait_ready(fd, POLLIN, deadline, peer, w, err);
+                int rc = wait_ready(fd, POLLIN, deadline, peer, "waiting for", what, "from", err);
                 if (rc < 0)
                     return rc;
                 continue;
