@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sg_grow.h"
 #include "net/coll.h"
 
 typedef struct Range {
@@ -90,12 +91,8 @@ static int enqueue(CollHook *h, size_t off, size_t cnt, SgError *err)
         if (h->qhead > 0) {
             memmove(h->queue, h->queue + h->qhead, h->qlen * sizeof *h->queue);
             h->qhead = 0;
-        } else {
-            size_t cap = h->qcap ? 2 * h->qcap : 64;
-            Range *q = realloc(h->queue, cap * sizeof *q);
-            if (q == NULL)
-                return sg_fail(err, SG_ENOMEM, "growing the gradient hook's bucket queue");
-            h->queue = q, h->qcap = cap;
+        } else if (sg_grow(&h->queue, &h->qcap, h->qlen + 1, sizeof *h->queue, 64) < 0) {
+            return sg_fail(err, SG_ENOMEM, "growing the gradient hook's bucket queue");
         }
     }
     h->queue[h->qhead + h->qlen++] = (Range){off, cnt};
@@ -143,13 +140,8 @@ static int hook_ready(void *ctx, float *grads, size_t offset, size_t count, SgEr
     h->grads = grads;
     pthread_mutex_unlock(&h->mu);
     fold_accum(h, grads, offset, count);
-    if (h->ncovered == h->capcovered) {
-        size_t cap = h->capcovered ? 2 * h->capcovered : 32;
-        Range *r = realloc(h->covered, cap * sizeof *r);
-        if (r == NULL)
-            return sg_fail(err, SG_ENOMEM, "growing the gradient hook's range list");
-        h->covered = r, h->capcovered = cap;
-    }
+    if (sg_grow(&h->covered, &h->capcovered, h->ncovered + 1, sizeof *h->covered, 32) < 0)
+        return sg_fail(err, SG_ENOMEM, "growing the gradient hook's range list");
     h->covered[h->ncovered++] = (Range){offset, count};
     int rc = 0;
     if (h->pend_hi > h->pend_lo && offset + count != h->pend_lo)

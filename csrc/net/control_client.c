@@ -23,19 +23,13 @@
 #define CTL_MAX_FRAME (16u << 20)
 
 struct CtlClient {
-    int fd;
-    NetSession session; /* keyed by the handshake; send half under send_mu, recv half: reader */
-    char peer[NET_PEER_MAX];
+    NetClient net; /* net.rd.err: code != 0 once the connection broke (under net.mu) */
     long executor_id;
     double heartbeat_interval;
     double driver_timeout; /* silence from the driver that counts as its loss */
     double last_recv;      /* sg_now() of the last frame from the driver (reader thread only) */
     double next_hb;        /* sg_now() of the next heartbeat (reader thread only) */
-    NetReader rd;          /* rd.err: code != 0 once the connection broke (under mu) */
-    pthread_mutex_t send_mu;
-
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* under net.mu */
     int stopped;
     int interrupted; /* ctl_client_interrupt() since the last recv returned */
     int acked, registered, num_nodes;
@@ -45,21 +39,22 @@ struct CtlClient {
 
 /* ---- the reader thread's callbacks ---------------------------------------- */
 
-/* Handles one driver message; called with c->mu held. 1: for recv to return. */
+/* Handles one driver message; called with c->net.mu held. 1: for recv to return. */
 static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
 {
     if (strcmp(type, "registered") == 0) {
         long k, n;
         int rc;
-        if ((rc = net_json_int(msg, "registered", 0, 1L << 30, c->peer, &k, err)) < 0 ||
-            (rc = net_json_int(msg, "num_nodes", 0, 1L << 30, c->peer, &n, err)) < 0)
+        if ((rc = net_json_int(msg, "registered", 0, 1L << 30, c->net.peer, &k, err)) < 0 ||
+            (rc = net_json_int(msg, "num_nodes", 0, 1L << 30, c->net.peer, &n, err)) < 0)
             return rc;
         c->acked = 1, c->registered = (int)k, c->num_nodes = (int)n;
     } else if (strcmp(type, "spec") == 0) {
         cJSON *spec = cJSON_DetachItemFromObjectCaseSensitive(msg, "spec");
         if (!cJSON_IsArray(spec)) {
             cJSON_Delete(spec);
-            return sg_fail(err, SG_EPROTO, "spec message from %s has no \"spec\" array", c->peer);
+            return sg_fail(err, SG_EPROTO, "spec message from %s has no \"spec\" array",
+                           c->net.peer);
         }
         cJSON_Delete(c->spec);
         c->spec = spec;
@@ -67,12 +62,12 @@ static int handle_msg(CtlClient *c, cJSON *msg, const char *type, SgError *err)
         c->spec_json = NULL;
     } else if (strcmp(type, "reject") == 0) {
         const char *reason = "";
-        net_json_string(msg, "reason", c->peer, &reason, err);
-        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->peer,
+        net_json_string(msg, "reason", c->net.peer, &reason, err);
+        return sg_fail(err, SG_ECLUSTER, "driver %s rejected executor %ld: %s", c->net.peer,
                        c->executor_id, reason);
     } else if (strcmp(type, "stop") == 0 && c->spec == NULL) {
         return sg_fail(err, SG_ECANCELLED, "driver %s stopped the cluster before it formed",
-                       c->peer);
+                       c->net.peer);
     } else {
         return 1;
     }
@@ -87,31 +82,20 @@ static int handle_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, Sg
     const char *type;
     int rc = SG_OK, queued = 0;
     if (h->type != NET_FRAME_HEARTBEAT && h->type != NET_FRAME_JSON)
-        rc = sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection", c->peer,
-                     net_frame_type_name(h->type));
+        rc = sg_fail(err, SG_EPROTO, "driver %s sent a %s frame on the control connection",
+                     c->net.peer, net_frame_type_name(h->type));
     else if (h->type == NET_FRAME_JSON &&
-             (rc = net_json_parse(payload, h->length, c->peer, &msg, &type, err)) == 0) {
-        pthread_mutex_lock(&c->mu);
+             (rc = net_json_parse(payload, h->length, c->net.peer, &msg, &type, err)) == 0) {
+        pthread_mutex_lock(&c->net.mu);
         rc = handle_msg(c, msg, type, err);
-        if ((queued = rc == 1) && (rc = net_reader_queue(&c->rd, h, payload)) < 0)
-            sg_fail(err, rc, "queueing a message from %s", c->peer); /* it freed payload */
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        if ((queued = rc == 1) && (rc = net_reader_queue(&c->net.rd, h, payload)) < 0)
+            sg_fail(err, rc, "queueing a message from %s", c->net.peer); /* it freed payload */
+        pthread_cond_broadcast(&c->net.cv);
+        pthread_mutex_unlock(&c->net.mu);
         cJSON_Delete(msg);
     }
     if (!queued)
         free(payload);
-    return rc;
-}
-
-static int send_frame(CtlClient *c, uint8_t type, const void *buf, size_t len, double deadline,
-                      SgError *err)
-{
-    pthread_mutex_lock(&c->send_mu);
-    int rc = c->fd < 0
-                 ? sg_fail(err, SG_ESTATE, "control connection to %s is closed", c->peer)
-                 : net_frame_send(c->fd, &c->session, type, 0, buf, len, deadline, c->peer, err);
-    pthread_mutex_unlock(&c->send_mu);
     return rc;
 }
 
@@ -124,11 +108,11 @@ static int tick(void *ctx, double *wake_at, SgError *err)
             err, SG_ETIMEOUT,
             "no message or heartbeat from driver %s for %.1f s (driver_timeout): the driver "
             "process or its host is gone",
-            c->peer, sg_now() - c->last_recv);
+            c->net.peer, sg_now() - c->last_recv);
     if (sg_now() >= c->next_hb) {
         /* A heartbeat that cannot leave within a few intervals means a dead link. */
         double deadline = sg_now() + 5 * c->heartbeat_interval + 1.0;
-        int rc = send_frame(c, NET_FRAME_HEARTBEAT, NULL, 0, deadline, err);
+        int rc = net_client_send(&c->net, NET_FRAME_HEARTBEAT, 0, NULL, 0, deadline, err);
         if (rc < 0)
             return rc;
         c->next_hb = sg_now() + c->heartbeat_interval;
@@ -140,23 +124,14 @@ static int tick(void *ctx, double *wake_at, SgError *err)
 
 /* ---- API ----------------------------------------------------------------- */
 
-/* Connect, authenticate, send the registration (no thread yet). */
-static int connect_and_register(CtlClient *c, const char *host, int port, const uint8_t *secret,
-                                size_t secret_len, NetSecurity mode, cJSON *node, double deadline,
-                                SgError *err)
+static cJSON *new_msg(const char *type)
 {
-    int rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
-                              c->peer, "rendezvous: ", err);
-    if (rc < 0)
-        return rc;
-    cJSON *msg = cJSON_CreateObject();
-    if (msg == NULL)
-        return sg_fail(err, SG_ENOMEM, "building the register message");
-    cJSON_AddStringToObject(msg, "type", "register");
-    cJSON_AddItemReferenceToObject(msg, "node", node);
-    rc = net_json_send(c->fd, &c->session, msg, deadline, c->peer, err); /* no thread yet */
-    cJSON_Delete(msg);
-    return rc;
+    cJSON *m = cJSON_CreateObject();
+    if (m != NULL && cJSON_AddStringToObject(m, "type", type) == NULL) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
 }
 
 int ctl_client_register(const char *host, int port, const uint8_t *secret, size_t secret_len,
@@ -186,52 +161,51 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
         cJSON_Delete(node);
         return sg_fail(err, SG_ENOMEM, "allocating a control client");
     }
-    c->fd = -1;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->send_mu, NULL);
-    net_cond_init(&c->cv);
-    snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     c->executor_id = (long)eid->valuedouble;
     c->heartbeat_interval = heartbeat_interval;
     c->driver_timeout = driver_timeout;
-    rc = connect_and_register(c, host, port, secret, secret_len, mode, node, deadline, err);
+    const NetReader reader = {.who = "driver",
+                              .what = "control",
+                              .max_frame = CTL_MAX_FRAME,
+                              .ctx = c,
+                              .frame = handle_frame,
+                              .tick = tick};
+    rc = net_client_open(&c->net, host, port, secret, secret_len, mode, deadline,
+                         "rendezvous: ", &reader, err);
+    cJSON *msg = rc == 0 ? new_msg("register") : NULL;
+    if (rc == 0 && msg == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "building the register message");
+    if (msg != NULL) { /* sent before the reader starts: the registration comes first */
+        cJSON_AddItemReferenceToObject(msg, "node", node);
+        rc = net_json_send(c->net.fd, &c->net.session, msg, deadline, c->net.peer, err);
+        cJSON_Delete(msg);
+    }
     cJSON_Delete(node);
     c->last_recv = sg_now();
     c->next_hb = c->last_recv + heartbeat_interval;
-    c->rd = (NetReader){.fd = c->fd,
-                        .session = &c->session,
-                        .peer = c->peer,
-                        .who = "driver",
-                        .what = "control",
-                        .max_frame = CTL_MAX_FRAME,
-                        .mu = &c->mu,
-                        .cv = &c->cv,
-                        .ctx = c,
-                        .frame = handle_frame,
-                        .tick = tick};
     if (rc == 0)
-        rc = net_reader_start(&c->rd, err);
+        rc = net_reader_start(&c->net.rd, err);
     if (rc == 0) {
-        pthread_mutex_lock(&c->mu);
-        while (c->spec == NULL && c->rd.err.code == 0 &&
-               net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
+        pthread_mutex_lock(&c->net.mu);
+        while (c->spec == NULL && c->net.rd.err.code == 0 &&
+               net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
             ;
         if (c->spec != NULL)
             rc = SG_OK;
-        else if (c->rd.err.code != 0)
-            rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
+        else if (c->net.rd.err.code != 0)
+            rc = sg_fail(err, c->net.rd.err.code, "%s", c->net.rd.err.msg);
         else if (c->acked)
             rc = sg_fail(err, SG_ERDV_TIMEOUT,
                          "executor %ld got no cluster spec from driver %s within %.1f s: when it "
                          "registered, %d of %d nodes had registered (the others have not reached "
                          "the rendezvous: too few free task slots, or failed tasks)",
-                         c->executor_id, c->peer, timeout, c->registered, c->num_nodes);
+                         c->executor_id, c->net.peer, timeout, c->registered, c->num_nodes);
         else
             rc =
                 sg_fail(err, SG_ERDV_TIMEOUT,
                         "executor %ld: driver %s never acknowledged the registration within %.1f s",
-                        c->executor_id, c->peer, timeout);
-        pthread_mutex_unlock(&c->mu);
+                        c->executor_id, c->net.peer, timeout);
+        pthread_mutex_unlock(&c->net.mu);
     }
     if (rc < 0) {
         ctl_client_free(c);
@@ -243,11 +217,11 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
 
 char *ctl_client_spec(CtlClient *c)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->net.mu);
     if (c->spec_json == NULL && c->spec != NULL)
         c->spec_json = net_json_print(c->spec);
     char *out = c->spec_json != NULL ? strdup(c->spec_json) : NULL;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->net.mu);
     return out;
 }
 
@@ -261,19 +235,9 @@ static int send_json(CtlClient *c, cJSON *msg, double timeout, SgError *err)
         return rc;
     if (text == NULL)
         return sg_fail(err, SG_ENOMEM, "building a control message");
-    rc = send_frame(c, NET_FRAME_JSON, text, strlen(text), deadline, err);
+    rc = net_client_send(&c->net, NET_FRAME_JSON, 0, text, strlen(text), deadline, err);
     free(text);
     return rc;
-}
-
-static cJSON *new_msg(const char *type)
-{
-    cJSON *m = cJSON_CreateObject();
-    if (m != NULL && cJSON_AddStringToObject(m, "type", type) == NULL) {
-        cJSON_Delete(m);
-        return NULL;
-    }
-    return m;
 }
 
 int ctl_client_log(CtlClient *c, const char *line, const char *stream, double timeout, SgError *err)
@@ -319,47 +283,43 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
     if (rc < 0)
         return rc;
     *json = NULL;
-    pthread_mutex_lock(&c->mu);
-    while (c->rd.head == NULL && c->rd.err.code == 0 && !c->stopped && !c->interrupted &&
-           net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
+    pthread_mutex_lock(&c->net.mu);
+    while (c->net.rd.head == NULL && c->net.rd.err.code == 0 && !c->stopped && !c->interrupted &&
+           net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
         ;
     if (c->interrupted) {
         c->interrupted = 0; /* returns no message; a queued one stays for the next recv */
-    } else if (c->rd.head != NULL) {
-        NetMsg *m = net_reader_take(&c->rd, -1);
+    } else if (c->net.rd.head != NULL) {
+        NetMsg *m = net_reader_take(&c->net.rd, -1);
         *json = (char *)m->payload;
         free(m);
-    } else if (c->rd.err.code != 0) {
-        rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
+    } else if (c->net.rd.err.code != 0) {
+        rc = sg_fail(err, c->net.rd.err.code, "%s", c->net.rd.err.msg);
     } else if (c->stopped) {
-        rc = sg_fail(err, SG_ESTATE, "control client for %s is closed", c->peer);
+        rc = sg_fail(err, SG_ESTATE, "control client for %s is closed", c->net.peer);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->net.mu);
     return rc;
 }
 
 void ctl_client_interrupt(CtlClient *c)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->net.mu);
     c->interrupted = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    pthread_cond_broadcast(&c->net.cv);
+    pthread_mutex_unlock(&c->net.mu);
 }
 
 void ctl_client_stop(CtlClient *c)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->net.mu);
     int was = c->stopped;
     c->stopped = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    pthread_cond_broadcast(&c->net.cv);
+    pthread_mutex_unlock(&c->net.mu);
     if (was)
         return;
-    net_reader_stop(&c->rd);
-    pthread_mutex_lock(&c->send_mu);
-    net_close(&c->fd);
-    net_session_free(&c->session);
-    pthread_mutex_unlock(&c->send_mu);
+    net_client_close(&c->net);
 }
 
 void ctl_client_free(CtlClient *c)
@@ -367,11 +327,8 @@ void ctl_client_free(CtlClient *c)
     if (c == NULL)
         return;
     ctl_client_stop(c);
-    net_reader_free(&c->rd);
+    net_client_free(&c->net);
     cJSON_Delete(c->spec);
     free(c->spec_json);
-    pthread_mutex_destroy(&c->mu);
-    pthread_mutex_destroy(&c->send_mu);
-    pthread_cond_destroy(&c->cv);
     free(c);
 }

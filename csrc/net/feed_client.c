@@ -25,14 +25,10 @@
 #define FEED_CLIENT_MAX_FRAME (256u << 20)
 
 struct FeedClient {
-    int fd;
-    NetSession session;      /* keyed by the handshake; send half under send_mu */
-    pthread_mutex_t send_mu; /* send and end may come from different threads */
-    char peer[NET_PEER_MAX];
+    /* send and end may come from different threads; net.rd queues ACK and
+     * RESULT frames, and its err (code != 0) is the worker's ERROR, or the end */
+    NetClient net;
     double timeout;
-    NetReader rd; /* ACK and RESULT frames; rd.err, code != 0: the worker's ERROR, or the end */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
 };
 
 int feed_send_batch(int fd, NetSession *s, int op, const FeedBatch *b, double deadline,
@@ -76,23 +72,23 @@ static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgErro
     if (h->type != NET_FRAME_FEED ||
         (h->flags != FEED_OP_ACK && h->flags != FEED_OP_RESULT && h->flags != FEED_OP_ERROR))
         rc = sg_fail(err, SG_EPROTO, "worker %s sent a %s frame (op %u) on the feed connection",
-                     c->peer, net_frame_type_name(h->type), h->flags);
+                     c->net.peer, net_frame_type_name(h->type), h->flags);
     else if (h->flags == FEED_OP_ERROR && h->length < 4)
-        rc = sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->peer);
+        rc = sg_fail(err, SG_EPROTO, "worker %s sent a malformed feed error", c->net.peer);
     else if (h->flags == FEED_OP_ERROR) {
         int32_t code = (int32_t)sg_get_le32(payload);
         rc = sg_fail(err, code < 0 && code > -100 ? code : SG_EPROTO,
-                     "worker %s refused the feed: %.*s", c->peer,
+                     "worker %s refused the feed: %.*s", c->net.peer,
                      (int)(h->length - 4 > 900 ? 900 : h->length - 4), (const char *)payload + 4);
     }
     if (rc < 0) {
         free(payload);
         return rc;
     }
-    pthread_mutex_lock(&c->mu);
-    if ((rc = net_reader_queue(&c->rd, h, payload)) < 0)
-        sg_fail(err, rc, "queueing a frame from %s", c->peer);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->net.mu);
+    if ((rc = net_reader_queue(&c->net.rd, h, payload)) < 0)
+        sg_fail(err, rc, "queueing a frame from %s", c->net.peer);
+    pthread_mutex_unlock(&c->net.mu);
     return rc;
 }
 /* Waits for the first queued frame with op (removed and returned), the
@@ -100,16 +96,17 @@ static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgErro
 static int wait_msg(FeedClient *c, uint16_t op, double deadline, NetMsg **out, const char *what,
                     SgError *err)
 {
-    pthread_mutex_lock(&c->mu);
-    while ((*out = net_reader_take(&c->rd, op)) == NULL && c->rd.err.code == 0 &&
-           net_cond_wait(&c->cv, &c->mu, deadline) != ETIMEDOUT)
+    pthread_mutex_lock(&c->net.mu);
+    while ((*out = net_reader_take(&c->net.rd, op)) == NULL && c->net.rd.err.code == 0 &&
+           net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
         ;
     int rc = SG_OK;
-    if (*out == NULL && c->rd.err.code != 0)
-        rc = sg_fail(err, c->rd.err.code, "%s", c->rd.err.msg);
+    if (*out == NULL && c->net.rd.err.code != 0)
+        rc = sg_fail(err, c->net.rd.err.code, "%s", c->net.rd.err.msg);
     else if (*out == NULL && what != NULL)
-        rc = sg_fail(err, SG_ETIMEOUT, "timed out waiting for %s from worker %s", what, c->peer);
-    pthread_mutex_unlock(&c->mu);
+        rc =
+            sg_fail(err, SG_ETIMEOUT, "timed out waiting for %s from worker %s", what, c->net.peer);
+    pthread_mutex_unlock(&c->net.mu);
     return rc;
 }
 
@@ -126,26 +123,16 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     FeedClient *c = calloc(1, sizeof *c);
     if (c == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a feed client");
-    c->fd = -1;
     c->timeout = timeout;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->send_mu, NULL);
-    net_cond_init(&c->cv);
-    snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-    rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
-                          c->peer, "feed: ", err);
-    c->rd = (NetReader){.fd = c->fd,
-                        .session = &c->session,
-                        .peer = c->peer,
-                        .who = "worker",
-                        .what = "feed",
-                        .max_frame = FEED_CLIENT_MAX_FRAME,
-                        .mu = &c->mu,
-                        .cv = &c->cv,
-                        .ctx = c,
-                        .frame = on_frame};
+    const NetReader reader = {.who = "worker",
+                              .what = "feed",
+                              .max_frame = FEED_CLIENT_MAX_FRAME,
+                              .ctx = c,
+                              .frame = on_frame};
+    rc = net_client_open(&c->net, host, port, secret, secret_len, mode, deadline, "feed: ", &reader,
+                         err);
     if (rc == 0)
-        rc = net_reader_start(&c->rd, err);
+        rc = net_reader_start(&c->net.rd, err);
     if (rc < 0) {
         feed_client_free(c);
         return rc;
@@ -166,10 +153,10 @@ static int explain_failure(FeedClient *c, int rc, SgError *err)
 
 int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 {
-    pthread_mutex_lock(&c->send_mu);
-    int rc =
-        feed_send_batch(c->fd, &c->session, FEED_OP_BATCH, b, sg_now() + c->timeout, c->peer, err);
-    pthread_mutex_unlock(&c->send_mu);
+    pthread_mutex_lock(&c->net.send_mu);
+    int rc = feed_send_batch(c->net.fd, &c->net.session, FEED_OP_BATCH, b, sg_now() + c->timeout,
+                             c->net.peer, err);
+    pthread_mutex_unlock(&c->net.send_mu);
     if (rc == SG_ETIMEOUT)
         sg_context(err, "the worker's feed queue stayed full (is it consuming?): ");
     else if (rc < 0)
@@ -180,10 +167,8 @@ int feed_client_send(FeedClient *c, const FeedBatch *b, SgError *err)
 int feed_client_end(FeedClient *c, const char *input, SgError *err)
 {
     double deadline = sg_now() + c->timeout;
-    pthread_mutex_lock(&c->send_mu);
-    int rc = net_frame_send(c->fd, &c->session, NET_FRAME_FEED, FEED_OP_END, input, strlen(input),
-                            deadline, c->peer, err);
-    pthread_mutex_unlock(&c->send_mu);
+    int rc =
+        net_client_send(&c->net, NET_FRAME_FEED, FEED_OP_END, input, strlen(input), deadline, err);
     if (rc < 0)
         return explain_failure(c, rc, err);
     NetMsg *m;
@@ -207,7 +192,7 @@ int feed_client_recv_results(FeedClient *c, double timeout, FeedBatch *out, uint
         return rc;
     rc = feed_batch_decode(m->payload, m->len, out, err);
     if (rc < 0) {
-        sg_context(err, "results from worker %s: ", c->peer);
+        sg_context(err, "results from worker %s: ", c->net.peer);
         free(m->payload);
     } else {
         *payload = m->payload;
@@ -220,11 +205,6 @@ void feed_client_free(FeedClient *c)
 {
     if (c == NULL)
         return;
-    net_reader_free(&c->rd);
-    net_close(&c->fd);
-    net_session_free(&c->session);
-    pthread_mutex_destroy(&c->mu);
-    pthread_mutex_destroy(&c->send_mu);
-    pthread_cond_destroy(&c->cv);
+    net_client_free(&c->net);
     free(c);
 }

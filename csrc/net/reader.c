@@ -1,5 +1,5 @@
 /*
- * reader.c - the client reader thread of reader.h.
+ * reader.c - the client connection and its reader thread (reader.h).
  */
 #include "net/reader.h"
 
@@ -7,6 +7,8 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "net/auth.h"
 
 /* Reads what is there and hands over every frame it completes. */
 static int read_frames(NetReader *r, NetFrameParser *p, SgError *err)
@@ -142,4 +144,51 @@ NetMsg *net_reader_take(NetReader *r, int op)
     if (r->tail == m)
         r->tail = prev;
     return m;
+}
+
+int net_client_open(NetClient *c, const char *host, int port, const uint8_t *secret,
+                    size_t secret_len, NetSecurity mode, double deadline, const char *context,
+                    const NetReader *reader, SgError *err)
+{
+    c->fd = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
+    net_cond_init(&c->cv);
+    snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+    c->rd = *reader;
+    c->rd.session = &c->session, c->rd.peer = c->peer, c->rd.mu = &c->mu, c->rd.cv = &c->cv;
+    int rc = net_connect_auth(host, port, secret, secret_len, mode, deadline, &c->fd, &c->session,
+                              c->peer, context, err);
+    c->rd.fd = c->fd;
+    return rc;
+}
+
+int net_client_send(NetClient *c, uint8_t type, uint16_t flags, const void *buf, size_t len,
+                    double deadline, SgError *err)
+{
+    pthread_mutex_lock(&c->send_mu);
+    int rc =
+        c->fd < 0
+            ? sg_fail(err, SG_ESTATE, "%s connection to %s is closed", c->rd.what, c->peer)
+            : net_frame_send(c->fd, &c->session, type, flags, buf, len, deadline, c->peer, err);
+    pthread_mutex_unlock(&c->send_mu);
+    return rc;
+}
+
+void net_client_close(NetClient *c)
+{
+    net_reader_stop(&c->rd);
+    pthread_mutex_lock(&c->send_mu);
+    net_close(&c->fd);
+    net_session_free(&c->session);
+    pthread_mutex_unlock(&c->send_mu);
+}
+
+void net_client_free(NetClient *c)
+{
+    net_client_close(c);
+    net_reader_free(&c->rd);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->send_mu);
+    pthread_cond_destroy(&c->cv);
 }

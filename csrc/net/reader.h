@@ -1,10 +1,11 @@
 /*
- * reader.h - the reader thread of a client connection (the control client,
- * the feeder): it feeds what arrives to a frame parser under the
- * connection's session and hands each whole frame to the owner's `frame`
- * callback (which may queue it for the owner's callers); an optional `tick`
- * runs the owner's timers before every poll. The first error is kept in
- * `err`, under the owner's mutex, and ends the thread.
+ * reader.h - a client connection (the control client, the feeder): its
+ * socket, session and locks (NetClient), and its reader thread, which feeds
+ * what arrives to a frame parser under the connection's session and hands
+ * each whole frame to the owner's `frame` callback (which may queue it for
+ * the owner's callers); an optional `tick` runs the owner's timers before
+ * every poll. The first error is kept in `err`, under the owner's mutex,
+ * and ends the thread.
  */
 #ifndef NET_READER_H
 #define NET_READER_H
@@ -62,5 +63,32 @@ void net_reader_free(NetReader *r);
  * when op < 0) off the queue, NULL when there is none. */
 int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload);
 NetMsg *net_reader_take(NetReader *r, int op);
+
+/* A client connection and its reader. Senders hold send_mu (the session's
+ * send half); the reader owns the receive half; mu and cv are the reader's
+ * and the owner's state's. */
+typedef struct NetClient {
+    int fd;
+    NetSession session; /* keyed by the handshake */
+    char peer[NET_PEER_MAX];
+    pthread_mutex_t mu, send_mu;
+    pthread_cond_t cv;
+    NetReader rd;
+} NetClient;
+
+/* Sets c up, connects to host:port and authenticates before deadline
+ * (`context` prefixes errors of the connect, "feed: "), and readies c->rd
+ * from `reader` (the owner's callbacks and names) for net_reader_start.
+ * Whatever it returns, net_client_free(c) undoes it. */
+int net_client_open(NetClient *c, const char *host, int port, const uint8_t *secret,
+                    size_t secret_len, NetSecurity mode, double deadline, const char *context,
+                    const NetReader *reader, SgError *err);
+/* One frame to the peer, under send_mu; SG_ESTATE once closed. */
+int net_client_send(NetClient *c, uint8_t type, uint16_t flags, const void *buf, size_t len,
+                    double deadline, SgError *err);
+/* Stops the reader, then closes the socket and wipes the session (idempotent). */
+void net_client_close(NetClient *c);
+/* Closes, drops the queue and destroys the locks. */
+void net_client_free(NetClient *c);
 
 #endif /* NET_READER_H */

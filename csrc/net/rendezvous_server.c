@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/sg_grow.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/json_msg.h"
@@ -51,16 +52,8 @@ static int conn_queue_frame(RdvConn *c, NetSession *s, uint8_t type, uint16_t fl
     int on = net_session_on(s);
     size_t extra = on ? NET_FRAME_SEC_OVERHEAD : 0;
     size_t need = c->out_len + NET_FRAME_HEADER_SIZE + extra + len;
-    if (need > c->out_cap) {
-        size_t cap = c->out_cap ? c->out_cap : 4096;
-        while (cap < need)
-            cap *= 2;
-        uint8_t *p = realloc(c->out, cap);
-        if (p == NULL)
-            return SG_ENOMEM;
-        c->out = p;
-        c->out_cap = cap;
-    }
+    if (sg_grow(&c->out, &c->out_cap, need, 1, 4096) < 0)
+        return SG_ENOMEM;
     uint8_t *hdr = c->out + c->out_len;
     net_frame_header_encode(hdr, type, flags, (uint32_t)len);
     if (!on) {
@@ -153,11 +146,8 @@ static void add_conn(void *ctx, int fd, const char *peer)
 {
     RdvServer *s = ctx;
     SgError err;
-    size_t cap = s->capconns ? 2 * s->capconns : 16;
-    RdvConn **grown = s->nconns == s->capconns ? realloc(s->conns, cap * sizeof *grown) : s->conns;
-    if (grown != NULL && s->nconns == s->capconns)
-        s->conns = grown, s->capconns = cap;
-    RdvConn *c = grown != NULL ? calloc(1, sizeof *c) : NULL;
+    int grown = sg_grow(&s->conns, &s->capconns, s->nconns + 1, sizeof *s->conns, 16) == 0;
+    RdvConn *c = grown ? calloc(1, sizeof *c) : NULL;
     if (c == NULL || net_auth_random(c->challenge, sizeof c->challenge, &err) < 0) {
         free(c);
         close(fd);
@@ -377,15 +367,9 @@ static void *serve(void *arg)
     size_t pcap = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
-        size_t n = s->nconns + 2;
-        if (n > pcap) {
-            struct pollfd *p = realloc(pfd, n * 2 * sizeof *p);
-            if (p == NULL) {
-                sg_fail(&s->loop_err, SG_ENOMEM, "rendezvous server: out of memory for poll set");
-                break;
-            }
-            pfd = p;
-            pcap = n * 2;
+        if (sg_grow(&pfd, &pcap, s->nconns + 2, sizeof *pfd, 64) < 0) {
+            sg_fail(&s->loop_err, SG_ENOMEM, "rendezvous server: out of memory for poll set");
+            break;
         }
         pfd[0] = (struct pollfd){.fd = s->acc.wake[0], .events = POLLIN};
         int ms = (int)(s->heartbeat_timeout * 250.0);

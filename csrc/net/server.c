@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/sg_grow.h"
 #include "net/accept.h"
 #include "net/auth.h"
 
@@ -101,12 +102,7 @@ static void add_conn(void *ctx, int fd, const char *peer)
     NetServer *s = ctx;
     NetConn *c = calloc(1, s->h.conn_size);
     pthread_mutex_lock(&s->mu);
-    size_t cap = s->capconns ? 2 * s->capconns : 8;
-    NetConn **grown =
-        c != NULL && s->nconns == s->capconns ? realloc(s->conns, cap * sizeof *grown) : s->conns;
-    if (c != NULL && grown != NULL && s->nconns == s->capconns)
-        s->conns = grown, s->capconns = cap;
-    int ok = c != NULL && grown != NULL;
+    int ok = c != NULL && sg_grow(&s->conns, &s->capconns, s->nconns + 1, sizeof *s->conns, 8) == 0;
     if (ok) {
         c->srv = s, c->id = ++s->next_id, c->fd = fd;
         c->auth_deadline = net_gate_auth_deadline(&s->acc.gate);
