@@ -65,7 +65,7 @@ int net_gate_poll_fd(NetGate *g, int lfd, int *ms)
     pthread_mutex_unlock(&g->mu);
     if (retry_at <= 0)
         return lfd;
-    int left = net_poll_ms(retry_at);
+    int left = sg_poll_ms(retry_at);
     if (left <= 0)
         return lfd;
     if (*ms < 0 || left < *ms)

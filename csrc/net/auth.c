@@ -206,7 +206,7 @@ static int closed_before_challenge(int fd, double deadline)
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int n;
     do {
-        n = poll(&p, 1, net_poll_ms(deadline));
+        n = poll(&p, 1, sg_poll_ms(deadline));
     } while (n < 0 && errno == EINTR);
     if (n != 1)
         return 0;

@@ -135,11 +135,6 @@ const CollSealer *coll_sealer(NetSecurity mode);
 
 /* ---- coll_ops.c: the arithmetic ---- */
 
-/* IEEE half from float32, round to nearest even (NaN stays NaN, overflow
- * becomes infinity), and back (exact). bf16's: common/sg_bf16.h. */
-uint16_t coll_f32_to_f16(float f);
-float coll_f16_to_f32(uint16_t h);
-
 /* Bytes per element on the wire: the dtype's size, or 2 with compression. */
 size_t coll_wire_size(CollDtype dtype, CollCompression comp);
 

@@ -1,56 +1,15 @@
 /*
  * coll_ops.c - the arithmetic of the collectives (coll_internal.h): element
- * sizes, fp16 conversions in plain C (round to nearest even; bf16's are
- * common/sg_bf16.h), and the reduction kernels per dtype and op. Integer
+ * sizes and the reduction kernels per dtype and op (the 16-bit float
+ * conversions are common/sg_half.h's). Integer
  * sums wrap as NumPy's do (computed on unsigned values, so no signed
  * overflow). No I/O here.
  */
 #include <math.h>
 #include <string.h>
 
-#include "common/sg_bf16.h"
+#include "common/sg_half.h"
 #include "net/coll_internal.h"
-
-uint16_t coll_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) /* NaN: keep it quiet and non-zero */
-        return (uint16_t)(sign | 0x7e00u);
-    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity (and infinity itself) */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: a half subnormal (or zero) */
-        float a;
-        memcpy(&a, &ax, sizeof a);
-        /* a * 2^24 is exact; nearbyintf rounds to nearest even. 1024 is the
-         * smallest normal's encoding, which is right. */
-        return (uint16_t)(sign | (uint16_t)nearbyintf(a * 16777216.0f));
-    }
-    /* Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits
-     * to nearest even; a carry moves into the exponent as it should. */
-    ax += 0xfffu + ((ax >> 13) & 1u);
-    return (uint16_t)(sign | ((ax - 0x38000000u) >> 13));
-}
-
-float coll_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
-    if (exp == 0) {
-        float v = (float)mant * (1.0f / 16777216.0f); /* mant * 2^-24, exact */
-        memcpy(&x, &v, sizeof x);
-        x |= sign;
-    } else if (exp == 31) {
-        x = sign | 0x7f800000u | (mant << 13);
-    } else {
-        x = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
 
 size_t coll_dtype_size(int dtype)
 {
@@ -77,7 +36,7 @@ static float wire_f32(const uint8_t *p, CollCompression comp)
 {
     uint16_t h;
     memcpy(&h, p, sizeof h);
-    return comp == COLL_COMP_FP16 ? coll_f16_to_f32(h) : sg_bf16_to_f32(h);
+    return comp == COLL_COMP_FP16 ? sg_f16_to_f32(h) : sg_bf16_to_f32(h);
 }
 
 /* One loop per (type, op); `a` is dst[i], `b` the arriving value. */
@@ -152,7 +111,7 @@ void coll_decode(float *dst, const uint8_t *wire, size_t n, CollCompression comp
 void coll_encode(uint8_t *wire, const float *src, size_t n, CollCompression comp)
 {
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = comp == COLL_COMP_FP16 ? coll_f32_to_f16(src[i]) : sg_f32_to_bf16(src[i]);
+        uint16_t h = comp == COLL_COMP_FP16 ? sg_f32_to_f16(src[i]) : sg_f32_to_bf16(src[i]);
         memcpy(wire + 2 * i, &h, sizeof h);
     }
 }
@@ -188,7 +147,7 @@ void coll_finish(void *buf, size_t n, CollDtype dtype, CollOp op, CollCompressio
     if (comp != COLL_COMP_NONE && dtype == COLL_F32) {
         float *p = buf;
         for (size_t i = 0; i < n; i++)
-            p[i] = comp == COLL_COMP_FP16 ? coll_f16_to_f32(coll_f32_to_f16(p[i]))
+            p[i] = comp == COLL_COMP_FP16 ? sg_f16_to_f32(sg_f32_to_f16(p[i]))
                                           : sg_bf16_to_f32(sg_f32_to_bf16(p[i]));
     }
 }

@@ -143,7 +143,7 @@ static void *acceptor_main(void *arg)
     Acceptor *a = arg;
     CollComm *c = a->c;
     for (;;) {
-        int ms = net_poll_ms(a->deadline);
+        int ms = sg_poll_ms(a->deadline);
         /* the listener is left out while the gate backs off after EMFILE & co */
         int lfd = net_gate_poll_fd(&a->gate, a->lfd, &ms);
         struct pollfd p[2] = {{.fd = lfd, .events = POLLIN}, {.fd = a->wake[0], .events = POLLIN}};
@@ -241,7 +241,7 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity
     int rc;
     *out = NULL;
     if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
-        (rc = net_deadline(timeout, "forming the ring", &deadline, err)) < 0)
+        (rc = sg_deadline(timeout, "forming the ring", &deadline, err)) < 0)
         return rc;
     if (mode != NET_SEC_NONE && mode != NET_SEC_AUTH && mode != NET_SEC_ENCRYPT)
         return sg_fail(err, SG_EINVAL, "unknown security mode %d", (int)mode);
@@ -545,7 +545,7 @@ int coll_enter(CollComm *c, double timeout, double *deadline, SgError *err)
             sg_fail(err, c->broken_err.code,
                     "the communicator is unusable after an earlier failure: %s", c->broken_err.msg);
     else if (timeout >= 0 || timeout != timeout)
-        rc = net_deadline(timeout, "a collective", deadline, err);
+        rc = sg_deadline(timeout, "a collective", deadline, err);
     else
         *deadline = sg_now() + c->timeout;
     c->cur_timeout = timeout >= 0 ? timeout : c->timeout;

@@ -374,7 +374,7 @@ static int coll_poll(const CollComm *c, struct pollfd *p, nfds_t np, double dead
             sched_yield();
         }
     }
-    return poll(p, np, net_poll_ms(deadline));
+    return poll(p, np, sg_poll_ms(deadline));
 }
 
 /* The bytes of send step sj that exist yet (len in all): all of them, unless

@@ -88,7 +88,8 @@ static int handle_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, Sg
              (rc = net_json_parse(payload, h->length, c->net.peer, &msg, &type, err)) == 0) {
         pthread_mutex_lock(&c->net.mu);
         rc = handle_msg(c, msg, type, err);
-        if ((queued = rc == 1) && (rc = net_reader_queue(&c->net.rd, h, payload)) < 0)
+        if ((queued = rc == 1) &&
+            (rc = net_msgq_push(&c->net.rd.q, h->flags, payload, h->length)) < 0)
             sg_fail(err, rc, "queueing a message from %s", c->net.peer); /* it freed payload */
         pthread_cond_broadcast(&c->net.cv);
         pthread_mutex_unlock(&c->net.mu);
@@ -142,7 +143,7 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     double deadline;
     int rc;
     if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
-        (rc = net_deadline(timeout, "ControlClient.register", &deadline, err)) < 0)
+        (rc = sg_deadline(timeout, "ControlClient.register", &deadline, err)) < 0)
         return rc;
     if (!(heartbeat_interval > 0 && heartbeat_interval <= 3600))
         return sg_fail(err, SG_EINVAL, "heartbeat_interval must be in (0, 3600] seconds, got %g",
@@ -188,7 +189,7 @@ int ctl_client_register(const char *host, int port, const uint8_t *secret, size_
     if (rc == 0) {
         pthread_mutex_lock(&c->net.mu);
         while (c->spec == NULL && c->net.rd.err.code == 0 &&
-               net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
+               sg_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
             ;
         if (c->spec != NULL)
             rc = SG_OK;
@@ -228,7 +229,7 @@ char *ctl_client_spec(CtlClient *c)
 static int send_json(CtlClient *c, cJSON *msg, double timeout, SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "a control message", &deadline, err);
+    int rc = sg_deadline(timeout, "a control message", &deadline, err);
     char *text = rc == 0 && msg != NULL ? net_json_print(msg) : NULL;
     cJSON_Delete(msg);
     if (rc < 0)
@@ -279,18 +280,18 @@ int ctl_client_error(CtlClient *c, const char *message, const char *traceback, c
 int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "ControlClient.recv", &deadline, err);
+    int rc = sg_deadline(timeout, "ControlClient.recv", &deadline, err);
     if (rc < 0)
         return rc;
     *json = NULL;
     pthread_mutex_lock(&c->net.mu);
-    while (c->net.rd.head == NULL && c->net.rd.err.code == 0 && !c->stopped && !c->interrupted &&
-           net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
+    while (c->net.rd.q.head == NULL && c->net.rd.err.code == 0 && !c->stopped && !c->interrupted &&
+           sg_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
         ;
     if (c->interrupted) {
         c->interrupted = 0; /* returns no message; a queued one stays for the next recv */
-    } else if (c->net.rd.head != NULL) {
-        NetMsg *m = net_reader_take(&c->net.rd, -1);
+    } else if (c->net.rd.q.head != NULL) {
+        NetMsg *m = net_msgq_take(&c->net.rd.q, -1);
         *json = (char *)m->payload;
         free(m);
     } else if (c->net.rd.err.code != 0) {

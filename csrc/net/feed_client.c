@@ -86,8 +86,9 @@ static int on_frame(void *ctx, const NetFrameHeader *h, uint8_t *payload, SgErro
         return rc;
     }
     pthread_mutex_lock(&c->net.mu);
-    if ((rc = net_reader_queue(&c->net.rd, h, payload)) < 0)
+    if ((rc = net_msgq_push(&c->net.rd.q, h->flags, payload, h->length)) < 0)
         sg_fail(err, rc, "queueing a frame from %s", c->net.peer);
+    pthread_cond_broadcast(&c->net.cv);
     pthread_mutex_unlock(&c->net.mu);
     return rc;
 }
@@ -97,8 +98,8 @@ static int wait_msg(FeedClient *c, uint16_t op, double deadline, NetMsg **out, c
                     SgError *err)
 {
     pthread_mutex_lock(&c->net.mu);
-    while ((*out = net_reader_take(&c->net.rd, op)) == NULL && c->net.rd.err.code == 0 &&
-           net_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
+    while ((*out = net_msgq_take(&c->net.rd.q, op)) == NULL && c->net.rd.err.code == 0 &&
+           sg_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
         ;
     int rc = SG_OK;
     if (*out == NULL && c->net.rd.err.code != 0)
@@ -118,7 +119,7 @@ int feed_client_connect(const char *host, int port, const uint8_t *secret, size_
     double deadline;
     int rc;
     if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
-        (rc = net_deadline(timeout, "FeedClient", &deadline, err)) < 0)
+        (rc = sg_deadline(timeout, "FeedClient", &deadline, err)) < 0)
         return rc;
     FeedClient *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -185,7 +186,7 @@ int feed_client_recv_results(FeedClient *c, double timeout, FeedBatch *out, uint
                              SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "FeedClient.recv_results", &deadline, err);
+    int rc = sg_deadline(timeout, "FeedClient.recv_results", &deadline, err);
     *payload = NULL;
     NetMsg *m = NULL;
     if (rc < 0 || (rc = wait_msg(c, FEED_OP_RESULT, deadline, &m, NULL, err)) < 0 || m == NULL)

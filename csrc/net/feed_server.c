@@ -121,7 +121,7 @@ static int enqueue(FeedServer *s, FeedConn *c, uint8_t *payload, size_t len, SgE
     else
         rc = feed_schema_check(in->schema, b, err);
     while (rc == 0 && in->bytes > 0 && in->bytes + len > s->capacity && !s->stopping)
-        net_cond_wait(&s->cv, &s->mu, sg_now() + 1.0); /* backpressure: the socket waits */
+        sg_cond_wait(&s->cv, &s->mu, sg_now() + 1.0); /* backpressure: the socket waits */
     if (rc == 0 && s->stopping)
         rc = sg_fail(err, SG_ECANCELLED, "the worker's feed server stopped");
     if (rc == 0) {
@@ -253,7 +253,7 @@ int feed_server_start(int lfd, const uint8_t *secret, size_t secret_len, NetSecu
     if (s == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a feed server");
     pthread_mutex_init(&s->mu, NULL);
-    net_cond_init(&s->cv);
+    sg_cond_init(&s->cv);
     s->capacity = capacity_bytes, s->expected = expected_feeders, s->max_frame = max_frame;
     NetHandler h = {.ctx = s,
                     .conn_size = sizeof(FeedConn),
@@ -325,7 +325,7 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_
                      double timeout, FeedOut *out, SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "FeedServer.next_batch", &deadline, err);
+    int rc = sg_deadline(timeout, "FeedServer.next_batch", &deadline, err);
     if (rc < 0)
         return rc;
     if (min_rows > n)
@@ -342,7 +342,7 @@ int feed_server_next(FeedServer *s, const char *input, uint64_t n, uint64_t min_
         return sg_fail(err, SG_EINVAL, "more than %d named inputs", FEED_MAX_INPUTS);
     }
     while (in->rows < min_rows && !input_finished(s, in) && !s->stopping && sg_now() < deadline)
-        net_cond_wait(&s->cv, &s->mu, deadline);
+        sg_cond_wait(&s->cv, &s->mu, deadline);
     if (in->rows >= min_rows || input_finished(s, in))
         rc = take_rows(s, in, in->rows < n ? in->rows : n, out, err);
     else if (s->stopping)
@@ -443,7 +443,7 @@ int feed_server_send_results(FeedServer *s, uint32_t source, const FeedBatch *b,
                              SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "FeedServer.send_results", &deadline, err);
+    int rc = sg_deadline(timeout, "FeedServer.send_results", &deadline, err);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->mu);

@@ -217,13 +217,13 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
                       size_t secret_len, NetSecurity security, uint64_t total, int worker_id,
                       double timeout, PsClient **out, SgError *err);
 
-/* params/grads hold `total` floats. *step is the global step (of shard 0). */
-int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err);
-int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err);
-int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
-                        SgError *err);
-/* Sets the parameters if no worker did yet; *initialized = 1 if this call did. */
-int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err);
+/* One op on every shard: PS_OP_PULL (into dest), PS_OP_PUSH (data: the
+ * gradients), PS_OP_PUSH_PULL (both), PS_OP_INIT (data: the parameters, set
+ * if no worker did yet; *initialized = 1 if this call did them). data and
+ * dest hold `total` floats or are NULL; *step (NULL: not wanted) is the
+ * global step of shard 0. */
+int ps_client_exchange(PsClient *c, int op, const float *data, float *dest, uint64_t *step,
+                       int *initialized, SgError *err);
 /* Gradients of later pushes travel as `wire` (PS_WIRE_BF16 halves the bytes;
  * parameters always travel as float32). */
 int ps_client_set_wire(PsClient *c, PsWire wire, SgError *err);

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "common/sg_bf16.h"
+#include "common/sg_half.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/ps.h"
@@ -246,44 +246,16 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
     return rc;
 }
 
-/* An op without header values on every shard, bounded by the client's timeout. */
-static int call_all(PsClient *c, int op, const float *data, float *dest, uint64_t out[4],
-                    SgError *err)
+int ps_client_exchange(PsClient *c, int op, const float *data, float *dest, uint64_t *step,
+                       int *initialized, SgError *err)
 {
     const uint64_t v[4] = {0};
-    return call_all_opt(c, op, v, data, dest, NULL, NULL, out, c->timeout, err);
-}
-
-int ps_client_pull(PsClient *c, float *params, uint64_t *step, SgError *err)
-{
     uint64_t r[4] = {0};
-    int rc = call_all(c, PS_OP_PULL, NULL, params, r, err);
-    *step = r[0];
-    return rc;
-}
-
-int ps_client_push(PsClient *c, const float *grads, uint64_t *step, SgError *err)
-{
-    uint64_t r[4] = {0};
-    int rc = call_all(c, PS_OP_PUSH, grads, NULL, r, err);
-    *step = r[0];
-    return rc;
-}
-
-int ps_client_push_pull(PsClient *c, const float *grads, float *params, uint64_t *step,
-                        SgError *err)
-{
-    uint64_t r[4] = {0};
-    int rc = call_all(c, PS_OP_PUSH_PULL, grads, params, r, err);
-    *step = r[0];
-    return rc;
-}
-
-int ps_client_init(PsClient *c, const float *params, int *initialized, SgError *err)
-{
-    uint64_t r[4] = {0};
-    int rc = call_all(c, PS_OP_INIT, params, NULL, r, err);
-    *initialized = (int)r[1];
+    int rc = call_all_opt(c, op, v, data, dest, NULL, NULL, r, c->timeout, err);
+    if (step != NULL)
+        *step = r[0];
+    if (initialized != NULL)
+        *initialized = (int)r[1];
     return rc;
 }
 
@@ -313,7 +285,7 @@ static int hook_step(void *ctx, float *params, float *grads, size_t n, int64_t *
                        "ps client is for %llu parameters, the model's gradient has %zu",
                        (unsigned long long)c->total, n);
     uint64_t step = 0;
-    int rc = ps_client_push_pull(c, grads, params, &step, err);
+    int rc = ps_client_exchange(c, PS_OP_PUSH_PULL, grads, params, &step, NULL, err);
     if (rc < 0)
         return rc;
     *global_step = (int64_t)step;
@@ -426,8 +398,7 @@ void ps_opt_states_free(PsOptState *opt, int n)
 
 int ps_client_done(PsClient *c, SgError *err)
 {
-    uint64_t r[4];
-    return call_all(c, PS_OP_DONE, NULL, NULL, r, err);
+    return ps_client_exchange(c, PS_OP_DONE, NULL, NULL, NULL, NULL, err);
 }
 
 int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double timeout, SgError *err)
@@ -450,7 +421,7 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
     double deadline;
     int rc;
     if ((rc = net_auth_check_secret(secret_len, err)) < 0 ||
-        (rc = net_deadline(timeout, "PsClient", &deadline, err)) < 0)
+        (rc = sg_deadline(timeout, "PsClient", &deadline, err)) < 0)
         return rc;
     if (num_ps < 1 || worker_id < 0)
         return sg_fail(err, SG_EINVAL, "PsClient needs at least one ps address and worker_id >= 0");

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "net/frame.h"
-#include "common/sg_bf16.h"
+#include "common/sg_half.h"
 #include "net/ps.h"
 #include "net/server.h"
 #include "net/sock.h"
@@ -87,7 +87,7 @@ static void break_sync(PsServer *s, int code, const char *fmt, ...)
 
 static int cond_wait_1s(PsServer *s)
 {
-    return net_cond_wait(&s->cv, &s->mu, sg_now() + 1.0);
+    return sg_cond_wait(&s->cv, &s->mu, sg_now() + 1.0);
 }
 
 /* Sync: averages the step's gradients, applies them, advances the step. */
@@ -252,6 +252,22 @@ static int set_state_locked(PsServer *s, const float *params, uint64_t step, con
     return SG_OK;
 }
 
+/* (s->mu held) Copies params, step and, where asked, the optimizer's state. */
+static int get_state_locked(PsServer *s, float *params, uint64_t *step, float *opt_state,
+                            int64_t *opt_step, SgError *err)
+{
+    if (!s->initialized)
+        return sg_fail(err, SG_ESTATE, "ps shard [%llu, +%llu) is not initialized yet",
+                       (unsigned long long)s->cfg.offset, (unsigned long long)s->cfg.count);
+    memcpy(params, s->params, (size_t)s->cfg.count * sizeof(float));
+    *step = s->step;
+    if (opt_state != NULL && s->opt_floats > 0)
+        memcpy(opt_state, optim_state(s->cfg.optim), s->opt_floats * sizeof(float));
+    if (opt_step != NULL)
+        *opt_step = s->cfg.optim != NULL ? optim_get_step(s->cfg.optim) : 0;
+    return SG_OK;
+}
+
 /* An error frame, unless an earlier frame broke off mid-way (the worker's
  * stream is cut, and under "encrypt" a new frame would reuse that frame's
  * seq, hence its AEAD nonce). */
@@ -375,20 +391,12 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         rc = set_state_locked(s, c->buf, v[0], v[3] ? &o : NULL, err);
     } break;
     case PS_OP_GET_STATE:
-        if (!s->initialized) {
-            rc = sg_fail(err, SG_ESTATE, "ps shard [%llu, +%llu) is not initialized yet",
-                         (unsigned long long)cfg->offset, (unsigned long long)cfg->count);
-            break;
-        }
-        send_params = send_extra = 1;
+        send_extra = 1;
         c->extra_len = s->opt_floats; /* c->extra is NULL: GET_STATE carries no data */
-        if (c->extra_len > 0 && (c->extra = malloc(c->extra_len * sizeof(float))) == NULL) {
+        if (c->extra_len > 0 && (c->extra = malloc(c->extra_len * sizeof(float))) == NULL)
             rc = sg_fail(err, SG_ENOMEM, "copying %zu floats of optimizer state", c->extra_len);
-            break;
-        }
-        if (c->extra_len > 0)
-            memcpy(c->extra, optim_state(cfg->optim), c->extra_len * sizeof(float));
-        opt_step = cfg->optim != NULL ? optim_get_step(cfg->optim) : 0;
+        else
+            rc = get_state_locked(s, c->buf, &r[0], c->extra, &opt_step, err);
         break;
     case PS_OP_DONE:
         rc = mark_done(s, c, err);
@@ -409,6 +417,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     pthread_mutex_unlock(&s->mu);
     if (rc < 0)
         return rc;
+    send_params |= send_extra; /* GET_STATE copied its parameters itself */
     rc = reply_op(c, PS_OP_REPLY, r, send_params ? c->buf : NULL, send_params ? bytes : 0,
                   send_extra ? c->extra : NULL, send_extra ? c->extra_len * sizeof(float) : 0, err);
     if (op == PS_OP_DONE && c->first_done) {
@@ -422,14 +431,46 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     return rc;
 }
 
-/* A request broke a rule of its op header (rc, err filled): on a protected
- * connection the rest of the frame is read and its tag checked first, so
- * that an altered request is reported as that. */
-static int bad_request(PsConn *c, const NetFrameHeader *h, size_t consumed, double deadline, int rc,
-                       SgError *err)
+/* What a request of op (header values v) carries after its op header: `in`
+ * bytes into c->buf (parameters, or f32 or bf16 gradients), then `extra`
+ * floats into c->extra (SET_STATE: optimizer state, PUT_STATE: model
+ * state). SG_EPROTO for a request out of bounds. */
+static int request_layout(const PsServer *s, const PsConn *c, int op, const uint64_t v[4],
+                          size_t *in, size_t *extra, SgError *err)
 {
-    return ps_frame_drain_check(c->base.fd, &c->base.session, h->type, h->length - consumed,
-                                deadline, c->base.peer, rc, err);
+    size_t count = (size_t)s->cfg.count;
+    *in = *extra = 0;
+    switch (op) {
+    case PS_OP_PUSH:
+    case PS_OP_PUSH_PULL:
+        if (v[0] != PS_WIRE_F32 && v[0] != PS_WIRE_BF16)
+            return sg_fail(err, SG_EPROTO,
+                           "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)",
+                           c->base.peer, (unsigned long long)v[0]);
+        *in = count * (v[0] == PS_WIRE_BF16 ? sizeof(uint16_t) : sizeof(float));
+        break;
+    case PS_OP_INIT:
+        *in = count * sizeof(float);
+        break;
+    case PS_OP_SET_STATE:
+        if (v[2] > s->opt_floats)
+            return sg_fail(err, SG_EPROTO,
+                           "SET_STATE from %s carries %llu floats of optimizer state, this ps "
+                           "shard's optimizer holds %zu",
+                           c->base.peer, (unsigned long long)v[2], s->opt_floats);
+        *in = count * sizeof(float), *extra = (size_t)v[2];
+        break;
+    case PS_OP_PUT_STATE:
+        if (v[0] > PS_STATE_MAX)
+            return sg_fail(err, SG_EPROTO,
+                           "PUT_STATE from %s carries %llu floats of model state, at most %llu "
+                           "are accepted",
+                           c->base.peer, (unsigned long long)v[0],
+                           (unsigned long long)PS_STATE_MAX);
+        *extra = (size_t)v[0];
+        break;
+    }
+    return SG_OK;
 }
 
 /* NetHandler.serve: reads one request into c->buf (and c->extra) and, once
@@ -439,99 +480,65 @@ static int serve_one(void *ctx, NetConn *nc, SgError *err)
 {
     PsServer *s = ctx;
     PsConn *c = (PsConn *)nc;
-    NetSession *sess = &c->base.session;
-    size_t bytes = (size_t)s->cfg.count * sizeof(float);
-    size_t opt_bytes = s->opt_floats * sizeof(float); /* fixed after construction */
-    /* the largest request: SET_STATE, or a PUT_STATE of PS_STATE_MAX floats;
-     * each op's exact length is checked against its op header below */
-    size_t cap = PS_OP_HEADER + bytes + opt_bytes;
-    if (cap < PS_OP_HEADER + PS_STATE_MAX * sizeof(float))
-        cap = PS_OP_HEADER + PS_STATE_MAX * sizeof(float);
+    NetSession *sess = &nc->session;
+    size_t bytes = (size_t)s->cfg.count * sizeof(float), in = 0, extra = 0, consumed = 0;
+    /* the largest request: SET_STATE, or a PUT_STATE of PS_STATE_MAX floats */
+    size_t cap = bytes + s->opt_floats * sizeof(float);
+    if (cap < PS_STATE_MAX * sizeof(float))
+        cap = PS_STATE_MAX * sizeof(float);
     double deadline = sg_now() + PS_IO_TIMEOUT;
     NetFrameHeader h;
     uint8_t oph[PS_OP_HEADER];
     uint64_t v[4];
-    int rc =
-        net_frame_recv_header(c->base.fd, sess, (uint32_t)cap, deadline, c->base.peer, &h, err);
+    int rc = net_frame_recv_header(nc->fd, sess, (uint32_t)(PS_OP_HEADER + cap), deadline, nc->peer,
+                                   &h, err);
     if (rc < 0)
         return rc;
-    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER)
-        return bad_request(c, &h, 0, deadline,
-                           sg_fail(err, SG_EPROTO,
-                                   "%s sent a %u-byte %s frame where a ps request belongs",
-                                   c->base.peer, h.length, net_frame_type_name(h.type)),
-                           err);
-    if ((rc = net_frame_recv_payload(c->base.fd, sess, oph, sizeof oph, deadline, c->base.peer,
-                                     "a ps op header", err)) < 0)
+    if (h.type != NET_FRAME_PS || h.length < PS_OP_HEADER) {
+        rc = sg_fail(err, SG_EPROTO, "%s sent a %u-byte %s frame where a ps request belongs",
+                     nc->peer, h.length, net_frame_type_name(h.type));
+    } else if ((rc = net_frame_recv_payload(nc->fd, sess, oph, sizeof oph, deadline, nc->peer,
+                                            "a ps op header", err)) < 0) {
         return rc;
-    ps_op_decode(oph, v);
-    size_t data = h.length - PS_OP_HEADER;
-    int push = h.flags == PS_OP_PUSH || h.flags == PS_OP_PUSH_PULL;
-    int carries = push || h.flags == PS_OP_INIT || h.flags == PS_OP_SET_STATE;
-    if (push && v[0] != PS_WIRE_F32 && v[0] != PS_WIRE_BF16)
-        return bad_request(
-            c, &h, PS_OP_HEADER, deadline,
-            sg_fail(err, SG_EPROTO,
-                    "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)", c->base.peer,
-                    (unsigned long long)v[0]),
-            err);
-    const int bf16 = push && v[0] == PS_WIRE_BF16;
+    } else {
+        consumed = PS_OP_HEADER;
+        ps_op_decode(oph, v);
+        rc = request_layout(s, c, h.flags, v, &in, &extra, err);
+        if (rc == 0 && h.length - PS_OP_HEADER != in + extra * sizeof(float))
+            rc = sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu",
+                         h.flags, nc->peer, (size_t)h.length - PS_OP_HEADER,
+                         in + extra * sizeof(float));
+    }
+    /* On a protected connection a request that broke a rule is read to its
+     * end and its tag checked first, so that an altered one is reported as that. */
+    if (rc < 0)
+        return ps_frame_drain_check(nc->fd, sess, h.type, h.length - consumed, deadline, nc->peer,
+                                    rc, err);
     /* bf16 gradients land in the upper half of buf, widened in place below */
-    size_t in_bytes = bf16 ? (size_t)s->cfg.count * sizeof(uint16_t) : bytes;
-    /* after the parameters: optimizer state (SET_STATE, c = k floats) or,
-     * alone, model state (PUT_STATE, a = n floats), each into c->extra */
-    const int put_state = h.flags == PS_OP_PUT_STATE;
-    if (h.flags == PS_OP_SET_STATE && v[2] > s->opt_floats)
-        return bad_request(c, &h, PS_OP_HEADER, deadline,
-                           sg_fail(err, SG_EPROTO,
-                                   "SET_STATE from %s carries %llu floats of optimizer state, "
-                                   "this ps shard's optimizer holds %zu",
-                                   c->base.peer, (unsigned long long)v[2], s->opt_floats),
-                           err);
-    if (put_state && v[0] > PS_STATE_MAX)
-        return bad_request(c, &h, PS_OP_HEADER, deadline,
-                           sg_fail(err, SG_EPROTO,
-                                   "PUT_STATE from %s carries %llu floats of model state, at most "
-                                   "%llu are accepted",
-                                   c->base.peer, (unsigned long long)v[0],
-                                   (unsigned long long)PS_STATE_MAX),
-                           err);
-    size_t extra = h.flags == PS_OP_SET_STATE ? (size_t)v[2] * sizeof(float)
-                   : put_state                ? (size_t)v[0] * sizeof(float)
-                                              : 0;
-    size_t expected = (carries ? in_bytes : 0) + extra;
-    if (data != expected)
-        return bad_request(
-            c, &h, PS_OP_HEADER, deadline,
-            sg_fail(err, SG_EPROTO, "ps op %u from %s carries %zu data bytes, expected %zu%s",
-                    h.flags, c->base.peer, data, expected, bf16 ? " (bf16 gradients)" : ""),
-            err);
-    uint8_t *in = (uint8_t *)c->buf + (bytes - in_bytes);
-    if (carries &&
-        (rc = net_frame_recv_payload(c->base.fd, sess, in, in_bytes, deadline, c->base.peer,
-                                     bf16 ? "bf16 gradients" : "ps data", err)) < 0)
+    const int bf16 = in > 0 && in < bytes;
+    uint8_t *dst = (uint8_t *)c->buf + (bytes - in);
+    if (in > 0 && (rc = net_frame_recv_payload(nc->fd, sess, dst, in, deadline, nc->peer,
+                                               bf16 ? "bf16 gradients" : "ps data", err)) < 0)
         return rc;
-    c->extra_len = extra / sizeof(float); /* c->extra is NULL between requests */
+    c->extra_len = extra; /* c->extra is NULL between requests */
     if (extra > 0) {
-        const char *what = put_state ? "model state" : "optimizer state";
-        if ((c->extra = malloc(extra)) == NULL)
-            return sg_fail(err, SG_ENOMEM, "receiving %zu bytes of %s from %s", extra, what,
-                           c->base.peer);
-        if ((rc = net_frame_recv_payload(c->base.fd, sess, c->extra, extra, deadline, c->base.peer,
-                                         what, err)) < 0)
+        const char *what = h.flags == PS_OP_PUT_STATE ? "model state" : "optimizer state";
+        if ((c->extra = malloc(extra * sizeof(float))) == NULL)
+            return sg_fail(err, SG_ENOMEM, "receiving %zu floats of %s from %s", extra, what,
+                           nc->peer);
+        if ((rc = net_frame_recv_payload(nc->fd, sess, c->extra, extra * sizeof(float), deadline,
+                                         nc->peer, what, err)) < 0)
             return rc;
     }
     /* nothing of the request is acted on before its tag checked */
-    if ((rc = net_frame_recv_end(c->base.fd, sess, h.type, deadline, c->base.peer, err)) < 0)
+    if ((rc = net_frame_recv_end(nc->fd, sess, h.type, deadline, nc->peer, err)) < 0)
         return rc;
-    if (bf16) {
-        /* ascending: element i is read before float i is written, and float
-         * i never overlaps a later element */
-        for (size_t i = 0; i < (size_t)s->cfg.count; i++) {
-            uint16_t g;
-            memcpy(&g, in + 2 * i, sizeof g);
-            c->buf[i] = sg_bf16_to_f32(g);
-        }
+    /* ascending: element i is read before float i is written, and float i
+     * never overlaps a later element */
+    for (size_t i = 0; bf16 && i < (size_t)s->cfg.count; i++) {
+        uint16_t g;
+        memcpy(&g, dst + 2 * i, sizeof g);
+        c->buf[i] = sg_bf16_to_f32(g);
     }
     rc = handle(c, h.flags, v, err);
     free(c->extra);
@@ -681,7 +688,7 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     s->opt_floats = opt_floats;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->state_mu, NULL);
-    net_cond_init(&s->cv);
+    sg_cond_init(&s->cv);
     size_t n = (size_t)cfg->count;
     if ((s->params = calloc(n, sizeof(float))) == NULL ||
         (s->accum = calloc(cfg->mode == PS_MODE_SYNC ? n : 1, sizeof(float))) == NULL ||
@@ -731,15 +738,7 @@ int ps_server_get_state(PsServer *s, float *params, uint64_t *step, float *opt_s
                         int64_t *opt_step, SgError *err)
 {
     pthread_mutex_lock(&s->mu);
-    int rc = s->initialized ? SG_OK : sg_fail(err, SG_ESTATE, "ps shard is not initialized yet");
-    if (rc == 0) {
-        memcpy(params, s->params, (size_t)s->cfg.count * sizeof(float));
-        *step = s->step;
-        if (opt_state != NULL && s->opt_floats > 0)
-            memcpy(opt_state, optim_state(s->cfg.optim), s->opt_floats * sizeof(float));
-        if (opt_step != NULL)
-            *opt_step = s->cfg.optim != NULL ? optim_get_step(s->cfg.optim) : 0;
-    }
+    int rc = get_state_locked(s, params, step, opt_state, opt_step, err);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

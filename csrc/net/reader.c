@@ -57,7 +57,7 @@ static void *reader_main(void *arg)
             break;
         struct pollfd pfd[2] = {{.fd = r->fd, .events = POLLIN},
                                 {.fd = r->wake[0], .events = POLLIN}};
-        if (poll(pfd, 2, net_poll_ms(wake_at)) == -1) {
+        if (poll(pfd, 2, sg_poll_ms(wake_at)) == -1) {
             if (errno != EINTR)
                 rc = sg_fail_errno(&err, SG_EIO, errno, "poll on the %s connection to %s", r->what,
                                    r->peer);
@@ -92,7 +92,7 @@ int net_reader_start(NetReader *r, SgError *err)
     return rc;
 }
 
-void net_reader_stop(NetReader *r)
+static void reader_stop(NetReader *r)
 {
     pthread_mutex_lock(r->mu);
     r->stopping = 1;
@@ -106,33 +106,26 @@ void net_reader_stop(NetReader *r)
     }
 }
 
-void net_reader_free(NetReader *r)
-{
-    net_reader_stop(r);
-    for (NetMsg *m; (m = net_reader_take(r, -1)) != NULL; free(m))
-        free(m->payload);
-}
-
-int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload)
+int net_msgq_push(NetMsgQueue *q, uint16_t op, uint8_t *payload, uint32_t len)
 {
     NetMsg *m = malloc(sizeof *m);
     if (m == NULL) {
         free(payload);
         return SG_ENOMEM;
     }
-    *m = (NetMsg){.op = h->flags, .payload = payload, .len = h->length};
-    if (r->tail != NULL)
-        r->tail->next = m;
+    *m = (NetMsg){.op = op, .payload = payload, .len = len};
+    if (q->tail != NULL)
+        q->tail->next = m;
     else
-        r->head = m;
-    r->tail = m;
-    pthread_cond_broadcast(r->cv);
+        q->head = m;
+    q->tail = m;
+    q->len++;
     return SG_OK;
 }
 
-NetMsg *net_reader_take(NetReader *r, int op)
+NetMsg *net_msgq_take(NetMsgQueue *q, int op)
 {
-    NetMsg *prev = NULL, *m = r->head;
+    NetMsg *prev = NULL, *m = q->head;
     while (m != NULL && op >= 0 && m->op != op)
         prev = m, m = m->next;
     if (m == NULL)
@@ -140,10 +133,17 @@ NetMsg *net_reader_take(NetReader *r, int op)
     if (prev != NULL)
         prev->next = m->next;
     else
-        r->head = m->next;
-    if (r->tail == m)
-        r->tail = prev;
+        q->head = m->next;
+    if (q->tail == m)
+        q->tail = prev;
+    q->len--;
     return m;
+}
+
+void net_msgq_free(NetMsgQueue *q)
+{
+    for (NetMsg *m; (m = net_msgq_take(q, -1)) != NULL; free(m))
+        free(m->payload);
 }
 
 int net_client_open(NetClient *c, const char *host, int port, const uint8_t *secret,
@@ -153,7 +153,7 @@ int net_client_open(NetClient *c, const char *host, int port, const uint8_t *sec
     c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
-    net_cond_init(&c->cv);
+    sg_cond_init(&c->cv);
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     c->rd = *reader;
     c->rd.session = &c->session, c->rd.peer = c->peer, c->rd.mu = &c->mu, c->rd.cv = &c->cv;
@@ -177,7 +177,7 @@ int net_client_send(NetClient *c, uint8_t type, uint16_t flags, const void *buf,
 
 void net_client_close(NetClient *c)
 {
-    net_reader_stop(&c->rd);
+    reader_stop(&c->rd);
     pthread_mutex_lock(&c->send_mu);
     net_close(&c->fd);
     net_session_free(&c->session);
@@ -187,7 +187,7 @@ void net_client_close(NetClient *c)
 void net_client_free(NetClient *c)
 {
     net_client_close(c);
-    net_reader_free(&c->rd);
+    net_msgq_free(&c->rd.q);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_cond_destroy(&c->cv);

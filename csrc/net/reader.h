@@ -24,6 +24,17 @@ typedef struct NetMsg {
     struct NetMsg *next;
 } NetMsg;
 
+/* A FIFO of messages (a reader's frames, the rendezvous' events). push takes
+ * the payload (freed on failure: SG_ENOMEM); take removes the first message
+ * of op (any op when op < 0), NULL when there is none; free drops them all. */
+typedef struct NetMsgQueue {
+    NetMsg *head, *tail;
+    size_t len;
+} NetMsgQueue;
+int net_msgq_push(NetMsgQueue *q, uint16_t op, uint8_t *payload, uint32_t len);
+NetMsg *net_msgq_take(NetMsgQueue *q, int op);
+void net_msgq_free(NetMsgQueue *q);
+
 typedef struct NetReader {
     /* set by the owner before net_reader_start */
     int fd;
@@ -43,7 +54,7 @@ typedef struct NetReader {
 
     /* the reader's */
     SgError err;                   /* code != 0 once the connection broke (under *mu) */
-    NetMsg *head, *tail;           /* queued frames, in arrival order (under *mu) */
+    NetMsgQueue q;                 /* frames the owner queued (under *mu) */
     char label[NET_PEER_MAX + 16]; /* "<who> <peer>": names the peer in session errors */
     int stopping, started;
     int wake[2]; /* while started */
@@ -52,17 +63,6 @@ typedef struct NetReader {
 
 /* Starts the thread (r's owner fields set; the rest zeroed). */
 int net_reader_start(NetReader *r, SgError *err);
-
-/* Stops and joins the thread, closes its wake-up pipe; idempotent.
- * net_reader_free stops and drops the queue. */
-void net_reader_stop(NetReader *r);
-void net_reader_free(NetReader *r);
-
-/* (*mu held) Queues a frame whose payload it takes (freed on failure,
- * SG_ENOMEM) and broadcasts; takes the first queued frame of op (any op
- * when op < 0) off the queue, NULL when there is none. */
-int net_reader_queue(NetReader *r, const NetFrameHeader *h, uint8_t *payload);
-NetMsg *net_reader_take(NetReader *r, int op);
 
 /* A client connection and its reader. Senders hold send_mu (the session's
  * send half); the reader owns the receive half; mu and cv are the reader's
@@ -86,7 +86,8 @@ int net_client_open(NetClient *c, const char *host, int port, const uint8_t *sec
 /* One frame to the peer, under send_mu; SG_ESTATE once closed. */
 int net_client_send(NetClient *c, uint8_t type, uint16_t flags, const void *buf, size_t len,
                     double deadline, SgError *err);
-/* Stops the reader, then closes the socket and wipes the session (idempotent). */
+/* Stops and joins the reader, then closes the socket and wipes the session
+ * (idempotent). */
 void net_client_close(NetClient *c);
 /* Closes, drops the queue and destroys the locks. */
 void net_client_free(NetClient *c);

@@ -14,6 +14,7 @@
 #include "net/accept.h"
 #include "net/auth.h"
 #include "net/frame.h"
+#include "net/reader.h"
 #include "net/rendezvous.h"
 #include "net/sock.h"
 
@@ -44,11 +45,6 @@ typedef struct RdvNode {
     RdvConn *conn; /* NULL once disconnected */
 } RdvNode;
 
-typedef struct RdvEvent {
-    char *json;
-    struct RdvEvent *next;
-} RdvEvent;
-
 struct RdvServer {
     NetAcceptor acc; /* the listener (owned, closed by stop), secret, mode, gate, wake-up pipe */
     int port;
@@ -67,9 +63,8 @@ struct RdvServer {
     size_t nconns, capconns;
     RdvNode *nodes; /* [num_nodes], by executor_id */
     int registered;
-    char *spec_json; /* set once every executor id registered */
-    RdvEvent *ev_head, *ev_tail;
-    long ev_count;
+    char *spec_json;    /* set once every executor id registered */
+    NetMsgQueue events; /* JSON texts */
     RdvStats stats;
 };
 

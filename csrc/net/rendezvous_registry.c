@@ -26,21 +26,11 @@ static void push_event(RdvServer *s, cJSON *ev, int droppable)
 {
     char *text = ev != NULL ? net_json_print(ev) : NULL;
     cJSON_Delete(ev);
-    RdvEvent *e = text != NULL ? malloc(sizeof *e) : NULL;
-    if (e == NULL || (droppable && s->ev_count >= RDV_MAX_EVENTS)) {
+    if (text != NULL && droppable && s->events.len >= RDV_MAX_EVENTS)
+        free(text), text = NULL;
+    if (text == NULL ||
+        net_msgq_push(&s->events, 0, (uint8_t *)text, (uint32_t)strlen(text)) < 0) /* frees it */
         s->stats.events_dropped++;
-        free(text);
-        free(e);
-        return;
-    }
-    e->json = text;
-    e->next = NULL;
-    if (s->ev_tail != NULL)
-        s->ev_tail->next = e;
-    else
-        s->ev_head = e;
-    s->ev_tail = e;
-    s->ev_count++;
     pthread_cond_broadcast(&s->cv);
 }
 
@@ -242,12 +232,7 @@ void rdv_registry_free(RdvServer *s)
         cJSON_Delete(s->nodes[i].info);
     free(s->nodes);
     free(s->spec_json);
-    while (s->ev_head != NULL) {
-        RdvEvent *e = s->ev_head;
-        s->ev_head = e->next;
-        free(e->json);
-        free(e);
-    }
+    net_msgq_free(&s->events);
 }
 
 /* ---- API ------------------------------------------------------------------ */
@@ -280,12 +265,12 @@ static void format_ids(const RdvServer *s, int present, char *out, size_t len)
 int rdv_server_wait(RdvServer *s, double timeout, char **spec_json, SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "RendezvousServer.wait", &deadline, err);
+    int rc = sg_deadline(timeout, "RendezvousServer.wait", &deadline, err);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->mu);
     while (s->spec_json == NULL && !s->stopped && !s->loop_done &&
-           net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
+           sg_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
         ;
     if (s->spec_json != NULL) {
         *spec_json = strdup(s->spec_json);
@@ -311,22 +296,18 @@ int rdv_server_wait(RdvServer *s, double timeout, char **spec_json, SgError *err
 int rdv_server_next_event(RdvServer *s, double timeout, char **event_json, SgError *err)
 {
     double deadline;
-    int rc = net_deadline(timeout, "RendezvousServer.next_event", &deadline, err);
+    int rc = sg_deadline(timeout, "RendezvousServer.next_event", &deadline, err);
     if (rc < 0)
         return rc;
     *event_json = NULL;
     pthread_mutex_lock(&s->mu);
-    while (s->ev_head == NULL && !s->stopped && !s->loop_done &&
-           net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
+    while (s->events.head == NULL && !s->stopped && !s->loop_done &&
+           sg_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
         ;
-    if (s->ev_head != NULL) {
-        RdvEvent *e = s->ev_head;
-        s->ev_head = e->next;
-        if (s->ev_head == NULL)
-            s->ev_tail = NULL;
-        s->ev_count--;
-        *event_json = e->json;
-        free(e);
+    NetMsg *m = net_msgq_take(&s->events, -1);
+    if (m != NULL) {
+        *event_json = (char *)m->payload;
+        free(m);
     } else if (s->stopped || s->loop_done) {
         rc = rdv_closed_error(s, err);
     }

@@ -443,7 +443,7 @@ int rdv_server_start(const uint8_t *secret, size_t secret_len, NetSecurity mode,
     s->num_nodes = num_nodes;
     s->heartbeat_timeout = 10.0;
     s->max_frame = 1u << 20;
-    net_cond_init(&s->cv);
+    sg_cond_init(&s->cv);
     pthread_mutex_init(&s->mu, NULL);
     s->stopped = 1; /* until the thread runs: lets rdv_server_free clean up */
     int rc = net_acceptor_init(&s->acc, -1, secret, secret_len, mode, err);

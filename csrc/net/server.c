@@ -211,7 +211,7 @@ int net_server_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurit
     s->h = *h;
     snprintf(s->name, sizeof s->name, "%s", name);
     pthread_mutex_init(&s->mu, NULL);
-    net_cond_init(&s->cv);
+    sg_cond_init(&s->cv);
     int rc = net_acceptor_init(&s->acc, lfd, secret, secret_len, mode, err);
     if (rc < 0) {
         net_server_free(s);
@@ -249,7 +249,7 @@ int net_server_wait(NetServer *s, double timeout, SgError *err)
 {
     double deadline = sg_now() + (timeout < 0 ? 1e9 : timeout);
     pthread_mutex_lock(&s->mu);
-    while (s->started && !s->loop_done && net_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
+    while (s->started && !s->loop_done && sg_cond_wait(&s->cv, &s->mu, deadline) != ETIMEDOUT)
         ;
     int rc = s->started && !s->loop_done ? 0 : s->reason;
     if (s->loop_err.code != 0)

@@ -12,8 +12,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -23,49 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
-
-int net_poll_ms(double deadline)
-{
-    double left = deadline - sg_now();
-    if (left <= 0)
-        return 0;
-    double ms = ceil(left * 1000.0);
-    return ms > (double)INT_MAX ? INT_MAX : (int)ms;
-}
-
-void net_cond_init(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
-int net_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
-{
-    double left = deadline - sg_now();
-    if (left <= 0)
-        return ETIMEDOUT;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + left;
-    ts.tv_sec = (time_t)whole;
-    ts.tv_nsec = (long)((whole - (double)ts.tv_sec) * 1e9);
-    return pthread_cond_timedwait(cv, mu, &ts);
-}
-
-int net_deadline(double timeout, const char *what, double *deadline, SgError *err)
-{
-    if (!isfinite(timeout) || timeout < 0)
-        return sg_fail(err, SG_EINVAL,
-                       "timeout for %s must be a finite number of seconds >= 0, got %g", what,
-                       timeout);
-    *deadline = sg_now() + timeout;
-    return SG_OK;
-}
 
 void net_close(int *fd)
 {
@@ -153,7 +109,7 @@ static int resolve_name(const char *node, const char *service, const struct addr
     l->hints = *hints;
     l->refs = 2;
     pthread_mutex_init(&l->mu, NULL);
-    net_cond_init(&l->cv);
+    sg_cond_init(&l->cv);
     pthread_attr_t ta;
     pthread_attr_init(&ta);
     pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
@@ -167,7 +123,7 @@ static int resolve_name(const char *node, const char *service, const struct addr
     }
     double t0 = sg_now();
     pthread_mutex_lock(&l->mu);
-    while (!l->done && net_cond_wait(&l->cv, &l->mu, deadline) != ETIMEDOUT)
+    while (!l->done && sg_cond_wait(&l->cv, &l->mu, deadline) != ETIMEDOUT)
         ;
     int done = l->done;
     if (done) {
@@ -275,7 +231,7 @@ static int connect_wait(int fd, double deadline)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int n = poll(&p, 1, net_poll_ms(deadline));
+        int n = poll(&p, 1, sg_poll_ms(deadline));
         if (n == -1) {
             if (errno == EINTR)
                 continue;
@@ -361,7 +317,7 @@ static int wait_ready(int fd, short events, double deadline, const char *peer, c
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, net_poll_ms(deadline));
+        int n = poll(&p, 1, sg_poll_ms(deadline));
         if (n == -1) {
             if (errno == EINTR)
                 continue;
@@ -420,29 +376,18 @@ int net_writev_all(int fd, struct iovec *iov, int iovcnt, double deadline, const
 int net_read_exact(int fd, void *buf, size_t len, double deadline, const char *peer,
                    const char *what, SgError *err)
 {
-    size_t have = 0;
-    while (have < len) {
-        ssize_t n = recv(fd, (char *)buf + have, len - have, 0);
-        if (n == -1) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_ready(fd, POLLIN, deadline, peer, "waiting for", what, "from", err);
-                if (rc < 0)
-                    return rc;
-                continue;
-            }
-            if (errno == ECONNRESET)
-                return sg_fail(err, SG_EPEER,
-                               "%s reset the connection after %zu of %zu bytes of %s", peer, have,
-                               len, what);
-            return sg_fail_errno(err, SG_EIO, errno, "reading %s from %s", what, peer);
-        } else if (n == 0) {
-            return sg_fail(err, SG_EPEER, "%s closed the connection after %zu of %zu bytes of %s",
-                           peer, have, len, what);
-        } else {
-            have += (size_t)n;
+    for (size_t have = 0; have < len;) {
+        long n = net_read_some(fd, (char *)buf + have, len - have, peer, err);
+        if (n == SG_EPEER)
+            return sg_context(err, "after %zu of %zu bytes of %s: ", have, len, what);
+        if (n < 0)
+            return sg_context(err, "%s: ", what);
+        if (n == 0) {
+            int rc = wait_ready(fd, POLLIN, deadline, peer, "waiting for", what, "from", err);
+            if (rc < 0)
+                return rc;
         }
+        have += (size_t)n;
     }
     return SG_OK;
 }

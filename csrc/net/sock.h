@@ -21,20 +21,6 @@
 #define NET_PEER_MAX        300  /* "host:port" of any resolvable name */
 #define NET_RESOLVE_TIMEOUT 10.0 /* seconds net_listen waits for the name resolver */
 
-/* Milliseconds from now until deadline for poll(): 0 if passed, rounded up. */
-int net_poll_ms(double deadline);
-
-/* pthread_cond_init on CLOCK_MONOTONIC, so that waits take sg_now() deadlines. */
-void net_cond_init(pthread_cond_t *cv);
-
-/* Waits on cv (mu held; cv from net_cond_init) until woken or the deadline:
- * ETIMEDOUT, without waiting, once it has passed. */
-int net_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline);
-
-/* Converts a relative timeout (seconds, finite, >= 0) into a deadline;
- * fails with SG_EINVAL naming what the timeout was for. */
-int net_deadline(double timeout, const char *what, double *deadline, SgError *err);
-
 /* Names are resolved with a deadline (getaddrinfo on a detached thread): net_connect's, and
  * NET_RESOLVE_TIMEOUT for net_listen; a resolver that does not answer in
  * time is SG_ETIMEOUT naming the host and the seconds waited. */

@@ -523,20 +523,9 @@ static PyObject *ps_call(PsClientObject *self, PyObject *args, int which)
     SgError err;
     uint64_t step = 0;
     int rc, initialized = 0;
+    static const int ops[] = {PS_OP_PULL, PS_OP_PUSH, PS_OP_PUSH_PULL, PS_OP_INIT};
     Py_BEGIN_ALLOW_THREADS
-    switch (which) {
-    case CALL_PULL:
-        rc = ps_client_pull(self->cli, params, &step, &err);
-        break;
-    case CALL_PUSH:
-        rc = ps_client_push(self->cli, grads, &step, &err);
-        break;
-    case CALL_PUSH_PULL:
-        rc = ps_client_push_pull(self->cli, grads, params, &step, &err);
-        break;
-    default:
-        rc = ps_client_init(self->cli, grads, &initialized, &err);
-    }
+    rc = ps_client_exchange(self->cli, ops[which], grads, params, &step, &initialized, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return sg_raise(&err);

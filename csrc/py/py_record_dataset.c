@@ -7,8 +7,8 @@
 #include "py/py_record.h"
 
 #include <stdlib.h>
-#include <time.h>
 
+#include "common/sg_clock.h"
 #include "record/dataset.h"
 
 typedef struct {
@@ -18,13 +18,6 @@ typedef struct {
     double timeout;
     int busy;
 } DatasetObject;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static PyObject *dataset_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
@@ -114,12 +107,12 @@ static PyObject *dataset_iternext(DatasetObject *self)
     if (self->busy)
         return sg_raise_code(SG_ESTATE, "Dataset iterated from two threads at once");
     self->busy = 1;
-    double start = now_s();
+    double start = sg_now();
     ExBatch *batch = NULL;
     SgError err;
     int rc;
     for (;;) {
-        double left = self->timeout - (now_s() - start);
+        double left = self->timeout - (sg_now() - start);
         double slice = left < 0.1 ? left : 0.1;
         if (slice <= 0)
             slice = 0.001;
@@ -128,7 +121,7 @@ static PyObject *dataset_iternext(DatasetObject *self)
         Py_END_ALLOW_THREADS
         if (rc != SG_ETIMEOUT)
             break;
-        if (now_s() - start >= self->timeout) {
+        if (sg_now() - start >= self->timeout) {
             self->busy = 0;
             return sg_raise_code(SG_ETIMEOUT,
                                  "waited %.1f s for the next batch from the reader thread "

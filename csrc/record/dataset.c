@@ -31,6 +31,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/sg_clock.h"
+
 #define PREFETCH_ROWS 8 /* stashed records read ahead while parsing */
 #define NEED_OPEN     2 /* source_next: a file must be opened (no_open set) */
 
@@ -319,18 +321,6 @@ static int produce(Dataset *ds, ExBatch *b, SgError *err)
 
 /* ---- workers ---- */
 
-static void deadline_in(struct timespec *ts, double seconds)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    long long ns = (long long)(seconds * 1e9);
-    ts->tv_sec += (time_t)(ns / 1000000000ll);
-    ts->tv_nsec += (long)(ns % 1000000000ll);
-    if (ts->tv_nsec >= 1000000000l) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000l;
-    }
-}
-
 /* Takes a record for the worker's batch: a pointer when the source keeps it
  * valid (holding a reference to its file), else a copy (with its footer). */
 static int stash(Dataset *ds, void *ctx, const ShufSlot *s, int stable, SgError *err)
@@ -525,9 +515,7 @@ static void *worker_main(void *arg)
         /* 1. a free batch */
         pthread_mutex_lock(&ds->mu);
         while (ds->free_n == 0 && !ds->stop && !ds->failed) {
-            struct timespec ts;
-            deadline_in(&ts, 0.1); /* re-check stop every 100 ms */
-            pthread_cond_timedwait(&ds->free_cv, &ds->mu, &ts);
+            sg_cond_wait(&ds->free_cv, &ds->mu, sg_now() + 0.1); /* re-check stop every 100 ms */
         }
         if (ds->stop || ds->failed) {
             pthread_mutex_unlock(&ds->mu);
@@ -566,8 +554,8 @@ int ds_open(Dataset **out, const DsConfig *cfg, SgError *err)
     ds->rng = cfg->seed;
     pthread_mutex_init(&ds->mu, NULL);
     pthread_mutex_init(&ds->src_mu, NULL);
-    pthread_cond_init(&ds->ready_cv, NULL);
-    pthread_cond_init(&ds->free_cv, NULL);
+    sg_cond_init(&ds->ready_cv);
+    sg_cond_init(&ds->free_cv);
     int rc = 0;
     ds->record_shard = cfg->npaths < cfg->num_shards;
     ds->files = calloc(cfg->npaths + 1, sizeof *ds->files);
@@ -651,8 +639,12 @@ static int no_batch_in_time(Dataset *ds, double wait_s, SgError *err)
 int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
 {
     pthread_mutex_lock(&ds->mu);
-    struct timespec ts;
-    deadline_in(&ts, wait_s);
+    double deadline = sg_now() + wait_s;
+    struct timespec until; /* the same, for pthread_mutex_timedlock (CLOCK_REALTIME) */
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + wait_s;
+    until.tv_sec = (time_t)whole;
+    until.tv_nsec = (long)((whole - (double)until.tv_sec) * 1e9);
     int rc, helped_out = 0;
     for (;;) {
         if (ds->ready_n > 0) {
@@ -674,7 +666,7 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
             pthread_mutex_unlock(&ds->mu);
             /* A worker reading slow storage holds the source: wait for it
              * no longer than for a batch. */
-            int more = work_step(ds, &ds->workers[ds->nworkers], b, &ts, ds->nworkers > 0);
+            int more = work_step(ds, &ds->workers[ds->nworkers], b, &until, ds->nworkers > 0);
             pthread_mutex_lock(&ds->mu);
             if (more == -2)
                 helped_out = 1; /* wait for a worker's batch now */
@@ -688,7 +680,7 @@ int ds_next(Dataset *ds, ExBatch **batch, double wait_s, SgError *err)
             continue;
         }
         helped_out = 0;
-        if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT && ds->ready_n == 0 &&
+        if (sg_cond_wait(&ds->ready_cv, &ds->mu, deadline) == ETIMEDOUT && ds->ready_n == 0 &&
             !ds->finished)
             return no_batch_in_time(ds, wait_s, err);
     }
@@ -721,10 +713,9 @@ int ds_close(Dataset *ds)
          * the last worker. */
         ds->stop = 1;
         pthread_cond_broadcast(&ds->free_cv);
-        struct timespec ts;
-        deadline_in(&ts, 2.0);
+        double deadline = sg_now() + 2.0;
         while (ds->nexited < started)
-            if (pthread_cond_timedwait(&ds->ready_cv, &ds->mu, &ts) == ETIMEDOUT)
+            if (sg_cond_wait(&ds->ready_cv, &ds->mu, deadline) == ETIMEDOUT)
                 break;
         if (ds->nexited < started) {
             ds->orphaned = 1;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "common/sg_bf16.h"
+#include "common/sg_half.h"
 #include "net/coll_internal.h"
 #include "net/sock.h"
 
@@ -19,30 +19,30 @@ static void test_fp16_round_trip_and_ties(void)
 {
     int bad = 0, bad_tie = 0;
     for (uint32_t h = 0; h < 0x10000; h++) {
-        float f = coll_f16_to_f32((uint16_t)h);
+        float f = sg_f16_to_f32((uint16_t)h);
         if (isnan(f)) {
-            bad += !isnan(coll_f16_to_f32(coll_f32_to_f16(f)));
+            bad += !isnan(sg_f16_to_f32(sg_f32_to_f16(f)));
             continue;
         }
-        bad += coll_f32_to_f16(f) != h;
+        bad += sg_f32_to_f16(f) != h;
         /* halfway to the next half up (same sign): rounds to the even one */
         uint32_t next = h + 1;
         if ((h & 0x7fff) >= 0x7c00 || (next & 0x7fff) == 0)
             continue;
-        double mid = ((double)f + (double)coll_f16_to_f32((uint16_t)next)) / 2;
+        double mid = ((double)f + (double)sg_f16_to_f32((uint16_t)next)) / 2;
         if ((float)mid != mid)
             continue; /* not representable in float32: no exact tie */
         uint16_t want = (h & 1) == 0 ? (uint16_t)h : (uint16_t)next;
-        bad_tie += coll_f32_to_f16((float)mid) != want;
+        bad_tie += sg_f32_to_f16((float)mid) != want;
     }
     CHECK(bad == 0);
     CHECK(bad_tie == 0);
-    CHECK(coll_f32_to_f16(65504.0f) == 0x7bff);
-    CHECK(coll_f32_to_f16(65519.0f) == 0x7bff);
-    CHECK(coll_f32_to_f16(65520.0f) == 0x7c00); /* the tie above the largest half: infinity */
-    CHECK(coll_f32_to_f16(-1e9f) == 0xfc00);
-    CHECK(coll_f32_to_f16(5.9604645e-8f) == 0x0001); /* 2^-24, the smallest subnormal */
-    CHECK(coll_f32_to_f16(2.9802322e-8f) == 0x0000); /* 2^-25: a tie, to even (zero) */
+    CHECK(sg_f32_to_f16(65504.0f) == 0x7bff);
+    CHECK(sg_f32_to_f16(65519.0f) == 0x7bff);
+    CHECK(sg_f32_to_f16(65520.0f) == 0x7c00); /* the tie above the largest half: infinity */
+    CHECK(sg_f32_to_f16(-1e9f) == 0xfc00);
+    CHECK(sg_f32_to_f16(5.9604645e-8f) == 0x0001); /* 2^-24, the smallest subnormal */
+    CHECK(sg_f32_to_f16(2.9802322e-8f) == 0x0000); /* 2^-25: a tie, to even (zero) */
 }
 
 static void test_bf16_round_trip_and_ties(void)
