@@ -63,7 +63,13 @@
     X(ADD, add)                                                                                    \
     X(CONCATENATE, concatenate)                                                                    \
     X(BATCHNORM, batchnorm)                                                                        \
-    X(LAYERNORM, layernorm)
+    X(LAYERNORM, layernorm)                                                                        \
+    X(SUBTRACT, subtract)                                                                          \
+    X(MULTIPLY, multiply)                                                                          \
+    X(AVERAGE, average)                                                                            \
+    X(MAXIMUM, maximum)                                                                            \
+    X(MINIMUM, minimum)                                                                            \
+    X(DOT, dot)
 
 typedef enum LayerKind {
 #define NN_OP_ENUM(kind, name) LAYER_##kind,
@@ -98,6 +104,7 @@ typedef struct LayerSpec {
      * (BatchNormalization) */
     float epsilon, momentum;
     int center, scale;
+    int normalize; /* Dot: L2-normalize both inputs along the last axis first */
 } LayerSpec;
 
 /* Inputs a node may read, and inputs and outputs a model may have. */

@@ -77,7 +77,7 @@ static int layer_ints(PyObject *desc, const char *key, int *out, int min, int ma
 static const char *const LAYER_FIELDS[] = {
     "kind",       "inputs", "units",       "kernel_size",  "strides", "padding",
     "activation", "rate",   "initializer", "target_shape", "shares",  "epsilon",
-    "momentum",   "center", "scale",       NULL,
+    "momentum",   "center", "scale",       "normalize",    NULL,
 };
 
 /* desc[key] as a float into *out, if present. */
@@ -127,8 +127,9 @@ static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
         layer_int(desc, "initializer", &init, i) < 0 ||
         layer_int(desc, "shares", &nd->shares, i) < 0 ||
         layer_int(desc, "center", &s->center, i) < 0 ||
-        layer_int(desc, "scale", &s->scale, i) < 0 || layer_float(desc, "rate", &s->rate) < 0 ||
-        layer_float(desc, "epsilon", &s->epsilon) < 0 ||
+        layer_int(desc, "scale", &s->scale, i) < 0 ||
+        layer_int(desc, "normalize", &s->normalize, i) < 0 ||
+        layer_float(desc, "rate", &s->rate) < 0 || layer_float(desc, "epsilon", &s->epsilon) < 0 ||
         layer_float(desc, "momentum", &s->momentum) < 0 ||
         layer_ints(desc, "kernel_size", kernel, 2, 2, NULL, i) < 0 ||
         layer_ints(desc, "target_shape", s->shape, 3, 3, NULL, i) < 0 ||
@@ -979,7 +980,7 @@ static PyTypeObject ModelType = {
     .tp_doc = "Model(inputs, layers, outputs=None): a network of layers on oneDNN. inputs: "
               "[(h, w, c)]; layers: dicts {kind, inputs, units, kernel_size, strides, padding, "
               "activation, rate, initializer, target_shape, shares, epsilon, momentum, center, "
-              "scale} in topological order (inputs: tensor "
+              "scale, normalize} in topological order (inputs: tensor "
               "ids, 0.. the model's inputs then each layer's output; default the previous); "
               "outputs: tensor ids (None: the last layer's).",
     .tp_new = PyType_GenericNew,

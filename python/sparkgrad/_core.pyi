@@ -207,7 +207,8 @@ def metric_results(metrics: Sequence[tuple[int, float, int, bool, bool]], state:
 class Model:
     """A graph of layers on oneDNN: input shapes (h, w, c), layer descriptions (dicts with "kind", an index of
     LAYER_KINDS, "inputs", "units", "kernel_size", "strides", "padding", "activation", "rate", "initializer",
-    "target_shape", "shares", "epsilon", "momentum", "center", "scale") in topological order, output tensors."""
+    "target_shape", "shares", "epsilon", "momentum", "center", "scale", "normalize") in topological order, output
+    tensors."""
 
     def __init__(
         self, inputs: list[tuple[int, int, int]], layers: list[dict], outputs: list[int] | None = None

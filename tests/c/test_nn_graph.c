@@ -8,7 +8,8 @@
  * evaluation, the declaration errors naming layers and shapes, and
  * BatchNormalization and LayerNormalization (their gradients against finite
  * differences of the training loss; the state buffer moved by training
- * only).
+ * only), and the merges Subtract, Multiply, Average, Maximum, Minimum and
+ * Dot (with normalize) between Dense towers likewise.
  */
 #include <math.h>
 #include <stdio.h>
@@ -233,6 +234,82 @@ static void test_graph_predict(void)
     }
     CHECK(fabs((0.5 * mse + 2.0 * ce) / B - loss_at(m, &bt.d)) < 1e-5);
     model_free(m);
+}
+
+/* Each merge between Dense(4, tanh) towers, then Dense(2) with MSE:
+ * tensors 0 a [1,1,3] and 1 b [1,1,3]; n0 tower(a) -> 2, n1 tower(b) -> 3,
+ * (with 3 inputs n2 tower(a) -> 4); the merge of 2, 3 (and 4); Dense(2) of
+ * it, the output. Every gradient against central differences. */
+static void test_merges_match_finite_differences(void)
+{
+    static const struct {
+        LayerKind kind;
+        int ninputs, normalize;
+    } cases[] = {
+        {LAYER_SUBTRACT, 2, 0}, {LAYER_MULTIPLY, 3, 0}, {LAYER_AVERAGE, 3, 0},
+        {LAYER_MAXIMUM, 3, 0},  {LAYER_MINIMUM, 3, 0},  {LAYER_DOT, 2, 0},
+        {LAYER_DOT, 2, 1},
+    };
+    float a[B * 3], b[B * 3], y[B * 2];
+    uint64_t s = 17;
+    for (int i = 0; i < B * 3; i++)
+        a[i] = 2.0f * frand(&s), b[i] = 2.0f * frand(&s);
+    for (int i = 0; i < B * 2; i++)
+        y[i] = frand(&s);
+    NnData d;
+    memset(&d, 0, sizeof d);
+    d.n = B;
+    d.ninputs = 2;
+    d.inputs[0] = (NnArray){NN_F32, a, 3};
+    d.inputs[1] = (NnArray){NN_F32, b, 3};
+    d.ntargets = 1;
+    d.targets[0] = (NnArray){NN_F32, y, 2};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        SgError err = {0};
+        NnShape in[2] = {{1, 1, 3}, {1, 1, 3}};
+        const int three = cases[c].ninputs == 3, merged = 4 + three;
+        NnNode nodes[5] = {
+            node(LAYER_DENSE, 4, NN_ACT_TANH, 1, 0, 0),
+            node(LAYER_DENSE, 4, NN_ACT_TANH, 1, 1, 0),
+            node(LAYER_DENSE, 4, NN_ACT_TANH, 1, 0, 0),
+        };
+        nodes[2 + three] = node(cases[c].kind, 0, 0, cases[c].ninputs, 2, 3);
+        nodes[2 + three].inputs[2] = 4;
+        nodes[2 + three].spec.normalize = cases[c].normalize;
+        nodes[3 + three] = node(LAYER_DENSE, 2, NN_ACT_NONE, 1, merged, 0);
+        int out = merged + 1;
+        Model *m = NULL;
+        NnLoss mse = {NN_LOSS_MSE, 0, 0.0f, 1.0f};
+        CHECK(model_create_graph(&m, in, 2, nodes, 4 + three, &out, 1, &err) == 0);
+        if (m == NULL) {
+            fprintf(stderr, "merge case %zu: %s\n", c, err.msg);
+            continue;
+        }
+        CHECK(model_set_output_loss(m, 0, &mse, 1.0f, &err) == 0);
+        model_init_params(m, 40 + c);
+        for (size_t i = 0; i < m->nparams; i++) /* non-zero biases */
+            if (m->params[i] == 0.0f)
+                m->params[i] = 0.5f * frand(&s);
+        NnStats st = {0};
+        CHECK(model_train_batch(m, NULL, &d, NULL, 0, B, NULL, NULL, &st, &err) == 0);
+        const double e = worst_error_of(m, &d, loss_at);
+        if (e > 2e-2)
+            fprintf(stderr, "merge case %zu (%s): relative error %g\n", c,
+                    nn_layer_kind_name(cases[c].kind), e);
+        CHECK(e <= 2e-2);
+        model_free(m);
+    }
+    /* Subtract and Dot read exactly 2 tensors */
+    SgError err = {0};
+    Model *m = NULL;
+    NnShape in[1] = {{1, 1, 3}};
+    NnNode three[2] = {node(LAYER_SUBTRACT, 0, 0, 3, 0, 0), node(LAYER_DENSE, 1, 0, 1, 1, 0)};
+    int out = 2;
+    CHECK(model_create_graph(&m, in, 1, three, 2, &out, 1, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "layer 0 (Subtract) reads exactly 2 tensors, not 3") != NULL);
+    three[0].spec.kind = LAYER_DOT;
+    CHECK(model_create_graph(&m, in, 1, three, 2, &out, 1, &err) == SG_EMODEL && m == NULL);
+    CHECK(strstr(err.msg, "layer 0 (Dot) reads exactly 2 tensors, not 3") != NULL);
 }
 
 static void test_graph_declaration_errors(void)
@@ -514,5 +591,6 @@ int main(void)
     test_graph_folded_sgd();
     test_graph_predict();
     test_graph_declaration_errors();
+    test_merges_match_finite_differences();
     return check_report("test_nn_graph");
 }

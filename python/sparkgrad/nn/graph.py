@@ -80,8 +80,10 @@ def call_layer(layer, inputs) -> KerasTensor:
     merge = getattr(layer, "merge", False)
     name = type(layer).__name__
     if merge:
-        if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= 8:
-            raise ModelError(f"{name} is called on a list of 2 to 8 tensors, not {inputs!r}")
+        most = getattr(layer, "max_inputs", 8)
+        if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= most:
+            count = "exactly 2" if most == 2 else f"2 to {most}"
+            raise ModelError(f"{name} is called on a list of {count} tensors, not {inputs!r}")
         ins = tuple(inputs)
     else:
         if isinstance(inputs, (list, tuple)):

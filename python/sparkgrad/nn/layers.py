@@ -37,6 +37,12 @@ class Kind(enum.IntEnum):
     CONCATENATE = _kind("Concatenate")
     BATCHNORM = _kind("BatchNormalization")
     LAYERNORM = _kind("LayerNormalization")
+    SUBTRACT = _kind("Subtract")
+    MULTIPLY = _kind("Multiply")
+    AVERAGE = _kind("Average")
+    MAXIMUM = _kind("Maximum")
+    MINIMUM = _kind("Minimum")
+    DOT = _kind("Dot")
 
 
 class Act(enum.IntEnum):
@@ -457,9 +463,10 @@ class Reshape(Layer):
 
 @dataclass(frozen=True, eq=False)
 class _Merge(Layer):
-    """A layer called on a list of 2 to 8 tensors."""
+    """A layer called on a list of 2 to ``max_inputs`` tensors."""
 
     merge = True
+    max_inputs = 8
 
     def __init__(self, name=None, input_shape=None):
         if input_shape is not None:
@@ -479,6 +486,180 @@ class Add(_Merge):
     def spec(self) -> dict:
         """The C core's layer description (see `Layer.spec`)."""
         return {"kind": int(Kind.ADD)}
+
+
+@dataclass(frozen=True, eq=False)
+class Subtract(_Merge):
+    """The difference of exactly 2 inputs of one shape, ``x - y`` (Keras' ``Subtract``):
+    ``Subtract()([x, y])``.
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    max_inputs = 2
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.SUBTRACT)}
+
+
+@dataclass(frozen=True, eq=False)
+class Multiply(_Merge):
+    """The elementwise product of its inputs, all of one shape (Keras' ``Multiply``): ``Multiply()([x, y])``.
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.MULTIPLY)}
+
+
+@dataclass(frozen=True, eq=False)
+class Average(_Merge):
+    """The elementwise mean of its inputs, all of one shape (Keras' ``Average``): ``Average()([x, y])``.
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.AVERAGE)}
+
+
+@dataclass(frozen=True, eq=False)
+class Maximum(_Merge):
+    """The elementwise maximum of its inputs, all of one shape (Keras' ``Maximum``): ``Maximum()([x, y])``.
+
+    The gradient of each value goes to the input that holds the maximum; where several inputs tie, to the
+    first of them (as TensorFlow's gradient of ``maximum(x, y)`` goes to ``x`` where ``x >= y``, Keras
+    folding the inputs left to right). PyTorch's ``torch.maximum`` splits a tie's gradient in halves instead.
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.MAXIMUM)}
+
+
+@dataclass(frozen=True, eq=False)
+class Minimum(_Merge):
+    """The elementwise minimum of its inputs, all of one shape (Keras' ``Minimum``): ``Minimum()([x, y])``.
+
+    The gradient goes to the input that holds the minimum, on a tie to the first of them (as `Maximum`).
+
+    Args:
+        name (str | None): The layer's name.
+    """
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.MINIMUM)}
+
+
+def _dot_axes(axes) -> tuple[int, int]:
+    """Dot's ``axes`` as a pair, checked as Keras checks it."""
+    if isinstance(axes, bool) or not isinstance(axes, (int, list, tuple)):
+        raise TypeError(f"Dot axes must be an int or a pair of ints, not {axes!r}")
+    pair = (axes, axes) if isinstance(axes, int) else tuple(axes)
+    if len(pair) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in pair):
+        raise ValueError(f"Dot axes must be an int or a pair of ints, not {axes!r}")
+    if 0 in pair:
+        raise ValueError(f"Dot(axes={axes!r}): axis 0 is the batch axis; the dot product is taken within a sample")
+    return pair  # type: ignore[return-value]
+
+
+def _sample_rank(t: KerasTensor) -> int | None:
+    """The rank of one sample of tensor ``t`` as Keras counts it (the batch axis excluded), where the layers
+    that made it tell (None: a layer that changes it in a way not followed here)."""
+    while t.layer is not None:
+        layer = t.layer
+        if isinstance(layer, Reshape):
+            return len(layer.target_shape)
+        if isinstance(layer, Flatten):
+            return 1
+        if isinstance(layer, (Conv2D, _Pool)):
+            return 3
+        if isinstance(layer, Dot):
+            return 1
+        if not isinstance(layer, (Dense, Dropout, Activation, BatchNormalization, LayerNormalization, _Merge)):
+            return None
+        t = t.inbound[0]
+    return len(t.shape) - 1
+
+
+@dataclass(frozen=True, eq=False)
+class Dot(_Merge):
+    """The dot product of 2 inputs along their last axis (Keras' ``Dot``), the score of a two-tower model.
+
+    Both inputs are ``[batch, d]`` (or ``[batch, 1, d]``, as an Embedding of one id gives); the output is
+    ``[batch, 1]``, ``sum(x * y)`` over the ``d`` values of each sample. With ``normalize=True`` each input
+    is first L2-normalized along that axis as Keras does it, ``x * min(1 / ||x||, 1 / 1e-7)`` (``1e-7``:
+    Keras' epsilon), so the output is the cosine similarity and an all-zero row scores 0. Gradients flow to
+    both inputs.
+
+    ```python
+    from sparkgrad.nn import Dense, Dot, Input, Model
+
+    user, item = Input((12,), name="user"), Input((20,), name="item")
+    u = Dense(8)(Dense(16, activation="relu")(user))
+    v = Dense(8)(Dense(16, activation="relu")(item))
+    model = Model([user, item], Dot(axes=-1, normalize=True)([u, v]), seed=0)
+    ```
+
+    Keras' Dot also takes other axes and inputs of several axes (a batched matrix product); here only the
+    last axis of inputs that have no other axis longer than 1. On ``[batch, 1, d]`` inputs Keras gives
+    ``[batch, 1, 1]``; here ``[batch, 1]``, what a model output is.
+
+    Args:
+        axes (int | tuple[int, int]): The axis of each input to contract: ``-1``, or the last axis'
+            index (``1`` for ``[batch, d]``, ``2`` for ``[batch, 1, d]``); an int means both inputs'.
+        normalize (bool): L2-normalize both inputs along the axis first (cosine similarity).
+        name (str | None): The layer's name.
+
+    Raises:
+        ValueError: Axis 0 (the batch axis) or an axes pair of another length; when called, an axis that
+            is not an input's last, or a positive axis of an input whose rank the layers before it do not
+            tell (give ``-1``).
+        TypeError: ``axes`` that is not an int or a pair.
+    """
+
+    max_inputs = 2
+    axes: int | tuple[int, int] = -1
+    normalize: bool = False
+
+    def __init__(self, axes, normalize=False, name=None, input_shape=None):
+        super().__init__(name=name, input_shape=input_shape)
+        pair = _dot_axes(axes)
+        object.__setattr__(self, "axes", axes if isinstance(axes, int) else pair)
+        object.__setattr__(self, "normalize", bool(normalize))
+
+    def __call__(self, inputs: KerasTensor | list[KerasTensor]) -> KerasTensor:
+        if isinstance(inputs, (list, tuple)) and len(inputs) == 2 and all(isinstance(t, KerasTensor) for t in inputs):
+            for k, (t, a) in enumerate(zip(inputs, _dot_axes(self.axes), strict=True)):
+                if a == -1:
+                    continue
+                rank = _sample_rank(t)
+                if rank is None:
+                    raise ValueError(
+                        f"Dot(axes={self.axes!r}): the rank of input {k} ({t!r}) is not known here; give axes=-1 "
+                        "(the last axis)"
+                    )
+                if a != rank:
+                    raise ValueError(
+                        f"Dot(axes={self.axes!r}): axis {a} of input {k}, a tensor of rank {rank + 1} with the "
+                        f"batch axis, is not its last; only the last axis (axes=-1, here {rank}) is supported"
+                    )
+        return call_layer(self, inputs)
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {"kind": int(Kind.DOT), "normalize": int(self.normalize)}
 
 
 @dataclass(frozen=True, eq=False)
