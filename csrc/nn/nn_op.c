@@ -45,6 +45,26 @@ size_t nn_op_out_size(const Model *m, int l)
     return (size_t)s->oh * s->ow * s->oc;
 }
 
+int nn_op_params_done(Model *m, int l, const NnOpBackward *how, size_t offset, size_t n,
+                      const float *mine, SgError *err)
+{
+    const int tell = how->hook != NULL && how->hook->ready != NULL && m->tells[l];
+    if (!m->accumulate[l] && !tell)
+        return 0;
+    int rc = DNNL(err, dnnl_stream_wait, m->stream); /* the CPU reads what primitives wrote */
+    if (rc < 0)
+        return rc;
+    if (m->accumulate[l]) {
+        float *dst = m->grads + offset;
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++)
+            dst[i] += mine[i];
+    }
+    if (tell && (rc = how->hook->ready(how->hook->ctx, m->grads, offset, n, err)) < 0)
+        return sg_context(err, "gradient hook on layer %d: ", l);
+    return 0;
+}
+
 int nn_op_run(Model *m, NnExec *list, int n, int skip, int l, const char *what, SgError *err)
 {
     for (int i = 0; i < n; i++) {

@@ -112,6 +112,11 @@ int nn_op_infer_window(Model *m, int l, int default_stride, int filters, SgError
 size_t nn_op_out_size(const Model *m, int l);
 /* Runs list[0..n), skipping index `skip` (-1: none); `what` prefixes an error. */
 int nn_op_run(Model *m, NnExec *list, int n, int skip, int l, const char *what, SgError *err);
+/* Node l's parameter gradients, grads [offset, offset + n), are written
+ * (a node sharing another's parameters wrote them to `mine`: they are added
+ * to the others' here); with a hook, ready() is told the range is final. */
+int nn_op_params_done(Model *m, int l, const NnOpBackward *how, size_t offset, size_t n,
+                      const float *mine, SgError *err);
 /* An op's forward / backward that runs the primitives its build listed in
  * p->lp[l].fwd / bwd, in order (pooling, Activation). */
 int nn_op_forward_primitives(Model *m, Plan *p, int l, int training, SgError *err);

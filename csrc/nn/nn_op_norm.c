@@ -236,21 +236,12 @@ static int norm_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgEr
     const int np = m->param_count[l];
     if (rc < 0 || np == 0)
         return rc;
-    const ParamInfo *first = op_param(m, l, 0);
-    const size_t n = (size_t)np * m->shapes[l].c; /* gamma and beta are adjacent */
-    if (m->accumulate[l] || (how->hook != NULL && how->hook->ready != NULL && m->tells[l]))
-        if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
-            return rc;
-    if (m->accumulate[l]) {
-        const float *src = lp->scratch + 2 * stats_size(m, l, p->B) + throwaway_size(m, l, p->B);
-        float *dst = m->grads + first->offset;
-        for (size_t i = 0; i < n; i++)
-            dst[i] += src[i];
-    }
-    if (how->hook != NULL && how->hook->ready != NULL && m->tells[l] &&
-        (rc = how->hook->ready(how->hook->ctx, m->grads, first->offset, n, err)) < 0)
-        return sg_context(err, "gradient hook on layer %d: ", l);
-    return 0;
+    /* gamma and beta are adjacent; a shared node's are in scratch after the statistics */
+    const float *mine = m->accumulate[l]
+                            ? lp->scratch + 2 * stats_size(m, l, p->B) + throwaway_size(m, l, p->B)
+                            : NULL;
+    return nn_op_params_done(m, l, how, op_param(m, l, 0)->offset, (size_t)np * m->shapes[l].c,
+                             mine, err);
 }
 
 const NnOpKind nn_op_batchnorm = {

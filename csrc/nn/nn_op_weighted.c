@@ -465,13 +465,6 @@ static int dense_sgd_update(float *W, float *bias, float *colsum, const float *s
     return 0;
 }
 
-static void add_into(float *dst, const float *src, size_t n)
-{
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++)
-        dst[i] += src[i];
-}
-
 /* The backward primitives in order. With a hook, ready() is told the
  * layer's kernel and bias gradients (adjacent in the flat buffer) as soon as
  * they are final, before the data gradient. With sgd_lr (Dense) the
@@ -480,7 +473,6 @@ static void add_into(float *dst, const float *src, size_t n)
 static int weighted_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err)
 {
     LayerPlan *lp = &p->lp[l];
-    const int tell = how->hook != NULL && how->hook->ready != NULL && m->tells[l];
     const int last_wgrad = lp->wgrad_first + lp->wgrad_count - 1;
     const ParamInfo *kt = &m->tensors[m->kernel_t[l]], *bt = &m->tensors[m->bias_t[l]];
     int rc;
@@ -489,20 +481,11 @@ static int weighted_backward(Model *m, Plan *p, int l, const NnOpBackward *how, 
             continue;
         if ((rc = nn_exec(&lp->bwd[i], m->stream, err)) < 0)
             return sg_context(err, "backward of layer %d: ", l);
-        if (i == last_wgrad && m->accumulate[l]) {
-            /* a shared layer's: add this node's gradients to the others' */
-            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
-                return rc;
-            add_into(m->grads + kt->offset, lp->scratch, kt->size);
-            add_into(m->grads + bt->offset, lp->scratch + kt->size, bt->size);
-        }
-        if (tell && i == last_wgrad) {
-            if ((rc = DNNL(err, dnnl_stream_wait, m->stream)) < 0)
-                return rc;
-            if ((rc = how->hook->ready(how->hook->ctx, m->grads, kt->offset, kt->size + bt->size,
-                                       err)) < 0)
-                return sg_context(err, "gradient hook on layer %d: ", l);
-        }
+        /* kernel and bias are adjacent, in the flat buffer and in a shared
+         * node's scratch */
+        if (i == last_wgrad && (rc = nn_op_params_done(m, l, how, kt->offset, kt->size + bt->size,
+                                                       lp->scratch, err)) < 0)
+            return rc;
     }
     if (how->sgd_lr == NULL)
         return 0;

@@ -646,9 +646,7 @@ class _Distribution:
         parameters worth a last checkpoint (the ps' after every worker's updates)."""
         self.hook = None
         if self.ps is None or not finished:
-            if finished:
-                self.average_buffers()
-            return False
+            return False  # under allreduce every epoch's end averaged the buffers already
         m = self.model
         if m.buffers.size:
             self.ps.put_state(m.buffers)  # before done: shard 0 holds it when the chief's wait ends
