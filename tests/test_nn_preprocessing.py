@@ -49,6 +49,8 @@ def test_layer_gives_what_keras_gives(case):
     if meta["adapt"] and meta["class"] == "Normalization":
         np.testing.assert_array_equal(layer.mean.reshape(-1), FIXTURES[f"{case}/mean"])
         np.testing.assert_array_equal(layer.variance.reshape(-1), FIXTURES[f"{case}/variance"])
+    elif meta["adapt"] and meta["class"] == "Discretization":
+        np.testing.assert_array_equal(np.float32(layer.bin_boundaries), FIXTURES[f"{case}/bounds"])
     elif meta["adapt"]:
         assert [str(v) for v in layer.get_vocabulary()] == FIXTURES[f"{case}/vocab"].tolist()
 
@@ -273,3 +275,42 @@ def test_sequential_refuses_a_preprocessing_layer():
 
     with pytest.raises(ModelError, match=r"layer 0 \(StringLookup\) is a preprocessing layer: put it on an Input"):
         Sequential([StringLookup(vocabulary=["a"]), Dense(1)])
+
+
+def test_every_layers_state_survives_save_and_load(tmp_path):
+    from sparkgrad.nn import Discretization
+
+    rng = np.random.default_rng(5)
+    words = np.array(["a", "b", "c", "d"])[rng.integers(0, 4, (40, 2))]
+    ids = rng.integers(0, 9, (40, 3))
+    nums = rng.normal(size=(40, 2)).astype(np.float32)
+    lookup = StringLookup(mask_token="", num_oov_indices=2, output_mode="count")
+    lookup.adapt(words)
+    ilookup = IntegerLookup(oov_method="farmhash", salt=3)
+    ilookup.adapt(ids)
+    norm = Normalization()
+    norm.adapt(nums)
+    disc = Discretization(num_bins=3, output_mode="multi_hot")
+    disc.adapt(nums)
+    ins = [
+        Input(shape=(2,), dtype="string", name="w"),
+        Input(shape=(3,), dtype="int64", name="i"),
+        Input(shape=(2,), name="n"),
+        Input(shape=(2,), name="d"),
+        Input(shape=(2,), dtype="string", name="h"),
+    ]
+    parts = [lookup(ins[0]), ilookup(ins[1]), norm(ins[2]), disc(ins[3]), Hashing(5, salt=(1, 2))(ins[4])]
+    model = Model(ins, Dense(2)(prep_concat(parts)), seed=2)
+    x = {"w": words, "i": ids, "n": nums, "d": nums, "h": words}
+    save_model(model, tmp_path / "all.sgmodel")
+    back = load_model(tmp_path / "all.sgmodel")
+    np.testing.assert_array_equal(back.predict(x), model.predict(x))
+    got = back.preprocessing
+    assert got[0][0].get_vocabulary() == lookup.get_vocabulary() and got[3][0].bin_boundaries == disc.bin_boundaries
+
+
+def test_summary_lists_the_preprocessing_layers_before_the_others():
+    model, _, _ = _city_model()
+    text = model.summary(print_fn=None)
+    assert "lookup (StringLookup)" in text and "onehot (CategoryEncoding)  (None, 4)" in text
+    assert text.index("onehot") < text.index("click (Dense)")

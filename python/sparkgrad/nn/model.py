@@ -585,11 +585,24 @@ class Model:
             counts[t.layer] += t.size
         chain = self.is_chain
         names = self.layer_names
-        tensor_names = self.input_names + names
+        # an input with preprocessing reaches the layers as its chain's last output
+        ends = [
+            n if c is None else (c[-1].name or type(c[-1]).__name__.lower())
+            for n, c in zip(self.input_names, self._chains, strict=True)
+        ]
+        tensor_names = ends + names
         rows = [("Layer (type)", "Output Shape", "Param #") + (() if chain else ("Connected to",))]
         if not chain:
             for t in self.inputs:
                 rows.append((f"{t.name} (InputLayer)", f"(None, {', '.join(map(str, t.shape[1:]))})", "0", "-"))
+        for t, layers in zip(self.inputs, self._chains, strict=True):  # run in the gather, before the layers
+            shape, source = tuple(t.shape[1:]), t.name
+            for layer in layers or []:
+                shape = _prep.chain_shape([layer], shape)
+                name = layer.name or type(layer).__name__.lower()
+                row = (f"{name} ({layer.type_name})", f"(None, {', '.join(map(str, shape))})", "0")
+                rows.append(row if chain else (*row, source))
+                source = name
         for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
             shape = (

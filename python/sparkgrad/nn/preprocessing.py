@@ -15,7 +15,7 @@ Hashes are Keras' (TensorFlow's ``to_hash_bucket_fast`` and ``to_hash_bucket_str
 Fingerprint64 without a salt (libfarmhash), SipHash-2-4 keyed with the salt's two 64-bit halves with
 one (OpenSSL); an integer is hashed as its decimal string.
 
-Not here: ``invert``, ``tf_idf``, ``sparse`` outputs, ``Discretization(num_bins=...)`` with ``adapt``.
+Not here: ``invert``, ``tf_idf``, ``sparse`` outputs.
 """
 
 from __future__ import annotations
@@ -311,43 +311,112 @@ def _check_mode(layer: str, mode: str, allowed=("int", "one_hot", "multi_hot", "
     return mode
 
 
+def _quantile_summary(values: np.ndarray, epsilon: float) -> np.ndarray:
+    """Keras' summary of one batch for Discretization.adapt: about ``1 / epsilon`` of the sorted values,
+    evenly spaced, each weighing the values it stands for (all of them, weight 1, when there are fewer)."""
+    v = np.sort(values.reshape(-1))
+    step = max(v.size / (1.0 / epsilon), 1)
+    points = v[int(step - 1) :: int(step)]
+    return np.stack([points, np.ones_like(points) * step])
+
+
+def _compress(summary: np.ndarray, epsilon: float) -> np.ndarray:
+    """A summary cut to the points at cumulative weight fractions ``epsilon, 2 * epsilon, ..., 1``
+    (interpolated), each weighing the weight between it and the one before; a summary of fewer than
+    ``1 / epsilon`` points stays as it is (Keras' rule)."""
+    if summary.shape[1] * epsilon < 1:
+        return summary
+    at = epsilon + np.arange(0.0, 1.0, epsilon)
+    cum = summary[1].cumsum()
+    frac = cum / cum[-1]
+    points = np.interp(at, frac, summary[0])
+    cum_at = np.interp(at, frac, cum)
+    weights = cum_at - np.concatenate((np.array([0]), cum_at[:-1]))
+    return np.stack((points, weights)).astype("float32")
+
+
 @dataclass(frozen=True, eq=False)
 class Discretization(_Preprocessing):
     """Buckets numbers by boundaries, as Keras' ``Discretization``: the bucket of ``x`` is the number of
     boundaries ``<= x`` (bins ``[b[i-1], b[i])``), an id in ``[0, len(bin_boundaries)]``.
 
+    The boundaries are given, or learned by `adapt` for ``num_bins`` bins: Keras' approximate quantiles
+    (each batch summarized to about ``1 / epsilon`` weighted points, summaries merged and compressed, the
+    boundaries read at the cumulative fractions ``1 / num_bins, 2 / num_bins, ...``), so that the
+    boundaries are the ones Keras learns from the same batches.
+
     Args:
-        bin_boundaries: Ascending boundaries.
+        bin_boundaries: Ascending boundaries, or None (then ``num_bins`` and `adapt`).
+        num_bins: The bins `adapt` aims at.
+        epsilon: The summaries' tolerance (Keras' 0.01).
         output_mode: ``"int"`` (the ids), ``"one_hot"``, ``"multi_hot"`` or ``"count"`` (over
-            ``len(bin_boundaries) + 1`` bins).
+            ``len(bin_boundaries) + 1`` bins, or ``num_bins``).
         name: The layer's name.
 
     Raises:
-        ValueError: No boundaries (``num_bins`` with ``adapt`` is not supported here), or boundaries
-            that are not ascending.
+        ValueError: Both or neither of bin_boundaries and num_bins, or boundaries that are not ascending.
     """
 
-    bin_boundaries: tuple[float, ...] = ()
+    num_bins: int | None = None
+    epsilon: float = 0.01
 
-    def __init__(self, bin_boundaries=None, num_bins=None, output_mode="int", name=None):
+    def __init__(self, bin_boundaries=None, num_bins=None, epsilon=0.01, output_mode="int", name=None):
         self._setup(name)
-        if bin_boundaries is None:
-            raise ValueError(
-                "Discretization: give bin_boundaries (num_bins with adapt, Keras' approximate quantiles, "
-                "is not supported here)"
-            )
-        b = tuple(float(v) for v in bin_boundaries)
-        if any(not (x <= y) for x, y in itertools.pairwise(b)):
-            raise ValueError(f"Discretization: bin_boundaries must be ascending, not {list(b)}")
-        object.__setattr__(self, "bin_boundaries", b)
+        if (bin_boundaries is None) == (num_bins is None):
+            raise ValueError("Discretization: give bin_boundaries or num_bins (then adapt), one of them")
+        if num_bins is not None and int(num_bins) < 0:
+            raise ValueError(f"Discretization: num_bins must be >= 0, not {num_bins!r}")
+        object.__setattr__(self, "num_bins", None if num_bins is None else int(num_bins))
+        object.__setattr__(self, "epsilon", float(epsilon))
         object.__setattr__(self, "output_mode", _check_mode("Discretization", output_mode))
+        if bin_boundaries is not None:
+            self._set_boundaries([float(v) for v in bin_boundaries])
+
+    def _set_boundaries(self, b: list[float]) -> None:
+        if any(not (x <= y) for x, y in itertools.pairwise(b)):
+            raise ValueError(f"Discretization: bin_boundaries must be ascending, not {b}")
+        self._state.set(bounds=tuple(b))
+
+    @property
+    def bin_boundaries(self) -> list[float] | None:
+        """The boundaries, given or learned (None before `adapt`)."""
+        b = self._state.values.get("bounds")
+        return None if b is None else list(b)
+
+    def adapt(self, data, steps: int | None = None) -> None:
+        """Learns ``num_bins - 1`` boundaries from ``data`` (an array, or an iterable of batches; ``steps``
+        batches at most), as Keras does.
+
+        Raises:
+            ValueError: The layer was given bin_boundaries. InvalidArgumentError: no values, or strings.
+        """
+        if self.num_bins is None:
+            raise ValueError(f"{_name(self)} was given bin_boundaries; adapt needs num_bins")
+        summary = np.array([[], []], dtype="float32")
+        seen = 0
+        for i, batch in enumerate(_batches_of(data)):
+            if steps is not None and i >= steps:
+                break
+            if _is_strings(batch):
+                raise InvalidArgumentError(f"{_name(self)}: adapt takes numbers, not {batch.dtype} values")
+            batch = batch.astype("float32")
+            seen += batch.size
+            merged = np.concatenate((_quantile_summary(batch, self.epsilon), summary), axis=1)
+            summary = _compress(np.take(merged, np.argsort(merged[0]), axis=1), self.epsilon)
+        if not seen:
+            raise InvalidArgumentError(f"{_name(self)}: adapt got no values (an empty array or dataset)")
+        self._set_boundaries(_compress(summary, 1.0 / self.num_bins)[0, :-1].tolist())
 
     def _depth(self):
+        if self.num_bins is not None:
+            return self.num_bins
         return len(self.bin_boundaries) + 1
 
     def _map_desc(self, shape, strings):
         if strings:
             raise ModelError(f"{_name(self)} takes numbers, not a string Input")
+        if self.bin_boundaries is None:
+            raise ModelError(f"{_name(self)} has no bin_boundaries: call adapt first")
         return {
             "map": _MAP["discretize"],
             "row": int(np.prod(shape)),
@@ -355,7 +424,21 @@ class Discretization(_Preprocessing):
         }
 
     def get_config(self):
-        return {"bin_boundaries": list(self.bin_boundaries), "output_mode": self.output_mode, "name": self.name}
+        given = self.num_bins is None
+        return {
+            "bin_boundaries": self.bin_boundaries if given else None,
+            "num_bins": self.num_bins,
+            "epsilon": self.epsilon,
+            "output_mode": self.output_mode,
+            "name": self.name,
+        }
+
+    def _state_config(self):
+        return {} if self.num_bins is None or self.bin_boundaries is None else {"bounds": self.bin_boundaries}
+
+    def _load_state(self, values):
+        if values:
+            self._set_boundaries([float(v) for v in values["bounds"]])
 
 
 # ---- Hashing ---------------------------------------------------------------------------------------
