@@ -108,7 +108,7 @@ static int token_equals(const NnPrep *p, int64_t k, const char *s, size_t len, i
     if (!p->s.strings)
         return p->vints[k] == v;
     const int64_t a = p->voffsets[k], b = p->voffsets[k + 1];
-    return (size_t)(b - a) == len && memcmp(p->vbytes + a, s, len) == 0;
+    return (size_t)(b - a) == len && (len == 0 || memcmp(p->vbytes + a, s, len) == 0);
 }
 
 /* The index of the token (s[len], or v for integers), or -1. With insert,
@@ -214,8 +214,8 @@ static int check_spec(const NnPrepSpec *s, const char *name, SgError *err)
                                "%s: bin_boundaries must be sorted, but %g comes before %g", name,
                                (double)s->bounds[k - 1], (double)s->bounds[k]);
     }
-    if (s->map == NN_PREP_HASH && s->num_bins < 1)
-        return sg_fail(err, SG_EINVAL, "%s: num_bins must be >= 1", name);
+    if (s->map == NN_PREP_HASH && s->num_bins < 1 + s->has_mask)
+        return sg_fail(err, SG_EINVAL, "%s: num_bins must be >= %d", name, 1 + s->has_mask);
     if (s->map == NN_PREP_LOOKUP &&
         (s->num_oov < 0 || (s->strings ? s->vocab_offsets == NULL : s->vocab_ints == NULL)))
         return sg_fail(err, SG_EINVAL, "%s: a lookup needs its vocabulary", name);

@@ -119,6 +119,9 @@ static void test_hashes_are_tensorflows(void)
     CHECK(nn_prep_rows(p, &a, NULL, 0, 1, out, &err) == 0);
     CHECK(out[0] == 37178.0f && out[1] == 360241.0f); /* "" as well */
     nn_prep_free(p);
+    s.num_bins = 1; /* a mask needs a bin of its own and one for the others */
+    s.has_mask = 1;
+    CHECK(nn_prep_new(&p, &s, &err) == SG_EINVAL && strstr(err.msg, "num_bins must be >= 2"));
 }
 
 static void test_encodings_and_their_range(void)
