@@ -314,3 +314,10 @@ def test_summary_lists_the_preprocessing_layers_before_the_others():
     text = model.summary(print_fn=None)
     assert "lookup (StringLookup)" in text and "onehot (CategoryEncoding)  (None, 4)" in text
     assert text.index("onehot") < text.index("click (Dense)")
+
+
+def test_keras_arguments_not_supported_here_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"StringLookup\(invert=True\) is not supported"):
+        StringLookup(vocabulary=["a"], invert=True)
+    with pytest.raises(ValueError, match=r"CategoryEncoding\(sparse=True\) is not supported"):
+        CategoryEncoding(3, sparse=True)

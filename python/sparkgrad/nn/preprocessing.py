@@ -305,6 +305,13 @@ class Normalization(_Preprocessing):
 # ---- Discretization --------------------------------------------------------------------------------
 
 
+def _unsupported(layer: str, **args: Any) -> None:
+    """Keras arguments taken by name but not supported here: an error when one is set."""
+    for key, value in args.items():
+        if value is not None and value is not False:
+            raise ValueError(f"{layer}({key}={value!r}) is not supported (see sparkgrad.nn.preprocessing)")
+
+
 def _check_mode(layer: str, mode: str, allowed=("int", "one_hot", "multi_hot", "count")) -> str:
     if mode not in allowed:
         raise ValueError(f"{layer}: output_mode must be one of {allowed}, not {mode!r}")
@@ -351,6 +358,7 @@ class Discretization(_Preprocessing):
         epsilon: The summaries' tolerance (Keras' 0.01).
         output_mode: ``"int"`` (the ids), ``"one_hot"``, ``"multi_hot"`` or ``"count"`` (over
             ``len(bin_boundaries) + 1`` bins, or ``num_bins``).
+        sparse: False only (sparse outputs are not supported).
         name: The layer's name.
 
     Raises:
@@ -360,7 +368,8 @@ class Discretization(_Preprocessing):
     num_bins: int | None = None
     epsilon: float = 0.01
 
-    def __init__(self, bin_boundaries=None, num_bins=None, epsilon=0.01, output_mode="int", name=None):
+    def __init__(self, bin_boundaries=None, num_bins=None, epsilon=0.01, output_mode="int", sparse=False, name=None):
+        _unsupported("Discretization", sparse=sparse)
         self._setup(name)
         if (bin_boundaries is None) == (num_bins is None):
             raise ValueError("Discretization: give bin_boundaries or num_bins (then adapt), one of them")
@@ -468,6 +477,7 @@ class Hashing(_Preprocessing):
         mask_value: A value (string or integer) that gets bucket 0, or None.
         salt: An integer (used twice) or a pair: the SipHash key.
         output_mode: ``"int"``, ``"one_hot"``, ``"multi_hot"`` or ``"count"``.
+        sparse: False only (sparse outputs are not supported).
         name: The layer's name.
 
     Raises:
@@ -478,7 +488,8 @@ class Hashing(_Preprocessing):
     mask_value: Any = None
     salt: tuple[int, int] | None = None
 
-    def __init__(self, num_bins, mask_value=None, salt=None, output_mode="int", name=None):
+    def __init__(self, num_bins, mask_value=None, salt=None, output_mode="int", sparse=False, name=None):
+        _unsupported("Hashing", sparse=sparse)
         self._setup(name)
         if num_bins is None or not 1 <= int(num_bins) <= MAX_ID:
             raise ValueError(f"Hashing: num_bins must be in [1, 2^24], not {num_bins!r}")
@@ -729,6 +740,8 @@ class StringLookup(_Lookup):
         pad_to_max_tokens: Encode over ``max_tokens`` rather than the vocabulary's size.
         encoding: ``"utf-8"`` only.
         salt: SipHash's key for the OOV buckets (an integer or a pair), or None (FarmHash).
+        idf_weights, invert, sparse: Keras' TF-IDF, inverted lookup and sparse outputs: not supported
+            (None, False, False only).
         name: The layer's name.
 
     Raises:
@@ -736,7 +749,9 @@ class StringLookup(_Lookup):
     """
 
     def __init__(self, max_tokens=None, num_oov_indices=1, mask_token=None, oov_token="[UNK]", vocabulary=None,
-                 output_mode="int", pad_to_max_tokens=False, encoding="utf-8", salt=None, name=None):  # fmt: skip
+                 idf_weights=None, invert=False, output_mode="int", pad_to_max_tokens=False, sparse=False,
+                 encoding="utf-8", name=None, salt=None):  # fmt: skip
+        _unsupported("StringLookup", idf_weights=idf_weights, invert=invert, sparse=sparse)
         if encoding not in ("utf-8", "utf8"):
             raise ValueError(f"StringLookup: encoding must be 'utf-8', not {encoding!r}")
         object.__setattr__(self, "salt", _salt(salt))
@@ -776,6 +791,7 @@ class IntegerLookup(_Lookup):
         pad_to_max_tokens: Encode over ``max_tokens``.
         oov_method: ``"floormod"`` or ``"farmhash"``.
         salt: With ``"farmhash"``: SipHash's key instead.
+        idf_weights, invert, sparse: not supported (None, False, False only).
         name: The layer's name.
     """
 
@@ -783,8 +799,9 @@ class IntegerLookup(_Lookup):
     oov_method: str = "floormod"
 
     def __init__(self, max_tokens=None, num_oov_indices=1, mask_token=None, oov_token=-1, vocabulary=None,
-                 vocabulary_dtype="int64", output_mode="int", pad_to_max_tokens=False, oov_method="floormod",
-                 salt=None, name=None):  # fmt: skip
+                 vocabulary_dtype="int64", idf_weights=None, invert=False, output_mode="int", sparse=False,
+                 pad_to_max_tokens=False, oov_method="floormod", salt=None, name=None):  # fmt: skip
+        _unsupported("IntegerLookup", idf_weights=idf_weights, invert=invert, sparse=sparse)
         if vocabulary_dtype != "int64":
             raise ValueError(f"IntegerLookup: vocabulary_dtype must be 'int64', not {vocabulary_dtype!r}")
         if oov_method not in ("floormod", "farmhash"):
@@ -830,12 +847,14 @@ class CategoryEncoding(_Preprocessing):
     Args:
         num_tokens: The width of the encoding (at most 2^24).
         output_mode: ``"multi_hot"`` (Keras' default), ``"one_hot"`` or ``"count"``.
+        sparse: False only (sparse outputs are not supported).
         name: The layer's name.
     """
 
     num_tokens: int = 0
 
-    def __init__(self, num_tokens=None, output_mode="multi_hot", name=None):
+    def __init__(self, num_tokens=None, output_mode="multi_hot", sparse=False, name=None):
+        _unsupported("CategoryEncoding", sparse=sparse)
         self._setup(name)
         if num_tokens is None or not 1 <= int(num_tokens) <= MAX_ID:
             raise ValueError(f"CategoryEncoding: num_tokens must be in [1, 2^24], not {num_tokens!r}")
