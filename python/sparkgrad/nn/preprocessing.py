@@ -216,7 +216,14 @@ class Normalization(_Preprocessing):
 
     axis: int | None = -1
 
-    def __init__(self, axis=-1, mean=None, variance=None, invert=False, name=None):
+    def __init__(
+        self,
+        axis: int | None = -1,
+        mean: Any = None,
+        variance: Any = None,
+        invert: bool = False,
+        name: str | None = None,
+    ):
         self._setup(name)
         if axis not in (-1, None, (-1,), [-1]):
             raise ValueError(f"Normalization(axis={axis!r}): -1 (the last axis) or None only")
@@ -368,7 +375,15 @@ class Discretization(_Preprocessing):
     num_bins: int | None = None
     epsilon: float = 0.01
 
-    def __init__(self, bin_boundaries=None, num_bins=None, epsilon=0.01, output_mode="int", sparse=False, name=None):
+    def __init__(
+        self,
+        bin_boundaries: Sequence[float] | None = None,
+        num_bins: int | None = None,
+        epsilon: float = 0.01,
+        output_mode: str = "int",
+        sparse: bool = False,
+        name: str | None = None,
+    ):
         _unsupported("Discretization", sparse=sparse)
         self._setup(name)
         if (bin_boundaries is None) == (num_bins is None):
@@ -488,7 +503,15 @@ class Hashing(_Preprocessing):
     mask_value: Any = None
     salt: tuple[int, int] | None = None
 
-    def __init__(self, num_bins, mask_value=None, salt=None, output_mode="int", sparse=False, name=None):
+    def __init__(
+        self,
+        num_bins: int,
+        mask_value: str | int | None = None,
+        salt: int | Sequence[int] | None = None,
+        output_mode: str = "int",
+        sparse: bool = False,
+        name: str | None = None,
+    ):
         _unsupported("Hashing", sparse=sparse)
         self._setup(name)
         if num_bins is None or not 1 <= int(num_bins) <= MAX_ID:
@@ -740,17 +763,31 @@ class StringLookup(_Lookup):
         pad_to_max_tokens: Encode over ``max_tokens`` rather than the vocabulary's size.
         encoding: ``"utf-8"`` only.
         salt: SipHash's key for the OOV buckets (an integer or a pair), or None (FarmHash).
-        idf_weights, invert, sparse: Keras' TF-IDF, inverted lookup and sparse outputs: not supported
-            (None, False, False only).
+        idf_weights: Keras' TF-IDF weights: None only (not supported).
+        invert: Keras' inverted lookup: False only (not supported).
+        sparse: False only (sparse outputs are not supported).
         name: The layer's name.
 
     Raises:
         ValueError: Bad arguments. InvalidArgumentError: a bad vocabulary (missing file, repeats).
     """
 
-    def __init__(self, max_tokens=None, num_oov_indices=1, mask_token=None, oov_token="[UNK]", vocabulary=None,
-                 idf_weights=None, invert=False, output_mode="int", pad_to_max_tokens=False, sparse=False,
-                 encoding="utf-8", name=None, salt=None):  # fmt: skip
+    def __init__(
+        self,
+        max_tokens: int | None = None,
+        num_oov_indices: int = 1,
+        mask_token: str | None = None,
+        oov_token: str = "[UNK]",
+        vocabulary: Sequence[str] | str | os.PathLike | None = None,
+        idf_weights: Any = None,
+        invert: bool = False,
+        output_mode: str = "int",
+        pad_to_max_tokens: bool = False,
+        sparse: bool = False,
+        encoding: str = "utf-8",
+        name: str | None = None,
+        salt: int | Sequence[int] | None = None,
+    ):
         _unsupported("StringLookup", idf_weights=idf_weights, invert=invert, sparse=sparse)
         if encoding not in ("utf-8", "utf8"):
             raise ValueError(f"StringLookup: encoding must be 'utf-8', not {encoding!r}")
@@ -791,16 +828,32 @@ class IntegerLookup(_Lookup):
         pad_to_max_tokens: Encode over ``max_tokens``.
         oov_method: ``"floormod"`` or ``"farmhash"``.
         salt: With ``"farmhash"``: SipHash's key instead.
-        idf_weights, invert, sparse: not supported (None, False, False only).
+        idf_weights: None only (not supported).
+        invert: False only (not supported).
+        sparse: False only (not supported).
         name: The layer's name.
     """
 
     _strings = False
     oov_method: str = "floormod"
 
-    def __init__(self, max_tokens=None, num_oov_indices=1, mask_token=None, oov_token=-1, vocabulary=None,
-                 vocabulary_dtype="int64", idf_weights=None, invert=False, output_mode="int", sparse=False,
-                 pad_to_max_tokens=False, oov_method="floormod", salt=None, name=None):  # fmt: skip
+    def __init__(
+        self,
+        max_tokens: int | None = None,
+        num_oov_indices: int = 1,
+        mask_token: int | None = None,
+        oov_token: int = -1,
+        vocabulary: Sequence[int] | str | os.PathLike | None = None,
+        vocabulary_dtype: str = "int64",
+        idf_weights: Any = None,
+        invert: bool = False,
+        output_mode: str = "int",
+        sparse: bool = False,
+        pad_to_max_tokens: bool = False,
+        oov_method: str = "floormod",
+        salt: int | Sequence[int] | None = None,
+        name: str | None = None,
+    ):
         _unsupported("IntegerLookup", idf_weights=idf_weights, invert=invert, sparse=sparse)
         if vocabulary_dtype != "int64":
             raise ValueError(f"IntegerLookup: vocabulary_dtype must be 'int64', not {vocabulary_dtype!r}")
@@ -853,7 +906,13 @@ class CategoryEncoding(_Preprocessing):
 
     num_tokens: int = 0
 
-    def __init__(self, num_tokens=None, output_mode="multi_hot", sparse=False, name=None):
+    def __init__(
+        self,
+        num_tokens: int | None = None,
+        output_mode: str = "multi_hot",
+        sparse: bool = False,
+        name: str | None = None,
+    ):
         _unsupported("CategoryEncoding", sparse=sparse)
         self._setup(name)
         if num_tokens is None or not 1 <= int(num_tokens) <= MAX_ID:
