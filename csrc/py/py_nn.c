@@ -15,10 +15,15 @@ typedef struct ModelObject {
     PyObject_HEAD
     Model *model;
     int busy; /* a GIL-released call is running */
+    /* the string columns' arrays of the running call (raw columns of inputs
+     * with preprocessing), held until its C pass ends, whatever object handed
+     * them over */
+    PyObject *held;
 } ModelObject;
 
 static void model_dealloc(ModelObject *self)
 {
+    Py_CLEAR(self->held);
     model_free(self->model);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -441,14 +446,19 @@ static PyObject *as_list(PyObject *o)
 }
 
 /* Input i's raw column (read by its preprocessing chain) into d; a string
- * column object holds its arrays, which the caller keeps alive with it. */
-static int parse_raw_column(NnData *d, int i, PyObject *o)
+ * column's arrays are held by self->held until the next call. */
+static int parse_raw_column(ModelObject *self, NnData *d, int i, PyObject *o)
 {
     size_t n;
     PyObject *keep;
     if (nn_py_raw_column(o, nn_prep_in_row(d->preps[i]), &d->inputs[i], &n, &keep) < 0)
         return -1;
-    Py_XDECREF(keep);
+    if (keep != NULL) {
+        int rc = self->held ? PyList_Append(self->held, keep) : -1;
+        Py_DECREF(keep);
+        if (rc < 0)
+            return -1;
+    }
     if (i == 0)
         d->n = n;
     if (n != d->n)
@@ -477,12 +487,13 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, 
         goto done;
     }
     d->ninputs = (int)nx;
-    if (nn_py_prep_list(prepso, d->ninputs, d->preps) < 0)
+    Py_CLEAR(self->held);
+    if ((self->held = PyList_New(0)) == NULL || nn_py_prep_list(prepso, d->ninputs, d->preps) < 0)
         goto done;
     for (int i = 0; i < d->ninputs; i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(xs, i);
         if (d->preps[i] != NULL) {
-            if (parse_raw_column(d, i, o) < 0)
+            if (parse_raw_column(self, d, i, o) < 0)
                 goto done;
             continue;
         }
@@ -723,6 +734,7 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
                          &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     Py_XDECREF(hook ? hooko : NULL);
     add_output_losses(self->model, &st);
     if (rc < 0 && err.code != SG_ENOMEM) {
@@ -768,6 +780,7 @@ static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *
     rc = model_evaluate(self->model, &d, batch, &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     add_output_losses(self->model, &st);
     if (rc < 0)
         return sg_raise(&err);
@@ -809,6 +822,7 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
     rc = model_predict(self->model, &d, batch, dst, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     if (rc < 0) {
         Py_DECREF(outs);
         return sg_raise(&err);
