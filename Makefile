@@ -215,8 +215,8 @@ $(RELEASE_STAMP): pyproject.toml $(DEPS_STAMP)
 	touch $@
 
 # One manylinux wheel per CPython in WHEEL_PYTHONS, each built in its own venv
-# under build/release/ and repaired by auditwheel (oneDNN, OpenMP, cJSON and
-# libcrypto vendored); then `auditwheel show` of each. See .ci/wheels.py.
+# under build/release/ and repaired by auditwheel (oneDNN, OpenMP, cJSON,
+# libcrypto and libfarmhash vendored); then `auditwheel show` of each. See .ci/wheels.py.
 wheel: deps $(RELEASE_STAMP)
 	env -u PYTHONPATH $(PY) .ci/wheels.py wheels --out dist $(WHEEL_PYTHONS)
 	env -u PYTHONPATH $(PY) .ci/wheels.py show dist

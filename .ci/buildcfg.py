@@ -32,7 +32,9 @@ ONEDNN_DEVEL = "onednn-devel-cpu-gomp"
 ONEDNN_REQUIREMENT = f"{ONEDNN_RUNTIME}==2023.2.0"
 RUNTIME_DEPENDENCIES = ["numpy>=1.21", "tqdm>=4.60"]
 # libcurl is not linked: csrc/rest opens it with dlopen when it is first used.
-SYSTEM_LIBS = ["cjson", "crypto", "z", "m", "pthread", "dl"]
+# libfarmhash (Debian's libfarmhash-dev, a C++ library that needs only libc) gives Hashing FarmHash's
+# Fingerprint64, as TensorFlow's to_hash_bucket_fast; a release wheel carries libfarmhash.so.0.
+SYSTEM_LIBS = ["cjson", "crypto", "farmhash", "z", "m", "pthread", "dl"]
 # ISA-L's igzip (Debian's libisal-dev) inflates GZIP / ZLIB records when its
 # header is there at build time (HAVE_ISAL); zlib does otherwise. A release
 # wheel carries libisal.so.2 (auditwheel vendors it). SPARKGRAD_NO_ISAL=1

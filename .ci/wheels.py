@@ -10,7 +10,7 @@ wheels: for each Python version, a build venv under build/release/cpXY
 build requirements; the extension is built there with
 SPARKGRAD_BUNDLED_LIBS=1 (no oneDNN dependency declared) and the wheel is
 repaired by auditwheel to the MANYLINUX policy, which vendors every library
-outside that policy (oneDNN, GNU OpenMP, cJSON, libcrypto, ISA-L) into
+outside that policy (oneDNN, GNU OpenMP, cJSON, libcrypto, ISA-L, libfarmhash) into
 sparkgrad.libs with mangled sonames. The result is checked: its tag, its
 vendored libraries, and no oneDNN in its requirements.
 

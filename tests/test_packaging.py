@@ -119,7 +119,7 @@ def test_wheel_is_manylinux_with_its_native_libraries_vendored(version):
         names = whl.namelist()
         meta = email.parser.Parser().parsestr(whl.read(next(n for n in names if n.endswith("/METADATA"))).decode())
     libs = sorted(os.path.basename(n) for n in names if n.startswith("sparkgrad.libs/"))
-    for stem in ("libdnnl-", "libgomp-", "libcjson-", "libcrypto-", "libisal-"):
+    for stem in ("libdnnl-", "libgomp-", "libcjson-", "libcrypto-", "libisal-", "libfarmhash-"):
         assert any(lib.startswith(stem) for lib in libs), (stem, libs)
     requires = meta.get_all("Requires-Dist") or []
     assert not any(r.startswith("onednn") for r in requires), requires  # carried, not depended on

@@ -166,14 +166,24 @@ typedef enum NnDtype {
     NN_U8 = 1,
     NN_I32 = 2,
     NN_I64 = 3,
+    NN_STR32 = 4, /* strings: int32 offsets (Arrow's string) */
+    NN_STR64 = 5, /* strings: int64 offsets (Arrow's large_string) */
 } NnDtype;
 
-/* n rows of `row` values of one type, contiguous. */
+/* n rows of `row` values of one type, contiguous. Strings (NN_STR32,
+ * NN_STR64) as Arrow lays them out: value k (row k / row, column k % row) is
+ * the bytes data[offsets[k] .. offsets[k + 1]) of nbytes, offsets [n * row
+ * + 1]; only a preprocessing chain (nn_prep.h) reads them. */
 typedef struct NnArray {
     NnDtype dtype;
     const void *data;
     size_t row;
+    const void *offsets;
+    size_t nbytes;
 } NnArray;
+
+/* A model input's preprocessing chain (nn_prep.h). */
+typedef struct NnPrep NnPrep;
 
 /* With `on`, every value of an input becomes (x * scale - mean[j]) / std[j]
  * as it is gathered (j the position in the row; mean/std NULL: 0 and 1);
@@ -195,6 +205,9 @@ typedef struct NnData {
     int ninputs;
     NnArray inputs[NN_MAX_IO];
     NnTransform transforms[NN_MAX_IO];
+    /* input i's preprocessing chain (NULL: none): the array is then its raw
+     * column and the chain's output is the model's input row */
+    const NnPrep *preps[NN_MAX_IO];
     int ntargets;
     NnArray targets[NN_MAX_IO];
     const float *weights; /* [n] sample weights, or NULL (all 1) */

@@ -5,6 +5,7 @@
  * count. Pure C: the Python binding calls these with the GIL released.
  */
 #include "nn/nn_model_impl.h"
+#include "nn/nn_prep.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -100,11 +101,35 @@ static const char *io_name(char *buf, size_t size, const char *what, int i, int 
     return buf;
 }
 
+/* Gathers input i's rows through its preprocessing chain (nn_prep.h): the
+ * chain writes the floats, bf16 inputs converted row by row. */
+static int gather_prep_input(Model *m, Plan *p, const NnData *d, int i, const int64_t *order,
+                             size_t start, int B, SgError *err)
+{
+    const NnPrep *prep = d->preps[i];
+    const size_t row = nn_prep_out_row(prep);
+    int rc = 0;
+    if (!p->input16[i]) {
+        rc = nn_prep_rows(prep, &d->inputs[i], order, start, B, p->act[i], err);
+    } else {
+        for (int b = 0; b < B && rc == 0; b++) {
+            rc = nn_prep_rows(prep, &d->inputs[i], order, start + (size_t)b, 1, p->rowbuf, err);
+            if (rc == 0)
+                optim_f32_to_bf16(p->rowbuf, (uint16_t *)p->act[i] + (size_t)b * row, row);
+        }
+    }
+    if (rc < 0 && m->ninputs > 1)
+        return sg_context(err, "input %d: ", i);
+    return rc;
+}
+
 /* Gathers input i's rows order[start..start+B) (or start..start+B) into its
  * plan buffer (bf16 where its one reader takes it so). */
 static int gather_input(Model *m, Plan *p, const NnData *d, int i, const int64_t *order,
                         size_t start, int B, SgError *err)
 {
+    if (d->preps[i] != NULL)
+        return gather_prep_input(m, p, d, i, order, start, B, err);
     const NnArray *a = &d->inputs[i];
     const NnTransform *tf = &d->transforms[i];
     const size_t row = a->row;
@@ -202,6 +227,28 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
     return 0;
 }
 
+/* Input i's raw column against its preprocessing chain (its output must be
+ * the model's input row); without one, a string column is refused. */
+static int check_prep_input(const Model *m, const NnData *d, int i, const char *of, SgError *err)
+{
+    const NnPrep *prep = d->preps[i];
+    const NnArray *a = &d->inputs[i];
+    if (prep == NULL && (a->dtype == NN_STR32 || a->dtype == NN_STR64))
+        return sg_fail(err, SG_EINVAL,
+                       "input%s takes numbers, but a string column was given (strings go through "
+                       "a StringLookup or Hashing layer on the Input)",
+                       of);
+    if (prep == NULL)
+        return 0;
+    if (nn_prep_out_row(prep) != model_input_row(m, i))
+        return sg_fail(err, SG_EINVAL, "%s%s gives rows of %zu values, the model takes %zu",
+                       nn_prep_layer(prep), of, nn_prep_out_row(prep), model_input_row(m, i));
+    if (a->data == NULL && d->n > 0)
+        return sg_fail(err, SG_EINVAL, "input%s has no data", of);
+    int rc = nn_prep_check(prep, a, err);
+    return rc < 0 && m->ninputs > 1 ? sg_context(err, "input %d: ", i) : rc;
+}
+
 static int check_data(const Model *m, const NnData *d, int need_targets, SgError *err)
 {
     if (d->ninputs != m->ninputs)
@@ -211,6 +258,11 @@ static int check_data(const Model *m, const NnData *d, int need_targets, SgError
     for (int i = 0; i < m->ninputs; i++) {
         const NnArray *a = &d->inputs[i];
         const char *of = io_name(nb, sizeof nb, "input", i, m->ninputs);
+        int rc = check_prep_input(m, d, i, of, err);
+        if (rc < 0)
+            return rc;
+        if (d->preps[i] != NULL)
+            continue;
         if (a->row != model_input_row(m, i))
             return sg_fail(err, SG_EINVAL, "input rows%s have %zu values, the model takes %zu", of,
                            a->row, model_input_row(m, i));

@@ -6,6 +6,7 @@
  * set_num_threads/get_num_threads set the OpenMP thread count.
  */
 #include "py/py_nn.h"
+#include "py/py_nn_prep.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,10 +15,15 @@ typedef struct ModelObject {
     PyObject_HEAD
     Model *model;
     int busy; /* a GIL-released call is running */
+    /* the string columns' arrays of the running call (raw columns of inputs
+     * with preprocessing), held until its C pass ends, whatever object handed
+     * them over */
+    PyObject *held;
 } ModelObject;
 
 static void model_dealloc(ModelObject *self)
 {
+    Py_CLEAR(self->held);
     model_free(self->model);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -440,12 +446,34 @@ static PyObject *as_list(PyObject *o)
     return PyTuple_Pack(1, o);
 }
 
-/* Fills d from x (an array, or one per input), y (None, an array, or one per
+/* Input i's raw column (read by its preprocessing chain) into d; a string
+ * column's arrays are held by self->held until the next call. */
+static int parse_raw_column(ModelObject *self, NnData *d, int i, PyObject *o)
+{
+    size_t n;
+    PyObject *keep;
+    if (nn_py_raw_column(o, nn_prep_in_row(d->preps[i]), &d->inputs[i], &n, &keep) < 0)
+        return -1;
+    if (keep != NULL) {
+        int rc = self->held ? PyList_Append(self->held, keep) : -1;
+        Py_DECREF(keep);
+        if (rc < 0)
+            return -1;
+    }
+    if (i == 0)
+        d->n = n;
+    if (n != d->n)
+        return sg_raise_code(SG_EINVAL, "x[%d] has %zu rows, x[0] %zu", i, n, d->n), -1;
+    return 0;
+}
+
+/* Fills d from x (an array, or one per input; an input with a
+ * preprocessing chain in preps takes its raw column), y (None, an array, or one per
  * output: int32/int64 labels or float32 targets), the sample weights and the
  * input transform of input 0 (scale NaN, mean and std None: none). The arrays
  * are used in place: the caller keeps them alive. */
 static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, double scale,
-                      PyObject *meano, PyObject *stdo, PyObject *wo)
+                      PyObject *meano, PyObject *stdo, PyObject *wo, PyObject *prepso)
 {
     Model *m = self->model;
     memset(d, 0, sizeof *d);
@@ -460,8 +488,16 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, 
         goto done;
     }
     d->ninputs = (int)nx;
+    Py_CLEAR(self->held);
+    if ((self->held = PyList_New(0)) == NULL || nn_py_prep_list(prepso, d->ninputs, d->preps) < 0)
+        goto done;
     for (int i = 0; i < d->ninputs; i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(xs, i);
+        if (d->preps[i] != NULL) {
+            if (parse_raw_column(self, d, i, o) < 0)
+                goto done;
+            continue;
+        }
         if (!PyArray_Check(o)) {
             sg_raise_code(SG_EINVAL, "x[%d] must be a NumPy array, not %s", i, Py_TYPE(o)->tp_name);
             goto done;
@@ -643,18 +679,18 @@ static const NnGradHook *hook_from_capsule(PyObject *o)
 
 static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"opt",   "x",      "y",       "order",   "start",
-                             "batch", "nsteps", "hook",    "step",    "scale",
-                             "mean",  "std",    "weights", "metrics", NULL};
+    static char *kwlist[] = {"opt",     "x",       "y",     "order", "start", "batch",
+                             "nsteps",  "hook",    "step",  "scale", "mean",  "std",
+                             "weights", "metrics", "preps", NULL};
     PyObject *opto, *xo, *yo, *ordo, *hooko = Py_None, *meano = Py_None, *stdo = Py_None;
-    PyObject *wo = Py_None, *mo = Py_None;
+    PyObject *wo = Py_None, *mo = Py_None, *prepso = Py_None;
     Py_ssize_t start;
     int batch;
     long long nsteps, step = 0;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOniL|$OLdOOOO:train_steps", kwlist, &opto, &xo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOniL|$OLdOOOOO:train_steps", kwlist, &opto, &xo,
                                      &yo, &ordo, &start, &batch, &nsteps, &hooko, &step, &scale,
-                                     &meano, &stdo, &wo, &mo) ||
+                                     &meano, &stdo, &wo, &mo, &prepso) ||
         model_ready(self) < 0)
         return NULL;
     Optimizer *opt = NULL;
@@ -672,7 +708,8 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
         return NULL;
     NnData d;
     NnStats st = {0};
-    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo) < 0 || metric_state(self, mo, &st) < 0)
+    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo, prepso) < 0 ||
+        metric_state(self, mo, &st) < 0)
         return NULL;
     if (d.ntargets == 0)
         return sg_raise_code(SG_EINVAL, "train_steps needs targets (y)");
@@ -698,6 +735,7 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
                          &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     Py_XDECREF(hook ? hooko : NULL);
     add_output_losses(self->model, &st);
     if (rc < 0 && err.code != SG_ENOMEM) {
@@ -719,17 +757,20 @@ static PyObject *model_train_steps(ModelObject *self, PyObject *args, PyObject *
 
 static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "y", "batch", "scale", "mean", "std", "weights", "metrics", NULL};
+    static char *kwlist[] = {"x",   "y",       "batch",   "scale", "mean",
+                             "std", "weights", "metrics", "preps", NULL};
     PyObject *xo, *yo, *meano = Py_None, *stdo = Py_None, *wo = Py_None, *mo = Py_None;
+    PyObject *prepso = Py_None;
     int batch;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOi|$dOOOO:evaluate", kwlist, &xo, &yo, &batch,
-                                     &scale, &meano, &stdo, &wo, &mo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOi|$dOOOOO:evaluate", kwlist, &xo, &yo, &batch,
+                                     &scale, &meano, &stdo, &wo, &mo, &prepso) ||
         model_ready(self) < 0)
         return NULL;
     NnData d;
     NnStats st = {0};
-    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo) < 0 || metric_state(self, mo, &st) < 0)
+    if (parse_data(self, &d, xo, yo, scale, meano, stdo, wo, prepso) < 0 ||
+        metric_state(self, mo, &st) < 0)
         return NULL;
     if (d.ntargets == 0)
         return sg_raise_code(SG_EINVAL, "evaluate needs targets (y)");
@@ -740,6 +781,7 @@ static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *
     rc = model_evaluate(self->model, &d, batch, &st, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     add_output_losses(self->model, &st);
     if (rc < 0)
         return sg_raise(&err);
@@ -748,16 +790,16 @@ static PyObject *model_evaluate_py(ModelObject *self, PyObject *args, PyObject *
 
 static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "batch", "scale", "mean", "std", NULL};
-    PyObject *xo, *meano = Py_None, *stdo = Py_None;
+    static char *kwlist[] = {"x", "batch", "scale", "mean", "std", "preps", NULL};
+    PyObject *xo, *meano = Py_None, *stdo = Py_None, *prepso = Py_None;
     int batch;
     double scale = NAN;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|$dOO:predict", kwlist, &xo, &batch, &scale,
-                                     &meano, &stdo) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|$dOOO:predict", kwlist, &xo, &batch, &scale,
+                                     &meano, &stdo, &prepso) ||
         model_ready(self) < 0)
         return NULL;
     NnData d;
-    if (parse_data(self, &d, xo, Py_None, scale, meano, stdo, Py_None) < 0)
+    if (parse_data(self, &d, xo, Py_None, scale, meano, stdo, Py_None, prepso) < 0)
         return NULL;
     const int nout = model_num_outputs(self->model);
     float *dst[NN_MAX_IO];
@@ -781,6 +823,7 @@ static PyObject *model_predict_py(ModelObject *self, PyObject *args, PyObject *k
     rc = model_predict(self->model, &d, batch, dst, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_CLEAR(self->held);
     if (rc < 0) {
         Py_DECREF(outs);
         return sg_raise(&err);

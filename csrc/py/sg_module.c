@@ -130,6 +130,7 @@ static const ModuleInit module_inits[] = {
     record_sequence_module_init,
     nn_optim_module_init,
     nn_module_init,
+    nn_prep_module_init,
     net_module_init,
     rdv_module_init,
     ctl_module_init,

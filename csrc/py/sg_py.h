@@ -42,6 +42,7 @@ int record_dataset_module_init(PyObject *mod);
 int record_sequence_module_init(PyObject *mod);
 int nn_module_init(PyObject *mod);
 int nn_optim_module_init(PyObject *mod);
+int nn_prep_module_init(PyObject *mod);
 int net_module_init(PyObject *mod);
 int rdv_module_init(PyObject *mod);
 int ctl_module_init(PyObject *mod);

@@ -265,13 +265,16 @@ class Model:
         std: np.ndarray | None = None,
         weights: np.ndarray | None = None,
         metrics: np.ndarray | None = None,
+        preps: Sequence[Prep | None] | None = None,
     ) -> tuple[float, int, int, int]:
         """x float32 or uint8 [n, row]; labels int32 or int64 (a sparse loss) or targets float32 [n, K];
         weights float32 [n]; metrics: the float64 state array the metrics add to; hook: a capsule named
         "sparkgrad._core.NnGradHook" (csrc/nn/nn_hook.h); scale/mean/std: x_float =
-        (x * scale - mean) / std in the gather (scale omitted, mean and std None: none).
-        Returns (loss_sum, seen, steps, step after); a non-finite loss raises NonFiniteLossError with
-        step, steps, seen and loss_sum of the good steps before it."""
+        (x * scale - mean) / std in the gather (scale omitted, mean and std None: none); preps: each
+        input's preprocessing chain (or None), whose input then takes its raw column (float32, int32,
+        int64, or a string column: .offsets and .data). Returns (loss_sum, seen, steps, step after); a
+        non-finite loss raises NonFiniteLossError with step, steps, seen and loss_sum of the good steps
+        before it."""
     def evaluate(
         self,
         x: np.ndarray,
@@ -284,6 +287,7 @@ class Model:
         std: np.ndarray | None = None,
         weights: np.ndarray | None = None,
         metrics: np.ndarray | None = None,
+        preps: Sequence[Prep | None] | None = None,
     ) -> tuple[float, int, int]:
         """Returns (loss_sum, seen, steps); the metrics add to ``metrics``."""
     def predict(
@@ -294,7 +298,27 @@ class Model:
         scale: float = ...,
         mean: np.ndarray | None = None,
         std: np.ndarray | None = None,
+        preps: Sequence[Prep | None] | None = None,
     ) -> np.ndarray: ...
+
+class Prep:
+    """A model input's preprocessing chain (csrc/nn/nn_prep.h), built from the description
+    sparkgrad.nn.preprocessing.chain_desc gives; run in C in the batch gather."""
+
+    in_row: int
+    out_row: int
+    def __init__(self, desc: dict) -> None: ...
+    def map(self, x: object) -> np.ndarray:
+        """The chain on a raw column [n, in_row]: float32 [n, out_row]."""
+
+def utf8_column(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A str / bytes / object array as (offsets int64 [x.size + 1], data uint8), UTF-8."""
+
+def fingerprint64(b: bytes) -> int:
+    """FarmHash Fingerprint64 (tf.strings.to_hash_bucket_fast's hash)."""
+
+def siphash(k0: int, k1: int, b: bytes) -> int:
+    """SipHash-2-4 keyed with (k0, k1) (tf.strings.to_hash_bucket_strong's hash)."""
 
 class Optimizer:
     """A C optimizer (sgd, adam, adamw, rmsprop, adadelta, adagrad) over n float32 parameters."""

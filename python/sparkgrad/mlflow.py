@@ -72,14 +72,21 @@ def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
             model of several.
 
     Returns:
-        (mlflow.models.ModelSignature): Input a float32 tensor of shape ``[-1, *input_shape]``, output as above.
+        (mlflow.models.ModelSignature): Input a float32 tensor of shape ``[-1, *input_shape]`` (an int32 or
+        int64 tensor for an integer `Input`, a string column named as the Input for a string one, which the
+        model's preprocessing layers map), output as above.
     """
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, DataType, Schema, TensorSpec
 
     from sparkgrad.spark.columns import Task
 
-    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *(int(d) for d in model.input_shape)))])
+    dtype = model.inputs[0].dtype
+    if dtype == "string":  # a string column, mapped in C by the model's StringLookup or Hashing
+        inputs = Schema([ColSpec(DataType.string, model.input_names[0])])
+    else:
+        tensor = np.dtype(dtype) if dtype in ("int32", "int64") else np.dtype(np.float32)
+        inputs = Schema([TensorSpec(tensor, (-1, *(int(d) for d in model.input_shape)))])
     width = int(model.output_classes)
     if pyfunc_output != "prediction":
         outputs = Schema([TensorSpec(np.dtype(np.float32), (-1, width))])
@@ -361,6 +368,8 @@ class _PyfuncModel:
                 raise InvalidArgumentError(f"sparkgrad pyfunc: one input tensor, not {len(data)} ({', '.join(data)})")
             data = next(iter(data.values()))
         if hasattr(data, "columns") and hasattr(data, "iloc"):  # a pandas DataFrame (no signature enforced it)
+            if self.model.inputs[0].dtype == "string":  # the strings as they are: the model maps them in C
+                return data.iloc[:, 0].to_numpy(object)
             if len(data.columns) == 1 and len(data) and not np.isscalar(data.iloc[0, 0]):
                 return np.stack([np.asarray(v, np.float32).reshape(-1) for v in data.iloc[:, 0]])
             return data.to_numpy(np.float32)

@@ -41,12 +41,28 @@ from sparkgrad.nn.layers import (
 )
 from sparkgrad.nn.model import Model, ParamTensor, Sequential
 from sparkgrad.nn.optimizers import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
+from sparkgrad.nn.preprocessing import (
+    CategoryEncoding,
+    Discretization,
+    Hashing,
+    IntegerLookup,
+    Normalization,
+    StringColumn,
+    StringLookup,
+)
 from sparkgrad.nn.saved import load_model, model_from_bytes, model_to_bytes, save_model
 from sparkgrad.nn.schedules import CosineDecay, ExponentialDecay, PiecewiseConstantDecay
 from sparkgrad.nn.state import TrainState
 from sparkgrad.nn.threads import configure_threads, get_num_threads, set_num_threads
 
 __all__ = [
+    "CategoryEncoding",
+    "Discretization",
+    "Hashing",
+    "IntegerLookup",
+    "Normalization",
+    "StringColumn",
+    "StringLookup",
     "Sequential",
     "Model",
     "Input",

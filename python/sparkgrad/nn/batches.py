@@ -59,10 +59,17 @@ def _arrays(v: object) -> object:
     return np.asarray(v)
 
 
-def inputs(x: object, input_shape: Sequence[int]) -> np.ndarray:
+def inputs(x: object, input_shape: Sequence[int], name: str | None = None) -> np.ndarray:
     """x as [n, row] for the engine: float32 and uint8 as they are (a view when
-    contiguous), any other dtype converted to float32."""
+    contiguous), any other numeric dtype converted to float32. Strings are refused
+    (they go through a StringLookup or Hashing layer on the Input)."""
     x = np.asarray(x)
+    if x.dtype.kind in "US" or (x.dtype.kind == "O" and x.size and isinstance(x.flat[0], (str, bytes))):
+        what = f"input {name!r}" if name else "the input"
+        raise InvalidArgumentError(
+            f"{what} takes numbers, but a string column ({x.dtype}) was given: put a StringLookup or Hashing "
+            "layer on an Input(dtype='string')"
+        )
     if x.dtype not in ENGINE_INPUT_DTYPES:
         x = x.astype(np.float32)
     x = np.ascontiguousarray(x)

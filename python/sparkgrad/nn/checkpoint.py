@@ -22,10 +22,12 @@ File format (``.sgck``), all integers little-endian:
        100     8  optimizer kind, ASCII, NUL padded ("sgd", "adam", ...; "" if none)
        108     8  f64 monitored metric value (NaN if none)
        116     8  u64 non-trainable state length B (float32 values; 0 in version 1)
-       124     4  reserved (zero)
+       124     4  u32 length J of the preprocessing state (version 3; zero before)
        128   4*P  parameters, float32 (the model's flat buffer)
      128+4P  4*S  optimizer state, float32 (its slot arrays)
   128+4P+4S  4*B  non-trainable state, float32 (model.buffers: BatchNormalization's moving statistics)
+          .    J  the preprocessing layers' vocabularies and statistics, UTF-8 JSON
+                  (Model.preprocessing_state), version 3: a model with preprocessing layers
         end     4  u32 CRC-32 (zlib) of every preceding byte
 
 The header and the optimizer state are the model's TrainState
@@ -36,6 +38,7 @@ decoded one.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -50,9 +53,12 @@ from sparkgrad.errors import CheckpointError, InvalidArgumentError, ModelError
 from sparkgrad.nn.state import TrainState
 
 MAGIC = b"SGCKPT\x00\x01"
-VERSION = 2  # written only for a model with non-trainable state; others are written as 1, which every release reads
-VERSIONS = (1, 2)
-HEADER = struct.Struct("<8sIIQQqqqqQQQQI8sdQ4x")
+# 2: a model with non-trainable state; 3: with preprocessing layers; others are written as 1, which every
+# release reads
+VERSION = 3
+VERSIONS = (1, 2, 3)
+HEADER = struct.Struct("<8sIIQQqqqqQQQQI8sdQI")
+MAX_PREP_STATE = 1 << 30
 assert HEADER.size == 128
 CKPT_RE = re.compile(r"^ckpt-(\d{10})\.sgck$")
 BEST = "best.sgck"
@@ -82,9 +88,16 @@ def architecture_crc(model) -> int:
         text = repr((tuple(model.input_shape), [_chain_fields(layer.spec()) for layer in model.layers]))
     else:
         specs = [sorted(layer.spec().items()) for layer in model.layers]
-        text = repr(
-            ([tuple(t.shape[1:]) for t in model.inputs], specs, model._reads, model._shares, model.output_names)
-        )
+        parts = ([tuple(t.shape[1:]) for t in model.inputs], specs, model._reads, model._shares, model.output_names)
+        chains = getattr(model, "_chains", None)
+        if chains and any(chains):  # the preprocessing layers' configuration (their state travels in the file)
+            parts += (
+                [
+                    None if c is None else [(type(x).__name__, sorted(x.get_config().items())) for x in c]
+                    for c in chains
+                ],
+            )
+        text = repr(parts)
     return zlib.crc32(text.encode())
 
 
@@ -95,9 +108,11 @@ def encode(model, metric: float = float("nan")) -> bytes:
     eseed, ecounter = st.epoch_rng if st.epoch_rng is not None else st.rng
     slots = np.ascontiguousarray(st.optimizer_slots, np.float32)
     buffers = np.ascontiguousarray(model.buffers, np.float32)
+    chains = getattr(model, "_chains", None)
+    prep = json.dumps(model.preprocessing_state()).encode() if chains and any(chains) else b""
     header = HEADER.pack(
         MAGIC,
-        VERSION if buffers.size else 1,
+        3 if prep else 2 if buffers.size else 1,
         HEADER.size,
         model.num_params,
         slots.size,
@@ -113,8 +128,9 @@ def encode(model, metric: float = float("nan")) -> bytes:
         st.optimizer_kind.encode(),
         float(metric),
         buffers.size,
+        len(prep),
     )
-    body = header + model.params.tobytes() + slots.tobytes() + buffers.tobytes()
+    body = header + model.params.tobytes() + slots.tobytes() + buffers.tobytes() + prep
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -126,7 +142,7 @@ def decode(data: bytes, path: str) -> dict:
         )
     fields = HEADER.unpack_from(data, 0)
     magic, version, hlen, nparams, nstate = fields[:5]
-    nbuffers = fields[16]
+    nbuffers, nprep = fields[16], fields[17]
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a sparkgrad checkpoint (bad magic at byte 0)", path=path, offset=0)
     if version not in VERSIONS:
@@ -149,7 +165,18 @@ def decode(data: bytes, path: str) -> dict:
             path=path,
             offset=116,
         )
-    need = HEADER.size + 4 * (nparams + nstate + nbuffers) + 4
+    if version < 3 and nprep:
+        raise CheckpointError(
+            f"{path}: a version {version} checkpoint with {nprep} bytes of preprocessing state at byte 124 (that "
+            "field is reserved there): the file is corrupted",
+            path=path,
+            offset=124,
+        )
+    if nprep > MAX_PREP_STATE:
+        raise CheckpointError(
+            f"{path}: preprocessing state of {nprep} bytes at byte 124 is too large", path=path, offset=124
+        )
+    need = HEADER.size + 4 * (nparams + nstate + nbuffers) + nprep + 4
     if len(data) != need:
         raise CheckpointError(
             f"{path}: checkpoint is {len(data)} bytes, its header announces {need}", path=path, offset=16
@@ -162,6 +189,13 @@ def decode(data: bytes, path: str) -> dict:
     params = np.frombuffer(data, np.float32, nparams, HEADER.size)
     state = np.frombuffer(data, np.float32, nstate, HEADER.size + 4 * nparams)
     buffers = np.frombuffer(data, np.float32, nbuffers, HEADER.size + 4 * (nparams + nstate))
+    at = HEADER.size + 4 * (nparams + nstate + nbuffers)
+    try:
+        prep = json.loads(bytes(data[at : at + nprep])) if nprep else None
+    except ValueError as e:
+        raise CheckpointError(
+            f"{path}: preprocessing state at byte {at} is not JSON ({e})", path=path, offset=at
+        ) from None
     kind = fields[14].rstrip(b"\0").decode()
     train_state = TrainState(
         step=fields[6],
@@ -187,6 +221,7 @@ def decode(data: bytes, path: str) -> dict:
         arch_crc=fields[13],
         kind=kind,
         metric=fields[15],
+        preprocessing=prep,
     )
 
 
@@ -249,6 +284,18 @@ def restore_bytes(model, data: bytes, path: str) -> dict:
         model.restore_train_state(ck["train_state"])
     except ModelError as exc:
         raise CheckpointError(f"{path}: {exc}", path=path) from exc
+    chains = getattr(model, "_chains", None)
+    if (ck["preprocessing"] is not None) != bool(chains and any(chains)):
+        raise CheckpointError(
+            f"{path}: checkpoint {'holds' if ck['preprocessing'] is not None else 'lacks'} preprocessing state; "
+            f"this model {'has no' if ck['preprocessing'] is not None else 'has'} preprocessing layers",
+            path=path,
+        )
+    if ck["preprocessing"] is not None:
+        try:
+            model.set_preprocessing_state(ck["preprocessing"], path)
+        except ModelError as exc:
+            raise CheckpointError(str(exc), path=path) from exc
     model.params[:] = ck["params"]
     model.buffers[:] = ck["buffers"]
     return ck

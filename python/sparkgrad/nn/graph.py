@@ -42,6 +42,8 @@ class KerasTensor:
 
 
 _input_names = itertools.count()
+# "string", "int32" and "int64": raw columns for the preprocessing layers (sparkgrad.nn.preprocessing)
+INPUT_DTYPES = ("float32", "uint8", "string", "int32", "int64")
 
 
 def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None) -> KerasTensor:  # noqa: N802
@@ -56,7 +58,9 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
 
     Args:
         shape: 1 to 3 dimensions (``(features,)``, ``(steps, features)``, ``(h, w, channels)``).
-        dtype: ``"float32"`` (the default; other numeric arrays are converted) or ``"uint8"``.
+        dtype: ``"float32"`` (the default; other numeric arrays are converted) or ``"uint8"``; ``"string"``,
+            ``"int32"`` or ``"int64"`` for an Input that a preprocessing layer reads (`StringLookup`,
+            `Hashing`, `IntegerLookup`, `CategoryEncoding`), whose column is mapped in C.
         name: Its name, the key of its array when `fit` and `predict` take a dict (default
             ``"input_layer"``, ``"input_layer_1"``, ... as Keras names them).
 
@@ -67,8 +71,8 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
 
     shape = tuple(int(s) for s in (shape if isinstance(shape, Sequence) else (shape,)))
     shape3(shape, "Input shape")
-    if dtype not in ("float32", "uint8"):
-        raise ValueError(f"Input dtype must be 'float32' or 'uint8', not {dtype!r}")
+    if dtype not in INPUT_DTYPES:
+        raise ValueError(f"Input dtype must be one of {INPUT_DTYPES}, not {dtype!r}")
     if name is None:
         k = next(_input_names)
         name = "input_layer" if k == 0 else f"input_layer_{k}"

@@ -34,6 +34,7 @@ from sparkgrad.nn import graph as _graph
 from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 from sparkgrad.nn import optimizers as _optimizers
+from sparkgrad.nn import preprocessing as _prep
 from sparkgrad.nn.graph import KerasTensor
 from sparkgrad.nn.history import History
 from sparkgrad.nn.layers import Layer, shape3
@@ -174,6 +175,14 @@ class Model:
         self._build(g, name, seed)
 
     def _build(self, g: _graph.Graph, name: str, seed: int | None) -> None:
+        g, self._chains = _prep.split_graph(g)
+        self._prep_cache: tuple = ((), None)
+        for t, chain in zip(g.inputs, self._chains, strict=True):
+            if chain is None and t.dtype == "string":
+                raise ModelError(
+                    f"Input {t.name!r} has dtype 'string': put a StringLookup or Hashing layer on it (strings are "
+                    "mapped to ids in the batch gather)"
+                )
         self.layers = list(g.layers)
         self.name = name
         self.inputs = list(g.inputs)
@@ -198,8 +207,13 @@ class Model:
             if shares >= 0:
                 spec["shares"] = shares
             specs.append(spec)
+        core_shapes = [
+            shape3(s if chain is None else _prep.chain_shape(chain, tuple(s)))
+            for s, chain in zip(shapes, self._chains, strict=True)
+        ]
+        self._core_shapes = core_shapes
         try:
-            self._core = _core.Model([shape3(s) for s in shapes], specs, g.outputs)
+            self._core = _core.Model(core_shapes, specs, g.outputs)
         except ModelError as e:
             if self.is_chain:
                 raise
@@ -356,6 +370,8 @@ class Model:
         """
         if len(self.inputs) > 1:
             raise ModelError("set_input_transform applies to a one-input model; scale the arrays of several inputs")
+        if self._chains[0] is not None and (scale is not None or mean is not None or std is not None):
+            raise ModelError("set_input_transform: the input has preprocessing layers, which map its values")
         row = int(np.prod(self.input_shape))
 
         def per_feature(a: np.ndarray | None, name: str) -> np.ndarray | None:
@@ -376,7 +392,67 @@ class Model:
         kw: dict = {"mean": mean, "std": std}
         if scale is not None:
             kw["scale"] = scale
+        preps = self.preprocessing_chains()
+        if preps is not None:
+            kw["preps"] = preps
         return kw
+
+    @property
+    def preprocessing(self) -> list[list[Layer] | None]:
+        """Each input's preprocessing layers (`sparkgrad.nn.preprocessing`), run in C as batches are
+        gathered, or None for an input without."""
+        return [None if c is None else list(c) for c in self._chains]
+
+    def preprocessing_state(self) -> list[list[dict] | None]:
+        """The vocabularies and statistics of each input's preprocessing layers, as JSON values (None: an
+        input without), what checkpoints and `save_model` keep."""
+        return [None if c is None else [layer._state_config() for layer in c] for c in self._chains]
+
+    def set_preprocessing_state(self, state: list, source: str = "preprocessing state") -> None:
+        """Puts a `preprocessing_state` back into the layers.
+
+        Raises:
+            ModelError: It does not describe this model's chains (``source`` is named).
+        """
+        if len(state) != len(self._chains) or any(
+            (c is None) != (v is None) or (c is not None and len(c) != len(v))
+            for c, v in zip(self._chains, state, strict=True)
+        ):
+            raise ModelError(f"{source}: does not fit this model's preprocessing layers")
+        for chain, values in zip(self._chains, state, strict=True):
+            for layer, v in zip(chain or [], values or [], strict=True):
+                layer._load_state(v)
+
+    def preprocessing_chains(self) -> list | None:
+        """The C chains (``_core.Prep``, one per input or None) of the inputs' preprocessing layers, built
+        again when a layer's vocabulary or statistics changed (``adapt`` after the model was built).
+
+        Raises:
+            ModelError: A layer without its vocabulary or statistics, or one whose output's width no
+                longer matches what the model was built for (the layer and both widths are named).
+        """
+        if not any(c is not None for c in self._chains):
+            return None
+        key = tuple(() if c is None else _prep.chain_version(c) for c in self._chains)
+        if self._prep_cache[0] == key:
+            return self._prep_cache[1]
+        preps = []
+        for i, (t, chain) in enumerate(zip(self.inputs, self._chains, strict=True)):
+            if chain is None:
+                preps.append(None)
+                continue
+            shape = tuple(t.shape[1:])
+            desc = _prep.chain_desc(chain, shape, t.dtype == "string")
+            p = _core.Prep(desc)
+            want = int(np.prod(self._core_shapes[i]))
+            if p.out_row != want:
+                raise ModelError(
+                    f"{desc['map_layer']} on input {t.name!r} now gives {p.out_row} values per row; the model was "
+                    f"built for {want} (a vocabulary's size changed after the model was built)"
+                )
+            preps.append(p)
+        self._prep_cache = (key, preps)
+        return preps
 
     # ---- parameters -------------------------------------------------------
 
@@ -509,11 +585,24 @@ class Model:
             counts[t.layer] += t.size
         chain = self.is_chain
         names = self.layer_names
-        tensor_names = self.input_names + names
+        # an input with preprocessing reaches the layers as its chain's last output
+        ends = [
+            n if c is None else (c[-1].name or type(c[-1]).__name__.lower())
+            for n, c in zip(self.input_names, self._chains, strict=True)
+        ]
+        tensor_names = ends + names
         rows = [("Layer (type)", "Output Shape", "Param #") + (() if chain else ("Connected to",))]
         if not chain:
             for t in self.inputs:
                 rows.append((f"{t.name} (InputLayer)", f"(None, {', '.join(map(str, t.shape[1:]))})", "0", "-"))
+        for t, layers in zip(self.inputs, self._chains, strict=True):  # run in the gather, before the layers
+            shape, source = tuple(t.shape[1:]), t.name
+            for layer in layers or []:
+                shape = _prep.chain_shape([layer], shape)
+                name = layer.name or type(layer).__name__.lower()
+                row = (f"{name} ({layer.type_name})", f"(None, {', '.join(map(str, shape))})", "0")
+                rows.append(row if chain else (*row, source))
+                source = name
         for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
             shape = (
@@ -673,8 +762,12 @@ class Model:
                 match an input's shape, or inputs with different numbers of rows.
         """
         xs = [
-            _batches.inputs(a, t.shape[1:])
-            for a, t in zip(self._arrays_by_name(x, self.input_names, "x"), self.inputs, strict=True)
+            _batches.inputs(a, t.shape[1:], t.name)
+            if chain is None
+            else _prep.raw_column(chain, a, t.name, tuple(t.shape[1:]))
+            for a, t, chain in zip(
+                self._arrays_by_name(x, self.input_names, "x"), self.inputs, self._chains, strict=True
+            )
         ]
         for name, a in zip(self.input_names[1:], xs[1:], strict=True):
             if a.shape[0] != xs[0].shape[0]:
@@ -697,7 +790,7 @@ class Model:
                 outputs' names), or the weights do not match the rows.
         """
         xs = self.input_arrays(x)
-        n = (xs if isinstance(xs, np.ndarray) else xs[0]).shape[0]
+        n = (xs[0] if isinstance(xs, list) else xs).shape[0]
         losses = self.loss_object if isinstance(self.loss_object, list) else [self.loss_object or self.loss]
         ys, first = [], None
         for yv, (_, k, _h), lo in zip(
@@ -755,7 +848,7 @@ class Model:
                 good steps before it, which were applied (``state.step`` follows them).
         """
         copt = self.optimizer.bind(self.num_params, self.tensor_sizes()) if update else None
-        batch = int(batch_size or max((x if isinstance(x, np.ndarray) else x[0]).shape[0], 1))
+        batch = int(batch_size or max((x[0] if isinstance(x, list) else x).shape[0], 1))
         try:
             r = self._core.train_steps(
                 copt,
@@ -1137,6 +1230,11 @@ class Sequential(Model):
         layers = list(layers)
         if not layers:
             raise ModelError("Sequential needs at least one layer")
+        if _prep.is_preprocessing(layers[0]):
+            raise ModelError(
+                f"layer 0 ({layers[0].type_name}) is a preprocessing layer: put it on an Input(dtype=...) of a Model "
+                "(it runs in the batch gather)"
+            )
         if layers[0].input_shape is None:
             raise ModelError("the first layer needs input_shape=, e.g. Dense(128, input_shape=(784,))")
         for i, layer in enumerate(layers):
@@ -1144,6 +1242,11 @@ class Sequential(Model):
                 raise ModelError(f"layer {i} ({layer.type_name}): only the first layer takes input_shape")
             if getattr(layer, "merge", False):
                 raise ModelError(f"layer {i} ({layer.type_name}) merges tensors: build it with Input and Model")
+            if _prep.is_preprocessing(layer):
+                raise ModelError(
+                    f"layer {i} ({layer.type_name}) is a preprocessing layer: put it on an Input(dtype=...) of a "
+                    "Model (it runs in the batch gather)"
+                )
         try:
             shape3(tuple(layers[0].input_shape))
         except ValueError as e:

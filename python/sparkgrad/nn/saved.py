@@ -10,7 +10,10 @@ load it knowing nothing else. Layout (little-endian)::
     u32 crc32 of everything before it
 
 The state (``model.buffers``: BatchNormalization's moving statistics) is
-there in version 3, which a model with such layers is written as.
+there in version 3, which a model with such layers is written as. Version 4
+is a model with preprocessing layers (sparkgrad.nn.preprocessing): the
+header's "preprocessing" lists each input's layers (type, arguments and
+their vocabulary or statistics), and its header may be up to 1 GiB.
 
 The JSON header names the layers and their arguments (the layer classes of
 sparkgrad.nn.layers), the input shape, the seed (a functional model, version
@@ -41,10 +44,11 @@ from sparkgrad.nn import metrics as _metrics
 MAGIC = b"SGMODEL\x00"
 # 2: functional models (a "graph" in the header); 3: a non-trainable state buffer after the parameters. Each
 # model is written as the lowest version that holds it (a chain without state as 1, which every release reads).
-VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)
 _PREFIX = struct.Struct("<8sII")
 _MAX_HEADER = 1 << 20
+_MAX_HEADER_PREP = 1 << 30  # version 4: vocabularies live in the header
 
 # every layer class of sparkgrad.nn.layers, by its name (a new layer class is saved without a change here)
 LAYER_TYPES: dict[str, type] = {
@@ -66,6 +70,40 @@ def _layer_config(layer: _layers.Layer) -> dict[str, Any]:
         v = getattr(layer, f.name)
         args[f.name] = list(v) if isinstance(v, tuple) else v
     return {"type": name, "args": args}
+
+
+def _prep_configs(model) -> list | None:
+    """Each input's preprocessing layers as configurations with their state, or None without any."""
+    chains = getattr(model, "_chains", None)
+    if not chains or not any(chains):
+        return None
+    state = model.preprocessing_state()
+    return [
+        None
+        if c is None
+        else [{"type": type(x).__name__, "args": x.get_config(), "state": v} for x, v in zip(c, vals, strict=True)]
+        for c, vals in zip(chains, state, strict=True)
+    ]
+
+
+def _prep_layers(configs: list, source: str) -> list:
+    from sparkgrad.nn.preprocessing import PREPROCESSING_TYPES
+
+    out = []
+    for chain in configs:
+        if chain is None:
+            out.append(None)
+            continue
+        layers = []
+        for c in chain:
+            try:
+                layer = PREPROCESSING_TYPES[c["type"]](**c["args"])
+                layer._load_state(c.get("state") or {})
+            except (KeyError, TypeError, ValueError) as e:
+                raise _fail(source, f"header's preprocessing layer {c.get('type')!r} ({e})") from None
+            layers.append(layer)
+        out.append(layers)
+    return out
 
 
 def model_to_bytes(model) -> bytes:
@@ -108,8 +146,11 @@ def model_to_bytes(model) -> bytes:
             "loss_weights": list(getattr(model, "loss_weights", [1.0] * len(model.outputs))),
             "metrics": [[_metrics.serialize(m) for m in g] for g in model._metric_groups],
         }
+    prep = _prep_configs(model)
+    if prep is not None:
+        header["preprocessing"] = prep
     text = json.dumps(header, sort_keys=True).encode()
-    version = 3 if model.buffers.size else 1 if chain else 2
+    version = 4 if prep is not None else 3 if model.buffers.size else 1 if chain else 2
     parts = [_PREFIX.pack(MAGIC, version, len(text)), text, np.ascontiguousarray(model.params, np.float32).tobytes()]
     if model.buffers.size:
         parts.append(np.ascontiguousarray(model.buffers, np.float32).tobytes())
@@ -152,7 +193,7 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
             source,
             f"format version {version} at offset 8; this sparkgrad reads versions {', '.join(map(str, VERSIONS))}",
         )
-    if hlen > _MAX_HEADER or _PREFIX.size + hlen + 4 > len(data):
+    if hlen > (_MAX_HEADER_PREP if version >= 4 else _MAX_HEADER) or _PREFIX.size + hlen + 4 > len(data):
         raise _fail(source, f"header length {hlen} at offset 12 runs past the end ({len(data)} bytes)")
     (crc,) = struct.unpack_from("<I", data, len(data) - 4)
     if zlib.crc32(data[:-4]) != crc:
@@ -182,7 +223,11 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
         model = Sequential(built, seed=seed, name=name)
     else:
         try:
-            tensors = [KerasTensor((None, *i["shape"]), i["dtype"], i["name"]) for i in graph["inputs"]]
+            raw = [KerasTensor((None, *i["shape"]), i["dtype"], i["name"]) for i in graph["inputs"]]
+            tensors = list(raw)
+            for i, chain in enumerate(_prep_layers(header.get("preprocessing") or [None] * len(raw), source)):
+                for layer in chain or []:
+                    tensors[i] = layer(tensors[i])
             shares = graph.get("shares") or [-1] * len(built)
             for k, (reads, owner) in enumerate(zip(graph["reads"], shares, strict=True)):
                 layer = built[k] if owner < 0 else built[owner]  # a shared layer: the same object again
@@ -193,7 +238,7 @@ def model_from_bytes(data: bytes | bytearray | memoryview, source: str = "<bytes
             raise _fail(source, f"header's graph does not describe a model ({e!r})") from None
         keys = graph.get("output_names")
         outputs = dict(zip(keys, outs, strict=True)) if graph.get("outputs_as_dict") else outs
-        model = Model(tensors[: len(graph["inputs"])], outputs, seed=seed, name=name)
+        model = Model(raw, outputs, seed=seed, name=name)
     if model.num_params != int(header.get("num_params", -1)):
         raise _fail(source, f"header says {header.get('num_params')} parameters, the layers make {model.num_params}")
     nstate = int(model.buffers.size)

@@ -390,7 +390,7 @@ class Trainer:
         arrays = y is not None or isinstance(x, (np.ndarray, Mapping))
         if arrays:
             xa, ya, weights = m.engine_arrays(x, y, sample_weight, class_weight)
-            n = (xa if isinstance(xa, np.ndarray) else xa[0]).shape[0]
+            n = (xa[0] if isinstance(xa, list) else xa).shape[0]
             if n == 0:
                 raise InvalidArgumentError("fit: x has no rows")
         elif not isinstance(x, Iterable):
