@@ -25,7 +25,8 @@ class KerasTensor:
     Attributes:
         shape (tuple): ``(None, *per-sample shape)`` for an `Input` (as Keras shows it); None for a
             layer's output until a model computes it (`Model.summary` prints the shapes).
-        dtype (str): ``"float32"``, or ``"uint8"`` for an Input that takes bytes as they are.
+        dtype (str): ``"float32"``, ``"uint8"`` for an Input that takes bytes as they are, ``"int32"`` or
+            ``"int64"`` for ids.
         name (str): The Input's name (its key in a dict of inputs); a layer output's is its layer's.
     """
 
@@ -42,6 +43,7 @@ class KerasTensor:
 
 
 _input_names = itertools.count()
+INPUT_DTYPES = ("float32", "uint8", "int32", "int64")
 
 
 def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None) -> KerasTensor:  # noqa: N802
@@ -55,8 +57,10 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
     ```
 
     Args:
-        shape: 1 to 3 dimensions (``(features,)``, ``(steps, features)``, ``(h, w, channels)``).
-        dtype: ``"float32"`` (the default; other numeric arrays are converted) or ``"uint8"``.
+        shape: 0 to 3 dimensions (``()`` one value, e.g. an id; ``(features,)``, ``(steps, features)``,
+            ``(h, w, channels)``).
+        dtype: ``"float32"`` (the default; other numeric arrays are converted), ``"uint8"``, or ``"int32"``
+            or ``"int64"`` for the ids an `Embedding` reads (int32 and int64 arrays reach C as they are).
         name: Its name, the key of its array when `fit` and `predict` take a dict (default
             ``"input_layer"``, ``"input_layer_1"``, ... as Keras names them).
 
@@ -66,9 +70,9 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
     from sparkgrad.nn.layers import shape3
 
     shape = tuple(int(s) for s in (shape if isinstance(shape, Sequence) else (shape,)))
-    shape3(shape, "Input shape")
-    if dtype not in ("float32", "uint8"):
-        raise ValueError(f"Input dtype must be 'float32' or 'uint8', not {dtype!r}")
+    shape3(shape or (1,), "Input shape")
+    if dtype not in INPUT_DTYPES:
+        raise ValueError(f"Input dtype must be one of {INPUT_DTYPES}, not {dtype!r}")
     if name is None:
         k = next(_input_names)
         name = "input_layer" if k == 0 else f"input_layer_{k}"

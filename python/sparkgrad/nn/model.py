@@ -199,7 +199,7 @@ class Model:
                 spec["shares"] = shares
             specs.append(spec)
         try:
-            self._core = _core.Model([shape3(s) for s in shapes], specs, g.outputs)
+            self._core = _core.Model([shape3(s or (1,)) for s in shapes], specs, g.outputs)
         except ModelError as e:
             if self.is_chain:
                 raise
@@ -250,6 +250,13 @@ class Model:
             lambda m: f"({tensors[int(m[1])]!r})" if int(m[1]) < len(tensors) else m[0],
             message,
         )
+
+    def _with_names(self, e: SparkgradError) -> SparkgradError:
+        """A C error of a run with the layers and tensors of its message named (an Embedding's bad id)."""
+        named = self._named(str(e))
+        if named == str(e):
+            return e
+        return type(e)(named, **e.details)
 
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
         """A layer by its name (``"dense_1"``, or the ``name=`` it was given) or by its index in ``layers``,
@@ -390,11 +397,20 @@ class Model:
         """The flat float32 gradient buffer (a view), as the last pass that wrote it left it.
 
         compute_gradients writes it, and so do training steps with any
-        optimizer except plain SGD on a model of Dense, Dropout and Flatten
-        layers in fp32: that update is folded into the weight-gradient
-        products and leaves this buffer untouched.
+        optimizer except plain SGD on a model of Dense, Embedding, merge,
+        Dropout and Flatten layers in fp32: that update is folded into the
+        weight-gradient products and leaves this buffer untouched. An
+        Embedding table's range holds the rows the last pass touched
+        (`touched_rows`) and zeros elsewhere.
         """
         return self._core.grads
+
+    def touched_rows(self) -> list[tuple[int, int, int, np.ndarray]]:
+        """Per `Embedding` table (a shared layer's once), ``(offset, rows, dim, ids)``: where its
+        ``[rows, dim]`` table starts in ``params`` and the rows the last backward pass touched (int32,
+        sorted, unique; a copy). The table's range of ``grads`` is zero outside them, so
+        ``optimizer.apply(params, grads, rows=model.touched_rows())`` updates only those rows."""
+        return self._core.touched_rows()
 
     @property
     def num_params(self) -> int:
@@ -774,7 +790,10 @@ class Model:
         except SparkgradError as e:  # the good steps before the failing one were applied
             if (update or hook is not None) and isinstance(getattr(e, "step", None), int):
                 self.state.step = int(e.step)
-            raise
+            named = self._with_names(e)
+            if named is e:
+                raise
+            raise named from None
         if update or hook is not None:
             self.state.step = int(r[3])
         return r[:3]
@@ -1026,7 +1045,10 @@ class Model:
     ) -> tuple[float, int, int]:
         """``(loss_sum, seen, steps)`` over arrays; the metrics add to ``state``."""
         xa, ya, w = self.engine_arrays(x, y, sample_weight)
-        return self._core.evaluate(xa, ya, int(batch_size), weights=w, metrics=state, **self._transform_kw())
+        try:
+            return self._core.evaluate(xa, ya, int(batch_size), weights=w, metrics=state, **self._transform_kw())
+        except SparkgradError as e:
+            raise self._with_names(e) from None
 
     def predict(self, x: object, batch_size: int = 128) -> np.ndarray | list[np.ndarray]:
         """The model's outputs for ``x``, in inference mode (dropout off).
@@ -1040,7 +1062,10 @@ class Model:
                 input order or a dict by input name.
             batch_size: Rows per C call.
         """
-        out = self._core.predict(self.input_arrays(x), int(batch_size), **self._transform_kw())
+        try:
+            out = self._core.predict(self.input_arrays(x), int(batch_size), **self._transform_kw())
+        except SparkgradError as e:
+            raise self._with_names(e) from None
         if self._outputs_as_dict:
             return dict(zip(self.output_names, out if isinstance(out, list) else [out], strict=True))
         return out
