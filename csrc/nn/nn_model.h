@@ -111,7 +111,7 @@ typedef struct LayerSpec {
 
 /* Inputs a node may read, and inputs and outputs a model may have. */
 #define NN_MAX_NODE_INPUTS 8
-#define NN_MAX_IO          16
+#define NN_MAX_IO          64
 
 /* One node of the graph: its layer and the tensors it reads (see above).
  * `shares`: -1, or an earlier node whose parameters this one uses (a shared

@@ -10,8 +10,8 @@ arrays runs its inner loop (gather batch -> forward -> backward -> update) in
 C with the GIL released, returning to Python every ``log_every`` steps for the
 progress bar, logging and callbacks. ``fit`` also takes an iterable of dicts of
 NumPy arrays (e.g. sparkgrad.data.TFRecordDataset), one C call per batch.
-Inputs go to C as they are when they are float32 or uint8 (labels int32 or
-int64); ``set_input_transform`` declares the scale and per-feature
+Inputs go to C as they are when they are float32, uint8, int32 or int64 (ids;
+labels int32 or int64); ``set_input_transform`` declares the scale and per-feature
 standardisation C applies while it gathers each batch.
 """
 
@@ -681,8 +681,8 @@ class Model:
         return list(v)
 
     def input_arrays(self, x: object) -> np.ndarray | list[np.ndarray]:
-        """x as the C engine takes it: ``[n, features]`` float32 or uint8 rows (a list, one per input,
-        with several inputs), from an array, a list in input order or a dict by input name.
+        """x as the C engine takes it: ``[n, features]`` float32, uint8, int32 or int64 rows (a list, one per
+        input, with several inputs), from an array, a list in input order or a dict by input name.
 
         Raises:
             InvalidArgumentError: A missing or unknown input name, a wrong number of arrays, rows that do not

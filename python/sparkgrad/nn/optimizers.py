@@ -176,7 +176,7 @@ class Optimizer:
         """True when an `Embedding` table's step updates only the rows a batch touched: SGD (with or
         without momentum), Adagrad and Adam, without weight decay. SGD's momentum and Adam are then lazy on
         the tables (the state of untouched rows stays as it is); the others update tables densely."""
-        return self.kind in ("sgd", "adagrad", "adam") and not self.config.get("weight_decay", 0.0)
+        return bool(self.bind(self._c.n if self._c is not None else 1).sparse_rows)
 
     @property
     def learning_rate(self) -> float:
