@@ -529,7 +529,8 @@ class Model:
         rows = [("Layer (type)", "Output Shape", "Param #") + (() if chain else ("Connected to",))]
         if not chain:
             for t in self.inputs:
-                rows.append((f"{t.name} (InputLayer)", f"(None, {', '.join(map(str, t.shape[1:]))})", "0", "-"))
+                shape = "".join(f", {d}" for d in t.shape[1:])  # "(None)" for one value per sample, as Keras 3
+                rows.append((f"{t.name} (InputLayer)", f"(None{shape})", "0", "-"))
         for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
             oh, ow, oc = out
             shape = (
