@@ -743,6 +743,12 @@ static void update_rows(const StepArgs *a, float *p, const float *g, float *s0, 
 #pragma omp parallel for schedule(static) if (nids * dim >= 65536)
     for (size_t i = 0; i < nids; i++) {
         const size_t at = t->off + (size_t)t->ids[i] * dim;
+        if (i + 8 < nids && s0 != NULL) { /* the state of rows ahead: scattered, likely cold */
+            const size_t ahead = t->off + (size_t)t->ids[i + 8] * dim;
+            __builtin_prefetch(s0 + ahead, 1);
+            if (s1 != NULL)
+                __builtin_prefetch(s1 + ahead, 1);
+        }
         if (adam)
             adam_row(&r, p + at, g + at, s0 + at, s1 + at, dim);
         else
