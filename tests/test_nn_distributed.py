@@ -108,7 +108,7 @@ def test_input_transform_and_dtype_errors_are_specific():
         m.set_input_transform(std=np.zeros(12))
     with pytest.raises(InvalidArgumentError, match=r"y\[0\] must be contiguous int32 or int64 labels \[2\]"):
         m._core.evaluate(np.zeros((2, 12), np.float32), np.zeros(2, np.int16), 2)
-    with pytest.raises(InvalidArgumentError, match="float32 or uint8"):
+    with pytest.raises(InvalidArgumentError, match="float32, uint8, int32 or int64"):
         m._core.predict(np.zeros((2, 12), np.float64), 2)
 
 

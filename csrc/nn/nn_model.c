@@ -203,6 +203,44 @@ static int link_graph(Model *m, const int *outputs, int noutputs, SgError *err)
     return 0;
 }
 
+/* The Embedding tables: one per parameter group of an NN_OP_SPARSE_ROWS
+ * op, its first tensor, with nothing touched yet. */
+static int find_tables(Model *m, SgError *err)
+{
+    m->table_of = malloc((size_t)m->nlayers * sizeof(int));
+    m->touched = calloc((size_t)m->nlayers, sizeof *m->touched);
+    m->tables = calloc((size_t)m->nlayers, sizeof *m->tables);
+    if (!m->table_of || !m->touched || !m->tables)
+        return sg_fail(err, SG_ENOMEM, "model: out of memory");
+    for (int l = 0; l < m->nlayers; l++) {
+        m->table_of[l] = -1;
+        if (!(nn_op_of(m, l)->flags & NN_OP_SPARSE_ROWS) || m->param_count[l] == 0)
+            continue;
+        for (int k = 0; k < l && m->table_of[l] < 0; k++)
+            if (m->table_of[k] >= 0 && m->param_first[k] == m->param_first[l])
+                m->table_of[l] = m->table_of[k];
+        if (m->table_of[l] >= 0)
+            continue;
+        const ParamInfo *t = &m->tensors[m->param_first[l]];
+        m->touched[m->ntables] =
+            (OptimRows){t->offset, (size_t)t->shape[0], (size_t)t->shape[1], NULL, 0};
+        m->table_of[l] = m->ntables++;
+    }
+    return 0;
+}
+
+int model_touched_rows(const Model *m, const OptimRows **tables)
+{
+    *tables = m->touched;
+    return m->ntables;
+}
+
+void model_tables_written(Model *m)
+{
+    for (int i = 0; i < m->ntables; i++)
+        m->tables[i].grads_whole = 1;
+}
+
 int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const NnNode *nodes,
                        int nnodes, const int *outputs, int noutputs, SgError *err)
 {
@@ -270,6 +308,8 @@ int model_create_graph(Model **out, const NnShape *inputs, int ninputs, const Nn
         m->accumulate[l] = !last;
         m->tells[l] = first;
     }
+    if ((rc = find_tables(m, err)) < 0)
+        goto cleanup;
     m->classes = m->outputs[0].width;
     /* 64-byte aligned so that oneDNN and the optimizer loops vectorise cleanly */
     size_t bytes = ((m->nparams * sizeof(float) + 63) / 64) * 64;
@@ -349,6 +389,13 @@ void model_free(Model *m)
     free(m->tensors);
     free(m->kernel_t);
     free(m->bias_t);
+    for (int i = 0; i < m->ntables; i++) {
+        free(m->tables[i].ids);
+        free(m->tables[i].tmp);
+    }
+    free(m->tables);
+    free(m->touched);
+    free(m->table_of);
     for (int j = 0; j < NN_MAX_IO; j++)
         free(m->outputs[j].metrics);
     free(m);
@@ -611,6 +658,9 @@ void model_init_params(Model *m, uint64_t seed)
                 break;
             case INIT_ZEROS:
                 v = 0.0;
+                break;
+            case INIT_UNIFORM:
+                v = (2.0 * nn_uniform(tseed, ctr++) - 1.0) * 0.05;
                 break;
             default: /* INIT_GLOROT_UNIFORM */
                 v = (2.0 * nn_uniform(tseed, ctr++) - 1.0) * sqrt(6.0 / (fan_in + fan_out));

@@ -69,7 +69,8 @@
     X(AVERAGE, average)                                                                            \
     X(MAXIMUM, maximum)                                                                            \
     X(MINIMUM, minimum)                                                                            \
-    X(DOT, dot)
+    X(DOT, dot)                                                                                    \
+    X(EMBEDDING, embedding)
 
 typedef enum LayerKind {
 #define NN_OP_ENUM(kind, name) LAYER_##kind,
@@ -87,6 +88,7 @@ typedef enum NnInit {
     INIT_HE_NORMAL = 2,        /* truncated N(0, sqrt(2/fan_in)/0.8796) as Keras */
     INIT_HE_UNIFORM = 3,       /* U(-l, l), l = sqrt(6 / fan_in) */
     INIT_ZEROS = 4,
+    INIT_UNIFORM = 5, /* U(-0.05, 0.05): Keras' "uniform" (RandomUniform's defaults) */
 } NnInit;
 
 typedef struct LayerSpec {
@@ -105,11 +107,18 @@ typedef struct LayerSpec {
     float epsilon, momentum;
     int center, scale;
     int normalize; /* Dot: L2-normalize both inputs along the last axis first */
+    /* Embedding: rows of its table (ids 0 .. input_dim-1; units is output_dim); mask_zero as
+     * Keras' (no numeric effect here: no layer consumes a mask) */
+    int input_dim, mask_zero;
 } LayerSpec;
+
+/* The most rows an Embedding table has: ids travel as float32 values, exact
+ * below 2^24. */
+#define NN_MAX_EMBEDDING_ROWS (1 << 24)
 
 /* Inputs a node may read, and inputs and outputs a model may have. */
 #define NN_MAX_NODE_INPUTS 8
-#define NN_MAX_IO          16
+#define NN_MAX_IO          64
 
 /* One node of the graph: its layer and the tensors it reads (see above).
  * `shares`: -1, or an earlier node whose parameters this one uses (a shared
@@ -196,7 +205,8 @@ typedef struct NnTransform {
 } NnTransform;
 
 /* Data in memory, n rows of each: one array per model input, in the model's
- * order (float32 or uint8), and one target array per output (none for
+ * order (float32, uint8, or int32/int64: ids, gathered as float32 values,
+ * exact below 2^24), and one target array per output (none for
  * prediction): int32 or int64 labels [n] for a sparse loss, float32 rows
  * [n, K] for the others; optional sample weights [n]. The one batch-gather
  * stage (nn_train.c) reads every source through this description. */
@@ -346,6 +356,17 @@ int model_evaluate(Model *m, const NnData *d, int batch, NnStats *st, SgError *e
 /* Inference outputs for the inputs of d (targets unused): out[j] [d->n, K_j]
  * for each output j, its head (softmax, sigmoid) applied. */
 int model_predict(Model *m, const NnData *d, int batch, float *const *out, SgError *err);
+
+/* Embedding tables (a parameter tensor each, shared nodes counted once) and
+ * the rows of each that the last backward pass touched: *tables[i] gives the
+ * table's place in the flat buffer (off, rows, dim) and its touched rows
+ * (ids: sorted, unique, nids of them; duplicates within the batch were
+ * summed). Valid until the next training step. The table's range of the
+ * gradient buffer is zero outside those rows (see nn_op_embedding.c), so a
+ * dense reader of the buffer sees the right gradient and a sparse one (the
+ * optimizer, a parameter server) can read those rows alone. The count is
+ * returned. */
+int model_touched_rows(const Model *m, const OptimRows **tables);
 
 /* OpenMP threads for oneDNN and the C loops. */
 void nn_set_num_threads(int n);

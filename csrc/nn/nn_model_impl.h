@@ -59,6 +59,7 @@ typedef struct Plan {
     float *colsum;   /* [widest layer]: the bias gradient sums of the folded SGD update */
     PlanOutput outputs[NN_MAX_IO];
     float *weights;         /* [B]: sample weights */
+    int64_t *rows;          /* [B]: the data row each batch row was gathered from (messages) */
     LayerPlan *lp;          /* [L] */
     int nbf16;              /* weighted layers built in bf16 */
     int input16[NN_MAX_IO]; /* act[i] holds input i in bf16 (its one reader is bf16) */
@@ -70,6 +71,18 @@ typedef struct Plan {
     dnnl_primitive_t *prims;
     int nprims, capprims;
 } Plan;
+
+/* An Embedding table's gradient bookkeeping (nn_op_embedding.c); its
+ * touched rows are the model's touched[i]. */
+typedef struct NnTable {
+    int32_t *ids; /* [cap]: the batch's ids collected, then sorted and made unique */
+    int32_t *tmp; /* [cap]: the sort's scratch */
+    size_t cap;
+    /* what of the table's gradient range may be nonzero: the touched rows
+     * (grads_rows), or any row (grads_whole: a gradient hook wrote the
+     * buffer); the next backward clears it first */
+    int grads_rows, grads_whole;
+} NnTable;
 
 /* Output j of the model. */
 typedef struct ModelOutput {
@@ -125,6 +138,13 @@ struct Model {
     uint64_t use_clock;
     uint64_t rng_seed, rng_counter;
     NnPrecision precision; /* in use: NN_BF16 only where nn_bf16_native() */
+    /* Embedding tables (NN_OP_SPARSE_ROWS ops' first tensor, one per
+     * parameter group): their touched rows (model_touched_rows) and
+     * bookkeeping; table_of[l] is node l's table, or -1 */
+    int ntables;
+    OptimRows *touched; /* [ntables] */
+    NnTable *tables;    /* [ntables] */
+    int *table_of;      /* [L] */
     /* the plan whose bf16 weights (Plan.copies) the last optimizer step wrote,
      * within one model_fit_steps; its next forward skips their conversions */
     Plan *w16_fresh;
@@ -139,6 +159,11 @@ static inline int node_in(const Model *m, int l, int k)
 {
     return m->nodes[l].inputs[k];
 }
+
+/* After a gradient hook's step(): any row of the tables' gradient ranges may
+ * be nonzero (an allreduce's average), so the next backward clears them
+ * whole (nn_op_embedding.c). */
+void model_tables_written(Model *m);
 
 /* nn_plan.c (the op kinds: nn_op.h) */
 void plan_free(Plan *p);

@@ -23,6 +23,9 @@ enum {
     NN_OP_ACTIVATION = 1 << 2, /* takes an activation (LayerSpec.act) */
     NN_OP_FOLDS_SGD = 1 << 3,  /* its backward takes plain SGD folded in (NnOpBackward.sgd_lr) */
     NN_OP_MERGE = 1 << 4,      /* reads 2 to NN_MAX_NODE_INPUTS tensors (others read one) */
+    /* its first parameter tensor is a table [rows, dim] whose gradient is a
+     * set of rows (m->tables; Embedding) */
+    NN_OP_SPARSE_ROWS = 1 << 5,
 };
 
 /* How build makes a weighted op's primitives (see nn_op_weighted.c). */

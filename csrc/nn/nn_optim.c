@@ -316,6 +316,8 @@ typedef struct StepArgs {
     const size_t *ends;
     const float *scales;
     int ntensors;
+    /* lazy Adam's (SparseAdam's) step size from these, in double */
+    double lr_d, bc1_d, bc2_d;
 } StepArgs;
 
 static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
@@ -583,16 +585,25 @@ static void step_copy(const StepArgs *a, float *p, const float *g, float *s0, fl
 #undef RANGE
 }
 
-static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
-                     const OptimBf16Copy *copies, int ncopies, SgError *err);
-
 int optim_step(Optimizer *o, float *params, const float *grads, size_t n, SgError *err)
 {
-    return step_impl(o, params, grads, n, NULL, 0, err);
+    return optim_step_rows(o, params, grads, n, NULL, 0, NULL, 0, err);
 }
 
 int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
                     const OptimBf16Copy *copies, int ncopies, SgError *err)
+{
+    return optim_step_rows(o, params, grads, n, NULL, 0, copies, ncopies, err);
+}
+
+int optim_sparse_rows(const Optimizer *o)
+{
+    const OptimConfig *c = &o->cfg;
+    return (c->kind == OPTIM_SGD || c->kind == OPTIM_ADAGRAD || c->kind == OPTIM_ADAM) &&
+           c->weight_decay == 0.0f;
+}
+
+static int check_copies(const OptimBf16Copy *copies, int ncopies, size_t n, SgError *err)
 {
     for (int k = 0; k < ncopies; k++) {
         const OptimBf16Copy *c = &copies[k];
@@ -604,15 +615,163 @@ int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
                            "fit the %zu parameters or this CPU",
                            k, c->rows, c->cols, c->off, c->ablk, n);
     }
-    return step_impl(o, params, grads, n, copies, ncopies, err);
+    return 0;
 }
 
-static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
-                     const OptimBf16Copy *copies, int ncopies, SgError *err)
+/* Tables in order, inside the range, clear of the copies, their ids sorted,
+ * unique and inside the table. */
+static int check_tables(const OptimRows *t, int nt, const OptimBf16Copy *copies, int ncopies,
+                        size_t n, SgError *err)
+{
+    for (int k = 0; k < nt; k++) {
+        const size_t end = t[k].off + t[k].rows * t[k].dim;
+        if (t[k].dim == 0 || end > n || end < t[k].off ||
+            (k > 0 && t[k].off < t[k - 1].off + t[k - 1].rows * t[k - 1].dim))
+            return sg_fail(err, SG_EINVAL,
+                           "optimizer: table %d ([%zu, %zu] from %zu) is outside the %zu "
+                           "parameters or overlaps the table before",
+                           k, t[k].rows, t[k].dim, t[k].off, n);
+        for (int c = 0; c < ncopies; c++)
+            if (copies[c].off < end &&
+                t[k].off < copies[c].off + (size_t)copies[c].rows * copies[c].cols)
+                return sg_fail(err, SG_EINVAL, "optimizer: table %d overlaps bf16 copy %d", k, c);
+        for (size_t i = 0; i < t[k].nids; i++)
+            if (t[k].ids[i] < 0 || (size_t)t[k].ids[i] >= t[k].rows ||
+                (i > 0 && t[k].ids[i] <= t[k].ids[i - 1]))
+                return sg_fail(err, SG_EINVAL,
+                               "optimizer: row %d (entry %zu) of table %d is outside [0, %zu) or "
+                               "out of order (rows are sorted and unique)",
+                               (int)t[k].ids[i], i, k, t[k].rows);
+    }
+    return 0;
+}
+
+/* Sum of squares of g over [lo, hi), where the tables' ranges count only
+ * their listed rows (double accumulation). */
+static double norm2_span(const float *g, size_t lo, size_t hi, const OptimRows *t, int nt)
+{
+    double s = 0.0, d;
+    size_t pos = lo;
+    for (int k = 0; k < nt; k++) {
+        const size_t toff = t[k].off, tend = toff + t[k].rows * t[k].dim;
+        if (tend <= pos)
+            continue;
+        if (toff >= hi)
+            break;
+        if (toff > pos) {
+            d = optim_global_norm(g + pos, toff - pos);
+            s += d * d;
+        }
+        for (size_t i = 0; i < t[k].nids; i++) {
+            const size_t at = toff + (size_t)t[k].ids[i] * t[k].dim;
+            if (at >= lo && at + t[k].dim <= hi)
+                for (size_t j = 0; j < t[k].dim; j++)
+                    s += (double)g[at + j] * g[at + j];
+        }
+        pos = tend < hi ? tend : hi;
+    }
+    if (pos < hi) {
+        d = optim_global_norm(g + pos, hi - pos);
+        s += d * d;
+    }
+    return s;
+}
+
+/* A dense update of [lo, hi) with the copies inside it, on the OpenMP
+ * threads when it is long. */
+static void update_dense(const StepArgs *a, float *params, const float *grads, float *s0, float *s1,
+                         float *s2, size_t lo, size_t hi, const OptimBf16Copy *copies, int ncopies)
+{
+    const size_t len = hi - lo;
+    int nt = len >= 65536 ? omp_get_max_threads() : 1;
+    if (nt <= 1) {
+        step_copy(a, params, grads, s0, s1, s2, lo, hi, copies, ncopies);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        step_span(a, params, grads, s0, s1, s2, lo + len * t / T, lo + len * (t + 1) / T);
+        /* threads: the copies in a second pass, once every update is done */
+        if (ncopies > 0) {
+#pragma omp barrier
+        }
+        for (int k = 0; k < ncopies; k++) {
+#pragma omp for schedule(static)
+            for (int r = 0; r < copies[k].rows / 2; r++) {
+#ifdef HAVE_CVT_BF16
+                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r, 2 * r + 2);
+#endif
+            }
+        }
+    }
+}
+
+/* Lazy Adam on one row of dim floats, as torch.optim.SparseAdam computes it:
+ * m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2), p -= ss * m / (sqrt(v) + eps)
+ * with ss = lr * sqrt(1 - b2^t) / (1 - b1^t). */
+static void adam_row(const StepArgs *a, float *restrict p, const float *restrict g,
+                     float *restrict m, float *restrict v, size_t dim)
+{
+    const float b1 = a->b1, b2 = a->b2, eps = a->eps, ss = a->step_size, scale = a->scale,
+                clipv = a->clipv;
+#pragma omp simd
+    for (size_t i = 0; i < dim; i++) {
+        const float gi = grad_at(g, (ptrdiff_t)i, scale, clipv);
+        m[i] += (gi - m[i]) * (1.0f - b1);
+        v[i] += (gi * gi - v[i]) * (1.0f - b2);
+        p[i] += -ss * (m[i] / (sqrtf(v[i]) + eps));
+    }
+}
+
+/* The listed rows of table t. */
+static void update_rows(const StepArgs *a, float *p, const float *g, float *s0, float *s1,
+                        float *s2, const OptimRows *t)
+{
+    StepArgs r = *a;
+    if (a->scales != NULL) { /* the table is one tensor: its clipping factor, once */
+        int k = 0;
+        while (k < a->ntensors - 1 && a->ends[k] <= t->off)
+            k++;
+        r.scale = a->scale * a->scales[k];
+        r.scales = NULL;
+    }
+    const int adam = a->kind == OPTIM_ADAM;
+    if (adam) /* SparseAdam's step size, in double as torch computes it, then float */
+        r.step_size = a->lr_d * sqrt(a->bc2_d) / a->bc1_d;
+    const size_t dim = t->dim, nids = t->nids;
+#pragma omp parallel for schedule(static) if (nids * dim >= 65536)
+    for (size_t i = 0; i < nids; i++) {
+        const size_t at = t->off + (size_t)t->ids[i] * dim;
+        if (i + 8 < nids && s0 != NULL) { /* the state of rows ahead: scattered, likely cold */
+            const size_t ahead = t->off + (size_t)t->ids[i + 8] * dim;
+            __builtin_prefetch(s0 + ahead, 1);
+            if (s1 != NULL)
+                __builtin_prefetch(s1 + ahead, 1);
+        }
+        if (adam)
+            adam_row(&r, p + at, g + at, s0 + at, s1 + at, dim);
+        else
+            step_span(&r, p, g, s0, s1, s2, at, at + dim);
+    }
+}
+
+int optim_step_rows(Optimizer *o, float *params, const float *grads, size_t n,
+                    const OptimRows *tables, int ntables, const OptimBf16Copy *copies, int ncopies,
+                    SgError *err)
 {
     if (n != o->n)
         return sg_fail(err, SG_EINVAL, "optimizer: step over %zu floats, created for %zu", n, o->n);
+    int rc = check_copies(copies, ncopies, n, err);
+    if (rc == 0)
+        rc = check_tables(tables, ntables, copies, ncopies, n, err);
+    if (rc < 0)
+        return rc;
     const OptimConfig *c = &o->cfg;
+    /* dense optimizers see the tables as any range (their gradient is zero
+     * outside the listed rows, so the norms are the same either way) */
+    const int sparse = ntables > 0 && optim_sparse_rows(o);
+    const int nt = sparse ? ntables : 0;
     StepArgs a = {c->kind,
                   (float)lr_at(c, o->step),
                   1.0f,
@@ -630,17 +789,21 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
                   c->kind == OPTIM_ADAMW,
                   NULL,
                   NULL,
-                  0};
+                  0,
+                  0.0,
+                  1.0,
+                  1.0};
+    a.lr_d = lr_at(c, o->step);
     o->step++;
     if (c->clip_norm > 0.0f) {
-        double coef = c->clip_norm / (optim_global_norm(grads, n) + 1e-6);
+        double coef = c->clip_norm / (sqrt(norm2_span(grads, 0, n, tables, nt)) + 1e-6);
         a.scale = coef < 1.0 ? (float)coef : 1.0f;
     }
     if (c->clip_tensor_norm > 0.0f) {
         /* Keras' clip_by_norm: g * clip / max(||g||_2, clip), per tensor */
         for (int k = 0; k < o->ntensors; k++) {
             size_t lo = k ? o->ends[k - 1] : 0;
-            double norm = optim_global_norm(grads + lo, o->ends[k] - lo);
+            double norm = sqrt(norm2_span(grads, lo, o->ends[k], tables, nt));
             o->scales[k] = (float)(c->clip_tensor_norm / fmax(norm, c->clip_tensor_norm));
         }
         a.ends = o->ends;
@@ -651,29 +814,26 @@ static int step_impl(Optimizer *o, float *params, const float *grads, size_t n,
         float t = (float)o->step;
         a.step_size = a.lr / (1.0f - powf(c->beta1, t));
         a.bc2_sqrt = sqrtf(1.0f - powf(c->beta2, t));
+        a.bc1_d = 1.0 - pow(c->beta1, (double)o->step);
+        a.bc2_d = 1.0 - pow(c->beta2, (double)o->step);
     }
     float *s0 = o->state, *s1 = o->state ? o->state + n : NULL,
           *s2 = o->state && o->nslots > 2 ? o->state + 2 * n : NULL;
-    int nt = n >= 65536 ? omp_get_max_threads() : 1;
-    if (nt <= 1) {
-        step_copy(&a, params, grads, s0, s1, s2, 0, n, copies, ncopies);
-        return 0;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-        size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
-        step_span(&a, params, grads, s0, s1, s2, n * t / T, n * (t + 1) / T);
-        /* threads: the copies in a second pass, once every update is done */
-        if (ncopies > 0) {
-#pragma omp barrier
-        }
-        for (int k = 0; k < ncopies; k++) {
-#pragma omp for schedule(static)
-            for (int r = 0; r < copies[k].rows / 2; r++) {
-#ifdef HAVE_CVT_BF16
-                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r, 2 * r + 2);
-#endif
-            }
+    /* the stretches between the tables densely (with the copies inside
+     * them), then each table's listed rows */
+    size_t pos = 0;
+    int ci = 0;
+    for (int k = 0; k <= nt; k++) {
+        const size_t end = k < nt ? tables[k].off : n;
+        int cj = ci;
+        while (cj < ncopies && copies[cj].off < end)
+            cj++;
+        if (end > pos)
+            update_dense(&a, params, grads, s0, s1, s2, pos, end, copies + ci, cj - ci);
+        ci = cj;
+        if (k < nt) {
+            update_rows(&a, params, grads, s0, s1, s2, &tables[k]);
+            pos = end + tables[k].rows * tables[k].dim;
         }
     }
     return 0;

@@ -128,6 +128,34 @@ int optim_bf16_copy_supported(void);
 int optim_step_bf16(Optimizer *o, float *params, const float *grads, size_t n,
                     const OptimBf16Copy *copies, int ncopies, SgError *err);
 
+/* A table of the range (an Embedding's [rows, dim] at float `off`) whose
+ * gradient is zero outside the rows listed: ids[0..nids), sorted, unique. */
+typedef struct OptimRows {
+    size_t off;
+    size_t rows, dim;
+    const int32_t *ids;
+    size_t nids;
+} OptimRows;
+
+/* 1 if o updates only the listed rows of such tables (optim_step_rows):
+ * SGD (momentum and Nesterov too), Adagrad and Adam, without weight decay.
+ * For SGD without momentum and Adagrad that equals the dense update; SGD's
+ * momentum and Adam's moments of rows a step does not touch are left as
+ * they are (lazily: TensorFlow's sparse momentum, torch.optim.SparseAdam),
+ * and Adam's touched rows follow SparseAdam's arithmetic (epsilon added to
+ * the root of the uncorrected second moment, bias corrections from the
+ * global step). Other optimizers update the tables densely. */
+int optim_sparse_rows(const Optimizer *o);
+
+/* optim_step where tables[0..ntables) (sorted by off, not overlapping, not
+ * overlapping the copies) are updated only in their listed rows when
+ * optim_sparse_rows(o), densely otherwise; clipping norms count the listed
+ * rows alone (the others are zero). copies as optim_step_bf16 (ncopies 0:
+ * none). SG_EINVAL for a table outside the range or ids out of order. */
+int optim_step_rows(Optimizer *o, float *params, const float *grads, size_t n,
+                    const OptimRows *tables, int ntables, const OptimBf16Copy *copies, int ncopies,
+                    SgError *err);
+
 /* Plain SGD (no momentum, weight decay or clipping) is params -= lr * grads,
  * which a caller may fold into the computation of the gradient itself (the
  * model's fit loop does, inside the weight-gradient GEMM). If o is plain

@@ -257,6 +257,10 @@ static void lay_out(const Model *m, Plan *p, float *cur, size_t *total, int *edg
             p->outputs[j].labels = (int32_t *)labels;
     }
     TAKE(p->weights, B);
+    float *rows = NULL;
+    TAKE(rows, 2 * (size_t)B); /* int64 each */
+    if (cur)
+        p->rows = (int64_t *)rows;
 #undef TAKE
     *total = n;
     *edge_count = nedges;

@@ -66,25 +66,39 @@ NnData nn_data(NnDtype xtype, const void *x, size_t n, size_t row, NnDtype ytype
     return d;
 }
 
-/* One input row into dst: copied, converted from uint8, or transformed. */
+/* One input row into dst: copied, converted from uint8 or integers (ids:
+ * exact below 2^24), then transformed. */
 static void gather_row(const NnArray *a, const NnTransform *tf, int64_t r, float *dst)
 {
-    const size_t row = a->row;
-    const float *xf = a->dtype == NN_F32 ? (const float *)a->data + (size_t)r * row : NULL;
-    const uint8_t *xu = a->dtype == NN_U8 ? (const uint8_t *)a->data + (size_t)r * row : NULL;
-    if (!tf->on && xf) {
-        memcpy(dst, xf, row * sizeof(float));
-        return;
-    }
-    if (!tf->on) {
+    const size_t row = a->row, at = (size_t)r * row;
+    switch (a->dtype) { /* one typed loop each, so that each vectorises */
+    case NN_U8: {
+        const uint8_t *x = (const uint8_t *)a->data + at;
         for (size_t j = 0; j < row; j++)
-            dst[j] = (float)xu[j];
-        return;
+            dst[j] = (float)x[j];
+        break;
     }
+    case NN_I32: {
+        const int32_t *x = (const int32_t *)a->data + at;
+        for (size_t j = 0; j < row; j++)
+            dst[j] = (float)x[j];
+        break;
+    }
+    case NN_I64: {
+        const int64_t *x = (const int64_t *)a->data + at;
+        for (size_t j = 0; j < row; j++)
+            dst[j] = (float)x[j];
+        break;
+    }
+    default:
+        memcpy(dst, (const float *)a->data + at, row * sizeof(float));
+    }
+    if (!tf->on)
+        return;
     const float scale = tf->scale, *mean = tf->mean, *sd = tf->std;
     /* float32 arithmetic in the order the caller wrote it: (x * scale - mean) / std */
     for (size_t j = 0; j < row; j++) {
-        float v = (xu ? (float)xu[j] : xf[j]) * scale;
+        float v = dst[j] * scale;
         if (mean)
             v -= mean[j];
         dst[j] = sd ? v / sd[j] : v;
@@ -205,6 +219,7 @@ static int gather(Model *m, Plan *p, const NnData *d, const int64_t *order, size
         if (r < 0 || (size_t)r >= d->n)
             return sg_fail(err, SG_EINVAL, "row index %lld out of range [0, %zu)", (long long)r,
                            d->n);
+        p->rows[b] = r; /* for the ops' messages (an Embedding's bad id) */
     }
     int rc;
     for (int i = 0; i < m->ninputs; i++)
@@ -266,9 +281,10 @@ static int check_data(const Model *m, const NnData *d, int need_targets, SgError
         if (a->row != model_input_row(m, i))
             return sg_fail(err, SG_EINVAL, "input rows%s have %zu values, the model takes %zu", of,
                            a->row, model_input_row(m, i));
-        if ((a->dtype != NN_F32 && a->dtype != NN_U8) || (a->data == NULL && d->n > 0))
-            return sg_fail(err, SG_EINVAL, "inputs%s must be given as float32 or as uint8 rows",
-                           of);
+        if ((a->dtype != NN_F32 && a->dtype != NN_U8 && a->dtype != NN_I32 && a->dtype != NN_I64) ||
+            (a->data == NULL && d->n > 0))
+            return sg_fail(err, SG_EINVAL,
+                           "inputs%s must be given as float32, uint8, int32 or int64 rows", of);
     }
     if (!need_targets)
         return 0;
@@ -394,19 +410,22 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
         return rc;
     int applied = 0;
     if (hook) {
-        if ((rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, &next, err)) < 0)
+        rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, &next, err);
+        /* it may have written any row of the tables' gradients (an average over ranks) */
+        model_tables_written(m);
+        if (rc < 0)
             return sg_context(err, "gradient hook: ");
         applied = rc == 1;
     }
     if (opt && !applied) {
-        if (keep16 && p->ncopies > 0) {
-            if ((rc = optim_step_bf16(opt, m->params, m->grads, m->nparams, p->copies, p->ncopies,
-                                      err)) < 0)
-                return rc;
-            m->w16_fresh = p;
-        } else if ((rc = optim_step(opt, m->params, m->grads, m->nparams, err)) < 0) {
+        /* the Embedding tables in their touched rows (a hook's gradients: densely) */
+        const int ntables = hook ? 0 : m->ntables;
+        const int ncopies = keep16 ? p->ncopies : 0;
+        if ((rc = optim_step_rows(opt, m->params, m->grads, m->nparams, m->touched, ntables,
+                                  p->copies, ncopies, err)) < 0)
             return rc;
-        }
+        if (ncopies > 0)
+            m->w16_fresh = p;
     }
     if (step)
         *step = next;

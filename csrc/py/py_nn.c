@@ -81,9 +81,9 @@ static int layer_ints(PyObject *desc, const char *key, int *out, int min, int ma
  * over: "kind" (an index of LAYER_KINDS) is required, the others default to
  * 0 / none; "inputs" defaults to the previous tensor (a chain). */
 static const char *const LAYER_FIELDS[] = {
-    "kind",       "inputs", "units",       "kernel_size",  "strides", "padding",
-    "activation", "rate",   "initializer", "target_shape", "shares",  "epsilon",
-    "momentum",   "center", "scale",       "normalize",    NULL,
+    "kind",  "inputs",      "units",        "kernel_size", "strides", "padding",  "activation",
+    "rate",  "initializer", "target_shape", "shares",      "epsilon", "momentum", "center",
+    "scale", "normalize",   "input_dim",    "mask_zero",   NULL,
 };
 
 /* desc[key] as a float into *out, if present. */
@@ -135,6 +135,8 @@ static int parse_layer(PyObject *desc, Py_ssize_t i, int ninputs, NnNode *nd)
         layer_int(desc, "center", &s->center, i) < 0 ||
         layer_int(desc, "scale", &s->scale, i) < 0 ||
         layer_int(desc, "normalize", &s->normalize, i) < 0 ||
+        layer_int(desc, "input_dim", &s->input_dim, i) < 0 ||
+        layer_int(desc, "mask_zero", &s->mask_zero, i) < 0 ||
         layer_float(desc, "rate", &s->rate) < 0 || layer_float(desc, "epsilon", &s->epsilon) < 0 ||
         layer_float(desc, "momentum", &s->momentum) < 0 ||
         layer_ints(desc, "kernel_size", kernel, 2, 2, NULL, i) < 0 ||
@@ -316,6 +318,33 @@ static PyObject *model_state_table(ModelObject *self, PyObject *noargs)
     if (model_ready(self) < 0)
         return NULL;
     return size_table(self->model, model_num_state_tensors(self->model), model_state_info);
+}
+
+/* [(offset, rows, dim, ids)] per Embedding table: the rows the last backward
+ * touched (int32, sorted, unique; a copy). */
+static PyObject *model_touched_rows_py(ModelObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (model_ready(self) < 0)
+        return NULL;
+    const OptimRows *t;
+    const int n = model_touched_rows(self->model, &t);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        npy_intp dims[1] = {(npy_intp)t[i].nids};
+        PyObject *ids = PyArray_SimpleNew(1, dims, NPY_INT32);
+        if (ids != NULL && t[i].nids > 0)
+            memcpy(PyArray_DATA((PyArrayObject *)ids), t[i].ids, t[i].nids * sizeof(int32_t));
+        PyObject *row = ids ? Py_BuildValue("(nnnN)", (Py_ssize_t)t[i].off, (Py_ssize_t)t[i].rows,
+                                            (Py_ssize_t)t[i].dim, ids)
+                            : NULL;
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    return out;
 }
 
 static PyObject *model_layer_shapes(ModelObject *self, PyObject *noargs)
@@ -504,11 +533,11 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, 
         }
         PyArrayObject *x = (PyArrayObject *)o;
         int xt = PyArray_TYPE(x);
-        if ((xt != NPY_FLOAT32 && xt != NPY_UINT8) || !PyArray_IS_C_CONTIGUOUS(x) ||
-            PyArray_NDIM(x) < 1) {
+        if ((xt != NPY_FLOAT32 && xt != NPY_UINT8 && xt != NPY_INT32 && xt != NPY_INT64) ||
+            !PyArray_IS_C_CONTIGUOUS(x) || PyArray_NDIM(x) < 1) {
             sg_raise_code(SG_EINVAL,
-                          "x[%d] must be a C-contiguous float32 or uint8 array with a batch "
-                          "dimension, not %s%s",
+                          "x[%d] must be a C-contiguous float32, uint8, int32 or int64 array with "
+                          "a batch dimension, not %s%s",
                           i, PyArray_DESCR(x)->typeobj->tp_name,
                           PyArray_IS_C_CONTIGUOUS(x) ? "" : " (not contiguous)");
             goto done;
@@ -526,7 +555,11 @@ static int parse_data(ModelObject *self, NnData *d, PyObject *xo, PyObject *yo, 
                           PyArray_SIZE(x), n, row);
             goto done;
         }
-        d->inputs[i] = (NnArray){xt == NPY_FLOAT32 ? NN_F32 : NN_U8, PyArray_DATA(x), row};
+        d->inputs[i] = (NnArray){xt == NPY_FLOAT32 ? NN_F32
+                                 : xt == NPY_UINT8 ? NN_U8
+                                 : xt == NPY_INT32 ? NN_I32
+                                                   : NN_I64,
+                                 PyArray_DATA(x), row};
     }
     NnTransform *tf = &d->transforms[0];
     if (optional_floats(meano, "input mean", d->inputs[0].row, &tf->mean) < 0 ||
@@ -964,6 +997,9 @@ static PyMethodDef model_methods[] = {
     {"state_table", (PyCFunction)model_state_table, METH_NOARGS,
      "state_table() -> [(layer, is_bias, offset, size, shape, name)]: the state buffer's size "
      "table (BatchNormalization's moving statistics)."},
+    {"touched_rows", (PyCFunction)model_touched_rows_py, METH_NOARGS,
+     "touched_rows() -> [(offset, rows, dim, ids)]: per Embedding table, the rows (int32, sorted, "
+     "unique) the last backward pass touched."},
     {"layer_shapes", (PyCFunction)model_layer_shapes, METH_NOARGS,
      "layer_shapes() -> [((h,w,c), (oh,ow,oc), (pt,pl,pb,pr))]."},
     {"init_params", (PyCFunction)model_init_params_py, METH_VARARGS,
@@ -979,7 +1015,8 @@ static PyMethodDef model_methods[] = {
     {"train_steps", (PyCFunction)(void (*)(void))model_train_steps, METH_VARARGS | METH_KEYWORDS,
      "train_steps(opt|None, x, y, order|None, start, batch, nsteps, *, hook=None, step=0, "
      "scale=nan, mean=None, std=None, weights=None, metrics=None) -> (loss_sum, seen, steps, step "
-     "after); x: float32 or uint8 rows, or a list of them (one per input); y: per output int32 or "
+     "after); x: float32, uint8, int32 or int64 rows, or a list of them (one per input); y: per "
+     "output int32 or "
      "int64 labels or float32 targets [n, K] (an array, or a list with several outputs); weights "
      "float32 [n]; metrics: the float64 state array the metrics (then, with several outputs, "
      "each output's loss sum) add to; hook: a sparkgrad._core.NnGradHook capsule; GIL released."},
@@ -1023,7 +1060,7 @@ static PyTypeObject ModelType = {
     .tp_doc = "Model(inputs, layers, outputs=None): a network of layers on oneDNN. inputs: "
               "[(h, w, c)]; layers: dicts {kind, inputs, units, kernel_size, strides, padding, "
               "activation, rate, initializer, target_shape, shares, epsilon, momentum, center, "
-              "scale, normalize} in topological order (inputs: tensor "
+              "scale, normalize, input_dim, mask_zero} in topological order (inputs: tensor "
               "ids, 0.. the model's inputs then each layer's output; default the previous); "
               "outputs: tensor ids (None: the last layer's).",
     .tp_new = PyType_GenericNew,

@@ -185,10 +185,61 @@ float *nn_float_array(PyObject *obj, const char *name, size_t n, int writable)
     return (float *)PyArray_DATA((PyArrayObject *)obj);
 }
 
-static PyObject *optimizer_step(OptimizerObject *self, PyObject *args)
+/* rows: None, or a sequence of (offset, rows, dim, ids) with ids int32
+ * arrays; *tables gets PyMem storage the caller frees, *keep the id arrays
+ * it must release. */
+static int parse_rows(PyObject *rows, OptimRows **tables, int *count, PyObject **keep)
 {
-    PyObject *po, *go;
-    if (!PyArg_ParseTuple(args, "OO:step", &po, &go))
+    *tables = NULL;
+    *count = 0;
+    *keep = NULL;
+    if (rows == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(rows, "rows must be a sequence of (offset, rows, dim, ids)");
+    if (seq == NULL)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    *tables = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof **tables);
+    *keep = PyList_New(0);
+    if (*tables == NULL || *keep == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t off, nrows, dim;
+        PyObject *ids;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k),
+                              "nnnO;rows entries are (offset, rows, dim, ids)", &off, &nrows, &dim,
+                              &ids)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        PyObject *a = PyArray_FROMANY(ids, NPY_INT32, 1, 1, NPY_ARRAY_IN_ARRAY);
+        if (a == NULL || PyList_Append(*keep, a) < 0) {
+            Py_XDECREF(a);
+            Py_DECREF(seq);
+            return -1;
+        }
+        Py_DECREF(a);
+        if (off < 0 || nrows < 0 || dim < 0) {
+            Py_DECREF(seq);
+            return sg_raise_code(SG_EINVAL, "rows entry %zd: negative offset or size", k), -1;
+        }
+        (*tables)[k] =
+            (OptimRows){(size_t)off, (size_t)nrows, (size_t)dim, PyArray_DATA((PyArrayObject *)a),
+                        (size_t)PyArray_SIZE((PyArrayObject *)a)};
+    }
+    *count = (int)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *optimizer_step(OptimizerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"params", "grads", "rows", NULL};
+    PyObject *po, *go, *rowso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:step", kwlist, &po, &go, &rowso))
         return NULL;
     float *params = nn_float_array(po, "params", self->n, 1);
     if (params == NULL)
@@ -198,13 +249,23 @@ static PyObject *optimizer_step(OptimizerObject *self, PyObject *args)
         return NULL;
     if (self->busy)
         return sg_raise_code(SG_ESTATE, "optimizer is in use by another thread");
+    OptimRows *tables;
+    PyObject *keep;
+    int ntables;
+    if (parse_rows(rowso, &tables, &ntables, &keep) < 0) {
+        PyMem_Free(tables);
+        Py_XDECREF(keep);
+        return NULL;
+    }
     SgError err = {0};
     int rc;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = optim_step(self->opt, params, grads, self->n, &err);
+    rc = optim_step_rows(self->opt, params, grads, self->n, tables, ntables, NULL, 0, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    PyMem_Free(tables);
+    Py_XDECREF(keep);
     if (rc < 0)
         return sg_raise(&err);
     Py_RETURN_NONE;
@@ -283,6 +344,12 @@ static PyObject *optimizer_get_n(OptimizerObject *self, void *closure)
     return PyLong_FromSize_t(self->n);
 }
 
+static PyObject *optimizer_get_sparse_rows(OptimizerObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(optim_sparse_rows(self->opt));
+}
+
 static PyObject *optimizer_get_kind(OptimizerObject *self, void *closure)
 {
     (void)closure;
@@ -290,8 +357,11 @@ static PyObject *optimizer_get_kind(OptimizerObject *self, void *closure)
 }
 
 static PyMethodDef optimizer_methods[] = {
-    {"step", (PyCFunction)optimizer_step, METH_VARARGS,
-     "step(params, grads): one update of params (float32, in place) from grads."},
+    {"step", (PyCFunction)(void (*)(void))optimizer_step, METH_VARARGS | METH_KEYWORDS,
+     "step(params, grads, rows=None): one update of params (float32, in place) from grads; rows: "
+     "[(offset, rows, dim, ids)] tables whose gradient is zero outside the rows ids (int32, "
+     "sorted, unique), updated in those rows alone where the optimizer is sparse ("
+     "sparse_rows)."},
     {"state", (PyCFunction)optimizer_state, METH_NOARGS,
      "state() -> float32 array: the optimizer's slots (a view, no copy)."},
     {"set_state", (PyCFunction)optimizer_set_state, METH_VARARGS,
@@ -306,6 +376,10 @@ static PyGetSetDef optimizer_getset[] = {
     {"steps", (getter)optimizer_get_steps, NULL, "steps taken", NULL},
     {"n", (getter)optimizer_get_n, NULL, "number of parameters", NULL},
     {"kind", (getter)optimizer_get_kind, NULL, "optimizer kind", NULL},
+    {"sparse_rows", (getter)optimizer_get_sparse_rows, NULL,
+     "True if an Embedding table's step updates only its touched rows (SGD, Adagrad, lazy Adam; "
+     "no weight decay)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -2,7 +2,9 @@
  * references written out here: Adagrad (epsilon inside the square root, the
  * accumulator from its initial value), per-tensor norm clipping with a table
  * of tensors, the exponential, piecewise and ramped cosine schedules at their
- * boundaries, and the configurations refused. */
+ * boundaries, the configurations refused, and the row-wise step of an
+ * Embedding table (optim_step_rows): Adagrad's equal to the dense step, lazy
+ * Adam against SparseAdam's rule, bad tables refused. */
 #include <math.h>
 #include <string.h>
 
@@ -105,10 +107,88 @@ static void test_schedules_at_their_boundaries(void)
     }
 }
 
+/* A range [2 dense | table 4 x 2 | 2 dense]; the gradient of step t is zero
+ * in the table outside rows ids[t]. */
+#define ROWS_N 12
+static const int32_t step_ids[3][2] = {{1, 3}, {3, -1}, {0, 1}};
+
+static size_t rows_gradient(int t, float *g, OptimRows *tab)
+{
+    size_t nids = step_ids[t][1] < 0 ? 1 : 2;
+    memset(g, 0, ROWS_N * sizeof *g);
+    for (int i = 0; i < ROWS_N; i++) {
+        int in_table = i >= 2 && i < 10, row = (i - 2) / 2;
+        int live = !in_table || row == step_ids[t][0] || (nids == 2 && row == step_ids[t][1]);
+        if (live)
+            g[i] = (float)((t * 5 + i * 3) % 7 - 3) / 2.0f;
+    }
+    *tab = (OptimRows){2, 4, 2, step_ids[t], nids};
+    return nids;
+}
+
+static void test_table_rows_adagrad_equal_dense_and_adam_is_lazy(void)
+{
+    OptimConfig c;
+    optim_config_default(&c, OPTIM_ADAGRAD);
+    c.lr = 0.1f, c.init_accum = 0.1f;
+    Optimizer *sparse = NULL, *dense = NULL, *adam = NULL;
+    SgError err;
+    CHECK(optim_create(&sparse, &c, ROWS_N, &err) == 0 &&
+          optim_create(&dense, &c, ROWS_N, &err) == 0);
+    optim_config_default(&c, OPTIM_ADAM);
+    c.lr = 0.05f, c.eps = 1e-3f;
+    CHECK(optim_create(&adam, &c, ROWS_N, &err) == 0 && optim_sparse_rows(adam));
+    float ps[ROWS_N], pd[ROWS_N], pa[ROWS_N], g[ROWS_N];
+    double ref[ROWS_N], m[ROWS_N] = {0}, v[ROWS_N] = {0};
+    for (int i = 0; i < ROWS_N; i++)
+        ps[i] = pd[i] = pa[i] = (float)(ref[i] = 0.1 * i - 0.4);
+    for (int t = 0; t < 3; t++) {
+        OptimRows tab;
+        rows_gradient(t, g, &tab);
+        CHECK(optim_step_rows(sparse, ps, g, ROWS_N, &tab, 1, NULL, 0, &err) == 0);
+        CHECK(optim_step(dense, pd, g, ROWS_N, &err) == 0);
+        CHECK(optim_step_rows(adam, pa, g, ROWS_N, &tab, 1, NULL, 0, &err) == 0);
+        const double step = 0.05 * sqrt(1.0 - pow(0.999, t + 1)) / (1.0 - pow(0.9, t + 1));
+        for (int i = 0; i < ROWS_N; i++) {
+            int in_table = i >= 2 && i < 10, row = (i - 2) / 2;
+            int touched = row == tab.ids[0] || (tab.nids == 2 && row == tab.ids[1]);
+            if (in_table && !touched)
+                continue;    /* lazy: untouched rows and their moments stay */
+            if (!in_table) { /* the dense stretches: torch.optim.Adam's rule */
+                m[i] = 0.9 * m[i] + 0.1 * g[i];
+                v[i] = 0.999 * v[i] + 0.001 * (double)g[i] * g[i];
+                ref[i] -= 0.05 / (1.0 - pow(0.9, t + 1)) * m[i] /
+                          (sqrt(v[i]) / sqrt(1.0 - pow(0.999, t + 1)) + 1e-3);
+                continue;
+            }
+            m[i] += (g[i] - m[i]) * 0.1; /* SparseAdam's */
+            v[i] += ((double)g[i] * g[i] - v[i]) * 0.001;
+            ref[i] -= step * m[i] / (sqrt(v[i]) + 1e-3);
+        }
+    }
+    for (int i = 0; i < ROWS_N; i++)
+        CHECK(ps[i] == pd[i] && close_to(pa[i], ref[i], 1e-5));
+    /* table row 2 was never touched: its moments are zero */
+    CHECK(optim_state(adam)[2 + 2 * 2] == 0.0f && optim_state(adam)[ROWS_N + 2 + 2 * 2] == 0.0f);
+    const int32_t unsorted[2] = {3, 1}, outside[1] = {4};
+    OptimRows bad = {2, 4, 2, unsorted, 2};
+    CHECK(optim_step_rows(adam, pa, g, ROWS_N, &bad, 1, NULL, 0, &err) == SG_EINVAL &&
+          strstr(err.msg, "out of order") != NULL);
+    bad = (OptimRows){2, 4, 2, outside, 1};
+    CHECK(optim_step_rows(adam, pa, g, ROWS_N, &bad, 1, NULL, 0, &err) == SG_EINVAL);
+    bad = (OptimRows){6, 4, 2, unsorted + 1, 1};
+    CHECK(optim_step_rows(adam, pa, g, ROWS_N, &bad, 1, NULL, 0, &err) == SG_EINVAL &&
+          strstr(err.msg, "outside the 12 parameters") != NULL);
+    optim_free(sparse);
+    optim_free(dense);
+    optim_free(adam);
+}
+
 int main(void)
 {
     test_adagrad_matches_the_keras_rule();
     test_tensor_norm_clipping_is_per_tensor();
     test_schedules_at_their_boundaries();
+    test_table_rows_adagrad_equal_dense_and_adam_is_lazy();
     return check_report("test_nn_optim");
 }

@@ -1,7 +1,8 @@
 """Batches at the boundary of the C engine (a leaf module): which keys of a
 dict batch hold x and y, and the arrays handed to ``_core.Model``.
 
-The engine takes float32 or uint8 inputs and int32 or int64 labels as they
+The engine takes float32, uint8, int32 or int64 inputs (integers: ids, made
+float32 values in C, exact below 2^24) and int32 or int64 labels as they
 are (no copy when they are C-contiguous); scaling and standardisation happen
 in C as rows are gathered (``Sequential.set_input_transform``). Other dtypes
 are converted here, once: inputs to float32, integer labels to int64.
@@ -15,7 +16,7 @@ import numpy as np
 
 from sparkgrad.errors import InvalidArgumentError
 
-ENGINE_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))
+ENGINE_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
 ENGINE_LABEL_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
@@ -60,9 +61,9 @@ def _arrays(v: object) -> object:
 
 
 def inputs(x: object, input_shape: Sequence[int], name: str | None = None) -> np.ndarray:
-    """x as [n, row] for the engine: float32 and uint8 as they are (a view when
-    contiguous), any other numeric dtype converted to float32. Strings are refused
-    (they go through a StringLookup or Hashing layer on the Input)."""
+    """x as [n, row] for the engine: float32, uint8, int32 and int64 as they are (a view when
+    contiguous), any other numeric dtype converted to float32. Strings are refused (they go
+    through a StringLookup or Hashing layer on the Input)."""
     x = np.asarray(x)
     if x.dtype.kind in "US" or (x.dtype.kind == "O" and x.size and isinstance(x.flat[0], (str, bytes))):
         what = f"input {name!r}" if name else "the input"

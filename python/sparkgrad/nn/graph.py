@@ -25,7 +25,8 @@ class KerasTensor:
     Attributes:
         shape (tuple): ``(None, *per-sample shape)`` for an `Input` (as Keras shows it); None for a
             layer's output until a model computes it (`Model.summary` prints the shapes).
-        dtype (str): ``"float32"``, or ``"uint8"`` for an Input that takes bytes as they are.
+        dtype (str): ``"float32"``, ``"uint8"`` for an Input that takes bytes as they are, ``"int32"`` or
+            ``"int64"`` for ids.
         name (str): The Input's name (its key in a dict of inputs); a layer output's is its layer's.
     """
 
@@ -42,7 +43,8 @@ class KerasTensor:
 
 
 _input_names = itertools.count()
-# "string", "int32" and "int64": raw columns for the preprocessing layers (sparkgrad.nn.preprocessing)
+# "string": raw columns for the preprocessing layers (sparkgrad.nn.preprocessing); "int32" and "int64":
+# ids (an Embedding's, or a preprocessing layer's input)
 INPUT_DTYPES = ("float32", "uint8", "string", "int32", "int64")
 
 
@@ -57,8 +59,10 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
     ```
 
     Args:
-        shape: 1 to 3 dimensions (``(features,)``, ``(steps, features)``, ``(h, w, channels)``).
-        dtype: ``"float32"`` (the default; other numeric arrays are converted) or ``"uint8"``; ``"string"``,
+        shape: 0 to 3 dimensions (``()`` one value, e.g. an id; ``(features,)``, ``(steps, features)``,
+            ``(h, w, channels)``).
+        dtype: ``"float32"`` (the default; other numeric arrays are converted) or ``"uint8"``; ``"int32"`` or
+            ``"int64"`` for ids (an `Embedding`'s; int32 and int64 arrays reach C as they are); ``"string"``,
             ``"int32"`` or ``"int64"`` for an Input that a preprocessing layer reads (`StringLookup`,
             `Hashing`, `IntegerLookup`, `CategoryEncoding`), whose column is mapped in C.
         name: Its name, the key of its array when `fit` and `predict` take a dict (default
@@ -70,7 +74,7 @@ def Input(shape: Sequence[int], dtype: str = "float32", name: str | None = None)
     from sparkgrad.nn.layers import shape3
 
     shape = tuple(int(s) for s in (shape if isinstance(shape, Sequence) else (shape,)))
-    shape3(shape, "Input shape")
+    shape3(shape or (1,), "Input shape")
     if dtype not in INPUT_DTYPES:
         raise ValueError(f"Input dtype must be one of {INPUT_DTYPES}, not {dtype!r}")
     if name is None:

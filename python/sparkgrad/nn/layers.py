@@ -43,6 +43,7 @@ class Kind(enum.IntEnum):
     MAXIMUM = _kind("Maximum")
     MINIMUM = _kind("Minimum")
     DOT = _kind("Dot")
+    EMBEDDING = _kind("Embedding")
 
 
 class Act(enum.IntEnum):
@@ -69,6 +70,7 @@ class Init(enum.IntEnum):
     HE_NORMAL = 2
     HE_UNIFORM = 3
     ZEROS = 4
+    UNIFORM = 5
 
 
 _ACTS = {None: Act.NONE, "linear": Act.NONE, "relu": Act.RELU, "tanh": Act.TANH, "sigmoid": Act.SIGMOID}
@@ -91,6 +93,8 @@ _INITS = {
     "he_normal": Init.HE_NORMAL,
     "he_uniform": Init.HE_UNIFORM,
     "zeros": Init.ZEROS,
+    "uniform": Init.UNIFORM,
+    "random_uniform": Init.UNIFORM,
 }
 
 
@@ -796,4 +800,101 @@ class LayerNormalization(Layer):
             "epsilon": self.epsilon,
             "center": int(self.center),
             "scale": int(self.scale),
+        }
+
+
+MAX_EMBEDDING_ROWS = 1 << 24
+"""The most rows an `Embedding` table has: ids travel through the engine as float32 values, exact below 2^24."""
+
+
+@dataclass(frozen=True, eq=False)
+class Embedding(Layer):
+    """Turns integer ids into rows of a trained table, as Keras' ``Embedding``: ``table[ids]``.
+
+    Ids of shape ``(k,)`` per sample give ``(k, output_dim)`` (``k = 1`` included, as Keras), ids of shape
+    ``()`` give ``(output_dim,)``, ids of shape ``(t, k)`` give ``(t, k, output_dim)``; a `Flatten` after it
+    gives ``k * output_dim`` features. The table is the weight ``"embeddings"``, ``[input_dim,
+    output_dim]``. Feed ids as int32 or int64 arrays (``Input(shape=(k,), dtype="int32")``; float arrays
+    of whole numbers work too): they reach C as they are and become float32 values in the batch gather,
+    exact below 2^24, so ``input_dim`` is at most 2^24 (16,777,216) rows. An id that is negative, not
+    below ``input_dim`` or not an integer stops the step with `InvalidArgumentError` naming the layer,
+    the input, the data row and the column.
+
+    The gradient of the table is the set of rows a batch touched (an id repeated in a batch adds up in
+    one row): SGD (with or without momentum), Adagrad and Adam update only those rows, so a table of
+    millions of rows trains at the speed of the rows a batch uses. SGD without momentum and Adagrad give
+    exactly the dense update; SGD's momentum and Adam are *lazy* on the table: the momentum and moments
+    of rows a step does not touch stay as they are (TensorFlow's sparse momentum update,
+    ``torch.optim.SparseAdam``), where Keras' dense Adam would decay them, and Adam's touched rows follow
+    SparseAdam's arithmetic (bias corrections from the global step). With weight decay, and for AdamW,
+    RMSprop and Adadelta, the table is updated densely (correct, in time proportional to the table).
+    Under `bf16` precision the Embedding stays float32.
+
+    ```python
+    import numpy as np
+    from sparkgrad.nn import Dense, Embedding, Flatten, Input, Model
+
+    ids = Input(shape=(3,), dtype="int32", name="ids")
+    x = Flatten()(Embedding(input_dim=1000, output_dim=8)(ids))
+    model = Model(ids, Dense(1, activation="sigmoid")(x), seed=0)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    rng = np.random.default_rng(0)
+    x_ids = rng.integers(0, 1000, size=(256, 3)).astype(np.int32)
+    model.fit(x_ids, (x_ids[:, 0] % 2).astype(np.float32), batch_size=32, epochs=1, verbose=0)
+    ```
+
+    Args:
+        input_dim (int): Rows of the table: ids are ``0 .. input_dim - 1`` (at most 2^24).
+        output_dim (int): Width of each row.
+        embeddings_initializer (str): ``"uniform"`` (Keras' default: uniform in ``[-0.05, 0.05]``), or any
+            of `Dense`'s ``kernel_initializer`` names (fan-in ``input_dim``, fan-out ``output_dim``).
+        mask_zero (bool): Keras' meaning: id 0 is padding, and the layer would hand a mask to the layers
+            after it. No layer here consumes a mask, so it has no numeric effect (as in Keras when the next
+            layers ignore masks): row 0 is an ordinary row, trained like the others, and ``input_dim``
+            counts it (a vocabulary of ``n`` words with 0 for padding needs ``input_dim = n + 1``).
+        input_shape (tuple[int, ...] | None): The ids' shape per sample, on the first layer of a
+            `Sequential` only.
+        name (str | None): The layer's name.
+
+    Raises:
+        ValueError: ``input_dim`` outside ``[1, 2^24]``, ``output_dim`` < 1 or an unknown initializer.
+    """
+
+    input_dim: int = 0
+    output_dim: int = 0
+    embeddings_initializer: str = "uniform"
+    mask_zero: bool = False
+
+    def __init__(
+        self,
+        input_dim,
+        output_dim,
+        embeddings_initializer="uniform",
+        mask_zero=False,
+        input_shape=None,
+        name=None,
+    ):
+        object.__setattr__(self, "input_dim", int(input_dim))
+        object.__setattr__(self, "output_dim", int(output_dim))
+        object.__setattr__(self, "embeddings_initializer", embeddings_initializer)
+        object.__setattr__(self, "mask_zero", bool(mask_zero))
+        object.__setattr__(self, "input_shape", tuple(input_shape) if input_shape is not None else None)
+        object.__setattr__(self, "name", name)
+        if not 1 <= self.input_dim <= MAX_EMBEDDING_ROWS:
+            raise ValueError(
+                f"Embedding input_dim must be 1 to 2^24 = {MAX_EMBEDDING_ROWS} (ids travel as float32 values, "
+                f"exact below 2^24), not {input_dim!r}"
+            )
+        if self.output_dim < 1:
+            raise ValueError(f"Embedding output_dim must be >= 1, not {output_dim!r}")
+        _init(embeddings_initializer)
+
+    def spec(self) -> dict:
+        """The C core's layer description (see `Layer.spec`)."""
+        return {
+            "kind": int(Kind.EMBEDDING),
+            "input_dim": self.input_dim,
+            "units": self.output_dim,
+            "initializer": int(_init(self.embeddings_initializer)),
+            "mask_zero": int(self.mask_zero),
         }

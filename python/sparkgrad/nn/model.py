@@ -10,8 +10,8 @@ arrays runs its inner loop (gather batch -> forward -> backward -> update) in
 C with the GIL released, returning to Python every ``log_every`` steps for the
 progress bar, logging and callbacks. ``fit`` also takes an iterable of dicts of
 NumPy arrays (e.g. sparkgrad.data.TFRecordDataset), one C call per batch.
-Inputs go to C as they are when they are float32 or uint8 (labels int32 or
-int64); ``set_input_transform`` declares the scale and per-feature
+Inputs go to C as they are when they are float32, uint8, int32 or int64 (ids;
+labels int32 or int64); ``set_input_transform`` declares the scale and per-feature
 standardisation C applies while it gathers each batch.
 """
 
@@ -208,7 +208,7 @@ class Model:
                 spec["shares"] = shares
             specs.append(spec)
         core_shapes = [
-            shape3(s if chain is None else _prep.chain_shape(chain, tuple(s)))
+            shape3((s or (1,)) if chain is None else _prep.chain_shape(chain, tuple(s)))
             for s, chain in zip(shapes, self._chains, strict=True)
         ]
         self._core_shapes = core_shapes
@@ -264,6 +264,13 @@ class Model:
             lambda m: f"({tensors[int(m[1])]!r})" if int(m[1]) < len(tensors) else m[0],
             message,
         )
+
+    def _with_names(self, e: SparkgradError) -> SparkgradError:
+        """A C error of a run with the layers and tensors of its message named (an Embedding's bad id)."""
+        named = self._named(str(e))
+        if named == str(e):
+            return e
+        return type(e)(named, **e.details)
 
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
         """A layer by its name (``"dense_1"``, or the ``name=`` it was given) or by its index in ``layers``,
@@ -466,11 +473,20 @@ class Model:
         """The flat float32 gradient buffer (a view), as the last pass that wrote it left it.
 
         compute_gradients writes it, and so do training steps with any
-        optimizer except plain SGD on a model of Dense, Dropout and Flatten
-        layers in fp32: that update is folded into the weight-gradient
-        products and leaves this buffer untouched.
+        optimizer except plain SGD on a model of Dense, Embedding, merge,
+        Dropout and Flatten layers in fp32: that update is folded into the
+        weight-gradient products and leaves this buffer untouched. An
+        Embedding table's range holds the rows the last pass touched
+        (`touched_rows`) and zeros elsewhere.
         """
         return self._core.grads
+
+    def touched_rows(self) -> list[tuple[int, int, int, np.ndarray]]:
+        """Per `Embedding` table (a shared layer's once), ``(offset, rows, dim, ids)``: where its
+        ``[rows, dim]`` table starts in ``params`` and the rows the last backward pass touched (int32,
+        sorted, unique; a copy). The table's range of ``grads`` is zero outside them, so
+        ``optimizer.apply(params, grads, rows=model.touched_rows())`` updates only those rows."""
+        return self._core.touched_rows()
 
     @property
     def num_params(self) -> int:
@@ -594,13 +610,14 @@ class Model:
         rows = [("Layer (type)", "Output Shape", "Param #") + (() if chain else ("Connected to",))]
         if not chain:
             for t in self.inputs:
-                rows.append((f"{t.name} (InputLayer)", f"(None, {', '.join(map(str, t.shape[1:]))})", "0", "-"))
+                shape = "".join(f", {d}" for d in t.shape[1:])  # "(None)" for one value per sample, as Keras 3
+                rows.append((f"{t.name} (InputLayer)", f"(None{shape})", "0", "-"))
         for t, layers in zip(self.inputs, self._chains, strict=True):  # run in the gather, before the layers
             shape, source = tuple(t.shape[1:]), t.name
             for layer in layers or []:
                 shape = _prep.chain_shape([layer], shape)
                 name = layer.name or type(layer).__name__.lower()
-                row = (f"{name} ({layer.type_name})", f"(None, {', '.join(map(str, shape))})", "0")
+                row = (f"{name} ({layer.type_name})", f"(None{''.join(f', {d}' for d in shape)})", "0")
                 rows.append(row if chain else (*row, source))
                 source = name
         for i, (layer, (_, out, _pad)) in enumerate(zip(self.layers, shapes, strict=True)):
@@ -754,8 +771,8 @@ class Model:
         return list(v)
 
     def input_arrays(self, x: object) -> np.ndarray | list[np.ndarray]:
-        """x as the C engine takes it: ``[n, features]`` float32 or uint8 rows (a list, one per input,
-        with several inputs), from an array, a list in input order or a dict by input name.
+        """x as the C engine takes it: ``[n, features]`` float32, uint8, int32 or int64 rows (a list, one per
+        input, with several inputs), from an array, a list in input order or a dict by input name.
 
         Raises:
             InvalidArgumentError: A missing or unknown input name, a wrong number of arrays, rows that do not
@@ -867,7 +884,10 @@ class Model:
         except SparkgradError as e:  # the good steps before the failing one were applied
             if (update or hook is not None) and isinstance(getattr(e, "step", None), int):
                 self.state.step = int(e.step)
-            raise
+            named = self._with_names(e)
+            if named is e:
+                raise
+            raise named from None
         if update or hook is not None:
             self.state.step = int(r[3])
         return r[:3]
@@ -1119,7 +1139,10 @@ class Model:
     ) -> tuple[float, int, int]:
         """``(loss_sum, seen, steps)`` over arrays; the metrics add to ``state``."""
         xa, ya, w = self.engine_arrays(x, y, sample_weight)
-        return self._core.evaluate(xa, ya, int(batch_size), weights=w, metrics=state, **self._transform_kw())
+        try:
+            return self._core.evaluate(xa, ya, int(batch_size), weights=w, metrics=state, **self._transform_kw())
+        except SparkgradError as e:
+            raise self._with_names(e) from None
 
     def predict(self, x: object, batch_size: int = 128) -> np.ndarray | list[np.ndarray]:
         """The model's outputs for ``x``, in inference mode (dropout off).
@@ -1133,7 +1156,10 @@ class Model:
                 input order or a dict by input name.
             batch_size: Rows per C call.
         """
-        out = self._core.predict(self.input_arrays(x), int(batch_size), **self._transform_kw())
+        try:
+            out = self._core.predict(self.input_arrays(x), int(batch_size), **self._transform_kw())
+        except SparkgradError as e:
+            raise self._with_names(e) from None
         if self._outputs_as_dict:
             return dict(zip(self.output_names, out if isinstance(out, list) else [out], strict=True))
         return out

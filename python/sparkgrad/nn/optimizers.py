@@ -153,12 +153,15 @@ class Optimizer:
             self._tensor_sizes = sizes
         return self._c
 
-    def apply(self, params: np.ndarray, grads: np.ndarray) -> None:
+    def apply(self, params: np.ndarray, grads: np.ndarray, rows: list | None = None) -> None:
         """One optimizer step: updates ``params`` in place from ``grads``.
 
         Args:
             params: A C-contiguous float32 array of any shape, updated in place.
             grads: The gradient, as many values as ``params`` (converted to float32).
+            rows: Embedding tables whose gradient is zero outside some rows, as `Model.touched_rows` gives
+                them: ``(offset, rows, dim, ids)`` each (ids sorted and unique). Where the optimizer is
+                sparse (`sparse_rows`) it updates only those rows of each table; others update densely.
 
         Raises:
             TypeError: ``params`` is not a C-contiguous float32 NumPy array.
@@ -166,7 +169,14 @@ class Optimizer:
         if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
             raise TypeError("params must be a C-contiguous float32 NumPy array (updated in place)")
         grads = np.ascontiguousarray(grads, dtype=np.float32)
-        self.bind(params.size).step(params.reshape(-1), grads.reshape(-1))
+        self.bind(params.size).step(params.reshape(-1), grads.reshape(-1), rows=rows)
+
+    @property
+    def sparse_rows(self) -> bool:
+        """True when an `Embedding` table's step updates only the rows a batch touched: SGD (with or
+        without momentum), Adagrad and Adam, without weight decay. SGD's momentum and Adam are then lazy on
+        the tables (the state of untouched rows stays as it is); the others update tables densely."""
+        return bool(self.bind(self._c.n if self._c is not None else 1).sparse_rows)
 
     @property
     def learning_rate(self) -> float:

@@ -1,0 +1,246 @@
+/*
+ * nn_op_embedding.c - Embedding, as Keras' layer: integer ids in, rows of a
+ * table out. oneDNN has no primitive for it; forward is a gather and
+ * backward a scatter-add, in C.
+ *
+ *   ids    [B, T, K] float32 values (T = 1 for ids of shape (K,) per sample)
+ *   table  [input_dim, D]     ("embeddings", Keras' layout)
+ *   out    [B, T, K, D]       stored as NHWC (T, K, D); (1, K, D) for (K,)
+ *
+ * Ids reach the op as float32 values: the batch gather converts int32 and
+ * int64 inputs exactly below 2^24 (NN_MAX_EMBEDDING_ROWS caps input_dim),
+ * and lookups and hashing produce float-valued ids the same way. Forward
+ * refuses an id that is negative, not below input_dim or not an integer,
+ * naming the input, the data row and the column, before it writes anything.
+ *
+ * The table's gradient is a set of rows. Its range of m->grads is zero
+ * except for the rows the last backward touched (m->touched[table], sorted
+ * and unique; duplicates within a batch summed into one row): a backward
+ * first zeroes the rows the previous one wrote (or the whole range after a
+ * gradient hook, which may write any row), then scatter-adds. So no step
+ * does work in proportion to the table, and dense readers of the buffer (the
+ * allreduce, the parameter-server push, Model.grads) see the right
+ * gradient. Plain SGD folded in (NNOpBackward.sgd_lr) updates the touched
+ * rows and clears them again. A shared Embedding's calls add into one table;
+ * the group's last call (the first the backward reaches) starts the step,
+ * its first finishes it (sorts the rows, tells the hook).
+ *
+ * mask_zero is accepted with Keras' meaning and has no numeric effect: no
+ * layer here consumes a mask. Plan scratch: the batch's ids as int32 [B*T*K].
+ */
+#include "nn/nn_op.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Ids per sample (T * K). */
+static size_t ids_per_sample(const Model *m, int l)
+{
+    const LayerShape *s = &m->shapes[l];
+    return (size_t)s->h * s->w * s->c;
+}
+
+static int embedding_infer(Model *m, int l, SgError *err)
+{
+    const LayerSpec *sp = &m->specs[l];
+    LayerShape *s = &m->shapes[l];
+    if (sp->input_dim < 1 || sp->input_dim > NN_MAX_EMBEDDING_ROWS)
+        return sg_fail(err, SG_EMODEL,
+                       "layer %d (Embedding): input_dim must be 1 to %d (2^24: ids travel as "
+                       "float32 values, exact below it), not %d",
+                       l, NN_MAX_EMBEDDING_ROWS, sp->input_dim);
+    if (sp->units < 1)
+        return sg_fail(err, SG_EMODEL, "layer %d (Embedding): output_dim must be > 0, not %d", l,
+                       sp->units);
+    if (s->h != 1)
+        return sg_fail(err, SG_EMODEL,
+                       "layer %d (Embedding): its input is %dx%dx%d per sample; Embedding takes "
+                       "ids of shape (k,) or (t, k)",
+                       l, s->h, s->w, s->c);
+    s->oh = s->w, s->ow = s->c, s->oc = sp->units;
+    const int shape[2] = {sp->input_dim, sp->units};
+    model_add_param(m, l, "embeddings", NN_FILL_INIT, 2, shape);
+    return 0;
+}
+
+static size_t embedding_scratch(const Model *m, int l, int B)
+{
+    return (size_t)B * ids_per_sample(m, l); /* int32 ids, one float each */
+}
+
+/* SG_EINVAL for the id at flat position i of the batch. */
+static int bad_id(const Model *m, const Plan *p, int l, size_t i, float v, SgError *err)
+{
+    const size_t per = ids_per_sample(m, l);
+    const int t = node_in(m, l, 0);
+    char where[48], what[96];
+    if (t < m->ninputs)
+        snprintf(where, sizeof where, "input %d (tensor %d)", t, t);
+    else
+        snprintf(where, sizeof where, "its input (tensor %d)", t);
+    if (isfinite(v) && v == floorf(v))
+        snprintf(what, sizeof what, "is outside [0, %d)%s", m->specs[l].input_dim,
+                 fabsf(v) >= 16777216.0f ? " (shown as float32 holds it)" : "");
+    else
+        snprintf(what, sizeof what, "is not an integer");
+    return sg_fail(err, SG_EINVAL,
+                   "layer %d (Embedding): id %.9g in column %zu of row %lld of %s %s", l, (double)v,
+                   i % per, (long long)p->rows[i / per], where, what);
+}
+
+/* out[i] = table[ids[i]], the ids checked first. */
+static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *err)
+{
+    (void)training;
+    int rc = DNNL(err, dnnl_stream_wait, m->stream); /* the CPU reads what primitives wrote */
+    if (rc < 0)
+        return rc;
+    const size_t n = (size_t)p->B * ids_per_sample(m, l), D = (size_t)m->specs[l].units;
+    const float *src = op_src(m, p, l, 0), rows = (float)m->specs[l].input_dim;
+    int32_t *ids = (int32_t *)p->lp[l].scratch;
+    for (size_t i = 0; i < n; i++) {
+        const float v = src[i];
+        if (!(v >= 0.0f && v < rows) || v != floorf(v))
+            return bad_id(m, p, l, i, v, err);
+        ids[i] = (int32_t)v;
+    }
+    const float *table = m->params + op_param(m, l, 0)->offset;
+    float *dst = op_dst(m, p, l);
+    /* rows of a few floats: a loop the compiler vectorises beats a memcpy call each */
+#pragma omp parallel for schedule(static) if (n * D >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        const float *restrict row = table + (size_t)ids[i] * D;
+        float *restrict out = dst + i * D;
+#pragma omp simd
+        for (size_t j = 0; j < D; j++)
+            out[j] = row[j];
+    }
+    return 0;
+}
+
+/* Sorts a[0..n) (values in [0, 2^24)) by LSD radix, 8 bits a pass, and
+ * drops repeats: the count of distinct values. */
+static size_t sort_unique(int32_t *a, int32_t *tmp, size_t n)
+{
+    int32_t top = 0;
+    for (size_t i = 0; i < n; i++)
+        top = a[i] > top ? a[i] : top;
+    int32_t *src = a, *dst = tmp;
+    for (int shift = 0; shift < 32 && (top >> shift) > 0; shift += 8) {
+        size_t count[257] = {0};
+        for (size_t i = 0; i < n; i++)
+            count[((src[i] >> shift) & 255) + 1]++;
+        for (int k = 0; k < 256; k++)
+            count[k + 1] += count[k];
+        for (size_t i = 0; i < n; i++)
+            dst[count[(src[i] >> shift) & 255]++] = src[i];
+        int32_t *t = src;
+        src = dst, dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, n * sizeof *a);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || a[i] != a[u - 1])
+            a[u++] = a[i];
+    return u;
+}
+
+/* Zeroes what the table's gradient range may hold from before: the rows the
+ * last backward wrote, or all of it after a hook. */
+static void clear_rows(NnTable *tb, const OptimRows *tr, float *g)
+{
+    const size_t D = tr->dim;
+    if (tb->grads_whole) {
+        const size_t n = tr->rows * D, chunk = 1 << 20;
+#pragma omp parallel for schedule(static) if (n > chunk)
+        for (size_t at = 0; at < n; at += chunk)
+            memset(g + at, 0, (n - at < chunk ? n - at : chunk) * sizeof(float));
+    } else if (tb->grads_rows) {
+        for (size_t i = 0; i < tr->nids; i++)
+            memset(g + (size_t)tr->ids[i] * D, 0, D * sizeof(float));
+    }
+    tb->grads_whole = tb->grads_rows = 0;
+}
+
+/* Room for `more` ids beyond `have` in the table's buffers. */
+static int reserve_ids(NnTable *tb, size_t have, size_t more, SgError *err)
+{
+    if (have + more <= tb->cap)
+        return 0;
+    size_t cap = 2 * (have + more);
+    int32_t *ids = realloc(tb->ids, cap * sizeof *ids);
+    if (ids != NULL)
+        tb->ids = ids;
+    int32_t *tmp = ids ? realloc(tb->tmp, cap * sizeof *tmp) : NULL;
+    if (tmp == NULL)
+        return sg_fail(err, SG_ENOMEM, "Embedding: cannot allocate %zu row ids", cap);
+    tb->tmp = tmp;
+    tb->cap = cap;
+    return 0;
+}
+
+static int embedding_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err)
+{
+    int rc = DNNL(err, dnnl_stream_wait, m->stream);
+    if (rc < 0)
+        return rc;
+    OptimRows *tr = &m->touched[m->table_of[l]];
+    NnTable *tb = &m->tables[m->table_of[l]];
+    const size_t n = (size_t)p->B * ids_per_sample(m, l), D = tr->dim;
+    float *g = m->grads + tr->off;
+    if (!m->accumulate[l]) { /* the step's first call of this table */
+        clear_rows(tb, tr, g);
+        tr->nids = 0;
+        /* from here the rows listed (unsorted until the last call) are what
+         * the range holds, also if the pass stops before that call */
+        tb->grads_rows = 1;
+    }
+    if ((rc = reserve_ids(tb, tr->nids, n, err)) < 0)
+        return sg_context(err, "layer %d (Embedding): ", l);
+    tr->ids = tb->ids;
+    const int32_t *ids = (const int32_t *)p->lp[l].scratch;
+    const float *dy = op_ddst(m, p, l);
+    for (size_t i = 0; i < n; i++) {
+        float *row = g + (size_t)ids[i] * D;
+        const float *d = dy + i * D;
+#pragma omp simd
+        for (size_t j = 0; j < D; j++)
+            row[j] += d[j];
+    }
+    memcpy(tb->ids + tr->nids, ids, n * sizeof *ids);
+    tr->nids += n;
+    if (!m->tells[l])
+        return 0;
+    /* the table's last call: its rows, sorted and unique */
+    tr->nids = sort_unique(tb->ids, tb->tmp, tr->nids);
+    if (how->sgd_lr != NULL) { /* folded plain SGD: p -= lr * g on those rows, then g = 0 */
+        const float lr = *how->sgd_lr;
+        float *w = m->params + tr->off;
+        for (size_t i = 0; i < tr->nids; i++) {
+            const size_t at = (size_t)tr->ids[i] * D;
+#pragma omp simd
+            for (size_t j = 0; j < D; j++) {
+                w[at + j] -= lr * g[at + j];
+                g[at + j] = 0.0f;
+            }
+        }
+        tb->grads_rows = 0;
+    }
+    if (how->hook != NULL && how->hook->ready != NULL &&
+        (rc = how->hook->ready(how->hook->ctx, m->grads, tr->off, tr->rows * D, err)) < 0)
+        return sg_context(err, "gradient hook on layer %d: ", l);
+    return 0;
+}
+
+const NnOpKind nn_op_embedding = {
+    "Embedding",
+    NN_OP_FOLDS_SGD | NN_OP_SPARSE_ROWS,
+    embedding_infer,
+    embedding_scratch,
+    NULL,
+    embedding_forward,
+    embedding_backward,
+};
