@@ -247,7 +247,10 @@ $(ANCHORS_STAMP): pyproject.toml $(DEPS_STAMP)
 # 2026-12-02 with nothing installed) and the benches 13 min 49 s. bench_train is the longest (5.0 min:
 # about 20 subprocesses, two torch.compile and four XLA compiles; measured before its binary and regression
 # rows, two more MLP-sized models: 2.3 of its 7.3 min with --quick on a loaded machine), then bench_feed (2.1 min) and
-# bench_cluster (1.6 min; TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll).
+# bench_cluster (1.6 min; TensorFlowOnSpark's shutdown() alone sleeps 5 s per poll). bench_tabular (added after
+# that count) took 8.2 min with --quick on a loaded machine (load 2.8 to 6; about 40 subprocesses, 3 seeds per
+# system for its AUC and R2) before sparkgrad had Embedding; its full run (2M-row tables, 1 and 2 threads) is
+# longer: every configuration of a dense 2M-row table steps at about 0.1 to 0.4 s.
 bench: build $(ANCHORS_STAMP) build/bench/gemm_peak
 	@mkdir -p bench/results
 	@set -e; for b in bench/bench_*.py bench/accuracy_cnn.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) $$b --update $(BENCH_ARGS); done

@@ -414,6 +414,32 @@ def _hvd_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
+# bench_tabular.py's models: (name in its metrics, name in the tables, its quality metric)
+TABULAR_MODELS = (("click", "wide-and-deep click model", "auc"), ("rossmann", "Rossmann-shaped regression", "r2"))
+TABULAR_PS = "ps_click_1000000rows"
+
+
+def _tabular_lines(rows: list[dict]) -> list[tuple]:
+    """samples/s against each anchor at its best per model and thread count, then the quality medians over
+    seeds (a difference), then the parameter server's sparse rows against the dense table."""
+    lines = []
+    for t in (1, 2):
+        for model, title, _ in TABULAR_MODELS:
+            m = f"{model}_b512_t{t}_samples_per_s"
+            for anchor in ("torch", "keras"):
+                lines.append((f"{title}, {t} thread{'s' if t > 1 else ''}", ("sparkgrad", m), (anchor, m), "higher"))
+    for model, title, quality in TABULAR_MODELS:
+        m = f"{model}_{quality}_median"
+        for anchor in ("torch", "keras"):
+            lines.append((f"{title}, {quality.upper()} (median over seeds)", ("sparkgrad", m), (anchor, m), "diff"))
+    sparse, dense = "sparkgrad ps, 1 ps + 2 workers, sparse rows", "sparkgrad ps, 1 ps + 2 workers, dense table"
+    lines.append(("ps, 1M-row table: samples/s", (sparse, f"{TABULAR_PS}_samples_per_s"),
+                  (dense, f"{TABULAR_PS}_samples_per_s"), "higher"))  # fmt: skip
+    lines.append(("ps, 1M-row table: bytes on the wire per step", (sparse, f"{TABULAR_PS}_bytes_per_step"),
+                  (dense, f"{TABULAR_PS}_bytes_per_step"), "lower"))  # fmt: skip
+    return lines
+
+
 # file stem -> (title, what it compares, lines)
 COMPARISONS = {
     "train": (
@@ -475,6 +501,14 @@ COMPARISONS = {
         "rate-limited links (info: the allreduce's share of the link rate; short of it, the CPUs the simulated "
         "hosts share are the limit), modes interleaved in one run",
         _security_lines,
+    ),
+    "tabular": (
+        "Tabular models: wide-and-deep click model and Rossmann-shaped regression (samples/s; AUC, R2)",
+        "sparkgrad against PyTorch (dense and sparse embeddings, eager, torch.compile, bf16 autocast) and Keras "
+        "at their best configuration, on synthetic data of known structure; the AUC or R2 after the same epochs "
+        "as a difference of medians over seeds; the parameter server with embedding rows sent sparse against "
+        "the table sent dense",
+        _tabular_lines,
     ),
 }
 

@@ -16,6 +16,7 @@ def _load(name: str):
     sys.path.insert(0, str(ROOT / "bench"))  # report.py imports benchlib from beside it
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
@@ -109,3 +110,74 @@ def test_python_with_finds_the_first_interpreter_that_imports_the_modules_or_say
     python, why = benchlib.python_with(["/nonexistent/python", sys.executable], ["no_such_module_here"])
     assert python is None
     assert "/nonexistent/python: absent" in why and "No module named 'no_such_module_here'" in why
+
+
+# ---- bench_tabular.py's data and scores -------------------------------------------------------------
+
+
+def test_tabular_cardinalities_are_criteo_capped_to_the_table_budget():
+    tab = _load("bench_tabular")
+    for budget in (2_000_000, 220_000):
+        cards = tab.capped_cardinalities(budget)
+        cap = max(cards)
+        assert budget - len(cards) < sum(cards) <= budget  # the largest cap that fits
+        assert [min(c, cap) for c in tab.CRITEO_CARDINALITIES] == cards
+    assert tab.capped_cardinalities(10**9) == list(tab.CRITEO_CARDINALITIES)
+
+
+def test_tabular_roc_auc_counts_pairs_with_ties_as_halves_and_r2_is_one_minus_the_residual_share():
+    import numpy as np
+
+    tab = _load("bench_tabular")
+    rng = np.random.default_rng(3)
+    y = rng.random(300) < 0.3
+    s = rng.integers(0, 20, 300).astype(np.float32)  # many ties
+    pos, neg = s[y], s[~y]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert tab.roc_auc(y, s) == pytest.approx(pairs / (len(pos) * len(neg)), abs=1e-12)
+    assert tab.roc_auc([0, 1, 0, 1], [0.1, 0.9, 0.2, 0.8]) == 1.0
+    with pytest.raises(ValueError, match="both classes"):
+        tab.roc_auc([1, 1], [0.2, 0.3])
+    t = rng.normal(size=100)
+    assert tab.r2_score(t, t) == 1.0 and tab.r2_score(t, np.full(100, t.mean())) == pytest.approx(0.0)
+
+
+def test_tabular_data_has_the_structure_the_bench_claims():
+    import numpy as np
+
+    tab = _load("bench_tabular")
+    cards = tab.capped_cardinalities(220_000)
+    d = tab.click_data(20_000, cards, seed=5)
+    assert d["cat"].dtype == np.int32 and d["cat"].shape == (20_000, 26) and d["num"].shape == (20_000, 13)
+    starts = np.concatenate([[0], np.cumsum(cards)[:-1]])
+    local = d["cat"] - starts
+    assert (local >= 0).all() and (local < np.array(cards)).all()  # each column inside its own table
+    big = int(np.argmax(cards))  # Zipf ids: the 1% most frequent rows of the largest table take most draws
+    counts = np.sort(np.bincount(local[:, big], minlength=cards[big]))[::-1]
+    assert counts[: cards[big] // 100].sum() > 0.4 * len(local)
+    assert 0.2 < d["y"].mean() < 0.4 and tab.roc_auc(d["y"], d["p"]) > 0.8  # learnable, and not trivially
+    r = tab.rossmann_data(20_000)
+    assert r["cat"].shape == (20_000, 13) and abs(float(r["y"].std()) - 1) < 1e-3 and 0.8 < 1 - r["noise_var"] < 0.95
+
+
+def test_tabular_report_compares_with_each_anchor_at_its_best_and_the_ps_rows_are_not_invented(tmp_path, monkeypatch):
+    tab, report = _load("bench_tabular"), _load("report")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    m = "click_b512_t1_samples_per_s"
+    rows = [
+        benchlib.not_measured("sparkgrad", m, "sparkgrad: Embedding not available", "samples/s"),
+        benchlib.median_row("torch", m, [40e3, 50e3, 45e3], "samples/s (median)", config="sparse + SparseAdam, eager"),
+        benchlib.row("torch", "click_auc_median", 0.76, "AUC (median over 3 seeds)", config="sparse"),
+        benchlib.row("sparkgrad", "click_auc_median", 0.758, "AUC (median over 3 seeds)"),
+        *tab.ps_rows(quick=True),
+    ]
+    assert all(r["value"] is None and "not in this sparkgrad" in r["reason"] for r in tab.ps_rows(quick=False))
+    lines = {(ln["name"], ln["anchor"]): ln for ln in report.comparison_lines("tabular", rows)}
+    speed = lines[("wide-and-deep click model, 1 thread", "torch (sparse + SparseAdam, eager)")]
+    assert speed["ratio"] is None and speed["theirs"]["value"] == 45e3
+    assert lines[("wide-and-deep click model, AUC (median over seeds)", "torch (sparse)")]["ratio"] == pytest.approx(
+        -0.002
+    )
+    assert ("ps, 1M-row table: samples/s", "sparkgrad ps, 1 ps + 2 workers, dense table") in lines
+    benchlib.write_results(tmp_path / "tabular.json", rows, benchlib.metadata("tabular", argv=[]))
+    assert "not measured: sparkgrad: Embedding not available" in report.render()
