@@ -421,16 +421,14 @@ def test_a_model_takes_a_column_per_input_beyond_sixteen():
     """A tabular model has an input per column (26 categorical ones in Criteo): up to 64 inputs."""
     cols = [Input(shape=(1,), dtype="int32", name=f"c{j}") for j in range(26)]
     parts = [Flatten()(Embedding(5, 2)(c)) for c in cols]
-    while len(parts) > 1:  # Concatenate joins 2 to 8 tensors
-        parts = [Concatenate()(parts[i : i + 8]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 8)]
-    m = Model(cols, Dense(1)(parts[0]), seed=0)
+    m = Model(cols, Dense(1)(Concatenate()(parts)), seed=0)  # one Concatenate of 26, as Keras users write it
     m.compile(optimizer=Adam(0.01), loss="mse")
     x = [np.full((8, 1), j % 5, np.int32) for j in range(26)]
     m.fit(x, np.ones((8, 1), np.float32), batch_size=4, epochs=1, verbose=0)
     assert len(m.touched_rows()) == 26
     many = [Input(shape=(1,)) for _ in range(65)]
-    parts = many
-    while len(parts) > 1:
-        parts = [Concatenate()(parts[i : i + 8]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 8)]
+    with pytest.raises(ModelError, match="2 to 64 tensors"):
+        Concatenate()(many)
+    parts = [Concatenate()(many[i : i + 64]) if len(many[i : i + 64]) > 1 else many[i] for i in range(0, 65, 64)]
     with pytest.raises(ModelError, match="1 to 64 inputs"):
-        Model(many, Dense(1)(parts[0]))
+        Model(many, Dense(1)(Concatenate()(parts)))

@@ -217,7 +217,7 @@ def test_bad_graphs_name_the_layers_inputs_and_shapes():
         Model(a, Dense(1)(Concatenate()([x, b])))
     with pytest.raises(ModelError, match="input 'b' is not connected to the outputs"):
         Model([a, b], Dense(1)(x))
-    with pytest.raises(ModelError, match="called on a list of 2 to 8 tensors"):
+    with pytest.raises(ModelError, match="called on a list of 2 to 64 tensors"):
         Add()(x)
     with pytest.raises(ModelError, match="called on ndarray"):
         Dense(1)(np.zeros((2, 4)))

@@ -292,7 +292,7 @@ def test_merge_shape_errors_name_the_layer_and_its_inputs():
         Subtract()([a, c, a])
     with pytest.raises(ModelError, match="Dot is called on a list of exactly 2 tensors"):
         Dot(axes=-1)([a, c, a])
-    with pytest.raises(ModelError, match="Multiply is called on a list of 2 to 8 tensors"):
+    with pytest.raises(ModelError, match="Multiply is called on a list of 2 to 64 tensors"):
         Multiply()([a])
 
 

@@ -107,8 +107,10 @@ static int shape_layer(Model *m, int l, SgError *err)
         return sg_fail(err, SG_EMODEL, "layer %d: unknown layer kind %d", l, (int)sp->kind);
     const int merge = (op->flags & NN_OP_MERGE) != 0;
     if (merge ? nd->ninputs < 2 || nd->ninputs > NN_MAX_NODE_INPUTS : nd->ninputs != 1)
-        return sg_fail(err, SG_EMODEL, "layer %d (%s) reads %s, not %d", l, op->name,
-                       merge ? "2 to 8 tensors" : "one tensor", nd->ninputs);
+        return merge ? sg_fail(err, SG_EMODEL, "layer %d (%s) reads 2 to %d tensors, not %d", l,
+                               op->name, NN_MAX_NODE_INPUTS, nd->ninputs)
+                     : sg_fail(err, SG_EMODEL, "layer %d (%s) reads one tensor, not %d", l,
+                               op->name, nd->ninputs);
     for (int k = 0; k < nd->ninputs; k++)
         if (nd->inputs[k] < 0 || nd->inputs[k] >= node_out(m, l))
             return sg_fail(err, SG_EMODEL,

@@ -117,7 +117,7 @@ typedef struct LayerSpec {
 #define NN_MAX_EMBEDDING_ROWS (1 << 24)
 
 /* Inputs a node may read, and inputs and outputs a model may have. */
-#define NN_MAX_NODE_INPUTS 8
+#define NN_MAX_NODE_INPUTS 64
 #define NN_MAX_IO          64
 
 /* One node of the graph: its layer and the tensors it reads (see above).

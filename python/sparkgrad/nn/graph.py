@@ -88,7 +88,7 @@ def call_layer(layer, inputs) -> KerasTensor:
     merge = getattr(layer, "merge", False)
     name = type(layer).__name__
     if merge:
-        most = getattr(layer, "max_inputs", 8)
+        most = getattr(layer, "max_inputs", 64)
         if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= most:
             count = "exactly 2" if most == 2 else f"2 to {most}"
             raise ModelError(f"{name} is called on a list of {count} tensors, not {inputs!r}")

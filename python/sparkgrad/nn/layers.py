@@ -470,7 +470,7 @@ class _Merge(Layer):
     """A layer called on a list of 2 to ``max_inputs`` tensors."""
 
     merge = True
-    max_inputs = 8
+    max_inputs = 64  # NN_MAX_NODE_INPUTS
 
     def __init__(self, name=None, input_shape=None):
         if input_shape is not None:
