@@ -95,7 +95,8 @@ static void test_adam_on_two_shards(void)
     for (int t = 0; t < STEPS; t++) {
         for (int i = 0; i < TOTAL; i++)
             g[i] = grad(t, i);
-        CHECK(ps_client_exchange(c, PS_OP_PUSH_PULL, g, got, &step, NULL, &err) == 0 && step == (uint64_t)t + 1);
+        CHECK(ps_client_exchange(c, PS_OP_PUSH_PULL, g, got, &step, NULL, &err) == 0 &&
+              step == (uint64_t)t + 1);
         CHECK(optim_step(ref, local, g, TOTAL, &err) == 0);
     }
     CHECK(memcmp(got, local, sizeof got) == 0); /* elementwise rule, same code: bit-identical */
