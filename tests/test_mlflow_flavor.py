@@ -89,8 +89,38 @@ def test_a_functional_model_logs_loads_and_predicts_through_pyfunc(mlflow_store)
     np.testing.assert_array_equal(sgmlflow.load_model(info.model_uri).predict(x), model.predict(x))
     np.testing.assert_allclose(mlflow.pyfunc.load_model(info.model_uri).predict(x), model.predict(x), rtol=1e-6)
     a, b = Input(shape=(2,), name="a"), Input(shape=(2,), name="b")
-    with pytest.raises(InvalidArgumentError, match=r"one input and one output.*inputs \['a', 'b'\]"):
-        _log(NnModel([a, b], Dense(1)(Add()([a, b]))))
+    with pytest.raises(
+        InvalidArgumentError, match=r"^sparkgrad.mlflow saves models of one output; this one has outputs \['dense"
+    ):
+        _log(NnModel([a, b], [Dense(1)(a), Dense(1)(b)]))
+
+
+def test_a_model_of_several_inputs_takes_a_dataframe_column_per_input_named_or_mapped(mlflow_store):
+    from sparkgrad.nn import CategoryEncoding, Concatenate, Hashing, Input
+    from sparkgrad.nn import Model as NnModel
+
+    word, ids, value = Input((1,), dtype="string", name="word"), Input((1,), dtype="int64", name="ids"), Input((2,))
+    hashed = CategoryEncoding(num_tokens=8, output_mode="one_hot")(Hashing(num_bins=8)(word))
+    model = NnModel([word, ids, value], Dense(1)(Concatenate()([hashed, ids, value])), seed=1)
+    model.compile(loss="mse")
+    frame = pd.DataFrame(
+        {"w": ["a", "bb", "köln"], "i": np.array([1, 5, 7]), "v": [np.array([0.5, 1.0]), [2.0, -1.0], [0.0, 3.0]]}
+    )
+    x = {"word": frame["w"].to_numpy(object), "ids": frame["i"].to_numpy(), value.name: np.stack(frame["v"])}
+    mapping = {"w": "word", "i": "ids", "v": value.name}
+    with mlflow.start_run():
+        info = sgmlflow.log_model(model, name="mapped", input_mapping=mapping)
+    pyfunc = mlflow.pyfunc.load_model(info.model_uri)
+    from mlflow.types.schema import Array, DataType
+
+    assert [(c.name, c.type) for c in pyfunc.metadata.get_input_schema().inputs] == [
+        ("w", DataType.string),
+        ("i", DataType.long),
+        ("v", Array(DataType.double)),
+    ]
+    np.testing.assert_allclose(pyfunc.predict(frame), model.predict(x), rtol=1e-6)
+    with pytest.raises(InvalidArgumentError, match=r"input_mapping .* must map columns to the model's inputs.*'ids'"):
+        _log(model, input_mapping={"w": "word", "v": value.name})
 
 
 def test_saved_model_carries_the_inferred_tensor_signature_and_the_sgmodel_file(mlflow_store, tmp_path):

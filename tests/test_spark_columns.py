@@ -5,13 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sparkgrad.errors import InvalidArgumentError
-from sparkgrad.spark.columns import FeatureSpec, feature_columns
+from sparkgrad.spark.columns import FeatureSpec, InputColumns, input_columns
 
 pa = pytest.importorskip("pyarrow")
 
 
+def _spec(features, width, shape, label=None, loss="sparse_categorical_crossentropy", classes=0):
+    """The spec of a model of one float32 input of ``shape`` fed by ``features``."""
+    assert int(np.prod(shape)) == width
+    return FeatureSpec((InputColumns("x", tuple(features), "float32", tuple(shape)),), label, loss, classes)
+
+
 def test_input_columns_are_flattened_and_concatenated_in_order_and_labels_become_int64():
-    spec = FeatureSpec(("a", "b", "c"), 6, (6,), "y", classes=3)
+    spec = _spec(("a", "b", "c"), 6, (6,), "y", classes=3)
     cols = {
         "a": np.array([[1, 2], [3, 4]], np.float32),
         "b": np.array([[[5, 6], [7, 8]], [[9, 10], [11, 12]]], np.uint8),  # [rows, 2, 2] -> 4 values
@@ -19,12 +25,12 @@ def test_input_columns_are_flattened_and_concatenated_in_order_and_labels_become
         "y": np.array([2.0, 0.0]),  # StringIndexer's doubles
     }
     out = spec(cols, 0, 0)
-    assert out["x"].dtype == np.float32 and out["x"].tolist() == [[1, 2, 5, 6, 7, 8], [3, 4, 9, 10, 11, 12]]
+    assert out["x0"].dtype == np.float32 and out["x0"].tolist() == [[1, 2, 5, 6, 7, 8], [3, 4, 9, 10, 11, 12]]
     assert out["y"].dtype == np.int64 and out["y"].tolist() == [2, 0]
 
 
 def test_a_single_binary_column_stays_uint8_and_an_empty_frame_has_the_model_width():
-    spec = FeatureSpec(("raw",), 4, (2, 2))
+    spec = _spec(("raw",), 4, (2, 2))
     x = spec.x({"raw": np.arange(8, dtype=np.uint8).reshape(2, 4)}, 0, 0)
     assert x.dtype == np.uint8 and x.shape == (2, 4)
     assert spec.x({"raw": np.zeros((0, 0), np.uint8)}, 0, 0).shape == (0, 4)
@@ -43,14 +49,14 @@ def test_a_single_binary_column_stays_uint8_and_an_empty_frame_has_the_model_wid
     ids=["too_big", "fraction", "negative"],
 )
 def test_labels_out_of_range_are_refused_naming_partition_row_and_range(y, message):
-    spec = FeatureSpec(("x",), 1, (1,), "y", classes=3)
+    spec = _spec(("x",), 1, (1,), "y", classes=3)
     with pytest.raises(InvalidArgumentError, match=message) as e:
         spec({"x": np.zeros((2, 1), np.float32), "y": y}, 5, 10)
     assert e.value.column == "y" and e.value.partition == 5
 
 
 def test_binary_labels_become_float32_targets_and_values_outside_0_1_name_partition_and_row():
-    spec = FeatureSpec(("x",), 1, (1,), "y", "binary_crossentropy", classes=1)
+    spec = _spec(("x",), 1, (1,), "y", "binary_crossentropy", classes=1)
     x = np.zeros((3, 1), np.float32)
     for y in (np.array([0.0, 1.0, 0.25]), np.array([False, True, False])):
         out = spec({"x": x, "y": y}, 0, 0)["y"]
@@ -65,7 +71,7 @@ def test_binary_labels_become_float32_targets_and_values_outside_0_1_name_partit
 
 
 def test_regression_targets_must_be_finite_and_of_the_models_output_width():
-    spec = FeatureSpec(("x",), 1, (1,), "t", "mean_squared_error", classes=2)
+    spec = _spec(("x",), 1, (1,), "t", "mean_squared_error", classes=2)
     x = np.zeros((2, 1), np.float32)
     assert spec({"x": x, "t": np.array([[1.5, -2.0], [0.0, 3.0]])}, 0, 0)["y"].tolist() == [[1.5, -2.0], [0.0, 3.0]]
     with pytest.raises(
@@ -104,7 +110,7 @@ def test_output_kind_and_binary_scores_follow_the_loss_and_the_head():
 
 
 def test_rows_of_the_wrong_width_are_refused_naming_columns_partition_and_rows():
-    spec = FeatureSpec(("a", "b"), 5, (5,))
+    spec = _spec(("a", "b"), 5, (5,))
     with pytest.raises(
         InvalidArgumentError,
         match=r"^partition 2, rows 100..102: columns 'a', 'b' hold 4 values per row together; the model takes 5 "
@@ -113,12 +119,119 @@ def test_rows_of_the_wrong_width_are_refused_naming_columns_partition_and_rows()
         spec.x({"a": np.zeros((3, 2)), "b": np.zeros((3, 2))}, 2, 100)
 
 
-def test_feature_columns_come_from_input_mapping_then_input_cols_then_features_col():
-    assert feature_columns("f", None, {"p": "x", "q": "x", "l": "y"}, "E") == ("p", "q")
-    assert feature_columns("f", ["a", "b"], None, "E") == ("a", "b")
-    assert feature_columns("f", None, None, "E") == ("f",)
+def test_one_input_takes_input_mapping_then_input_cols_then_features_col():
+    from sparkgrad.nn import Dense, Sequential
+
+    one = Sequential([Dense(1, input_shape=(3,))])
+    name = one.input_names[0]
+
+    def cols(*args):
+        return [inp.columns for inp in input_columns(one, *args, "E")]
+
+    assert cols("f", None, {"p": "x", "q": "x", "l": "y"}) == [("p", "q")]
+    assert cols("f", None, {"p": name, "l": "y"}) == [("p",)]  # the Input's own name works too
+    assert cols("f", ["a", "b"], None) == [("a", "b")]
+    assert cols("f", None, None) == [("f",)]
     with pytest.raises(InvalidArgumentError, match=r"input_mapping maps columns to 'x' \(features\) or 'y'"):
-        feature_columns("f", None, {"p": "image"}, "E")
+        cols("f", None, {"p": "image"})
+
+
+def _tabular_model():
+    from sparkgrad.nn import CategoryEncoding, Concatenate, Dense, Input, Model, StringLookup
+
+    city = Input(shape=(1,), dtype="string", name="city")
+    ids = Input(shape=(1,), dtype="int64", name="shop")
+    amount = Input(shape=(2,), name="amount")
+    hot = CategoryEncoding(num_tokens=4, output_mode="one_hot")(StringLookup(vocabulary=["a", "b", "c"])(city))
+    return Model([city, ids, amount], Dense(1)(Concatenate()([hot, ids, amount])), seed=0)
+
+
+def test_several_inputs_take_columns_by_input_name_or_by_input_mapping():
+    model = _tabular_model()
+    by_name = input_columns(model, "features", ["amount", "city", "shop"], None, "E")
+    assert [(i.name, i.columns, i.dtype, i.shape) for i in by_name] == [
+        ("city", ("city",), "string", (1,)),
+        ("shop", ("shop",), "int64", (1,)),
+        ("amount", ("amount",), "float32", (2,)),
+    ]
+    mapped = input_columns(model, None, None, {"town": "city", "a1": "amount", "a2": "amount", "s": "shop"}, "E")
+    assert [i.columns for i in mapped] == [("town",), ("s",), ("a1", "a2")]  # a1 and a2 are concatenated
+
+
+@pytest.mark.parametrize(
+    ("cols", "mapping", "message"),
+    [
+        (None, None, r"^E: the model has inputs \['city', 'shop', 'amount'\]: set inputCols to columns named as"),
+        (["city", "shop"], None, r"^E: input 'amount' of the model has no column: name a column as the input"),
+        (["city", "shop", "amount", "extra"], None, r"^E: inputCols has 'extra', which is not an input of the model"),
+        (None, {"c": "city", "s": "shop", "a": "x"}, r"^E: input_mapping maps column 'a' to 'x', which is not an"),
+        (None, {"c": "city", "d": "city", "s": "shop", "a": "amount"}, r"^E: input 'city' takes strings .* from one"),
+    ],
+    ids=["nothing_mapped", "input_without_column", "unknown_column", "x_for_several", "two_string_columns"],
+)
+def test_a_mapping_that_does_not_fit_the_inputs_names_the_column_or_the_input(cols, mapping, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        input_columns(_tabular_model(), "features", cols, mapping, "E")
+
+
+def test_strings_travel_the_feed_padded_and_come_back_as_the_same_string_column():
+    from sparkgrad.cluster.arrow_feed import batch_to_columns
+    from sparkgrad.nn.preprocessing import StringColumn
+
+    model = _tabular_model()
+    spec = FeatureSpec(input_columns(model, None, ["city", "shop", "amount"], None, "E"), "y", "mse", 1)
+    spec = FeatureSpec(
+        tuple(
+            InputColumns(i.name, i.columns, i.dtype, i.shape, pad=6 if i.dtype == "string" else 0) for i in spec.inputs
+        ),
+        "y",
+        "mse",
+        1,
+    )
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "city": pa.array(["zz", "a", "köln", "", "c", "b"]),
+            "shop": pa.array(np.array([3, 1, 4, 1, 5, 9], np.int64)),
+            "amount": pa.array([[1.0, 2.0]] * 6, pa.list_(pa.float64())),
+            "y": pa.array(np.arange(6.0)),
+        }
+    ).slice(1)  # a slice: Arrow's offsets do not start at 0
+    cols = batch_to_columns(batch, 3, 10, strings=True)
+    assert isinstance(cols["city"], StringColumn) and cols["city"].offsets.dtype == np.int32
+    frame = spec(cols, 3, 10)
+    assert frame["x0"].shape == (5, 6) and frame["x0_len"].tolist() == [1, 5, 0, 1, 1]  # köln is 5 bytes
+    x = spec.from_wire(frame)
+    want = {"city": np.array(["a", "köln", "", "c", "b"], object), "shop": cols["shop"], "amount": cols["amount"]}
+    np.testing.assert_array_equal(model.predict(x), model.predict(want))
+    assert x["shop"].dtype == np.int64 and x["shop"].ravel().tolist() == [1, 4, 1, 5, 9]
+    too_long = FeatureSpec(tuple(InputColumns(i.name, i.columns, i.dtype, i.shape, pad=4) for i in spec.inputs))
+    with pytest.raises(InvalidArgumentError, match=r"^partition 3, row 11: column 'city' holds a value of 5 bytes"):
+        too_long(cols, 3, 10)
+
+
+def test_nulls_strings_for_numbers_and_fractional_ids_name_the_column_and_row():
+    from sparkgrad.cluster.arrow_feed import batch_to_columns
+
+    spec = FeatureSpec(input_columns(_tabular_model(), None, ["city", "shop", "amount"], None, "E"))
+    amount = pa.array([[1.0, 2.0]] * 3, pa.list_(pa.float64()))
+
+    def frame(city, shop):
+        return batch_to_columns(pa.RecordBatch.from_pydict({"city": city, "shop": shop, "amount": amount}), 2, 40, True)
+
+    with pytest.raises(
+        InvalidArgumentError, match=r"^partition 2: column 'city' .* 1 of its strings are null \(the first in row 41\)"
+    ):
+        frame(pa.array(["a", None, "b"]), pa.array([1, 2, 3]))
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^partition 2, row 42: column 'shop' holds 2.5; input 'shop' \(Input 'shop'\) takes int64 ids",
+    ):
+        spec.x(frame(pa.array(["a", "b", "c"]), pa.array([1.0, 2.0, 2.5])), 2, 40)
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^partition 2, column 'shop' holds strings; input 'shop' \(Input 'shop', dtype 'int64'\)",
+    ):
+        spec.x(frame(pa.array(["a", "b", "c"]), pa.array(["1", "2", "3"])), 2, 40)
 
 
 def test_importing_sparkgrad_spark_does_not_import_pyspark():

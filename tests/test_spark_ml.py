@@ -184,8 +184,8 @@ def _bad_fit(train, **params):
         ),
         (
             {"featuresCol": "name"},
-            r"^feature column 'name' has type string: features must be Spark ML vectors, arrays of numbers, binary "
-            r"values of one length per row \(e.g. raw pixels\) or numbers$",
+            r"^feature column 'name' holds strings but the model \(Input '\w+'\) takes numbers \(dtype='float32'\): "
+            r"map the strings with a StringLookup or Hashing layer on an Input\(dtype='string'\)",
         ),
         (
             {"featuresCol": "short"},
@@ -447,13 +447,17 @@ def test_a_functional_residual_regression_trains_and_scores_as_a_sequential_does
     x, pred = _arrays(fitted.transform(test), "x", "prediction")
     np.testing.assert_allclose(pred, fitted.nn_model.predict(x.astype(np.float32))[:, 0], rtol=1e-6)
     assert isinstance(fitted.nn_model, NnModel) and not fitted.nn_model.is_chain
-    # two inputs do not map to one features column: refused before any job, naming them
+    # two inputs do not map to one features column: refused before any job, naming them (inputCols or
+    # input_mapping map columns to them: test_spark_ml_tabular.py); two outputs do not map to one label
     a, b = Input(shape=(2,), name="a"), Input(shape=(2,), name="b")
     two = NnModel([a, b], Dense(1)(Add()([a, b])))
-    with pytest.raises(InvalidArgumentError, match=r"inputs \['a', 'b'\] and outputs \['dense'\]"):
-        Estimator(model=two, featuresCol="x", labelCol="target", num_workers=2).fit(train)
-    with pytest.raises(InvalidArgumentError, match=r"Model.from_nn: the model has inputs \['a', 'b'\]"):
-        Model.from_nn(two, featuresCol="x")
+    with pytest.raises(InvalidArgumentError, match=r"^Estimator: the model has inputs \['a', 'b'\]: set inputCols"):
+        Estimator(model=two, loss="mse", featuresCol="x", labelCol="target", num_workers=2).fit(train)
+    forked = NnModel(a, [Dense(1)(a), Dense(1)(a)])
+    with pytest.raises(
+        InvalidArgumentError, match=r"^Model.from_nn: the model has outputs \['dense(_\d+)?', 'dense_\d+'\]"
+    ):
+        Model.from_nn(forked, featuresCol="x")
 
 
 def test_a_multi_output_regression_predicts_an_array_of_doubles_and_evaluates_its_metrics(tabular):

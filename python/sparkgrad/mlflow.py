@@ -57,34 +57,39 @@ DATA_DIR = "data"
 PYFUNC_OUTPUTS = ("probability", "prediction")
 
 
-def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
-    """The signature `save_model` gives a model when none is passed: a float32 tensor in, float32 or double out.
+def infer_signature(model: Any, pyfunc_output: str = "probability", columns: dict[str, str] | None = None) -> Any:
+    """The signature `save_model` gives a model when none is passed: its inputs in, float32 or double out.
 
     MLflow enforces it: inputs must be float32 (an array column of a DataFrame is stacked into one
     tensor, and flat rows are reshaped to the input shape). MLflow 3's ``spark_udf`` takes its default
     result type from the output: ``array<float>`` or ``double``.
 
     Args:
-        model (sparkgrad.nn.Sequential): The model.
+        model (sparkgrad.nn.Model): The model.
         pyfunc_output: ``"probability"``: output a float32 tensor ``[-1, outputs]`` (the model's output
             width); ``"prediction"``: one double column for a classifier, a binary classifier or a
             regression of one output, a float64 tensor ``[-1, outputs]`` for a binary or regression
             model of several.
+        columns: ``{column: input name}`` (a model of several inputs, or a mapped one): the input is one
+            column each, named, of the Input's type: ``string``, ``integer`` (int32), ``long`` (int64),
+            ``double`` (one number) or an array of doubles (several; MLflow >= 2.10).
 
     Returns:
         (mlflow.models.ModelSignature): Input a float32 tensor of shape ``[-1, *input_shape]`` (an int32 or
         int64 tensor for an integer `Input`, a string column named as the Input for a string one, which the
-        model's preprocessing layers map), output as above.
+        model's preprocessing layers map), or the columns above; output as above.
     """
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, DataType, Schema, TensorSpec
 
     from sparkgrad.spark.columns import Task
 
-    dtype = model.inputs[0].dtype
-    if dtype == "string":  # a string column, mapped in C by the model's StringLookup or Hashing
+    if columns:
+        inputs = Schema([ColSpec(_column_type(model, name), column) for column, name in columns.items()])
+    elif model.inputs[0].dtype == "string":  # a string column, mapped in C by the model's StringLookup or Hashing
         inputs = Schema([ColSpec(DataType.string, model.input_names[0])])
     else:
+        dtype = model.inputs[0].dtype
         tensor = np.dtype(dtype) if dtype in ("int32", "int64") else np.dtype(np.float32)
         inputs = Schema([TensorSpec(tensor, (-1, *(int(d) for d in model.input_shape)))])
     width = int(model.output_classes)
@@ -95,6 +100,21 @@ def infer_signature(model: Any, pyfunc_output: str = "probability") -> Any:
     else:
         outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, width))])
     return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _column_type(model: Any, name: str) -> Any:
+    """The MLflow type of a column feeding ``model``'s input ``name``."""
+    from mlflow.types.schema import DataType
+
+    t = model.inputs[model.input_names.index(name)]
+    if t.dtype == "string":
+        return DataType.string
+    scalar = {"int32": DataType.integer, "int64": DataType.long}.get(t.dtype, DataType.double)
+    if int(np.prod(t.shape[1:])) == 1:
+        return scalar
+    from mlflow.types.schema import Array  # MLflow >= 2.10
+
+    return Array(scalar)
 
 
 def _output_kind(model: Any) -> tuple[Any, bool]:
@@ -149,18 +169,47 @@ def _write_environment(path: str, conda_env: Any, pip_requirements: Any, extra_p
     env._PythonEnv.current().to_yaml(os.path.join(path, env._PYTHON_ENV_FILE_NAME))
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: Any, input_mapping: dict[str, str] | None) -> tuple[Any, dict[str, str] | None]:
+    """``(sparkgrad.nn model, {column: input name} or None)`` of what save_model and log_model take.
+
+    A `sparkgrad.spark.Model` gives its trained model and the columns its params map to its inputs; a
+    model of several inputs without ``input_mapping`` takes columns named as its inputs.
+    """
+    import sys
+
     from sparkgrad.nn.model import Model
 
+    stages = sys.modules.get("sparkgrad.spark.model")  # not imported: the model cannot be a Spark ML stage
+    if stages is not None and isinstance(model, stages.Model):
+        if input_mapping is not None:
+            raise InvalidArgumentError(
+                "sparkgrad.mlflow: a sparkgrad.spark.Model brings its own column mapping (its inputCols or "
+                "input_mapping); do not pass input_mapping too"
+            )
+        model, input_mapping = model.nn_model, model.column_mapping()
     if not isinstance(model, Model):
         raise InvalidArgumentError(
-            f"sparkgrad.mlflow saves sparkgrad.nn models (Sequential, Model), not {type(model).__name__}"
+            f"sparkgrad.mlflow saves sparkgrad.nn models (Sequential, Model) and sparkgrad.spark.Model stages, not "
+            f"{type(model).__name__}"
         )
-    if len(model.inputs) > 1 or len(model.outputs) > 1:
+    if len(model.outputs) > 1:
         raise InvalidArgumentError(
-            f"sparkgrad.mlflow saves models of one input and one output (a tensor in, a tensor out); this one has "
-            f"inputs {model.input_names} and outputs {model.output_names}"
+            f"sparkgrad.mlflow saves models of one output; this one has outputs {model.output_names}"
         )
+    if input_mapping is None:
+        return model, ({n: n for n in model.input_names} if len(model.inputs) > 1 else None)
+    if not isinstance(input_mapping, dict):
+        raise InvalidArgumentError("sparkgrad.mlflow: input_mapping must be a dict {column: input name}")
+    bad = {c: n for c, n in input_mapping.items() if n not in model.input_names}
+    missing = [n for n in model.input_names if n not in input_mapping.values()]
+    if bad or missing:
+        raise InvalidArgumentError(
+            f"sparkgrad.mlflow: input_mapping {input_mapping} must map columns to the model's inputs "
+            f"{model.input_names}"
+            + (f"; {bad} are not inputs" if bad else "")
+            + (f"; input {missing[0]!r} has no column" if missing else "")
+        )
+    return model, {str(c): str(n) for c, n in input_mapping.items()}
 
 
 def save_model(
@@ -174,6 +223,7 @@ def save_model(
     pip_requirements: Any = None,
     extra_pip_requirements: Any = None,
     metadata: dict | None = None,
+    input_mapping: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> None:
     """Writes ``model`` as an MLflow model directory at ``path``.
@@ -184,7 +234,8 @@ def save_model(
     file, as `sparkgrad.nn.save_model` writes it) beside ``data/pyfunc.json``.
 
     Args:
-        model (sparkgrad.nn.Sequential): The model.
+        model (sparkgrad.nn.Model | sparkgrad.spark.Model): The model, or a Spark ML Model stage (its
+            trained model and its column mapping).
         path: The directory, which must not exist or be empty.
         mlflow_model (mlflow.models.Model | None): The MLmodel to add the flavors to (default a new one).
         signature (mlflow.models.ModelSignature | None): Default `infer_signature` of the model.
@@ -198,11 +249,16 @@ def save_model(
         pip_requirements: As in MLflow's own flavors (default `get_default_pip_requirements`).
         extra_pip_requirements: As in MLflow's own flavors.
         metadata: Custom metadata written to ``MLmodel``.
+        input_mapping: ``{column: input name}``: the DataFrame columns the pyfunc feeds to the model's
+            inputs (several columns to one input are concatenated in order). Default: for a model of
+            several inputs, columns named as its inputs; a `sparkgrad.spark.Model` brings its own
+            (`sparkgrad.spark.Model.column_mapping`).
         **kwargs: Accepted for MLflow's calling convention, unused.
 
     Raises:
-        InvalidArgumentError: ``model`` is not a `sparkgrad.nn.Sequential`, an unknown ``pyfunc_output``,
-            or ``path`` is a directory that is not empty.
+        InvalidArgumentError: ``model`` is not a sparkgrad.nn model or Spark ML Model, or has several
+            outputs; an ``input_mapping`` that leaves an input without a column or names no input; an
+            unknown ``pyfunc_output``; or ``path`` is a directory that is not empty.
     """
     from mlflow.models import Model
     from mlflow.models.utils import _save_example
@@ -210,7 +266,7 @@ def save_model(
     from sparkgrad._version import __version__
     from sparkgrad.nn.saved import save_model as save_sgmodel
 
-    _check_model(model)
+    model, columns = _check_model(model, input_mapping)
     if pyfunc_output not in PYFUNC_OUTPUTS:
         raise InvalidArgumentError(f"pyfunc_output must be one of {PYFUNC_OUTPUTS}, not {pyfunc_output!r}")
     path = os.path.abspath(os.fspath(path))
@@ -221,14 +277,14 @@ def save_model(
         mlflow_model = Model()
     if input_example is not None:
         _save_example(mlflow_model, input_example, path)
-    mlflow_model.signature = infer_signature(model, pyfunc_output) if signature is None else signature
+    mlflow_model.signature = infer_signature(model, pyfunc_output, columns) if signature is None else signature
     if metadata is not None:
         mlflow_model.metadata = metadata
 
     data = os.path.join(DATA_DIR, MODEL_FILE)
     save_sgmodel(model, os.path.join(path, data))
     with open(os.path.join(path, DATA_DIR, PYFUNC_FILE), "w") as f:
-        json.dump({"output": pyfunc_output}, f)
+        json.dump({"output": pyfunc_output, **({"columns": columns} if columns else {})}, f)
 
     from mlflow.pyfunc import add_to_model
 
@@ -243,7 +299,9 @@ def save_model(
         FLAVOR_NAME,
         sparkgrad_version=__version__,
         model_file=data,
-        input_shape=[int(d) for d in model.input_shape],
+        input_shape=[int(d) for d in model.input_shape] if len(model.inputs) == 1 else None,
+        inputs={t.name: [int(d) for d in t.shape[1:]] for t in model.inputs},
+        columns=columns,
         classes=int(model.output_classes),
         pyfunc_output=pyfunc_output,
     )
@@ -264,6 +322,7 @@ def log_model(
     pip_requirements: Any = None,
     extra_pip_requirements: Any = None,
     metadata: dict | None = None,
+    input_mapping: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Logs ``model`` to the active MLflow run (one is started if none is), with MLflow 2.22 and 3.x clients.
@@ -274,7 +333,7 @@ def log_model(
     ```
 
     Args:
-        model (sparkgrad.nn.Sequential): The model.
+        model (sparkgrad.nn.Model | sparkgrad.spark.Model): As for `save_model`.
         artifact_path: The model's name, MLflow 2's spelling; either spelling works with either client.
         name: The model's name, MLflow 3's spelling (default ``"model"``).
         signature (mlflow.models.ModelSignature | None): As for `save_model`.
@@ -285,6 +344,7 @@ def log_model(
         pip_requirements: As for `save_model`.
         extra_pip_requirements: As for `save_model`.
         metadata: As for `save_model`.
+        input_mapping: As for `save_model`.
         **kwargs: Passed to ``mlflow.models.Model.log``.
 
     Returns:
@@ -297,7 +357,7 @@ def log_model(
 
     from mlflow.models import Model
 
-    _check_model(model)
+    _check_model(model, input_mapping)
     if name is not None and artifact_path is not None and name != artifact_path:
         raise InvalidArgumentError(f"log_model: name={name!r} and artifact_path={artifact_path!r} differ: pass one")
     label = name or artifact_path or "model"
@@ -314,6 +374,7 @@ def log_model(
         pip_requirements=pip_requirements,
         extra_pip_requirements=extra_pip_requirements,
         metadata=metadata,
+        input_mapping=input_mapping,
         **kwargs,
     )
 
@@ -355,15 +416,20 @@ def load_model(model_uri: str, dst_path: str | None = None) -> Any:
 
 
 class _PyfuncModel:
-    """The python_function face: predict(ndarray | pandas DataFrame | dict of one array) with the C engine."""
+    """The python_function face: predict(ndarray | pandas DataFrame | dict of arrays) with the C engine."""
 
-    def __init__(self, model: Any, output: str) -> None:
+    def __init__(self, model: Any, output: str, columns: dict[str, str] | None = None) -> None:
         self.model = model
         self.output = output
+        self.columns = columns  # {column: input name}: a DataFrame's columns feed the model's named inputs
         self.kind = _output_kind(model)  # (task, probabilities): what "prediction" makes of the outputs
 
-    def _inputs(self, data: Any) -> np.ndarray:
+    def _inputs(self, data: Any) -> Any:
+        if self.columns is not None and hasattr(data, "columns") and hasattr(data, "iloc"):
+            return self._mapped(data)
         if isinstance(data, dict):
+            if self.columns is not None or len(self.model.inputs) > 1:
+                return data  # by input name, as model.predict takes them
             if len(data) != 1:
                 raise InvalidArgumentError(f"sparkgrad pyfunc: one input tensor, not {len(data)} ({', '.join(data)})")
             data = next(iter(data.values()))
@@ -374,6 +440,39 @@ class _PyfuncModel:
                 return np.stack([np.asarray(v, np.float32).reshape(-1) for v in data.iloc[:, 0]])
             return data.to_numpy(np.float32)
         return np.asarray(data)
+
+    def _mapped(self, frame: Any) -> dict[str, Any]:
+        """A pandas DataFrame's columns as the model's inputs, by ``columns``: strings as they are, ids as
+        integers, other numbers and arrays flattened and concatenated per input."""
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise InvalidArgumentError(
+                f"sparkgrad pyfunc: column {missing[0]!r} (of input {self.columns[missing[0]]!r}) is not in the "
+                f"DataFrame (its columns: {', '.join(map(repr, frame.columns))})",
+                column=missing[0],
+            )
+        parts: dict[str, list] = {}
+        for column, name in self.columns.items():
+            series = frame[column]
+            nulls = series.isna().to_numpy()
+            if nulls.any():
+                raise InvalidArgumentError(
+                    f"sparkgrad pyfunc: column {column!r} holds {int(nulls.sum())} nulls (the first in row "
+                    f"{int(np.argmax(nulls))}); input {name!r} takes none",
+                    column=column,
+                )
+            values = series.to_numpy()
+            if values.dtype == object and len(values) and not isinstance(values[0], (str, bytes)):
+                values = np.stack([np.asarray(v).reshape(-1) for v in values])  # arrays (or vectors) per row
+            parts.setdefault(name, []).append(values.reshape(len(values), -1) if values.dtype != object else values)
+        out = {}
+        for t in self.model.inputs:
+            p = parts[t.name]
+            if t.dtype == "string":
+                out[t.name] = p[0]
+            else:
+                out[t.name] = p[0] if len(p) == 1 else np.concatenate([a.astype(np.float32) for a in p], axis=1)
+        return out
 
     def predict(self, model_input: Any, params: dict | None = None) -> np.ndarray:
         x = self._inputs(model_input)
@@ -391,5 +490,6 @@ def _load_pyfunc(path: str) -> _PyfuncModel:
     from sparkgrad.nn.saved import load_model as load_sgmodel
 
     with open(os.path.join(path, PYFUNC_FILE)) as f:
-        output = json.load(f).get("output", "probability")
-    return _PyfuncModel(load_sgmodel(os.path.join(path, MODEL_FILE)), output)
+        conf = json.load(f)
+    model = load_sgmodel(os.path.join(path, MODEL_FILE))
+    return _PyfuncModel(model, conf.get("output", "probability"), conf.get("columns"))

@@ -20,7 +20,12 @@ worker cannot tell the two apart. The columns are what the row path makes:
   densified by one NumPy scatter of the batch's indices and values. Every
   row of a column must have the same size.
 
-Anything else (strings, ragged lists, binary values of different lengths,
+- strings (``string`` / ``large_string``), only where the caller asks for
+  them (``batch_to_columns(..., strings=True)``; a ``prepare`` step of
+  cluster.train): a `sparkgrad.nn.StringColumn` over Arrow's own offsets and
+  UTF-8 bytes (no copy), as the model's StringLookup and Hashing read it.
+
+Anything else (strings elsewhere, ragged lists, binary values of different lengths,
 nulls, other structs, maps, dates) is refused with an InvalidArgumentError
 naming the column, its Arrow type and, for a null or an odd row, the row
 (and, in a feeding task, the partition): convert it first. It does not do
@@ -161,6 +166,24 @@ def _binary(name: str, arr: Any, first_row: int = 0) -> np.ndarray:
     return data.reshape(rows, width)
 
 
+def _strings(name: str, arr: Any, first_row: int) -> Any:
+    """A string / large_string array -> a StringColumn over its Arrow buffers (offsets index the data buffer)."""
+    import pyarrow as pa
+
+    from sparkgrad.nn.preprocessing import StringColumn
+
+    if arr.null_count:
+        row = first_row + _first_null(arr)
+        raise _refuse(name, arr, f"{arr.null_count} of its strings are null (the first in row {row})")
+    rows, buffers = len(arr), arr.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    offsets = _buffer(buffers[1], offset_type, arr.offset, arr.offset + rows + 1)
+    if offsets.size == 0:  # an empty array may have no offsets buffer
+        offsets = np.zeros(1, offset_type)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+    return StringColumn(offsets, data, 1)
+
+
 def _values(name: str, arr: Any, first_row: int | None = 0) -> np.ndarray:
     """A non-null Arrow array of numbers or lists of numbers -> ndarray[rows, ...].
 
@@ -194,14 +217,22 @@ def _values(name: str, arr: Any, first_row: int | None = 0) -> np.ndarray:
     raise _refuse(name, arr, "not a number, a list of numbers or a binary value")
 
 
-def batch_to_columns(batch: Any, partition: int | None = None, first_row: int = 0) -> dict[str, np.ndarray]:
+def batch_to_columns(
+    batch: Any, partition: int | None = None, first_row: int = 0, strings: bool = False
+) -> dict[str, Any]:
     """A pyarrow RecordBatch -> {column name: ndarray[rows, ...]}, as the row path (feed.rows_to_columns) makes.
 
-    Errors number rows from ``first_row`` and, with ``partition``, name it.
+    ``strings``: string columns become `sparkgrad.nn.StringColumn` s (else they are refused). Errors
+    number rows from ``first_row`` and, with ``partition``, name it.
     """
-    columns: dict[str, np.ndarray] = {}
+    import pyarrow as pa
+
+    columns: dict[str, Any] = {}
     for name, arr in zip(batch.schema.names, batch.columns, strict=True):
         try:
+            if strings and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+                columns[name] = _strings(name, arr, first_row)
+                continue
             col = _values(name, arr, first_row)
         except InvalidArgumentError as exc:
             if partition is None:
@@ -294,7 +325,8 @@ class ArrowFeeder:
     target: FeedTarget
     result_fields: tuple[ResultField, ...] = ()
     # prepare(columns, partition, first_row) -> columns: runs in the task on each frame before it is sent
-    # (checks and conversions of a caller such as sparkgrad.spark.Estimator); picklable
+    # (checks and conversions of a caller such as sparkgrad.spark.Estimator); picklable. String columns
+    # reach it as StringColumns, which it must make numbers (the feed carries numbers only)
     prepare: Any = None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -315,7 +347,7 @@ class ArrowFeeder:
         for batch in batches:
             for start in range(0, batch.num_rows, step):  # slices are views: frames stay bounded, nothing is copied
                 part = batch.slice(start, step)
-                cols = batch_to_columns(part, partition, row)
+                cols = batch_to_columns(part, partition, row, strings=self.prepare is not None)
                 if self.prepare is not None:
                     cols = self.prepare(cols, partition, row)
                 row += part.num_rows

@@ -638,7 +638,8 @@ class Cluster:
                 columns are fed (sorted by name), and the workers read them with
                 ``DataFeed(ctx.mgr, input_mapping=...)``.
             prepare: DataFrames only: a picklable ``prepare(columns, partition, first_row) -> columns``
-                run in the feeding task on each frame before it is sent.
+                run in the feeding task on each frame before it is sent; string columns reach it as
+                `sparkgrad.nn.StringColumn` s (Arrow's offsets and bytes), which it turns into numbers.
 
         Raises:
             InvalidArgumentError: The cluster is not ``InputMode.SPARK``, was started without Spark, or the

@@ -460,7 +460,7 @@ class Trainer:
                     try:
                         for xb, yb, wb in prefetcher if prefetcher is not None else map(convert, x):
                             state = m.new_metric_state()
-                            rows = (xb if isinstance(xb, np.ndarray) else xb[0]).shape[0]
+                            rows = (xb[0] if isinstance(xb, list) else xb).shape[0]  # one input may be a StringColumn
                             r = self._steps(xb, yb, wb, None, 0, max(rows, 1), 1, state)
                             interval.add(r, state)
                             totals.add(r, state)

@@ -3,15 +3,22 @@
 Shared by training (the feeding tasks' ``prepare`` step of cluster.train),
 scoring (Model.transform's mapInArrow function) and evaluation:
 
+- ``input_columns`` maps the params (featuresCol, inputCols, input_mapping)
+  to the model's inputs: one input takes its columns concatenated; a model
+  of several named inputs takes a column per input, by name or mapping;
 - ``check_schema`` refuses, on the driver and before any job, a feature or
-  label column that is missing or of a type that cannot be fed, and a vector
-  or array whose size the schema tells (a VectorAssembler's ML attributes,
-  a number column) and that differs from the model's input;
+  label column that is missing or of a type that cannot be fed to its input
+  (a string column to a numeric input, a number to a string Input), and a
+  vector or array whose size the schema tells (a VectorAssembler's ML
+  attributes, a number column) and that differs from its input;
 - ``FeatureSpec`` turns a frame of Arrow-fed columns (cluster/arrow_feed.py)
-  into the model's ``x`` (the feature columns flattened and concatenated in
-  order) and ``y``, raising on a row width the model does not take and on a
-  label out of range for the loss, naming the column, the partition and the
-  row;
+  into the model's ``x`` (one array, or a dict by input name: numbers, exact
+  integer ids, or a `StringColumn` over Arrow's string buffers) and ``y``,
+  raising on a row width an input does not take, a fractional id and a label
+  out of range for the loss, naming the column, the partition and the row.
+  For training it also packs x for the feed (numbers of one width per row:
+  strings padded to the column's longest value beside their lengths) and
+  unpacks it on the worker, vectorized;
 - ``resolve_loss`` and ``task_of`` say which loss a stage uses and what the
   model's outputs are (classes, binary probabilities or values), which
   decides the label a loss takes and the columns ``transform`` writes;
@@ -95,7 +102,7 @@ def resolve_loss(name: str | None, model: Any, what: str) -> Any:
 
 
 def _kind(dt: Any) -> str:
-    """'vector', 'array', 'binary', 'number', 'bool' or the type's simple string."""
+    """'vector', 'array', 'binary', 'number', 'bool', 'string' or the type's simple string."""
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
 
@@ -112,6 +119,8 @@ def _kind(dt: Any) -> str:
         return "number"
     if isinstance(dt, T.BooleanType):
         return "bool"
+    if isinstance(dt, T.StringType):
+        return "string"
     return dt.simpleString()
 
 
@@ -138,25 +147,40 @@ def _field(schema: Any, name: str, role: str) -> Any:
     return schema[name]
 
 
-def check_schema(
-    schema: Any,
-    features: tuple[str, ...],
-    width: int,
-    input_shape: tuple[int, ...],
-    label: str | None = None,
-    loss: str = SPARSE_LOSS,
-    classes: int = 0,
-) -> None:
-    """Refuses what the schema alone shows cannot train or score (see the module doc)."""
+def check_schema(schema: Any, spec: FeatureSpec) -> None:
+    """Refuses what the schema alone shows cannot train or score ``spec`` (see the module doc)."""
+    for inp in spec.inputs:
+        _check_input(schema, inp, len(spec.inputs) > 1)
+    if spec.label is not None:
+        _check_label(_field(schema, spec.label, "label"), spec.label, spec.loss, spec.classes)
+
+
+def _check_input(schema: Any, inp: InputColumns, named: bool) -> None:
     known = 0
     all_known = True
-    for name in features:
+    takes = f"input {inp.name!r}" if named else "the model"
+    for name in inp.columns:
         field = _field(schema, name, "feature")
         kind = _kind(field.dataType)
+        if inp.dtype == "string":
+            if kind != "string":
+                raise InvalidArgumentError(
+                    f"feature column {name!r} has type {field.dataType.simpleString()} but {takes} (Input "
+                    f"{inp.name!r}) takes strings (dtype='string'): give it a string column",
+                    column=name,
+                )
+            continue
+        if kind == "string":
+            raise InvalidArgumentError(
+                f"feature column {name!r} holds strings but {takes} (Input {inp.name!r}) takes numbers "
+                f"(dtype={inp.dtype!r}): map the strings with a StringLookup or Hashing layer on an "
+                "Input(dtype='string'), or index them first (StringIndexer)",
+                column=name,
+            )
         if kind not in ("vector", "array", "binary", "number", "bool"):
             raise InvalidArgumentError(
                 f"feature column {name!r} has type {kind}: features must be Spark ML vectors, arrays of numbers, "
-                "binary values of one length per row (e.g. raw pixels) or numbers",
+                "binary values of one length per row (e.g. raw pixels), numbers or (for a string Input) strings",
                 column=name,
             )
         w = _known_width(field, kind)
@@ -164,21 +188,18 @@ def check_schema(
             all_known = False
         else:
             known += w
-        if len(features) == 1 and w is not None and w != width:
+        if len(inp.columns) == 1 and w is not None and w != inp.width:
             raise InvalidArgumentError(
-                f"feature column {name!r} holds {kind}s of {w} values (its schema says); the model takes {width} "
-                f"values per row (input_shape {tuple(input_shape)})",
+                f"feature column {name!r} holds {kind}s of {w} values (its schema says); {takes} takes "
+                f"{inp.width} values per row (input_shape {inp.shape})",
                 column=name,
             )
-    if all_known and known != width:
+    if inp.dtype != "string" and all_known and known != inp.width:
         raise InvalidArgumentError(
-            f"feature columns {', '.join(map(repr, features))} hold {known} values per row (their schema says); "
-            f"the model takes {width} (input_shape {tuple(input_shape)})",
-            column=features[0],
+            f"feature columns {', '.join(map(repr, inp.columns))} hold {known} values per row (their schema "
+            f"says); {takes} takes {inp.width} (input_shape {inp.shape})",
+            column=inp.columns[0],
         )
-    if label is None:
-        return
-    _check_label(_field(schema, label, "label"), label, loss, classes)
 
 
 def _dense_targets(loss: str, outputs: int) -> str:
@@ -225,46 +246,113 @@ def _check_label(field: Any, label: str, loss: str, classes: int) -> None:
         )
 
 
+def _where(partition: int | None) -> str:
+    return f"partition {partition}, " if partition is not None else ""
+
+
+@dataclass(frozen=True)
+class InputColumns:
+    """The DataFrame columns that feed one model `Input`, and what that Input takes; picklable."""
+
+    name: str  # the Input's name
+    columns: tuple[str, ...]  # flattened and concatenated in order (a string Input: one column)
+    dtype: str  # the Input's dtype: "float32", "uint8", "int32", "int64" or "string"
+    shape: tuple[int, ...]  # per row, without the batch axis
+    pad: int = 0  # a string Input on the feed: bytes per value (the longest value of the column)
+
+    @property
+    def width(self) -> int:
+        return int(np.prod(self.shape))
+
+    def values(self, cols: dict[str, Any], partition: int | None, first_row: int, named: bool) -> Any:
+        """The Input's rows from a frame's columns: ``[rows, width]`` numbers, or a `StringColumn`.
+
+        ``named``: the model has several inputs (errors name this one).
+        """
+        from sparkgrad.nn.preprocessing import StringColumn
+
+        takes = f"input {self.name!r}" if named else "the model"
+        for name in self.columns:
+            if isinstance(cols[name], StringColumn) != (self.dtype == "string"):
+                what = "strings" if self.dtype != "string" else "numbers"
+                raise InvalidArgumentError(
+                    f"{_where(partition)}column {name!r} holds {what}; {takes} (Input {self.name!r}, dtype "
+                    f"{self.dtype!r}) does not take them",
+                    column=name,
+                    partition=partition,
+                )
+        if self.dtype == "string":
+            return cols[self.columns[0]]
+        rows = len(cols[self.columns[0]])
+        if not rows:  # an empty batch: no row to tell a width from
+            return np.zeros((0, self.width), np.float32 if self.dtype == "float32" else self.dtype)
+        parts = [cols[name].reshape(rows, -1) for name in self.columns]
+        got = sum(p.shape[1] for p in parts)
+        if got != self.width:
+            what = (
+                f"column {self.columns[0]!r} holds {parts[0].shape[1]} values per row"
+                if len(parts) == 1
+                else f"columns {', '.join(map(repr, self.columns))} hold {got} values per row together"
+            )
+            raise InvalidArgumentError(
+                f"{_where(partition)}rows {first_row}..{first_row + rows - 1}: {what}; {takes} takes {self.width} "
+                f"(input_shape {self.shape})",
+                column=self.columns[0],
+                partition=partition,
+            )
+        if self.dtype in ("int32", "int64"):
+            return self._ids(parts, partition, first_row, takes)
+        if len(parts) == 1:
+            return np.ascontiguousarray(parts[0])
+        return np.concatenate([p.astype(np.float32, copy=False) for p in parts], axis=1)
+
+    def _ids(self, parts: list[np.ndarray], partition: int | None, first_row: int, takes: str) -> np.ndarray:
+        """Integer ids, exact: doubles (as StringIndexer writes them) only when they hold integers in range."""
+        info = np.iinfo(self.dtype)
+        out = []
+        for name, p in zip(self.columns, parts, strict=True):
+            if p.dtype.kind == "f":
+                bad = ~np.isfinite(p) | (p != np.floor(p)) | (p < info.min) | (p > info.max)
+            elif p.dtype.kind in "iu" and p.dtype.itemsize * 8 > info.bits:
+                bad = (p < info.min) | (p > info.max)
+            else:
+                bad = None
+            if bad is not None and bad.any():
+                r, c = np.argwhere(bad)[0]
+                raise InvalidArgumentError(
+                    f"{_where(partition)}row {first_row + int(r)}: column {name!r} holds {p[r, c].item()!r}; {takes} "
+                    f"(Input {self.name!r}) takes {self.dtype} ids, which are exact integers",
+                    column=name,
+                    partition=partition,
+                )
+            out.append(p.astype(self.dtype, copy=False))
+        return np.ascontiguousarray(out[0] if len(out) == 1 else np.concatenate(out, axis=1))
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """Which columns make the model's x (and y), and what they must hold; picklable into Spark tasks.
 
-    As ``prepare`` of cluster.train it is called ``spec(columns, partition,
-    first_row)`` in the feeding task and returns {"x": ..., "y": ...}.
+    ``x`` is one array for a model of one input, else a dict by input name (a string Input's value a
+    `StringColumn`). As ``prepare`` of cluster.train it is called ``spec(columns, partition, first_row)``
+    in the feeding task and returns the frame to send (`wire`); the worker turns a batch back into the
+    model's x with `from_wire`.
     """
 
-    features: tuple[str, ...]
-    width: int
-    input_shape: tuple[int, ...]
+    inputs: tuple[InputColumns, ...]
     label: str | None = None
     loss: str = SPARSE_LOSS
     classes: int = 0
 
-    def x(self, cols: dict[str, np.ndarray], partition: int | None, first_row: int) -> np.ndarray:
-        if not len(cols[self.features[0]]):  # an empty batch: no row to tell a width from
-            return np.zeros((0, self.width), np.float32)
-        parts = []
-        for name in self.features:
-            a = cols[name]
-            parts.append(a.reshape(len(a), -1))
-        n = len(parts[0]) if parts else 0
-        got = sum(p.shape[1] for p in parts)
-        if got != self.width:
-            where = f"partition {partition}, " if partition is not None else ""
-            what = (
-                f"column {self.features[0]!r} holds {parts[0].shape[1]} values per row"
-                if len(parts) == 1
-                else f"columns {', '.join(map(repr, self.features))} hold {got} values per row together"
-            )
-            raise InvalidArgumentError(
-                f"{where}rows {first_row}..{first_row + n - 1}: {what}; the model takes {self.width} "
-                f"(input_shape {self.input_shape})",
-                column=self.features[0],
-                partition=partition,
-            )
-        if len(parts) == 1:
-            return np.ascontiguousarray(parts[0])
-        return np.concatenate([p.astype(np.float32, copy=False) for p in parts], axis=1)
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Every feature column, each once, in the order of the inputs."""
+        return tuple(dict.fromkeys(c for inp in self.inputs for c in inp.columns))
+
+    def x(self, cols: dict[str, Any], partition: int | None, first_row: int) -> Any:
+        named = len(self.inputs) > 1
+        xs = {inp.name: inp.values(cols, partition, first_row, named) for inp in self.inputs}
+        return xs if named else xs[self.inputs[0].name]
 
     def y(self, cols: dict[str, np.ndarray], partition: int | None, first_row: int) -> np.ndarray:
         """The labels: int64 ``[rows]`` class indices for the sparse cross-entropy, else float32
@@ -272,7 +360,7 @@ class FeatureSpec:
         a regression)."""
         assert self.label is not None
         y = cols[self.label]
-        where = f"partition {partition}, " if partition is not None else ""
+        where = _where(partition)
         if self.loss != SPARSE_LOSS:
             return self._dense_y(y.reshape(len(y), -1), where, partition, first_row)
         y = y.reshape(len(y))
@@ -316,11 +404,56 @@ class FeatureSpec:
             )
         return y
 
-    def __call__(self, cols: dict[str, np.ndarray], partition: int, first_row: int) -> dict[str, np.ndarray]:
-        out = {"x": self.x(cols, partition, first_row)}
+    def __call__(self, cols: dict[str, Any], partition: int, first_row: int) -> dict[str, np.ndarray]:
+        """The feeding task's frame: the inputs as the feed carries them (`wire`) and ``y``."""
+        out = self.wire(self.x(cols, partition, first_row), partition, first_row)
         if self.label is not None:
             out["y"] = self.y(cols, partition, first_row)
         return out
+
+    def wire(self, x: Any, partition: int | None, first_row: int) -> dict[str, np.ndarray]:
+        """x as the feed carries it (numbers of one width per row): input k's array as ``"x<k>"``; a
+        string Input's values zero-padded to its ``pad`` bytes (``"x<k>"``, uint8) beside their byte
+        lengths (``"x<k>_len"``, int32). Vectorized: no Python work per row."""
+        xs = x if len(self.inputs) > 1 else {self.inputs[0].name: x}
+        out = {}
+        for k, inp in enumerate(self.inputs):
+            v = xs[inp.name]
+            if inp.dtype != "string":
+                out[f"x{k}"] = v
+                continue
+            offsets = v.offsets.astype(np.int64, copy=False)
+            lengths = np.diff(offsets)
+            if lengths.size and lengths.max() > inp.pad:
+                r = int(np.argmax(lengths > inp.pad))
+                raise InvalidArgumentError(
+                    f"{_where(partition)}row {first_row + r}: column {inp.columns[0]!r} holds a value of "
+                    f"{int(lengths[r])} bytes, longer than the {inp.pad} the DataFrame's longest had when fit "
+                    "measured it (the DataFrame changed while training)",
+                    column=inp.columns[0],
+                    partition=partition,
+                )
+            padded = np.zeros((len(lengths), max(inp.pad, 1)), np.uint8)
+            padded[np.arange(padded.shape[1]) < lengths[:, None]] = v.data[offsets[0] : offsets[-1]]
+            out[f"x{k}"], out[f"x{k}_len"] = padded, lengths.astype(np.int32)
+        return out
+
+    def from_wire(self, cols: dict[str, np.ndarray]) -> Any:
+        """The model's x from a batch the worker took from the feed (what `wire` sent)."""
+        from sparkgrad.nn.preprocessing import StringColumn
+
+        xs = {}
+        for k, inp in enumerate(self.inputs):
+            v = cols[f"x{k}"]
+            if inp.dtype == "string":
+                lengths = cols[f"x{k}_len"].astype(np.int64)
+                offsets = np.zeros(len(lengths) + 1, np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+                v = StringColumn(offsets, np.ascontiguousarray(v[np.arange(v.shape[1]) < lengths[:, None]]), 1)
+            xs[inp.name] = v
+        if len(self.inputs) == 1 and self.inputs[0].dtype != "string":
+            return xs[self.inputs[0].name]
+        return xs  # a fit batch's x: a dict keeps a StringColumn as it is
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -386,25 +519,85 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def feature_columns(features_col: str | None, input_cols: Any, input_mapping: Any, what: str) -> tuple[str, ...]:
-    """The feature columns from featuresCol, inputCols or input_mapping ({column: "x"}), in that precedence."""
-    if input_mapping:
-        if not isinstance(input_mapping, dict):
-            raise InvalidArgumentError(f"{what}: input_mapping must be a dict {{column: 'x' | 'y'}}")
-        bad = {c: r for c, r in input_mapping.items() if r not in ("x", "y")}
+def model_inputs(model: Any) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``(name, dtype, per-row shape)`` of each of a sparkgrad.nn model's inputs."""
+    return [(t.name, t.dtype, tuple(int(d) for d in t.shape[1:])) for t in model.inputs]
+
+
+def input_columns(
+    model: Any, features_col: str | None, input_cols: Any, input_mapping: Any, what: str
+) -> tuple[InputColumns, ...]:
+    """Which columns feed which of ``model``'s inputs, from the params.
+
+    One input: the columns of ``input_mapping`` ({column: "x" or the Input's name}), else ``inputCols``,
+    else ``featuresCol``, flattened and concatenated in order. Several inputs: ``inputCols`` name the
+    inputs (column name == Input name), or ``input_mapping`` maps columns to Input names (several
+    columns to one input are concatenated in order). ``"y"`` in ``input_mapping`` is the label.
+
+    Raises:
+        InvalidArgumentError: A mapping to neither "y" nor an input, an input with no column, several
+            columns for a string input, or no feature column set; the message names them.
+    """
+    inputs = model_inputs(model)
+    names = [n for n, _, _ in inputs]
+    if input_mapping is not None and not isinstance(input_mapping, dict):
+        raise InvalidArgumentError(f"{what}: input_mapping must be a dict {{column: input name | 'x' | 'y'}}")
+    mapping = {str(c): str(r) for c, r in (input_mapping or {}).items() if r != "y"}
+    if len(inputs) == 1:
+        bad = {c: r for c, r in mapping.items() if r not in ("x", names[0])}
         if bad:
             raise InvalidArgumentError(
-                f"{what}: input_mapping maps columns to 'x' (features) or 'y' (the label), not {bad}"
+                f"{what}: input_mapping maps columns to 'x' (features) or 'y' (the label), or to the model's "
+                f"input {names[0]!r}, not {bad}"
             )
-        xs = tuple(c for c, r in input_mapping.items() if r == "x")
-        if not xs:
+        if input_mapping and not mapping:
             raise InvalidArgumentError(f"{what}: input_mapping {input_mapping} maps no column to 'x'")
-        return xs
-    if input_cols:
-        return tuple(str(c) for c in input_cols)
-    if not features_col:
-        raise InvalidArgumentError(f"{what}: set featuresCol, inputCols or input_mapping")
-    return (str(features_col),)
+        cols = tuple(mapping) or tuple(str(c) for c in input_cols or ())
+        cols = cols or ((str(features_col),) if features_col else ())
+        if not cols:
+            raise InvalidArgumentError(f"{what}: set featuresCol, inputCols or input_mapping")
+        by_input = {names[0]: cols}
+    else:
+        if not mapping and not input_cols:
+            raise InvalidArgumentError(
+                f"{what}: the model has inputs {names}: set inputCols to columns named as the inputs, or "
+                "input_mapping={column: input name} where the names differ (featuresCol feeds a model of one input)"
+            )
+        pairs = list(mapping.items()) if mapping else [(str(c), str(c)) for c in input_cols]
+        by_input = {}
+        for col, name in pairs:
+            if name not in names:
+                how = f"input_mapping maps column {col!r} to {name!r}" if mapping else f"inputCols has {col!r}"
+                raise InvalidArgumentError(
+                    f"{what}: {how}, which is not an input of the model (its inputs: {names}); "
+                    + ("map it to one of them" if mapping else "map it to one with input_mapping={column: input}"),
+                    column=col,
+                )
+            by_input[name] = by_input.get(name, ()) + (col,)
+        missing = [n for n in names if n not in by_input]
+        if missing:
+            raise InvalidArgumentError(
+                f"{what}: input {missing[0]!r} of the model has no column"
+                + (f" (nor {', '.join(map(repr, missing[1:]))})" if len(missing) > 1 else "")
+                + ": name a column as the input in inputCols, or map one to it in input_mapping",
+                input=missing[0],
+            )
+    out = []
+    for name, dtype, shape in inputs:
+        cols = by_input[name]
+        if dtype == "string" and (len(cols) != 1 or int(np.prod(shape)) != 1):
+            raise InvalidArgumentError(
+                f"{what}: input {name!r} takes strings (dtype='string', shape {shape}): it is fed from one string "
+                f"column, one value per row, not {', '.join(map(repr, cols))}",
+                input=name,
+            )
+        out.append(InputColumns(name, cols, dtype, shape))
+    return tuple(out)
+
+
+def column_mapping(inputs: tuple[InputColumns, ...]) -> dict[str, str]:
+    """``{column: input name}`` of resolved inputs (what the MLflow flavor's pyfunc maps by)."""
+    return {c: inp.name for inp in inputs for c in inp.columns}
 
 
 def mapped_label(input_mapping: Any, label_col: str | None) -> str | None:

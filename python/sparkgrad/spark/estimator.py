@@ -12,7 +12,6 @@ import re
 import uuid
 from typing import Any
 
-import numpy as np
 from pyspark import keyword_only
 from pyspark.ml import Estimator as _SparkEstimator
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -37,19 +36,18 @@ def _is_nn_model(value: Any) -> bool:
     return hasattr(value, "layers") and hasattr(value, "params") and hasattr(value, "input_shape")
 
 
-def check_one_input_one_output(nn: Any, who: str) -> Any:
-    """``nn`` when it has one input and one output (any graph between them: Sequential or functional), which
-    is what a features column and a label column map to.
+def check_one_output(nn: Any, who: str) -> Any:
+    """``nn`` when it has one output (any graph before it: Sequential or functional, of one input or several
+    named ones), which is what a label column maps to.
 
     Raises:
-        InvalidArgumentError: Several inputs or outputs, naming them.
+        InvalidArgumentError: Several outputs, naming them.
     """
-    ins, outs = list(getattr(nn, "input_names", ["x"])), list(getattr(nn, "output_names", ["y"]))
-    if len(ins) > 1 or len(outs) > 1:
+    outs = list(getattr(nn, "output_names", ["y"]))
+    if len(outs) > 1:
         raise InvalidArgumentError(
-            f"{who}: the model has inputs {ins} and outputs {outs}; Spark ML here maps one features column to one "
-            "input and one label column to one output (train several inputs or outputs with model.fit, or "
-            "Concatenate the columns into one input)"
+            f"{who}: the model has outputs {outs}; Spark ML here maps one label column to one output (train "
+            "several outputs with model.fit)"
         )
     return nn
 
@@ -71,6 +69,25 @@ def _compiled_metrics(nn: Any, loss: Any, model_bytes: bytes) -> tuple[dict, ...
     except (ModelError, ValueError) as exc:
         raise InvalidArgumentError(f"Estimator: loss {loss.fn!r} does not fit the model: {exc}") from None
     return tuple(_metrics.serialize(m) for m in probe.metrics)
+
+
+def _measure_strings(spec: C.FeatureSpec, df: Any) -> C.FeatureSpec:
+    """``spec`` with each string input's ``pad``: the longest value of its column in bytes (one aggregation
+    job, only when the model has string inputs), so the feed carries its values at one width per row."""
+    import dataclasses
+
+    from pyspark.sql import functions as F
+
+    strings = [inp for inp in spec.inputs if inp.dtype == "string"]
+    if not strings:
+        return spec
+    row = df.agg(*[F.max(F.octet_length(F.col(inp.columns[0]))) for inp in strings]).first()
+    longest = dict(zip((inp.name for inp in strings), row or [None] * len(strings), strict=True))
+    inputs = tuple(
+        dataclasses.replace(inp, pad=int(longest[inp.name] or 0)) if inp.dtype == "string" else inp
+        for inp in spec.inputs
+    )
+    return dataclasses.replace(spec, inputs=inputs)
 
 
 def _check_writable(model_dir: str) -> str:
@@ -117,9 +134,11 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     ``fit(df)``:
 
     1. before any job: builds the model (``model`` called once on the driver if it is a function),
-       checks that the loss fits it, checks the schema (feature and label columns exist and have
-       types that can be fed, a vector size the schema tells matches the model's input, the label's
-       type and width suit the loss) and that ``model_dir`` can be written;
+       checks that the loss fits it, maps the feature columns to its inputs, checks the schema
+       (feature and label columns exist and have types that can be fed to their inputs, a vector size
+       the schema tells matches the input, the label's type and width suit the loss) and that
+       ``model_dir`` can be written; with string inputs, measures each string column's longest value
+       (one aggregation job: the feed carries them padded to it);
     2. splits off the validation rows (``validation``);
     3. starts a `TFCluster` in ``InputMode.SPARK`` of ``num_workers`` workers (plus ``num_ps``
        parameter servers in mode ``"ps"``) and feeds it the training rows ``epochs`` times through
@@ -154,11 +173,15 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
             the model was compiled with (with its arguments, e.g. ``Huber(delta=2.0)``), else
             ``"binary_crossentropy"`` for a sigmoid head and ``"sparse_categorical_crossentropy"``
             otherwise.
-        featuresCol: The feature column: a Spark ML vector, an array of numbers, binary (raw bytes of
-            the input, e.g. uint8 pixels) or a number.
-        inputCols: Several feature columns, flattened and concatenated in order (instead of featuresCol).
-        input_mapping: ``{column: "x" | "y"}``, as TensorFlowOnSpark's input_mapping: the feature
-            columns and the label column (instead of featuresCol/inputCols and labelCol).
+        featuresCol: The feature column of a model of one input: a Spark ML vector, an array of numbers,
+            binary (raw bytes of the input, e.g. uint8 pixels), a number, or a string for a string Input.
+        inputCols: Several feature columns (instead of featuresCol): for a model of one input, flattened
+            and concatenated in order; for a model of several named inputs, each column feeds the
+            ``Input`` of its name (a string column a string Input's StringLookup or Hashing, a long
+            column an int64 Input's Embedding, numbers, arrays and vectors a float32 Input).
+        input_mapping: ``{column: input name | "x" | "y"}``, as TensorFlowOnSpark's input_mapping: the
+            feature columns, the input each feeds ("x": the one input) and the label column (instead of
+            featuresCol/inputCols and labelCol); several columns of one input are concatenated in order.
         labelCol: The label column.
         batch_size: Rows per step and per worker.
         epochs: Passes over the training rows (>= 1).
@@ -265,7 +288,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
                 raise InvalidArgumentError(
                     f"Estimator: the model function returned {type(value).__name__}, not a sparkgrad.nn model"
                 )
-        return check_one_input_one_output(value, "Estimator")
+        return check_one_output(value, "Estimator")
 
     def _settings(self) -> tuple[str, int, int]:
         mode = self.getOrDefault(self.mode)
@@ -322,13 +345,8 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         loss = self._loss_of(nn, "Estimator")
         model_bytes = model_to_bytes(nn)
         metrics = _compiled_metrics(nn, loss, model_bytes)
-        features = self._feature_columns("Estimator")
-        label = self._label_column()
-        if not label:
-            raise InvalidArgumentError("Estimator: set labelCol (or map a column to 'y' in input_mapping)")
-        width = int(np.prod(nn.input_shape))
-        spec = C.FeatureSpec(features, width, tuple(nn.input_shape), label, loss.fn, int(nn.output_classes))
-        C.check_schema(dataset.schema, features, width, spec.input_shape, label, spec.loss, spec.classes)
+        spec = self._feature_spec(nn, loss, "Estimator", with_label=True)
+        C.check_schema(dataset.schema, spec)
         model_dir = self.getOrDefault(self.model_dir)
         local_dir = _check_writable(model_dir) if model_dir else None
         every = int(self.getOrDefault(self.checkpoint_every))
@@ -352,6 +370,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
                     available=count.slots,
                 )
         train_df, val_df = self._split(dataset)
+        spec = _measure_strings(spec, train_df)
         train_df = train_df.select(*spec.columns).repartition(workers)
         args = TrainArgs(
             model_bytes,
@@ -363,6 +382,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
             os.path.join(local_dir, "checkpoints") if local_dir else None,
             every,
             FEED_TIMEOUT,
+            spec,
         )
         cluster = TFCluster.run(
             session,

@@ -65,7 +65,7 @@ class _ModelParams(
     input_mapping = Param(
         Params._dummy(),
         "input_mapping",
-        "{column: 'x' | 'y'}: the feature column(s) and the label column, as TensorFlowOnSpark's input_mapping",
+        "{column: input name | 'x' | 'y'}: the columns of the model's inputs and the label column",
         typeConverter=TypeConverters.identity,
     )
     loss = Param(
@@ -91,12 +91,20 @@ class _ModelParams(
             batch_size=64,
         )
 
-    def _feature_columns(self, what: str) -> tuple[str, ...]:
+    def _inputs(self, model: Any, what: str) -> tuple[C.InputColumns, ...]:
+        """Which columns feed which of ``model``'s inputs (`C.input_columns`)."""
         cols = self.getOrDefault(self.inputCols) if self.isDefined(self.inputCols) else None
         mapping = self.getOrDefault(self.input_mapping)
         if cols and mapping:
             raise InvalidArgumentError(f"{what}: set inputCols or input_mapping, not both")
-        return C.feature_columns(self.getOrDefault(self.featuresCol), cols, mapping, what)
+        return C.input_columns(model, self.getOrDefault(self.featuresCol), cols, mapping, what)
+
+    def _feature_spec(self, model: Any, loss: Any, what: str, with_label: bool) -> C.FeatureSpec:
+        """The `C.FeatureSpec` of ``model`` under ``loss`` and this stage's params (its label when asked)."""
+        label = self._label_column() if with_label else None
+        if with_label and not label:
+            raise InvalidArgumentError(f"{what}: set labelCol (or map a column to 'y' in input_mapping)")
+        return C.FeatureSpec(self._inputs(model, what), label, loss.fn, _out_dim(model))
 
     def _label_column(self) -> str | None:
         return C.mapped_label(self.getOrDefault(self.input_mapping), self.getOrDefault(self.labelCol))
@@ -210,7 +218,8 @@ class _Scorer:
         part = TaskContext.get().partitionId()
         row = 0
         for batch in batches:
-            x = self.spec.x(batch_to_columns(_select(batch, self.spec.features), part, row), part, row)
+            cols = batch_to_columns(_select(batch, self.spec.features), part, row, strings=True)
+            x = self.spec.x(cols, part, row)
             row += batch.num_rows
             out = model.predict(x, self.batch_size) if batch.num_rows else np.zeros((0, _out_dim(model)), np.float32)
             arrays = list(batch.columns) + self.columns.arrays(out)
@@ -240,10 +249,10 @@ class _Evaluator:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            cols = batch_to_columns(_select(batch, self.spec.columns), part, row)
-            xy = self.spec(cols, part, row)
+            cols = batch_to_columns(_select(batch, self.spec.columns), part, row, strings=True)
+            x, y = self.spec.x(cols, part, row), self.spec.y(cols, part, row)
             row += batch.num_rows
-            r = model._evaluate_arrays(xy["x"], xy["y"], self.batch_size, state)
+            r = model._evaluate_arrays(x, y, self.batch_size, state)
             loss_sum, seen = loss_sum + float(r[0]), seen + int(r[1])
         yield _metrics.evaluation_batch(loss_sum, seen, state)
 
@@ -252,10 +261,11 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     """A trained sparkgrad.nn model as a Spark ML Transformer: scores DataFrames in parallel, in Spark's tasks.
 
     ``transform(df)`` scores with ``mapInArrow``: each task takes its Arrow record batches, makes the
-    model's input from the feature columns (vectors, arrays, binary, numbers; no Python object per
-    row), runs the C engine's predict and appends the output columns to the batch, which goes back
-    to Spark as Arrow. The weights travel once per job (`ShippedModel`: a broadcast on classic Spark,
-    the closure or a shared file over Spark Connect) and each Python worker builds the model once.
+    model's inputs from the feature columns (vectors, arrays, binary, numbers, and strings as Arrow's
+    offsets and bytes for a string Input; no Python object per row), runs the C engine's predict and
+    appends the output columns to the batch, which goes back to Spark as Arrow. The weights travel once
+    per job (`ShippedModel`: a broadcast on classic Spark, the closure or a shared file over Spark
+    Connect) and each Python worker builds the model once.
     Nothing is collected to the driver. The output columns follow the loss (``loss``; by default the
     model's compiled loss, else ``binary_crossentropy`` for a sigmoid head and a classifier's
     otherwise), as Spark ML's own models write them; an empty name skips one:
@@ -285,10 +295,12 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     Every argument is a Spark ML Param, keyword-only.
 
     Args:
-        featuresCol: The feature column (a Spark ML vector, an array of numbers, binary or a number).
-        inputCols: Several feature columns, flattened and concatenated in order (instead of featuresCol).
-        input_mapping: ``{column: "x" | "y"}``: the feature columns and the label column, as
-            TensorFlowOnSpark's input_mapping.
+        featuresCol: The feature column of a model of one input (a Spark ML vector, an array of numbers,
+            binary, a number, or a string for a string Input).
+        inputCols: Several feature columns: concatenated in order into a model of one input; for a model
+            of several named inputs, each column feeds the ``Input`` of its name.
+        input_mapping: ``{column: input name | "x" | "y"}``: the feature columns, the input each feeds
+            and the label column, as TensorFlowOnSpark's input_mapping.
         labelCol: The label column, for `evaluate`.
         outputCol: Column of the model's outputs (array<float>); ``""`` skips it.
         predictionCol: Column of the predicted class or value (see above); ``""`` skips it.
@@ -339,19 +351,19 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         """Wraps a trained sparkgrad.nn model, or its saved-model bytes, as a Model.
 
         Args:
-            model: A `sparkgrad.nn` model of one input and one output (a `Sequential` or a functional `Model`)
-                or the bytes of `sparkgrad.nn.model_to_bytes`.
-            **params: The Model's params (``featuresCol=``, ``predictionCol=``, ...).
+            model: A `sparkgrad.nn` model of one output (a `Sequential` or a functional `Model`, of one input
+                or several named ones) or the bytes of `sparkgrad.nn.model_to_bytes`.
+            **params: The Model's params (``featuresCol=``, ``inputCols=``, ``input_mapping=``, ...).
 
         Raises:
-            InvalidArgumentError: A model of several inputs or outputs.
+            InvalidArgumentError: A model of several outputs.
         """
         from sparkgrad.nn.saved import model_from_bytes, model_to_bytes
-        from sparkgrad.spark.estimator import check_one_input_one_output
+        from sparkgrad.spark.estimator import check_one_output
 
         out = cls(**params)
         out._model_bytes = bytes(model) if isinstance(model, (bytes, bytearray)) else model_to_bytes(model)
-        out._nn = check_one_input_one_output(
+        out._nn = check_one_output(
             model_from_bytes(out._model_bytes, "Model.from_nn") if isinstance(model, (bytes, bytearray)) else model,
             "Model.from_nn",
         )
@@ -394,12 +406,12 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         return self._shipped[1]
 
     def _spec(self, what: str, loss: Any, with_label: bool) -> C.FeatureSpec:
-        m = self.nn_model
-        width = int(np.prod(m.input_shape))
-        label = self._label_column() if with_label else None
-        if with_label and not label:
-            raise InvalidArgumentError(f"{what}: set labelCol (or map a column to 'y' in input_mapping)")
-        return C.FeatureSpec(self._feature_columns(what), width, tuple(m.input_shape), label, loss.fn, _out_dim(m))
+        return self._feature_spec(self.nn_model, loss, what, with_label)
+
+    def column_mapping(self) -> dict[str, str]:
+        """``{column: input name}``: which DataFrame column feeds which of the model's inputs (as this
+        Model's params say), e.g. for `sparkgrad.mlflow.log_model`."""
+        return C.column_mapping(self._inputs(self.nn_model, "Model.column_mapping"))
 
     def _columns(self, loss: Any) -> _Columns:
         """The columns transform writes for the model under ``loss``, from the params."""
@@ -426,7 +438,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
 
         loss = self._loss_of(self.nn_model, "Model.transform")
         spec = self._spec("Model.transform", loss, with_label=False)
-        C.check_schema(dataset.schema, spec.features, spec.width, spec.input_shape)
+        C.check_schema(dataset.schema, spec)
         columns = self._columns(loss)
         added = columns.fields(spec.classes)
         fields = list(dataset.schema.fields)
@@ -471,7 +483,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         nn = self.nn_model
         loss = self._loss_of(nn, "Model.evaluate")
         spec = self._spec("Model.evaluate", loss, with_label=True)
-        C.check_schema(dataset.schema, spec.features, spec.width, spec.input_shape, spec.label, spec.loss, spec.classes)
+        C.check_schema(dataset.schema, spec)
         metrics = _metrics.resolve(nn.metrics if nn.loss == loss.fn else None, loss, int(nn.output_classes))
         ev = _Evaluator(
             self._ship(dataset.sparkSession),

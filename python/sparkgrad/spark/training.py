@@ -2,7 +2,9 @@
 
 The Estimator starts a TFCluster in InputMode.SPARK and feeds it the
 DataFrame (Arrow feeding; the feeding tasks already made each frame the
-model's ``x`` and ``y``, see sparkgrad.spark.columns.FeatureSpec). Every
+model's inputs and ``y``, see sparkgrad.spark.columns.FeatureSpec, whose
+``from_wire`` makes the model's x again here: one array, or a dict by input
+name with string inputs as StringColumns). Every
 node builds the model from the saved-model bytes in ``TrainArgs``:
 
 - mode "ps": ps nodes serve the parameters (the optimizer runs there,
@@ -42,6 +44,7 @@ class TrainArgs:
     checkpoint_dir: str | None
     checkpoint_every: int
     feed_timeout: float
+    features: Any  # sparkgrad.spark.columns.FeatureSpec: turns a fed batch back into the model's x
 
 
 def build_optimizer(spec: tuple[str, dict]) -> Any:
@@ -62,8 +65,9 @@ def optimizer_spec(optimizer: Any) -> tuple[str, dict]:
     return opt.kind, dict(opt.config)
 
 
-def _feed_batches(feed: Any, batch_size: int, counter: list[int], agree: Any) -> Any:
-    """{"x", "y"} batches from the DataFeed; ``agree(has_batch) -> bool`` (allreduce) or None (ps)."""
+def _feed_batches(feed: Any, features: Any, batch_size: int, counter: list[int], agree: Any) -> Any:
+    """``(x, y)`` batches from the DataFeed (x as ``features.from_wire`` makes it: one array, or a dict by
+    input name); ``agree(has_batch) -> bool`` (allreduce) or None (ps)."""
     while True:
         cols = feed.next_batch_columns(batch_size)
         n = len(cols["y"]) if cols else 0
@@ -77,11 +81,11 @@ def _feed_batches(feed: Any, batch_size: int, counter: list[int], agree: Any) ->
                 return
             continue
         counter[0] += n
-        yield {"x": cols["x"], "y": cols["y"]}
+        yield features.from_wire(cols), cols["y"]
 
 
 def _fit_options(args: TrainArgs) -> dict:
-    opts: dict = {"verbose": 0, "epochs": 1, "x_key": "x", "y_key": "y", "prefetch": 0}
+    opts: dict = {"verbose": 0, "epochs": 1, "prefetch": 0}
     if args.checkpoint_dir:
         opts.update(checkpoint_dir=args.checkpoint_dir, resume=False)
         if args.checkpoint_every:
@@ -106,7 +110,8 @@ def node_main(args: TrainArgs, ctx: Any) -> Any:
         feed = TFNode.DataFeed(ctx.mgr, timeout=args.feed_timeout)
         chief = ctx.worker_rank == 0
         with TFNode.ps_client(ctx, model) as ps:
-            history = model.fit(_feed_batches(feed, args.batch_size, rows, None), ps=ps, **_fit_options(args))
+            batches = _feed_batches(feed, args.features, args.batch_size, rows, None)
+            history = model.fit(batches, ps=ps, **_fit_options(args))
     else:
         import sparkgrad.hvd as hvd
         from sparkgrad.nn import DistributedOptimizer
@@ -120,7 +125,7 @@ def node_main(args: TrainArgs, ctx: Any) -> Any:
             return bool(hvd.allreduce(np.array([1.0 if has_batch else 0.0], np.float32), op=hvd.Min)[0] > 0)
 
         history = model.fit(
-            _feed_batches(feed, args.batch_size, rows, agree),
+            _feed_batches(feed, args.features, args.batch_size, rows, agree),
             callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
             **_fit_options(args),
         )
