@@ -241,3 +241,29 @@ def test_importing_sparkgrad_spark_does_not_import_pyspark():
     code = "import sys, sparkgrad, sparkgrad.spark, sparkgrad.spark.columns; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_fed_batches_of_a_string_input_train_every_row_as_arrays_do():
+    from sparkgrad.nn import Adam, CategoryEncoding, Dense, Input, Model, StringLookup
+    from sparkgrad.nn.preprocessing import StringColumn
+
+    def model():
+        city = Input(shape=(1,), dtype="string", name="city")
+        hot = CategoryEncoding(num_tokens=4, output_mode="one_hot")(StringLookup(vocabulary=["a", "b", "c"])(city))
+        m = Model(city, Dense(1, activation="sigmoid")(hot), seed=3)
+        m.compile(optimizer=Adam(0.05), loss="binary_crossentropy")
+        return m
+
+    rng = np.random.default_rng(0)
+    cities = np.array(["a", "b", "c", "dd"])[rng.integers(0, 4, 256)]
+    y = np.isin(cities, ["b", "dd"]).astype(np.float32)
+    spec = FeatureSpec((InputColumns("city", ("city",), "string", (1,), pad=2),), "y", "binary_crossentropy", 1)
+    frames = [
+        spec({"city": StringColumn.from_array(cities[i : i + 64], 1), "y": y[i : i + 64]}, 0, i)
+        for i in range(0, 256, 64)
+    ]
+    fed, arrays = model(), model()
+    fed.fit(((spec.from_wire(f), f["y"]) for f in frames), epochs=1, verbose=0)  # what a worker's fit gets
+    arrays.fit(cities, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(fed.get_weights(), arrays.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -258,3 +258,27 @@ def test_nulls_and_fractional_ids_name_the_column_partition_and_row(shops):
     estimator = Estimator(model=_model(), inputCols=COLUMNS, labelCol="label", num_workers=1, num_ps=1, mode="ps")
     with pytest.raises(InvalidArgumentError, match=r"partition \d+: column 'city' .* 1 of its strings are null"):
         estimator.fit(nulls)  # the feeding task's check, raised once the cluster is stopped
+
+
+def test_a_model_of_one_string_input_trains_from_featuresCol(shops):
+    from pyspark.sql import functions as F
+    from sparkgrad.spark import Estimator
+
+    city = Input(shape=(1,), dtype="string", name="city")
+    lookup = StringLookup(vocabulary=CITIES)
+    out = Dense(1, activation="sigmoid")(CategoryEncoding(num_tokens=6, output_mode="one_hot")(lookup(city)))
+    model = Model(city, out, seed=2)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    train, test = (d.withColumn("north", F.col("city").isin("oslo", "köln").cast("double")) for d in shops)
+    fitted = Estimator(
+        model=model,
+        optimizer=Adam(0.05),
+        featuresCol="city",
+        labelCol="north",
+        batch_size=64,
+        epochs=2,
+        num_workers=1,
+        num_ps=1,
+        mode="ps",
+    ).fit(train)
+    assert fitted.evaluate(test)["accuracy"] == 1.0  # every row of every batch trained (köln: the OOV bucket)
