@@ -723,7 +723,24 @@ class _Lookup(_Preprocessing):
         return desc
 
     def _salt_pair(self) -> tuple[int, int] | None:
-        return None
+        return self.salt
+
+    def _own_config(self) -> dict:
+        """What a subclass adds to the shared config (before the salt and the name)."""
+        return {}
+
+    def get_config(self):
+        return {
+            "max_tokens": self.max_tokens,
+            "num_oov_indices": self.num_oov_indices,
+            "mask_token": self.mask_token,
+            "oov_token": self.oov_token,
+            "output_mode": self.output_mode,
+            "pad_to_max_tokens": self.pad_to_max_tokens,
+            **self._own_config(),
+            "salt": list(self.salt) if self.salt else None,
+            "name": self.name,
+        }
 
     def _state_config(self):
         v = self._state.values
@@ -795,21 +812,6 @@ class StringLookup(_Lookup):
         self._init_lookup(max_tokens, num_oov_indices, mask_token, oov_token, vocabulary, output_mode,
                           pad_to_max_tokens, name)  # fmt: skip
 
-    def _salt_pair(self):
-        return self.salt
-
-    def get_config(self):
-        return {
-            "max_tokens": self.max_tokens,
-            "num_oov_indices": self.num_oov_indices,
-            "mask_token": self.mask_token,
-            "oov_token": self.oov_token,
-            "output_mode": self.output_mode,
-            "pad_to_max_tokens": self.pad_to_max_tokens,
-            "salt": list(self.salt) if self.salt else None,
-            "name": self.name,
-        }
-
 
 @dataclass(frozen=True, eq=False)
 class IntegerLookup(_Lookup):
@@ -869,21 +871,8 @@ class IntegerLookup(_Lookup):
     def _hash_oov(self):
         return self.oov_method == "farmhash"
 
-    def _salt_pair(self):
-        return self.salt
-
-    def get_config(self):
-        return {
-            "max_tokens": self.max_tokens,
-            "num_oov_indices": self.num_oov_indices,
-            "mask_token": self.mask_token,
-            "oov_token": self.oov_token,
-            "output_mode": self.output_mode,
-            "pad_to_max_tokens": self.pad_to_max_tokens,
-            "oov_method": self.oov_method,
-            "salt": list(self.salt) if self.salt else None,
-            "name": self.name,
-        }
+    def _own_config(self):
+        return {"oov_method": self.oov_method}
 
 
 # ---- CategoryEncoding ------------------------------------------------------------------------------
