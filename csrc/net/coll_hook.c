@@ -182,10 +182,10 @@ static int accumulate(CollHook *h, const float *grads, size_t n, SgError *err)
     return 0;
 }
 
-static int hook_step(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
-                     SgError *err)
+static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
+                     int ntables, int64_t *global_step, SgError *err)
 {
-    (void)params, (void)global_step;
+    (void)params, (void)global_step, (void)tables, (void)ntables;
     CollHook *h = ctx;
     int rc = 0;
     if (!reducing_pass(h)) {

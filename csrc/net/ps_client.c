@@ -276,9 +276,10 @@ int ps_client_set_wire(PsClient *c, PsWire wire, SgError *err)
     return rc;
 }
 
-static int hook_step(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
-                     SgError *err)
+static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
+                     int ntables, int64_t *global_step, SgError *err)
 {
+    (void)tables, (void)ntables;
     PsClient *c = ctx;
     if ((uint64_t)n != c->total)
         return sg_fail(err, SG_EINVAL,
@@ -294,9 +295,7 @@ static int hook_step(void *ctx, float *params, float *grads, size_t n, int64_t *
 
 void ps_client_grad_hook(PsClient *c, NnGradHook *out)
 {
-    out->ready = NULL;
-    out->step = hook_step;
-    out->ctx = c;
+    *out = (NnGradHook){.step = hook_step, .ctx = c};
 }
 
 int ps_client_num_ps(const PsClient *c)

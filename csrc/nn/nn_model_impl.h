@@ -148,6 +148,8 @@ struct Model {
     /* the plan whose bf16 weights (Plan.copies) the last optimizer step wrote,
      * within one model_fit_steps; its next forward skips their conversions */
     Plan *w16_fresh;
+    /* the gradient hook of the training forward under way (its rows()), or NULL */
+    const NnGradHook *hook;
 };
 
 /* The tensor node l writes, and its k-th input. */

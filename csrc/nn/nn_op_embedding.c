@@ -90,10 +90,35 @@ static int bad_id(const Model *m, const Plan *p, int l, size_t i, float v, SgErr
                    i % per, (long long)p->rows[i / per], where, what);
 }
 
+static size_t sort_unique(int32_t *a, int32_t *tmp, size_t n);
+static int reserve_ids(NnTable *tb, size_t have, size_t more, SgError *err);
+
+/* Asks the hook (rows()) for the rows the batch's n ids read, sorted and
+ * unique, before they are read. The table's id buffers serve as scratch
+ * past the rows the gradient range holds (tr->ids, which the next backward
+ * clears; they may be the hook's own memory). */
+static int pull_rows(Model *m, int l, const int32_t *ids, size_t n, SgError *err)
+{
+    OptimRows *tr = &m->touched[m->table_of[l]];
+    NnTable *tb = &m->tables[m->table_of[l]];
+    const int own = tr->ids == tb->ids;
+    const size_t keep = own ? tr->nids : 0;
+    int rc = reserve_ids(tb, keep, n, err);
+    if (rc < 0)
+        return sg_context(err, "layer %d (Embedding): ", l);
+    if (own)
+        tr->ids = tb->ids; /* the buffers may have moved */
+    int32_t *want = tb->ids + keep, *tmp = tb->tmp + keep;
+    memcpy(want, ids, n * sizeof *ids);
+    const size_t u = sort_unique(want, tmp, n);
+    if ((rc = m->hook->rows(m->hook->ctx, m->params, tr, want, u, err)) < 0)
+        return sg_context(err, "layer %d (Embedding): the gradient hook's rows: ", l);
+    return 0;
+}
+
 /* out[i] = table[ids[i]], the ids checked first. */
 static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *err)
 {
-    (void)training;
     int rc = DNNL(err, dnnl_stream_wait, m->stream); /* the CPU reads what primitives wrote */
     if (rc < 0)
         return rc;
@@ -106,6 +131,9 @@ static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *er
             return bad_id(m, p, l, i, v, err);
         ids[i] = (int32_t)v;
     }
+    if (training && m->hook != NULL && m->hook->rows != NULL &&
+        (rc = pull_rows(m, l, ids, n, err)) < 0)
+        return rc;
     const float *table = m->params + op_param(m, l, 0)->offset;
     float *dst = op_dst(m, p, l);
     /* rows of a few floats: a loop the compiler vectorises beats a memcpy call each */
@@ -229,7 +257,7 @@ static int embedding_backward(Model *m, Plan *p, int l, const NnOpBackward *how,
         }
         tb->grads_rows = 0;
     }
-    if (how->hook != NULL && how->hook->ready != NULL &&
+    if (how->hook != NULL && how->hook->ready != NULL && !how->hook->sparse &&
         (rc = how->hook->ready(how->hook->ctx, m->grads, tr->off, tr->rows * D, err)) < 0)
         return sg_context(err, "gradient hook on layer %d: ", l);
     return 0;

@@ -385,8 +385,11 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
     if (m->w16_fresh != p)
         m->w16_fresh = NULL;
     rc = gather(m, p, d, order, start, B, 1, err);
-    if (rc == 0)
+    if (rc == 0) {
+        m->hook = hook; /* an Embedding may ask it for its rows (hook->rows) */
         rc = model_forward(m, p, 1, err);
+        m->hook = NULL;
+    }
     /* from here on the bf16 weights are stale until an optimizer step rewrites them */
     m->w16_fresh = NULL;
     if (rc < 0 || (rc = batch_loss(m, p, d, 1, st, err)) < 0)
@@ -409,17 +412,19 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
     if ((rc = model_backward(m, p, hook, err)) < 0)
         return rc;
     int applied = 0;
+    /* the Embedding tables stay rows, unless a hook takes them densely */
+    const int ntables = hook && !hook->sparse ? 0 : m->ntables;
     if (hook) {
-        rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, &next, err);
-        /* it may have written any row of the tables' gradients (an average over ranks) */
-        model_tables_written(m);
+        rc = hook->step(hook->ctx, m->params, m->grads, m->nparams, ntables ? m->touched : NULL,
+                        ntables, &next, err);
+        /* a dense hook may have written any row of the tables' gradients (an average over ranks) */
+        if (!hook->sparse)
+            model_tables_written(m);
         if (rc < 0)
             return sg_context(err, "gradient hook: ");
         applied = rc == 1;
     }
     if (opt && !applied) {
-        /* the Embedding tables in their touched rows (a hook's gradients: densely) */
-        const int ntables = hook ? 0 : m->ntables;
         const int ncopies = keep16 ? p->ncopies : 0;
         if ((rc = optim_step_rows(opt, m->params, m->grads, m->nparams, m->touched, ntables,
                                   p->copies, ncopies, err)) < 0)

@@ -538,7 +538,7 @@ static PyObject *py_hook_step(PyObject *mod, PyObject *args)
     SgError err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = g->step(g->ctx, params, grads, n, &step, &err);
+    rc = g->step(g->ctx, params, grads, n, NULL, 0, &step, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return sg_raise(&err);

@@ -138,7 +138,7 @@ static void *rank_main(void *arg)
             r->rc = g->ready(g->ctx, r->floats, off, cnt, &r->err);
         }
         if (r->rc == 0)
-            r->rc = g->step(g->ctx, NULL, r->floats, N, &step, &r->err);
+            r->rc = g->step(g->ctx, NULL, r->floats, N, NULL, 0, &step, &r->err);
         coll_hook_free(h);
     }
     if (r->rc == 0)

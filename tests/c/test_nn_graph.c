@@ -388,9 +388,11 @@ static int count_ready(void *ctx, float *grads, size_t offset, size_t count, SgE
     return 0;
 }
 
-static int no_step(void *ctx, float *params, float *grads, size_t n, int64_t *step, SgError *err)
+static int no_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables, int ntables,
+                   int64_t *step, SgError *err)
 {
-    (void)ctx, (void)params, (void)grads, (void)n, (void)step, (void)err;
+    (void)ctx, (void)params, (void)grads, (void)n, (void)tables, (void)ntables, (void)step,
+        (void)err;
     return 1; /* applied: no optimizer */
 }
 
@@ -427,7 +429,7 @@ static void test_shared_layer(void)
     NnData d = nn_data(NN_F32, bt.a, B, 4, NN_F32, bt.y0, 2);
     NnStats st = {0};
     int ready = 0;
-    NnGradHook hook = {count_ready, no_step, &ready};
+    NnGradHook hook = {.ready = count_ready, .step = no_step, .ctx = &ready};
     CHECK(model_train_batch(m, NULL, &d, NULL, 0, B, &hook, NULL, &st, &err) == 0);
     CHECK(ready == 2); /* the shared kernel once, when both calls' gradients are in */
     CHECK(worst_gradient_error(m, &d) <= 2e-2);

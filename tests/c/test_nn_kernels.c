@@ -592,10 +592,10 @@ static int log_ready(void *ctx, float *grads, size_t offset, size_t count, SgErr
     return 0;
 }
 
-static int log_step(void *ctx, float *params, float *grads, size_t n, int64_t *global_step,
-                    SgError *err)
+static int log_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
+                    int ntables, int64_t *global_step, SgError *err)
 {
-    (void)params;
+    (void)params, (void)tables, (void)ntables;
     (void)n;
     HookLog *h = ctx;
     h->nstep++;
@@ -641,7 +641,7 @@ static void test_grad_hook_in_the_loop(void)
     du.transforms[0] = (NnTransform){1, 1.0f / 255.0f, NULL, NULL};
     NnData df = nn_data(NN_F32, xf, (size_t)B, (size_t)C, NN_I32, y32, 3);
     HookLog log = {.ret = 1};
-    NnGradHook hook = {log_ready, log_step, &log};
+    NnGradHook hook = {.ready = log_ready, .step = log_step, .ctx = &log};
     NnStats st = {0}, st2 = {0};
     int64_t step = 7;
     float before = m->params[0];
