@@ -38,9 +38,11 @@ int net_frame_header_decode(const uint8_t *buf, size_t len, uint32_t max_payload
             "the sparkgrad protocol",
             magic, NET_FRAME_MAGIC);
     if (buf[4] != NET_FRAME_VERSION)
-        return sg_fail(err, SG_EPROTO,
-                       "unsupported frame version %u at byte 4 (this build speaks %d)", buf[4],
-                       NET_FRAME_VERSION);
+        return sg_fail(
+            err, SG_EPROTO,
+            "unsupported frame version %u at byte 4 (this build speaks %d: the peer runs "
+            "another sparkgrad release)",
+            buf[4], NET_FRAME_VERSION);
     if (strcmp(net_frame_type_name(buf[5]), "unknown") == 0)
         return sg_fail(err, SG_EPROTO, "unknown frame type %u at byte 5", buf[5]);
     uint32_t length = sg_get_le32(buf + 8);

@@ -33,8 +33,10 @@
 #include "net/frame_type.h"
 #include "net/session.h"
 
-#define NET_FRAME_MAGIC       0x4E544753u
-#define NET_FRAME_VERSION     1
+#define NET_FRAME_MAGIC 0x4E544753u
+/* 2: the parameter server's embedding rows (ps.h PULL_ROWS, PUSH_PULL_ROWS
+ * and the table layout in HELLO). */
+#define NET_FRAME_VERSION     2
 #define NET_FRAME_HEADER_SIZE 12
 #define NET_FRAME_MAX_DEFAULT (64u << 20)
 #define NET_FRAME_MAX_UNAUTH  256u

@@ -91,6 +91,8 @@ typedef enum PsOp {
     PS_OP_WAIT_OTHERS = 9,
     PS_OP_PUT_STATE = 10,
     PS_OP_MEAN_STATE = 11,
+    PS_OP_PULL_ROWS = 12,
+    PS_OP_PUSH_PULL_ROWS = 13,
     PS_OP_REPLY = 100,
     PS_OP_ERROR = 101,
 } PsOp;
@@ -116,6 +118,34 @@ int ps_apply_sgd(void *ctx, float *params, const float *grads, size_t n, SgError
  * Shards differ in size by at most one value; SG_EINVAL for bad arguments. */
 int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, uint64_t *count,
                    SgError *err);
+
+/* Embedding tables (nn_optim.h's OptimRows: off, rows, dim; ids unused) at
+ * most a model may have on the ps wire. */
+#define PS_TABLES_MAX 4096
+
+/* ps_shard_range with whole table rows: a split point inside a row of one
+ * of tables[0..ntables) (sorted by off, not overlapping) moves down to that
+ * row's start. SG_EINVAL when a shard would be left empty. Both ends use it. */
+int ps_shard_range_rows(uint64_t total, const OptimRows *tables, int ntables, int num_shards,
+                        int index, uint64_t *offset, uint64_t *count, SgError *err);
+
+/* The rows of one table a shard holds: global rows [row0, row0 + nrows) at
+ * float `off` of the shard (its local coordinates). */
+typedef struct PsTable {
+    int index; /* in the model's list of tables */
+    uint64_t row0, nrows, dim, off;
+} PsTable;
+
+/* The tables' rows shard [offset, +count) holds, in order, into out
+ * (ntables entries at most); returns how many. The shard's other floats
+ * are its dense segments. */
+int ps_shard_tables(uint64_t offset, uint64_t count, const OptimRows *tables, int ntables,
+                    PsTable *out);
+
+/* The dense segments of a shard of count floats holding tables[0..n)
+ * (ps_shard_tables): [segs[i][0], segs[i][1]) in shard coordinates, in
+ * order, empty ones left out; returns how many (at most n + 1). */
+int ps_dense_segments(const PsTable *tables, int n, uint64_t count, uint64_t (*segs)[2]);
 
 /* Encodes / decodes the 32-byte op header. */
 void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d);
@@ -161,6 +191,12 @@ typedef struct PsServerConfig {
      * refused, both modes named). Zero-initialized: NET_SEC_NONE; the
      * bindings pass NET_SEC_DEFAULT unless told otherwise. */
     NetSecurity security;
+    /* The model's embedding tables (global offsets, sorted; ids unused;
+     * copied), at most PS_TABLES_MAX: the shard then takes their rows
+     * (PULL_ROWS, PUSH_PULL_ROWS) and checks each worker's layout at HELLO.
+     * The shard must not cut a row (ps_shard_range_rows). */
+    const OptimRows *tables;
+    int ntables;
 } PsServerConfig;
 
 /* Serves on the listening socket lfd (not owned: the caller closes it). */
@@ -214,8 +250,9 @@ typedef struct PsClient PsClient;
  * in `security` mode (the shards' own) and says HELLO as worker_id; every
  * call is bounded by timeout seconds. */
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
-                      size_t secret_len, NetSecurity security, uint64_t total, int worker_id,
-                      double timeout, PsClient **out, SgError *err);
+                      size_t secret_len, NetSecurity security, uint64_t total,
+                      const OptimRows *tables, int ntables, int worker_id, double timeout,
+                      PsClient **out, SgError *err);
 
 /* One op on every shard: PS_OP_PULL (into dest), PS_OP_PUSH (data: the
  * gradients), PS_OP_PUSH_PULL (both), PS_OP_INIT (data: the parameters, set
@@ -256,9 +293,20 @@ int ps_client_mean_state(PsClient *c, float *state, size_t n, int *workers, SgEr
 /* The gradient hook (nn/nn_hook.h) of the training loop on this client: its
  * step() pushes the gradients, pulls the parameters the ps updated with them
  * into params, sets *global_step to the ps' step and returns 1 (the loop's
- * optimizer is skipped: the ps applied the update). No ready(). The hook is
- * valid while c is. */
-void ps_client_grad_hook(PsClient *c, NnGradHook *out);
+ * optimizer is skipped: the ps applied the update). No ready(). With sparse
+ * (and tables given at connect) the tables travel as rows: step() pushes the
+ * touched rows (PUSH_PULL_ROWS) and pulls the dense segments alone, rows()
+ * pulls the rows a forward reads (PULL_ROWS); the rest of each local table
+ * is then stale (pull everything before reading it). The hook is valid
+ * while c is. */
+void ps_client_grad_hook(PsClient *c, int sparse, NnGradHook *out);
+/* Rows ids[0..nids) (sorted, unique) of table `index` (of the tables given
+ * at connect) from the shards holding them into params (total floats). */
+int ps_client_pull_rows(PsClient *c, float *params, int index, const int32_t *ids, size_t nids,
+                        SgError *err);
+/* Bytes this client sent and received on every shard connection (frame
+ * headers and payloads; a protected session's seq and tag not counted). */
+void ps_client_bytes(PsClient *c, uint64_t *sent, uint64_t *received);
 
 /* Closes every shard connection (later calls fail with SG_ESTATE);
  * thread-safe. ps_client_free closes and frees. */

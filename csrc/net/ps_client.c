@@ -19,6 +19,7 @@
 #include <sys/uio.h>
 
 #include "common/sg_half.h"
+#include "common/sg_le.h"
 #include "net/auth.h"
 #include "net/frame.h"
 #include "net/ps.h"
@@ -29,6 +30,17 @@ typedef struct PsShardConn {
     char peer[NET_PEER_MAX];
     NetSession sess; /* keyed by the handshake; wiped by ps_client_close/free */
     uint64_t offset, count;
+    PsTable *tables; /* the table rows this shard holds */
+    uint64_t (*segs)[2], dense_count;
+    int ntables, nsegs;
+    uint8_t *req; /* a rows request being built (req_len bytes) */
+    float *rep;   /* a rows reply: the dense segments or the rows pulled */
+    size_t req_cap, req_len, rep_cap;
+    uint64_t v[4];           /* the rows request's op header */
+    size_t want;             /* bytes its reply carries */
+    int active;              /* a rows request goes to this shard */
+    size_t *span;            /* [2 * ntables] the ids of a push each table holds: [lo, hi) */
+    uint64_t sent, received; /* bytes, for ps_client_bytes */
 } PsShardConn;
 
 struct PsClient {
@@ -40,8 +52,10 @@ struct PsClient {
     pthread_mutex_t mu;
     int broken;
     SgError broken_err;
-    PsWire wire;      /* of pushed gradients */
-    uint16_t *wire16; /* [total] bf16 gradients being pushed (PS_WIRE_BF16) */
+    PsWire wire;       /* of pushed gradients */
+    uint16_t *wire16;  /* [total] bf16 gradients being pushed (PS_WIRE_BF16) */
+    OptimRows *layout; /* the model's embedding tables (ids unused) */
+    int nlayout;
 };
 
 /* Sends op with header v, this shard's slice of data (if any; elements of
@@ -55,6 +69,7 @@ static int send_req(PsShardConn *sh, int op, const uint64_t v[4], const void *da
         return sg_fail(err, SG_EINVAL, "ps request of %zu bytes for %s does not fit one frame",
                        len + len2, sh->peer);
     const void *slice = len > 0 ? (const uint8_t *)data + sh->offset * elem : NULL;
+    sh->sent += NET_FRAME_HEADER_SIZE + PS_OP_HEADER + len + len2;
     return ps_send_op(sh->fd, &sh->sess, op, v, slice, len, extra, len2, deadline, sh->peer,
                       "a ps request", err);
 }
@@ -87,6 +102,7 @@ static int recv_reply_head(PsShardConn *sh, int shard, size_t cap, NetFrameHeade
         return sg_context(err, "ps shard %d: ", shard);
     if (rc < 0)
         return rc;
+    sh->received += NET_FRAME_HEADER_SIZE + h->length;
     if (h->type != NET_FRAME_PS || h->length < PS_OP_HEADER ||
         (h->flags != PS_OP_REPLY && h->flags != PS_OP_ERROR))
         return bad_reply(sh, shard, h, 0, deadline,
@@ -276,26 +292,281 @@ int ps_client_set_wire(PsClient *c, PsWire wire, SgError *err)
     return rc;
 }
 
+/* ---- embedding rows ------------------------------------------------------------ */
+
+/* Makes room for len bytes in *buf (capacity *cap). */
+static int grow(void *buf, size_t *cap, size_t len, const char *peer, SgError *err)
+{
+    void **p = buf;
+    if (len <= *cap)
+        return SG_OK;
+    void *q = realloc(*p, len);
+    if (q == NULL)
+        return sg_fail(err, SG_ENOMEM, "ps client: %zu bytes of table rows for %s", len, peer);
+    *p = q, *cap = len;
+    return SG_OK;
+}
+
+/* Sends every active shard its rows request (sh->v, sh->req), then reads
+ * each reply's sh->want bytes into sh->rep; *step is shard 0's (or the
+ * first active one's) global step. As call_all_opt. */
+static int rows_call(PsClient *c, int op, uint64_t *step, SgError *err)
+{
+    int rc = lock_usable(c, err), transport = 0, sent = 0;
+    if (rc < 0)
+        return rc;
+    double deadline = sg_now() + c->timeout;
+    for (int i = 0; i < c->num_ps && rc == 0; i++)
+        rc = grow(&c->shards[i].rep, &c->shards[i].rep_cap, c->shards[i].want, c->shards[i].peer,
+                  err);
+    for (int i = 0; i < c->num_ps && rc == 0; i++, sent++) {
+        PsShardConn *sh = &c->shards[i];
+        if (!sh->active)
+            continue;
+        sh->sent += NET_FRAME_HEADER_SIZE + PS_OP_HEADER + sh->req_len;
+        rc = ps_send_op(sh->fd, &sh->sess, op, sh->v, sh->req, sh->req_len, NULL, 0, deadline,
+                        sh->peer, "a ps rows request", err);
+        transport = rc < 0;
+    }
+    int first = 1;
+    for (int i = 0; i < sent && !transport; i++) {
+        PsShardConn *sh = &c->shards[i];
+        if (!sh->active)
+            continue;
+        SgError e;
+        NetFrameHeader h;
+        uint64_t r[4];
+        int remote = 0;
+        int x = recv_reply_head(sh, i, PS_OP_HEADER + sh->want, &h, r, deadline, &remote, &e);
+        if (x == 0 && h.length - PS_OP_HEADER != sh->want)
+            x = bad_reply(sh, i, &h, PS_OP_HEADER, deadline,
+                          sg_fail(&e, SG_EPROTO,
+                                  "ps shard %d (%s) replied with %zu data bytes, expected %zu", i,
+                                  sh->peer, (size_t)h.length - PS_OP_HEADER, sh->want),
+                          &e);
+        if (x == 0 && sh->want > 0)
+            x = net_frame_recv_payload(sh->fd, &sh->sess, sh->rep, sh->want, deadline, sh->peer,
+                                       "table rows", &e);
+        if (x == 0 &&
+            (x = net_frame_recv_end(sh->fd, &sh->sess, h.type, deadline, sh->peer, &e)) < 0)
+            sg_context(&e, "ps shard %d: ", i);
+        if (x < 0 && (!remote || x == SG_EAUTH))
+            transport = 1;
+        if (x < 0 && rc == 0) {
+            rc = x;
+            *err = e;
+        }
+        if (x == 0 && first && step != NULL)
+            *step = r[0];
+        first = 0;
+    }
+    unlock_after(c, transport, err);
+    return rc;
+}
+
+/* The ids of ids[0..nids) (sorted) that shard table pt holds: [*lo, *hi). */
+static void ids_on(const PsTable *pt, const int32_t *ids, size_t nids, size_t *lo, size_t *hi)
+{
+    size_t a = 0, b = nids;
+    while (a < b) { /* first id >= row0 */
+        size_t m = a + (b - a) / 2;
+        if ((int64_t)ids[m] < (int64_t)pt->row0)
+            a = m + 1;
+        else
+            b = m;
+    }
+    *lo = a;
+    for (b = nids; a < b;) { /* first id >= row0 + nrows */
+        size_t m = a + (b - a) / 2;
+        if ((int64_t)ids[m] < (int64_t)(pt->row0 + pt->nrows))
+            a = m + 1;
+        else
+            b = m;
+    }
+    *hi = a;
+}
+
+static const PsTable *shard_table(const PsShardConn *sh, int index)
+{
+    for (int t = 0; t < sh->ntables; t++)
+        if (sh->tables[t].index == index)
+            return &sh->tables[t];
+    return NULL;
+}
+
+int ps_client_pull_rows(PsClient *c, float *params, int index, const int32_t *ids, size_t nids,
+                        SgError *err)
+{
+    if (index < 0 || index >= c->nlayout)
+        return sg_fail(err, SG_EINVAL, "embedding table %d: the ps client knows %d tables", index,
+                       c->nlayout);
+    const OptimRows *tab = &c->layout[index];
+    for (size_t i = 0; i < nids; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= tab->rows || (i > 0 && ids[i] <= ids[i - 1]))
+            return sg_fail(err, SG_EINVAL,
+                           "row %d of embedding table %d (%zu rows) is out of range or out of "
+                           "order",
+                           (int)ids[i], index, tab->rows);
+    int rc = 0;
+    for (int i = 0; i < c->num_ps && rc == 0; i++) {
+        PsShardConn *sh = &c->shards[i];
+        const PsTable *pt = shard_table(sh, index);
+        size_t lo = 0, hi = 0;
+        if (pt != NULL)
+            ids_on(pt, ids, nids, &lo, &hi);
+        sh->active = hi > lo;
+        sh->want = (hi - lo) * tab->dim * sizeof(float);
+        sh->req_len = (hi - lo) * sizeof(int32_t);
+        sh->v[0] = (uint64_t)index, sh->v[1] = hi - lo, sh->v[2] = sh->v[3] = lo;
+        if (sh->active && (rc = grow(&sh->req, &sh->req_cap, sh->req_len, sh->peer, err)) == 0)
+            memcpy(sh->req, ids + lo, sh->req_len);
+    }
+    if (rc == 0)
+        rc = rows_call(c, PS_OP_PULL_ROWS, NULL, err);
+    for (int i = 0; i < c->num_ps && rc == 0; i++) {
+        PsShardConn *sh = &c->shards[i];
+        for (uint64_t k = 0; sh->active && k < sh->v[1]; k++)
+            memcpy(params + tab->off + (size_t)ids[sh->v[2] + k] * tab->dim, sh->rep + k * tab->dim,
+                   tab->dim * sizeof(float));
+        sh->v[2] = sh->v[3] = 0;
+    }
+    return rc;
+}
+
+/* Appends n gradients from g to a rows request, in the client's wire format. */
+static void put_grads(PsClient *c, PsShardConn *sh, const float *g, size_t n)
+{
+    if (c->wire == PS_WIRE_BF16) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b = sg_f32_to_bf16(g[i]);
+            memcpy(sh->req + sh->req_len + 2 * i, &b, 2);
+        }
+        sh->req_len += 2 * n;
+    } else {
+        memcpy(sh->req + sh->req_len, g, n * sizeof(float));
+        sh->req_len += n * sizeof(float);
+    }
+}
+
+/* One shard's PUSH_PULL_ROWS: entries (u32 table, u32 nids), ids, the dense
+ * segments' gradients, then the rows'. */
+static int build_push_rows(PsClient *c, PsShardConn *sh, const float *grads,
+                           const OptimRows *tables, SgError *err)
+{
+    size_t *lo = sh->span, *hi = sh->span + sh->ntables, k = 0, nids = 0, nvals = 0, elem;
+    for (int t = 0; t < sh->ntables; t++) {
+        const PsTable *pt = &sh->tables[t];
+        ids_on(pt, tables[pt->index].ids, tables[pt->index].nids, &lo[t], &hi[t]);
+        k += hi[t] > lo[t], nids += hi[t] - lo[t], nvals += (hi[t] - lo[t]) * pt->dim;
+    }
+    elem = c->wire == PS_WIRE_BF16 ? sizeof(uint16_t) : sizeof(float);
+    size_t len = 8 * k + 4 * nids + (sh->dense_count + nvals) * elem;
+    int rc = grow(&sh->req, &sh->req_cap, len, sh->peer, err);
+    if (rc < 0)
+        return rc;
+    uint8_t *p = sh->req;
+    for (int t = 0; t < sh->ntables; t++)
+        if (hi[t] > lo[t]) {
+            sg_put_le32(p, (uint32_t)sh->tables[t].index);
+            sg_put_le32(p + 4, (uint32_t)(hi[t] - lo[t]));
+            p += 8;
+        }
+    for (int t = 0; t < sh->ntables; t++) {
+        memcpy(p, tables[sh->tables[t].index].ids + lo[t], (hi[t] - lo[t]) * sizeof(int32_t));
+        p += (hi[t] - lo[t]) * sizeof(int32_t);
+    }
+    sh->req_len = (size_t)(p - sh->req);
+    for (int k2 = 0; k2 < sh->nsegs; k2++)
+        put_grads(c, sh, grads + sh->offset + sh->segs[k2][0], sh->segs[k2][1] - sh->segs[k2][0]);
+    for (int t = 0; t < sh->ntables; t++) {
+        const OptimRows *tab = &tables[sh->tables[t].index];
+        for (size_t i = lo[t]; i < hi[t]; i++)
+            put_grads(c, sh, grads + tab->off + (size_t)tab->ids[i] * tab->dim, tab->dim);
+    }
+    sh->v[0] = c->wire, sh->v[1] = k, sh->v[2] = nids, sh->v[3] = nvals;
+    sh->want = sh->dense_count * sizeof(float);
+    sh->active = 1;
+    return SG_OK;
+}
+
+/* Pushes the dense segments and the touched rows of tables (the model's,
+ * in the layout given at connect), pulls the dense segments after apply. */
+static int push_pull_rows(PsClient *c, float *params, const float *grads, const OptimRows *tables,
+                          int ntables, uint64_t *step, SgError *err)
+{
+    if (ntables != c->nlayout)
+        return sg_fail(err, SG_EINVAL,
+                       "the model has %d embedding tables, the ps client was given %d", ntables,
+                       c->nlayout);
+    for (int t = 0; t < ntables; t++)
+        if (tables[t].off != c->layout[t].off || tables[t].rows != c->layout[t].rows ||
+            tables[t].dim != c->layout[t].dim)
+            return sg_fail(err, SG_EINVAL,
+                           "embedding table %d is [%zu, %zu] at %zu in the model, [%zu, %zu] at "
+                           "%zu for the ps client",
+                           t, tables[t].rows, tables[t].dim, tables[t].off, c->layout[t].rows,
+                           c->layout[t].dim, c->layout[t].off);
+    int rc = 0;
+    for (int i = 0; i < c->num_ps && rc == 0; i++)
+        rc = build_push_rows(c, &c->shards[i], grads, tables, err);
+    if (rc == 0)
+        rc = rows_call(c, PS_OP_PUSH_PULL_ROWS, step, err);
+    for (int i = 0; i < c->num_ps && rc == 0; i++) {
+        PsShardConn *sh = &c->shards[i];
+        const float *d = sh->rep;
+        for (int k = 0; k < sh->nsegs; k++) {
+            size_t len = (size_t)(sh->segs[k][1] - sh->segs[k][0]);
+            memcpy(params + sh->offset + sh->segs[k][0], d, len * sizeof(float));
+            d += len;
+        }
+    }
+    return rc;
+}
+
 static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
                      int ntables, int64_t *global_step, SgError *err)
 {
-    (void)tables, (void)ntables;
     PsClient *c = ctx;
     if ((uint64_t)n != c->total)
         return sg_fail(err, SG_EINVAL,
                        "ps client is for %llu parameters, the model's gradient has %zu",
                        (unsigned long long)c->total, n);
     uint64_t step = 0;
-    int rc = ps_client_exchange(c, PS_OP_PUSH_PULL, grads, params, &step, NULL, err);
+    int rc = ntables > 0 ? push_pull_rows(c, params, grads, tables, ntables, &step, err)
+                         : ps_client_exchange(c, PS_OP_PUSH_PULL, grads, params, &step, NULL, err);
     if (rc < 0)
         return rc;
     *global_step = (int64_t)step;
     return 1;
 }
 
-void ps_client_grad_hook(PsClient *c, NnGradHook *out)
+static int hook_rows(void *ctx, float *params, const OptimRows *table, const int32_t *ids,
+                     size_t nids, SgError *err)
 {
-    *out = (NnGradHook){.step = hook_step, .ctx = c};
+    PsClient *c = ctx;
+    for (int t = 0; t < c->nlayout; t++)
+        if (c->layout[t].off == table->off)
+            return ps_client_pull_rows(c, params, t, ids, nids, err);
+    return sg_fail(err, SG_EINVAL,
+                   "the model reads an embedding table at offset %zu that the ps client does not "
+                   "know (tables given at connect differ from the model's?)",
+                   table->off);
+}
+
+void ps_client_grad_hook(PsClient *c, int sparse, NnGradHook *out)
+{
+    sparse = sparse && c->nlayout > 0;
+    *out = (NnGradHook){
+        .step = hook_step, .rows = sparse ? hook_rows : NULL, .sparse = sparse, .ctx = c};
+}
+
+void ps_client_bytes(PsClient *c, uint64_t *sent, uint64_t *received)
+{
+    pthread_mutex_lock(&c->mu);
+    *sent = *received = 0;
+    for (int i = 0; i < c->num_ps; i++)
+        *sent += c->shards[i].sent, *received += c->shards[i].received;
+    pthread_mutex_unlock(&c->mu);
 }
 
 int ps_client_num_ps(const PsClient *c)
@@ -413,9 +684,41 @@ int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double tim
     return rc;
 }
 
+/* The table layout (tables[0..ntables)) into c and every shard's part of it. */
+static int client_tables(PsClient *c, const OptimRows *tables, int ntables, SgError *err)
+{
+    if (ntables < 0 || ntables > PS_TABLES_MAX || (ntables > 0 && tables == NULL))
+        return sg_fail(err, SG_EINVAL, "PsClient: %d embedding tables (0..%d)", ntables,
+                       PS_TABLES_MAX);
+    size_t n = (size_t)ntables + 1;
+    if ((c->layout = calloc(n, sizeof *c->layout)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "PsClient: %d embedding tables", ntables);
+    if (ntables > 0)
+        memcpy(c->layout, tables, (size_t)ntables * sizeof *tables);
+    c->nlayout = ntables;
+    for (int i = 0; i < c->num_ps; i++) {
+        PsShardConn *sh = &c->shards[i];
+        int rc = ps_shard_range_rows(c->total, tables, ntables, c->num_ps, i, &sh->offset,
+                                     &sh->count, err);
+        if (rc < 0)
+            return rc;
+        if ((sh->tables = calloc(n, sizeof *sh->tables)) == NULL ||
+            (sh->segs = calloc(n, sizeof *sh->segs)) == NULL ||
+            (sh->span = calloc(2 * n, sizeof *sh->span)) == NULL)
+            return sg_fail(err, SG_ENOMEM, "PsClient: %d embedding tables", ntables);
+        sh->ntables = ps_shard_tables(sh->offset, sh->count, tables, ntables, sh->tables);
+        sh->nsegs = ps_dense_segments(sh->tables, sh->ntables, sh->count, sh->segs);
+        sh->dense_count = sh->count;
+        for (int t = 0; t < sh->ntables; t++)
+            sh->dense_count -= sh->tables[t].nrows * sh->tables[t].dim;
+    }
+    return SG_OK;
+}
+
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
-                      size_t secret_len, NetSecurity security, uint64_t total, int worker_id,
-                      double timeout, PsClient **out, SgError *err)
+                      size_t secret_len, NetSecurity security, uint64_t total,
+                      const OptimRows *tables, int ntables, int worker_id, double timeout,
+                      PsClient **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -433,22 +736,33 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
     c->num_ps = num_ps, c->total = total, c->worker_id = worker_id, c->timeout = timeout;
     for (int i = 0; i < num_ps; i++)
         c->shards[i].fd = -1;
+    rc = client_tables(c, tables, ntables, err);
+    uint8_t *hello = rc == 0 ? calloc((size_t)ntables + 1, 24) : NULL;
+    if (rc == 0 && hello == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "PsClient: %d embedding tables", ntables);
+    for (int t = 0; t < ntables && rc == 0; t++) {
+        sg_put_le64(hello + 24 * t, tables[t].off);
+        sg_put_le64(hello + 24 * t + 8, tables[t].rows);
+        sg_put_le64(hello + 24 * t + 16, tables[t].dim);
+    }
     for (int i = 0; i < num_ps && rc == 0; i++) {
         PsShardConn *sh = &c->shards[i];
         snprintf(sh->peer, sizeof sh->peer, "%s:%d", hosts[i], ports[i]);
-        if ((rc = ps_shard_range(total, num_ps, i, &sh->offset, &sh->count, err)) < 0)
-            break;
         char what[32];
         snprintf(what, sizeof what, "ps shard %d: ", i);
         if ((rc = net_connect_auth(hosts[i], ports[i], secret, secret_len, security, deadline,
                                    &sh->fd, &sh->sess, sh->peer, what, err)) < 0)
             break;
-        uint64_t v[4] = {(uint64_t)worker_id, total, sh->offset, sh->count}, r[4];
+        uint64_t v[4] = {(uint64_t)worker_id | (uint64_t)ntables << 32, total, sh->offset,
+                         sh->count},
+                 r[4];
         int remote;
-        if ((rc = send_req(sh, PS_OP_HELLO, v, NULL, sizeof(float), NULL, 0, deadline, err)) < 0 ||
+        if ((rc = ps_send_op(sh->fd, &sh->sess, PS_OP_HELLO, v, hello, 24 * (size_t)ntables, NULL,
+                             0, deadline, sh->peer, "a ps hello", err)) < 0 ||
             (rc = recv_reply(sh, i, r, NULL, NULL, deadline, &remote, err)) < 0)
             break;
     }
+    free(hello);
     if (rc < 0) {
         ps_client_free(c);
         return rc;
@@ -476,6 +790,11 @@ void ps_client_free(PsClient *c)
     if (c == NULL)
         return;
     ps_client_close(c);
+    for (int i = 0; c->shards != NULL && i < c->num_ps; i++) {
+        PsShardConn *sh = &c->shards[i];
+        free(sh->tables), free(sh->segs), free(sh->span), free(sh->req), free(sh->rep);
+    }
+    free(c->layout);
     free(c->shards);
     free(c->wire16);
     pthread_mutex_destroy(&c->mu);

@@ -36,6 +36,68 @@ int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, 
     return SG_OK;
 }
 
+/* b moved down to the start of the table row it falls inside, if any. */
+static uint64_t snap_to_row(uint64_t b, const OptimRows *tables, int ntables)
+{
+    for (int t = 0; t < ntables; t++) {
+        const OptimRows *r = &tables[t];
+        if (b > r->off && b < r->off + r->rows * r->dim)
+            return r->off + (b - r->off) / r->dim * r->dim;
+    }
+    return b;
+}
+
+int ps_shard_range_rows(uint64_t total, const OptimRows *tables, int ntables, int num_shards,
+                        int index, uint64_t *offset, uint64_t *count, SgError *err)
+{
+    uint64_t start = 0, n = 0, end;
+    int rc = ps_shard_range(total, num_shards, index, &start, &n, err);
+    if (rc < 0)
+        return rc;
+    end = start + n;
+    start = snap_to_row(start, tables, ntables);
+    end = snap_to_row(end, tables, ntables);
+    if (end <= start)
+        return sg_fail(err, SG_EINVAL,
+                       "ps shard %d of %d over %llu parameters holds no whole embedding row "
+                       "(rows cannot be split between shards): use fewer ps",
+                       index, num_shards, (unsigned long long)total);
+    *offset = start;
+    *count = end - start;
+    return SG_OK;
+}
+
+int ps_shard_tables(uint64_t offset, uint64_t count, const OptimRows *tables, int ntables,
+                    PsTable *out)
+{
+    int n = 0;
+    for (int t = 0; t < ntables; t++) {
+        const OptimRows *r = &tables[t];
+        uint64_t lo = r->off > offset ? r->off : offset;
+        uint64_t hi = r->off + r->rows * r->dim;
+        hi = hi < offset + count ? hi : offset + count;
+        if (lo >= hi || r->dim == 0)
+            continue;
+        uint64_t row0 = (lo - r->off) / r->dim;
+        out[n++] = (PsTable){t, row0, (hi - r->off) / r->dim - row0, r->dim, lo - offset};
+    }
+    return n;
+}
+
+int ps_dense_segments(const PsTable *tables, int n, uint64_t count, uint64_t (*segs)[2])
+{
+    int k = 0;
+    uint64_t at = 0;
+    for (int t = 0; t <= n; t++) {
+        uint64_t end = t < n ? tables[t].off : count;
+        if (end > at)
+            segs[k][0] = at, segs[k++][1] = end;
+        if (t < n)
+            at = tables[t].off + tables[t].nrows * tables[t].dim;
+    }
+    return k;
+}
+
 void ps_op_encode(uint8_t out[PS_OP_HEADER], uint64_t a, uint64_t b, uint64_t c, uint64_t d)
 {
     const uint64_t v[4] = {a, b, c, d};

@@ -50,18 +50,71 @@ static float *float_array(PyObject *obj, uint64_t n, int writable, const char *w
     return float_array_n(obj, 1, &n, writable, what);
 }
 
-/* ---- ps_shard_range ----------------------------------------------------------- */
+/* ---- table layouts and ps_shard_range ----------------------------------------- */
 
-static PyObject *py_ps_shard_range(PyObject *self, PyObject *args)
+/* A model's embedding tables from obj: None, or a sequence of (offset, rows,
+ * dim[, ...]) as Model.touched_rows gives them. *out is malloc'd (free it);
+ * *n tables. -1 with an exception set. */
+static int parse_tables(PyObject *obj, OptimRows **out, int *n)
+{
+    *out = NULL, *n = 0;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(obj, "tables must be a sequence of (offset, rows, dim)");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (len > PS_TABLES_MAX) {
+        Py_DECREF(seq);
+        sg_raise_code(SG_EINVAL, "%zd embedding tables: the ps takes at most %d", len,
+                      PS_TABLES_MAX);
+        return -1;
+    }
+    *out = calloc((size_t)len + 1, sizeof **out);
+    int ok = *out != NULL;
+    if (!ok)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; ok && i < len; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+        unsigned long long off, rows, dim;
+        PyObject *item = PySequence_Check(t) ? PySequence_GetSlice(t, 0, 3) : NULL;
+        PyObject *tup = item != NULL ? PySequence_Tuple(item) : NULL;
+        ok = tup != NULL &&
+             PyArg_ParseTuple(tup, "KKK;each table must be (offset, rows, dim)", &off, &rows, &dim);
+        Py_XDECREF(item);
+        Py_XDECREF(tup);
+        if (!ok && !PyErr_Occurred())
+            sg_raise_code(SG_EINVAL, "tables[%zd] must be (offset, rows, dim)", i);
+        if (ok)
+            (*out)[i] = (OptimRows){(size_t)off, (size_t)rows, (size_t)dim, NULL, 0};
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
+    *n = (int)len;
+    return 0;
+}
+
+static PyObject *py_ps_shard_range(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
+    static char *kwlist[] = {"total", "num_ps", "index", "tables", NULL};
     unsigned long long total;
-    int num_ps, index;
-    if (!PyArg_ParseTuple(args, "Kii:ps_shard_range", &total, &num_ps, &index))
+    int num_ps, index, n;
+    PyObject *tobj = Py_None;
+    OptimRows *tables;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Kii|O:ps_shard_range", kwlist, &total, &num_ps,
+                                     &index, &tobj) ||
+        parse_tables(tobj, &tables, &n) < 0)
         return NULL;
     uint64_t off, cnt;
     SgError err;
-    if (ps_shard_range(total, num_ps, index, &off, &cnt, &err) < 0)
+    int rc = ps_shard_range_rows(total, tables, n, num_ps, index, &off, &cnt, &err);
+    free(tables);
+    if (rc < 0)
         return sg_raise(&err);
     return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)cnt);
 }
@@ -172,8 +225,8 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"listener",    "secret",       "offset",   "count",  "total",
                              "num_workers", "mode",         "lr",       "params", "step",
-                             "optimizer",   "auth_timeout", "security", NULL};
-    PyObject *listener, *params = Py_None, *optspec = Py_None, *optimizer = NULL;
+                             "optimizer",   "auth_timeout", "security", "tables", NULL};
+    PyObject *listener, *params = Py_None, *optspec = Py_None, *optimizer = NULL, *tobj = Py_None;
     const char *security = NULL;
     Py_buffer secret;
     unsigned long long offset, count, total, step = 0;
@@ -181,12 +234,16 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
     const char *mode = "async";
     float lr = NAN;
     double auth_timeout = 10.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKOdz:PsServer", kwlist, &listener,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*KKKi|sfOKOdzO:PsServer", kwlist, &listener,
                                      &secret, &offset, &count, &total, &num_workers, &mode, &lr,
-                                     &params, &step, &optspec, &auth_timeout, &security))
+                                     &params, &step, &optspec, &auth_timeout, &security, &tobj))
         return -1;
     NetSecurity sec = NET_SEC_DEFAULT;
-    int fd = py_net_security(security, &sec) < 0 ? -1 : py_listener_fd(listener);
+    OptimRows *tables = NULL;
+    int ntables = 0;
+    int fd = py_net_security(security, &sec) < 0 || parse_tables(tobj, &tables, &ntables) < 0
+                 ? -1
+                 : py_listener_fd(listener);
     int ok = fd >= 0;
     if (ok && (!isfinite(auth_timeout) || auth_timeout <= 0)) {
         sg_raise_code(SG_EINVAL, "auth_timeout must be a positive number of seconds, got %g",
@@ -208,7 +265,9 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
                           .step = step,
                           .auth_timeout = auth_timeout,
                           .security = sec,
-                          .optim = optimizer != NULL ? ((OptimizerObject *)optimizer)->opt : NULL};
+                          .optim = optimizer != NULL ? ((OptimizerObject *)optimizer)->opt : NULL,
+                          .tables = tables,
+                          .ntables = ntables};
     if (ok && strcmp(mode, "async") != 0 && strcmp(mode, "sync") != 0) {
         sg_raise_code(SG_EINVAL, "PsServer mode must be 'async' or 'sync', got '%s'", mode);
         ok = 0;
@@ -226,6 +285,7 @@ static int PsServer_init(PsServerObject *self, PyObject *args, PyObject *kw)
         ok = 0;
     }
     PyBuffer_Release(&secret);
+    free(tables);
     if (!ok) {
         Py_XDECREF(optimizer);
         return -1;
@@ -401,8 +461,9 @@ static PyTypeObject PsServer_Type = {
     .tp_basicsize = sizeof(PsServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PsServer(listener, secret, offset, count, total, num_workers, mode='async', "
-              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0, security=None): "
-              "one parameter-server shard; "
+              "lr=0.01, params=None, step=0, optimizer=None, auth_timeout=10.0, security=None, "
+              "tables=None): one parameter-server shard (tables: the model's embedding tables, "
+              "(offset, rows, dim) each, whose rows it then takes sparse); "
               "optimizer (a name, a sparkgrad.nn.optimizers.Optimizer or a dict with 'kind') "
               "replaces plain SGD with lr and keeps its state on the shard.",
     .tp_new = PyType_GenericNew,
@@ -422,19 +483,21 @@ typedef struct {
 
 static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"addresses", "secret",      "total",    "worker_id",
-                             "timeout",   "compression", "security", NULL};
-    PyObject *addresses;
+    static char *kwlist[] = {"addresses",   "secret",   "total",  "worker_id", "timeout",
+                             "compression", "security", "tables", NULL};
+    PyObject *addresses, *tobj = Py_None;
     Py_buffer secret;
     unsigned long long total;
     int worker_id;
     double timeout = 60.0;
     const char *compression = NULL, *security = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|dzz:PsClient", kwlist, &addresses, &secret,
-                                     &total, &worker_id, &timeout, &compression, &security))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*Ki|dzzO:PsClient", kwlist, &addresses, &secret,
+                                     &total, &worker_id, &timeout, &compression, &security, &tobj))
         return -1;
     NetSecurity sec = NET_SEC_DEFAULT;
-    if (py_net_security(security, &sec) < 0) {
+    OptimRows *tables = NULL;
+    int ntables = 0;
+    if (py_net_security(security, &sec) < 0 || parse_tables(tobj, &tables, &ntables) < 0) {
         PyBuffer_Release(&secret);
         return -1;
     }
@@ -442,6 +505,7 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     if (compression != NULL && strcmp(compression, "none") != 0) {
         if (strcmp(compression, "bf16") != 0) {
             PyBuffer_Release(&secret);
+            free(tables);
             sg_raise_code(SG_EINVAL, "PsClient compression must be None or 'bf16', not '%s'",
                           compression);
             return -1;
@@ -468,7 +532,7 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         rc = ps_client_connect(hosts, ports, (int)n, secret.buf, (size_t)secret.len, sec, total,
-                               worker_id, timeout, &self->cli, &err);
+                               tables, ntables, worker_id, timeout, &self->cli, &err);
         Py_END_ALLOW_THREADS
         if (rc == 0 && (rc = ps_client_set_wire(self->cli, wire, &err)) < 0) {
             ps_client_free(self->cli);
@@ -481,6 +545,7 @@ static int PsClient_init(PsClientObject *self, PyObject *args, PyObject *kw)
     }
     free(hosts);
     free(ports);
+    free(tables);
     Py_XDECREF(seq);
     PyBuffer_Release(&secret);
     self->total = total;
@@ -725,16 +790,60 @@ static PyObject *PsClient_done(PsClientObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *PsClient_grad_hook(PsClientObject *self, PyObject *noargs)
+static PyObject *PsClient_grad_hook(PsClientObject *self, PyObject *args, PyObject *kw)
 {
-    (void)noargs;
-    if (cli_live(self) == NULL)
+    static char *kwlist[] = {"sparse", NULL};
+    int sparse = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:grad_hook", kwlist, &sparse) ||
+        cli_live(self) == NULL)
         return NULL;
     NnGradHook h;
-    ps_client_grad_hook(self->cli, &h);
+    ps_client_grad_hook(self->cli, sparse, &h);
     /* the hook points into this client: the capsule keeps it alive */
     return nn_grad_hook_capsule((PyObject *)self, &h, NULL);
 }
+
+/* pull_rows(params, table, ids) -> None: rows ids (int32, sorted, unique)
+ * of table index `table` from the shards into params, GIL released. */
+static PyObject *PsClient_pull_rows(PsClientObject *self, PyObject *args)
+{
+    PyObject *a, *idobj;
+    int table;
+    if (!PyArg_ParseTuple(args, "OiO:pull_rows", &a, &table, &idobj) || cli_live(self) == NULL)
+        return NULL;
+    float *params = float_array(a, self->total, 1, "params");
+    PyObject *ids = params != NULL ? PyArray_FROMANY(idobj, NPY_INT32, 1, 1,
+                                                     NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED)
+                                   : NULL;
+    if (ids == NULL)
+        return NULL;
+    SgError err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ps_client_pull_rows(self->cli, params, table, PyArray_DATA((PyArrayObject *)ids),
+                             (size_t)PyArray_SIZE((PyArrayObject *)ids), &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(ids);
+    if (rc < 0)
+        return sg_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PsClient_get_bytes(PsClientObject *self, void *closure)
+{
+    (void)closure;
+    if (cli_live(self) == NULL)
+        return NULL;
+    uint64_t sent, received;
+    ps_client_bytes(self->cli, &sent, &received);
+    return Py_BuildValue("(KK)", (unsigned long long)sent, (unsigned long long)received);
+}
+
+static PyGetSetDef PsClient_getset[] = {
+    {"bytes", (getter)PsClient_get_bytes, NULL,
+     "(sent, received): bytes on every shard connection so far (frame headers and payloads)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyObject *PsClient_close(PsClientObject *self, PyObject *noargs)
 {
@@ -774,10 +883,16 @@ static PyMethodDef PsClient_methods[] = {
      "mean_state(state) -> int: fill state in place with the elementwise mean of the workers' "
      "model states; returns how many were averaged (0: none put yet, state left as it is)."},
     {"done", (PyCFunction)PsClient_done, METH_NOARGS, "done(): this worker will push no more."},
-    {"grad_hook", (PyCFunction)PsClient_grad_hook, METH_NOARGS,
-     "grad_hook() -> capsule sparkgrad._core.NnGradHook for Model.train_steps(hook=): each step "
-     "pushes the gradients and pulls the ps-updated parameters (push_pull), the model's step "
-     "becoming the ps' global step; the loop's own optimizer is skipped."},
+    {"grad_hook", (PyCFunction)(void (*)(void))PsClient_grad_hook, METH_VARARGS | METH_KEYWORDS,
+     "grad_hook(sparse=True) -> capsule sparkgrad._core.NnGradHook for Model.train_steps(hook=): "
+     "each step pushes the gradients and pulls the ps-updated parameters (push_pull), the "
+     "model's step becoming the ps' global step; the loop's own optimizer is skipped. With "
+     "tables and sparse, embedding tables travel as the rows a step touched and a forward "
+     "pulls the rows it reads; the rest of each local table is stale (pull() before reading "
+     "it)."},
+    {"pull_rows", (PyCFunction)PsClient_pull_rows, METH_VARARGS,
+     "pull_rows(params, table, ids): rows ids (int32, sorted, unique) of embedding table "
+     "`table` (an index into tables) from the shards into params."},
     {"close", (PyCFunction)PsClient_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
 };
@@ -786,19 +901,21 @@ static PyTypeObject PsClient_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.PsClient",
     .tp_basicsize = sizeof(PsClientObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PsClient(addresses, secret, total, worker_id, timeout=60.0, compression=None, "
-              "security=None): a worker's link to every ps shard; security ('none', 'auth', "
-              "'encrypt'; None: _core.SECURITY_DEFAULT) must be the shards' own.",
+    .tp_doc =
+        "PsClient(addresses, secret, total, worker_id, timeout=60.0, compression=None, "
+        "security=None, tables=None): a worker's link to every ps shard; security ('none', 'auth', "
+        "'encrypt'; None: _core.SECURITY_DEFAULT) must be the shards' own.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PsClient_init,
     .tp_dealloc = (destructor)PsClient_dealloc,
     .tp_methods = PsClient_methods,
+    .tp_getset = PsClient_getset,
 };
 
 static PyMethodDef ps_functions[] = {
-    {"ps_shard_range", py_ps_shard_range, METH_VARARGS,
-     "ps_shard_range(total, num_ps, index) -> (offset, count): the contiguous shard of ps "
-     "`index`."},
+    {"ps_shard_range", (PyCFunction)(void (*)(void))py_ps_shard_range, METH_VARARGS | METH_KEYWORDS,
+     "ps_shard_range(total, num_ps, index, tables=None) -> (offset, count): the contiguous shard "
+     "of ps `index`; with tables ((offset, rows, dim) each), split points snap to whole rows."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -87,8 +87,8 @@ static void test_adam_on_two_shards(void)
         CHECK(pthread_create(&th[k], NULL, serve_main, srv[k]) == 0);
     }
     PsClient *c = NULL;
-    CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_ENCRYPT, TOTAL, 0,
-                            10.0, &c, &err) == 0);
+    CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_ENCRYPT, TOTAL, NULL,
+                            0, 0, 10.0, &c, &err) == 0);
     Optimizer *ref = NULL;
     CHECK(optim_create(&ref, &oc, TOTAL, &err) == 0);
     uint64_t step = 0;
@@ -176,8 +176,8 @@ static void test_model_state_is_averaged_over_the_workers(void)
     }
     PsClient *c[2] = {NULL, NULL};
     for (int w = 0; w < 2; w++)
-        CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_AUTH, TOTAL, w,
-                                10.0, &c[w], &err) == 0);
+        CHECK(ps_client_connect(hosts, port, NPS, secret, sizeof secret, NET_SEC_AUTH, TOTAL, NULL,
+                                0, w, 10.0, &c[w], &err) == 0);
     float a[NSTATE], b[NSTATE], got[NSTATE], keep[NSTATE];
     for (int i = 0; i < NSTATE; i++) {
         a[i] = (float)i; /* means of these are exact in float32 */
