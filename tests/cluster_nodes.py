@@ -167,6 +167,34 @@ def train_softmax(args, ctx):
     }
 
 
+def fit_embedding(args, ctx):
+    """ps serve a model with a 500-row Embedding table (sync); workers fit it with ps= on their own ids,
+    args["sparse"] choosing rows or the whole table on the wire; each returns its final model."""
+    import numpy as np
+    from sparkgrad.nn import SGD, Dense, Embedding, Flatten, Input, Model
+
+    ids = Input(shape=(3,), dtype="int32", name="ids")
+    hidden = Dense(8, activation="relu")(Flatten()(Embedding(500, 4, name="emb")(ids)))
+    m = Model(ids, Dense(2)(hidden), seed=5)
+    m.compile(optimizer=SGD(0.2), loss="mse")
+    if ctx.job_name == "ps":
+        return TFNode.start_cluster_server(ctx).serve_parameters(m, mode="sync")
+    rng = np.random.default_rng(20 + ctx.task_index)
+    x = rng.integers(0, 500, (160, 3)).astype(np.int32)
+    y = np.stack([np.sin(x.sum(1) / 90.0), np.cos(x[:, 0] / 70.0)], 1).astype(np.float32)
+    with TFNode.ps_client(ctx, m, sparse=args["sparse"]) as ps:
+        h = m.fit(x[:128], y[:128], batch_size=16, epochs=2, shuffle=False, verbose=0, ps=ps,
+                  validation_data=(x[128:], y[128:]))  # fmt: skip
+    return {
+        "params": m.params.tolist(),
+        "chief": ps.is_chief,
+        "sparse_rows": ps.sparse_rows,
+        "val_loss": h.history["val_loss"],
+        "bytes": sum(ps.bytes),
+        "step": m.step,
+    }
+
+
 def train_from_feed(args, ctx):
     """InputMode.SPARK: workers train from DataFeed batches (rows: (features, label)) with a sync ps.
 

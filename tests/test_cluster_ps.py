@@ -57,6 +57,27 @@ def test_adam_on_two_ps_keeps_its_state_on_each_shard(tmp_path):
         assert cluster.results[i]["accuracy"] > 0.9
 
 
+def test_fit_of_an_embedding_model_moves_rows_and_ends_with_the_servers_parameters():
+    """1 ps + 2 workers (processes) fit a model with an Embedding table in sync mode, once with the table's
+    rows on the wire and once with the table whole: the same final model on both workers (the servers'
+    parameters after every step) and in both runs, the same validation losses, fewer bytes with rows."""
+    runs = {}
+    for sparse in (True, False):
+        cluster = sparkgrad.local.run(cluster_nodes.fit_embedding, {"sparse": sparse}, 3, 1, output=quiet)
+        cluster.shutdown(timeout=90)
+        assert cluster.results[0] == "done"
+        runs[sparse] = [cluster.results[i] for i in (1, 2)]
+    for sparse, workers in runs.items():
+        assert sorted(w["chief"] for w in workers) == [False, True]
+        assert all(w["sparse_rows"] == sparse and w["step"] == 16 for w in workers)
+        np.testing.assert_array_equal(workers[0]["params"], workers[1]["params"])
+    rows, dense = runs[True][0], runs[False][0]
+    np.testing.assert_allclose(rows["params"], dense["params"], rtol=1e-6, atol=1e-7)
+    for r, d in zip(runs[True], runs[False], strict=True):
+        np.testing.assert_allclose(r["val_loss"], d["val_loss"], rtol=1e-5)
+        assert r["bytes"] < d["bytes"] / 2
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("driver_ps_nodes", [False, True], ids=["ps_task", "ps_in_driver"])
 def test_sync_training_on_spark(spark_context, driver_ps_nodes):

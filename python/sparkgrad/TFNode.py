@@ -83,7 +83,9 @@ def start_cluster_server(ctx: NodeContext, num_gpus: int = 0, rdma: bool = False
     return ClusterServer(ctx)
 
 
-def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> ParameterClient:
+def ps_client(
+    ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None, sparse: bool = True
+) -> ParameterClient:
     """On a training node: a `ParameterClient` of every ps shard, for ``model.fit(..., ps=ps_client(ctx, model))``.
 
     Args:
@@ -91,8 +93,10 @@ def ps_client(ctx: NodeContext, total: Any, timeout: float = 60.0, compression: 
         total: The model, or its number of parameters.
         timeout: Seconds to connect and to wait for each answer.
         compression: ``"bf16"`` pushes bf16 gradients; None float32.
+        sparse: A model's Embedding tables travel as the rows each step touches and reads (True) or
+            whole, as any other parameters (False).
     """
-    return ParameterClient(ctx, total, timeout, compression)
+    return ParameterClient(ctx, total, timeout, compression, sparse)
 
 
 __all__ = [  # in the order the API reference lists them

@@ -14,7 +14,10 @@ one PsClient whose worker id is their rank among the training nodes.
 
 ``serve_parameters(model)`` takes the size and the optimizer (kind, learning
 rate, schedule) from the model's compile; ``fit(ps=...)`` runs every step
-through the client inside the C loop (see sparkgrad.nn.training). By hand,
+through the client inside the C loop (see sparkgrad.nn.training). A model's
+Embedding tables travel as rows: shards split between whole rows, a step
+pushes the rows it touched and a forward pulls the rows it reads
+(``ps_client(ctx, model, sparse=False)`` sends the tables whole instead). By hand,
 with a total: ``ps.init(params); step = ps.pull(params); ps.push_pull(grads,
 params); ...``.
 """
@@ -37,6 +40,14 @@ def worker_rank(ctx: NodeContext) -> int:
     if rank is None:
         raise ClusterError(f"{ctx.job_name}:{ctx.task_index} is not a training node (chief, master or worker)")
     return rank
+
+
+def _tables_of(model_or_total: Any) -> list[tuple[int, int, int]]:
+    """A sparkgrad.nn model's Embedding tables as ``(offset, rows, dim)``; none for a parameter count."""
+    touched = getattr(model_or_total, "touched_rows", None)
+    if touched is None or isinstance(model_or_total, (int, np.integer)):
+        return []
+    return [(int(off), int(rows), int(dim)) for off, rows, dim, _ in touched()]
 
 
 def _total_of(model_or_total: Any) -> int:
@@ -72,8 +83,9 @@ def serve_parameters(
 
     Args:
         ctx: The node's context (a ps node).
-        total: A compiled sparkgrad.nn model (its size, and its compile's optimizer with its learning
-            rate and schedule, which then runs on the ps) or the number of parameters.
+        total: A compiled sparkgrad.nn model (its size, its Embedding tables, whose rows the shard then
+            takes sparse, and its compile's optimizer with its learning rate and schedule, which then runs
+            on the ps) or the number of parameters.
         mode: ``"async"``: each gradient is applied as it arrives (the global step counts pushes);
             ``"sync"``: each step averages exactly one gradient per active worker, then applies it. A
             worker that disconnects without ``done()`` fails the step for everyone rather than hanging it.
@@ -92,6 +104,7 @@ def serve_parameters(
     """
     if ctx.job_name != PS:
         raise ClusterError(f"serve_parameters runs on ps nodes; this is {ctx.job_name}:{ctx.task_index}")
+    tables = _tables_of(total)
     if not isinstance(total, (int, np.integer)):
         model = total
         total = _total_of(model)
@@ -105,7 +118,7 @@ def serve_parameters(
         lr = 0.01
     core = net()
     num_ps = len(ctx.cluster_spec.get(PS, ()))
-    offset, count = core.ps_shard_range(int(total), num_ps, ctx.task_index)
+    offset, count = core.ps_shard_range(int(total), num_ps, ctx.task_index, tables=tables)
     params = None
     if init is not None:
         flat = np.ascontiguousarray(init, dtype=np.float32).reshape(-1)
@@ -121,6 +134,7 @@ def serve_parameters(
         mode=mode,
         params=params,
         security=ctx.security,
+        tables=tables,
         **update,
     )
     unhook = ctx.on_stop(server.stop)  # the driver's stop ends serve() at once
@@ -145,24 +159,44 @@ class ParameterClient:
         compression: ``"bf16"`` sends the gradients as bf16 (half the bytes; the shards widen them to
             float32 before they apply or average them); None sends float32. Parameters always come back
             as float32.
+        sparse: With a model that has Embedding tables: fit's steps push the rows a step touched and
+            pull the rows a forward reads (a table of a million rows trains at the speed of the rows it
+            uses); False sends the tables whole, as any other parameters.
 
     Attributes:
         total (int): The number of parameters.
         worker_id (int): This node's rank among the training nodes (0 is the chief).
+        sparse_rows (bool): Whether fit's steps carry the Embedding tables as rows.
 
     Raises:
         ClusterError: The cluster has no ps nodes, or this is not a training node.
     """
 
-    def __init__(self, ctx: NodeContext, total: Any, timeout: float = 60.0, compression: str | None = None) -> None:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        total: Any,
+        timeout: float = 60.0,
+        compression: str | None = None,
+        sparse: bool = True,
+    ) -> None:
         addresses = [(n.host, n.port) for n in ctx.nodes_of(PS)]
         if not addresses:
             raise ClusterError("the cluster has no ps nodes (num_ps=0): nothing to pull parameters from")
         self.total = _total_of(total)
         self.worker_id = worker_rank(ctx)
         self._num_ps = len(addresses)
+        self._tables = _tables_of(total)
+        self.sparse_rows = bool(sparse and self._tables)
         self._client = net().PsClient(
-            addresses, ctx.secret, self.total, self.worker_id, timeout, compression, security=ctx.security
+            addresses,
+            ctx.secret,
+            self.total,
+            self.worker_id,
+            timeout,
+            compression,
+            security=ctx.security,
+            tables=self._tables,
         )
         self._done = False
 
@@ -247,7 +281,7 @@ class ParameterClient:
 
     def _shard_ranges(self) -> list[tuple[int, int]]:
         core = net()
-        return [core.ps_shard_range(self.total, self._num_ps, i) for i in range(self._num_ps)]
+        return [core.ps_shard_range(self.total, self._num_ps, i, tables=self._tables) for i in range(self._num_ps)]
 
     def optimizer_state(self) -> tuple[int, np.ndarray] | None:
         """The servers' optimizer state as one optimizer over the whole model holds it, for the chief's checkpoint.
@@ -287,8 +321,16 @@ class ParameterClient:
         return self.worker_id == 0
 
     def grad_hook(self) -> object:
-        """The C training loop's gradient hook (a sparkgrad._core.NnGradHook capsule): push_pull per step."""
-        return self._client.grad_hook()
+        """The C training loop's gradient hook (a sparkgrad._core.NnGradHook capsule): push_pull per step.
+
+        With `sparse_rows` the Embedding tables travel as rows, and the model's local tables are current
+        only in the rows its forwards read: `pull` the whole buffer before reading it (fit does)."""
+        return self._client.grad_hook(sparse=self.sparse_rows)
+
+    @property
+    def bytes(self) -> tuple[int, int]:
+        """``(sent, received)``: bytes on every shard connection so far (frame headers and payloads)."""
+        return self._client.bytes
 
     def done(self) -> None:
         """Tells the servers this worker will push no more (once; later calls do nothing)."""

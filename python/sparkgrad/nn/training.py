@@ -518,6 +518,7 @@ class _Distribution:
         self.model, self.ps, self.hook = model, ps, None
         self.checkpoints = checkpoints  # fit writes checkpoints (on the chief)
         self.servers_done = False  # the ps client said done: the servers' state is no longer there to read
+        self.sparse_rows = False  # the hook moves Embedding rows: the local tables are stale elsewhere
         self._own = None  # the ps chief's own non-trainable state while it holds the workers' mean
         distributed = isinstance(model.optimizer, DistributedOptimizer)
         if ps is not None and distributed:
@@ -560,6 +561,7 @@ class _Distribution:
                     self.ps.init(m.params)
             m.step = self.ps.pull(m.params)  # waits until the chief initialised every shard
             self.hook = self.ps.grad_hook()
+            self.sparse_rows = bool(getattr(self.ps, "sparse_rows", False))
         elif isinstance(m.optimizer, DistributedOptimizer):
             self.hook = m.optimizer.grad_hook()
 
@@ -595,9 +597,17 @@ class _Distribution:
         steps, state = opt.get_state()
         return split(steps, state)
 
+    def refresh(self) -> None:
+        """Under a ps that moves Embedding rows, a worker's tables are current only in the rows its
+        forwards pulled: the whole buffer comes from the servers before anything reads it (validation,
+        callbacks at an epoch's end, a checkpoint, the final model)."""
+        if self.ps is not None and self.sparse_rows and not self.servers_done:
+            self.ps.pull(self.model.params)
+
     def before_checkpoint(self) -> None:
         """Under a ps the optimizer runs on the servers: the chief's checkpoint takes their state
         (Adam's moments...) into the model's optimizer, so a resumed run continues it."""
+        self.refresh()
         fetch = getattr(self.ps, "optimizer_state", None)
         opt = self.model.optimizer
         if fetch is None or opt is None or self.servers_done:
@@ -618,8 +628,10 @@ class _Distribution:
         at the end what one average of the ranks' own would); under a ps each worker puts its state on
         shard 0 and the chief reads the mean of the workers' latest, for what reads it until
         `own_buffers` (its own go on training, as each replica's do under MirroredStrategy: the
-        workers do not step in time). Nothing without state or distribution."""
+        workers do not step in time). Nothing without state or distribution. First, under a ps that
+        moves Embedding rows, the whole parameter buffer comes from the servers (`refresh`)."""
         m = self.model
+        self.refresh()
         buffers = m.buffers
         if buffers.size == 0:
             return
@@ -656,6 +668,8 @@ class _Distribution:
                 self.ps.mean_state(m.buffers)  # every worker's last state
             if self.checkpoints:
                 self.before_checkpoint()  # for the last checkpoint: the servers may end once the chief said done
+        else:
+            self.refresh()  # the servers' parameters as they are now, not the rows this worker last read
         self.ps.done()
         self.servers_done = True
         return self.chief
