@@ -18,7 +18,7 @@ import socket
 import struct
 
 MAGIC = 0x4E544753
-VERSION = 1
+VERSION = 2  # csrc/net/frame.h NET_FRAME_VERSION
 HEADER = struct.Struct("<IBBHI")
 AUTH_CHALLENGE, AUTH_RESPONSE, AUTH_OK, AUTH_FAIL = 1, 2, 3, 4
 JSON, HEARTBEAT = 10, 11
