@@ -44,11 +44,13 @@ training rows for seeds 1..3 (--seeds) and is scored on the test rows with the s
 AUC by ranks); the rows give every seed, the median over seeds, and sparkgrad's median minus PyTorch's
 (issue 31 asks for sparkgrad's AUC within 0.005 of PyTorch's).
 
-The parameter-server rows (1 ps + 2 workers, a 1M-row table, rows sent sparse against the table sent
-dense: samples/s and bytes per step) come from ps_rows(), which reports them as not measured until the ps
-wire carries embedding rows.
+The parameter-server rows come from ps_rows(): 1 ps + 2 workers (processes on loopback, sync mode) train
+ids (26,) -> Embedding(1M, 16) -> Flatten -> Dense 64 relu -> Dense 1 with SGD on the ps, once with the
+table's rows on the wire (the rows a step touched and a forward reads) and once with the table sent dense:
+samples/s of both workers together and bytes on the wire per step and worker, and their ratios (issue 31
+asks for at least 10x). --ps-only runs these rows alone (writing tabular_ps.json).
 
-    python bench/bench_tabular.py [--quick] [--threads 1,2] [--models click,rossmann] [--seeds 3]
+    python bench/bench_tabular.py [--quick] [--threads 1,2] [--models click,rossmann] [--seeds 3] [--ps-only]
 
 Keras runs in this interpreter (where `make bench` installs the anchors extra) or in $SPARKGRAD_TF_PYTHON.
 Prints the table and writes build/bench-results/tabular.json (bench/results/ with --update).
@@ -557,23 +559,142 @@ WORKERS = {"sparkgrad": worker_sparkgrad, "torch": worker_torch, "keras": worker
 
 
 PS_TABLE_ROWS = 1_000_000
+PS_DIM, PS_IDS, PS_LR = 16, 26, 0.05
+PS_SEGMENTS = {True: 3, False: 5}  # timed segments, --quick and full
+PS_STEPS = {  # (warm-up steps, steps per timed segment) by (quick, sparse)
+    (True, True): (3, 20),
+    (True, False): (1, 2),
+    (False, True): (5, 60),
+    (False, False): (2, 6),
+}
+
+
+def ps_model():
+    """ids (26,) -> Embedding(1M, 16) -> Flatten -> Dense 64 relu -> Dense 1 sigmoid; SGD on the ps."""
+    from sparkgrad.nn import SGD, Dense, Embedding, Flatten, Input, Model
+
+    ids = Input(shape=(PS_IDS,), dtype="int32", name="ids")
+    hidden = Dense(64, activation="relu")(Flatten()(Embedding(PS_TABLE_ROWS, PS_DIM, name="table")(ids)))
+    m = Model(ids, Dense(1, activation="sigmoid")(hidden), seed=1)
+    m.compile(optimizer=SGD(PS_LR), loss="binary_crossentropy")
+    return m
+
+
+def ps_batches(worker: int, n: int):
+    """n rows of Zipf-distributed ids (P(rank k) ~ 1/k, scattered over the table) and a label of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(DATA_SEED + worker)
+    scatter = np.random.default_rng(DATA_SEED).permutation(PS_TABLE_ROWS).astype(np.int32)
+    weights = 1.0 / np.arange(1, PS_TABLE_ROWS + 1)
+    ranks = rng.choice(PS_TABLE_ROWS, size=(n, PS_IDS), p=weights / weights.sum())
+    ids = scatter[ranks]
+    return ids, (ranks[:, 0] % 3 == 0).astype(np.float32).reshape(-1, 1)
+
+
+def ps_node(role: str, port: int, sparse: bool, quick: bool) -> dict:
+    """One process of the ps run: the ps (serves until both workers are done) or worker 0/1 (times its
+    steps; the secret comes in $SG_BENCH_PS_SECRET)."""
+    from sparkgrad import _core
+
+    secret = bytes.fromhex(os.environ["SG_BENCH_PS_SECRET"])
+    m = ps_model()
+    tables = [(off, rows, dim) for off, rows, dim, _ in m.touched_rows()]
+    if role == "ps":
+        lis = _core.Listener("127.0.0.1", 0)
+        server = _core.PsServer(lis, secret, 0, m.num_params, m.num_params, 2, mode="sync", lr=PS_LR,
+                                tables=tables)  # fmt: skip
+        print(json.dumps({"port": lis.port}), flush=True)
+        return {"result": server.serve(timeout=900)}
+    worker = int(role)
+    warm, steps = PS_STEPS[(quick, sparse)]
+    segments = PS_SEGMENTS[quick]
+    n = BATCH * (warm + segments * steps)
+    x, y = m.engine_arrays(*ps_batches(worker, n))[:2]
+    client = _core.PsClient([("127.0.0.1", port)], secret, m.num_params, worker, 600.0, tables=tables)
+    if worker == 0:
+        client.init(m.params)
+    m.state.step = client.pull(m.params)
+    hook = client.grad_hook(sparse=sparse)
+    m.run_steps(x, y, None, 0, BATCH, warm, hook=hook)
+    rates, pos = [], BATCH * warm
+    sent0 = sum(client.bytes)
+    for _ in range(segments):
+        t = time.perf_counter()
+        m.run_steps(x, y, None, pos, BATCH, steps, hook=hook)
+        rates.append(steps * BATCH / (time.perf_counter() - t))
+        pos += BATCH * steps
+    per_step = (sum(client.bytes) - sent0) / (segments * steps)
+    client.done()
+    return {"rates": rates, "bytes_per_step": per_step, "steps_per_segment": steps, "peak_rss_mb": peak_rss_mb(),
+            "security": _core.SECURITY_DEFAULT}  # fmt: skip
+
+
+def ps_run(sparse: bool, quick: bool) -> tuple[list[dict] | None, str]:
+    """1 ps + 2 workers as processes on loopback; each worker's result, or None and why."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", PYTHONPATH=str(ROOT / "python"),
+               SG_BENCH_PS_SECRET=os.urandom(32).hex())  # fmt: skip
+
+    def start(role: str, port: int) -> subprocess.Popen:
+        cmd = [sys.executable, __file__, "--ps-node", role, str(port), "1" if sparse else "0", "1" if quick else "0"]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    ps = start("ps", 0)
+    procs = [ps]
+    try:
+        line = ps.stdout.readline()  # the port, once the ps listens (it exits with an error otherwise)
+        if not line:
+            return None, f"the ps did not start: {ps.communicate(timeout=60)[1][-300:]}"
+        port = json.loads(line)["port"]
+        procs += [start(str(w), port) for w in (0, 1)]
+        results = []
+        for p in procs[1:]:
+            out, err = p.communicate(timeout=900)
+            if p.returncode != 0:
+                return None, f"a worker failed (exit status {p.returncode}): {err.strip()[-300:]}"
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        ps.communicate(timeout=60)
+        return results, ""
+    except subprocess.TimeoutExpired:
+        return None, "timed out"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def ps_rows(quick: bool) -> list[dict]:
-    """1 ps + 2 workers training the click model with one 1M-row table: samples/s and bytes on the wire per
-    step with the table's rows sent sparse (the ids and rows a step touched) against the table sent dense.
-
-    Not measured yet: sparkgrad's ps moves whole shards, and the frame that carries embedding rows (issue
-    31) has not landed. Until it does this reports why instead of a figure; the dense side is measured in
-    the same run as the sparse one, so it waits too."""
-    del quick  # the run's size once it is measured
-    why = ("the parameter server's sparse-row wire (embedding rows on push and pull, issue 31) is not in this "
-           "sparkgrad yet; the dense run is measured beside it in one run")  # fmt: skip
-    rows = []
-    for wire in ("sparse rows", "dense table"):
-        system = f"sparkgrad ps, 1 ps + 2 workers, {wire}"
-        rows.append(benchlib.not_measured(system, f"ps_click_{PS_TABLE_ROWS}rows_samples_per_s", why, "samples/s"))
-        rows.append(benchlib.not_measured(system, f"ps_click_{PS_TABLE_ROWS}rows_bytes_per_step", why, "bytes"))
+    """1 ps + 2 workers (processes on loopback, sync mode, SGD on the ps) training a model with one 1M-row
+    table (dim 16) and a small MLP: samples/s (both workers together: per timed segment the sum of the
+    workers' rates, median, min and max over the segments) and bytes on the wire per step and worker (sent
+    and received, frame headers and payloads) with the table's rows sent sparse (the ids and rows a step
+    touched, and the rows a forward reads) against the table sent dense; the ratio rows compare them."""
+    rows, medians, traffic = [], {}, {}
+    unit = f"samples/s, 2 workers, batch {BATCH} each (median of the timed segments)"
+    for sparse in (True, False):
+        wire = "sparse rows" if sparse else "dense table"
+        print(f"  ps {wire}...", file=sys.stderr, flush=True)
+        results, why = ps_run(sparse, quick)
+        security = f" (security {results[0]['security']})" if results else ""
+        system = f"sparkgrad ps, 1 ps + 2 workers, {wire}{security}"
+        metric = f"ps_click_{PS_TABLE_ROWS}rows"
+        if results is None:
+            rows.append(benchlib.not_measured(system, f"{metric}_samples_per_s", why, "samples/s"))
+            rows.append(benchlib.not_measured(system, f"{metric}_bytes_per_step", why, "bytes"))
+            continue
+        rates = [sum(seg) for seg in zip(*(r["rates"] for r in results), strict=True)]
+        medians[sparse] = benchlib.summarise(rates)["median"]
+        traffic[sparse] = sum(r["bytes_per_step"] for r in results) / len(results)
+        rows.append(benchlib.median_row(system, f"{metric}_samples_per_s", rates, unit, digits=0,
+                                        steps_per_segment=results[0]["steps_per_segment"]))  # fmt: skip
+        rows.append(benchlib.row(system, f"{metric}_bytes_per_step", round(traffic[sparse]),
+                                 "bytes per step and worker (sent + received)"))  # fmt: skip
+    if len(medians) == 2:
+        rows.append(benchlib.row("sparkgrad ps, sparse rows / dense table", f"ps_click_{PS_TABLE_ROWS}rows_speedup",
+                                 round(medians[True] / medians[False], 1), "x samples/s (goal: >= 10)"))  # fmt: skip
+        rows.append(benchlib.row("sparkgrad ps, dense table / sparse rows", f"ps_click_{PS_TABLE_ROWS}rows_bytes_ratio",
+                                 round(traffic[False] / traffic[True], 1), "x fewer bytes per step"))  # fmt: skip
     return rows
 
 
@@ -628,8 +749,22 @@ def main() -> int:
     ap.add_argument("--systems", default="sparkgrad,torch,keras", help="comma-separated: sparkgrad, torch, keras")
     ap.add_argument("--seeds", type=int, default=3, help="quality runs per system (seeds 1..N)")
     ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--ps-node", nargs=4, help=argparse.SUPPRESS)  # role port sparse quick
+    ap.add_argument("--ps-only", action="store_true", help="only the parameter-server rows")
     benchlib.add_update_flag(ap)
     args = ap.parse_args()
+    if args.ps_node is not None:
+        role, port, sparse, quick = args.ps_node
+        print(json.dumps(ps_node(role, int(port), sparse == "1", quick == "1")))
+        return 0
+    if args.ps_only:
+        meta = benchlib.metadata("tabular_ps", quick=args.quick)
+        ps = ps_rows(args.quick)
+        path = benchlib.results_file("tabular_ps.json", args.update)
+        benchlib.write_results(path, ps, meta)
+        benchlib.print_rows(ps)
+        print(f"wrote {path}")
+        return 0
     if args.worker is not None:
         system, task, threads, mode, folder, seed, quick, *extra = args.worker
         scale = QUICK if quick == "1" else FULL
@@ -672,7 +807,8 @@ def main() -> int:
                 speed_rows(task, t, systems, scale, run, rows, table, best_config)
         for task in tasks:
             quality_rows(task, systems, args.seeds, run, rows, table, best_config, min(threads))
-    rows.extend(ps_rows(args.quick))
+    ps = ps_rows(args.quick)
+    rows.extend(ps)
     path = benchlib.results_file("tabular.json", args.update)
     meta = benchlib.write_results(path, rows, meta)
     head = ("model", "system", "configuration", "median", "sparkgrad's ratio")
@@ -680,8 +816,9 @@ def main() -> int:
     print("".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in table:
         print("".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
-    for r in ps_rows(args.quick)[:1]:
-        print(f"parameter server, sparse rows against the dense table: not measured: {r['reason']}")
+    for r in ps:
+        value = f"not measured: {r['reason']}" if r["value"] is None else f"{r['value']} {r['unit']}"
+        print(f"{r['system']}: {r['metric']} {value}")
     print(
         f"load average (1 min) at start {meta['load_average_start'][0]:.2f}, at end {meta['load_average_end'][0]:.2f}"
     )
