@@ -48,7 +48,7 @@ The parameter-server rows come from ps_rows(): 1 ps + 2 workers (processes on lo
 ids (26,) -> Embedding(1M, 16) -> Flatten -> Dense 64 relu -> Dense 1 with SGD on the ps, once with the
 table's rows on the wire (the rows a step touched and a forward reads) and once with the table sent dense:
 samples/s of both workers together and bytes on the wire per step and worker, and their ratios (issue 31
-asks for at least 10x). --ps-only runs these rows alone (writing tabular_ps.json).
+asks for at least 10x). --ps-only runs these rows alone and prints them.
 
     python bench/bench_tabular.py [--quick] [--threads 1,2] [--models click,rossmann] [--seeds 3] [--ps-only]
 
@@ -666,19 +666,25 @@ def ps_run(sparse: bool, quick: bool) -> tuple[list[dict] | None, str]:
 
 def ps_rows(quick: bool) -> list[dict]:
     """1 ps + 2 workers (processes on loopback, sync mode, SGD on the ps) training a model with one 1M-row
-    table (dim 16) and a small MLP: samples/s (both workers together: per timed segment the sum of the
-    workers' rates, median, min and max over the segments) and bytes on the wire per step and worker (sent
-    and received, frame headers and payloads) with the table's rows sent sparse (the ids and rows a step
-    touched, and the rows a forward reads) against the table sent dense; the ratio rows compare them."""
-    rows, medians, traffic = [], {}, {}
-    unit = f"samples/s, 2 workers, batch {BATCH} each (median of the timed segments)"
+    table (dim 16) and a small MLP, the table's rows sent sparse (the ids and rows a step touched, and the
+    rows a forward reads) and the table sent dense: `ps_result_rows` of the two runs."""
+    runs = {}
     for sparse in (True, False):
-        wire = "sparse rows" if sparse else "dense table"
-        print(f"  ps {wire}...", file=sys.stderr, flush=True)
-        results, why = ps_run(sparse, quick)
-        security = f" (security {results[0]['security']})" if results else ""
-        system = f"sparkgrad ps, 1 ps + 2 workers, {wire}{security}"
-        metric = f"ps_click_{PS_TABLE_ROWS}rows"
+        print(f"  ps {'sparse rows' if sparse else 'dense table'}...", file=sys.stderr, flush=True)
+        runs[sparse] = ps_run(sparse, quick)
+    return ps_result_rows(runs)
+
+
+def ps_result_rows(runs: dict[bool, tuple[list[dict] | None, str]]) -> list[dict]:
+    """The rows of the ps runs (sparse -> (each worker's result, or None and why)): samples/s of both
+    workers together (per timed segment the sum of the workers' rates; median, min and max over the
+    segments), bytes on the wire per step and worker (sent and received, frame headers and payloads), and,
+    when both ran, the ratios."""
+    rows, medians, traffic = [], {}, {}
+    metric = f"ps_click_{PS_TABLE_ROWS}rows"
+    unit = f"samples/s, 2 workers, batch {BATCH} each (median of the timed segments)"
+    for sparse, (results, why) in runs.items():
+        system = f"sparkgrad ps, 1 ps + 2 workers, {'sparse rows' if sparse else 'dense table'}"
         if results is None:
             rows.append(benchlib.not_measured(system, f"{metric}_samples_per_s", why, "samples/s"))
             rows.append(benchlib.not_measured(system, f"{metric}_bytes_per_step", why, "bytes"))
@@ -686,14 +692,15 @@ def ps_rows(quick: bool) -> list[dict]:
         rates = [sum(seg) for seg in zip(*(r["rates"] for r in results), strict=True)]
         medians[sparse] = benchlib.summarise(rates)["median"]
         traffic[sparse] = sum(r["bytes_per_step"] for r in results) / len(results)
+        extra = {"security": results[0]["security"]}
         rows.append(benchlib.median_row(system, f"{metric}_samples_per_s", rates, unit, digits=0,
-                                        steps_per_segment=results[0]["steps_per_segment"]))  # fmt: skip
+                                        steps_per_segment=results[0]["steps_per_segment"], **extra))  # fmt: skip
         rows.append(benchlib.row(system, f"{metric}_bytes_per_step", round(traffic[sparse]),
-                                 "bytes per step and worker (sent + received)"))  # fmt: skip
+                                 "bytes per step and worker (sent + received)", **extra))  # fmt: skip
     if len(medians) == 2:
-        rows.append(benchlib.row("sparkgrad ps, sparse rows / dense table", f"ps_click_{PS_TABLE_ROWS}rows_speedup",
+        rows.append(benchlib.row("sparkgrad ps, sparse rows / dense table", f"{metric}_speedup",
                                  round(medians[True] / medians[False], 1), "x samples/s (goal: >= 10)"))  # fmt: skip
-        rows.append(benchlib.row("sparkgrad ps, dense table / sparse rows", f"ps_click_{PS_TABLE_ROWS}rows_bytes_ratio",
+        rows.append(benchlib.row("sparkgrad ps, dense table / sparse rows", f"{metric}_bytes_ratio",
                                  round(traffic[False] / traffic[True], 1), "x fewer bytes per step"))  # fmt: skip
     return rows
 
@@ -757,13 +764,8 @@ def main() -> int:
         role, port, sparse, quick = args.ps_node
         print(json.dumps(ps_node(role, int(port), sparse == "1", quick == "1")))
         return 0
-    if args.ps_only:
-        meta = benchlib.metadata("tabular_ps", quick=args.quick)
-        ps = ps_rows(args.quick)
-        path = benchlib.results_file("tabular_ps.json", args.update)
-        benchlib.write_results(path, ps, meta)
-        benchlib.print_rows(ps)
-        print(f"wrote {path}")
+    if args.ps_only:  # printed, not written: a results file holds the whole run
+        benchlib.print_rows(ps_rows(args.quick))
         return 0
     if args.worker is not None:
         system, task, threads, mode, folder, seed, quick, *extra = args.worker

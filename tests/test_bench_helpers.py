@@ -160,24 +160,38 @@ def test_tabular_data_has_the_structure_the_bench_claims():
     assert r["cat"].shape == (20_000, 13) and abs(float(r["y"].std()) - 1) < 1e-3 and 0.8 < 1 - r["noise_var"] < 0.95
 
 
-def test_tabular_report_compares_with_each_anchor_at_its_best_and_the_ps_rows_are_not_invented(tmp_path, monkeypatch):
+def test_tabular_report_compares_with_each_anchor_at_its_best_and_the_ps_rows(tmp_path, monkeypatch):
     tab, report = _load("bench_tabular"), _load("report")
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     m = "click_b512_t1_samples_per_s"
+
+    def worker(rate, nbytes):  # what one ps worker process reports
+        return {"rates": [rate, rate * 1.1, rate * 0.9], "bytes_per_step": nbytes, "steps_per_segment": 20,
+                "security": "auth"}  # fmt: skip
+
     rows = [
         benchlib.not_measured("sparkgrad", m, "sparkgrad: Embedding not available", "samples/s"),
         benchlib.median_row("torch", m, [40e3, 50e3, 45e3], "samples/s (median)", config="sparse + SparseAdam, eager"),
         benchlib.row("torch", "click_auc_median", 0.76, "AUC (median over 3 seeds)", config="sparse"),
         benchlib.row("sparkgrad", "click_auc_median", 0.758, "AUC (median over 3 seeds)"),
-        *tab.ps_rows(quick=True),
+        *tab.ps_result_rows(
+            {
+                True: ([worker(10e3, 1e6), worker(11e3, 1.2e6)], ""),
+                False: ([worker(500.0, 1e8), worker(510.0, 1e8)], ""),
+            }
+        ),
     ]
-    assert all(r["value"] is None and "not in this sparkgrad" in r["reason"] for r in tab.ps_rows(quick=False))
+    failed = tab.ps_result_rows({True: (None, "a worker failed"), False: (None, "a worker failed")})
+    assert len(failed) == 4 and all(r["value"] is None and r["reason"] == "a worker failed" for r in failed)
     lines = {(ln["name"], ln["anchor"]): ln for ln in report.comparison_lines("tabular", rows)}
     speed = lines[("wide-and-deep click model, 1 thread", "torch (sparse + SparseAdam, eager)")]
     assert speed["ratio"] is None and speed["theirs"]["value"] == 45e3
     assert lines[("wide-and-deep click model, AUC (median over seeds)", "torch (sparse)")]["ratio"] == pytest.approx(
         -0.002
     )
-    assert ("ps, 1M-row table: samples/s", "sparkgrad ps, 1 ps + 2 workers, dense table") in lines
+    ps_speed = lines[("ps, 1M-row table: samples/s", "sparkgrad ps, 1 ps + 2 workers, dense table")]
+    assert ps_speed["ratio"] == pytest.approx(21e3 / 1010.0, rel=1e-3)  # both workers' rates summed
+    ps_bytes = lines[("ps, 1M-row table: bytes on the wire per step", "sparkgrad ps, 1 ps + 2 workers, dense table")]
+    assert ps_bytes["ratio"] == pytest.approx(1e8 / 1.1e6, rel=1e-3)
     benchlib.write_results(tmp_path / "tabular.json", rows, benchlib.metadata("tabular", argv=[]))
     assert "not measured: sparkgrad: Embedding not available" in report.render()
