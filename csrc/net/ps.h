@@ -1,12 +1,15 @@
 /*
  * ps.h - the parameter server: a flat float32 parameter buffer of `total`
- * values split into num_ps contiguous shards (ps_shard_range, the one split
- * both sides use); each PsServer owns one shard, each worker's PsClient talks
- * to every shard.
+ * values split into num_ps contiguous shards (ps_shard_range_rows, the one
+ * split both sides use: whole rows of the model's embedding tables); each
+ * PsServer owns one shard, each worker's PsClient talks to every shard.
  *
- * Wire: NET_FRAME_PS frames, flags = PsOp; payload = 32-byte little-endian
- * op header (u64 a, b, c, d) followed by the op's data:
- *   HELLO      a=worker_id b=total c=offset d=count  -> a=step b=initialized c=num_workers d=mode
+ * Wire (frame version 2): NET_FRAME_PS frames, flags = PsOp; payload =
+ * 32-byte little-endian op header (u64 a, b, c, d) followed by the op's data:
+ *   HELLO      a=worker_id | tables << 32 b=total c=offset d=count, tables x
+ *              (u64 off, rows, dim): the model's embedding tables, which must
+ *              be the shard's (SG_ECLUSTER naming the table otherwise)
+ *                                                    -> a=step b=initialized c=num_workers d=mode
  *   PULL       -                                     -> a=step, count floats
  *   PUSH       a=wire, count gradients              -> a=step after apply
  *   PUSH_PULL  a=wire, count gradients              -> a=step, count floats (params after apply)
@@ -27,6 +30,14 @@
  *              the shard holds b=n
  *   MEAN_STATE a=n expected                          -> a=workers averaged b=n, n floats
  *              (their elementwise mean); a=0 b=0 and no data while no worker put any
+ *   PULL_ROWS  a=table b=k, k int32 row ids (sorted, unique, all on this shard)
+ *                                                    -> a=step, k * dim floats (the rows)
+ *   PUSH_PULL_ROWS a=wire b=e c=k d=r, e entries (u32 table, u32 n; tables
+ *              ascending), k int32 ids (each entry's n in turn), then in the
+ *              wire format the shard's dense segments' gradients (every float
+ *              outside the tables' rows, in order) and r row gradients (each
+ *              id's dim)                             -> a=step after apply, the
+ *              dense segments' floats (rows come back by PULL_ROWS)
  *   any        -> ERROR a=status code (int64), data = message text
  * Floats travel in host order: sparkgrad supports little-endian hosts only.
  *
@@ -55,6 +66,27 @@
  * the same n (SG_ECLUSTER naming both sizes otherwise), at most PS_STATE_MAX.
  * Every shard accepts the two ops; the client sends them to shard 0 alone
  * (the state is small), so only shard 0 holds it.
+ *
+ * Embedding tables (PsServerConfig.tables, the client's at connect): a
+ * shard holds whole rows of them, and a table may span several shards. A
+ * sparse hook (ps_client_grad_hook) pushes each step's touched rows with
+ * PUSH_PULL_ROWS and pulls the rows a forward reads with PULL_ROWS, so a
+ * step costs the rows it uses, not the table. The shard adds pushed rows
+ * into its accumulator and marks them; applying (per push in async mode,
+ * once per step in sync mode: the union of the workers' rows, the sum
+ * scaled by 1 / workers as any sync step) touches the dense segments and the
+ * marked rows alone: optim_step_rows on the shard's tables in shard
+ * coordinates (SGD, Adagrad: what the dense update gives; SGD's momentum and
+ * Adam lazily, as torch.optim.SparseAdam; other optimizers update the
+ * tables densely), or the apply function per segment and per row. A sync
+ * step in which some worker pushed dense (PUSH_PULL) is applied densely.
+ * Gradient rows travel as f32 or bf16 (ps_client_set_wire), rows and
+ * parameters as f32. Rows of a table the shard does not hold, ids outside
+ * it, out of order or of an unknown table: SG_EINVAL naming the table, row,
+ * peer and shard, answered with an error frame (the connection stays
+ * usable); counts beyond the shard are SG_EPROTO from the op header, before
+ * anything is allocated for them. A peer of frame version 1 is refused by
+ * the frame header check, which names both versions.
  *
  * Optimizer state lives on the ps: a shard configured with an Optimizer
  * (nn/nn_optim.h, created for `count` values) applies every gradient (async)
