@@ -19,9 +19,9 @@
 #include <string.h>
 
 #include "common/sg_half.h"
-#include "common/sg_le.h"
 #include "net/frame.h"
 #include "net/ps.h"
+#include "net/ps_rows.h"
 #include "net/server.h"
 #include "net/sock.h"
 
@@ -62,19 +62,8 @@ struct PsServer {
     uint64_t integrity_failures; /* connections closed by a failed tag or seq */
     SgError last_integrity;
 
-    /* Embedding tables: the model's layout (global), the rows this shard
-     * holds of them and, per held table, the rows pushed since the last
-     * apply (marked[base + r], touched[base ..] in local rows; local[t].ids
-     * points there once sorted). */
-    OptimRows *layout;
-    int nlayout, ntables, nsegs;
-    PsTable *tables;
-    OptimRows *local;
-    uint64_t (*segs)[2]; /* [ntables + 1] the dense segments */
-    uint64_t dense_count, *base;
-    uint8_t *marked;
-    int32_t *touched;
-    int step_dense; /* sync: a dense push is part of this step */
+    PsShardRows rows; /* the embedding tables' rows this shard holds */
+    int step_dense;   /* sync: a dense push is part of this step */
 
     /* Model state: never touched under mu, so that a put never waits on a
      * synchronous step (state_mu is never held while taking mu). */
@@ -106,72 +95,10 @@ static int cond_wait_1s(PsServer *s)
     return sg_cond_wait(&s->cv, &s->mu, sg_now() + 1.0);
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Calls fn(s, lo, n) for every dense segment and every touched row of the
- * shard (the floats a rows step changes). */
-static int each_touched(PsServer *s, int (*fn)(PsServer *, uint64_t, uint64_t, void *), void *arg)
-{
-    int rc = 0;
-    for (int k = 0; k < s->nsegs && rc == 0; k++)
-        rc = fn(s, s->segs[k][0], s->segs[k][1] - s->segs[k][0], arg);
-    for (int t = 0; t < s->ntables; t++) {
-        const OptimRows *l = &s->local[t];
-        for (size_t i = 0; i < l->nids && rc == 0; i++)
-            rc = fn(s, l->off + (uint64_t)l->ids[i] * l->dim, l->dim, arg);
-    }
-    return rc;
-}
-
-static int scale_span(PsServer *s, uint64_t lo, uint64_t n, void *arg)
-{
-    for (uint64_t i = lo; i < lo + n; i++)
-        s->accum[i] *= *(float *)arg;
-    return SG_OK;
-}
-
-static int apply_span(PsServer *s, uint64_t lo, uint64_t n, void *err)
-{
-    return s->cfg.apply(s->cfg.apply_ctx, s->params + lo, s->accum + lo, (size_t)n, err);
-}
-
-static int clear_span(PsServer *s, uint64_t lo, uint64_t n, void *arg)
-{
-    (void)arg;
-    memset(s->accum + lo, 0, (size_t)n * sizeof(float));
-    return SG_OK;
-}
-
-/* Forgets the rows pushed since the last apply. */
-static void clear_marks(PsServer *s)
-{
-    for (int t = 0; t < s->ntables; t++) {
-        OptimRows *l = &s->local[t];
-        for (size_t i = 0; i < l->nids; i++)
-            s->marked[s->base[t] + (uint64_t)l->ids[i]] = 0;
-        l->nids = 0;
-    }
-}
-
-/* Applies accum * scale where rows were pushed (the dense segments and the
- * touched rows alone), then clears those floats of accum. */
 static int apply_rows(PsServer *s, float scale, SgError *err)
 {
-    for (int t = 0; t < s->ntables; t++)
-        qsort(s->touched + s->base[t], s->local[t].nids, sizeof(int32_t), cmp_i32);
-    if (scale != 1.0f)
-        each_touched(s, scale_span, &scale);
-    int rc = s->cfg.optim != NULL
-                 ? optim_step_rows(s->cfg.optim, s->params, s->accum, (size_t)s->cfg.count,
-                                   s->local, s->ntables, NULL, 0, err)
-                 : each_touched(s, apply_span, err);
-    each_touched(s, clear_span, NULL);
-    clear_marks(s);
-    return rc;
+    return ps_rows_apply(&s->rows, s->params, s->accum, scale, s->cfg.optim, s->cfg.apply,
+                         s->cfg.apply_ctx, err);
 }
 
 /* Sync: averages the step's gradients, applies them, advances the step. */
@@ -180,14 +107,14 @@ static int complete_step(PsServer *s, SgError *err)
     size_t n = (size_t)s->cfg.count;
     float scale = 1.0f / (float)s->n_contrib;
     int rc;
-    if (s->ntables > 0 && !s->step_dense) {
+    if (s->rows.ntables > 0 && !s->step_dense) {
         rc = apply_rows(s, scale, err);
     } else {
         for (size_t i = 0; i < n; i++)
             s->accum[i] *= scale;
         rc = s->cfg.apply(s->cfg.apply_ctx, s->params, s->accum, n, err);
         memset(s->accum, 0, n * sizeof *s->accum);
-        clear_marks(s);
+        ps_rows_clear_marks(&s->rows);
     }
     s->step_dense = 0;
     if (rc < 0) {
@@ -212,98 +139,6 @@ static int wait_initialized(PsServer *s, const char *peer, SgError *err)
     return SG_OK;
 }
 
-/* The held table of index t of the layout, or NULL. */
-static const PsTable *held_table(const PsServer *s, uint64_t t)
-{
-    for (int i = 0; i < s->ntables; i++)
-        if ((uint64_t)s->tables[i].index == t)
-            return &s->tables[i];
-    return NULL;
-}
-
-/* Checks ids[0..nids) of table t: known, held by this shard, sorted and
- * unique; SG_EINVAL naming the table, row and shard otherwise. */
-static int check_ids(const PsServer *s, const PsConn *c, uint64_t t, const int32_t *ids,
-                     size_t nids, const PsTable **out, SgError *err)
-{
-    const PsTable *pt = t < (uint64_t)s->nlayout ? held_table(s, t) : NULL;
-    if (t >= (uint64_t)s->nlayout)
-        return sg_fail(err, SG_EINVAL, "%s names embedding table %llu; the model has %d tables",
-                       c->base.peer, (unsigned long long)t, s->nlayout);
-    if (pt == NULL && nids > 0)
-        return sg_fail(
-            err, SG_EINVAL,
-            "rows of embedding table %llu (row %d) sent by %s to ps shard [%llu, +%llu), "
-            "which holds none of that table's rows",
-            (unsigned long long)t, (int)ids[0], c->base.peer, (unsigned long long)s->cfg.offset,
-            (unsigned long long)s->cfg.count);
-    for (size_t i = 0; i < nids; i++) {
-        int64_t id = ids[i];
-        if (id < (int64_t)pt->row0 || id >= (int64_t)(pt->row0 + pt->nrows))
-            return sg_fail(
-                err, SG_EINVAL,
-                "row %lld of embedding table %llu (%llu rows) sent by %s is not on ps "
-                "shard [%llu, +%llu), which holds its rows [%llu, %llu)",
-                (long long)id, (unsigned long long)t, (unsigned long long)s->layout[t].rows,
-                c->base.peer, (unsigned long long)s->cfg.offset, (unsigned long long)s->cfg.count,
-                (unsigned long long)pt->row0, (unsigned long long)(pt->row0 + pt->nrows));
-        if (i > 0 && id <= ids[i - 1])
-            return sg_fail(err, SG_EINVAL,
-                           "rows of embedding table %llu from %s are not sorted and unique (%d "
-                           "after %d)",
-                           (unsigned long long)t, c->base.peer, (int)id, (int)ids[i - 1]);
-    }
-    *out = pt;
-    return SG_OK;
-}
-
-/* PUSH_PULL_ROWS (v: wire, entries k, ids n, row floats): c->aux holds k
- * (u32 table, u32 nids) then n int32 ids; c->buf the dense segments' then
- * the rows' gradients. Checks every entry; *add = 1 adds it to accum. */
-static int push_rows(PsServer *s, PsConn *c, const uint64_t v[4], int add, SgError *err)
-{
-    const int32_t *ids = (const int32_t *)(c->aux + 8 * v[1]);
-    const float *g = c->buf + s->dense_count;
-    uint64_t nids = 0, nvals = 0;
-    for (uint64_t e = 0; e < v[1]; e++) {
-        uint64_t t = sg_get_le32(c->aux + 8 * e), k = sg_get_le32(c->aux + 8 * e + 4);
-        const PsTable *pt = NULL;
-        int rc;
-        if (k > v[2] - nids)
-            return sg_fail(err, SG_EINVAL, "rows push from %s lists more ids than its %llu",
-                           c->base.peer, (unsigned long long)v[2]);
-        if (e > 0 && t <= sg_get_le32(c->aux + 8 * e - 8))
-            return sg_fail(err, SG_EINVAL, "rows push from %s lists table %llu out of order",
-                           c->base.peer, (unsigned long long)t);
-        if ((rc = check_ids(s, c, t, ids + nids, (size_t)k, &pt, err)) < 0)
-            return rc;
-        for (uint64_t i = 0; add && i < k; i++) {
-            uint64_t r = (uint64_t)ids[nids + i] - pt->row0, ti = (uint64_t)(pt - s->tables);
-            float *a = s->accum + pt->off + r * pt->dim;
-            for (uint64_t j = 0; j < pt->dim; j++)
-                a[j] += g[j];
-            g += pt->dim;
-            if (!s->marked[s->base[ti] + r]) {
-                s->marked[s->base[ti] + r] = 1;
-                s->touched[s->base[ti] + s->local[ti].nids++] = (int32_t)r;
-            }
-        }
-        nids += k;
-        nvals += k * (pt != NULL ? pt->dim : 0);
-    }
-    if (nids != v[2] || nvals != v[3])
-        return sg_fail(err, SG_EINVAL,
-                       "rows push from %s announces %llu ids and %llu row floats, its entries "
-                       "hold %llu and %llu",
-                       c->base.peer, (unsigned long long)v[2], (unsigned long long)v[3],
-                       (unsigned long long)nids, (unsigned long long)nvals);
-    const float *d = c->buf;
-    for (int k = 0; add && k < s->nsegs; k++)
-        for (uint64_t i = s->segs[k][0]; i < s->segs[k][1]; i++)
-            s->accum[i] += *d++;
-    return SG_OK;
-}
-
 static int apply_push(PsServer *s, PsConn *c, int op, const uint64_t v[4], SgError *err)
 {
     size_t n = (size_t)s->cfg.count;
@@ -313,10 +148,11 @@ static int apply_push(PsServer *s, PsConn *c, int op, const uint64_t v[4], SgErr
                        "gradient from worker %ld before the ps shard was initialized "
                        "(construct the PsServer with params, or call PsClient.init first)",
                        c->worker_id);
-    if (rows && (rc = push_rows(s, c, v, 0, err)) < 0) /* checked whole before it counts */
+    /* a rows push is checked whole before any of it counts */
+    if (rows && (rc = ps_rows_push(&s->rows, c->base.peer, v, c->aux, c->buf, NULL, err)) < 0)
         return rc;
     if (s->cfg.mode == PS_MODE_ASYNC) {
-        rc = rows ? push_rows(s, c, v, 1, err) : 0;
+        rc = rows ? ps_rows_push(&s->rows, c->base.peer, v, c->aux, c->buf, s->accum, err) : 0;
         if (rc == 0)
             rc = rows ? apply_rows(s, 1.0f, err)
                       : s->cfg.apply(s->cfg.apply_ctx, s->params, c->buf, n, err);
@@ -335,7 +171,7 @@ static int apply_push(PsServer *s, PsConn *c, int op, const uint64_t v[4], SgErr
                        "worker %ld pushed twice in step %llu (two clients with one worker id?)",
                        c->worker_id, (unsigned long long)s->step);
     if (rows)
-        push_rows(s, c, v, 1, err);
+        ps_rows_push(&s->rows, c->base.peer, v, c->aux, c->buf, s->accum, err);
     for (size_t i = 0; !rows && i < n; i++)
         s->accum[i] += c->buf[i];
     s->step_dense |= !rows;
@@ -533,32 +369,6 @@ static int handle_state(PsConn *c, int op, const uint64_t v[4], SgError *err)
     return reply_op(c, PS_OP_REPLY, r, mean, mean != NULL ? n * sizeof(float) : 0, NULL, 0, err);
 }
 
-/* HELLO: the worker's table layout (a = worker id | tables << 32, c->aux
- * that many (off, rows, dim) u64 triples) must be this shard's. */
-static int check_layout(const PsServer *s, const PsConn *c, const uint64_t v[4], SgError *err)
-{
-    uint64_t n = v[0] >> 32;
-    for (uint64_t t = 0; t < n && t < (uint64_t)s->nlayout; t++) {
-        const OptimRows *r = &s->layout[t];
-        const uint8_t *w = c->aux + 24 * t;
-        if (sg_get_le64(w) != r->off || sg_get_le64(w + 8) != r->rows ||
-            sg_get_le64(w + 16) != r->dim)
-            return sg_fail(err, SG_ECLUSTER,
-                           "worker at %s has embedding table %llu at offset %llu as [%llu, %llu], "
-                           "this ps has it at %llu as [%llu, %llu] (models differ between nodes?)",
-                           c->base.peer, (unsigned long long)t, (unsigned long long)sg_get_le64(w),
-                           (unsigned long long)sg_get_le64(w + 8),
-                           (unsigned long long)sg_get_le64(w + 16), (unsigned long long)r->off,
-                           (unsigned long long)r->rows, (unsigned long long)r->dim);
-    }
-    if (n != (uint64_t)s->nlayout)
-        return sg_fail(err, SG_ECLUSTER,
-                       "worker at %s has %llu embedding tables, this ps was given %d (models "
-                       "differ between nodes?)",
-                       c->base.peer, (unsigned long long)n, s->nlayout);
-    return SG_OK;
-}
-
 static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
 {
     PsServer *s = c->s;
@@ -574,7 +384,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     pthread_mutex_lock(&s->mu);
     switch (op) {
     case PS_OP_HELLO:
-        if ((rc = check_layout(s, c, v, err)) < 0)
+        if ((rc = ps_rows_check_layout(&s->rows, c->base.peer, v[0] >> 32, c->aux, err)) < 0)
             break;
         if ((v[0] & 0xffffffffu) >= (uint64_t)cfg->num_workers || v[1] != cfg->total ||
             v[2] != cfg->offset || v[3] != cfg->count)
@@ -599,19 +409,15 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         rc = apply_push(s, c, op, v, err);
         send_params = op == PS_OP_PUSH_PULL;
         if (rc == 0 && op == PS_OP_PUSH_PULL_ROWS) { /* the dense segments */
-            float *d = c->buf;
-            for (int k = 0; k < s->nsegs; k++) {
-                size_t len = (size_t)(s->segs[k][1] - s->segs[k][0]);
-                memcpy(d, s->params + s->segs[k][0], len * sizeof(float));
-                d += len;
-            }
-            bytes = (size_t)s->dense_count * sizeof(float), send_params = 1;
+            ps_rows_gather_dense(&s->rows, s->params, c->buf);
+            bytes = (size_t)s->rows.dense_count * sizeof(float), send_params = 1;
         }
         break;
     case PS_OP_PULL_ROWS: {
         const PsTable *pt = NULL;
         if ((rc = wait_initialized(s, c->base.peer, err)) < 0 ||
-            (rc = check_ids(s, c, v[0], (const int32_t *)c->aux, (size_t)v[1], &pt, err)) < 0)
+            (rc = ps_rows_check_ids(&s->rows, c->base.peer, v[0], (const int32_t *)c->aux,
+                                    (size_t)v[1], &pt, err)) < 0)
             break;
         for (uint64_t i = 0; i < v[1]; i++)
             memcpy(c->buf + i * pt->dim,
@@ -706,16 +512,16 @@ static int request_layout(const PsServer *s, const PsConn *c, int op, const uint
             return sg_fail(err, SG_EPROTO,
                            "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)",
                            c->base.peer, (unsigned long long)v[0]);
-        if (op == PS_OP_PUSH_PULL_ROWS &&
-            (v[1] > (uint64_t)s->ntables || v[2] > count || v[3] > count - s->dense_count))
+        if (op == PS_OP_PUSH_PULL_ROWS && (v[1] > (uint64_t)s->rows.ntables || v[2] > count ||
+                                           v[3] > count - s->rows.dense_count))
             return sg_fail(err, SG_EPROTO,
                            "rows push from %s of %llu tables, %llu ids and %llu row floats: this "
                            "shard holds rows of %d tables in %llu floats",
                            c->base.peer, (unsigned long long)v[1], (unsigned long long)v[2],
-                           (unsigned long long)v[3], s->ntables,
-                           (unsigned long long)(count - s->dense_count));
+                           (unsigned long long)v[3], s->rows.ntables,
+                           (unsigned long long)(count - s->rows.dense_count));
         if (op == PS_OP_PUSH_PULL_ROWS)
-            count = (size_t)(s->dense_count + v[3]), *aux = (size_t)(8 * v[1] + 4 * v[2]);
+            count = (size_t)(s->rows.dense_count + v[3]), *aux = (size_t)(8 * v[1] + 4 * v[2]);
         *in = count * (v[0] == PS_WIRE_BF16 ? sizeof(uint16_t) : sizeof(float));
         break;
     case PS_OP_INIT:
@@ -919,60 +725,6 @@ static int ps_apply_optim(void *ctx, float *params, const float *grads, size_t n
     return optim_step((Optimizer *)ctx, params, grads, n, err);
 }
 
-/* Takes the model's table layout (cfg->tables): checks it, keeps a copy,
- * finds the rows this shard holds and allocates their bookkeeping. */
-static int shard_tables_new(PsServer *s, const PsServerConfig *cfg, SgError *err)
-{
-    int n = cfg->ntables;
-    if (n < 0 || n > PS_TABLES_MAX || (n > 0 && cfg->tables == NULL))
-        return sg_fail(err, SG_EINVAL, "ps shard: %d embedding tables (0..%d)", n, PS_TABLES_MAX);
-    uint64_t end = cfg->offset + cfg->count, rows = 0;
-    for (int t = 0; t < n; t++) {
-        const OptimRows *r = &cfg->tables[t];
-        uint64_t lo = r->off, hi = r->off + (uint64_t)r->rows * r->dim;
-        if (r->dim == 0 || r->rows == 0 || r->rows > INT32_MAX || hi > cfg->total ||
-            (t > 0 &&
-             lo < cfg->tables[t - 1].off + cfg->tables[t - 1].rows * cfg->tables[t - 1].dim))
-            return sg_fail(err, SG_EINVAL,
-                           "ps shard: embedding table %d ([%zu, %zu] at %zu) is empty, outside the "
-                           "%llu parameters or not after table %d",
-                           t, r->rows, r->dim, r->off, (unsigned long long)cfg->total, t - 1);
-        if ((cfg->offset > lo && cfg->offset < hi && (cfg->offset - lo) % r->dim) ||
-            (end > lo && end < hi && (end - lo) % r->dim))
-            return sg_fail(
-                err, SG_EINVAL,
-                "ps shard [%llu, +%llu) cuts a row of embedding table %d (rows of %zu at "
-                "%zu): split with ps_shard_range_rows",
-                (unsigned long long)cfg->offset, (unsigned long long)cfg->count, t, r->dim, r->off);
-    }
-    s->nlayout = n;
-    if ((s->layout = calloc((size_t)n + 1, sizeof *s->layout)) == NULL ||
-        (s->tables = calloc((size_t)n + 1, sizeof *s->tables)) == NULL ||
-        (s->local = calloc((size_t)n + 1, sizeof *s->local)) == NULL ||
-        (s->segs = calloc((size_t)n + 1, sizeof *s->segs)) == NULL ||
-        (s->base = calloc((size_t)n + 1, sizeof *s->base)) == NULL)
-        return sg_fail(err, SG_ENOMEM, "ps shard: bookkeeping of %d embedding tables", n);
-    if (n > 0)
-        memcpy(s->layout, cfg->tables, (size_t)n * sizeof *s->layout);
-    s->ntables = ps_shard_tables(cfg->offset, cfg->count, cfg->tables, n, s->tables);
-    s->nsegs = ps_dense_segments(s->tables, s->ntables, cfg->count, s->segs);
-    s->dense_count = cfg->count;
-    for (int t = 0; t < s->ntables; t++) {
-        const PsTable *pt = &s->tables[t];
-        s->base[t] = rows;
-        s->local[t] = (OptimRows){(size_t)pt->off, (size_t)pt->nrows, (size_t)pt->dim, NULL, 0};
-        rows += pt->nrows;
-        s->dense_count -= pt->nrows * pt->dim;
-    }
-    if ((s->marked = calloc((size_t)rows + 1, 1)) == NULL ||
-        (s->touched = calloc((size_t)rows + 1, sizeof *s->touched)) == NULL)
-        return sg_fail(err, SG_ENOMEM, "ps shard: bookkeeping of %llu embedding rows",
-                       (unsigned long long)rows);
-    for (int t = 0; t < s->ntables; t++)
-        s->local[t].ids = s->touched + s->base[t];
-    return SG_OK;
-}
-
 int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsServerConfig *cfg,
                   PsServer **out, SgError *err)
 {
@@ -1026,14 +778,14 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->state_mu, NULL);
     sg_cond_init(&s->cv);
-    if ((rc = shard_tables_new(s, cfg, err)) < 0) {
+    if ((rc = ps_rows_init(&s->rows, cfg, err)) < 0) {
         ps_server_free(s);
         return rc;
     }
     size_t n = (size_t)cfg->count;
     if ((s->params = calloc(n, sizeof(float))) == NULL ||
-        (s->accum = calloc(cfg->mode == PS_MODE_SYNC || s->ntables > 0 ? n : 1, sizeof(float))) ==
-            NULL ||
+        (s->accum = calloc(cfg->mode == PS_MODE_SYNC || s->rows.ntables > 0 ? n : 1,
+                           sizeof(float))) == NULL ||
         (s->contributed = calloc((size_t)cfg->num_workers, 1)) == NULL ||
         (s->done = calloc((size_t)cfg->num_workers, 1)) == NULL ||
         (s->worker_state = calloc((size_t)cfg->num_workers, sizeof *s->worker_state)) == NULL) {
@@ -1042,7 +794,7 @@ int ps_server_new(int lfd, const uint8_t *secret, size_t secret_len, const PsSer
     }
     s->cfg = *cfg;
     s->cfg.init = NULL;
-    s->cfg.tables = NULL; /* s->layout holds them */
+    s->cfg.tables = NULL; /* s->rows.layout holds them */
     if (s->cfg.apply == NULL && s->cfg.optim != NULL) {
         s->cfg.apply = ps_apply_optim;
         s->cfg.apply_ctx = s->cfg.optim;
@@ -1115,13 +867,7 @@ void ps_server_free(PsServer *s)
     for (int w = 0; s->worker_state != NULL && w < s->cfg.num_workers; w++)
         free(s->worker_state[w]);
     free(s->worker_state);
-    free(s->layout);
-    free(s->tables);
-    free(s->local);
-    free(s->segs);
-    free(s->base);
-    free(s->marked);
-    free(s->touched);
+    ps_rows_free(&s->rows);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->state_mu);
     pthread_cond_destroy(&s->cv);
