@@ -40,6 +40,7 @@ typedef struct PsShardConn {
     size_t want;             /* bytes its reply carries */
     int active;              /* a rows request goes to this shard */
     size_t *span;            /* [2 * ntables] the ids of a push each table holds: [lo, hi) */
+    size_t first;            /* the first of the ids a PULL_ROWS asks this shard for */
     uint64_t sent, received; /* bytes, for ps_client_bytes */
 } PsShardConn;
 
@@ -307,14 +308,13 @@ static int grow(void *buf, size_t *cap, size_t len, const char *peer, SgError *e
     return SG_OK;
 }
 
-/* Sends every active shard its rows request (sh->v, sh->req), then reads
- * each reply's sh->want bytes into sh->rep; *step is shard 0's (or the
- * first active one's) global step. As call_all_opt. */
-static int rows_call(PsClient *c, int op, uint64_t *step, SgError *err)
+/* (c->mu held) Sends every active shard its rows request (sh->v,
+ * sh->req), then reads each reply's sh->want bytes into sh->rep; *step is
+ * the first active shard's global step. As call_all_opt; *transport = 1
+ * when the client is left unusable. */
+static int rows_call(PsClient *c, int op, uint64_t *step, int *transport, SgError *err)
 {
-    int rc = lock_usable(c, err), transport = 0, sent = 0;
-    if (rc < 0)
-        return rc;
+    int rc = 0, sent = 0;
     double deadline = sg_now() + c->timeout;
     for (int i = 0; i < c->num_ps && rc == 0; i++)
         rc = grow(&c->shards[i].rep, &c->shards[i].rep_cap, c->shards[i].want, c->shards[i].peer,
@@ -326,10 +326,10 @@ static int rows_call(PsClient *c, int op, uint64_t *step, SgError *err)
         sh->sent += NET_FRAME_HEADER_SIZE + PS_OP_HEADER + sh->req_len;
         rc = ps_send_op(sh->fd, &sh->sess, op, sh->v, sh->req, sh->req_len, NULL, 0, deadline,
                         sh->peer, "a ps rows request", err);
-        transport = rc < 0;
+        *transport = rc < 0;
     }
     int first = 1;
-    for (int i = 0; i < sent && !transport; i++) {
+    for (int i = 0; i < sent && !*transport; i++) {
         PsShardConn *sh = &c->shards[i];
         if (!sh->active)
             continue;
@@ -351,7 +351,7 @@ static int rows_call(PsClient *c, int op, uint64_t *step, SgError *err)
             (x = net_frame_recv_end(sh->fd, &sh->sess, h.type, deadline, sh->peer, &e)) < 0)
             sg_context(&e, "ps shard %d: ", i);
         if (x < 0 && (!remote || x == SG_EAUTH))
-            transport = 1;
+            *transport = 1;
         if (x < 0 && rc == 0) {
             rc = x;
             *err = e;
@@ -360,7 +360,6 @@ static int rows_call(PsClient *c, int op, uint64_t *step, SgError *err)
             *step = r[0];
         first = 0;
     }
-    unlock_after(c, transport, err);
     return rc;
 }
 
@@ -407,7 +406,9 @@ int ps_client_pull_rows(PsClient *c, float *params, int index, const int32_t *id
                            "row %d of embedding table %d (%zu rows) is out of range or out of "
                            "order",
                            (int)ids[i], index, tab->rows);
-    int rc = 0;
+    int transport = 0, rc = lock_usable(c, err);
+    if (rc < 0)
+        return rc;
     for (int i = 0; i < c->num_ps && rc == 0; i++) {
         PsShardConn *sh = &c->shards[i];
         const PsTable *pt = shard_table(sh, index);
@@ -417,19 +418,19 @@ int ps_client_pull_rows(PsClient *c, float *params, int index, const int32_t *id
         sh->active = hi > lo;
         sh->want = (hi - lo) * tab->dim * sizeof(float);
         sh->req_len = (hi - lo) * sizeof(int32_t);
-        sh->v[0] = (uint64_t)index, sh->v[1] = hi - lo, sh->v[2] = sh->v[3] = lo;
+        sh->v[0] = (uint64_t)index, sh->v[1] = hi - lo, sh->v[2] = sh->v[3] = 0, sh->first = lo;
         if (sh->active && (rc = grow(&sh->req, &sh->req_cap, sh->req_len, sh->peer, err)) == 0)
             memcpy(sh->req, ids + lo, sh->req_len);
     }
     if (rc == 0)
-        rc = rows_call(c, PS_OP_PULL_ROWS, NULL, err);
+        rc = rows_call(c, PS_OP_PULL_ROWS, NULL, &transport, err);
     for (int i = 0; i < c->num_ps && rc == 0; i++) {
         PsShardConn *sh = &c->shards[i];
         for (uint64_t k = 0; sh->active && k < sh->v[1]; k++)
-            memcpy(params + tab->off + (size_t)ids[sh->v[2] + k] * tab->dim, sh->rep + k * tab->dim,
-                   tab->dim * sizeof(float));
-        sh->v[2] = sh->v[3] = 0;
+            memcpy(params + tab->off + (size_t)ids[sh->first + k] * tab->dim,
+                   sh->rep + k * tab->dim, tab->dim * sizeof(float));
     }
+    unlock_after(c, transport, err);
     return rc;
 }
 
@@ -506,11 +507,13 @@ static int push_pull_rows(PsClient *c, float *params, const float *grads, const 
                            "%zu for the ps client",
                            t, tables[t].rows, tables[t].dim, tables[t].off, c->layout[t].rows,
                            c->layout[t].dim, c->layout[t].off);
-    int rc = 0;
+    int transport = 0, rc = lock_usable(c, err);
+    if (rc < 0)
+        return rc;
     for (int i = 0; i < c->num_ps && rc == 0; i++)
         rc = build_push_rows(c, &c->shards[i], grads, tables, err);
     if (rc == 0)
-        rc = rows_call(c, PS_OP_PUSH_PULL_ROWS, step, err);
+        rc = rows_call(c, PS_OP_PUSH_PULL_ROWS, step, &transport, err);
     for (int i = 0; i < c->num_ps && rc == 0; i++) {
         PsShardConn *sh = &c->shards[i];
         const float *d = sh->rep;
@@ -520,6 +523,7 @@ static int push_pull_rows(PsClient *c, float *params, const float *grads, const 
             d += len;
         }
     }
+    unlock_after(c, transport, err);
     return rc;
 }
 
