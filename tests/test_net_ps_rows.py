@@ -96,7 +96,7 @@ class RowsCluster:
             lis.close()
 
 
-def train(make_opt, sparse: bool, num_ps: int = 2, workers: int = 2, steps: int = 8, mode: str = "sync", batches=None):
+def train(make_opt, sparse, num_ps: int = 2, workers: int = 2, steps: int = 8, mode: str = "sync", batches=None):
     """Each worker trains its own data (`batches` batches of 16 rows, again and again; None: `steps`) through
     the ps; (the shards' final parameters, bytes per worker, losses)."""
     batches = batches or steps
@@ -108,7 +108,7 @@ def train(make_opt, sparse: bool, num_ps: int = 2, workers: int = 2, steps: int 
             m = table_model(make_opt())
             x, y = worker_data(w, 16 * batches)
             client = cluster.client(w)
-            hook = client.grad_hook(sparse=sparse)
+            hook = client.grad_hook(sparse=sparse[w] if isinstance(sparse, tuple) else sparse)
             losses = []
             for s in range(steps):
                 loss, seen, _ = m.run_steps(
@@ -162,6 +162,14 @@ def test_sync_rows_and_dense_table_reach_the_same_parameters(make_opt):
     table = sparse[off : off + rows * dim].reshape(rows, dim)
     np.testing.assert_array_equal(table[~touched], init[off : off + rows * dim].reshape(rows, dim)[~touched])
     assert sum(sum(b) for b in sparse_bytes) < sum(sum(b) for b in dense_bytes)
+
+
+def test_a_sync_step_of_a_rows_push_and_a_dense_push_is_applied_as_the_dense_one():
+    """One worker sends rows, the other the whole table: the shard applies that step densely, the same
+    update (for SGD) as both sending the whole table."""
+    mixed, _, _ = train(lambda: SGD(0.2), sparse=(True, False))
+    dense, _, _ = train(lambda: SGD(0.2), sparse=False)
+    np.testing.assert_allclose(mixed, dense, rtol=1e-6, atol=1e-7)
 
 
 def test_lazy_adam_through_the_ps_equals_one_process():

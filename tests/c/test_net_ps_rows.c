@@ -142,9 +142,20 @@ static void test_bad_requests_get_specific_errors(void)
     int64_t code;
     char msg[SG_ERROR_MAX + 1];
 
+    /* a HELLO announcing more tables than PS_TABLES_MAX: refused from its op header */
+    SgError err;
+    int fd = -1;
+    CHECK(net_connect_auth("127.0.0.1", sh.port[0], secret, sizeof secret, NET_SEC_NONE,
+                           sg_now() + 10.0, &fd, &sess, "shard", "test: ", &err) == 0);
+    uint64_t many[4] = {(uint64_t)(PS_TABLES_MAX + 1) << 32, TOTAL, sh.off[0], sh.cnt[0]};
+    CHECK(raw_call(fd, &sess, PS_OP_HELLO, many, NULL, 0, &code, msg, sizeof msg) == PS_OP_ERROR);
+    CHECK(code == SG_EPROTO && strstr(msg, "announces 4097 embedding tables") != NULL);
+    net_close(&fd);
+    net_session_free(&sess);
+
     /* another layout: refused at HELLO, naming the table */
     OptimRows other[2] = {LAYOUT[0], {40, 5, 1, NULL, 0}};
-    int fd = raw_hello(sh.port[0], &sess, other, sh.off[0], sh.cnt[0], &code, msg, sizeof msg);
+    fd = raw_hello(sh.port[0], &sess, other, sh.off[0], sh.cnt[0], &code, msg, sizeof msg);
     CHECK(code == SG_ECLUSTER && strstr(msg, "embedding table 1 at offset 40 as [5, 1]") != NULL);
     net_close(&fd);
     net_session_free(&sess);
