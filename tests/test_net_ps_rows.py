@@ -184,9 +184,16 @@ def test_lazy_adam_through_the_ps_equals_one_process():
 
 
 def test_async_rows_training_lowers_the_loss():
-    _, _, losses = train(lambda: SGD(0.1), sparse=True, mode="async", steps=40, batches=2)
-    for per_step in losses:
-        assert np.mean(per_step[-8:]) < 0.7 * np.mean(per_step[:8]), per_step
+    """2 workers push rows as they go (each push applied on its own): the parameters the shards end with
+    fit both workers' data clearly better than the initial ones."""
+    final, _, _ = train(lambda: SGD(0.1), sparse=True, mode="async", steps=40, batches=2)
+    m = table_model(SGD(0.1))
+    data = [worker_data(w, 32) for w in range(2)]
+    before = [m.evaluate(x, y, verbose=0) for x, y in data]
+    m.params[:] = final
+    after = [m.evaluate(x, y, verbose=0) for x, y in data]
+    for b, a in zip(before, after, strict=True):
+        assert a < 0.75 * b, (before, after)
 
 
 def test_bf16_rows_push_trains_like_f32():

@@ -155,9 +155,13 @@ int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, 
  * most a model may have on the ps wire. */
 #define PS_TABLES_MAX 4096
 
-/* ps_shard_range with whole table rows: a split point inside a row of one
- * of tables[0..ntables) (sorted by off, not overlapping) moves down to that
- * row's start. SG_EINVAL when a shard would be left empty. Both ends use it. */
+/* SG_EINVAL naming the table unless tables[0..ntables) (at most
+ * PS_TABLES_MAX) are non-empty, sorted by off, apart and inside total. */
+int ps_tables_check(uint64_t total, const OptimRows *tables, int ntables, SgError *err);
+
+/* ps_shard_range with whole table rows (tables as ps_tables_check wants them): a split point inside
+ * a row of one of tables[0..ntables) (sorted by off, not overlapping) moves down to that row's
+ * start. SG_EINVAL when a shard would be left empty. Both ends use it. */
 int ps_shard_range_rows(uint64_t total, const OptimRows *tables, int ntables, int num_shards,
                         int index, uint64_t *offset, uint64_t *count, SgError *err);
 

@@ -462,6 +462,9 @@ static int build_push_rows(PsClient *c, PsShardConn *sh, const float *grads,
     }
     elem = c->wire == PS_WIRE_BF16 ? sizeof(uint16_t) : sizeof(float);
     size_t len = 8 * k + 4 * nids + (sh->dense_count + nvals) * elem;
+    if (PS_OP_HEADER + len > UINT32_MAX)
+        return sg_fail(err, SG_EINVAL, "a rows push of %zu bytes for %s does not fit one frame",
+                       len, sh->peer);
     int rc = grow(&sh->req, &sh->req_cap, len, sh->peer, err);
     if (rc < 0)
         return rc;
@@ -691,9 +694,9 @@ int ps_client_wait_others(PsClient *c, float *params, uint64_t *step, double tim
 /* The table layout (tables[0..ntables)) into c and every shard's part of it. */
 static int client_tables(PsClient *c, const OptimRows *tables, int ntables, SgError *err)
 {
-    if (ntables < 0 || ntables > PS_TABLES_MAX || (ntables > 0 && tables == NULL))
-        return sg_fail(err, SG_EINVAL, "PsClient: %d embedding tables (0..%d)", ntables,
-                       PS_TABLES_MAX);
+    int rc = ps_tables_check(c->total, tables, ntables, err);
+    if (rc < 0)
+        return rc;
     size_t n = (size_t)ntables + 1;
     if ((c->layout = calloc(n, sizeof *c->layout)) == NULL)
         return sg_fail(err, SG_ENOMEM, "PsClient: %d embedding tables", ntables);
@@ -702,9 +705,8 @@ static int client_tables(PsClient *c, const OptimRows *tables, int ntables, SgEr
     c->nlayout = ntables;
     for (int i = 0; i < c->num_ps; i++) {
         PsShardConn *sh = &c->shards[i];
-        int rc = ps_shard_range_rows(c->total, tables, ntables, c->num_ps, i, &sh->offset,
-                                     &sh->count, err);
-        if (rc < 0)
+        if ((rc = ps_shard_range_rows(c->total, tables, ntables, c->num_ps, i, &sh->offset,
+                                      &sh->count, err)) < 0)
             return rc;
         if ((sh->tables = calloc(n, sizeof *sh->tables)) == NULL ||
             (sh->segs = calloc(n, sizeof *sh->segs)) == NULL ||

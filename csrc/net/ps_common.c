@@ -36,6 +36,24 @@ int ps_shard_range(uint64_t total, int num_shards, int index, uint64_t *offset, 
     return SG_OK;
 }
 
+int ps_tables_check(uint64_t total, const OptimRows *tables, int ntables, SgError *err)
+{
+    if (ntables < 0 || ntables > PS_TABLES_MAX || (ntables > 0 && tables == NULL))
+        return sg_fail(err, SG_EINVAL, "%d embedding tables on the ps (0..%d)", ntables,
+                       PS_TABLES_MAX);
+    for (int t = 0; t < ntables; t++) {
+        const OptimRows *tab = &tables[t], *prev = t > 0 ? &tables[t - 1] : NULL;
+        if (tab->dim == 0 || tab->rows == 0 || tab->rows > INT32_MAX || tab->off > total ||
+            tab->rows > (total - tab->off) / tab->dim ||
+            (prev != NULL && tab->off < prev->off + prev->rows * prev->dim))
+            return sg_fail(err, SG_EINVAL,
+                           "embedding table %d ([%zu, %zu] at %zu) is empty, outside the %llu "
+                           "parameters or overlaps the table before it",
+                           t, tab->rows, tab->dim, tab->off, (unsigned long long)total);
+    }
+    return SG_OK;
+}
+
 /* b moved down to the start of the table row it falls inside, if any. */
 static uint64_t snap_to_row(uint64_t b, const OptimRows *tables, int ntables)
 {
@@ -51,7 +69,9 @@ int ps_shard_range_rows(uint64_t total, const OptimRows *tables, int ntables, in
                         int index, uint64_t *offset, uint64_t *count, SgError *err)
 {
     uint64_t start = 0, n = 0, end;
-    int rc = ps_shard_range(total, num_shards, index, &start, &n, err);
+    int rc = ps_tables_check(total, tables, ntables, err);
+    if (rc == 0)
+        rc = ps_shard_range(total, num_shards, index, &start, &n, err);
     if (rc < 0)
         return rc;
     end = start + n;

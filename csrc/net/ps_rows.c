@@ -14,18 +14,13 @@ int ps_rows_init(PsShardRows *r, const PsServerConfig *cfg, SgError *err)
     int n = cfg->ntables;
     memset(r, 0, sizeof *r);
     r->offset = cfg->offset, r->count = cfg->count;
-    if (n < 0 || n > PS_TABLES_MAX || (n > 0 && cfg->tables == NULL))
-        return sg_fail(err, SG_EINVAL, "ps shard: %d embedding tables (0..%d)", n, PS_TABLES_MAX);
+    int rc = ps_tables_check(cfg->total, cfg->tables, n, err);
+    if (rc < 0)
+        return rc;
     uint64_t end = cfg->offset + cfg->count, rows = 0;
     for (int t = 0; t < n; t++) {
-        const OptimRows *tab = &cfg->tables[t], *prev = t > 0 ? &cfg->tables[t - 1] : NULL;
+        const OptimRows *tab = &cfg->tables[t];
         uint64_t lo = tab->off, hi = tab->off + (uint64_t)tab->rows * tab->dim;
-        if (tab->dim == 0 || tab->rows == 0 || tab->rows > INT32_MAX || hi > cfg->total ||
-            (prev != NULL && lo < prev->off + prev->rows * prev->dim))
-            return sg_fail(err, SG_EINVAL,
-                           "ps shard: embedding table %d ([%zu, %zu] at %zu) is empty, outside the "
-                           "%llu parameters or not after table %d",
-                           t, tab->rows, tab->dim, tab->off, (unsigned long long)cfg->total, t - 1);
         if ((cfg->offset > lo && cfg->offset < hi && (cfg->offset - lo) % tab->dim) ||
             (end > lo && end < hi && (end - lo) % tab->dim))
             return sg_fail(
