@@ -13,9 +13,10 @@ import threading
 
 import numpy as np
 import pytest
-from sparkgrad import _core, errors
+from sparkgrad import TFNode, _core, errors
 from sparkgrad.nn import SGD, Adagrad, Adam, Dense, Embedding, Flatten, Input, Model
 from test_net_ps import run_workers
+from test_nn_distributed import PsCluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,6 +182,26 @@ def test_lazy_adam_through_the_ps_equals_one_process():
     x, y = worker_data(0, 16 * steps)
     local.run_steps(*local.engine_arrays(x, y)[:2], batch_size=16, nsteps=steps)
     np.testing.assert_allclose(params, local.params, rtol=1e-5, atol=1e-6)
+
+
+def test_fit_through_the_ps_with_a_checkpoint_equals_local_lazy_adam(tmp_path):
+    """fit(ps=TFNode.ps_client(ctx, model)) of a model with a table on serve_parameters(model): rows on the
+    wire, the same parameters as fit without a ps (lazy Adam both), and a last checkpoint holding the
+    final parameters and the servers' Adam moments."""
+    x, y = worker_data(0, 64)
+    local = table_model(Adam(0.01))
+    local.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    with PsCluster(workers=1, model=table_model(Adam(0.01))) as cluster:
+        worker = table_model(Adam(0.01))
+        with TFNode.ps_client(cluster.workers[0], worker) as ps:
+            assert ps.sparse_rows
+            worker.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, ps=ps, checkpoint_dir=str(tmp_path))
+        assert cluster.join() == "done"
+    np.testing.assert_allclose(worker.params, local.params, rtol=1e-5, atol=1e-6)
+    fresh = table_model(Adam(0.01))
+    fresh.load(tmp_path / sorted(os.listdir(tmp_path))[-1])
+    np.testing.assert_array_equal(fresh.params, worker.params)
+    np.testing.assert_allclose(fresh.optimizer.get_state()[1], local.optimizer.get_state()[1], rtol=1e-5, atol=1e-6)
 
 
 def test_async_rows_training_lowers_the_loss():
