@@ -129,6 +129,21 @@ int ps_rows_check_ids(const PsShardRows *r, const char *peer, uint64_t t, const 
     return SG_OK;
 }
 
+int ps_rows_push_size(const PsShardRows *r, const char *peer, const uint64_t v[4], size_t *aux,
+                      size_t *nvals, SgError *err)
+{
+    if (v[1] > (uint64_t)r->ntables || v[2] > r->count || v[3] > r->count - r->dense_count)
+        return sg_fail(err, SG_EPROTO,
+                       "rows push from %s of %llu tables, %llu ids and %llu row floats: this "
+                       "shard holds rows of %d tables in %llu floats",
+                       peer, (unsigned long long)v[1], (unsigned long long)v[2],
+                       (unsigned long long)v[3], r->ntables,
+                       (unsigned long long)(r->count - r->dense_count));
+    *aux = (size_t)(8 * v[1] + 4 * v[2]);
+    *nvals = (size_t)(r->dense_count + v[3]);
+    return SG_OK;
+}
+
 /* Adds k rows (global ids, gradients g) of held table pt to accum and marks them. */
 static void add_rows(PsShardRows *r, const PsTable *pt, const int32_t *ids, uint64_t k,
                      const float *g, float *accum)

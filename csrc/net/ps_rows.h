@@ -45,6 +45,13 @@ int ps_rows_check_layout(const PsShardRows *r, const char *peer, uint64_t n, con
 int ps_rows_check_ids(const PsShardRows *r, const char *peer, uint64_t t, const int32_t *ids,
                       size_t nids, const PsTable **held, SgError *err);
 
+/* What a PUSH_PULL_ROWS of op header v carries: *aux bytes of entries and
+ * ids, then *nvals gradients (the dense segments' and v[3] row floats);
+ * SG_EPROTO naming the peer for counts beyond this shard, so that nothing
+ * is allocated for them. */
+int ps_rows_push_size(const PsShardRows *r, const char *peer, const uint64_t v[4], size_t *aux,
+                      size_t *nvals, SgError *err);
+
 /* A PUSH_PULL_ROWS (v: wire, e entries, k ids, row floats; aux: the
  * entries then the ids; vals: the dense segments' then the rows'
  * gradients as f32). Checks it whole; with accum (count floats) not NULL,

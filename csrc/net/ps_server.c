@@ -489,6 +489,7 @@ static int request_layout(const PsServer *s, const PsConn *c, int op, const uint
                           size_t *aux, size_t *in, size_t *extra, SgError *err)
 {
     size_t count = (size_t)s->cfg.count;
+    int rc;
     *aux = *in = *extra = 0;
     switch (op) {
     case PS_OP_HELLO:
@@ -512,16 +513,9 @@ static int request_layout(const PsServer *s, const PsConn *c, int op, const uint
             return sg_fail(err, SG_EPROTO,
                            "ps push from %s names gradient wire format %llu (0 f32, 1 bf16)",
                            c->base.peer, (unsigned long long)v[0]);
-        if (op == PS_OP_PUSH_PULL_ROWS && (v[1] > (uint64_t)s->rows.ntables || v[2] > count ||
-                                           v[3] > count - s->rows.dense_count))
-            return sg_fail(err, SG_EPROTO,
-                           "rows push from %s of %llu tables, %llu ids and %llu row floats: this "
-                           "shard holds rows of %d tables in %llu floats",
-                           c->base.peer, (unsigned long long)v[1], (unsigned long long)v[2],
-                           (unsigned long long)v[3], s->rows.ntables,
-                           (unsigned long long)(count - s->rows.dense_count));
-        if (op == PS_OP_PUSH_PULL_ROWS)
-            count = (size_t)(s->rows.dense_count + v[3]), *aux = (size_t)(8 * v[1] + 4 * v[2]);
+        if (op == PS_OP_PUSH_PULL_ROWS &&
+            (rc = ps_rows_push_size(&s->rows, c->base.peer, v, aux, &count, err)) < 0)
+            return rc;
         *in = count * (v[0] == PS_WIRE_BF16 ? sizeof(uint16_t) : sizeof(float));
         break;
     case PS_OP_INIT:
