@@ -284,7 +284,9 @@ typedef struct PsClient PsClient;
 
 /* Connects to num_ps shards (hosts[i]:ports[i] serves shard i), authenticates
  * in `security` mode (the shards' own) and says HELLO as worker_id; every
- * call is bounded by timeout seconds. */
+ * call is bounded by timeout seconds. tables[0..ntables) (NULL, 0: none) are
+ * the model's embedding tables: they decide the split (ps_shard_range_rows)
+ * and the shards check them at HELLO. */
 int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, const uint8_t *secret,
                       size_t secret_len, NetSecurity security, uint64_t total,
                       const OptimRows *tables, int ntables, int worker_id, double timeout,
