@@ -375,6 +375,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     const PsServerConfig *cfg = &s->cfg;
     size_t bytes = (size_t)cfg->count * sizeof(float);
     uint64_t flag = 0, r[4];
+    /* send_params: 1 the shard's parameters, 2 c->buf[0..bytes) as filled here */
     int rc = SG_OK, send_params = 0, send_extra = 0;
     int64_t opt_step = 0;
     if (op != PS_OP_HELLO && c->worker_id < 0)
@@ -410,7 +411,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
         send_params = op == PS_OP_PUSH_PULL;
         if (rc == 0 && op == PS_OP_PUSH_PULL_ROWS) { /* the dense segments */
             ps_rows_gather_dense(&s->rows, s->params, c->buf);
-            bytes = (size_t)s->rows.dense_count * sizeof(float), send_params = 1;
+            bytes = (size_t)s->rows.dense_count * sizeof(float), send_params = 2;
         }
         break;
     case PS_OP_PULL_ROWS: {
@@ -460,7 +461,7 @@ static int handle(PsConn *c, int op, const uint64_t v[4], SgError *err)
     r[1] = flag, r[2] = (uint64_t)cfg->num_workers, r[3] = (uint64_t)cfg->mode;
     if (send_extra)
         r[1] = (uint64_t)opt_step, r[2] = c->extra_len, r[3] = cfg->optim != NULL;
-    if (rc == 0 && send_params == 1 && op != PS_OP_PUSH_PULL_ROWS)
+    if (rc == 0 && send_params == 1)
         memcpy(c->buf, s->params, bytes);
     pthread_mutex_unlock(&s->mu);
     if (rc < 0)
