@@ -138,16 +138,16 @@ static int recv_reply_head(PsShardConn *sh, int shard, size_t cap, NetFrameHeade
     return SG_OK;
 }
 
-/* Reads one reply; parameters (if any) land in dest + offset; with opt, the
- * reply also carries v[2] floats of optimizer state (malloc'd into opt).
+/* Reads one reply; its data (bytes, if dst is not NULL: parameters, rows)
+ * lands in dst; with opt, the reply also carries v[2] floats of optimizer
+ * state (malloc'd into opt).
  * What lands in dest is trusted only if this returns 0 (the tag checked).
  * Returns 0, a server-reported status (*remote = 1) or a transport/protocol
  * status. */
-static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, PsOptState *opt,
-                      double deadline, int *remote, SgError *err)
+static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], void *dst, size_t bytes,
+                      PsOptState *opt, double deadline, int *remote, SgError *err)
 {
     NetSession *sess = &sh->sess;
-    size_t bytes = (size_t)sh->count * sizeof(float);
     size_t cap = PS_OP_HEADER + bytes;
     if (opt != NULL) /* parameters plus at most 3 optimizer slots (nn_optim.h) */
         cap = PS_OP_HEADER + 4 * bytes > UINT32_MAX ? UINT32_MAX : PS_OP_HEADER + 4 * bytes;
@@ -158,15 +158,15 @@ static int recv_reply(PsShardConn *sh, int shard, uint64_t v[4], float *dest, Ps
     size_t data = h.length - PS_OP_HEADER;
     size_t extra =
         opt != NULL && v[2] <= (UINT32_MAX / sizeof(float)) ? (size_t)v[2] * sizeof(float) : 0;
-    if (data != (dest != NULL ? bytes + extra : 0))
+    if (data != (dst != NULL ? bytes + extra : 0))
         return bad_reply(sh, shard, &h, PS_OP_HEADER, deadline,
                          sg_fail(err, SG_EPROTO,
                                  "ps shard %d (%s) replied with %zu data bytes, expected %zu",
-                                 shard, sh->peer, data, dest != NULL ? bytes + extra : (size_t)0),
+                                 shard, sh->peer, data, dst != NULL ? bytes + extra : (size_t)0),
                          err);
-    if (bytes > 0 && dest != NULL &&
-        (rc = net_frame_recv_payload(sh->fd, sess, dest + sh->offset, bytes, deadline, sh->peer,
-                                     "parameters", err)) < 0)
+    if (bytes > 0 && dst != NULL &&
+        (rc = net_frame_recv_payload(sh->fd, sess, dst, bytes, deadline, sh->peer, "ps data",
+                                     err)) < 0)
         return rc;
     if (opt != NULL) {
         opt->step = (int64_t)v[1];
@@ -247,7 +247,9 @@ static int call_all_opt(PsClient *c, int op, const uint64_t v[4], const float *d
         SgError e;
         uint64_t r[4];
         int remote = 0;
-        int x = recv_reply(&c->shards[i], i, r, dest, opt_out != NULL ? &opt_out[i] : NULL,
+        PsShardConn *sh = &c->shards[i];
+        int x = recv_reply(sh, i, r, dest != NULL ? dest + sh->offset : NULL,
+                           (size_t)sh->count * sizeof(float), opt_out != NULL ? &opt_out[i] : NULL,
                            deadline, &remote, &e);
         /* a shard that found our request altered closes the connection */
         if (x < 0 && (!remote || x == SG_EAUTH))
@@ -334,22 +336,9 @@ static int rows_call(PsClient *c, int op, uint64_t *step, int *transport, SgErro
         if (!sh->active)
             continue;
         SgError e;
-        NetFrameHeader h;
         uint64_t r[4];
         int remote = 0;
-        int x = recv_reply_head(sh, i, PS_OP_HEADER + sh->want, &h, r, deadline, &remote, &e);
-        if (x == 0 && h.length - PS_OP_HEADER != sh->want)
-            x = bad_reply(sh, i, &h, PS_OP_HEADER, deadline,
-                          sg_fail(&e, SG_EPROTO,
-                                  "ps shard %d (%s) replied with %zu data bytes, expected %zu", i,
-                                  sh->peer, (size_t)h.length - PS_OP_HEADER, sh->want),
-                          &e);
-        if (x == 0 && sh->want > 0)
-            x = net_frame_recv_payload(sh->fd, &sh->sess, sh->rep, sh->want, deadline, sh->peer,
-                                       "table rows", &e);
-        if (x == 0 &&
-            (x = net_frame_recv_end(sh->fd, &sh->sess, h.type, deadline, sh->peer, &e)) < 0)
-            sg_context(&e, "ps shard %d: ", i);
+        int x = recv_reply(sh, i, r, sh->rep, sh->want, NULL, deadline, &remote, &e);
         if (x < 0 && (!remote || x == SG_EAUTH))
             *transport = 1;
         if (x < 0 && rc == 0) {
@@ -765,7 +754,7 @@ int ps_client_connect(const char *const *hosts, const int *ports, int num_ps, co
         int remote;
         if ((rc = ps_send_op(sh->fd, &sh->sess, PS_OP_HELLO, v, hello, 24 * (size_t)ntables, NULL,
                              0, deadline, sh->peer, "a ps hello", err)) < 0 ||
-            (rc = recv_reply(sh, i, r, NULL, NULL, deadline, &remote, err)) < 0)
+            (rc = recv_reply(sh, i, r, NULL, 0, NULL, deadline, &remote, err)) < 0)
             break;
     }
     free(hello);
