@@ -131,7 +131,7 @@ static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *er
             return bad_id(m, p, l, i, v, err);
         ids[i] = (int32_t)v;
     }
-    if (training && m->hook != NULL && m->hook->rows != NULL &&
+    if (training && m->hook != NULL && m->hook->sparse && m->hook->rows != NULL &&
         (rc = pull_rows(m, l, ids, n, err)) < 0)
         return rc;
     const float *table = m->params + op_param(m, l, 0)->offset;
