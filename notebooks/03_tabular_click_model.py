@@ -67,6 +67,7 @@ num_workers = int(dbutils.widgets.get("num_workers"))
 
 # COMMAND ----------
 
+import shutil
 import tempfile
 
 import numpy as np
@@ -130,6 +131,7 @@ if not data_path:
         pq.write_table(table.slice(start, stop - start), f"{local}/part-{i:05d}.parquet")
     dbutils.fs.rm(data_path, recurse=True)
     dbutils.fs.cp(f"file:{local}", data_path, recurse=True)
+    shutil.rmtree(local)
     print(f"wrote {rows} synthetic rows to {data_path}")
 
 # COMMAND ----------
@@ -169,8 +171,9 @@ print(
 # MAGIC Vocabularies and statistics come from the training rows, computed by Spark (one aggregation each), and
 # MAGIC are part of the model: they are saved with it and applied in C as batches are gathered. The deep part
 # MAGIC embeds every categorical column and adds the scaled numbers, through a 64-32 MLP; the wide part is a
-# MAGIC linear model over the one-hot device, the hashed device-by-category cross and the hashed site. One
-# MAGIC sigmoid unit reads both.
+# MAGIC linear model over the device, the hashed site (one weight each: embeddings of width 1) and the one-hot
+# MAGIC hashed device-by-category cross. One sigmoid unit reads both. (A preprocessing layer is the only reader
+# MAGIC of its `Input`; the ids it gives may feed several layers, as the site's and the device's do.)
 
 # COMMAND ----------
 
