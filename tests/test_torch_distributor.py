@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -132,3 +133,27 @@ def test_on_spark_use_gpu_needs_the_tasks_gpu_resources(spark):
     with pytest.raises(NodeFailure) as info:
         Distributor(num_processes=2, local_mode=False, use_gpu=True, spark=spark).run(torch_fns.allreduce_rank, 1.0)
     assert "Spark task has no 'gpu' resources; set spark.task.resource.gpu.amount" in str(info.value)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_on_spark_each_rank_sees_the_gpus_spark_gave_its_task():
+    pyspark = pytest.importorskip("pyspark")
+    spark_home = os.path.dirname(pyspark.__file__)
+    if not os.path.exists(os.path.join(spark_home, "bin", "spark-class")):
+        pytest.skip(f"local-cluster needs SPARK_HOME with bin/spark-class; {spark_home} has none")
+    import sparkgrad
+
+    python_dir = os.path.dirname(os.path.dirname(os.path.abspath(sparkgrad.__file__)))
+    env = dict(
+        os.environ, SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join([str(HERE), python_dir]),
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "torch_gpu_job.py")], env=env, capture_output=True, text=True, timeout=170
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    every = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["rank"] for r in every] == [0, 1]
+    assert all(len(r["task_gpus"]) == 1 and r["cuda"] == r["task_gpus"][0] for r in every)
+    assert every[0]["cuda"] != every[1]["cuda"]  # each worker announced its own

@@ -43,3 +43,21 @@ def hvd_inside():
     import sparkgrad.hvd as hvd
 
     hvd.init()
+
+
+def gpu_view():
+    """Every rank's CUDA_VISIBLE_DEVICES beside the gpu addresses Spark gave its task, gathered on rank 0."""
+    import torch.distributed as dist
+    from pyspark import TaskContext
+
+    dist.init_process_group("gloo")
+    task = TaskContext.get()
+    mine = {
+        "rank": dist.get_rank(),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "task_gpus": list(task.resources()["gpu"].addresses),
+    }
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    dist.destroy_process_group()
+    return every
