@@ -127,7 +127,7 @@ static void *rank_main(void *arg)
     }
     CollHook *h = NULL;
     if (r->rc == 0 &&
-        (r->rc = coll_hook_new(c, COLL_AVERAGE, COLL_COMP_NONE, 1, 4096, &h, &r->err)) == 0) {
+        (r->rc = coll_hook_new(c, COLL_AVERAGE, COLL_COMP_NONE, 1, 4096, 1, &h, &r->err)) == 0) {
         NnGradHook *g = coll_hook_iface(h);
         for (int i = 0; i < N; i++)
             r->floats[i] = (float)(r->rank * 3); /* mean over ranks: 3 */
