@@ -439,6 +439,35 @@ def bench_latency(comm, out, nbytes: int, runs: int) -> list:
     return times
 
 
+def bench_embedding(comm, out, rows: int, dim: int, batch: int, steps: int, sparse_tables: bool) -> dict:
+    """Fits ids (1,) -> Embedding(rows, dim) -> Dense(1) with SGD through DistributedOptimizer, `batch`
+    uniform ids per rank and step: seconds per step and bytes this rank sent per step (all of it, and
+    for the tables' ids and rows alone)."""
+    from sparkgrad.nn import SGD, Dense, DistributedOptimizer, Embedding, Flatten, Input, Model
+
+    ids = Input(shape=(1,), dtype="int32")
+    m = Model(ids, Dense(1)(Flatten()(Embedding(rows, dim)(ids))), seed=1)
+    m.compile(optimizer=DistributedOptimizer(SGD(0.1), communicator=comm, sparse_tables=sparse_tables), loss="mse")
+    rng = np.random.default_rng(comm.rank)
+    warm = 2
+    x = rng.integers(0, rows, size=((steps + warm) * batch, 1)).astype(np.int32)
+    y = rng.normal(size=((steps + warm) * batch, 1)).astype(np.float32)
+    m.fit(x[: warm * batch], y[: warm * batch], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    comm.barrier()
+    before = comm.stats()
+    t0 = time.perf_counter()
+    m.fit(x[warm * batch :], y[warm * batch :], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    seconds = time.perf_counter() - t0
+    after = comm.stats()
+    return {
+        "step_s": seconds / steps,
+        "bytes_per_step": (after["bytes_sent"] - before["bytes_sent"]) / steps,
+        "table_bytes_per_step": (after["table_bytes_sent"] - before["table_bytes_sent"]) / steps,
+        "as_rows": after["tables_as_rows"] - before["tables_as_rows"],
+        "dense": after["tables_dense"] - before["tables_dense"],
+    }
+
+
 # ---- the parent side ----------------------------------------------------------------
 
 
