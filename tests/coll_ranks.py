@@ -256,7 +256,9 @@ def hook_table_checks(comm, out) -> dict:
         grads = xs[r].copy()
         for off, cnt in TABLE_LAYERS:
             _core._grad_hook_ready(hook, grads, off, cnt)
-        tables = [(off, rows, dim, np.array(ids, np.int32)) for (off, rows, dim), ids in zip(TABLES, touched[r], strict=True)]
+        tables = [
+            (off, rows, dim, np.array(ids, np.int32)) for (off, rows, dim), ids in zip(TABLES, touched[r], strict=True)
+        ]
         before = comm.stats()
         rc, step, ids = _core._grad_hook_step_rows(hook, params, grads, tables, 3)
         after = comm.stats()
