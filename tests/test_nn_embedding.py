@@ -370,6 +370,14 @@ def _fit_ranks_with_stats(make_opt, steps, **dist):
     for res in results:
         assert isinstance(res, tuple), res
     np.testing.assert_array_equal(results[0][0].params, results[1][0].params)  # ranks agree exactly
+    if dist.get("sparse_tables", True):
+        # after fit (its hook gone) each rank's tables list the last step's union over both ranks, in the
+        # model's own memory
+        last = slice((steps - 1) * 128, steps * 128)
+        for m, _ in results:
+            touched = m.touched_rows()
+            np.testing.assert_array_equal(touched[0][3], np.unique(x[0][last]))
+            np.testing.assert_array_equal(touched[1][3], np.unique(x[1][last]))
     return results
 
 
