@@ -196,7 +196,8 @@ static int reduce_rest(CollHook *h, float *grads, size_t n, const OptimRows *tab
         return sg_fail(err, SG_ENOMEM, "growing the gradient hook's range list");
     for (int i = 0; i < nt; i++)
         h->covered[h->ncovered++] = (Range){tables[i].off, tables[i].rows * tables[i].dim};
-    qsort(h->covered, h->ncovered, sizeof *h->covered, cmp_range);
+    if (h->ncovered > 1)
+        qsort(h->covered, h->ncovered, sizeof *h->covered, cmp_range);
     int rc = 0;
     if (h->started) {
         pthread_mutex_lock(&h->mu);

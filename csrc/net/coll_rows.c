@@ -15,9 +15,12 @@
 #include "common/sg_grow.h"
 #include "net/coll_internal.h"
 
-/* Room for n elements of size sz in *buf (capacity *cap elements). */
+/* Room for n elements of size sz in *buf (capacity *cap elements); at
+ * least one, so that no buffer is NULL. */
 static int reserve(void *buf, size_t *cap, size_t n, size_t sz, const char *what, SgError *err)
 {
+    if (n < 1)
+        n = 1;
     if (n <= *cap)
         return 0;
     if (sg_grow(buf, cap, n, sz, 256) < 0)
