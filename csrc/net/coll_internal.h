@@ -181,6 +181,15 @@ typedef struct CollRows {
 int coll_rows_reduce(CollComm *c, CollOp op, CollCompression comp, float *grads, size_t n,
                      OptimRows *tables, int nt, CollRows *st, SgError *err);
 
+/* Checks rank q's block, len bytes at b (4-aligned, as allgather's blocks
+ * are while the ones before are valid), against this rank's tables[0..nt):
+ * the table count and shapes (SG_ECLUSTER naming the rank and table), then
+ * each list's length and ids (sorted, unique, below rows) and the total
+ * length (SG_EPROTO). On success ids[i] and cnt[i] are its table i's ids,
+ * inside b, and their number. */
+int coll_rows_check_block(const int32_t *b, uint64_t len, int q, const OptimRows *tables, int nt,
+                          const int32_t **ids, size_t *cnt, SgError *err);
+
 /* Frees st's buffers (st itself is the caller's). */
 void coll_rows_free(CollRows *st);
 

@@ -70,10 +70,8 @@ static int build_block(CollRows *st, const OptimRows *t, int nt, size_t *len, Sg
     return 0;
 }
 
-/* Checks rank q's block (len bytes at b) against this rank's tables; on
- * success ids[i] and cnt[i] are its table i's ids and their number. */
-static int check_block(const int32_t *b, uint64_t len, int q, const OptimRows *t, int nt,
-                       const int32_t **ids, size_t *cnt, SgError *err)
+int coll_rows_check_block(const int32_t *b, uint64_t len, int q, const OptimRows *t, int nt,
+                          const int32_t **ids, size_t *cnt, SgError *err)
 {
     const uint64_t head = (1 + 3 * (uint64_t)nt) * sizeof *b;
     if (len < sizeof *b || len % sizeof *b != 0 || b[0] != nt)
@@ -129,8 +127,9 @@ static int gather_unions(CollComm *c, CollRows *st, const OptimRows *t, int nt, 
         rc = coll_allgather(c, st->blk, len, lens, &all, -1, err);
     const uint8_t *blk = all;
     for (int q = 0; q < p && rc == 0; q++) {
-        rc = check_block((const int32_t *)blk, lens[q], q, t, nt, ids + (size_t)q * nt,
-                         cnt + (size_t)q * nt, err);
+        /* blocks before q checked: their lengths are multiples of 4, so b is aligned */
+        rc = coll_rows_check_block((const int32_t *)blk, lens[q], q, t, nt, ids + (size_t)q * nt,
+                                   cnt + (size_t)q * nt, err);
         blk += lens[q];
     }
     /* each union holds at most the sum of the ranks' lists, and rows */
