@@ -305,8 +305,8 @@ def test_a_small_wide_and_deep_model_learns_a_known_structure():
 @pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator")
 @pytest.mark.parametrize("make_opt", [lambda: SGD(0.1), lambda: Adagrad(0.1)])
 def test_two_allreduce_ranks_equal_one_process_of_the_whole_batch(make_opt):
-    """The ring averages the whole table gradient (each rank's rows land in the other's buffer): the next
-    backward clears the table whole, and the optimizer then updates it densely."""
+    """The ring averages the table's gradient over the rows either rank touched (here every step touches all
+    40 rows, so the hook reduces the table densely), and the optimizer updates those rows."""
     steps = 6
     rng = np.random.default_rng(3)
     x = rng.integers(0, 40, size=(steps * 128, 3)).astype(np.int32)
