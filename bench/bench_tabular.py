@@ -715,19 +715,7 @@ def spawn(python: str, args: list[str], threads: int, timeout: float) -> tuple[d
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive", TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
     env["PYTHONPATH"] = str(ROOT / "python")
-    try:
-        out = subprocess.run([python, __file__, "--worker", *args], env=env, capture_output=True, text=True,
-                             timeout=timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout:.0f} s"
-    if out.returncode != 0:
-        print(f"  {' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return None, f"exit status {out.returncode}: {last[-200:]}"
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if "unsupported" in res:
-        return None, res["unsupported"]
-    return res, ""
+    return benchlib.run_worker(__file__, python, args, env, timeout)
 
 
 def tf_python() -> tuple[str | None, str]:

@@ -183,6 +183,25 @@ def python_with(candidates: Iterable[str], modules: Iterable[str], timeout: floa
 # ---- rows ------------------------------------------------------------------------------------
 
 
+def run_worker(script: str, python: str, args: list[str], env: dict, timeout: float) -> tuple[dict | None, str]:
+    """Runs ``python script --worker *args`` under ``env``; (the JSON result its last stdout line holds, or
+    None and why: a timeout, an exit status with the last line of stderr, or the ``unsupported`` it reported)."""
+    try:
+        out = subprocess.run([python, script, "--worker", *args], env=env, capture_output=True, text=True,
+                             timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        print(f"  {' '.join(args)}: timed out after {timeout:.0f} s", file=sys.stderr)
+        return None, f"timed out after {timeout:.0f} s"
+    if out.returncode != 0:
+        print(f"  {' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"exit status {out.returncode}: {last[-200:]}"
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if "unsupported" in res:
+        return None, res["unsupported"]
+    return res, ""
+
+
 def print_rows(rows: list[dict]) -> None:
     """The rows as a table on stdout (system, metric, value, unit, and why a row was not measured)."""
     ws = max([len("system")] + [len(str(r["system"])) for r in rows])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -113,6 +114,23 @@ def test_python_with_finds_the_first_interpreter_that_imports_the_modules_or_say
 
 
 # ---- bench_tabular.py's data and scores -------------------------------------------------------------
+
+
+def test_run_worker_returns_the_last_json_line_or_says_why_there_is_none(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import json, sys\n"
+        "mode = sys.argv[2]\n"
+        "print('noise')\n"
+        "if mode == 'fail':\n"
+        "    sys.exit('broke on purpose')\n"
+        "print(json.dumps({'unsupported': 'no bf16'} if mode == 'unsupported' else {'rate': 7}))\n"
+    )
+    run = benchlib.run_worker
+    assert run(str(script), sys.executable, ["ok"], dict(os.environ), 60) == ({"rate": 7}, "")
+    assert run(str(script), sys.executable, ["unsupported"], dict(os.environ), 60) == (None, "no bf16")
+    res, why = run(str(script), sys.executable, ["fail"], dict(os.environ), 60)
+    assert res is None and why == "exit status 1: broke on purpose"
 
 
 def test_tabular_cardinalities_are_criteo_capped_to_the_table_budget():

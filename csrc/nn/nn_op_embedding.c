@@ -131,7 +131,7 @@ static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *er
             return bad_id(m, p, l, i, v, err);
         ids[i] = (int32_t)v;
     }
-    if (training && m->hook != NULL && m->hook->rows != NULL &&
+    if (training && m->hook != NULL && m->hook->sparse && m->hook->rows != NULL &&
         (rc = pull_rows(m, l, ids, n, err)) < 0)
         return rc;
     const float *table = m->params + op_param(m, l, 0)->offset;
@@ -207,6 +207,24 @@ static int reserve_ids(NnTable *tb, size_t have, size_t more, SgError *err)
         return sg_fail(err, SG_ENOMEM, "Embedding: cannot allocate %zu row ids", cap);
     tb->tmp = tmp;
     tb->cap = cap;
+    return 0;
+}
+
+int model_tables_keep_ids(Model *m, SgError *err)
+{
+    for (int i = 0; i < m->ntables; i++) {
+        OptimRows *tr = &m->touched[i];
+        NnTable *tb = &m->tables[i];
+        if (tr->ids == tb->ids || tr->nids == 0) {
+            tr->ids = tb->ids;
+            continue;
+        }
+        int rc = reserve_ids(tb, 0, tr->nids, err);
+        if (rc < 0)
+            return sg_context(err, "Embedding table %d: ", i);
+        memmove(tb->ids, tr->ids, tr->nids * sizeof *tb->ids);
+        tr->ids = tb->ids;
+    }
     return 0;
 }
 

@@ -282,26 +282,41 @@ static PyObject *model_get_state(ModelObject *self, void *closure)
                : view(self, model_state(self->model), model_num_state(self->model));
 }
 
-/* A size table as [(layer, is_bias, offset, size, shape, name)]. */
-static PyObject *size_table(const Model *m, int n, const ParamInfo *(*info)(const Model *m, int i))
+/* [row(m, 0), ..., row(m, n - 1)]; NULL with the exception set when a row
+ * is NULL. */
+static PyObject *list_of_rows(const Model *m, int n, PyObject *(*row)(const Model *m, int i))
 {
     PyObject *out = PyList_New(n);
     for (int i = 0; out && i < n; i++) {
-        const ParamInfo *p = info(m, i);
-        PyObject *shape = PyTuple_New(p->ndim);
-        for (int d = 0; shape && d < p->ndim; d++)
-            PyTuple_SET_ITEM(shape, d, PyLong_FromLong(p->shape[d]));
-        PyObject *row = shape
-                            ? Py_BuildValue("(iinnNs)", p->layer, p->is_bias, (Py_ssize_t)p->offset,
-                                            (Py_ssize_t)p->size, shape, p->name)
-                            : NULL;
-        if (row == NULL) {
+        PyObject *r = row(m, i);
+        if (r == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SET_ITEM(out, i, row);
+        PyList_SET_ITEM(out, i, r);
     }
     return out;
+}
+
+/* A size table's row (layer, is_bias, offset, size, shape, name). */
+static PyObject *size_row(const ParamInfo *p)
+{
+    PyObject *shape = PyTuple_New(p->ndim);
+    for (int d = 0; shape && d < p->ndim; d++)
+        PyTuple_SET_ITEM(shape, d, PyLong_FromLong(p->shape[d]));
+    return shape ? Py_BuildValue("(iinnNs)", p->layer, p->is_bias, (Py_ssize_t)p->offset,
+                                 (Py_ssize_t)p->size, shape, p->name)
+                 : NULL;
+}
+
+static PyObject *param_row(const Model *m, int i)
+{
+    return size_row(model_param_info(m, i));
+}
+
+static PyObject *state_row(const Model *m, int i)
+{
+    return size_row(model_state_info(m, i));
 }
 
 static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
@@ -309,7 +324,7 @@ static PyObject *model_param_table(ModelObject *self, PyObject *noargs)
     (void)noargs;
     if (model_ready(self) < 0)
         return NULL;
-    return size_table(self->model, model_num_tensors(self->model), model_param_info);
+    return list_of_rows(self->model, model_num_tensors(self->model), param_row);
 }
 
 static PyObject *model_state_table(ModelObject *self, PyObject *noargs)
@@ -317,34 +332,38 @@ static PyObject *model_state_table(ModelObject *self, PyObject *noargs)
     (void)noargs;
     if (model_ready(self) < 0)
         return NULL;
-    return size_table(self->model, model_num_state_tensors(self->model), model_state_info);
+    return list_of_rows(self->model, model_num_state_tensors(self->model), state_row);
 }
 
-/* [(offset, rows, dim, ids)] per Embedding table: the rows the last backward
+/* (offset, rows, dim, ids) of Embedding table i: the rows the last backward
  * touched (int32, sorted, unique; a copy). */
+static PyObject *touched_row(const Model *m, int i)
+{
+    const OptimRows *t;
+    model_touched_rows(m, &t);
+    npy_intp dims[1] = {(npy_intp)t[i].nids};
+    PyObject *ids = PyArray_SimpleNew(1, dims, NPY_INT32);
+    if (ids != NULL && t[i].nids > 0)
+        memcpy(PyArray_DATA((PyArrayObject *)ids), t[i].ids, t[i].nids * sizeof(int32_t));
+    return ids ? Py_BuildValue("(nnnN)", (Py_ssize_t)t[i].off, (Py_ssize_t)t[i].rows,
+                               (Py_ssize_t)t[i].dim, ids)
+               : NULL;
+}
+
 static PyObject *model_touched_rows_py(ModelObject *self, PyObject *noargs)
 {
     (void)noargs;
     if (model_ready(self) < 0)
         return NULL;
     const OptimRows *t;
-    const int n = model_touched_rows(self->model, &t);
-    PyObject *out = PyList_New(n);
-    for (int i = 0; out && i < n; i++) {
-        npy_intp dims[1] = {(npy_intp)t[i].nids};
-        PyObject *ids = PyArray_SimpleNew(1, dims, NPY_INT32);
-        if (ids != NULL && t[i].nids > 0)
-            memcpy(PyArray_DATA((PyArrayObject *)ids), t[i].ids, t[i].nids * sizeof(int32_t));
-        PyObject *row = ids ? Py_BuildValue("(nnnN)", (Py_ssize_t)t[i].off, (Py_ssize_t)t[i].rows,
-                                            (Py_ssize_t)t[i].dim, ids)
-                            : NULL;
-        if (row == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, row);
-    }
-    return out;
+    return list_of_rows(self->model, model_touched_rows(self->model, &t), touched_row);
+}
+
+static PyObject *shape_row(const Model *m, int i)
+{
+    const LayerShape *s = model_layer_shape(m, i);
+    return Py_BuildValue("((iii)(iii)(iiii))", s->h, s->w, s->c, s->oh, s->ow, s->oc, s->pt, s->pl,
+                         s->pb, s->pr);
 }
 
 static PyObject *model_layer_shapes(ModelObject *self, PyObject *noargs)
@@ -352,19 +371,7 @@ static PyObject *model_layer_shapes(ModelObject *self, PyObject *noargs)
     (void)noargs;
     if (model_ready(self) < 0)
         return NULL;
-    int n = model_num_layers(self->model);
-    PyObject *out = PyList_New(n);
-    for (int i = 0; out && i < n; i++) {
-        const LayerShape *s = model_layer_shape(self->model, i);
-        PyObject *row = Py_BuildValue("((iii)(iii)(iiii))", s->h, s->w, s->c, s->oh, s->ow, s->oc,
-                                      s->pt, s->pl, s->pb, s->pr);
-        if (row == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, row);
-    }
-    return out;
+    return list_of_rows(self->model, model_num_layers(self->model), shape_row);
 }
 
 static PyObject *model_init_params_py(ModelObject *self, PyObject *args)
@@ -957,23 +964,18 @@ static const char *head_name(NnAct h)
     return h == NN_ACT_SOFTMAX ? "softmax" : h == NN_ACT_SIGMOID ? "sigmoid" : "linear";
 }
 
+static PyObject *output_row(const Model *m, int j)
+{
+    return Py_BuildValue("(iis)", model_output_tensor(m, j), model_output_width(m, j),
+                         head_name(model_output_head(m, j)));
+}
+
 static PyObject *model_get_outputs(ModelObject *self, void *closure)
 {
     (void)closure;
     if (model_ready(self) < 0)
         return NULL;
-    const Model *m = self->model;
-    PyObject *out = PyList_New(model_num_outputs(m));
-    for (int j = 0; out != NULL && j < model_num_outputs(m); j++) {
-        PyObject *row = Py_BuildValue("(iis)", model_output_tensor(m, j), model_output_width(m, j),
-                                      head_name(model_output_head(m, j)));
-        if (row == NULL) {
-            Py_CLEAR(out);
-            break;
-        }
-        PyList_SET_ITEM(out, j, row);
-    }
-    return out;
+    return list_of_rows(self->model, model_num_outputs(self->model), output_row);
 }
 
 static PyObject *model_get_head(ModelObject *self, void *closure)
