@@ -330,7 +330,11 @@ def _stand_in(desc: Desc) -> tuple[np.ndarray | None, Any]:
 
 def _named(exc: SparkgradError, desc: Desc, rank: int) -> SparkgradError:
     """``exc`` again, its message naming this rank, the collective and the tensor."""
-    message = f"hvd.{desc.kind} of {desc.name!r} on rank {rank}: {exc.message or exc}"
+    what = f"{desc.name!r}"
+    if len(desc.names) > 1:
+        shown = ", ".join(desc.names[:4]) + (", ..." if len(desc.names) > 4 else "")
+        what += f" (a bucket of {len(desc.names)} tensors: {shown})"
+    message = f"hvd.{desc.kind} of {what} on rank {rank}: {exc.message or exc}"
     try:
         named = type(exc)(message, **{**exc.details, "collective": desc.kind, "tensor": desc.name, "rank": rank})
     except TypeError:  # an error class with its own constructor: keep it as it is

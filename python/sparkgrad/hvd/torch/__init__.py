@@ -486,9 +486,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     return eng.handle(eng.submit(work), finish)
 
 
-def alltoall(
-    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None
-) -> Any:
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None) -> Any:
     """Sends rows of ``tensor`` to each rank and returns the rows every rank sent to this one, in rank order.
 
     ``splits[i]`` rows (along dimension 0, in order) go to rank i; without ``splits`` the rows are cut
