@@ -28,6 +28,7 @@ coordinator does).
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -36,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.errors import ClusterError, InvalidArgumentError, SparkgradError, StateError
-from sparkgrad.hvd import codec
+from sparkgrad.errors import ClusterError, InvalidArgumentError, ProtocolError, SparkgradError, StateError
 
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
@@ -66,15 +66,18 @@ class Desc:
     joined: int = -1  # >= 0: this rank has joined, at this exchange
 
     def encode(self) -> bytes:
-        return codec.encode(
-            (self.kind, self.name, self.dtype, self.wire, self.shape, self.op, self.compression, self.root,
-             self.names, self.splits, self.joined)
-        )  # fmt: skip
+        """JSON of the fields (strings and ints only: nothing on the wire is executable)."""
+        fields = (self.kind, self.name, self.dtype, self.wire, self.shape, self.op, self.compression, self.root,
+                  self.names, self.splits, self.joined)  # fmt: skip
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Desc:
-        kind, name, dtype, wire, shape, op, comp, root, names, splits, joined = codec.decode(data)
-        return cls(kind, name, dtype, wire, tuple(shape), op, comp, root, tuple(names), tuple(splits), joined)
+    def decode(cls, data: bytes, rank: int) -> Desc:
+        try:
+            kind, name, dtype, wire, shape, op, comp, root, names, splits, joined = json.loads(data)
+            return cls(kind, name, dtype, wire, tuple(shape), op, comp, root, tuple(names), tuple(splits), joined)
+        except (ValueError, TypeError) as exc:
+            raise ProtocolError(f"hvd: rank {rank} sent a malformed collective descriptor ({exc})") from None
 
     def key(self) -> tuple:
         """The fields every rank that has not joined must agree on."""
@@ -137,6 +140,8 @@ class Engine:
         self.size = comm.size
         self._queue: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._running = threading.Lock()  # held while an op runs: by the thread, or by a caller running inline
+        self._unfinished = 0  # ops submitted and not yet run
         self._closed = False
         self._unnamed: dict[str, int] = {}  # per kind: how many unnamed ops this rank issued
         self._handles: dict[int, tuple[Op, Any]] = {}
@@ -161,12 +166,30 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise StateError("sparkgrad.hvd.torch: the communicator was shut down (call hvd.init() again)")
+            self._unfinished += 1
             self._queue.put(op)
         return op
 
     def run(self, op: Op) -> Any:
-        """Queues ``op`` behind every pending one and waits for it."""
-        return self.submit(op).wait()
+        """Runs ``op`` after every pending one and returns its result.
+
+        With nothing pending it runs on the calling thread (no hand-over to the thread and back);
+        an op submitted meanwhile waits for it, so the order stays the order of the calls.
+        """
+        with self._lock:
+            inline = not self._closed and self._unfinished == 0
+            if inline:
+                self._unfinished += 1
+                self._running.acquire()  # free: nothing is pending, so the thread runs nothing
+        if not inline:
+            return self.submit(op).wait()
+        try:
+            self._run_one(op)
+        finally:
+            self._running.release()
+            with self._lock:
+                self._unfinished -= 1
+        return op.wait()
 
     def handle(self, op: Op, finish: Any) -> int:
         """A Horovod handle for ``op``; `synchronize` returns ``finish(result)``."""
@@ -204,16 +227,22 @@ class Engine:
 
     # -- the thread -------------------------------------------------------------------------------------
 
+    def _run_one(self, op: Op) -> None:
+        try:
+            op.result = self._join() if op.desc.kind == JOIN else self._execute(op)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            op.error = exc
+        op.done.set()
+
     def _loop(self) -> None:
         while True:
             op = self._queue.get()
             if op is None:
                 break
-            try:
-                op.result = self._join() if op.desc.kind == JOIN else self._execute(op)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                op.error = exc
-            op.done.set()
+            with self._running:
+                self._run_one(op)
+            with self._lock:
+                self._unfinished -= 1
         while True:  # ops queued after close: fail them rather than leave their callers waiting
             try:
                 op = self._queue.get_nowait()
@@ -223,15 +252,19 @@ class Engine:
                 op.error = StateError(f"hvd: {op.desc} was queued after hvd.shutdown()")
                 op.done.set()
 
-    def _exchange(self, desc: Desc) -> list[Desc]:
+    def _exchange(self, desc: Desc) -> list[Desc] | None:
+        """Every rank's descriptor, or None when every rank sent the same bytes as this one (the usual case)."""
         started = time.perf_counter()
+        mine = desc.encode()
         try:
-            got = self.comm.allgather_bytes(desc.encode())
+            got = self.comm.allgather_bytes(mine)
         except SparkgradError as exc:
             raise _named(exc, desc, self.rank) from exc
         self._exchanges += 1
+        same = all(b == mine for b in got)
+        descs = None if same else [Desc.decode(b, r) for r, b in enumerate(got)]
         self.descriptor_seconds += time.perf_counter() - started
-        return [Desc.decode(b) for b in got]
+        return descs
 
     def _agreed(self, descs: list[Desc]) -> tuple[Desc, list[int]]:
         """The descriptor the ranks that have not joined agree on, and the joined ranks; raises if they disagree."""
@@ -261,7 +294,10 @@ class Engine:
 
     def _execute(self, op: Op) -> Any:
         descs = self._exchange(op.desc)
-        _, joined = self._agreed(descs)
+        if descs is None:  # every rank described the same collective
+            descs, joined = [op.desc] * self.size, []
+        else:
+            _, joined = self._agreed(descs)
         try:
             return self._data(op.desc, descs, joined, op.array, op.data)
         except SparkgradError as exc:
@@ -307,6 +343,8 @@ class Engine:
         mine = Desc(JOIN, "join", joined=self._exchanges)
         while True:
             descs = self._exchange(mine)
+            if descs is None:  # every rank joined at the same exchange
+                return self.size - 1
             if all(d.joined >= 0 for d in descs):
                 return max(range(self.size), key=lambda r: (descs[r].joined, r))
             try:
