@@ -95,12 +95,18 @@ def gradients(threshold):
     r = hvd.rank()
     x, y = _data(torch, 32, seed=100 + r)
     out = {}
-    for comp in ("none", "fp16", "bf16"):
+    variants = {
+        "none": {},
+        "fp16": {"compression": hvd.Compression.fp16},
+        "bf16": {"compression": hvd.Compression.bf16},
+        "groups": {"groups": 2},  # [0.weight, 0.bias, 2.weight] and [2.bias, 4.weight, 4.bias]
+        "predivide": {"gradient_predivide_factor": 4.0},
+    }
+    for comp, options in variants.items():
         model = _net(torch, seed=1)
         opt = hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-            compression=getattr(hvd.Compression, comp),
-        )  # fmt: skip
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), **options
+        )
         torch.nn.functional.cross_entropy(model(x), y).backward()
         local = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
         buckets = len(opt._pending)  # queued by the hooks while backward ran

@@ -97,7 +97,9 @@ def test_collectives_equal_their_definitions_on_two_ranks(ring):
 @pytest.mark.parametrize("threshold", [0, 64 << 20])
 def test_distributed_optimizer_gradients_are_the_mean_of_every_ranks(ring, threshold):
     a, b = ring["gradients" if threshold == 0 else "gradients_big"]
-    tolerance = {"none": (1e-6, 1e-7), "fp16": (2e-3, 1e-4), "bf16": (2e-2, 1e-3)}  # (rtol, atol)
+    # (rtol, atol): fp32 rounding, fp16 and bf16 on the wire
+    tolerance = {"none": (1e-6, 1e-7), "fp16": (2e-3, 1e-4), "bf16": (2e-2, 1e-3), "groups": (1e-6, 1e-7)}
+    tolerance["predivide"] = (1e-6, 1e-7)
     for comp, (rtol, atol) in tolerance.items():
         ga, gb = a[comp], b[comp]
         for name in ga["local"]:
@@ -107,8 +109,9 @@ def test_distributed_optimizer_gradients_are_the_mean_of_every_ranks(ring, thres
             np.testing.assert_array_equal(ga["params"][name], gb["params"][name])
         assert not all(np.array_equal(ga["local"][n], gb["local"][n]) for n in ga["local"])  # each rank its data
         # threshold 0: each gradient is its own bucket, queued by its hook while backward goes on;
-        # 64 MiB: the one bucket is queued by synchronize()
-        assert ga["buckets_during_backward"] == (6 if threshold == 0 else 0)
+        # 64 MiB: the one bucket is queued by synchronize(); groups=2: each group once it is complete
+        want = 2 if comp == "groups" else 6 if threshold == 0 else 0
+        assert ga["buckets_during_backward"] == gb["buckets_during_backward"] == want, comp
     assert 0 < a["descriptor_seconds"] < 10
 
 
@@ -231,6 +234,31 @@ def test_a_parameter_missing_from_named_parameters_is_named(one_rank):
     named = list(model.named_parameters())[:3]  # the last bias left out
     with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['params'\]\[3\] \(float32\[1\]\) is missing"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named)
+
+
+def test_in_place_collectives_hand_the_tensors_own_storage_to_the_ring(one_rank):
+    import sparkgrad.hvd.torch as hvd_torch
+
+    t = torch.arange(6, dtype=torch.float64)
+    op, _ = hvd_torch._allreduce(t, "t", "sum", "", 1.0, 1.0, True, "allreduce_")
+    assert np.shares_memory(op.array, t.numpy())  # no copy: the ring reduces the tensor's storage
+    op, _ = hvd_torch._broadcast(t, 0, "t", True, "broadcast_")
+    assert np.shares_memory(op.array, t.numpy())
+    op, _ = hvd_torch._allreduce(t[::2], "s", "sum", "", 1.0, 1.0, True, "allreduce_")
+    assert not np.shares_memory(op.array, t.numpy())  # a strided view goes through a copy
+
+
+def test_distributed_optimizer_reuses_its_fusion_buffers_across_steps(one_rank):
+    hvd = one_rank
+    model = torch.nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    buffers = []
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        opt.step()
+        buffers.append({k: v.data_ptr() for k, v in opt._buffers.items()})
+    assert len(buffers[0]) == 1 and buffers[0] == buffers[1] == buffers[2]
 
 
 def test_distributed_optimizer_is_the_wrapped_class_and_refuses_zero_grad_mid_step(one_rank):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,7 +78,7 @@ class _Distributed:
         self.set_backward_passes_per_step(backward_passes_per_step)
         self._buffers: dict[tuple[str, ...], torch.Tensor] = {}  # fusion buffers by bucket, reused every step
         self._should_synchronize = True
-        self._synchronized = False
+        self._lock = threading.RLock()  # hooks may fire on autograd's device threads (CUDA)
         self._reset()
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self._params]
 
@@ -163,11 +164,11 @@ class _Distributed:
                 "backward_passes_per_step to accumulate more passes"
             )
         if self._delay[p] == 0:
-            self._make_ready(p)
+            with self._lock:
+                self._make_ready(p)
 
     def _make_ready(self, p: torch.Tensor) -> None:
         self._ready.add(p)
-        self._synchronized = False
         k = self._group_of.get(p)
         if k is not None:
             ready = self._group_ready.setdefault(k, set())
@@ -206,17 +207,9 @@ class _Distributed:
 
     def synchronize(self) -> None:
         """Waits until every gradient is reduced and in ``p.grad`` (reducing those whose hook did not fire)."""
-        if not self._ready and not self._pending:
-            return
-        for p in self._params:  # as Horovod: every rank reduces every parameter, zeros where none was computed
-            if p not in self._ready:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                self._make_ready(p)
-        for dtype in list(self._open):
-            self._submit(self._open.pop(dtype))
-        pending, first_error = self._pending, None
-        self._reset()
+        with self._lock:
+            pending = self._flush()
+        first_error = None
         for params, buffer, op in pending:  # wait for all, even after an error, so none is left running
             try:
                 op.wait()
@@ -226,7 +219,21 @@ class _Distributed:
             _hvd.unfuse(buffer, [p.grad for p in params], self._postscale)
         if first_error is not None:
             raise first_error
-        self._synchronized = True
+
+    def _flush(self) -> list[tuple[list[torch.Tensor], torch.Tensor, Any]]:
+        """Queues every bucket not queued yet (zero gradients where no hook fired); returns all pending ones."""
+        if not self._ready and not self._pending:
+            return []
+        for p in self._params:  # as Horovod: every rank reduces every parameter, zeros where none was computed
+            if p not in self._ready:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._make_ready(p)
+        for dtype in list(self._open):
+            self._submit(self._open.pop(dtype))
+        pending = self._pending
+        self._reset()
+        return pending
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -241,7 +248,6 @@ class _Distributed:
         """Synchronizes (unless inside `skip_synchronize`), then applies the wrapped optimizer's step."""
         if self._should_synchronize:
             self.synchronize()
-        self._synchronized = False
         return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
