@@ -63,6 +63,16 @@ def collectives():
     obj = hvd.broadcast_object({"r": r, "t": torch.full((2,), float(r)), "s": "text"}, root_rank=1)
     out["obj"] = {"r": obj["r"], "t": obj["t"].numpy(), "s": obj["s"]}
     out["objs"] = hvd.allgather_object([r, {"k": r * 1.5}])
+    w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (hvd.allreduce(w, op=hvd.Sum, name="w") * (r + 1)).sum().backward()  # d/dw of sum_r (r+1) * sum(w_0 + w_1)
+    out["grad_allreduce"] = w.grad.numpy().copy()
+    v = torch.full((r + 1, 2), 1.0, requires_grad=True)
+    gathered = hvd.allgather(v, name="v")  # rows: rank 0's one, then rank 1's two
+    (gathered * torch.arange(3.0).reshape(3, 1) * (r + 1)).sum().backward()
+    out["grad_allgather"] = v.grad.numpy().copy()
+    u = torch.ones(2, requires_grad=True)
+    (hvd.broadcast(u, root_rank=1, name="u") * (r + 2)).sum().backward()
+    out["grad_broadcast"] = u.grad.numpy().copy()
     hvd.barrier()
     return out
 

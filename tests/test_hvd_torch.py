@@ -86,6 +86,13 @@ def test_collectives_equal_their_definitions_on_two_ranks(ring):
         assert g["objs"] == [[0, {"k": 0.0}], [1, {"k": 1.5}]]
         assert g["obj"]["r"] == 1 and g["obj"]["s"] == "text"
         np.testing.assert_array_equal(g["obj"]["t"], [1.0, 1.0])
+    # gradients through the collectives: every rank's loss weighs the result by (rank + 1) (broadcast: rank + 2)
+    for g in (a, b):
+        np.testing.assert_array_equal(g["grad_allreduce"], [3.0, 3.0, 3.0])  # 1 + 2, for each element
+    np.testing.assert_array_equal(a["grad_allgather"], [[0.0, 0.0]])  # row 0 weighs 0 on both ranks
+    np.testing.assert_array_equal(b["grad_allgather"], [[3.0, 3.0], [6.0, 6.0]])  # rows 1, 2: 1 * 3 and 2 * 3
+    np.testing.assert_array_equal(a["grad_broadcast"], [0.0, 0.0])  # not the root
+    np.testing.assert_array_equal(b["grad_broadcast"], [5.0, 5.0])  # 2 + 3
     # alltoall: rank 0 sends [0] | [1, 2, 3], rank 1 sends [10, 11] | [12, 13]
     np.testing.assert_array_equal(a["a2a_even"], [0, 1, 10, 11])
     np.testing.assert_array_equal(b["a2a_even"], [2, 3, 12, 13])
@@ -220,6 +227,8 @@ def test_unsupported_dtype_adasum_and_process_sets_are_refused_naming_the_tensor
         hvd.allreduce(torch.zeros(3), op=hvd.Adasum)
     with pytest.raises(InvalidArgumentError, match="process sets"):
         hvd.allreduce(torch.zeros(3), process_set=object())
+    hvd.allreduce(torch.zeros(3), process_set=hvd.global_process_set)  # Horovod's default, spelled out
+    assert not (hvd.nccl_built() or hvd.mpi_built() or hvd.gloo_built() or hvd.cuda_built())
     model = torch.nn.Linear(2, 2)
     with pytest.raises(InvalidArgumentError, match="Adasum"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)

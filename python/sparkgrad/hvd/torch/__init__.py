@@ -24,8 +24,10 @@ Horovod's names, arguments and return values; what differs:
   when compressed, integer tensors are sent as they are.
 * ``op=Adasum`` is refused (InvalidArgumentError); ``process_set`` accepts
   only the global set (None).
-* The results are not differentiable (Horovod's collectives have autograd
-  functions; these do not).
+* ``allreduce`` (Average, Sum), ``allgather`` and ``broadcast`` are
+  differentiable, as Horovod's: the backward of each is a collective too
+  (named ``<name>.grad``), so every rank must run backward through the
+  result. The in-place and async forms are not.
 * ``broadcast_object`` / ``allgather_object`` move values through the
   tagged codec of sparkgrad.hvd (tensors included, returned on the CPU),
   never pickle: other types raise TypeError naming them.
@@ -121,9 +123,40 @@ def _wire_compression(compression: Any, what: str) -> str:
     return compression.wire or ""
 
 
+class _GlobalProcessSet:
+    """Every rank: the only process set sparkgrad has."""
+
+    def __repr__(self) -> str:
+        return "hvd.global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+"""The process set of every rank, Horovod's default ``process_set=``; the only one sparkgrad supports."""
+
+
 def _process_set(process_set: Any, what: str) -> None:
-    if process_set is not None:
-        raise InvalidArgumentError(f"hvd.{what}: process sets are not supported (only the global set, None)")
+    if process_set is not None and process_set is not global_process_set:
+        raise InvalidArgumentError(f"hvd.{what}: process sets are not supported (only hvd.global_process_set)")
+
+
+def nccl_built() -> bool:
+    """False: the ring is sparkgrad's own TCP ring (no NCCL); CUDA tensors go through host memory."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: sparkgrad starts and connects its ranks itself (no MPI)."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: sparkgrad's ring is not Gloo."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: the collectives run on the CPU (a CUDA tensor is copied to host memory and back)."""
+    return False
 
 
 def reduce_dtype(tensor: torch.Tensor, compression: str, what: str, name: str) -> torch.dtype:
@@ -230,6 +263,9 @@ def allreduce(
     _process_set(process_set, "allreduce")
     op = _op_name(op, average, "allreduce")
     comp = _wire_compression(compression, "allreduce")
+    if op in (Average, Sum) and _differentiable(tensor):
+        name = _engine_now().name("allreduce", name)
+        return _AllreduceFunction.apply(tensor, name, op, comp, prescale_factor, postscale_factor)
     work, finish = _allreduce(tensor, name, op, comp, prescale_factor, postscale_factor, False, "allreduce")
     return finish(_engine_now().run(work))
 
@@ -421,6 +457,8 @@ def _allgather(tensor: Any, name: Any, what: str) -> tuple[Op, Any]:
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dimension 0 in rank order (first dimensions may differ)."""
     _process_set(process_set, "allgather")
+    if _differentiable(tensor):
+        return _AllgatherFunction.apply(tensor, _engine_now().name("allgather", name))
     work, finish = _allgather(tensor, name, "allgather")
     return finish(_engine_now().run(work))
 
@@ -459,6 +497,8 @@ def _broadcast(tensor: Any, root_rank: int, name: Any, inplace: bool, what: str)
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor`` on every rank, as a new tensor (same name, dtype and shape on every rank)."""
     _process_set(process_set, "broadcast")
+    if _differentiable(tensor):
+        return _BroadcastFunction.apply(tensor, int(root_rank), _engine_now().name("broadcast", name))
     work, finish = _broadcast(tensor, root_rank, name, False, "broadcast")
     return finish(_engine_now().run(work))
 
@@ -524,6 +564,69 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     got, received = eng.run(Op(desc, array=array))
     out = _from_numpy(got, tensor.dtype).to(tensor.device)
     return out if splits is None else (out, torch.tensor(received, dtype=torch.int32))
+
+
+# -- gradients through allreduce, allgather and broadcast ------------------------------------------------------
+#
+# Each backward is a collective too (named "<name>.grad"): every rank must run backward through the result.
+
+
+def _differentiable(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """allreduce with a gradient: the same allreduce of the output's gradient (a sum's or mean's derivative)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str, op: str, comp: str, pre: float, post: float) -> Any:
+        ctx.args = (name, op, comp, pre, post)
+        work, finish = _allreduce(tensor, name, op, comp, pre, post, False, "allreduce")
+        return finish(_engine_now().run(work))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        name, op, comp, pre, post = ctx.args
+        work, finish = _allreduce(grad.contiguous(), f"{name}.grad", op, comp, pre, post, False, "allreduce")
+        return finish(_engine_now().run(work)), None, None, None, None, None
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """allgather with a gradient: the sum over the ranks of the output's gradient, at this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> Any:
+        ctx.name, ctx.rows = name, int(tensor.shape[0]) if tensor.dim() else 1
+        ctx.scalar = tensor.dim() == 0
+        work, finish = _allgather(tensor, name, "allgather")
+        return finish(_engine_now().run(work))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        eng = _engine_now()
+        work, finish = _allreduce(grad.contiguous(), f"{ctx.name}.grad", Sum, "", 1.0, 1.0, False, "allgather")
+        summed = finish(eng.run(work))
+        work, finish = _allgather(torch.tensor([ctx.rows]), f"{ctx.name}.grad.rows", "allgather")
+        rows = finish(eng.run(work)).tolist()
+        mine = summed.narrow(0, sum(rows[: eng.rank]), ctx.rows)
+        return (mine.reshape(()) if ctx.scalar else mine), None
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """broadcast with a gradient: on the root, the sum over the ranks of the output's gradient; zeros elsewhere."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root: int, name: str) -> Any:
+        ctx.root, ctx.name = root, name
+        work, finish = _broadcast(tensor, root, name, False, "broadcast")
+        return finish(_engine_now().run(work))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        eng = _engine_now()
+        work, finish = _allreduce(grad.contiguous(), f"{ctx.name}.grad", Sum, "", 1.0, 1.0, False, "broadcast")
+        summed = finish(eng.run(work))
+        return (summed if eng.rank == ctx.root else torch.zeros_like(summed)), None, None
 
 
 # -- objects, barrier, join ---------------------------------------------------------------------------------
@@ -665,4 +768,5 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
     "poll", "synchronize", "broadcast_object", "allgather_object", "barrier", "join",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "descriptor_seconds",
+    "global_process_set", "nccl_built", "mpi_built", "gloo_built", "cuda_built",
 ]  # fmt: skip
