@@ -46,7 +46,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:
+    raise ImportError(f"sparkgrad.hvd.torch needs PyTorch >= 2.1: pip install 'sparkgrad[torch]' ({exc})") from exc
+if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):  # DistributedOptimizer's hooks
+    raise ImportError(f"sparkgrad.hvd.torch needs PyTorch 2.1 or later; this is torch {torch.__version__}")
 
 from sparkgrad.cluster import collective
 from sparkgrad.errors import InvalidArgumentError, StateError
