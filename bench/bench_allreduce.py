@@ -16,6 +16,15 @@ n-rank ring needs n such streams at the same time; on a machine with fewer
 cores than streams they share the CPUs, so this, not the one-way copy, is
 what an n-rank ring can reach here, and the busbw is reported against both.
 
+Embedding tables (the gradient hook's rows path, csrc/net/coll_rows.c): 2
+rank processes fit ids -> Embedding(1M, 16) -> Dense(1) with SGD through
+DistributedOptimizer, 512 uniform ids per rank and step, with the table
+reduced as rows (sparse_tables=True: the union of the touched rows) and
+densely (sparse_tables=False), each rank with cores / 2 OpenMP threads;
+reported per step: the bytes a rank sent (Communicator.stats()) and the
+step time, medians of the rounds.
+--embedding-only runs this part alone (results/allreduce_embedding.json).
+
 Where the machine allows it (Linux, root, `ip` and `tc`), also on simulated
 hosts: one network namespace per rank, each joined to a hub namespace by a
 veth pair rate-limited with `tc tbf` to --link-gbit (1 Gbit/s) in both
@@ -29,7 +38,7 @@ is always a plain copy. The default mode writes results/allreduce.json,
 any other results/allreduce_<mode>.json.
 
     python bench/bench_allreduce.py [--quick] [--rounds 5] [--netns-rounds 3] [--no-netns] [--link-gbit 1]
-                                    [--security auth]
+                                    [--security auth] [--embedding-only]
 """
 
 from __future__ import annotations
@@ -235,6 +244,59 @@ def netns_busbw(n: int, plan: list, link_gbit: float, security: str, hosts: list
                 p.wait(10)
 
 
+EMBEDDING = (1_000_000, 16, 512)  # rows, dim, ids per rank and step
+
+
+def embedding_rows(rounds: int, quick: bool, security: str) -> list[dict]:
+    """The Embedding part: bytes per step and step time, the table as rows against dense (each rank process
+    with cores / 2 OpenMP threads)."""
+    rows_, dim, batch = EMBEDDING
+    steps = 10 if quick else 30
+    got: dict[str, dict[str, list]] = {}
+    # each rank process gets its share of the cores (as bench_overlap.py): OpenMP teams of all the cores
+    # in both processes spin against each other and time that, not the reduction
+    threads = str(max(1, (os.cpu_count() or 2) // 2))
+    saved = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(dict.fromkeys(saved, threads))
+    try:
+        return _embedding_rounds(rounds, steps, security, got)
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def _embedding_rounds(rounds: int, steps: int, security: str, got: dict) -> list[dict]:
+    rows_, dim, batch = EMBEDDING
+    for k in range(rounds):
+        for path, sparse in (("rows", True), ("dense", False)):
+            args = (rows_, dim, batch, steps, sparse)
+            with Ranks(2, "bench_embedding", args, timeout=120.0, security=security) as ranks:
+                per_rank = ranks.values(timeout=600)
+            want = (steps, 0) if sparse else (0, 0)
+            assert all((r["as_rows"], r["dense"]) == want for r in per_rank), per_rank
+            fig = got.setdefault(path, {"step_ms": [], "mb": [], "table_mb": []})
+            fig["step_ms"].append(1e3 * max(r["step_s"] for r in per_rank))
+            fig["mb"].append(max(r["bytes_per_step"] for r in per_rank) / 1e6)
+            fig["table_mb"].append(max(r["table_bytes_per_step"] for r in per_rank) / 1e6)
+        print(f"embedding round {k + 1}/{rounds}: rows {got['rows']['step_ms'][-1]:.1f} ms "
+              f"{got['rows']['mb'][-1]:.3f} MB, dense {got['dense']['step_ms'][-1]:.1f} ms "
+              f"{got['dense']['mb'][-1]:.3f} MB", flush=True)  # fmt: skip
+    tag = f"embedding_1Mx{dim}_batch{batch}_2ranks"
+    out = []
+    for path in ("rows", "dense"):
+        fig = got[path]
+        out.append(benchlib.median_row("sparkgrad", f"{tag}_{path}_sent_per_step", fig["mb"], "MB", digits=4))
+        out.append(benchlib.median_row("sparkgrad", f"{tag}_{path}_step", fig["step_ms"], "ms", digits=2))
+    out.append(benchlib.median_row("sparkgrad", f"{tag}_rows_table_sent_per_step", got["rows"]["table_mb"], "MB",
+                                   digits=4))  # fmt: skip
+    ratio = [d / r for d, r in zip(got["dense"]["step_ms"], got["rows"]["step_ms"], strict=True)]
+    out.append(benchlib.median_row("sparkgrad", f"{tag}_step_dense_over_rows", ratio, "x", digits=2))
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -250,6 +312,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--netns-rounds", type=int, default=None, help="rounds of the namespace part (default 3, --quick 1)"
     )
+    ap.add_argument("--embedding-only", action="store_true", help="only the Embedding part (allreduce_embedding.json)")
     benchlib.add_update_flag(ap)
     args = ap.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
@@ -257,6 +320,13 @@ def main(argv: list[str]) -> int:
     if rounds < 1 or netns_rounds < 1:
         ap.error("--rounds and --netns-rounds must be at least 1")
     meta = benchlib.metadata("allreduce", security=args.security, rounds=rounds, netns_rounds=netns_rounds)
+    if args.embedding_only:
+        rows = embedding_rows(rounds, args.quick, args.security)
+        out = benchlib.results_file("allreduce_embedding.json", args.update)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        benchlib.write_results(out, rows, meta)
+        benchlib.print_rows(rows)
+        return 0
     volume = (64 << 20) if args.quick else (256 << 20)
     sizes = SIZES if not args.quick else [64 << 10, 1 << 20, 4 << 20, 64 << 20]
     plan = [(b, iterations(b, volume)) for b in sizes]
@@ -323,6 +393,7 @@ def main(argv: list[str]) -> int:
                 )
                 rows.append(benchlib.median_row("sparkgrad", f"netns_allreduce_busbw_vs_link_{tag}",
                                                 [100 * v / link for v in values], "%"))  # fmt: skip
+    rows += embedding_rows(rounds, args.quick, args.security)
     name = "allreduce.json" if args.security == _core.SECURITY_DEFAULT else f"allreduce_{args.security}.json"
     out = benchlib.results_file(name, args.update)
     out.parent.mkdir(parents=True, exist_ok=True)

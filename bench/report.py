@@ -181,9 +181,12 @@ def meta_text(meta: dict | None, rows: list[dict]) -> str:
 
 
 def _script(stem: str) -> str:
-    for name in (stem, stem.rsplit("_", 1)[0]):  # allreduce_none.json: bench_allreduce.py --security none
+    # allreduce_none.json: bench_allreduce.py --security none; allreduce_embedding.json: --embedding-only
+    for name in (stem, stem.rsplit("_", 1)[0]):
         if (ROOT / "bench" / f"bench_{name}.py").exists():
-            return f"bench_{name}.py" + (f" --security {stem.rsplit('_', 1)[1]}" if name != stem else "")
+            suffix = stem.rsplit("_", 1)[1] if name != stem else None
+            flag = "" if suffix is None else " --embedding-only" if suffix == "embedding" else f" --security {suffix}"
+            return f"bench_{name}.py{flag}"
     return f"{stem}.py"  # e.g. bench/accuracy_cnn.py: a measurement, not a speed benchmark
 
 

@@ -213,6 +213,97 @@ def hook_checks(comm, out) -> str:
     return "ok"
 
 
+# Two tables in a flat gradient buffer of 340 floats: A [50, 3] at 100 and B [20, 2] at 300,
+# dense ranges around them ([0, 100), [250, 300)).
+TABLES = ((100, 50, 3), (300, 20, 2))
+TABLE_LAYERS = ((250, 50), (0, 100))  # the dense ranges, as ready() would see them (from the end)
+
+
+def _table_grads(case: int, r: int, touched: list) -> np.ndarray:
+    """Rank r's gradients of `case`: random dense ranges, random rows where it touched, zero elsewhere."""
+    rng = np.random.default_rng(500 * case + r)
+    g = np.zeros(340, np.float32)
+    for off, cnt in TABLE_LAYERS:
+        g[off : off + cnt] = rng.uniform(-1, 1, cnt)
+    for (off, rows, dim), ids in zip(TABLES, touched, strict=True):
+        view = g[off : off + rows * dim].reshape(rows, dim)
+        view[ids] = rng.uniform(-1, 1, (len(ids), dim))
+    return g
+
+
+def hook_table_checks(comm, out) -> dict:
+    """A sparse hook's step() on two tables (ids per rank below): the gradients equal NumPy's op over the
+    ranks' dense buffers, each table's ids become the union, the comm's stats count which path each
+    table took. Returns the digests and stats for the parent to compare across ranks."""
+    from sparkgrad import _core
+
+    n, r = comm.size, comm.rank
+    assert n == 2
+    params = np.zeros(340, np.float32)
+    cases = [
+        # (touched[rank][table], op, compression, bucket_bytes, expected paths (rows, dense))
+        ([[[1, 5, 7], []], [[5, 9, 49], [0, 19]]], "average", None, 0, (2, 0)),  # rank 0: no row of B
+        ([[[], [3]], [[], []]], "sum", None, 0, (2, 0)),  # nobody touched A
+        ([[[0, 2], list(range(10))], [[2, 3], list(range(10, 20))]], "average", None, 64, (1, 1)),  # B whole
+        ([[list(range(0, 50, 2)), [4]], [list(range(1, 50, 2)), [4]]], "max", None, 0, (1, 1)),  # A whole
+        ([[[1, 5, 7], [2]], [[5, 9, 49], [2, 3]]], "average", "bf16", 64, (2, 0)),
+    ]
+    digests, paths = {}, {}
+    for i, (touched, op, comp, bucket_bytes, expect) in enumerate(cases):
+        hook = comm.grad_hook(op=op, compression=comp, bucket_bytes=bucket_bytes)
+        xs = [_table_grads(i, q, touched[q]) for q in range(n)]
+        want = _expected(op, xs)
+        grads = xs[r].copy()
+        for off, cnt in TABLE_LAYERS:
+            _core._grad_hook_ready(hook, grads, off, cnt)
+        tables = [
+            (off, rows, dim, np.array(ids, np.int32)) for (off, rows, dim), ids in zip(TABLES, touched[r], strict=True)
+        ]
+        before = comm.stats()
+        rc, step, ids = _core._grad_hook_step_rows(hook, params, grads, tables, 3)
+        after = comm.stats()
+        assert (rc, step) == (0, 3), (rc, step)
+        for t, got in enumerate(ids):
+            union = sorted(set(touched[0][t]) | set(touched[1][t]))
+            np.testing.assert_array_equal(got, union, err_msg=f"case {i} table {t}")
+        what = f"rank {r} case {i}: {op} compression={comp}"
+        if comp is None:
+            np.testing.assert_allclose(grads, want, rtol=1e-6, atol=1e-7, err_msg=what)
+        else:
+            # bf16 keeps 8 significant bits: each rank's values and the result rounded once (2^-9
+            # relative each) leave the average of values in [-1, 1] within 2^-8 of float32's
+            np.testing.assert_allclose(grads, want, rtol=0, atol=2**-8, err_msg=what)
+            assert np.any(grads != want), what  # bf16 did round
+        digests[i] = _digest(grads)
+        paths[i] = tuple(after[k] - before[k] for k in ("tables_as_rows", "tables_dense"))
+        assert paths[i] == expect, (what, paths[i], expect)
+        assert after["table_bytes_sent"] > before["table_bytes_sent"], what
+        del hook
+    return {"digests": digests, "paths": paths}
+
+
+def hook_table_mismatch(comm, out) -> list:
+    """Rank 1's table A is [50, 4]: both ranks' step() fail naming the table and the ranks; the ring
+    stays usable."""
+    from sparkgrad import _core
+
+    r = comm.rank
+    hook = comm.grad_hook()
+    dim = 3 + r
+    grads, params = np.zeros(100 + 50 * dim, np.float32), np.zeros(100 + 50 * dim, np.float32)
+    msgs = []
+    try:
+        _core._grad_hook_step_rows(hook, params, grads, [(100, 50, dim, np.array([1, 2], np.int32))])
+    except Exception as exc:  # noqa: BLE001 - the message is checked by the test
+        msgs.append(f"{type(exc).__name__}: {exc}")
+    else:
+        msgs.append("no error")
+    ok = np.full(5, r + 1, np.int32)
+    comm.allreduce(ok)
+    assert np.all(ok == 3)
+    return msgs
+
+
 def hook_peer_leaves(comm, out) -> str:
     """Rank 1 closes its communicator; rank 0's bucketed step() must fail
     naming it (the error of the communication thread reaches step())."""
@@ -348,6 +439,35 @@ def bench_latency(comm, out, nbytes: int, runs: int) -> list:
         comm.allreduce(a)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def bench_embedding(comm, out, rows: int, dim: int, batch: int, steps: int, sparse_tables: bool) -> dict:
+    """Fits ids (1,) -> Embedding(rows, dim) -> Dense(1) with SGD through DistributedOptimizer, `batch`
+    uniform ids per rank and step: seconds per step and bytes this rank sent per step (all of it, and
+    for the tables' ids and rows alone)."""
+    from sparkgrad.nn import SGD, Dense, DistributedOptimizer, Embedding, Flatten, Input, Model
+
+    ids = Input(shape=(1,), dtype="int32")
+    m = Model(ids, Dense(1)(Flatten()(Embedding(rows, dim)(ids))), seed=1)
+    m.compile(optimizer=DistributedOptimizer(SGD(0.1), communicator=comm, sparse_tables=sparse_tables), loss="mse")
+    rng = np.random.default_rng(comm.rank)
+    warm = 2
+    x = rng.integers(0, rows, size=((steps + warm) * batch, 1)).astype(np.int32)
+    y = rng.normal(size=((steps + warm) * batch, 1)).astype(np.float32)
+    m.fit(x[: warm * batch], y[: warm * batch], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    comm.barrier()
+    before = comm.stats()
+    t0 = time.perf_counter()
+    m.fit(x[warm * batch :], y[warm * batch :], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    seconds = time.perf_counter() - t0
+    after = comm.stats()
+    return {
+        "step_s": seconds / steps,
+        "bytes_per_step": (after["bytes_sent"] - before["bytes_sent"]) / steps,
+        "table_bytes_per_step": (after["table_bytes_sent"] - before["table_bytes_sent"]) / steps,
+        "as_rows": after["tables_as_rows"] - before["tables_as_rows"],
+        "dense": after["tables_dense"] - before["tables_dense"],
+    }
 
 
 # ---- the parent side ----------------------------------------------------------------

@@ -76,6 +76,23 @@ def test_gradient_hook_step_fails_naming_a_rank_that_left():
     assert out[0].startswith("NodeFailure: rank 1 (127.0.0.1:"), out[0]
 
 
+def test_sparse_hook_reduces_tables_as_the_union_of_rows_or_densely_when_every_row_is_touched():
+    """Two tables, five cases (a rank touching no row of a table, nobody touching one, a table touched
+    whole, sum / average / max, bf16 on the wire, buckets for the dense ranges): the gradients equal the
+    dense reduction, each table's ids become the union, and the stats count the path the rule chose."""
+    with Ranks(2, "hook_table_checks") as ranks:
+        out = ranks.values()
+    assert out[0]["digests"] == out[1]["digests"]  # every rank ends with identical gradients
+    assert out[0]["paths"] == out[1]["paths"] == {0: (2, 0), 1: (2, 0), 2: (1, 1), 3: (1, 1), 4: (2, 0)}
+
+
+def test_ranks_with_differing_embedding_tables_fail_naming_the_table():
+    with Ranks(2, "hook_table_mismatch") as ranks:
+        out = ranks.values()
+    assert out[0] == ["ClusterError: Embedding table 0 is 50 x 4 on rank 1, 50 x 3 here"], out
+    assert "is 50 x 3 on rank 0, 50 x 4 here" in out[1][0], out
+
+
 def test_killed_rank_fails_the_others_naming_it():
     with Ranks(4, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
         ranks.wait_started([0, 1, 2, 3])

@@ -26,7 +26,7 @@ from sparkgrad.nn import (
     load_model,
     save_model,
 )
-from test_nn_distributed import _fit_two_ranks
+from test_nn_distributed import _fit_two_ranks, two_ranks
 
 try:
     import torch
@@ -305,8 +305,8 @@ def test_a_small_wide_and_deep_model_learns_a_known_structure():
 @pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator")
 @pytest.mark.parametrize("make_opt", [lambda: SGD(0.1), lambda: Adagrad(0.1)])
 def test_two_allreduce_ranks_equal_one_process_of_the_whole_batch(make_opt):
-    """The ring averages the whole table gradient (each rank's rows land in the other's buffer): the next
-    backward clears the table whole, and the optimizer then updates it densely."""
+    """The ring averages the table's gradient over the rows either rank touched (here every step touches all
+    40 rows, so the hook reduces the table densely), and the optimizer updates those rows."""
     steps = 6
     rng = np.random.default_rng(3)
     x = rng.integers(0, 40, size=(steps * 128, 3)).astype(np.int32)
@@ -324,6 +324,106 @@ def test_two_allreduce_ranks_equal_one_process_of_the_whole_batch(make_opt):
     for r in results:
         assert isinstance(r, Model), r
         np.testing.assert_allclose(r.params, whole.params, rtol=1e-5, atol=1e-6)
+
+
+# ---- tables reduced as rows across ranks (csrc/net/coll_rows.c) ----------------------------------
+
+needs_comm = pytest.mark.skipif(not hasattr(_core, "Communicator"), reason="this build has no _core.Communicator")
+
+
+def _two_table_data(steps, seed=5):
+    """ids for a 1000-row table (rank 0's rows of each 128-row batch draw from [0, 600), rank 1's from
+    [400, 1000): rows both touch and rows only one does), ids for a 5-row table (every row touched each
+    step), 4 numbers, 2 targets."""
+    rng = np.random.default_rng(seed)
+    n = steps * 128
+    rank = (np.arange(n) // 64) % 2
+    big = (rng.integers(0, 600, size=(n, 3)) + 400 * rank[:, None]).astype(np.int32)
+    small = rng.integers(0, 5, size=(n, 2)).astype(np.int32)
+    num = rng.normal(size=(n, 4)).astype(np.float32)
+    y = rng.normal(size=(n, 2)).astype(np.float32)
+    return [big, small, num], y
+
+
+def _two_table_model(opt, seed=7):
+    big, small = Input(shape=(3,), dtype="int32", name="big"), Input(shape=(2,), dtype="int32", name="small")
+    num = Input(shape=(4,), name="num")
+    h = Concatenate()([Flatten()(Embedding(1000, 4)(big)), Flatten()(Embedding(5, 3)(small)), num])
+    m = Model([big, small, num], Dense(2)(Dense(8, activation="relu")(h)), seed=seed)
+    m.compile(optimizer=opt, loss="mse")
+    return m
+
+
+def _fit_ranks_with_stats(make_opt, steps, **dist):
+    """Both ranks fit their 64 rows of each 128-row batch through DistributedOptimizer(make_opt(), **dist);
+    each rank's (model, the table counters of its communicator's stats)."""
+    x, y = _two_table_data(steps)
+
+    def work(r, comm):
+        m = _two_table_model(DistributedOptimizer(make_opt(), communicator=comm, **dist))
+        rows = np.arange(steps * 128).reshape(steps, 2, 64)[:, r].reshape(-1)
+        m.fit([a[rows] for a in x], y[rows], batch_size=64, epochs=1, shuffle=False, verbose=0)
+        s = comm.stats()
+        return m, {k: s[k] for k in ("tables_as_rows", "tables_dense", "table_bytes_sent")}
+
+    results = two_ranks(work)
+    for res in results:
+        assert isinstance(res, tuple), res
+    np.testing.assert_array_equal(results[0][0].params, results[1][0].params)  # ranks agree exactly
+    if dist.get("sparse_tables", True):
+        # after fit (its hook gone) each rank's tables list the last step's union over both ranks, in the
+        # model's own memory
+        last = slice((steps - 1) * 128, steps * 128)
+        for m, _ in results:
+            touched = m.touched_rows()
+            np.testing.assert_array_equal(touched[0][3], np.unique(x[0][last]))
+            np.testing.assert_array_equal(touched[1][3], np.unique(x[1][last]))
+    return results
+
+
+@needs_comm
+@pytest.mark.parametrize("bucket_bytes", [0, 256])
+@pytest.mark.parametrize("make_opt", [lambda: SGD(0.1), lambda: Adagrad(0.1)], ids=["sgd", "adagrad"])
+def test_tables_reduced_as_rows_train_as_tables_reduced_densely(make_opt, bucket_bytes):
+    """SGD and Adagrad update a row with a zero gradient by nothing, so the lazy update of the union's rows
+    equals the dense update of the whole table: the rows hook (the 1000-row table as rows, the 5-row one
+    touched whole, so dense) ends where sparse_tables=False does, and the counters say which path ran."""
+    steps = 6
+    rows = _fit_ranks_with_stats(make_opt, steps, bucket_bytes=bucket_bytes)
+    dense = _fit_ranks_with_stats(make_opt, steps, bucket_bytes=bucket_bytes, sparse_tables=False)
+    for (m, stats), (d, dstats) in zip(rows, dense, strict=True):
+        assert m.step == steps
+        np.testing.assert_allclose(m.params, d.params, rtol=1e-5, atol=1e-6)
+        assert stats["tables_as_rows"] == steps and stats["tables_dense"] == steps, stats
+        assert dstats == {"tables_as_rows": 0, "tables_dense": 0, "table_bytes_sent": 0}, dstats
+
+
+@needs_comm
+def test_lazy_adam_on_two_ranks_equals_one_process_of_the_global_batch():
+    """Adam's untouched rows keep their moments unapplied (lazy, as torch.optim.SparseAdam): two ranks of 64
+    rows, the union of their rows updated with the average gradient, end where one process fitting the
+    128-row batches does; a dense reduction (Adam moving every row) does not."""
+    steps = 6
+    x, y = _two_table_data(steps)
+    whole = _two_table_model(Adam(0.01))
+    whole.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    for m, stats in _fit_ranks_with_stats(lambda: Adam(0.01), steps):
+        np.testing.assert_allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+        assert stats["tables_as_rows"] == steps and stats["tables_dense"] == steps, stats
+    m, _ = _fit_ranks_with_stats(lambda: Adam(0.01), steps, sparse_tables=False)[0]
+    assert not np.allclose(m.params, whole.params, rtol=1e-5, atol=1e-6)
+
+
+@needs_comm
+def test_a_bf16_wire_keeps_rows_training_close_to_float32():
+    """compression="bf16" rounds the packed rows as it rounds dense gradients: after 6 SGD steps the
+    parameters stay within 1e-3 of the float32 reduction's (values of order 0.1 to 1)."""
+    steps = 6
+    exact = _fit_ranks_with_stats(lambda: SGD(0.1), steps)[0][0]
+    (m, stats), _ = _fit_ranks_with_stats(lambda: SGD(0.1), steps, compression="bf16")
+    assert stats["tables_as_rows"] == steps, stats
+    np.testing.assert_allclose(m.params, exact.params, rtol=0, atol=1e-3)
+    assert not np.array_equal(m.params, exact.params)
 
 
 def test_weights_summary_saving_and_checkpoints_carry_the_table(tmp_path):

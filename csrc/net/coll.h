@@ -105,6 +105,10 @@ typedef struct CollStats {
     uint64_t collectives, allreduces, broadcasts, allgathers, barriers;
     double seconds; /* inside collectives */
     int broken;
+    /* the gradient hook's Embedding tables (coll_hook_new, sparse_tables):
+     * table reductions as rows and dense, and the bytes this rank sent for
+     * them (ids and values) */
+    uint64_t tables_as_rows, tables_dense, table_bytes_sent;
 } CollStats;
 
 /* Forms the ring: rank `rank` of `size`, hosts[i]:ports[i] the listener of
@@ -164,11 +168,43 @@ void coll_comm_free(CollComm *c);
  * of the buffer towards 0) into buckets of at least bucket_bytes and hands
  * each to a background thread that allreduces it while backward goes on;
  * step() reduces what no bucket covered and waits for all. bucket_bytes = 0:
- * ready() does nothing and step() reduces the whole buffer at once. */
+ * ready() does nothing and step() reduces the whole buffer at once.
+ *
+ * Embedding tables (nn_hook.h's sparse hooks). sparse_tables = 1 and k = 1:
+ * the hook is sparse. step() first reduces everything but the tables as
+ * above (buckets included), then the tables, with O(1) collectives a step
+ * whatever their number:
+ *   1. one allgather of int32 blocks, one per rank:
+ *        ntables, then (rows, dim, nids) per table, then each table's ids;
+ *      a rank whose tables differ in number or shape fails every rank with
+ *      SG_ECLUSTER naming it and the table; ids out of order or out of range
+ *      fail with SG_EPROTO naming the rank and table.
+ *   2. per table t the sorted union U_t of every rank's ids (|U_t| = u).
+ *   3. the rule, the same on every rank since all see all blocks: with p
+ *      ranks and w bytes a value on the wire (4; 2 with fp16 or bf16) the
+ *      ring sends per rank
+ *        as rows: 2 (p - 1) / p * u * dim * w
+ *        dense:   2 (p - 1) / p * rows * dim * w
+ *      and both need step 1 (the optimizer updates the union's rows alone
+ *      either way, so the ids travel on both paths). So a table goes as rows
+ *      when u < rows, dense when u == rows (the steps touched every row: the
+ *      same bytes, without the copies in and out of the packed buffer).
+ *   4. one allreduce (op, compression) of every rows table's union rows
+ *      packed into one [sum u_t * dim_t] buffer (zeros for rows a rank did
+ *      not touch: its gradient is zero there), unpacked into grads; then one
+ *      in-place allreduce per dense table's range (zero outside the union,
+ *      since every rank's gradient is).
+ *   5. tables[t].ids/nids point at U_t (the hook's memory, valid until its
+ *      next step()), so the loop's optimizer updates those rows alone: lazily
+ *      for SGD with momentum and Adam, as single-process training does.
+ * The comm's stats count each table reduction as rows or dense and the bytes
+ * steps 1 and 4 sent (CollStats.tables_as_rows, tables_dense,
+ * table_bytes_sent). sparse_tables = 0, or k > 1: the hook is dense (tables
+ * reduced whole with the rest, the optimizer updating them densely). */
 typedef struct CollHook CollHook;
 
 int coll_hook_new(CollComm *c, CollOp op, CollCompression comp, int backward_passes_per_step,
-                  size_t bucket_bytes, CollHook **out, SgError *err);
+                  size_t bucket_bytes, int sparse_tables, CollHook **out, SgError *err);
 /* The NnGradHook inside (valid while the hook lives). */
 NnGradHook *coll_hook_iface(CollHook *h);
 /* Stops and joins the background thread, frees. */

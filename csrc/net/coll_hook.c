@@ -6,13 +6,15 @@
  * reports them. Buckets and the ranges step() adds are queued in one FIFO
  * served by one thread, so every rank issues the same collectives in the same
  * order (the ready() calls follow the model's layers, the same everywhere).
+ * A sparse hook's Embedding tables are left out of the ranges and reduced
+ * after them, as rows or densely (coll_rows.c), once the FIFO is empty.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/sg_grow.h"
-#include "net/coll.h"
+#include "net/coll_internal.h"
 
 typedef struct Range {
     size_t off, cnt;
@@ -45,6 +47,8 @@ struct CollHook {
     size_t qhead, qlen, qcap;
     int rc;
     SgError err;
+
+    CollRows rows; /* a sparse hook's tables */
 };
 
 static int reducing_pass(const CollHook *h)
@@ -182,44 +186,38 @@ static int accumulate(CollHook *h, const float *grads, size_t n, SgError *err)
     return 0;
 }
 
-static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
-                     int ntables, int64_t *global_step, SgError *err)
+/* Reduces what neither ready() nor a table covered, from the end down: the
+ * gaps between those ranges, folded; queued behind the buckets when the
+ * thread runs (then waits for all), else reduced here. */
+static int reduce_rest(CollHook *h, float *grads, size_t n, const OptimRows *tables, int nt,
+                       SgError *err)
 {
-    (void)params, (void)global_step, (void)tables, (void)ntables;
-    CollHook *h = ctx;
-    int rc = 0;
-    if (!reducing_pass(h)) {
-        rc = accumulate(h, grads, n, err);
-        h->calls++;
-        return rc < 0 ? rc : 1;
-    }
-    if (h->k > 1 && h->accum_n != n)
-        return sg_fail(err, SG_EINVAL, "gradient hook: %zu gradients, %zu in earlier passes", n,
-                       h->accum_n);
-    if (!h->started || h->ncovered == 0) {
-        fold_accum(h, grads, 0, n);
-        rc = coll_allreduce(h->c, grads, n, COLL_F32, h->op, h->comp, -1, err);
-    } else {
-        if (h->grads != grads)
-            rc = sg_fail(err, SG_EINVAL, "gradient hook: step() got another buffer than ready()");
-        if (rc == 0)
-            rc = flush_pending(h, err);
-        /* What no ready() covered, from the end down: the gaps between the
-         * covered ranges, folded and queued behind the buckets. */
+    if (sg_grow(&h->covered, &h->capcovered, h->ncovered + (size_t)nt, sizeof *h->covered, 32) < 0)
+        return sg_fail(err, SG_ENOMEM, "growing the gradient hook's range list");
+    for (int i = 0; i < nt; i++)
+        h->covered[h->ncovered++] = (Range){tables[i].off, tables[i].rows * tables[i].dim};
+    if (h->ncovered > 1)
         qsort(h->covered, h->ncovered, sizeof *h->covered, cmp_range);
-        size_t hi = n;
+    int rc = 0;
+    if (h->started) {
         pthread_mutex_lock(&h->mu);
-        for (size_t i = 0; i <= h->ncovered && rc == 0; i++) {
-            size_t lo = i < h->ncovered ? h->covered[i].off + h->covered[i].cnt : 0;
-            if (lo > hi)
-                lo = hi;
-            if (hi > lo) {
-                fold_accum(h, grads, lo, hi - lo);
-                rc = enqueue(h, lo, hi - lo, err);
-            }
-            if (i < h->ncovered && h->covered[i].off < hi)
-                hi = h->covered[i].off;
+        h->grads = grads;
+    }
+    size_t hi = n;
+    for (size_t i = 0; i <= h->ncovered && rc == 0; i++) {
+        size_t lo = i < h->ncovered ? h->covered[i].off + h->covered[i].cnt : 0;
+        if (lo > hi)
+            lo = hi;
+        if (hi > lo) {
+            fold_accum(h, grads, lo, hi - lo);
+            rc = h->started
+                     ? enqueue(h, lo, hi - lo, err)
+                     : coll_allreduce(h->c, grads + lo, hi - lo, COLL_F32, h->op, h->comp, -1, err);
         }
+        if (i < h->ncovered && h->covered[i].off < hi)
+            hi = h->covered[i].off;
+    }
+    if (h->started) {
         while (h->qlen > 0 || h->busy)
             pthread_cond_wait(&h->cv, &h->mu);
         if (rc == 0 && h->rc < 0) {
@@ -230,6 +228,34 @@ static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows
         h->grads = NULL;
         pthread_mutex_unlock(&h->mu);
     }
+    return rc;
+}
+
+static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows *tables,
+                     int ntables, int64_t *global_step, SgError *err)
+{
+    (void)params, (void)global_step;
+    CollHook *h = ctx;
+    int rc = 0;
+    if (!reducing_pass(h)) {
+        rc = accumulate(h, grads, n, err);
+        h->calls++;
+        return rc < 0 ? rc : 1;
+    }
+    if (h->k > 1 && h->accum_n != n)
+        return sg_fail(err, SG_EINVAL, "gradient hook: %zu gradients, %zu in earlier passes", n,
+                       h->accum_n);
+    if (ntables > 0 && !h->iface.sparse)
+        return sg_fail(err, SG_EINVAL, "gradient hook: a dense hook was given %d tables as rows",
+                       ntables);
+    if (h->ncovered > 0 && h->grads != grads)
+        rc = sg_fail(err, SG_EINVAL, "gradient hook: step() got another buffer than ready()");
+    if (rc == 0)
+        rc = flush_pending(h, err);
+    if (rc == 0)
+        rc = reduce_rest(h, grads, n, tables, ntables, err);
+    if (rc == 0 && ntables > 0)
+        rc = coll_rows_reduce(h->c, h->op, h->comp, grads, n, tables, ntables, &h->rows, err);
     h->ncovered = 0;
     h->pend_lo = h->pend_hi = 0;
     h->calls++;
@@ -237,7 +263,7 @@ static int hook_step(void *ctx, float *params, float *grads, size_t n, OptimRows
 }
 
 int coll_hook_new(CollComm *c, CollOp op, CollCompression comp, int backward_passes_per_step,
-                  size_t bucket_bytes, CollHook **out, SgError *err)
+                  size_t bucket_bytes, int sparse_tables, CollHook **out, SgError *err)
 {
     if (backward_passes_per_step < 1)
         return sg_fail(err, SG_EINVAL, "backward_passes_per_step must be >= 1, got %d",
@@ -247,7 +273,11 @@ int coll_hook_new(CollComm *c, CollOp op, CollCompression comp, int backward_pas
     CollHook *h = calloc(1, sizeof *h);
     if (h == NULL)
         return sg_fail(err, SG_ENOMEM, "allocating a gradient hook");
-    h->iface = (NnGradHook){.ready = hook_ready, .step = hook_step, .ctx = h};
+    /* tables as rows need every pass's rows reduced as it comes: no accumulation */
+    h->iface = (NnGradHook){.ready = hook_ready,
+                            .step = hook_step,
+                            .sparse = sparse_tables && backward_passes_per_step == 1,
+                            .ctx = h};
     h->c = c, h->op = op, h->comp = comp, h->k = backward_passes_per_step;
     h->bucket_elems = bucket_bytes / sizeof(float);
     if (bucket_bytes > 0 && h->bucket_elems == 0)
@@ -276,6 +306,7 @@ void coll_hook_free(CollHook *h)
     }
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    coll_rows_free(&h->rows);
     free(h->accum);
     free(h->covered);
     free(h->queue);

@@ -8,7 +8,8 @@
  *                two sealers (plain streams, sealed records), failure notices
  *   coll.c       the collectives: what each ring step sends and receives
  *   coll_ops.c   element sizes, fp16 conversions, reduction kernels
- * coll_hook.c uses coll.h alone.
+ *   coll_rows.c  the gradient hook's Embedding tables, reduced as rows
+ * coll_hook.c uses coll.h and coll_rows.c's part below.
  */
 #ifndef NET_COLL_INTERNAL_H
 #define NET_COLL_INTERNAL_H
@@ -153,5 +154,46 @@ void coll_encode(uint8_t *wire, const float *src, size_t n, CollCompression comp
  * COLL_AVERAGE (integer division truncates), then rounds float32 values to
  * the wire format with compression. */
 void coll_finish(void *buf, size_t n, CollDtype dtype, CollOp op, CollCompression comp, int size);
+
+/* ---- coll_rows.c: a sparse gradient hook's Embedding tables ---- */
+
+/* What the hook keeps from step to step: scratch, and the unions its
+ * tables' ids point at until the next step. */
+typedef struct CollRows {
+    int32_t *blk; /* [blkcap] this rank's block */
+    size_t blkcap;
+    int32_t *uids; /* [ucap] every table's union, one after another */
+    size_t ucap;
+    int32_t *tmp; /* [tmpcap] merge scratch */
+    size_t tmpcap;
+    struct CollRowsAt {
+        size_t off, n; /* table i's union: uids[off, off + n) */
+        int dense;     /* reduced whole (the rule of coll.h) */
+    } * at;            /* [atcap] */
+    size_t atcap;
+    float *pack; /* [packcap] the rows tables' union rows, packed */
+    size_t packcap;
+} CollRows;
+
+/* Steps 1 to 5 of coll.h's sparse hook on tables[0..nt) of grads[n]: the
+ * tables' gradients reduced (op, comp) across ranks, each table's ids/nids
+ * pointing at its union in st. Counts the reductions in c's stats. */
+int coll_rows_reduce(CollComm *c, CollOp op, CollCompression comp, float *grads, size_t n,
+                     OptimRows *tables, int nt, CollRows *st, SgError *err);
+
+/* Checks rank q's block, len bytes at b (4-aligned, as allgather's blocks
+ * are while the ones before are valid), against this rank's tables[0..nt):
+ * the table count and shapes (SG_ECLUSTER naming the rank and table), then
+ * each list's length and ids (sorted, unique, below rows) and the total
+ * length (SG_EPROTO). On success ids[i] and cnt[i] are its table i's ids,
+ * inside b, and their number. */
+int coll_rows_check_block(const int32_t *b, uint64_t len, int q, const OptimRows *tables, int nt,
+                          const int32_t **ids, size_t *cnt, SgError *err);
+
+/* Frees st's buffers (st itself is the caller's). */
+void coll_rows_free(CollRows *st);
+
+/* Adds a hook's table counts to c's stats (CollStats.tables_*). */
+void coll_comm_count_tables(CollComm *c, uint64_t as_rows, uint64_t dense, uint64_t bytes_sent);
 
 #endif /* NET_COLL_INTERNAL_H */

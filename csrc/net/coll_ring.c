@@ -335,6 +335,15 @@ void coll_comm_stats(CollComm *c, CollStats *out)
     pthread_mutex_unlock(&c->mu);
 }
 
+void coll_comm_count_tables(CollComm *c, uint64_t as_rows, uint64_t dense, uint64_t bytes_sent)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.tables_as_rows += as_rows;
+    c->stats.tables_dense += dense;
+    c->stats.table_bytes_sent += bytes_sent;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void coll_comm_close(CollComm *c)
 {
     /* Between collectives, a goodbye tells the left neighbour (which may

@@ -32,8 +32,10 @@
  *       sorted and unique; zero elsewhere). step() may change a table's ids
  *       and nids to say which rows its gradient holds after it (the union
  *       over ranks, say), pointing at memory of its own that stays valid
- *       until its next call, and must leave the rest of the range zero. The
- *       loop's optimizer (step() returned 0) updates those rows alone.
+ *       until its next call (the loop copies them into the model's own
+ *       buffers as soon as step() returns), and must leave the rest of the
+ *       range zero. The loop's optimizer (step() returned 0) updates those
+ *       rows alone.
  *   rows(ctx, params, table, ids, nids)  optional (sparse hooks): called in a
  *       training forward by each Embedding call before it reads its table,
  *       with the rows the batch reads (sorted, unique); it may bring them up

@@ -167,6 +167,12 @@ static inline int node_in(const Model *m, int l, int k)
  * whole (nn_op_embedding.c). */
 void model_tables_written(Model *m);
 
+/* After a sparse hook's step(), which may point a table's ids at its own
+ * memory (nn_hook.h): those ids copied into the table's buffer
+ * (nn_op_embedding.c), so the model never reads the hook's memory after the
+ * hook is gone. */
+int model_tables_keep_ids(Model *m, SgError *err);
+
 /* nn_plan.c (the op kinds: nn_op.h) */
 void plan_free(Plan *p);
 int model_plan(Model *m, int B, Plan **out, SgError *err);

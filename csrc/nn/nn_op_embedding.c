@@ -210,6 +210,24 @@ static int reserve_ids(NnTable *tb, size_t have, size_t more, SgError *err)
     return 0;
 }
 
+int model_tables_keep_ids(Model *m, SgError *err)
+{
+    for (int i = 0; i < m->ntables; i++) {
+        OptimRows *tr = &m->touched[i];
+        NnTable *tb = &m->tables[i];
+        if (tr->ids == tb->ids || tr->nids == 0) {
+            tr->ids = tb->ids;
+            continue;
+        }
+        int rc = reserve_ids(tb, 0, tr->nids, err);
+        if (rc < 0)
+            return sg_context(err, "Embedding table %d: ", i);
+        memmove(tb->ids, tr->ids, tr->nids * sizeof *tb->ids);
+        tr->ids = tb->ids;
+    }
+    return 0;
+}
+
 static int embedding_backward(Model *m, Plan *p, int l, const NnOpBackward *how, SgError *err)
 {
     int rc = DNNL(err, dnnl_stream_wait, m->stream);

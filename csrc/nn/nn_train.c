@@ -423,6 +423,8 @@ static int train_batch(Model *m, Optimizer *opt, const NnData *d, const int64_t 
         if (rc < 0)
             return sg_context(err, "gradient hook: ");
         applied = rc == 1;
+        if (hook->sparse && (rc = model_tables_keep_ids(m, err)) < 0)
+            return rc;
     }
     if (opt && !applied) {
         const int ncopies = keep16 ? p->ncopies : 0;

@@ -460,15 +460,16 @@ static void hook_release(void *ctx)
 
 static PyObject *Comm_grad_hook(CommObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"op", "compression", "backward_passes_per_step", "bucket_bytes", NULL};
+    static char *kwlist[] = {"op",           "compression",   "backward_passes_per_step",
+                             "bucket_bytes", "sparse_tables", NULL};
     const char *opname = "average";
     PyObject *compobj = Py_None;
-    int k = 1;
+    int k = 1, sparse_tables = 1;
     Py_ssize_t bucket = 0;
     CollOp op;
     CollCompression comp;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sOin:grad_hook", kwlist, &opname, &compobj, &k,
-                                     &bucket) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sOinp:grad_hook", kwlist, &opname, &compobj, &k,
+                                     &bucket, &sparse_tables) ||
         comm_live(self) == NULL || parse_op(opname, &op) < 0 || parse_comp(compobj, &comp) < 0)
         return NULL;
     if (bucket < 0)
@@ -476,7 +477,7 @@ static PyObject *Comm_grad_hook(CommObject *self, PyObject *args, PyObject *kw)
                              bucket);
     CollHook *h;
     SgError err;
-    if (coll_hook_new(self->comm, op, comp, k, (size_t)bucket, &h, &err) < 0)
+    if (coll_hook_new(self->comm, op, comp, k, (size_t)bucket, sparse_tables, &h, &err) < 0)
         return sg_raise(&err);
     return nn_grad_hook_capsule((PyObject *)self, coll_hook_iface(h), hook_release);
 }
@@ -545,6 +546,89 @@ static PyObject *py_hook_step(PyObject *mod, PyObject *args)
     return Py_BuildValue("(iL)", rc, (long long)step);
 }
 
+#define HOOK_MAX_TABLES 64
+
+/* The hook's union ids of tables[0..nt) as a list of int32 arrays. */
+static PyObject *union_ids(const OptimRows *t, int nt)
+{
+    PyObject *out = PyList_New(nt);
+    for (int i = 0; out != NULL && i < nt; i++) {
+        npy_intp len = (npy_intp)t[i].nids;
+        PyObject *a = PyArray_SimpleNew(1, &len, NPY_INT32);
+        if (a == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (len > 0)
+            memcpy(PyArray_DATA((PyArrayObject *)a), t[i].ids, (size_t)len * sizeof(int32_t));
+        PyList_SET_ITEM(out, i, a);
+    }
+    return out;
+}
+
+static PyObject *py_hook_step_rows(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *cap, *parr, *garr, *seq, *res = NULL;
+    long long gstep = 0;
+    if (!PyArg_ParseTuple(args, "OOOO|L:_grad_hook_step_rows", &cap, &parr, &garr, &seq, &gstep))
+        return NULL;
+    NnGradHook *g = PyCapsule_GetPointer(cap, NN_GRAD_HOOK_CAPSULE);
+    float *params = g != NULL ? hook_grads(parr, "_grad_hook_step_rows") : NULL;
+    float *grads = params != NULL ? hook_grads(garr, "_grad_hook_step_rows") : NULL;
+    PyObject *fast = grads != NULL ? PySequence_Fast(seq, "tables must be a sequence") : NULL;
+    if (fast == NULL)
+        return NULL;
+    const Py_ssize_t nt = PySequence_Fast_GET_SIZE(fast);
+    OptimRows t[HOOK_MAX_TABLES];
+    PyObject *keep[HOOK_MAX_TABLES] = {NULL};
+    Py_ssize_t got = 0;
+    if (!g->sparse)
+        sg_raise_code(SG_EINVAL, "_grad_hook_step_rows: the hook is dense (sparse_tables=False)");
+    else if (nt > HOOK_MAX_TABLES)
+        sg_raise_code(SG_EINVAL, "_grad_hook_step_rows: %zd tables, at most %d", nt,
+                      HOOK_MAX_TABLES);
+    else if (PyArray_SIZE((PyArrayObject *)parr) != PyArray_SIZE((PyArrayObject *)garr))
+        sg_raise_code(SG_EINVAL, "params and grads differ in size");
+    else
+        for (; got < nt; got++) {
+            Py_ssize_t off, rows, dim;
+            PyObject *ids;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, got), "nnnO", &off, &rows, &dim,
+                                  &ids))
+                break;
+            keep[got] = PyArray_FROM_OTF(ids, NPY_INT32, NPY_ARRAY_IN_ARRAY);
+            if (keep[got] == NULL)
+                break;
+            if (off < 0 || rows < 0 || dim < 0) {
+                sg_raise_code(SG_EINVAL, "table %zd: negative offset or shape", got);
+                break;
+            }
+            t[got] = (OptimRows){(size_t)off, (size_t)rows, (size_t)dim,
+                                 PyArray_DATA((PyArrayObject *)keep[got]),
+                                 (size_t)PyArray_SIZE((PyArrayObject *)keep[got])};
+        }
+    if (got == nt && !PyErr_Occurred()) {
+        size_t n = (size_t)PyArray_SIZE((PyArrayObject *)garr);
+        int64_t step = gstep;
+        SgError err;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = g->step(g->ctx, params, grads, n, t, (int)nt, &step, &err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            sg_raise(&err);
+        } else {
+            PyObject *ids = union_ids(t, (int)nt);
+            res = ids != NULL ? Py_BuildValue("(iLN)", rc, (long long)step, ids) : NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nt && i < HOOK_MAX_TABLES; i++)
+        Py_XDECREF(keep[i]);
+    Py_DECREF(fast);
+    return res;
+}
+
 /* ---- the rest ---------------------------------------------------------------------------- */
 
 static PyObject *Comm_stats(CommObject *self, PyObject *noargs)
@@ -555,12 +639,14 @@ static PyObject *Comm_stats(CommObject *self, PyObject *noargs)
     CollStats s;
     coll_comm_stats(self->comm, &s);
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsdsO}", "bytes_sent", (unsigned long long)s.bytes_sent, "bytes_received",
-        (unsigned long long)s.bytes_received, "collectives", (unsigned long long)s.collectives,
-        "allreduces", (unsigned long long)s.allreduces, "broadcasts",
-        (unsigned long long)s.broadcasts, "allgathers", (unsigned long long)s.allgathers,
-        "barriers", (unsigned long long)s.barriers, "seconds", s.seconds, "broken",
-        s.broken ? Py_True : Py_False);
+        "{sKsKsKsKsKsKsKsdsOsKsKsK}", "bytes_sent", (unsigned long long)s.bytes_sent,
+        "bytes_received", (unsigned long long)s.bytes_received, "collectives",
+        (unsigned long long)s.collectives, "allreduces", (unsigned long long)s.allreduces,
+        "broadcasts", (unsigned long long)s.broadcasts, "allgathers",
+        (unsigned long long)s.allgathers, "barriers", (unsigned long long)s.barriers, "seconds",
+        s.seconds, "broken", s.broken ? Py_True : Py_False, "tables_as_rows",
+        (unsigned long long)s.tables_as_rows, "tables_dense", (unsigned long long)s.tables_dense,
+        "table_bytes_sent", (unsigned long long)s.table_bytes_sent);
 }
 
 static PyObject *Comm_close(CommObject *self, PyObject *noargs)
@@ -622,11 +708,12 @@ static PyMethodDef Comm_methods[] = {
      "broadcast_bytes(data or None, root=0, timeout=None) -> root's bytes."},
     {"barrier", FN(Comm_barrier), KW, "barrier(timeout=None)"},
     {"grad_hook", FN(Comm_grad_hook), KW,
-     "grad_hook(op='average', compression=None, backward_passes_per_step=1, bucket_bytes=0) -> "
-     "PyCapsule 'sparkgrad._core.NnGradHook' for the C training loop (see csrc/net/coll.h)."},
+     "grad_hook(op='average', compression=None, backward_passes_per_step=1, bucket_bytes=0, "
+     "sparse_tables=True) -> PyCapsule 'sparkgrad._core.NnGradHook' for the C training loop; "
+     "sparse_tables: Embedding tables reduced as their touched rows (see csrc/net/coll.h)."},
     {"stats", (PyCFunction)Comm_stats, METH_NOARGS,
      "stats() -> {bytes_sent, bytes_received, collectives, allreduces, broadcasts, allgathers, "
-     "barriers, seconds, broken}"},
+     "barriers, seconds, broken, tables_as_rows, tables_dense, table_bytes_sent}"},
     {"close", (PyCFunction)Comm_close, METH_NOARGS, "close(): later calls raise StateError."},
     {"__enter__", (PyCFunction)Comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Comm_exit, METH_VARARGS, NULL},
@@ -655,6 +742,10 @@ static PyTypeObject Comm_Type = {
 static PyMethodDef coll_functions[] = {
     {"_grad_hook_ready", py_hook_ready, METH_VARARGS,
      "_grad_hook_ready(hook, grads, offset, count): call the hook's ready() (tests)."},
+    {"_grad_hook_step_rows", py_hook_step_rows, METH_VARARGS,
+     "_grad_hook_step_rows(hook, params, grads, tables, global_step=0) -> (rc, global_step, ids): "
+     "call a sparse hook's step() with tables [(offset, rows, dim, ids int32)], getting the rows "
+     "each table's reduced gradient holds (tests)."},
     {"_grad_hook_step", py_hook_step, METH_VARARGS,
      "_grad_hook_step(hook, params, grads, global_step=0) -> (rc, global_step): call the hook's "
      "step() (tests); rc 1 means the loop would skip its optimizer."},

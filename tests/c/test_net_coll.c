@@ -2,8 +2,8 @@
  * fp16/bf16 conversions on every 16-bit pattern and at every rounding tie,
  * the reduction kernels, and 3 ranks in threads over loopback doing an
  * allreduce (sum, int64 exact; average, float32), a broadcast, an allgather
- * of unequal sizes and the gradient hook with buckets, in every security
- * mode. */
+ * of unequal sizes and the gradient hook with buckets and with an Embedding
+ * table reduced as rows, in every security mode. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -92,6 +92,52 @@ typedef struct Rank {
 
 static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
 
+/* A sparse hook on [dense 10 | table 8 x 2 | dense 4]: rank q touches rows q
+ * and q + 1 with values q + 1 (the dense ranges hold q): after the average the
+ * table's ids are the union {0..3} and each row the mean over ranks. */
+static int check_table_hook(CollComm *c, int rank, SgError *err)
+{
+    enum { ROWS = 8, DIM = 2, TOFF = 10, NG = TOFF + ROWS * DIM + 4 };
+    float g[NG], params[NG] = {0};
+    for (int i = 0; i < NG; i++)
+        g[i] = i >= TOFF && i < TOFF + ROWS * DIM ? 0.0f : (float)rank;
+    const int32_t mine[2] = {rank, rank + 1};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < DIM; j++)
+            g[TOFF + mine[k] * DIM + j] = (float)(rank + 1);
+    OptimRows t = {TOFF, ROWS, DIM, mine, 2};
+    CollHook *h;
+    int rc = coll_hook_new(c, COLL_AVERAGE, COLL_COMP_NONE, 1, 0, 1, &h, err);
+    if (rc < 0)
+        return rc;
+    NnGradHook *hook = coll_hook_iface(h);
+    int64_t step = 0;
+    if (!hook->sparse)
+        rc = sg_fail(err, SG_EPROTO, "the hook is not sparse");
+    if (rc == 0)
+        rc = hook->step(hook->ctx, params, g, NG, &t, 1, &step, err);
+    int bad = 0;
+    for (int row = 0; rc == 0 && row < ROWS; row++) {
+        float want = 0.0f; /* the ranks q with q == row or q + 1 == row gave q + 1 */
+        for (int q = 0; q < RANKS; q++)
+            want += q == row || q + 1 == row ? (float)(q + 1) : 0.0f;
+        for (int j = 0; j < DIM; j++)
+            bad += fabsf(g[TOFF + row * DIM + j] - want / RANKS) > 1e-6f;
+    }
+    for (int i = 0; rc == 0 && i < NG; i++)
+        if (i < TOFF || i >= TOFF + ROWS * DIM)
+            bad += g[i] != 1.0f; /* (0 + 1 + 2) / 3 */
+    if (rc == 0 && (t.nids != 4 || t.ids[0] != 0 || t.ids[3] != 3 || bad > 0))
+        rc = sg_fail(err, SG_EPROTO, "table hook: %zu ids, %d wrong values", t.nids, bad);
+    CollStats s;
+    coll_comm_stats(c, &s);
+    if (rc == 0 && (s.tables_as_rows != 1 || s.tables_dense != 0 || s.table_bytes_sent == 0))
+        rc = sg_fail(err, SG_EPROTO, "table hook: stats %llu as rows, %llu dense",
+                     (unsigned long long)s.tables_as_rows, (unsigned long long)s.tables_dense);
+    coll_hook_free(h);
+    return rc;
+}
+
 static void *rank_main(void *arg)
 {
     Rank *r = arg;
@@ -127,7 +173,7 @@ static void *rank_main(void *arg)
     }
     CollHook *h = NULL;
     if (r->rc == 0 &&
-        (r->rc = coll_hook_new(c, COLL_AVERAGE, COLL_COMP_NONE, 1, 4096, &h, &r->err)) == 0) {
+        (r->rc = coll_hook_new(c, COLL_AVERAGE, COLL_COMP_NONE, 1, 4096, 1, &h, &r->err)) == 0) {
         NnGradHook *g = coll_hook_iface(h);
         for (int i = 0; i < N; i++)
             r->floats[i] = (float)(r->rank * 3); /* mean over ranks: 3 */
@@ -141,6 +187,8 @@ static void *rank_main(void *arg)
             r->rc = g->step(g->ctx, NULL, r->floats, N, NULL, 0, &step, &r->err);
         coll_hook_free(h);
     }
+    if (r->rc == 0)
+        r->rc = check_table_hook(c, r->rank, &r->err);
     if (r->rc == 0)
         r->rc = coll_barrier(c, -1, &r->err);
     coll_comm_close(c);

@@ -83,3 +83,15 @@ for name, data in {
     "gzip_stored": gzip.compress(plain, 0),
 }.items():
     open(os.path.join(HERE, "corpus/fuzz_inflate", name), "wb").write(data)
+
+# the sparse gradient hook's table block (csrc/net/coll_rows.c) against tables [50, 3] and [20, 2]
+os.makedirs(os.path.join(HERE, "corpus/fuzz_coll_rows"), exist_ok=True)
+blocks = {
+    "two_tables": [2, 50, 3, 3, 20, 2, 2, 1, 5, 49, 0, 19],
+    "none_touched": [2, 50, 3, 0, 20, 2, 0],
+    "every_row": [2, 50, 3, 0, 20, 2, 20, *range(20)],
+    "unsorted": [2, 50, 3, 2, 20, 2, 0, 7, 3],
+    "other_shape": [2, 50, 4, 0, 20, 2, 0],
+}
+for name, words in blocks.items():
+    open(os.path.join(HERE, "corpus/fuzz_coll_rows", name), "wb").write(np.array(words, "<i4").tobytes())

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,7 @@ class CommHandle:
         self._open = False
         self._communicator: Any = None  # None while closed, or in a build without collectives
         self._companions: dict[str, Any] = {}  # objects that live as long as the open communicator
+        self._lent_to: str | None = None  # what else serves on the comm port meanwhile (`lent`)
 
     def __repr__(self) -> str:
         return f"CommHandle({self.setup!r}, open={self._open})"
@@ -84,6 +85,10 @@ class CommHandle:
         with self._lock:
             if self._open:
                 return
+            if self._lent_to is not None:
+                raise StateError(
+                    f"sparkgrad.hvd cannot form its communicator here: this rank's comm port serves {self._lent_to}"
+                )
             factory = getattr(_core, "Communicator", None)
             if factory is not None:
                 setup = self.setup
@@ -92,6 +97,23 @@ class CommHandle:
                     security=setup.security,
                 )  # fmt: skip
             self._open = True
+
+    @contextlib.contextmanager
+    def lent(self, to: str) -> Iterator[None]:
+        """For the block, the comm port's listening socket serves ``to`` (another protocol): `open()` refuses.
+
+        Raises:
+            StateError: The communicator is open (it owns the port).
+        """
+        with self._lock:
+            if self._open:
+                raise StateError(f"the comm port cannot serve {to}: sparkgrad.hvd's communicator is open on it")
+            self._lent_to = to
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._lent_to = None
 
     def communicator(self) -> Any:
         """The open ``sparkgrad._core.Communicator``.
@@ -120,6 +142,8 @@ class CommHandle:
         """
         comm = self.communicator()
         with self._lock:
+            if self._communicator is not comm:
+                raise StateError("sparkgrad.hvd's communicator was closed meanwhile (call hvd.init() again)")
             made = self._companions.get(key)
             if made is None:
                 made = self._companions[key] = factory(comm)

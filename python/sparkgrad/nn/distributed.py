@@ -17,7 +17,11 @@ overlaps the reduction with backward: a background thread reduces each
 bucket of about that many bytes of gradient as the C backward reports its
 layers done (0, the default: the whole gradient after backward; the
 results are equal either way; bench/bench_overlap.py measures whether it
-pays for a model). The communicator
+pays for a model). Embedding tables are reduced as the rows the ranks'
+batches touched (their union), or densely where every row was touched;
+the wrapped optimizer then updates those rows alone, as it does in one
+process (``sparse_tables=False``: the tables reduced and updated densely;
+docs/guide/tabular.md). The communicator
 defaults to the one ``hvd.init()`` set up in this process (found through
 sparkgrad.cluster.collective, so this module does not import sparkgrad.hvd,
 which imports it), looked up when fit starts.
@@ -78,6 +82,11 @@ class DistributedOptimizer(Optimizer):
             of about that many bytes of gradient as the C backward finishes its layers; 0 (default)
             reduces the whole gradient after backward. ``bench/bench_overlap.py`` measures whether it
             pays for a model.
+        sparse_tables: True (default): each Embedding table's gradient travels as the rows the ranks
+            touched (their union), or densely when that touches every row (``Communicator.stats()``
+            counts which); the optimizer updates the union's rows alone, lazily as in one process.
+            False: the tables are reduced and updated densely. ``backward_passes_per_step`` > 1 is
+            always dense.
 
     Raises:
         InvalidArgumentError: ``optimizer`` is already distributed, or an argument is out of range.
@@ -91,6 +100,7 @@ class DistributedOptimizer(Optimizer):
         op: str = "average",
         communicator: Any = None,
         bucket_bytes: int = 0,
+        sparse_tables: bool = True,
     ) -> None:
         # no Optimizer.__init__: the configuration and the C state are the wrapped optimizer's
         if isinstance(optimizer, DistributedOptimizer):
@@ -109,6 +119,9 @@ class DistributedOptimizer(Optimizer):
                 f"bucket_bytes must be an int >= 0 (0: reduce after backward), not {bucket_bytes!r}"
             )
         self.bucket_bytes = int(bucket_bytes)
+        if not isinstance(sparse_tables, (bool, np.bool_)):
+            raise InvalidArgumentError(f"sparse_tables must be True or False, not {sparse_tables!r}")
+        self.sparse_tables = bool(sparse_tables)
         self.communicator = communicator
 
     # ---- the wrapped optimizer, for compile, fit and checkpoints -------------
@@ -187,10 +200,12 @@ class DistributedOptimizer(Optimizer):
             compression=self.compression,
             backward_passes_per_step=self.backward_passes_per_step,
             bucket_bytes=self.bucket_bytes,
+            sparse_tables=self.sparse_tables,
         )
 
     def __repr__(self) -> str:
         return (
             f"DistributedOptimizer({self.optimizer!r}, backward_passes_per_step={self.backward_passes_per_step}, "
-            f"compression={self.compression!r}, op={self.op!r}, bucket_bytes={self.bucket_bytes})"
+            f"compression={self.compression!r}, op={self.op!r}, bucket_bytes={self.bucket_bytes}, "
+            f"sparse_tables={self.sparse_tables})"
         )
