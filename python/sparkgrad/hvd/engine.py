@@ -217,7 +217,7 @@ class Engine:
                 self._handles.pop(handle, None)
 
     def close(self) -> None:
-        """Stops the thread (the communicator is closed first, so a running op fails at once); fails pending ops."""
+        """Stops the thread once the ops queued before run (the communicator is closed first: they fail at once)."""
         with self._lock:
             if self._closed:
                 return
@@ -243,14 +243,7 @@ class Engine:
                 self._run_one(op)
             with self._lock:
                 self._unfinished -= 1
-        while True:  # ops queued after close: fail them rather than leave their callers waiting
-            try:
-                op = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if op is not None:
-                op.error = StateError(f"hvd: {op.desc} was queued after hvd.shutdown()")
-                op.done.set()
+        # nothing follows the None that close() queued: submit() refuses once closed
 
     def _exchange(self, desc: Desc) -> list[Desc] | None:
         """Every rank's descriptor, or None when every rank sent the same bytes as this one (the usual case)."""

@@ -65,6 +65,10 @@ class _Distributed:
             raise InvalidArgumentError("hvd.DistributedOptimizer: op=Adasum is not supported by sparkgrad")
         if op not in (Average, Sum):
             raise InvalidArgumentError(f"hvd.DistributedOptimizer: op must be hvd.Average or hvd.Sum, got {op!r}")
+        if not gradient_predivide_factor > 0:
+            raise InvalidArgumentError(
+                f"hvd.DistributedOptimizer: gradient_predivide_factor must be > 0, got {gradient_predivide_factor}"
+            )
         if gradient_predivide_factor != 1.0 and op != Average:
             raise InvalidArgumentError("hvd.DistributedOptimizer: gradient_predivide_factor needs op=Average")
         self._op = op
