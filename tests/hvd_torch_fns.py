@@ -63,6 +63,23 @@ def collectives():
     obj = hvd.broadcast_object({"r": r, "t": torch.full((2,), float(r)), "s": "text"}, root_rank=1)
     out["obj"] = {"r": obj["r"], "t": obj["t"].numpy(), "s": obj["s"]}
     out["objs"] = hvd.allgather_object([r, {"k": r * 1.5}])
+    # async and sync interleaved: the ring runs them in the order they were issued, whatever the order of waiting
+    first = hvd.allreduce_async(torch.full((2,), float(r)), op=hvd.Sum, name="first")
+    middle = hvd.allreduce(torch.full((2,), 10.0 * r), op=hvd.Sum, name="middle")
+    last = hvd.allgather_async(torch.tensor([r]), name="last")
+    out["interleaved"] = [hvd.synchronize(last).numpy(), middle.numpy(), hvd.synchronize(first).numpy()]
+    # a model with an integer buffer, and optimizer state only rank 0 has
+    torch.manual_seed(20 + r)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    if r == 0:
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()  # momentum buffers and BatchNorm's running statistics on rank 0 only
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["state_dict"] = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    out["momentum"] = [opt.state[p]["momentum_buffer"].numpy().copy() for p in model.parameters()]
+    out["lr"] = opt.param_groups[0]["lr"]
     w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     (hvd.allreduce(w, op=hvd.Sum, name="w") * (r + 1)).sum().backward()  # d/dw of sum_r (r+1) * sum(w_0 + w_1)
     out["grad_allreduce"] = w.grad.numpy().copy()

@@ -86,6 +86,18 @@ def test_collectives_equal_their_definitions_on_two_ranks(ring):
         assert g["objs"] == [[0, {"k": 0.0}], [1, {"k": 1.5}]]
         assert g["obj"]["r"] == 1 and g["obj"]["s"] == "text"
         np.testing.assert_array_equal(g["obj"]["t"], [1.0, 1.0])
+    for g in (a, b):  # issued as first, middle, last; waited for as last, middle, first
+        np.testing.assert_array_equal(g["interleaved"][0], [0, 1])
+        np.testing.assert_array_equal(g["interleaved"][1], [10.0, 10.0])
+        np.testing.assert_array_equal(g["interleaved"][2], [1.0, 1.0])
+    # broadcast_parameters and broadcast_optimizer_state: rank 1 ends with rank 0's model and optimizer
+    assert a["state_dict"].keys() == b["state_dict"].keys() and "1.num_batches_tracked" in a["state_dict"]
+    for key in a["state_dict"]:
+        np.testing.assert_array_equal(a["state_dict"][key], b["state_dict"][key], err_msg=key)
+    assert a["state_dict"]["1.num_batches_tracked"] == 1
+    for mine, root in zip(b["momentum"], a["momentum"], strict=True):
+        np.testing.assert_array_equal(mine, root)
+    assert a["lr"] == b["lr"] == 0.1
     # gradients through the collectives: every rank's loss weighs the result by (rank + 1) (broadcast: rank + 2)
     for g in (a, b):
         np.testing.assert_array_equal(g["grad_allreduce"], [3.0, 3.0, 3.0])  # 1 + 2, for each element
