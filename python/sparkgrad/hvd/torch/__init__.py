@@ -5,7 +5,8 @@ ranks with ``sparkgrad.run`` instead of ``horovodrun``). The functions keep
 Horovod's names, arguments and return values; what differs:
 
 * Every collective of this module is queued to one background thread per
-  process and runs on the ring in the order the ranks issue it (the ring
+  process (a synchronous one with nothing pending runs on the calling
+  thread) and runs on the ring in the order the ranks issue it (the ring
   needs the same collectives in the same order on every rank; Horovod's
   coordinator would reorder them by name). Before each one the ranks
   exchange a small descriptor: a rank whose collective, tensor name, dtype
@@ -23,7 +24,7 @@ Horovod's names, arguments and return values; what differs:
   in float32); floating tensors of other dtypes are reduced through float32
   when compressed, integer tensors are sent as they are.
 * ``op=Adasum`` is refused (InvalidArgumentError); ``process_set`` accepts
-  only the global set (None).
+  only the global set (None or ``global_process_set``).
 * ``allreduce`` (Average, Sum), ``allgather`` and ``broadcast`` are
   differentiable, as Horovod's: the backward of each is a collective too
   (named ``<name>.grad``), so every rank must run backward through the
