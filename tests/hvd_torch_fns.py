@@ -264,3 +264,22 @@ def peer_leaves(leaver):
         return {"type": type(exc).__name__, "message": str(exc), "tensor": getattr(exc, "tensor", None),
                 "collective": getattr(exc, "collective", None), "seconds": time.monotonic() - started}  # fmt: skip
     return {"type": None}
+
+
+ALLTOALL_SPLITS = [[1, 0, 2], [2, 2, 1], [0, 3, 1]]  # rows rank r sends to ranks 0, 1, 2
+
+
+def alltoall_three():
+    """On 3 ranks: alltoall with uneven splits, an even one, then one while rank 2 has joined."""
+    torch, hvd = _setup()
+    r = hvd.rank()
+    splits = ALLTOALL_SPLITS[r]
+    x = torch.arange(sum(splits) * 2).reshape(-1, 2) + 100 * r
+    got, received = hvd.alltoall(x, splits=splits)
+    out = {"x": x.numpy(), "got": got.numpy(), "received": received.tolist()}
+    out["even"] = hvd.alltoall(torch.arange(6) + 10 * r).numpy()
+    if r < 2:  # rank 2 has joined: what the others send it is dropped, it sends nothing
+        got, received = hvd.alltoall(torch.arange(3) + 10 * r, splits=[[1, 1, 1], [0, 2, 1]][r])
+        out["with_joined"], out["with_joined_received"] = got.numpy(), received.tolist()
+    out["last"] = hvd.join()
+    return out

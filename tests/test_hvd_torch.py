@@ -186,6 +186,20 @@ def test_join_lets_a_rank_out_of_data_contribute_zeros_until_all_joined(ring):
     np.testing.assert_array_equal(a["gathered"], [0.0, 1.0])
 
 
+def test_alltoall_on_three_ranks_with_uneven_splits_and_a_joined_rank():
+    got = sparkgrad.run(hvd_torch_fns.alltoall_three, num_proc=3, stdout=io.StringIO(), local=True)
+    splits = hvd_torch_fns.ALLTOALL_SPLITS
+    for r, g in enumerate(got):
+        blocks = [got[s]["x"][sum(splits[s][:r]) : sum(splits[s][: r + 1])] for s in range(3)]
+        np.testing.assert_array_equal(g["got"], np.concatenate(blocks))
+        assert g["received"] == [splits[s][r] for s in range(3)]
+        np.testing.assert_array_equal(g["even"], [2 * r, 2 * r + 1, 10 + 2 * r, 11 + 2 * r, 20 + 2 * r, 21 + 2 * r])
+        assert g["last"] == 1  # rank 2 joined first; ranks 0 and 1 together, the higher counts as last
+    np.testing.assert_array_equal(got[0]["with_joined"], [0])
+    np.testing.assert_array_equal(got[1]["with_joined"], [1, 10, 11])
+    assert got[0]["with_joined_received"] == [1, 0, 0] and got[1]["with_joined_received"] == [1, 2, 0]
+
+
 def test_a_rank_leaving_mid_step_fails_the_others_step_naming_rank_tensor_and_collective(ring):
     got, left = ring["peer_leaves"]
     assert left is None

@@ -537,8 +537,9 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     """Sends rows of ``tensor`` to each rank and returns the rows every rank sent to this one, in rank order.
 
     ``splits[i]`` rows (along dimension 0, in order) go to rank i; without ``splits`` the rows are cut
-    into ``size()`` equal blocks. Built on the ring's allgather: every rank receives every rank's whole
-    tensor and keeps its blocks, so it moves ``size() - 1`` times the bytes of a direct alltoall.
+    into ``size()`` equal blocks. Built on the ring's allgather: every rank receives the rows every
+    other rank sends away and keeps its blocks, so with n ranks it moves n - 1 times the bytes of a
+    direct alltoall (the same bytes at 2 ranks).
 
     Returns:
         The received tensor; with ``splits`` given, ``(tensor, received_splits)`` where
