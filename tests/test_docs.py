@@ -39,6 +39,7 @@ API_MODULES = (
     "sparkgrad.nn",
     "sparkgrad.spark",
     "sparkgrad.hvd",
+    "sparkgrad.hvd.torch",
     "sparkgrad.data",
     "sparkgrad.databricks",
     "sparkgrad.mlflow",

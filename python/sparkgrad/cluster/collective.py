@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ class CommHandle:
         self._lock = threading.Lock()
         self._open = False
         self._communicator: Any = None  # None while closed, or in a build without collectives
+        self._companions: dict[str, Any] = {}  # objects that live as long as the open communicator
         self._lent_to: str | None = None  # what else serves on the comm port meanwhile (`lent`)
 
     def __repr__(self) -> str:
@@ -129,12 +130,34 @@ class CommHandle:
                 )
             return self._communicator
 
+    def companion(self, key: str, factory: Callable[[Any], Any]) -> Any:
+        """The object ``key`` that lives as long as the open communicator: ``factory(communicator)`` on first use.
+
+        ``close()`` closes the communicator first (a collective blocked in another thread fails at
+        once), then calls each companion's ``close()`` (sparkgrad.hvd.torch keeps its background
+        thread here).
+
+        Raises:
+            StateError: The communicator is not open.
+        """
+        comm = self.communicator()
+        with self._lock:
+            if self._communicator is not comm:
+                raise StateError("sparkgrad.hvd's communicator was closed meanwhile (call hvd.init() again)")
+            made = self._companions.get(key)
+            if made is None:
+                made = self._companions[key] = factory(comm)
+            return made
+
     def close(self) -> None:
-        """Closes the communicator if open (the launcher calls it when map_fun ends)."""
+        """Closes the communicator if open (the launcher calls it when map_fun ends), then its companions."""
         with self._lock:
             comm, self._communicator, self._open = self._communicator, None, False
+            companions, self._companions = list(self._companions.values()), {}
         if comm is not None:
             comm.close()
+        for made in companions:
+            made.close()
 
 
 def topology(hosts: Sequence[str], rank: int) -> tuple[int, int, int, int]:

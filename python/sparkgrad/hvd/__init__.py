@@ -21,6 +21,9 @@ once it ran out of data, and returns the rank that reached it last by wall
 clock (exact among ranks of one host). Give the ranks equal shards (e.g.
 ``x[hvd.rank()::hvd.size()][: len(x) // hvd.size()]``) so they take the
 same number of steps.
+
+PyTorch programs use ``sparkgrad.hvd.torch`` (Horovod's torch API, with
+Horovod's join), which shares this module's init and topology.
 """
 
 from __future__ import annotations
