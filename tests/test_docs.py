@@ -40,6 +40,7 @@ API_MODULES = (
     "sparkgrad.spark",
     "sparkgrad.hvd",
     "sparkgrad.hvd.torch",
+    "sparkgrad.torch",
     "sparkgrad.data",
     "sparkgrad.databricks",
     "sparkgrad.mlflow",
