@@ -1,0 +1,539 @@
+/*
+ * table_chunk.c - converting the planned columns of one Arrow record batch
+ * into a chunk the batcher owns (float32 rows, lengths, strings as offsets
+ * and bytes), with each column's null policy applied.
+ *
+ * Two passes: the first resolves every column (table_arrow.c validates it)
+ * and finds its null rows, so that a row skipped for one column is dropped
+ * from all of them and an error names the first null; the second converts
+ * the kept rows. Not here: Arrow validation, batching, reading files.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sg_half.h"
+#include "table/table.h"
+#include "table/table_internal.h"
+
+enum { ROW_OK = 0, ROW_NULL = 1, ELEM_NULL = 2 }; /* a row's null state in one column */
+
+typedef struct Column {
+    TblLeaf leaf;
+    uint8_t *nulls; /* [rows] ROW_* per batch row, or NULL when the column has none */
+} Column;
+
+static const char *where_file(const TblWhere *w)
+{
+    return w != NULL && w->file != NULL ? w->file : "<batch>";
+}
+
+/* Prepends "file 'f', row group g, row r: " to err. r < 0: no row. */
+static int at(SgError *err, const TblWhere *w, long long r)
+{
+    long long group = w != NULL ? w->row_group : -1, first = w != NULL ? w->first_row : 0;
+    if (r < 0)
+        return sg_context(err, "file '%s', row group %lld: ", where_file(w), group);
+    return sg_context(err, "file '%s', row group %lld, row %lld: ", where_file(w), group,
+                      first + r);
+}
+
+/* n numbers of format fmt from physical index p of a, as float32. */
+static void numbers_to_f32(float *dst, const struct ArrowArray *a, char fmt, int64_t p, int64_t n)
+{
+    const void *d = a->buffers[1];
+    switch (fmt) {
+    case 'b':
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)tbl_bit(d, p + i);
+        break;
+#define CONVERT(code, type)                                                                        \
+    case code:                                                                                     \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            dst[i] = (float)((const type *)d)[p + i];                                              \
+        break;
+        CONVERT('c', int8_t)
+        CONVERT('C', uint8_t)
+        CONVERT('s', int16_t)
+        CONVERT('S', uint16_t)
+        CONVERT('i', int32_t)
+        CONVERT('I', uint32_t)
+        CONVERT('l', int64_t)
+        CONVERT('L', uint64_t)
+        CONVERT('g', double)
+#undef CONVERT
+    case 'e':
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = sg_f16_to_f32(((const uint16_t *)d)[p + i]);
+        break;
+    case 'f':
+        if (n > 0)
+            memcpy(dst, (const float *)d + p, (size_t)n * sizeof *dst);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Null elements of a's [p, p + n) become fill. */
+static void fill_nulls(float *dst, const struct ArrowArray *a, int64_t p, int64_t n, float fill)
+{
+    if (a->null_count == 0 || a->buffers[0] == NULL)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        if (!tbl_bit(a->buffers[0], p + i))
+            dst[i] = fill;
+}
+
+static int any_null(const struct ArrowArray *a, int64_t p, int64_t n)
+{
+    if (a->null_count == 0 || a->buffers[0] == NULL)
+        return 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!tbl_bit(a->buffers[0], p + i))
+            return 1;
+    return 0;
+}
+
+/* List row r's value range [*lo, *hi) in the child's physical indices. */
+static void list_range(const TblLeaf *l, int64_t r, int64_t *lo, int64_t *hi)
+{
+    int64_t p = l->base + r;
+    if (l->kind == TBL_FIXLIST) {
+        *lo = p * l->size + l->values->offset;
+        *hi = *lo + l->size;
+        return;
+    }
+    *lo = tbl_offset_at(l->arr->buffers[1], l->large, p) + l->values->offset;
+    *hi = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) + l->values->offset;
+}
+
+/* A vector row's type and size (after its nulls were ruled out). */
+static void vector_head(const TblLeaf *l, int64_t r, int8_t *type, int32_t *size)
+{
+    int64_t p = l->base + r;
+    *type = ((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset];
+    *size = ((const int32_t *)l->vsize->buffers[1])[p + l->vsize->offset];
+}
+
+/* The list child of vector row r named by which (indices or values): its range. */
+static const struct ArrowArray *vector_list(const TblLeaf *l, const struct ArrowArray *list,
+                                            int64_t r, int64_t *lo, int64_t *hi)
+{
+    int64_t p = l->base + r + list->offset;
+    const struct ArrowArray *child = list->children[0];
+    *lo = tbl_offset_at(list->buffers[1], 0, p) + child->offset;
+    *hi = tbl_offset_at(list->buffers[1], 0, p + 1) + child->offset;
+    return child;
+}
+
+static uint8_t vector_row_null(const TblLeaf *l, int64_t r)
+{
+    int64_t p = l->base + r, lo, hi;
+    if (tbl_is_null(l->vtype, p + l->vtype->offset) || tbl_is_null(l->vsize, p + l->vsize->offset))
+        return ROW_NULL;
+    int8_t type;
+    int32_t size;
+    vector_head(l, r, &type, &size);
+    if (type == 0) {
+        if (tbl_is_null(l->vindices, p + l->vindices->offset))
+            return ROW_NULL;
+        const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
+        if (any_null(ind, lo, hi - lo))
+            return ROW_NULL;
+    }
+    if (tbl_is_null(l->vvalues, p + l->vvalues->offset))
+        return ROW_NULL;
+    const struct ArrowArray *val = vector_list(l, l->vvalues, r, &lo, &hi);
+    return any_null(val, lo, hi - lo) ? ROW_NULL : ROW_OK;
+}
+
+static int column_may_have_nulls(const TblLeaf *l)
+{
+    for (int k = 0; k < l->depth; k++)
+        if (l->path[k]->null_count != 0)
+            return 1;
+    if (l->values != NULL && l->values->null_count != 0)
+        return 1;
+    return l->kind == TBL_VECTOR; /* its children's nulls are checked row by row */
+}
+
+/* Fills c->nulls (or leaves it NULL when no row has a null). */
+static int find_nulls(Column *c, int64_t rows, SgError *err)
+{
+    const TblLeaf *l = &c->leaf;
+    if (!column_may_have_nulls(l) || rows == 0)
+        return 0;
+    c->nulls = calloc((size_t)rows, 1);
+    if (c->nulls == NULL)
+        return sg_fail(err, SG_ENOMEM, "no memory for the null flags of %lld rows",
+                       (long long)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t state = ROW_OK;
+        for (int k = 0; k < l->depth && state == ROW_OK; k++)
+            if (tbl_is_null(l->path[k], l->path_base[k] + r))
+                state = ROW_NULL;
+        if (state == ROW_OK && l->kind == TBL_VECTOR)
+            state = vector_row_null(l, r);
+        else if (state == ROW_OK && l->values != NULL) {
+            int64_t lo, hi;
+            list_range(l, r, &lo, &hi);
+            if (any_null(l->values, lo, hi - lo))
+                state = ELEM_NULL;
+        }
+        c->nulls[r] = state;
+    }
+    return 0;
+}
+
+/* Settles the plan's output kind, width and lengths from this column, or
+ * fails when they disagree with what an earlier chunk set. `first` is the
+ * first kept row (-1: none), for widths taken from the data. */
+static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *err)
+{
+    TblOut out = l->kind == TBL_STR ? TBL_OUT_STR : TBL_OUT_F32;
+    if (plan->out != TBL_OUT_UNSET && plan->out != out)
+        return sg_fail(err, SG_ESCHEMA, "column '%s' is %s here but was %s in an earlier batch",
+                       plan->name, out == TBL_OUT_STR ? "strings" : "numbers",
+                       plan->out == TBL_OUT_STR ? "strings" : "numbers");
+    if (l->kind == TBL_LIST && plan->out != TBL_OUT_UNSET && !plan->lengths)
+        return sg_fail(err, SG_ESCHEMA,
+                       "column '%s' is a variable-length list here but had one length per row in "
+                       "an earlier batch",
+                       plan->name);
+    size_t found = 0; /* the width the data has, 0: none */
+    switch (l->kind) {
+    case TBL_NUM:
+        found = 1;
+        break;
+    case TBL_FIXLIST:
+    case TBL_FIXBIN:
+        found = (size_t)l->size;
+        break;
+    case TBL_BIN:
+        if (first >= 0) {
+            int64_t p = l->base + first;
+            found = (size_t)(tbl_offset_at(l->arr->buffers[1], l->large, p + 1) -
+                             tbl_offset_at(l->arr->buffers[1], l->large, p));
+        }
+        break;
+    case TBL_VECTOR:
+        if (first >= 0) {
+            int8_t type;
+            int32_t size;
+            vector_head(l, first, &type, &size);
+            if (size < 0)
+                return sg_fail(err, SG_ECORRUPT, "column '%s': a vector of size %d", plan->name,
+                               (int)size);
+            found = (size_t)size;
+        }
+        break;
+    case TBL_LIST:
+        if (plan->width == 0)
+            return sg_fail(err, SG_ESCHEMA,
+                           "column '%s' is a variable-length list: give its width (values per row; "
+                           "shorter rows "
+                           "are padded, lengths reported)",
+                           plan->name);
+        break;
+    case TBL_STR:
+        found = 1;
+        break;
+    }
+    if (l->kind == TBL_NUM && plan->width > 1)
+        return sg_fail(err, SG_ESCHEMA, "column '%s' holds one number per row, not %zu", plan->name,
+                       plan->width);
+    if (l->kind == TBL_FIXLIST && plan->width != 0 && plan->width < found && !plan->truncate)
+        return sg_fail(err, SG_ESCHEMA,
+                       "column '%s' is a fixed-size list of %zu values, longer than its width %zu "
+                       "(truncate it "
+                       "to cut)",
+                       plan->name, found, plan->width);
+    if (plan->width == 0)
+        plan->width = found;
+    plan->out = out;
+    plan->lengths = plan->lengths || l->kind == TBL_LIST;
+    return 0;
+}
+
+static int alloc_column(TblColumn *col, const TblPlan *plan, size_t rows, size_t bytes,
+                        SgError *err)
+{
+    col->out = plan->out;
+    col->width = plan->width;
+    if (plan->out == TBL_OUT_STR) {
+        col->offsets = malloc((rows + 1) * sizeof *col->offsets);
+        col->bytes = malloc(bytes > 0 ? bytes : 1);
+        if (col->offsets == NULL || col->bytes == NULL)
+            return sg_fail(err, SG_ENOMEM, "no memory for %zu strings (%zu bytes) of column '%s'",
+                           rows, bytes, plan->name);
+        col->offsets[0] = 0;
+        return 0;
+    }
+    if (plan->width > 0 && rows > SIZE_MAX / sizeof(float) / plan->width)
+        return sg_fail(err, SG_ENOMEM, "column '%s': %zu rows of %zu values is too large",
+                       plan->name, rows, plan->width);
+    col->values = malloc(rows * plan->width * sizeof(float) + 1);
+    col->lengths = plan->lengths ? malloc(rows * sizeof(int32_t) + 1) : NULL;
+    if (col->values == NULL || (plan->lengths && col->lengths == NULL))
+        return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", rows, plan->name);
+    return 0;
+}
+
+/* Batch row r of a numbers / list / binary / vector column into dst[width]
+ * (and *length); fails naming the column when the row does not fit. */
+static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblPlan *plan,
+                       int64_t r, uint8_t state, SgError *err)
+{
+    size_t width = plan->width;
+    int64_t p = l->base + r, lo, hi, n;
+    if (state == ROW_NULL) { /* only under TBL_NULLS_FILL */
+        for (size_t i = 0; i < width; i++)
+            dst[i] = plan->fill;
+        *length = 0;
+        return 0;
+    }
+    switch (l->kind) {
+    case TBL_NUM:
+        numbers_to_f32(dst, l->arr, l->fmt, p, 1);
+        *length = 1;
+        return 0;
+    case TBL_FIXLIST:
+    case TBL_LIST:
+        list_range(l, r, &lo, &hi);
+        n = hi - lo;
+        if ((size_t)n > width) {
+            if (!plan->truncate)
+                return sg_fail(err, SG_ESCHEMA,
+                               "column '%s' holds %lld values, more than its width %zu", plan->name,
+                               (long long)n, width);
+            n = (int64_t)width;
+        }
+        numbers_to_f32(dst, l->values, l->fmt, lo, n);
+        if (state == ELEM_NULL)
+            fill_nulls(dst, l->values, lo, n, plan->fill);
+        for (size_t i = (size_t)n; i < width; i++)
+            dst[i] = plan->pad;
+        *length = (int32_t)n;
+        return 0;
+    case TBL_BIN:
+    case TBL_FIXBIN: {
+        const uint8_t *bytes;
+        if (l->kind == TBL_FIXBIN) {
+            bytes = (const uint8_t *)l->arr->buffers[1] + p * l->size;
+            n = l->size;
+        } else {
+            lo = tbl_offset_at(l->arr->buffers[1], l->large, p);
+            n = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) - lo;
+            bytes = (const uint8_t *)l->arr->buffers[2] + lo;
+        }
+        if ((size_t)n != width)
+            return sg_fail(err, SG_ESCHEMA, "column '%s' holds %lld bytes, not its width %zu",
+                           plan->name, (long long)n, width);
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)bytes[i];
+        *length = (int32_t)n;
+        return 0;
+    }
+    case TBL_VECTOR: {
+        int8_t type;
+        int32_t size;
+        vector_head(l, r, &type, &size);
+        if (size < 0 || (size_t)size != width)
+            return sg_fail(err, SG_ESCHEMA, "column '%s' holds a vector of size %d, not %zu",
+                           plan->name, (int)size, width);
+        int64_t vlo, vhi;
+        const struct ArrowArray *val = vector_list(l, l->vvalues, r, &vlo, &vhi);
+        const double *values = (const double *)val->buffers[1];
+        if (type == 1) {
+            if (vhi - vlo != size)
+                return sg_fail(err, SG_ESCHEMA,
+                               "column '%s': a dense vector of size %d with %lld values",
+                               plan->name, (int)size, (long long)(vhi - vlo));
+            numbers_to_f32(dst, val, 'g', vlo, size);
+        } else if (type == 0) {
+            const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
+            if (hi - lo != vhi - vlo)
+                return sg_fail(err, SG_ESCHEMA,
+                               "column '%s': a sparse vector with %lld indices and %lld values",
+                               plan->name, (long long)(hi - lo), (long long)(vhi - vlo));
+            memset(dst, 0, width * sizeof *dst);
+            const int32_t *indices = (const int32_t *)ind->buffers[1];
+            for (int64_t i = 0; i < hi - lo; i++) {
+                int32_t k = indices[lo + i];
+                if (k < 0 || k >= size)
+                    return sg_fail(err, SG_ESCHEMA,
+                                   "column '%s': a sparse vector of size %d has index %d",
+                                   plan->name, (int)size, (int)k);
+                dst[k] = (float)values[vlo + i];
+            }
+        } else {
+            return sg_fail(err, SG_ESCHEMA,
+                           "column '%s': vector type %d (0 sparse and 1 dense are known)",
+                           plan->name, (int)type);
+        }
+        *length = size;
+        return 0;
+    }
+    case TBL_STR:
+        break;
+    }
+    return sg_fail(err, SG_ESTATE, "column '%s': not a numeric column", plan->name);
+}
+
+static int convert_strings(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
+                           const uint8_t *keep, int64_t rows, size_t kept, SgError *err)
+{
+    const void *offsets = l->arr->buffers[1];
+    size_t bytes = 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (keep[r] && (c->nulls == NULL || c->nulls[r] == ROW_OK))
+            bytes += (size_t)(tbl_offset_at(offsets, l->large, l->base + r + 1) -
+                              tbl_offset_at(offsets, l->large, l->base + r));
+    int rc = alloc_column(col, plan, kept, bytes, err);
+    if (rc < 0)
+        return rc;
+    size_t k = 0, pos = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!keep[r])
+            continue;
+        if (c->nulls == NULL || c->nulls[r] == ROW_OK) {
+            int64_t lo = tbl_offset_at(offsets, l->large, l->base + r);
+            size_t n = (size_t)(tbl_offset_at(offsets, l->large, l->base + r + 1) - lo);
+            if (n > 0)
+                memcpy(col->bytes + pos, (const uint8_t *)l->arr->buffers[2] + lo, n);
+            pos += n;
+        }
+        col->offsets[++k] = (int64_t)pos;
+    }
+    return 0;
+}
+
+static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
+                          const uint8_t *keep, int64_t rows, size_t kept, const TblWhere *where,
+                          SgError *err)
+{
+    if (plan->out == TBL_OUT_STR)
+        return convert_strings(col, l, plan, c, keep, rows, kept, err);
+    int rc = alloc_column(col, plan, kept, 0, err);
+    if (rc < 0)
+        return rc;
+    size_t k = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!keep[r])
+            continue;
+        int32_t length = 0;
+        rc = convert_row(col->values + k * plan->width, &length, l, plan, r,
+                         c->nulls ? c->nulls[r] : ROW_OK, err);
+        if (rc < 0)
+            return at(err, where, r);
+        if (col->lengths != NULL)
+            col->lengths[k] = length;
+        k++;
+    }
+    return 0;
+}
+
+void tbl_chunk_free(TblChunk *chunk)
+{
+    if (chunk == NULL)
+        return;
+    for (size_t i = 0; i < chunk->ncols; i++) {
+        free(chunk->cols[i].values);
+        free(chunk->cols[i].lengths);
+        free(chunk->cols[i].offsets);
+        free(chunk->cols[i].bytes);
+    }
+    free(chunk);
+}
+
+/* Applies each column's null policy: marks skipped rows in keep, fails on
+ * a null under TBL_NULLS_ERROR. Returns the kept row count or an error. */
+static int apply_nulls(const Column *cols, const TblPlan *plans, size_t nplans, uint8_t *keep,
+                       int64_t rows, size_t *kept, const TblWhere *where, SgError *err)
+{
+    for (int64_t r = 0; r < rows; r++)
+        keep[r] = 1;
+    for (size_t i = 0; i < nplans; i++) {
+        if (cols[i].nulls == NULL || plans[i].nulls == TBL_NULLS_FILL)
+            continue;
+        for (int64_t r = 0; r < rows; r++) {
+            if (cols[i].nulls[r] == ROW_OK)
+                continue;
+            if (plans[i].nulls == TBL_NULLS_SKIP) {
+                keep[r] = 0;
+                continue;
+            }
+            sg_fail(err, SG_ESCHEMA,
+                    "column '%s' is null%s (its null policy is 'error'; 'fill' or 'skip' it)",
+                    plans[i].name, cols[i].nulls[r] == ELEM_NULL ? " inside its list" : "");
+            return at(err, where, r);
+        }
+    }
+    *kept = 0;
+    for (int64_t r = 0; r < rows; r++)
+        *kept += keep[r];
+    return 0;
+}
+
+int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
+                         const struct ArrowArray *array, TblPlan *plans, size_t nplans,
+                         const TblWhere *where, SgError *err)
+{
+    *out = NULL;
+    int rc = tbl_check_batch(schema, array, err);
+    if (rc < 0)
+        return at(err, where, -1);
+    int64_t rows = array->length;
+    Column *cols = calloc(nplans > 0 ? nplans : 1, sizeof *cols);
+    uint8_t *keep = malloc(rows > 0 ? (size_t)rows : 1);
+    TblChunk *chunk = calloc(1, sizeof *chunk + nplans * sizeof(TblColumn));
+    if (cols == NULL || keep == NULL || chunk == NULL) {
+        rc = sg_fail(err, SG_ENOMEM, "no memory for a batch of %lld rows", (long long)rows);
+        goto cleanup;
+    }
+    chunk->ncols = nplans;
+    for (size_t i = 0; i < nplans; i++) {
+        if ((rc = tbl_resolve(&cols[i].leaf, schema, array, plans[i].name, err)) < 0 ||
+            (rc = find_nulls(&cols[i], rows, err)) < 0) {
+            at(err, where, -1);
+            goto cleanup;
+        }
+    }
+    size_t kept = 0;
+    if ((rc = apply_nulls(cols, plans, nplans, keep, rows, &kept, where, err)) < 0)
+        goto cleanup;
+    int64_t first = -1;
+    for (int64_t r = 0; r < rows && first < 0; r++)
+        if (keep[r])
+            first = r;
+    chunk->rows = chunk->pending = kept;
+    for (size_t i = 0; i < nplans; i++) {
+        int64_t first_valid = -1; /* a width from the data comes from a row with a value */
+        for (int64_t r = first; r >= 0 && r < rows && first_valid < 0; r++)
+            if (keep[r] && (cols[i].nulls == NULL || cols[i].nulls[r] == ROW_OK))
+                first_valid = r;
+        if ((rc = settle_plan(&plans[i], &cols[i].leaf, first_valid, err)) < 0) {
+            at(err, where, first_valid);
+            goto cleanup;
+        }
+        if (plans[i].out == TBL_OUT_F32 && plans[i].width == 0 && kept > 0) {
+            rc = sg_fail(err, SG_ESCHEMA,
+                         "column '%s': no row has a value to take its width from; give the width",
+                         plans[i].name);
+            at(err, where, -1);
+            goto cleanup;
+        }
+        if ((rc = convert_column(&chunk->cols[i], &cols[i].leaf, &plans[i], &cols[i], keep, rows,
+                                 kept, where, err)) < 0)
+            goto cleanup;
+    }
+    *out = chunk;
+    chunk = NULL;
+cleanup:
+    for (size_t i = 0; cols != NULL && i < nplans; i++)
+        free(cols[i].nulls);
+    free(cols);
+    free(keep);
+    tbl_chunk_free(chunk);
+    return rc;
+}
