@@ -107,14 +107,6 @@ static void list_range(const TblLeaf *l, int64_t r, int64_t *lo, int64_t *hi)
     *hi = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) + l->values->offset;
 }
 
-/* A vector row's type and size (after its nulls were ruled out). */
-static void vector_head(const TblLeaf *l, int64_t r, int8_t *type, int32_t *size)
-{
-    int64_t p = l->base + r;
-    *type = ((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset];
-    *size = ((const int32_t *)l->vsize->buffers[1])[p + l->vsize->offset];
-}
-
 /* The list child of vector row r named by which (indices or values): its range. */
 static const struct ArrowArray *vector_list(const TblLeaf *l, const struct ArrowArray *list,
                                             int64_t r, int64_t *lo, int64_t *hi)
@@ -126,25 +118,37 @@ static const struct ArrowArray *vector_list(const TblLeaf *l, const struct Arrow
     return child;
 }
 
+/* A vector row's type and size (after its nulls were ruled out). Spark
+ * writes a dense vector (type 1) with a null size and null indices: its
+ * size is its count of values. */
+static void vector_head(const TblLeaf *l, int64_t r, int8_t *type, int64_t *size)
+{
+    int64_t p = l->base + r, lo, hi;
+    *type = ((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset];
+    if (*type == 1) {
+        vector_list(l, l->vvalues, r, &lo, &hi);
+        *size = hi - lo;
+    } else {
+        *size = ((const int32_t *)l->vsize->buffers[1])[p + l->vsize->offset];
+    }
+}
+
 static uint8_t vector_row_null(const TblLeaf *l, int64_t r)
 {
     int64_t p = l->base + r, lo, hi;
-    if (tbl_is_null(l->vtype, p + l->vtype->offset) || tbl_is_null(l->vsize, p + l->vsize->offset))
-        return ROW_NULL;
-    int8_t type;
-    int32_t size;
-    vector_head(l, r, &type, &size);
-    if (type == 0) {
-        if (tbl_is_null(l->vindices, p + l->vindices->offset))
-            return ROW_NULL;
-        const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
-        if (any_null(ind, lo, hi - lo))
-            return ROW_NULL;
-    }
-    if (tbl_is_null(l->vvalues, p + l->vvalues->offset))
+    if (tbl_is_null(l->vtype, p + l->vtype->offset) ||
+        tbl_is_null(l->vvalues, p + l->vvalues->offset))
         return ROW_NULL;
     const struct ArrowArray *val = vector_list(l, l->vvalues, r, &lo, &hi);
-    return any_null(val, lo, hi - lo) ? ROW_NULL : ROW_OK;
+    if (any_null(val, lo, hi - lo))
+        return ROW_NULL;
+    if (((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset] != 0)
+        return ROW_OK;
+    if (tbl_is_null(l->vsize, p + l->vsize->offset) ||
+        tbl_is_null(l->vindices, p + l->vindices->offset))
+        return ROW_NULL;
+    const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
+    return any_null(ind, lo, hi - lo) ? ROW_NULL : ROW_OK;
 }
 
 static int column_may_have_nulls(const TblLeaf *l)
@@ -219,11 +223,11 @@ static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *
     case TBL_VECTOR:
         if (first >= 0) {
             int8_t type;
-            int32_t size;
+            int64_t size;
             vector_head(l, first, &type, &size);
             if (size < 0)
-                return sg_fail(err, SG_ECORRUPT, "column '%s': a vector of size %d", plan->name,
-                               (int)size);
+                return sg_fail(err, SG_ECORRUPT, "column '%s': a vector of size %lld", plan->name,
+                               (long long)size);
             found = (size_t)size;
         }
         break;
@@ -336,19 +340,15 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
     }
     case TBL_VECTOR: {
         int8_t type;
-        int32_t size;
+        int64_t size;
         vector_head(l, r, &type, &size);
         if (size < 0 || (size_t)size != width)
-            return sg_fail(err, SG_ESCHEMA, "column '%s' holds a vector of size %d, not %zu",
-                           plan->name, (int)size, width);
+            return sg_fail(err, SG_ESCHEMA, "column '%s' holds a vector of size %lld, not %zu",
+                           plan->name, (long long)size, width);
         int64_t vlo, vhi;
         const struct ArrowArray *val = vector_list(l, l->vvalues, r, &vlo, &vhi);
         const double *values = (const double *)val->buffers[1];
         if (type == 1) {
-            if (vhi - vlo != size)
-                return sg_fail(err, SG_ESCHEMA,
-                               "column '%s': a dense vector of size %d with %lld values",
-                               plan->name, (int)size, (long long)(vhi - vlo));
             numbers_to_f32(dst, val, 'g', vlo, size);
         } else if (type == 0) {
             const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
@@ -362,8 +362,8 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
                 int32_t k = indices[lo + i];
                 if (k < 0 || k >= size)
                     return sg_fail(err, SG_ESCHEMA,
-                                   "column '%s': a sparse vector of size %d has index %d",
-                                   plan->name, (int)size, (int)k);
+                                   "column '%s': a sparse vector of size %lld has index %d",
+                                   plan->name, (long long)size, (int)k);
                 dst[k] = (float)values[vlo + i];
             }
         } else {
@@ -371,7 +371,7 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
                            "column '%s': vector type %d (0 sparse and 1 dense are known)",
                            plan->name, (int)type);
         }
-        *length = size;
+        *length = (int32_t)size;
         return 0;
     }
     case TBL_STR:
