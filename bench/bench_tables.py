@@ -109,7 +109,9 @@ def main() -> int:
                 systems = {
                     "pyarrow -> NumPy (file floor)": lambda p=path: floor_pass(p),
                     "sparkgrad ParquetDataset": lambda p=path, k=kind: sparkgrad_pass(p, 0, k),
-                    "sparkgrad ParquetDataset, shuffle_buffer=10000": lambda p=path, k=kind: sparkgrad_pass(p, 10_000, k),
+                    "sparkgrad ParquetDataset, shuffle_buffer=10000": lambda p=path, k=kind: sparkgrad_pass(
+                        p, 10_000, k
+                    ),
                 }
                 medians = {}
                 for system, fn in systems.items():

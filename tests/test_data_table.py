@@ -128,7 +128,9 @@ def test_nulls_follow_each_columns_policy(tmp_path):
         }
     )
     path = write(tmp_path / "nulls.parquet", table, row_group_size=2)
-    with pytest.raises(SchemaError, match=r"nulls.parquet', row group 0, row 1: column 'x' is null \(its null policy is"):
+    with pytest.raises(
+        SchemaError, match=r"nulls.parquet', row group 0, row 1: column 'x' is null \(its null policy is"
+    ):
         list(ParquetDataset(path, {"x": "x"}, 5))
     batch = one_batch(path, {"x": Column("x", nulls="fill", fill=-7.0)})
     np.testing.assert_array_equal(batch["x"], [1, -7, 3, 4, 5])
@@ -162,8 +164,11 @@ def test_dictionary_encoded_columns_are_refused_by_name():
 
 def test_sliced_batches_read_from_their_offset():
     batch = pa.record_batch(
-        {"x": pa.array([0.0, 1.0, None, 3.0, 4.0]), "s": pa.array(["a", "b", "c", "d", "e"]),
-         "st": pa.array([{"v": [i, i]} for i in range(5)])}  # fmt: skip
+        {
+            "x": pa.array([0.0, 1.0, None, 3.0, 4.0]),
+            "s": pa.array(["a", "b", "c", "d", "e"]),
+            "st": pa.array([{"v": [i, i]} for i in range(5)]),
+        }  # fmt: skip
     ).slice(3, 2)
     reader = _core.TableReader([("x", 0, False, 0, 0.0, 0.0), ("s", 0, False, 0, 0.0, 0.0),
                                 ("st.v", 2, False, 0, 0.0, 0.0)], 2)  # fmt: skip
@@ -197,7 +202,9 @@ def test_epochs_give_every_row_once_across_shards_and_rotate_the_dropped_rows(tm
         write(tmp_path / f"part-{k}.parquet", pa.table({"i": rows}), row_group_size=90 + 7 * k)
     shards, batch = 4, 16
     readers = [
-        ParquetDataset(str(tmp_path), {"i": "i"}, batch, shuffle_buffer=shuffle, seed=2, shard_index=s, num_shards=shards)
+        ParquetDataset(
+            str(tmp_path), {"i": "i"}, batch, shuffle_buffer=shuffle, seed=2, shard_index=s, num_shards=shards
+        )
         for s in range(shards)
     ]
     dropped = []
@@ -258,7 +265,9 @@ def test_a_model_trains_on_a_parquet_dataset_as_on_the_same_arrays(tmp_path):
 
 def test_a_missing_column_lists_the_files_columns(tmp_path):
     path = write(tmp_path / "m.parquet", pa.table({"a": [1], "st": pa.array([{"b": 1.0}])}))
-    with pytest.raises(SchemaError, match=r"column 'st.c' \(for 'x'\) is not in file '.*m.parquet'; its columns: a, st.b"):
+    with pytest.raises(
+        SchemaError, match=r"column 'st.c' \(for 'x'\) is not in file '.*m.parquet'; its columns: a, st.b"
+    ):
         ParquetDataset(path, {"x": "st.c"}, 4)
 
 

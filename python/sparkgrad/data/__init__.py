@@ -17,8 +17,8 @@ from sparkgrad.data.example import (
     parse_examples,
     parse_sequence_examples,
 )
-from sparkgrad.data.table import Column, ParquetDataset
 from sparkgrad.data.spark import load_tfrecords, save_as_tfrecords, spark_schema
+from sparkgrad.data.table import Column, ParquetDataset
 from sparkgrad.data.tfrecord import (
     TFRecordWriter,
     crc32c,

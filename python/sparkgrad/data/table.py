@@ -357,7 +357,9 @@ class ParquetDataset:
                     batch = next(batches, None)
                 except OSError as e:
                     if not os.path.exists(path):
-                        raise SparkgradIOError(f"file {path!r} vanished while reading row group {group}", path=path) from e
+                        raise SparkgradIOError(
+                            f"file {path!r} vanished while reading row group {group}", path=path
+                        ) from e
                     raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
                 except Exception as e:  # ArrowInvalid: a damaged page
                     raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
