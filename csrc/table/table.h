@@ -34,6 +34,10 @@ typedef enum TblNulls {
     TBL_NULLS_SKIP = 2,  /* a row with a null here is dropped from every column */
 } TblNulls;
 
+/* The most float32 values a row may have (a vector's size, a binary value's
+ * bytes): a bound checked before a size read from the data is allocated. */
+#define TBL_MAX_WIDTH ((size_t)1 << 24)
+
 typedef enum TblOut {
     TBL_OUT_UNSET = 0, /* not yet seen: the first chunk sets it */
     TBL_OUT_F32 = 1,

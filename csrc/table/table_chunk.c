@@ -243,6 +243,9 @@ static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *
         found = 1;
         break;
     }
+    if (found > TBL_MAX_WIDTH || plan->width > TBL_MAX_WIDTH)
+        return sg_fail(err, SG_ESCHEMA, "column '%s' has rows of %zu values, over the limit of %zu",
+                       plan->name, found > plan->width ? found : plan->width, TBL_MAX_WIDTH);
     if (l->kind == TBL_NUM && plan->width > 1)
         return sg_fail(err, SG_ESCHEMA, "column '%s' holds one number per row, not %zu", plan->name,
                        plan->width);
