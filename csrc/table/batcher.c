@@ -178,8 +178,14 @@ static int gather(const TblBatcher *b, TblChunk *batch, const Handle *rows, size
             }
             for (size_t i = 0; i < n; i++) {
                 const TblColumn *src = &rows[i].chunk->cols[c];
-                memcpy(col.values + i * col.width, src->values + rows[i].row * col.width,
-                       col.width * sizeof(float));
+                float *dst = col.values + i * col.width;
+                if (src->u8) {
+                    const uint8_t *bytes = src->bytes + rows[i].row * col.width;
+                    for (size_t j = 0; j < col.width; j++)
+                        dst[j] = (float)bytes[j];
+                } else {
+                    memcpy(dst, src->values + rows[i].row * col.width, col.width * sizeof(float));
+                }
                 if (col.lengths != NULL)
                     col.lengths[i] = src->lengths[rows[i].row];
             }

@@ -60,10 +60,11 @@ typedef struct TblPlan {
 typedef struct TblColumn {
     TblOut out;
     size_t width;     /* F32: values per row */
+    int u8;           /* F32 kept as bytes (a chunk of binary values): in `bytes`, not `values` */
     float *values;    /* F32: [rows, width] */
     int32_t *lengths; /* [rows] for variable-length lists, else NULL */
     int64_t *offsets; /* STR: [rows + 1], offsets[0] == 0 */
-    uint8_t *bytes;   /* STR: [offsets[rows]] UTF-8 */
+    uint8_t *bytes;   /* STR: [offsets[rows]] UTF-8; u8: [rows, width] */
 } TblColumn;
 
 typedef struct TblChunk {

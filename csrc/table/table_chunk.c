@@ -286,6 +286,48 @@ static int alloc_column(TblColumn *col, const TblPlan *plan, size_t rows, size_t
     return 0;
 }
 
+/* Batch row r of a binary column: its bytes, which must be plan->width. */
+static int row_bytes(const TblLeaf *l, const TblPlan *plan, int64_t r, const uint8_t **bytes,
+                     SgError *err)
+{
+    int64_t p = l->base + r, n;
+    if (l->kind == TBL_FIXBIN) {
+        *bytes = (const uint8_t *)l->arr->buffers[1] + p * l->size;
+        n = l->size;
+    } else {
+        int64_t lo = tbl_offset_at(l->arr->buffers[1], l->large, p);
+        n = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) - lo;
+        *bytes = (const uint8_t *)l->arr->buffers[2] + lo;
+    }
+    if ((size_t)n != plan->width)
+        return sg_fail(err, SG_ESCHEMA, "column '%s' holds %lld bytes, not its width %zu",
+                       plan->name, (long long)n, plan->width);
+    return 0;
+}
+
+/* A binary column without null rows to fill stays bytes in the chunk
+ * (col->u8: a quarter of the memory), made float32 as rows are gathered. */
+static int convert_bytes(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const uint8_t *keep,
+                         int64_t rows, size_t kept, const TblWhere *where, SgError *err)
+{
+    col->out = TBL_OUT_F32;
+    col->width = plan->width;
+    col->u8 = 1;
+    col->bytes = malloc(kept * plan->width + 1);
+    if (col->bytes == NULL)
+        return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", kept, plan->name);
+    size_t k = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!keep[r])
+            continue;
+        const uint8_t *bytes;
+        if (row_bytes(l, plan, r, &bytes, err) < 0)
+            return at(err, where, r);
+        memcpy(col->bytes + k++ * plan->width, bytes, plan->width);
+    }
+    return 0;
+}
+
 /* Batch row r of a numbers / list / binary / vector column into dst[width]
  * (and *length); fails naming the column when the row does not fit. */
 static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblPlan *plan,
@@ -325,20 +367,12 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
     case TBL_BIN:
     case TBL_FIXBIN: {
         const uint8_t *bytes;
-        if (l->kind == TBL_FIXBIN) {
-            bytes = (const uint8_t *)l->arr->buffers[1] + p * l->size;
-            n = l->size;
-        } else {
-            lo = tbl_offset_at(l->arr->buffers[1], l->large, p);
-            n = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) - lo;
-            bytes = (const uint8_t *)l->arr->buffers[2] + lo;
-        }
-        if ((size_t)n != width)
-            return sg_fail(err, SG_ESCHEMA, "column '%s' holds %lld bytes, not its width %zu",
-                           plan->name, (long long)n, width);
-        for (int64_t i = 0; i < n; i++)
+        int rc = row_bytes(l, plan, r, &bytes, err);
+        if (rc < 0)
+            return rc;
+        for (size_t i = 0; i < width; i++)
             dst[i] = (float)bytes[i];
-        *length = (int32_t)n;
+        *length = (int32_t)width;
         return 0;
     }
     case TBL_VECTOR: {
@@ -417,6 +451,9 @@ static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan,
 {
     if (plan->out == TBL_OUT_STR)
         return convert_strings(col, l, plan, c, keep, rows, kept, err);
+    if ((l->kind == TBL_BIN || l->kind == TBL_FIXBIN) &&
+        (c->nulls == NULL || plan->nulls != TBL_NULLS_FILL))
+        return convert_bytes(col, l, plan, keep, rows, kept, where, err);
     int rc = alloc_column(col, plan, kept, 0, err);
     if (rc < 0)
         return rc;
