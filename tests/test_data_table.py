@@ -328,3 +328,21 @@ def test_spark_vectors_and_structs_read_as_dense_rows(spark, tmp_path):
     np.testing.assert_array_equal(np.asarray(got["vec"])[order], want)
     np.testing.assert_array_equal(np.asarray(got["age"])[order], np.arange(40))
     assert [got["city"][k] for k in order] == [f"c{i % 3}" for i in range(40)]
+
+
+def test_without_drop_remainder_one_shard_reads_every_row_and_a_short_last_batch(tmp_path):
+    path = write(tmp_path / "r.parquet", pa.table({"i": np.arange(103, dtype=np.int64)}), row_group_size=40)
+    ds = ParquetDataset(path, {"i": "i"}, 25, shuffle_buffer=30, seed=4)
+    sizes = [len(b["i"]) for b in ds.epoch(0)]
+    assert sizes == [25, 25, 25, 25, 3]
+    two = ParquetDataset(path, {"i": "i"}, 25, num_shards=2, shard_index=1, drop_remainder=False)
+    assert two.shard_rows() == 51 and [len(b["i"]) for b in two.epoch(0)] == [25, 25, 1]
+
+
+def test_each_iteration_reads_the_next_epochs(tmp_path):
+    path = write(tmp_path / "r.parquet", pa.table({"i": np.arange(300, dtype=np.int64)}), row_group_size=50)
+    ds = ParquetDataset(path, {"i": "i"}, 50, shuffle_buffer=100, seed=8, epochs=2)
+    first = [np.concatenate([b["i"] for b in ds.epoch(e)]) for e in (0, 1, 2, 3)]
+    np.testing.assert_array_equal(np.concatenate([b["i"] for b in ds]), np.concatenate(first[:2]))
+    np.testing.assert_array_equal(np.concatenate([b["i"] for b in ds]), np.concatenate(first[2:]))
+    assert not np.array_equal(first[0], first[1])
