@@ -346,3 +346,13 @@ def test_each_iteration_reads_the_next_epochs(tmp_path):
     np.testing.assert_array_equal(np.concatenate([b["i"] for b in ds]), np.concatenate(first[:2]))
     np.testing.assert_array_equal(np.concatenate([b["i"] for b in ds]), np.concatenate(first[2:]))
     assert not np.array_equal(first[0], first[1])
+
+
+def test_a_damaged_row_group_is_an_error_naming_the_file_and_row_group(tmp_path):
+    path = write(tmp_path / "d.parquet", pa.table({"x": np.random.default_rng(0).normal(size=20000)}), 5000)
+    chunk = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    data = bytearray(open(path, "rb").read())
+    data[chunk.data_page_offset + 40 : chunk.data_page_offset + 240] = b"\xff" * 200
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptRecordError, match=r"file '.*d.parquet', row group 2: "):
+        list(ParquetDataset(path, {"x": "x"}, 1000))

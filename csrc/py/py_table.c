@@ -160,14 +160,15 @@ static PyObject *reader_push(TableReaderObject *self, PyObject *args)
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = tbl_chunk_from_arrow(&chunk, &schema, &array, self->plans, self->nplans, &where, &err);
-    array.release(&array);
-    schema.release(&schema);
     if (rc == 0) {
         kept = chunk->rows;
         rc = tbl_batcher_push(self->batcher, chunk, &err);
     }
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    /* with the GIL: the producer's buffers may hold Python objects */
+    array.release(&array);
+    schema.release(&schema);
     Py_DECREF(file);
     if (rc < 0)
         return sg_raise(&err);

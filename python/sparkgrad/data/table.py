@@ -216,6 +216,9 @@ class ParquetDataset:
             self.columns[name] = _as_column(label, nulls.pop(name, None))
         if nulls:
             raise InvalidArgumentError(f"nulls names {sorted(nulls)}, which are not inputs or columns")
+        clash = sorted({c.lengths for c in self.columns.values() if c.lengths is not None} & set(self.columns))
+        if clash:
+            raise InvalidArgumentError(f"lengths keys {clash} are also inputs' keys")
         self.batch_size, self.shuffle_buffer = int(batch_size), int(shuffle_buffer)
         self.seed, self.epochs = int(seed) & (2**64 - 1), int(epochs)
         self.shard_index, self.num_shards = int(shard_index), int(num_shards)
@@ -334,45 +337,46 @@ class ParquetDataset:
         _pyarrow()
         seed = (self.seed * 0x9E3779B97F4A7C15 + epoch * 0x100000001B3 + self.shard_index) & (2**64 - 1)
         reader = _core.TableReader(self._plans(), self.batch_size, shuffle_buffer=self.shuffle_buffer, seed=seed)
-        for group, lo, hi in self._segments(epoch):
-            path = self.files[group.file]
-            for first, batch in self._read(path, group.index, lo, hi):
-                reader.push(batch, path, group.index, first)
-                while (b := reader.next()) is not None:
-                    yield self._batch(*b)
+        files: dict[str, Any] = {}  # path -> its open ParquetFile, for this epoch
+        try:
+            for group, lo, hi in self._segments(epoch):
+                path = self.files[group.file]
+                if path not in files:
+                    files[path] = self._open(path, group.index)
+                for first, batch in self._read(files[path], path, group.index, lo, hi):
+                    reader.push(batch, path, group.index, first)
+                    while (b := reader.next()) is not None:
+                        yield self._batch(*b)
+        finally:
+            for pf in files.values():
+                pf.close()
         while (b := reader.next(final=True)) is not None:
             if b[0] < self.batch_size and self.drop_remainder:
                 break
             yield self._batch(*b)
         self._widths = [w for _, w, _ in reader.widths()]
 
-    def _read(self, path: str, group: int, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
+    def _read(self, pf: Any, path: str, group: int, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
         """Record batches of rows [lo, hi) of a row group, with their first row's number in it."""
-        pf = self._open(path, group)
-        try:
-            pos = 0
-            batches = pf.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=self._top)
-            while pos < hi:
-                try:
-                    batch = next(batches, None)
-                except OSError as e:
-                    if not os.path.exists(path):
-                        raise SparkgradIOError(
-                            f"file {path!r} vanished while reading row group {group}", path=path
-                        ) from e
-                    raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
-                except Exception as e:  # ArrowInvalid: a damaged page
-                    raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
-                if batch is None:
-                    raise CorruptRecordError(
-                        f"file {path!r}, row group {group}: {pos} rows read, the footer promised {hi}", path=path
-                    )
-                a, b = max(lo, pos), min(hi, pos + batch.num_rows)
-                if a < b:
-                    yield a, batch.slice(a - pos, b - a)
-                pos += batch.num_rows
-        finally:
-            pf.close()
+        pos = 0
+        batches = pf.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=self._top)
+        while pos < hi:
+            try:
+                batch = next(batches, None)
+            except OSError as e:
+                if not os.path.exists(path):
+                    raise SparkgradIOError(f"file {path!r} vanished while reading row group {group}", path=path) from e
+                raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
+            except Exception as e:  # ArrowInvalid: a damaged page
+                raise CorruptRecordError(f"file {path!r}, row group {group}: {e}", path=path) from e
+            if batch is None:
+                raise CorruptRecordError(
+                    f"file {path!r}, row group {group}: {pos} rows read, the footer promised {hi}", path=path
+                )
+            a, b = max(lo, pos), min(hi, pos + batch.num_rows)
+            if a < b:
+                yield a, batch.slice(a - pos, b - a)
+            pos += batch.num_rows
 
     def __iter__(self) -> Iterator[dict]:
         first, self._next_epoch = self._next_epoch, self._next_epoch + self.epochs
