@@ -155,6 +155,25 @@ def test_nulls_follow_each_columns_policy(tmp_path):
         list(ParquetDataset(path, {"s": "s"}, 5))
 
 
+def test_a_null_struct_makes_its_fields_null(tmp_path):
+    rows = pa.array([{"b": {"c": 1.0}}, None, {"b": None}, {"b": {"c": None}}, {"b": {"c": 5.0}}])
+    path = write(tmp_path / "s.parquet", pa.table({"st": rows, "i": pa.array(np.arange(5))}))
+    with pytest.raises(SchemaError, match=r"row group 0, row 1: column 'st.b.c' is null"):
+        list(ParquetDataset(path, {"c": "st.b.c"}, 5))
+    batch = one_batch(path, {"c": Column("st.b.c", nulls="skip"), "i": "i"})
+    np.testing.assert_array_equal(batch["i"], [0, 4])
+    np.testing.assert_array_equal(batch["c"], [1, 5])
+
+
+def test_importing_sparkgrad_data_does_not_import_pyarrow():
+    import subprocess
+    import sys
+
+    code = "import sys, sparkgrad, sparkgrad.data, sparkgrad.nn; print('pyarrow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_dictionary_encoded_columns_are_refused_by_name():
     batch = pa.record_batch({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
     reader = _core.TableReader([("d", 0, False, 0, 0.0, 0.0)], 2)
