@@ -199,6 +199,31 @@ def test_sliced_batches_read_from_their_offset():
     np.testing.assert_array_equal(cols[2][1], [[3, 3], [4, 4]])
 
 
+def test_a_pool_reuses_chunk_buffers_without_changing_the_batches():
+    batch = pa.record_batch(
+        {"x": pa.array(np.arange(500, dtype=np.float64)), "s": pa.array([str(i) for i in range(500)])}
+    )
+    plans = [("x", 0, False, 0, 0.0, 0.0), ("s", 0, False, 0, 0.0, 0.0)]
+
+    def read(pool):
+        reader = _core.TableReader(plans, 64, shuffle_buffer=100, seed=3, pool=pool)
+        for k in range(0, 500, 120):
+            reader.push(batch.slice(k, 120), "f", 0, k)
+        out = []
+        while (b := reader.next(final=True)) is not None:
+            out.append((b[1][0][1].copy(), bytes(b[1][1][2])))
+        return out
+
+    pool = _core.TablePool(1 << 20)
+    plain, first = read(None), read(pool)
+    assert pool.bytes > 0  # the chunks' buffers came back
+    again = read(pool)
+    for a, b, c in zip(plain, first, again, strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[0], c[0])
+        assert a[1] == b[1] == c[1]
+
+
 def test_shuffling_is_seeded_and_a_permutation_of_the_rows(tmp_path):
     path = write(tmp_path / "r.parquet", pa.table({"i": np.arange(1000, dtype=np.int64)}), row_group_size=100)
 

@@ -11,10 +11,62 @@
 #include <string.h>
 
 #include "table/batcher.h"
+#include "table/pool.h"
 #include "table/table.h"
 
 typedef struct {
     PyObject_HEAD
+    TblPool *pool;
+} TablePoolObject;
+
+static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"max_bytes", NULL};
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n:TablePool", kwlist, &max_bytes))
+        return NULL;
+    if (max_bytes < 0)
+        return sg_raise_code(SG_EINVAL, "TablePool: max_bytes %zd must be >= 0", max_bytes);
+    TablePoolObject *self = (TablePoolObject *)type->tp_alloc(type, 0);
+    SgError err = {0};
+    if (self != NULL && tbl_pool_new(&self->pool, (size_t)max_bytes, &err) < 0) {
+        Py_DECREF(self);
+        return sg_raise(&err);
+    }
+    return (PyObject *)self;
+}
+
+static void pool_dealloc(TablePoolObject *self)
+{
+    tbl_pool_free(self->pool);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *pool_bytes(TablePoolObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSize_t(tbl_pool_bytes(self->pool));
+}
+
+static PyGetSetDef pool_getset[] = {
+    {"bytes", (getter)pool_bytes, NULL, "bytes of free buffers held", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TablePoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.TablePool",
+    .tp_basicsize = sizeof(TablePoolObject),
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc =
+        "TablePool(max_bytes): chunk buffers reused by the TableReaders given it (thread-safe).",
+    .tp_getset = pool_getset,
+    .tp_new = pool_new,
+};
+
+typedef struct {
+    PyObject_HEAD
+    TablePoolObject *pool; /* or NULL */
     TblPlan *plans;
     PyObject **names; /* [nplans] the plans' names as bytes, owning plans[i].name */
     size_t nplans;
@@ -78,13 +130,15 @@ static int parse_plans(TableReaderObject *self, PyObject *plans)
 
 static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"plans", "batch_size", "shuffle_buffer", "seed", NULL};
-    PyObject *plans;
+    static char *kwlist[] = {"plans", "batch_size", "shuffle_buffer", "seed", "pool", NULL};
+    PyObject *plans, *pool = Py_None;
     Py_ssize_t batch_size, shuffle = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|nK:TableReader", kwlist, &plans, &batch_size,
-                                     &shuffle, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|nKO:TableReader", kwlist, &plans,
+                                     &batch_size, &shuffle, &seed, &pool))
         return NULL;
+    if (pool != Py_None && !PyObject_TypeCheck(pool, &TablePoolType))
+        return sg_raise_code(SG_EINVAL, "TableReader: pool must be a TablePool or None");
     if (batch_size < 1 || shuffle < 0)
         return sg_raise_code(SG_EINVAL,
                              "TableReader: batch_size %zd must be >= 1, shuffle_buffer %zd >= 0",
@@ -92,6 +146,10 @@ static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     TableReaderObject *self = (TableReaderObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    if (pool != Py_None) {
+        Py_INCREF(pool);
+        self->pool = (TablePoolObject *)pool;
+    }
     if (parse_plans(self, plans) < 0) {
         Py_DECREF(self);
         return NULL;
@@ -159,7 +217,8 @@ static PyObject *reader_push(TableReaderObject *self, PyObject *args)
     int rc;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = tbl_chunk_from_arrow(&chunk, &schema, &array, self->plans, self->nplans, &where, &err);
+    rc = tbl_chunk_from_arrow(&chunk, &schema, &array, self->plans, self->nplans, &where,
+                              self->pool != NULL ? self->pool->pool : NULL, &err);
     if (rc == 0) {
         kept = chunk->rows;
         rc = tbl_batcher_push(self->batcher, chunk, &err);
@@ -280,8 +339,9 @@ static PyObject *reader_pending(TableReaderObject *self, void *closure)
 
 static void reader_dealloc(TableReaderObject *self)
 {
-    tbl_batcher_free(self->batcher);
+    tbl_batcher_free(self->batcher); /* its chunks' buffers go back to the pool first */
     reader_free_plans(self);
+    Py_XDECREF(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -305,9 +365,8 @@ static PyTypeObject TableReaderType = {
     .tp_basicsize = sizeof(TableReaderObject),
     .tp_dealloc = (destructor)reader_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "TableReader(plans, batch_size, shuffle_buffer=0, seed=0): Arrow record batches -> "
-              "shuffled "
-              "batches (use sparkgrad.data.ParquetDataset).",
+    .tp_doc = "TableReader(plans, batch_size, shuffle_buffer=0, seed=0, pool=None): Arrow record "
+              "batches -> shuffled batches (use sparkgrad.data.ParquetDataset).",
     .tp_methods = reader_methods,
     .tp_getset = reader_getset,
     .tp_new = reader_new,
@@ -315,5 +374,7 @@ static PyTypeObject TableReaderType = {
 
 int table_module_init(PyObject *mod)
 {
+    if (PyModule_AddType(mod, &TablePoolType) < 0)
+        return -1;
     return PyModule_AddType(mod, &TableReaderType);
 }

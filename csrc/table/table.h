@@ -27,6 +27,7 @@
 
 #include "common/sg_status.h"
 #include "table/arrow_c.h"
+#include "table/pool.h"
 
 typedef enum TblNulls {
     TBL_NULLS_ERROR = 0, /* a null fails the chunk, naming column, file, row group and row */
@@ -68,6 +69,7 @@ typedef struct TblColumn {
 } TblColumn;
 
 typedef struct TblChunk {
+    TblPool *pool;  /* where its buffers go back (NULL: malloc'ed, e.g. a batch) */
     size_t rows;    /* kept rows (after TBL_NULLS_SKIP) */
     size_t pending; /* rows not yet gathered into a batch (the batcher's count) */
     size_t ncols;
@@ -84,7 +86,8 @@ typedef struct TblWhere {
 
 /* Validates `array` (described by `schema`, a struct: the record batch) as
  * far as the plans read it and converts the planned columns into a new
- * chunk (*out, freed with tbl_chunk_free). Fills plans' unset width / out /
+ * chunk (*out, freed with tbl_chunk_free) whose buffers come from pool (may
+ * be NULL). Fills plans' unset width / out /
  * lengths. Does not take or release the Arrow structs. Errors: SG_ESCHEMA
  * (missing column, with the batch's columns; unsupported type; a null under
  * TBL_NULLS_ERROR; a row that does not fit the width), SG_ECORRUPT (a
@@ -92,7 +95,7 @@ typedef struct TblWhere {
  * the file, row group and row. */
 int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
                          const struct ArrowArray *array, TblPlan *plans, size_t nplans,
-                         const TblWhere *where, SgError *err);
+                         const TblWhere *where, TblPool *pool, SgError *err);
 
 void tbl_chunk_free(TblChunk *chunk);
 

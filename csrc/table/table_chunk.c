@@ -263,13 +263,13 @@ static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *
 }
 
 static int alloc_column(TblColumn *col, const TblPlan *plan, size_t rows, size_t bytes,
-                        SgError *err)
+                        TblPool *pool, SgError *err)
 {
     col->out = plan->out;
     col->width = plan->width;
     if (plan->out == TBL_OUT_STR) {
-        col->offsets = malloc((rows + 1) * sizeof *col->offsets);
-        col->bytes = malloc(bytes > 0 ? bytes : 1);
+        col->offsets = tbl_pool_get(pool, (rows + 1) * sizeof *col->offsets);
+        col->bytes = tbl_pool_get(pool, bytes > 0 ? bytes : 1);
         if (col->offsets == NULL || col->bytes == NULL)
             return sg_fail(err, SG_ENOMEM, "no memory for %zu strings (%zu bytes) of column '%s'",
                            rows, bytes, plan->name);
@@ -279,8 +279,8 @@ static int alloc_column(TblColumn *col, const TblPlan *plan, size_t rows, size_t
     if (plan->width > 0 && rows > SIZE_MAX / sizeof(float) / plan->width)
         return sg_fail(err, SG_ENOMEM, "column '%s': %zu rows of %zu values is too large",
                        plan->name, rows, plan->width);
-    col->values = malloc(rows * plan->width * sizeof(float) + 1);
-    col->lengths = plan->lengths ? malloc(rows * sizeof(int32_t) + 1) : NULL;
+    col->values = tbl_pool_get(pool, rows * plan->width * sizeof(float) + 1);
+    col->lengths = plan->lengths ? tbl_pool_get(pool, rows * sizeof(int32_t) + 1) : NULL;
     if (col->values == NULL || (plan->lengths && col->lengths == NULL))
         return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", rows, plan->name);
     return 0;
@@ -308,12 +308,13 @@ static int row_bytes(const TblLeaf *l, const TblPlan *plan, int64_t r, const uin
 /* A binary column without null rows to fill stays bytes in the chunk
  * (col->u8: a quarter of the memory), made float32 as rows are gathered. */
 static int convert_bytes(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const uint8_t *keep,
-                         int64_t rows, size_t kept, const TblWhere *where, SgError *err)
+                         int64_t rows, size_t kept, const TblWhere *where, TblPool *pool,
+                         SgError *err)
 {
     col->out = TBL_OUT_F32;
     col->width = plan->width;
     col->u8 = 1;
-    col->bytes = malloc(kept * plan->width + 1);
+    col->bytes = tbl_pool_get(pool, kept * plan->width + 1);
     if (col->bytes == NULL)
         return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", kept, plan->name);
     size_t k = 0;
@@ -418,7 +419,8 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
 }
 
 static int convert_strings(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
-                           const uint8_t *keep, int64_t rows, size_t kept, SgError *err)
+                           const uint8_t *keep, int64_t rows, size_t kept, TblPool *pool,
+                           SgError *err)
 {
     const void *offsets = l->arr->buffers[1];
     size_t bytes = 0;
@@ -426,7 +428,7 @@ static int convert_strings(TblColumn *col, const TblLeaf *l, const TblPlan *plan
         if (keep[r] && (c->nulls == NULL || c->nulls[r] == ROW_OK))
             bytes += (size_t)(tbl_offset_at(offsets, l->large, l->base + r + 1) -
                               tbl_offset_at(offsets, l->large, l->base + r));
-    int rc = alloc_column(col, plan, kept, bytes, err);
+    int rc = alloc_column(col, plan, kept, bytes, pool, err);
     if (rc < 0)
         return rc;
     size_t k = 0, pos = 0;
@@ -447,14 +449,14 @@ static int convert_strings(TblColumn *col, const TblLeaf *l, const TblPlan *plan
 
 static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
                           const uint8_t *keep, int64_t rows, size_t kept, const TblWhere *where,
-                          SgError *err)
+                          TblPool *pool, SgError *err)
 {
     if (plan->out == TBL_OUT_STR)
-        return convert_strings(col, l, plan, c, keep, rows, kept, err);
+        return convert_strings(col, l, plan, c, keep, rows, kept, pool, err);
     if ((l->kind == TBL_BIN || l->kind == TBL_FIXBIN) &&
         (c->nulls == NULL || plan->nulls != TBL_NULLS_FILL))
-        return convert_bytes(col, l, plan, keep, rows, kept, where, err);
-    int rc = alloc_column(col, plan, kept, 0, err);
+        return convert_bytes(col, l, plan, keep, rows, kept, where, pool, err);
+    int rc = alloc_column(col, plan, kept, 0, pool, err);
     if (rc < 0)
         return rc;
     size_t k = 0;
@@ -478,10 +480,10 @@ void tbl_chunk_free(TblChunk *chunk)
     if (chunk == NULL)
         return;
     for (size_t i = 0; i < chunk->ncols; i++) {
-        free(chunk->cols[i].values);
-        free(chunk->cols[i].lengths);
-        free(chunk->cols[i].offsets);
-        free(chunk->cols[i].bytes);
+        tbl_pool_put(chunk->pool, chunk->cols[i].values);
+        tbl_pool_put(chunk->pool, chunk->cols[i].lengths);
+        tbl_pool_put(chunk->pool, chunk->cols[i].offsets);
+        tbl_pool_put(chunk->pool, chunk->cols[i].bytes);
     }
     free(chunk);
 }
@@ -517,7 +519,7 @@ static int apply_nulls(const Column *cols, const TblPlan *plans, size_t nplans, 
 
 int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
                          const struct ArrowArray *array, TblPlan *plans, size_t nplans,
-                         const TblWhere *where, SgError *err)
+                         const TblWhere *where, TblPool *pool, SgError *err)
 {
     *out = NULL;
     int rc = tbl_check_batch(schema, array, err);
@@ -532,6 +534,7 @@ int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
         goto cleanup;
     }
     chunk->ncols = nplans;
+    chunk->pool = pool;
     for (size_t i = 0; i < nplans; i++) {
         if ((rc = tbl_resolve(&cols[i].leaf, schema, array, plans[i].name, err)) < 0 ||
             (rc = find_nulls(&cols[i], rows, err)) < 0) {
@@ -564,7 +567,7 @@ int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
             goto cleanup;
         }
         if ((rc = convert_column(&chunk->cols[i], &cols[i].leaf, &plans[i], &cols[i], keep, rows,
-                                 kept, where, err)) < 0)
+                                 kept, where, pool, err)) < 0)
             goto cleanup;
     }
     *out = chunk;

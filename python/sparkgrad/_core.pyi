@@ -196,6 +196,12 @@ class Dataset(Iterator[dict[str, Any]]):
 
 # ---- table (csrc/py/py_table.c) ----
 
+class TablePool:
+    """Chunk buffers reused by the TableReaders given it (thread-safe), at most ``max_bytes`` held."""
+
+    bytes: int
+    def __init__(self, max_bytes: int) -> None: ...
+
 class TableReader:
     """Arrow record batches in (through the C data interface, no copy), shuffled batches out."""
 
@@ -206,6 +212,7 @@ class TableReader:
         batch_size: int,
         shuffle_buffer: int = 0,
         seed: int = 0,
+        pool: TablePool | None = None,
     ) -> None: ...
     def push(self, batch: Any, file: str, row_group: int, first_row: int) -> int:
         """Converts one record batch (any object with ``__arrow_c_array__``); returns the rows kept."""

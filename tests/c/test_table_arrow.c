@@ -58,7 +58,7 @@ static void add_child(Col *parent, Col *child)
 static int convert(TblChunk **out, Col *batch, TblPlan *plans, size_t n, SgError *err)
 {
     TblWhere where = {"t.parquet", 2, 100};
-    return tbl_chunk_from_arrow(out, &batch->s, &batch->a, plans, n, &where, err);
+    return tbl_chunk_from_arrow(out, &batch->s, &batch->a, plans, n, &where, NULL, err);
 }
 
 /* int32 with a null, list<float>, string, struct<v: double>, over 4 rows. */
@@ -318,8 +318,43 @@ static void test_batcher_order(void)
     tbl_batcher_free(bt);
 }
 
+static void test_pool_reuses_buffers(void)
+{
+    Fixture f;
+    fixture(&f);
+    TblPlan plans[2] = {{.name = "l", .width = 3}, {.name = "s"}};
+    TblWhere where = {"t.parquet", 0, 0};
+    TblPool *pool = NULL;
+    SgError err = {0};
+    CHECK(tbl_pool_new(&pool, 1 << 16, &err) == 0);
+    TblChunk *a = NULL, *b = NULL;
+    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, pool, &err) == 0);
+    if (a == NULL)
+        return;
+    float first[12];
+    memcpy(first, a->cols[0].values, sizeof first);
+    tbl_chunk_free(a);
+    size_t held = tbl_pool_bytes(pool);
+    CHECK(held >= sizeof first);
+    CHECK(tbl_chunk_from_arrow(&b, &f.batch.s, &f.batch.a, plans, 2, &where, pool, &err) == 0);
+    if (b != NULL) {
+        CHECK(tbl_pool_bytes(pool) < held); /* taken from the pool */
+        CHECK(memcmp(first, b->cols[0].values, sizeof first) == 0);
+        CHECK(memcmp(b->cols[1].bytes, "abbccc", 6) == 0);
+        tbl_chunk_free(b);
+    }
+    TblPool *tiny = NULL; /* a full pool frees what comes back */
+    CHECK(tbl_pool_new(&tiny, 4, &err) == 0);
+    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, tiny, &err) == 0);
+    tbl_chunk_free(a);
+    CHECK(tbl_pool_bytes(tiny) <= 4);
+    tbl_pool_free(tiny);
+    tbl_pool_free(pool);
+}
+
 int main(void)
 {
+    test_pool_reuses_buffers();
     test_columns_and_nulls();
     test_malformed_arrays_are_refused();
     test_vectors();

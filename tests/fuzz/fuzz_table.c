@@ -151,16 +151,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     child(&batch, &col);
 
+    SgError err = {0};
+    static TblPool *pool; /* kept across inputs: buffers are reused between them */
+    if (pool == NULL && tbl_pool_new(&pool, (size_t)1 << 20, &err) < 0)
+        return 0;
     TblPlan plan = {
         .name = "c", .width = width, .truncate = policy & 4, .nulls = (TblNulls)(policy % 3)};
     TblWhere where = {"fuzz", 0, 0};
-    SgError err = {0};
     TblBatcher *b = NULL;
     if (tbl_batcher_new(&b, 3, policy & 8 ? 5 : 0, policy, &err) < 0)
         return 0;
     for (int round = 0; round < 2; round++) {
         TblChunk *chunk = NULL;
-        if (tbl_chunk_from_arrow(&chunk, &batch.s, &batch.a, &plan, 1, &where, &err) < 0)
+        if (tbl_chunk_from_arrow(&chunk, &batch.s, &batch.a, &plan, 1, &where, pool, &err) < 0)
             break;
         if (tbl_batcher_push(b, chunk, &err) < 0)
             break;
