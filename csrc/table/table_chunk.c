@@ -84,16 +84,6 @@ static void fill_nulls(float *dst, const struct ArrowArray *a, int64_t p, int64_
             dst[i] = fill;
 }
 
-static int any_null(const struct ArrowArray *a, int64_t p, int64_t n)
-{
-    if (a->null_count == 0 || a->buffers[0] == NULL)
-        return 0;
-    for (int64_t i = 0; i < n; i++)
-        if (!tbl_bit(a->buffers[0], p + i))
-            return 1;
-    return 0;
-}
-
 /* List row r's value range [*lo, *hi) in the child's physical indices. */
 static void list_range(const TblLeaf *l, int64_t r, int64_t *lo, int64_t *hi)
 {
@@ -105,50 +95,6 @@ static void list_range(const TblLeaf *l, int64_t r, int64_t *lo, int64_t *hi)
     }
     *lo = tbl_offset_at(l->arr->buffers[1], l->large, p) + l->values->offset;
     *hi = tbl_offset_at(l->arr->buffers[1], l->large, p + 1) + l->values->offset;
-}
-
-/* The list child of vector row r named by which (indices or values): its range. */
-static const struct ArrowArray *vector_list(const TblLeaf *l, const struct ArrowArray *list,
-                                            int64_t r, int64_t *lo, int64_t *hi)
-{
-    int64_t p = l->base + r + list->offset;
-    const struct ArrowArray *child = list->children[0];
-    *lo = tbl_offset_at(list->buffers[1], 0, p) + child->offset;
-    *hi = tbl_offset_at(list->buffers[1], 0, p + 1) + child->offset;
-    return child;
-}
-
-/* A vector row's type and size (after its nulls were ruled out). Spark
- * writes a dense vector (type 1) with a null size and null indices: its
- * size is its count of values. */
-static void vector_head(const TblLeaf *l, int64_t r, int8_t *type, int64_t *size)
-{
-    int64_t p = l->base + r, lo, hi;
-    *type = ((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset];
-    if (*type == 1) {
-        vector_list(l, l->vvalues, r, &lo, &hi);
-        *size = hi - lo;
-    } else {
-        *size = ((const int32_t *)l->vsize->buffers[1])[p + l->vsize->offset];
-    }
-}
-
-static uint8_t vector_row_null(const TblLeaf *l, int64_t r)
-{
-    int64_t p = l->base + r, lo, hi;
-    if (tbl_is_null(l->vtype, p + l->vtype->offset) ||
-        tbl_is_null(l->vvalues, p + l->vvalues->offset))
-        return ROW_NULL;
-    const struct ArrowArray *val = vector_list(l, l->vvalues, r, &lo, &hi);
-    if (any_null(val, lo, hi - lo))
-        return ROW_NULL;
-    if (((const int8_t *)l->vtype->buffers[1])[p + l->vtype->offset] != 0)
-        return ROW_OK;
-    if (tbl_is_null(l->vsize, p + l->vsize->offset) ||
-        tbl_is_null(l->vindices, p + l->vindices->offset))
-        return ROW_NULL;
-    const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
-    return any_null(ind, lo, hi - lo) ? ROW_NULL : ROW_OK;
 }
 
 static int column_may_have_nulls(const TblLeaf *l)
@@ -177,11 +123,11 @@ static int find_nulls(Column *c, int64_t rows, SgError *err)
             if (tbl_is_null(l->path[k], l->path_base[k] + r))
                 state = ROW_NULL;
         if (state == ROW_OK && l->kind == TBL_VECTOR)
-            state = vector_row_null(l, r);
+            state = tbl_vector_row_null(l, r) ? ROW_NULL : ROW_OK;
         else if (state == ROW_OK && l->values != NULL) {
             int64_t lo, hi;
             list_range(l, r, &lo, &hi);
-            if (any_null(l->values, lo, hi - lo))
+            if (tbl_any_null(l->values, lo, hi - lo))
                 state = ELEM_NULL;
         }
         c->nulls[r] = state;
@@ -224,7 +170,7 @@ static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *
         if (first >= 0) {
             int8_t type;
             int64_t size;
-            vector_head(l, first, &type, &size);
+            tbl_vector_head(l, first, &type, &size);
             if (size < 0)
                 return sg_fail(err, SG_ECORRUPT, "column '%s': a vector of size %lld", plan->name,
                                (long long)size);
@@ -376,42 +322,8 @@ static int convert_row(float *dst, int32_t *length, const TblLeaf *l, const TblP
         *length = (int32_t)width;
         return 0;
     }
-    case TBL_VECTOR: {
-        int8_t type;
-        int64_t size;
-        vector_head(l, r, &type, &size);
-        if (size < 0 || (size_t)size != width)
-            return sg_fail(err, SG_ESCHEMA, "column '%s' holds a vector of size %lld, not %zu",
-                           plan->name, (long long)size, width);
-        int64_t vlo, vhi;
-        const struct ArrowArray *val = vector_list(l, l->vvalues, r, &vlo, &vhi);
-        const double *values = (const double *)val->buffers[1];
-        if (type == 1) {
-            numbers_to_f32(dst, val, 'g', vlo, size);
-        } else if (type == 0) {
-            const struct ArrowArray *ind = vector_list(l, l->vindices, r, &lo, &hi);
-            if (hi - lo != vhi - vlo)
-                return sg_fail(err, SG_ESCHEMA,
-                               "column '%s': a sparse vector with %lld indices and %lld values",
-                               plan->name, (long long)(hi - lo), (long long)(vhi - vlo));
-            memset(dst, 0, width * sizeof *dst);
-            const int32_t *indices = (const int32_t *)ind->buffers[1];
-            for (int64_t i = 0; i < hi - lo; i++) {
-                int32_t k = indices[lo + i];
-                if (k < 0 || k >= size)
-                    return sg_fail(err, SG_ESCHEMA,
-                                   "column '%s': a sparse vector of size %lld has index %d",
-                                   plan->name, (long long)size, (int)k);
-                dst[k] = (float)values[vlo + i];
-            }
-        } else {
-            return sg_fail(err, SG_ESCHEMA,
-                           "column '%s': vector type %d (0 sparse and 1 dense are known)",
-                           plan->name, (int)type);
-        }
-        *length = (int32_t)size;
-        return 0;
-    }
+    case TBL_VECTOR:
+        return tbl_vector_row(dst, length, l, plan->name, width, r, err);
     case TBL_STR:
         break;
     }

@@ -64,4 +64,30 @@ static inline int64_t tbl_offset_at(const void *offsets, int large, int64_t i)
     return large ? ((const int64_t *)offsets)[i] : (int64_t)((const int32_t *)offsets)[i];
 }
 
+/* 1 when a's [p, p + n) (physical) holds a null. */
+static inline int tbl_any_null(const struct ArrowArray *a, int64_t p, int64_t n)
+{
+    if (a->null_count == 0 || a->buffers[0] == NULL)
+        return 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!tbl_bit(a->buffers[0], p + i))
+            return 1;
+    return 0;
+}
+
+/* Spark ML vectors (table_vector.c). Row r of a TBL_VECTOR leaf: */
+
+/* 1 when it has no value: the struct, its type or values (and for a sparse
+ * row its size or indices) null, or a null inside its lists. */
+int tbl_vector_row_null(const TblLeaf *l, int64_t r);
+
+/* Its type (0 sparse, 1 dense) and size; a non-null row only. */
+void tbl_vector_head(const TblLeaf *l, int64_t r, int8_t *type, int64_t *size);
+
+/* Its values, dense, into dst[width]; *length gets the size. SG_ESCHEMA
+ * naming the column for a size other than width, an index outside it, or
+ * an unknown type. */
+int tbl_vector_row(float *dst, int32_t *length, const TblLeaf *l, const char *name, size_t width,
+                   int64_t r, SgError *err);
+
 #endif /* SG_TABLE_INTERNAL_H */
