@@ -339,6 +339,8 @@ class ParquetDataset:
 
     def epoch(self, epoch: int) -> Iterator[dict]:
         """The batches of one epoch (0-based) of this shard."""
+        if epoch < 0:
+            raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
         _pyarrow()
         seed = (self.seed * 0x9E3779B97F4A7C15 + epoch * 0x100000001B3 + self.shard_index) & (2**64 - 1)
         if self._pool is None:
