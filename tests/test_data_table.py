@@ -73,6 +73,35 @@ def test_lists_are_padded_to_the_width_with_their_lengths(tmp_path):
     np.testing.assert_array_equal(batch["fixed"], np.stack(table["fixed"].to_numpy(zero_copy_only=False)))
 
 
+def test_integer_ids_are_read_exactly_as_int64(tmp_path):
+    big = np.array([2**40 + 1, 16_777_217, -3, 7], dtype=np.int64)
+    table = pa.table(
+        {
+            "id": pa.array(big),
+            "small": pa.array([1, 2, 3, None], pa.int16()),
+            "tags": pa.array([[2**33 + 1], [], [5, 6, 7], [8, None]], pa.list_(pa.int64())),
+            "f": pa.array([0.5, 1.5, 2.5, 3.5]),
+        }
+    )
+    path = write(tmp_path / "ids.parquet", table)
+    batch = one_batch(
+        path,
+        {
+            "id": Column("id", dtype="int64"),
+            "small": Column("small", dtype="int64", nulls="fill", fill=-1),
+            "tags": Column("tags", dtype="int64", width=2, pad=-9, truncate=True, lengths="n", nulls="fill"),
+        },
+    )
+    assert batch["id"].dtype == np.int64 and batch["id"].tolist() == big.tolist()
+    assert batch["small"].tolist() == [1, 2, 3, -1]
+    assert batch["tags"].tolist() == [[2**33 + 1, -9], [-9, -9], [5, 6], [8, 0]]
+    assert batch["n"].tolist() == [1, 0, 2, 2]
+    with pytest.raises(SchemaError, match="column 'f' is read as int64 ids, but it holds no integers"):
+        one_batch(path, {"f": Column("f", dtype="int64")})
+    labelled = one_batch(path, {"f": "f"}, label="id")
+    assert labelled["id"].dtype == np.int64 and labelled["id"].tolist() == big.tolist()
+
+
 def test_a_list_longer_than_its_width_is_an_error_naming_it_unless_truncated(tmp_path):
     path = write(tmp_path / "l.parquet", pa.table({"l": pa.array([[1.0], [1.0, 2.0, 3.0]], pa.list_(pa.float32()))}))
     with pytest.raises(SchemaError, match=r"l.parquet', row group 0, row 1: column 'l' holds 3 values, more than its "):

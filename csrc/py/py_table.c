@@ -84,7 +84,7 @@ static void reader_free_plans(TableReaderObject *self)
     self->plans = NULL;
 }
 
-/* plans: a sequence of (name, width, truncate, nulls, fill, pad). */
+/* plans: a sequence of (name, width, truncate, nulls, fill, pad[, ints]). */
 static int parse_plans(TableReaderObject *self, PyObject *plans)
 {
     PyObject *seq = PySequence_Fast(plans, "plans must be a sequence of tuples");
@@ -102,11 +102,11 @@ static int parse_plans(TableReaderObject *self, PyObject *plans)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *name;
         Py_ssize_t width;
-        int truncate, nulls;
+        int truncate, nulls, ints = 0;
         double fill, pad;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O&npidd:plan",
-                              PyUnicode_FSConverter, &name, &width, &truncate, &nulls, &fill,
-                              &pad)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O&npidd|p:plan",
+                              PyUnicode_FSConverter, &name, &width, &truncate, &nulls, &fill, &pad,
+                              &ints)) {
             Py_DECREF(seq);
             return -1;
         }
@@ -122,7 +122,8 @@ static int parse_plans(TableReaderObject *self, PyObject *plans)
                                    .truncate = truncate,
                                    .nulls = (TblNulls)nulls,
                                    .fill = (float)fill,
-                                   .pad = (float)pad};
+                                   .pad = (float)pad,
+                                   .ints = ints};
     }
     Py_DECREF(seq);
     return 0;
@@ -256,8 +257,9 @@ static PyObject *owned_array(void **data, int ndim, npy_intp *dims, int type)
     return arr;
 }
 
-/* One column of a batch: ("f", values [rows, width], lengths [rows] or None)
- * or ("s", offsets int64 [rows + 1], bytes uint8). Takes its buffers. */
+/* One column of a batch: ("f", values float32 [rows, width], lengths [rows]
+ * or None), ("i", ids int64 [rows, width], lengths or None) or ("s", offsets
+ * int64 [rows + 1], bytes uint8). Takes its buffers. */
 static PyObject *column_tuple(TblColumn *col, size_t rows)
 {
     PyObject *a, *b;
@@ -268,13 +270,17 @@ static PyObject *column_tuple(TblColumn *col, size_t rows)
         return b != NULL ? Py_BuildValue("(sNN)", "s", a, b) : (Py_XDECREF(a), NULL);
     }
     npy_intp dims[2] = {(npy_intp)rows, (npy_intp)col->width}, nl = (npy_intp)rows;
-    a = owned_array((void **)&col->values, 2, dims, NPY_FLOAT32);
+    const char *kind = col->out == TBL_OUT_I64 ? "i" : "f";
+    if (col->out == TBL_OUT_I64)
+        a = owned_array((void **)&col->ints, 2, dims, NPY_INT64);
+    else
+        a = owned_array((void **)&col->values, 2, dims, NPY_FLOAT32);
     if (a == NULL)
         return NULL;
     if (col->lengths == NULL)
-        return Py_BuildValue("(sNO)", "f", a, Py_None);
+        return Py_BuildValue("(sNO)", kind, a, Py_None);
     b = owned_array((void **)&col->lengths, 1, &nl, NPY_INT32);
-    return b != NULL ? Py_BuildValue("(sNN)", "f", a, b) : (Py_DECREF(a), NULL);
+    return b != NULL ? Py_BuildValue("(sNN)", kind, a, b) : (Py_DECREF(a), NULL);
 }
 
 /* next(final=False) -> (rows, [column tuple, ...]) or None: the next batch,
@@ -320,7 +326,10 @@ static PyObject *reader_widths(TableReaderObject *self, PyObject *noargs)
     PyObject *out = PyList_New((Py_ssize_t)self->nplans);
     for (size_t i = 0; out != NULL && i < self->nplans; i++) {
         const TblPlan *p = &self->plans[i];
-        const char *kind = p->out == TBL_OUT_F32 ? "f" : p->out == TBL_OUT_STR ? "s" : "";
+        const char *kind = p->out == TBL_OUT_F32   ? "f"
+                           : p->out == TBL_OUT_STR ? "s"
+                           : p->out == TBL_OUT_I64 ? "i"
+                                                   : "";
         PyObject *t =
             Py_BuildValue("(snO)", kind, (Py_ssize_t)p->width, p->lengths ? Py_True : Py_False);
         if (t == NULL)

@@ -148,7 +148,22 @@ static int gather(const TblBatcher *b, TblChunk *batch, const Handle *rows, size
 {
     for (size_t c = 0; c < batch->ncols; c++) {
         TblColumn col = {.out = b->shape[c].out, .width = b->shape[c].width};
-        if (col.out == TBL_OUT_STR) {
+        if (col.out == TBL_OUT_I64) {
+            col.ints = malloc(n * col.width * sizeof(int64_t) + 1);
+            col.lengths = b->lengths[c] ? malloc(n * sizeof(int32_t) + 1) : NULL;
+            if (col.ints == NULL || (b->lengths[c] && col.lengths == NULL)) {
+                batch->cols[c] = col;
+                return sg_fail(err, SG_ENOMEM, "no memory for a batch of %zu rows of %zu ids", n,
+                               col.width);
+            }
+            for (size_t i = 0; i < n; i++) {
+                const TblColumn *src = &rows[i].chunk->cols[c];
+                memcpy(col.ints + i * col.width, src->ints + rows[i].row * col.width,
+                       col.width * sizeof(int64_t));
+                if (col.lengths != NULL)
+                    col.lengths[i] = src->lengths[rows[i].row];
+            }
+        } else if (col.out == TBL_OUT_STR) {
             size_t bytes = 0;
             for (size_t i = 0; i < n; i++) {
                 const int64_t *off = rows[i].chunk->cols[c].offsets;

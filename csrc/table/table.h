@@ -16,6 +16,9 @@
  *   Spark ML vector (struct<type:int8, size:int32,  float32 [rows, size], dense
  *     indices:list<int32>, values:list<double>>)
  *
+ * and, where the plan asks (ids for embeddings and lookups), integers and
+ * lists of them as exact int64 in place of float32.
+ *
  * Not here: dictionary-encoded columns (refused with their name), lists of
  * lists, maps, dates, decimals; reading files (the Python side does that).
  */
@@ -43,6 +46,7 @@ typedef enum TblOut {
     TBL_OUT_UNSET = 0, /* not yet seen: the first chunk sets it */
     TBL_OUT_F32 = 1,
     TBL_OUT_STR = 2,
+    TBL_OUT_I64 = 3, /* integer columns read as exact ids (TblPlan.ints) */
 } TblOut;
 
 /* One planned column. `width`, `out` and `lengths` are filled in by the
@@ -54,6 +58,7 @@ typedef struct TblPlan {
     TblNulls nulls;
     float fill; /* TBL_NULLS_FILL: a null's value */
     float pad;  /* the values after a short list's end */
+    int ints;   /* integers (and lists of them) as exact int64 instead of float32 */
     TblOut out;
     int lengths; /* 1: a variable-length list, with lengths per row */
 } TblPlan;
@@ -63,6 +68,7 @@ typedef struct TblColumn {
     size_t width;     /* F32: values per row */
     int u8;           /* F32 kept as bytes (a chunk of binary values): in `bytes`, not `values` */
     float *values;    /* F32: [rows, width] */
+    int64_t *ints;    /* I64: [rows, width] */
     int32_t *lengths; /* [rows] for variable-length lists, else NULL */
     int64_t *offsets; /* STR: [rows + 1], offsets[0] == 0 */
     uint8_t *bytes;   /* STR: [offsets[rows]] UTF-8; u8: [rows, width] */

@@ -74,6 +74,49 @@ static void numbers_to_f32(float *dst, const struct ArrowArray *a, char fmt, int
     }
 }
 
+static int is_integer(char fmt)
+{
+    return fmt != '\0' && strchr("bcCsSiIlL", fmt) != NULL;
+}
+
+static const char *out_name(TblOut out)
+{
+    return out == TBL_OUT_STR ? "strings" : out == TBL_OUT_I64 ? "int64 ids" : "numbers";
+}
+
+/* n integers of format fmt from physical index p of a, as int64 (uint64
+ * above 2^63 wraps). */
+static void integers_to_i64(int64_t *dst, const struct ArrowArray *a, char fmt, int64_t p,
+                            int64_t n)
+{
+    const void *d = a->buffers[1];
+    switch (fmt) {
+    case 'b':
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tbl_bit(d, p + i);
+        break;
+#define CONVERT(code, type)                                                                        \
+    case code:                                                                                     \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            dst[i] = (int64_t)((const type *)d)[p + i];                                            \
+        break;
+        CONVERT('c', int8_t)
+        CONVERT('C', uint8_t)
+        CONVERT('s', int16_t)
+        CONVERT('S', uint16_t)
+        CONVERT('i', int32_t)
+        CONVERT('I', uint32_t)
+        CONVERT('L', uint64_t)
+#undef CONVERT
+    case 'l':
+        if (n > 0)
+            memcpy(dst, (const int64_t *)d + p, (size_t)n * sizeof *dst);
+        break;
+    default:
+        break;
+    }
+}
+
 /* Null elements of a's [p, p + n) become fill. */
 static void fill_nulls(float *dst, const struct ArrowArray *a, int64_t p, int64_t n, float fill)
 {
@@ -140,11 +183,17 @@ static int find_nulls(Column *c, int64_t rows, SgError *err)
  * first kept row (-1: none), for widths taken from the data. */
 static int settle_plan(TblPlan *plan, const TblLeaf *l, int64_t first, SgError *err)
 {
-    TblOut out = l->kind == TBL_STR ? TBL_OUT_STR : TBL_OUT_F32;
+    TblOut out = l->kind == TBL_STR ? TBL_OUT_STR : plan->ints ? TBL_OUT_I64 : TBL_OUT_F32;
+    if (out == TBL_OUT_I64 &&
+        (!(l->kind == TBL_NUM || l->kind == TBL_FIXLIST || l->kind == TBL_LIST) ||
+         !is_integer(l->fmt)))
+        return sg_fail(
+            err, SG_ESCHEMA,
+            "column '%s' is read as int64 ids, but it holds no integers (nor lists of them)",
+            plan->name);
     if (plan->out != TBL_OUT_UNSET && plan->out != out)
         return sg_fail(err, SG_ESCHEMA, "column '%s' is %s here but was %s in an earlier batch",
-                       plan->name, out == TBL_OUT_STR ? "strings" : "numbers",
-                       plan->out == TBL_OUT_STR ? "strings" : "numbers");
+                       plan->name, out_name(out), out_name(plan->out));
     if (l->kind == TBL_LIST && plan->out != TBL_OUT_UNSET && !plan->lengths)
         return sg_fail(err, SG_ESCHEMA,
                        "column '%s' is a variable-length list here but had one length per row in "
@@ -359,12 +408,69 @@ static int convert_strings(TblColumn *col, const TblLeaf *l, const TblPlan *plan
     return 0;
 }
 
+/* An integer column (or lists of integers) as int64 ids [rows, width]. */
+static int convert_ints(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
+                        const uint8_t *keep, int64_t rows, size_t kept, const TblWhere *where,
+                        TblPool *pool, SgError *err)
+{
+    size_t width = plan->width;
+    col->out = TBL_OUT_I64;
+    col->width = width;
+    if (width > 0 && kept > SIZE_MAX / sizeof(int64_t) / width)
+        return sg_fail(err, SG_ENOMEM, "column '%s': %zu rows of %zu ids is too large", plan->name,
+                       kept, width);
+    col->ints = tbl_pool_get(pool, kept * width * sizeof(int64_t) + 1);
+    col->lengths = plan->lengths ? tbl_pool_get(pool, kept * sizeof(int32_t) + 1) : NULL;
+    if (col->ints == NULL || (plan->lengths && col->lengths == NULL))
+        return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", kept, plan->name);
+    size_t k = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!keep[r])
+            continue;
+        int64_t *dst = col->ints + k * width, lo = l->base + r, hi = lo + 1, n;
+        uint8_t state = c->nulls != NULL ? c->nulls[r] : ROW_OK;
+        if (state == ROW_NULL) { /* only under TBL_NULLS_FILL */
+            for (size_t i = 0; i < width; i++)
+                dst[i] = (int64_t)plan->fill;
+            n = 0;
+        } else {
+            const struct ArrowArray *src = l->arr;
+            if (l->kind != TBL_NUM) {
+                list_range(l, r, &lo, &hi);
+                src = l->values;
+            }
+            n = hi - lo;
+            if ((size_t)n > width) {
+                if (!plan->truncate) {
+                    sg_fail(err, SG_ESCHEMA,
+                            "column '%s' holds %lld values, more than its width %zu", plan->name,
+                            (long long)n, width);
+                    return at(err, where, r);
+                }
+                n = (int64_t)width;
+            }
+            integers_to_i64(dst, src, l->fmt, lo, n);
+            for (int64_t i = 0; state == ELEM_NULL && i < n; i++)
+                if (tbl_is_null(src, lo + i))
+                    dst[i] = (int64_t)plan->fill;
+            for (size_t i = (size_t)n; i < width; i++)
+                dst[i] = (int64_t)plan->pad;
+        }
+        if (col->lengths != NULL)
+            col->lengths[k] = (int32_t)n;
+        k++;
+    }
+    return 0;
+}
+
 static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
                           const uint8_t *keep, int64_t rows, size_t kept, const TblWhere *where,
                           TblPool *pool, SgError *err)
 {
     if (plan->out == TBL_OUT_STR)
         return convert_strings(col, l, plan, c, keep, rows, kept, pool, err);
+    if (plan->out == TBL_OUT_I64)
+        return convert_ints(col, l, plan, c, keep, rows, kept, where, pool, err);
     if ((l->kind == TBL_BIN || l->kind == TBL_FIXBIN) &&
         (c->nulls == NULL || plan->nulls != TBL_NULLS_FILL))
         return convert_bytes(col, l, plan, keep, rows, kept, where, pool, err);
@@ -393,6 +499,7 @@ void tbl_chunk_free(TblChunk *chunk)
         return;
     for (size_t i = 0; i < chunk->ncols; i++) {
         tbl_pool_put(chunk->pool, chunk->cols[i].values);
+        tbl_pool_put(chunk->pool, chunk->cols[i].ints);
         tbl_pool_put(chunk->pool, chunk->cols[i].lengths);
         tbl_pool_put(chunk->pool, chunk->cols[i].offsets);
         tbl_pool_put(chunk->pool, chunk->cols[i].bytes);
@@ -471,7 +578,7 @@ int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
             at(err, where, first_valid);
             goto cleanup;
         }
-        if (plans[i].out == TBL_OUT_F32 && plans[i].width == 0 && kept > 0) {
+        if (plans[i].out != TBL_OUT_STR && plans[i].width == 0 && kept > 0) {
             rc = sg_fail(err, SG_ESCHEMA,
                          "column '%s': no row has a value to take its width from; give the width",
                          plans[i].name);

@@ -208,7 +208,7 @@ class TableReader:
     pending: int
     def __init__(
         self,
-        plans: Sequence[tuple[str, int, bool, int, float, float]],
+        plans: Sequence[tuple[str, int, bool, int, float, float] | tuple[str, int, bool, int, float, float, bool]],
         batch_size: int,
         shuffle_buffer: int = 0,
         seed: int = 0,
@@ -217,9 +217,9 @@ class TableReader:
     def push(self, batch: Any, file: str, row_group: int, first_row: int) -> int:
         """Converts one record batch (any object with ``__arrow_c_array__``); returns the rows kept."""
     def next(self, final: bool = False) -> tuple[int, list[tuple[str, np.ndarray, np.ndarray | None]]] | None:
-        """The next batch ``(rows, [("f", values, lengths) | ("s", offsets, bytes)])`` or None."""
+        """The next batch ``(rows, [("f" | "i", values, lengths) | ("s", offsets, bytes)])`` or None."""
     def widths(self) -> list[tuple[str, int, bool]]:
-        """Each column's settled output: (kind "f" / "s" / "", width, has lengths)."""
+        """Each column's settled output: (kind "f" / "i" / "s" / "", width, has lengths)."""
 
 # ---- nn (csrc/py/py_nn.c, csrc/py/py_nn_optim.c) ----
 

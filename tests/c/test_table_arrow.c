@@ -119,6 +119,19 @@ static void test_columns_and_nulls(void)
     CHECK(memcmp(c->cols[3].values, want_v, sizeof want_v) == 0);
     tbl_chunk_free(c);
 
+    /* integers as exact int64 ids: the null filled, lists padded */
+    TblPlan ids[2] = {{.name = "a", .nulls = TBL_NULLS_FILL, .fill = -1, .ints = 1},
+                      {.name = "st.v", .ints = 1}};
+    CHECK(convert(&c, &f.batch, ids, 1, &err) == 0);
+    if (c != NULL) {
+        const int64_t want_ids[4] = {10, -1, 30, 40};
+        CHECK(c->cols[0].out == TBL_OUT_I64 &&
+              memcmp(c->cols[0].ints, want_ids, sizeof want_ids) == 0);
+        tbl_chunk_free(c);
+    }
+    CHECK(convert(&c, &f.batch, &ids[1], 1, &err) == SG_ESCHEMA && c == NULL);
+    CHECK(strstr(err.msg, "column 'st.v' is read as int64 ids, but it holds no integers") != NULL);
+
     /* skip drops row 1 from every column; error names the file, row group and row */
     plans[0].nulls = TBL_NULLS_SKIP;
     CHECK(convert(&c, &f.batch, plans, 4, &err) == 0);

@@ -6,7 +6,7 @@
  * promise, which a consumer cannot check), while offsets, null counts,
  * child lengths, vector types, sizes and indices are arbitrary: the
  * validation must refuse what does not fit. Chunks that convert go through
- * a shuffling batcher. */
+ * a shuffling batcher; some plans read integers as int64 ids. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,8 +155,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static TblPool *pool; /* kept across inputs: buffers are reused between them */
     if (pool == NULL && tbl_pool_new(&pool, (size_t)1 << 20, &err) < 0)
         return 0;
-    TblPlan plan = {
-        .name = "c", .width = width, .truncate = policy & 4, .nulls = (TblNulls)(policy % 3)};
+    TblPlan plan = {.name = "c",
+                    .width = width,
+                    .truncate = policy & 4,
+                    .nulls = (TblNulls)(policy % 3),
+                    .ints = (policy & 16) != 0};
     TblWhere where = {"fuzz", 0, 0};
     TblBatcher *b = NULL;
     if (tbl_batcher_new(&b, 3, policy & 8 ? 5 : 0, policy, &err) < 0)

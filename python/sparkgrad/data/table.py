@@ -54,6 +54,9 @@ class Column:
             value or list element becomes ``fill``; a null list all ``fill`` with length 0; a null string
             ``""``) or ``"skip"`` (a row with a null here is dropped from every column).
         fill: The value of a null under ``nulls="fill"``.
+        dtype: ``"float32"``, or ``"int64"`` for an integer column (or lists of integers) read as exact ids,
+            as an Embedding, IntegerLookup or Hashing input takes them (float32 is exact only below 2^24).
+            Default: float32, except an integer label column, which comes as int64.
     """
 
     name: str
@@ -63,8 +66,13 @@ class Column:
     lengths: str | None = None
     nulls: str = "error"
     fill: float = 0.0
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.dtype not in (None, "float32", "int64"):
+            raise InvalidArgumentError(
+                f"column {self.name!r}: dtype must be 'float32' or 'int64', not {self.dtype!r}", column=self.name
+            )
         if self.nulls not in _NULLS:
             raise InvalidArgumentError(
                 f"column {self.name!r}: nulls must be one of {sorted(_NULLS)}, not {self.nulls!r}", column=self.name
@@ -144,8 +152,9 @@ def _column_names(schema: Any, prefix: str = "") -> list[str]:
 class ParquetDataset:
     """Batches of table rows from Parquet files, for ``model.fit(ds)``.
 
-    Iterating yields dicts ``{input name: float32 array [batch, width] (``[batch]`` for a column of numbers)
-    or StringColumn, label: array [batch]}`` (an integer label column comes as int64), plus the lengths of
+    Iterating yields dicts ``{input name: float32 array [batch, width] (``[batch]`` for a column of numbers;
+    int64 for a `Column` of ``dtype="int64"``) or StringColumn, label: array [batch]}`` (an integer label
+    column comes as int64), plus the lengths of
     variable-length lists under the keys their `Column` names. A model with several inputs takes such a dict
     as it is (fit's ``y_key`` names the label; it defaults to ``"label"``).
 
@@ -314,10 +323,16 @@ class ParquetDataset:
                     segments.append((g, a - int(starts[k]), b - int(starts[k])))
         return segments
 
+    def _ints(self, key: str, col: Column) -> bool:
+        """Whether a column is read as int64 ids."""
+        if col.dtype is not None:
+            return col.dtype == "int64"
+        return key == self.label_key and self._integer[key]
+
     def _plans(self) -> list[tuple]:
         return [
-            (c.name, w, c.truncate, _NULLS[c.nulls], c.fill, c.pad)
-            for c, w in zip(self.columns.values(), self._widths, strict=True)
+            (c.name, w, c.truncate, _NULLS[c.nulls], c.fill, c.pad, self._ints(k, c))
+            for (k, c), w in zip(self.columns.items(), self._widths, strict=True)
         ]
 
     def _batch(self, rows: int, cols: list[tuple]) -> dict:
@@ -330,8 +345,6 @@ class ParquetDataset:
                 continue
             if self._scalar[key]:
                 a = a.reshape(rows)
-                if key == self.label_key and self._integer[key]:
-                    a = a.astype(np.int64)
             out[key] = a
             if col.lengths is not None and b is not None:
                 out[col.lengths] = b
