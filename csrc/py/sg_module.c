@@ -138,6 +138,7 @@ static const ModuleInit module_inits[] = {
     coll_module_init,
     feed_module_init,
     rest_module_init,
+    table_module_init,
 };
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -50,5 +50,6 @@ int ps_module_init(PyObject *mod);
 int coll_module_init(PyObject *mod);
 int feed_module_init(PyObject *mod);
 int rest_module_init(PyObject *mod);
+int table_module_init(PyObject *mod);
 
 #endif /* SG_PY_H */

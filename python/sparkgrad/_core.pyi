@@ -194,6 +194,33 @@ class Dataset(Iterator[dict[str, Any]]):
     def __next__(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
+# ---- table (csrc/py/py_table.c) ----
+
+class TablePool:
+    """Chunk buffers reused by the TableReaders given it (thread-safe), at most ``max_bytes`` held."""
+
+    bytes: int
+    def __init__(self, max_bytes: int) -> None: ...
+
+class TableReader:
+    """Arrow record batches in (through the C data interface, no copy), shuffled batches out."""
+
+    pending: int
+    def __init__(
+        self,
+        plans: Sequence[tuple[str, int, bool, int, float, float] | tuple[str, int, bool, int, float, float, bool]],
+        batch_size: int,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        pool: TablePool | None = None,
+    ) -> None: ...
+    def push(self, batch: Any, file: str, row_group: int, first_row: int) -> int:
+        """Converts one record batch (any object with ``__arrow_c_array__``); returns the rows kept."""
+    def next(self, final: bool = False) -> tuple[int, list[tuple[str, np.ndarray, np.ndarray | None]]] | None:
+        """The next batch ``(rows, [("f" | "i", values, lengths) | ("s", offsets, bytes)])`` or None."""
+    def widths(self) -> list[tuple[str, int, bool]]:
+        """Each column's settled output: (kind "f" / "i" / "s" / "", width, has lengths)."""
+
 # ---- nn (csrc/py/py_nn.c, csrc/py/py_nn_optim.c) ----
 
 LOSS_NAMES: tuple[str, ...]

@@ -1,4 +1,4 @@
-"""Datasets and converters: IDX (MNIST) files, TFRecords, tf.train.Example, Spark DataFrames."""
+"""Datasets and converters: IDX (MNIST) files, TFRecords, Parquet tables, tf.train.Example, Spark DataFrames."""
 
 from sparkgrad.data.dataset import TFRecordDataset, expand_paths
 from sparkgrad.data.example import (
@@ -18,6 +18,7 @@ from sparkgrad.data.example import (
     parse_sequence_examples,
 )
 from sparkgrad.data.spark import load_tfrecords, save_as_tfrecords, spark_schema
+from sparkgrad.data.table import Column, ParquetDataset
 from sparkgrad.data.tfrecord import (
     TFRecordWriter,
     crc32c,
@@ -30,6 +31,8 @@ from sparkgrad.data.tfrecord import (
 __all__ = [  # in the order the API reference lists them
     "TFRecordDataset",
     "expand_paths",
+    "ParquetDataset",
+    "Column",
     "Schema",
     "FixedLenFeature",
     "VarLenFeature",

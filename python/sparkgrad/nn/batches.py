@@ -36,15 +36,22 @@ def batch_arrays(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.
 
 
 def batch_parts(batch: object, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(x, y, sample_weight) of one dataset batch: a dict of arrays (``"sample_weight"``: optional) or an
+    """(x, y, sample_weight) of one dataset batch: a dict of arrays (``"sample_weight"``: optional; without
+    ``x_key``, every key but ``y_key`` and ``"sample_weight"`` is an input by name) or an
     (x, y) pair or (x, y, sample_weight) triple, as Keras takes them (x and y may be lists or dicts of
     arrays, for a model of several inputs or outputs)."""
     if isinstance(batch, Mapping):
+        sw = batch.get("sample_weight")
+        sw = None if sw is None else np.asarray(sw)
+        if x_key not in batch and y_key in batch and len(batch) > 1 + (sw is not None):
+            # a flat batch {input name: values, ..., y_key: labels} (ParquetDataset's): the inputs by name
+            x = {k: v for k, v in batch.items() if k not in (y_key, "sample_weight")}
+            return x, np.asarray(batch[y_key]), sw
         missing = [k for k in (x_key, y_key) if k not in batch]
         if missing:
             raise InvalidArgumentError(f"dataset batch has keys {sorted(batch)}; missing {missing} (set x_key=/y_key=)")
-        sw = batch.get("sample_weight")
-        return np.asarray(batch[x_key]), np.asarray(batch[y_key]), None if sw is None else np.asarray(sw)
+        x = batch[x_key]
+        return x if isinstance(x, Mapping) else np.asarray(x), np.asarray(batch[y_key]), sw
     if isinstance(batch, tuple) and len(batch) in (2, 3):
         sw = batch[2] if len(batch) == 3 else None
         return _arrays(batch[0]), _arrays(batch[1]), None if sw is None else np.asarray(sw)
