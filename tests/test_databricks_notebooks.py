@@ -204,6 +204,20 @@ def test_horovod_runner_notebook_trains_on_2_spark_tasks_and_evaluates_rank_0s_b
 
 
 @needs_data
+@pytest.mark.timeout(900)
+def test_pytorch_notebook_trains_the_same_cnn_with_hvd_torch_and_the_distributor(run, records):
+    pytest.importorskip("torch")
+    params = {"data_path": "dbfs:/data/records", "np": "2", "epochs": "3", "learning_rate": "0.05"}
+    ns = run("21_pytorch_on_spark", params, timeout=600).namespace
+    summary = ns["summary"]
+    # 3 epochs of 1000 rows a rank: well above chance (0.1) for both, and the two runs end close: the same
+    # start, shards and order, gradients averaged by two different rings
+    assert summary["hvd_test_accuracy"] > 0.4 and summary["ddp_test_accuracy"] > 0.4, summary
+    assert abs(summary["hvd_test_accuracy"] - summary["ddp_test_accuracy"]) < 0.05, summary
+    assert summary["max_weight_difference"] < 1e-3, summary
+
+
+@needs_data
 def test_scheduled_job_rerun_with_the_same_output_resumes_from_its_checkpoint(run, records, dbfs):
     params = {"data_path": "dbfs:/data/records", "output_path": "dbfs:/jobs/resume", "epochs": "1"}
     first = json.loads(run("02_scheduled_training_job", params).exit_value)

@@ -319,7 +319,7 @@ def test_committed_ipynb_copies_equal_what_their_sources_generate():
 
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
     sources = sorted(glob.glob(os.path.join(folder, "*.py")))
-    assert len(sources) == 8
+    assert len(sources) == 9
     assert sorted(glob.glob(os.path.join(folder, "*.ipynb"))) == [s[:-3] + ".ipynb" for s in sources]
     for source in sources:
         nb = read_notebook(source)
