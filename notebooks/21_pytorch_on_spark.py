@@ -76,6 +76,26 @@ def make_net():
     return Net()
 
 
+def fit_epochs(net, optimizer, x, y, epochs, mean_of, rank):
+    """The training loop both runs share: epochs over this rank's shard in order, the loss averaged
+    over the ranks by mean_of(tensor) at each epoch's end and printed by rank 0."""
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for epoch in range(epochs):
+        net.train()
+        for s in range(len(x) // BATCH_SIZE):
+            xb = torch.from_numpy(x[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
+            yb = torch.from_numpy(y[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
+            optimizer.zero_grad()
+            loss = loss_fn(net(xb), yb)
+            loss.backward()
+            optimizer.step()
+        mean_loss = mean_of(loss.detach())
+        if rank == 0:
+            print(f"epoch {epoch + 1}: loss {mean_loss:.4f}")
+
+
 def accuracy(net, x, y):
     import torch
 
@@ -104,20 +124,7 @@ def train_hvd(data_dir, epochs, learning_rate):
     optimizer = torch.optim.SGD(net.parameters(), lr=learning_rate * hvd.size(), momentum=0.5)
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
-    loss_fn = torch.nn.CrossEntropyLoss()
-    steps = len(x) // BATCH_SIZE
-    for epoch in range(epochs):
-        net.train()
-        for s in range(steps):
-            xb = torch.from_numpy(x[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
-            yb = torch.from_numpy(y[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
-            optimizer.zero_grad()
-            loss = loss_fn(net(xb), yb)
-            loss.backward()
-            optimizer.step()
-        mean_loss = hvd.allreduce(loss.detach(), name="loss").item()
-        if hvd.rank() == 0:
-            print(f"epoch {epoch + 1}: loss {mean_loss:.4f}")
+    fit_epochs(net, optimizer, x, y, epochs, lambda t: hvd.allreduce(t, name="loss").item(), hvd.rank())
     if hvd.rank() != 0:
         return None
     x_test, y_test = get_dataset(data_dir, "test")
@@ -156,21 +163,12 @@ def train_ddp(data_dir, epochs, learning_rate):
     x, y = get_dataset(data_dir, "train", rank, size)
     net = DistributedDataParallel(make_net())
     optimizer = torch.optim.SGD(net.parameters(), lr=learning_rate * size, momentum=0.5)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    steps = len(x) // BATCH_SIZE
-    for epoch in range(epochs):
-        net.train()
-        for s in range(steps):
-            xb = torch.from_numpy(x[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
-            yb = torch.from_numpy(y[s * BATCH_SIZE : (s + 1) * BATCH_SIZE])
-            optimizer.zero_grad()
-            loss = loss_fn(net(xb), yb)
-            loss.backward()
-            optimizer.step()
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        if rank == 0:
-            print(f"epoch {epoch + 1}: loss {mean_loss.item() / size:.4f}")
+
+    def mean_of(t):
+        dist.all_reduce(t)
+        return t.item() / size
+
+    fit_epochs(net, optimizer, x, y, epochs, mean_of, rank)
     result = None
     if rank == 0:
         x_test, y_test = get_dataset(data_dir, "test")
