@@ -120,8 +120,16 @@ def test_rank_environment_names_rank_zeros_held_port_and_the_topology():
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(setup, None)
 
 
+@pytest.fixture
+def spark_with_fns(spark):
+    """The shared session, its executors able to import torch_fns (the functions the ranks run)."""
+    spark.sparkContext.addPyFile(str(HERE / "torch_fns.py"))
+    return spark
+
+
 @pytest.mark.spark
-def test_on_spark_the_ranks_are_barrier_tasks(spark):
+def test_on_spark_the_ranks_are_barrier_tasks(spark_with_fns):
+    spark = spark_with_fns
     values = Distributor(num_processes=2, local_mode=False, use_gpu=False, spark=spark).run(
         torch_fns.allreduce_rank, 1.0
     )
@@ -129,7 +137,8 @@ def test_on_spark_the_ranks_are_barrier_tasks(spark):
 
 
 @pytest.mark.spark
-def test_on_spark_use_gpu_needs_the_tasks_gpu_resources(spark):
+def test_on_spark_use_gpu_needs_the_tasks_gpu_resources(spark_with_fns):
+    spark = spark_with_fns
     with pytest.raises(NodeFailure) as info:
         Distributor(num_processes=2, local_mode=False, use_gpu=True, spark=spark).run(torch_fns.allreduce_rank, 1.0)
     assert "Spark task has no 'gpu' resources; set spark.task.resource.gpu.amount" in str(info.value)
