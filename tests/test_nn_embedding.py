@@ -111,6 +111,21 @@ def test_the_tables_gradient_holds_only_the_last_passes_rows():
     np.testing.assert_array_equal(m.touched_rows()[0][3], np.arange(10, 18))
 
 
+@pytest.mark.parametrize("rows", [300, 3_000_000])
+def test_touched_rows_are_the_sorted_unique_ids_of_small_and_large_tables(rows):
+    """A table of few rows for its batch collects its ids through a bitmap, a large one by radix sort."""
+    m = _ids_model(k=6, rows=rows, dim=1)
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, rows, size=(5, 6)).astype(np.int32)
+    x[1] = x[0]  # repeats
+    x[2, :2] = [0, rows - 1]
+    for _ in range(2):  # the second pass reuses the buffers (the bitmap left clear)
+        m.compute_gradients(x, np.ones((5, 3), np.float32))
+        ((_, _, _, ids),) = m.touched_rows()
+        np.testing.assert_array_equal(ids, np.unique(x))
+        x = (x + 1) % rows
+
+
 def _sparse_problem(seed, rows=40, dim=5, extra=7):
     """params of [extra dense | table rows x dim | extra dense], and gradients zero outside some rows."""
     rng = np.random.default_rng(seed)
