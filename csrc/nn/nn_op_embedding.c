@@ -120,8 +120,11 @@ static int pull_rows(Model *m, int l, const int32_t *ids, size_t n, SgError *err
 }
 
 /* The loops below, compiled for AVX-512, AVX2 and the baseline and picked
- * at load time (copies and sums: every clone gives the same floats). */
-#define EMB_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+ * at load time (copies and sums: every clone gives the same floats); rows
+ * of a few floats copied and cleared in the loop, not by a call per row. */
+#define EMB_CLONES                                                                                 \
+    __attribute__((target_clones("avx512f", "avx2", "default"),                                    \
+                   optimize("no-tree-loop-distribute-patterns")))
 
 /* ids[i] = src[i] for i < n while each is an integer in [0, rows): n, or
  * the first position that is not. */
@@ -265,8 +268,7 @@ static int unique_ids(NnTable *tb, size_t rows, int32_t *a, int32_t *tmp, size_t
 
 /* g[ids[i]] = 0 for i < n: rows of a few floats, stored in the loop (not a
  * memset call per row). */
-EMB_CLONES __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void
-zero_rows(float *g, const int32_t *ids, size_t n, size_t D)
+EMB_CLONES static void zero_rows(float *g, const int32_t *ids, size_t n, size_t D)
 {
     for (size_t i = 0; i < n; i++) {
         float *restrict row = g + (size_t)ids[i] * D;

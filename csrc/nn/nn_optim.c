@@ -320,19 +320,23 @@ typedef struct StepArgs {
     double lr_d, bc1_d, bc2_d;
 } StepArgs;
 
-static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
+/* The hot loops, compiled for AVX-512, AVX2 and the baseline and picked at
+ * load time; no contraction into fused multiply-adds (which AVX-512 and
+ * AVX2 offer), so every clone rounds as the baseline does. (They vectorise
+ * because the build passes -fno-math-errno: sqrtf setting errno kept them
+ * scalar.) */
+#define OPTIM_CLONES                                                                               \
+    __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+
+/* (the clones' options, so that it inlines into them) */
+__attribute__((optimize("fp-contract=off"))) static inline float
+grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
 {
     float v = g[i] * scale;
     if (clipv > 0.0f)
         v = v > clipv ? clipv : (v < -clipv ? -clipv : v);
     return v;
 }
-
-/* The hot loops, compiled for AVX-512, AVX2 and the baseline and picked at
- * load time; no contraction into fused multiply-adds (which AVX-512 and
- * AVX2 offer), so every clone rounds as the baseline does. */
-#define OPTIM_CLONES                                                                               \
-    __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
 
 /* One update over a contiguous range; restrict pointers and loop-invariant
  * locals let the compiler vectorise each loop. */
@@ -719,31 +723,19 @@ static void update_dense(const StepArgs *a, float *params, const float *grads, f
     }
 }
 
-/* Lazy Adam on one row of dim floats, as torch.optim.SparseAdam computes it:
+/* Lazy Adam on rows [lo, hi) of the listed ids of table t, as
+ * torch.optim.SparseAdam computes it:
  * m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2), p -= ss * m / (sqrt(v) + eps)
- * with ss = lr * sqrt(1 - b2^t) / (1 - b1^t). */
-static void adam_row(const StepArgs *a, float *restrict p, const float *restrict g,
-                     float *restrict m, float *restrict v, size_t dim)
-{
-    const float b1 = a->b1, b2 = a->b2, eps = a->eps, ss = a->step_size, scale = a->scale,
-                clipv = a->clipv;
-#pragma omp simd
-    for (size_t i = 0; i < dim; i++) {
-        const float gi = grad_at(g, (ptrdiff_t)i, scale, clipv);
-        m[i] += (gi - m[i]) * (1.0f - b1);
-        v[i] += (gi * gi - v[i]) * (1.0f - b2);
-        p[i] += -ss * (m[i] / (sqrtf(v[i]) + eps));
-    }
-}
-
-/* Rows [lo, hi) of the listed ids of table t, lazy Adam; the state and
- * parameters of the rows ahead prefetched (scattered over the table, likely
- * cold), each row's first and last line. */
+ * with ss = lr * sqrt(1 - b2^t) / (1 - b1^t). The state and parameters of the
+ * rows ahead are prefetched (scattered over the table, likely cold), each
+ * row's first and last line. */
 #define ROWS_AHEAD 16
 OPTIM_CLONES static void adam_rows(const StepArgs *r, float *p, const float *g, float *s0,
                                    float *s1, const OptimRows *t, size_t lo, size_t hi)
 {
     const size_t dim = t->dim;
+    const float b1 = r->b1, b2 = r->b2, eps = r->eps, ss = r->step_size, scale = r->scale,
+                clipv = r->clipv;
     for (size_t i = lo; i < hi; i++) {
         if (i + ROWS_AHEAD < hi) {
             const size_t ahead = t->off + (size_t)t->ids[i + ROWS_AHEAD] * dim,
@@ -760,7 +752,14 @@ OPTIM_CLONES static void adam_rows(const StepArgs *r, float *p, const float *g, 
             }
         }
         const size_t at = t->off + (size_t)t->ids[i] * dim;
-        adam_row(r, p + at, g + at, s0 + at, s1 + at, dim);
+        float *restrict pr = p + at, *restrict m = s0 + at, *restrict v = s1 + at;
+        const float *restrict gr = g + at;
+        for (size_t j = 0; j < dim; j++) {
+            const float gj = grad_at(gr, (ptrdiff_t)j, scale, clipv);
+            m[j] += (gj - m[j]) * (1.0f - b1);
+            v[j] += (gj * gj - v[j]) * (1.0f - b2);
+            pr[j] += -ss * (m[j] / (sqrtf(v[j]) + eps));
+        }
     }
 }
 
