@@ -126,6 +126,8 @@ static int pull_rows(Model *m, int l, const int32_t *ids, size_t n, SgError *err
     __attribute__((target_clones("avx512f", "avx2", "default"),                                    \
                    optimize("no-tree-loop-distribute-patterns")))
 
+#define ROWS_AHEAD 16 /* rows prefetched ahead of the one read */
+
 /* ids[i] = src[i] for i < n while each is an integer in [0, rows): n, or
  * the first position that is not. */
 EMB_CLONES static size_t float_ids(int32_t *restrict ids, const float *restrict src, size_t n,
@@ -153,6 +155,8 @@ EMB_CLONES static void gather_rows(float *restrict dst, const float *restrict ta
                                    const int32_t *ids, size_t lo, size_t hi, size_t D)
 {
     for (size_t i = lo; i < hi; i++) {
+        if (i + ROWS_AHEAD < hi) /* scattered over the table: fetched ahead */
+            __builtin_prefetch(table + (size_t)ids[i + ROWS_AHEAD] * D, 0);
         const float *restrict row = table + (size_t)ids[i] * D;
         float *restrict out = dst + i * D;
         for (size_t j = 0; j < D; j++)
@@ -165,6 +169,8 @@ EMB_CLONES static void scatter_rows(float *g, const float *dy, const int32_t *id
                                     size_t D)
 {
     for (size_t i = 0; i < n; i++) {
+        if (i + ROWS_AHEAD < n)
+            __builtin_prefetch(g + (size_t)ids[i + ROWS_AHEAD] * D, 1);
         float *restrict row = g + (size_t)ids[i] * D;
         const float *restrict d = dy + i * D;
         for (size_t j = 0; j < D; j++)
