@@ -164,17 +164,37 @@ EMB_CLONES static void gather_rows(float *restrict dst, const float *restrict ta
     }
 }
 
-/* g[ids[i]] += dy[i] for i < n, in order (a repeated id sums as before). */
+/* g[ids[i]] += dy[i] for the i < n whose id is in [lo, hi), in order (a
+ * repeated id sums as on one thread, whichever thread owns its rows). */
 EMB_CLONES static void scatter_rows(float *g, const float *dy, const int32_t *ids, size_t n,
-                                    size_t D)
+                                    size_t D, int32_t lo, int32_t hi)
 {
     for (size_t i = 0; i < n; i++) {
-        if (i + ROWS_AHEAD < n)
+        if (i + ROWS_AHEAD < n && ids[i + ROWS_AHEAD] >= lo && ids[i + ROWS_AHEAD] < hi)
             __builtin_prefetch(g + (size_t)ids[i + ROWS_AHEAD] * D, 1);
+        if (ids[i] < lo || ids[i] >= hi)
+            continue;
         float *restrict row = g + (size_t)ids[i] * D;
         const float *restrict d = dy + i * D;
         for (size_t j = 0; j < D; j++)
             row[j] += d[j];
+    }
+}
+
+/* scatter_rows over the table's rows, split by row among the OpenMP
+ * threads when the batch is large: no two threads add into one row. */
+static void scatter_add(float *g, const float *dy, const int32_t *ids, size_t n, size_t D,
+                        size_t rows)
+{
+    const int nt = n * D >= 65536 ? omp_get_max_threads() : 1;
+    if (nt <= 1) {
+        scatter_rows(g, dy, ids, n, D, 0, (int32_t)rows);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const size_t k = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        scatter_rows(g, dy, ids, n, D, (int32_t)(rows * k / T), (int32_t)(rows * (k + 1) / T));
     }
 }
 
@@ -355,7 +375,7 @@ static int embedding_backward(Model *m, Plan *p, int l, const NnOpBackward *how,
     tr->ids = tb->ids;
     const int32_t *ids = (const int32_t *)p->lp[l].scratch;
     const float *dy = op_ddst(m, p, l);
-    scatter_rows(g, dy, ids, n, D);
+    scatter_add(g, dy, ids, n, D, tr->rows);
     memcpy(tb->ids + tr->nids, ids, n * sizeof *ids);
     tr->nids += n;
     if (!m->tells[l])

@@ -776,7 +776,8 @@ static void update_rows(const StepArgs *a, float *p, const float *g, float *s0, 
         r.scales = NULL;
     }
     const size_t dim = t->dim, nids = t->nids;
-    const int nt = nids * dim >= 65536 ? omp_get_max_threads() : 1;
+    /* threads for many floats, or many rows (each a few cache misses) */
+    const int nt = nids * dim >= 65536 || nids >= 4096 ? omp_get_max_threads() : 1;
     if (a->kind == OPTIM_ADAM) {
         /* SparseAdam's step size, in double as torch computes it, then float */
         r.step_size = a->lr_d * sqrt(a->bc2_d) / a->bc1_d;
