@@ -154,7 +154,12 @@ int optim_create(Optimizer **out, const OptimConfig *cfg, size_t n, SgError *err
     o->n = n;
     o->nslots = slots_for(cfg);
     if (o->nslots > 0 && n > 0) {
-        o->state = calloc((size_t)o->nslots * n, sizeof(float));
+        /* on a cache line: an Embedding row of 16 floats is one line of the
+         * first slot (the lazy update's reads are scattered, line by line) */
+        const size_t bytes = ((size_t)o->nslots * n * sizeof(float) + 63) / 64 * 64;
+        o->state = aligned_alloc(64, bytes);
+        if (o->state != NULL)
+            memset(o->state, 0, bytes);
         if (o->state == NULL) {
             int nslots = o->nslots;
             free(o);
