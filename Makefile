@@ -23,7 +23,7 @@ CORE_SRC := $(shell find csrc -name '*.c' -not -path 'csrc/py/*')
 PYSRC := $(shell find python -name '*.py' -o -name '*.pyi')
 CTESTS := $(patsubst tests/c/%.c,build/ctest/%,$(wildcard tests/c/test_*.c))
 FUZZERS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
-CFLAGS_C := -std=c11 -O2 -g -Wall -Wextra -Wno-missing-field-initializers -fopenmp -D_GNU_SOURCE -Icsrc
+CFLAGS_C := -std=c11 -O2 -g -Wall -Wextra -Wno-missing-field-initializers -fopenmp -fno-math-errno -D_GNU_SOURCE -Icsrc
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
 export PYTHONPATH := $(CURDIR)/python

@@ -28,8 +28,10 @@ Systems, each in its own subprocess per configuration and thread count (1 and 2;
 REPEATS segments after a warm-up (pipelines and data built before the timer):
 
   sparkgrad sparkgrad.nn's functional model (Input(dtype="int32"), Embedding, Concatenate, Dense,
-            BatchNormalization, Adam, whose Embedding update is lazy: the rows a batch touched). Until
-            sparkgrad has Embedding its rows say "not measured: sparkgrad: Embedding not available".
+            BatchNormalization, Adam, whose Embedding update is lazy: the rows a batch touched), compiled
+            with precision "fp32" and "bf16" (Dense GEMMs on bf16 copies, f32 accumulation; tables,
+            parameters and optimizer state f32; where the CPU has native bf16). Until sparkgrad has
+            Embedding its rows say "not measured: sparkgrad: Embedding not available".
   PyTorch   dense nn.Embedding with Adam: eager, torch.compile, bf16 autocast; nn.Embedding(sparse=True)
             with SparseAdam for the tables and Adam for the rest: eager, with the MLP compiled, with bf16
             autocast. Embedding initialised uniform in [-0.05, 0.05], Linear glorot-uniform with zero bias
@@ -38,7 +40,7 @@ REPEATS segments after a warm-up (pipelines and data built before the timer):
             100 (--quick: 1 and 100) x jit_compile False/True, and mixed_bfloat16 at the largest
             steps_per_execution where the CPU has bf16.
 
-Each anchor's best configuration per model and thread count is the one compared (ratio rows name it).
+Each system's best configuration per model and thread count is the one compared (ratio rows name it).
 Quality: each system's fastest configuration at the fewest threads trains the same epochs over the same
 training rows for seeds 1..3 (--seeds) and is scored on the test rows with the same AUC/R2 code (exact ROC
 AUC by ranks); the rows give every seed, the median over seeds, and sparkgrad's median minus PyTorch's
@@ -299,7 +301,11 @@ def peak_rss_mb() -> float:
 # (epochs(scale, task) over the training rows, then the test rows predicted), or {"unsupported": why}.
 
 
-def worker_sparkgrad(task_name: str, threads: int, mode: str, folder: str, seed: int, scale: Scale) -> dict:
+SPARKGRAD_CONFIGS = ("fp32", "bf16")  # compile(precision=...)
+
+
+def worker_sparkgrad(task_name: str, threads: int, mode: str, folder: str, seed: int, scale: Scale,
+                     config: str = "fp32") -> dict:  # fmt: skip
     try:
         from sparkgrad.nn import Embedding, Input
 
@@ -320,6 +326,11 @@ def worker_sparkgrad(task_name: str, threads: int, mode: str, folder: str, seed:
         set_num_threads,
     )
 
+    if config == "bf16":
+        from sparkgrad import _core
+
+        if not _core.bf16_supported():
+            return {"unsupported": "no native bf16 on this CPU (AVX512_BF16/AMX, as oneDNN sees it)"}
     set_num_threads(threads)
     task = TASKS[task_name]
     train, test, rows = load_data(folder, task_name)
@@ -335,7 +346,7 @@ def worker_sparkgrad(task_name: str, threads: int, mode: str, folder: str, seed:
         h = Concatenate()([h, Flatten()(Embedding(rows, 1)(cat_in))])
     out = Dense(1, activation="sigmoid" if task.quality == "auc" else None)(h)
     model = Model([cat_in, num_in], out, seed=seed)
-    model.compile(optimizer=Adam(LEARNING_RATE, epsilon=EPSILON), loss=task.loss)
+    model.compile(optimizer=Adam(LEARNING_RATE, epsilon=EPSILON), loss=task.loss, precision=config)
     x = {"cat": train["cat"], "num": train["num"]}
     if mode == "quality":
         t = time.perf_counter()
@@ -732,7 +743,7 @@ def tf_python() -> tuple[str | None, str]:
 
 def configs(system: str, quick: bool) -> list[str]:
     if system == "sparkgrad":
-        return [""]
+        return list(SPARKGRAD_CONFIGS)
     return list(TORCH_CONFIGS) if system == "torch" else list(keras_configs(quick))
 
 
@@ -849,26 +860,26 @@ def speed_rows(task: Task, t: int, systems, scale: Scale, run, rows: list, table
             found.append((med, config, res))
         if not found:
             why = "; ".join(dict.fromkeys(reasons))
-            if system != "sparkgrad":  # sparkgrad's single configuration already has its row
-                rows.append(benchlib.not_measured(system, metric, why, "samples/s"))
+            rows.append(benchlib.not_measured(system, metric, why, "samples/s"))
             best_config.setdefault((system, task.name), (None, why))
             continue
         med, config, res = max(found, key=lambda f: f[0])
         best[system] = (med, config)
         if best_config.get((system, task.name), (None,))[0] is None:  # the first thread count's fastest
             best_config[(system, task.name)] = (config, "")
-        if system != "sparkgrad":  # the anchor at its best, the one compared
-            rows.append(benchlib.median_row(system, metric, res["rates"], unit, digits=0, config=config))
+        # each system at its best, the one compared
+        rows.append(benchlib.median_row(system, metric, res["rates"], unit, digits=0, config=config))
     ours = best.get("sparkgrad")
     for system, (med, config) in best.items():
         if system == "sparkgrad":
-            table.append((tag, system, "", f"{med:,.0f}", ""))
+            table.append((tag, system, f"best: {config}", f"{med:,.0f}", ""))
             continue
-        ratio = f"{ours[0] / med:.2f}x" if ours else ""
+        ratio = f"{ours[0] / med:.2f}x ({ours[1]})" if ours else ""
         table.append((tag, system, f"best: {config}", f"{med:,.0f}", ratio))
         if ours:
             rows.append(benchlib.row("sparkgrad", f"{tag}_ratio_vs_{system}", round(ours[0] / med, 2),
-                                     f"x (medians; {system} at its best: {config})"))  # fmt: skip
+                                     f"x (medians; sparkgrad at its best: {ours[1]}; {system} at its best: "
+                                     f"{config})"))  # fmt: skip
         else:
             rows.append(benchlib.not_measured("sparkgrad", f"{tag}_ratio_vs_{system}",
                                               "sparkgrad not measured", "x"))  # fmt: skip
@@ -937,6 +948,8 @@ def notes(scale: Scale, facts: dict, keras_python: str | None, keras_found: str)
         f"quality: each system's fastest configuration at one thread, {scale.click_epochs} epoch(s) (click) and "
         f"{scale.rossmann_epochs} (rossmann) over the training rows per seed, scored on the test rows with one "
         "exact ROC AUC (ranks) and R2; the median over seeds compared",
+        'sparkgrad: compile(precision="fp32") and compile(precision="bf16") (bf16 Dense GEMMs, f32 tables, '
+        "parameters and optimizer state), the lazy Adam on the touched rows",
         "PyTorch: dense nn.Embedding + Adam (eager, torch.compile, bf16 autocast) and nn.Embedding(sparse=True) + "
         "SparseAdam with Adam for the rest (eager, MLP compiled, bf16 autocast); Keras: steps_per_execution x "
         "jit_compile, mixed_bfloat16 at the largest steps_per_execution",

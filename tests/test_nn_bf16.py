@@ -30,8 +30,13 @@ def bf16(a: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
-def mlp(seed=1):
-    return Sequential([Dense(32, activation="relu", input_shape=(40,)), Dense(10)], seed=seed)
+def mlp(seed=1, inputs=40):
+    return Sequential([Dense(32, activation="relu", input_shape=(inputs,)), Dense(10)], seed=seed)
+
+
+def mlp_odd(seed=1):
+    """An odd input width: the optimizer's bf16 copy of the first kernel pairs its last row with zeros."""
+    return mlp(seed, inputs=41)
 
 
 def cnn(seed=1):
@@ -135,7 +140,10 @@ def test_bf16_cnn_step_matches_the_fp32_step_within_bf16_rounding():
 
 
 @needs_bf16
-@pytest.mark.parametrize(("make", "shape", "optimizer"), [(mlp, (40,), "sgd"), (cnn, (12, 12, 1), "adadelta")])
+@pytest.mark.parametrize(
+    ("make", "shape", "optimizer"),
+    [(mlp, (40,), "sgd"), (mlp_odd, (41,), "sgd"), (mlp_odd, (41,), "adam"), (cnn, (12, 12, 1), "adadelta")],
+)
 def test_bf16_training_is_the_same_in_one_run_of_steps_or_one_call_per_step(make, shape, optimizer):
     """The bf16 copies (inputs gathered into bf16, activations handed on in bf16,
     weights converted per step) carry no state from one call into the next: a

@@ -23,8 +23,10 @@ from sparkgrad.nn import (
     Input,
     Model,
     Sequential,
+    get_num_threads,
     load_model,
     save_model,
+    set_num_threads,
 )
 from test_nn_distributed import _fit_two_ranks, two_ranks
 
@@ -109,6 +111,21 @@ def test_the_tables_gradient_holds_only_the_last_passes_rows():
     nonzero = np.flatnonzero(np.abs(g).sum(axis=1))
     np.testing.assert_array_equal(nonzero, np.arange(10, 18))
     np.testing.assert_array_equal(m.touched_rows()[0][3], np.arange(10, 18))
+
+
+@pytest.mark.parametrize("rows", [300, 3_000_000])
+def test_touched_rows_are_the_sorted_unique_ids_of_small_and_large_tables(rows):
+    """A table of few rows for its batch collects its ids through a bitmap, a large one by radix sort."""
+    m = _ids_model(k=6, rows=rows, dim=1)
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, rows, size=(5, 6)).astype(np.int32)
+    x[1] = x[0]  # repeats
+    x[2, :2] = [0, rows - 1]
+    for _ in range(2):  # the second pass reuses the buffers (the bitmap left clear)
+        m.compute_gradients(x, np.ones((5, 3), np.float32))
+        ((_, _, _, ids),) = m.touched_rows()
+        np.testing.assert_array_equal(ids, np.unique(x))
+        x = (x + 1) % rows
 
 
 def _sparse_problem(seed, rows=40, dim=5, extra=7):
@@ -532,3 +549,27 @@ def test_a_model_takes_a_column_per_input_beyond_sixteen():
     parts = [Concatenate()(many[i : i + 64]) if len(many[i : i + 64]) > 1 else many[i] for i in range(0, 65, 64)]
     with pytest.raises(ModelError, match="1 to 64 inputs"):
         Model(many, Dense(1)(Concatenate()(parts)))
+
+
+@pytest.mark.parametrize("dim", [16, 1])
+def test_training_on_one_or_three_threads_gives_the_same_tables(dim):
+    """Batches large enough for the threaded gather, scatter-add (rows split by thread) and lazy Adam
+    train bit for bit as on one thread."""
+    rng = np.random.default_rng(5)
+    rows = 60_000
+    x = rng.integers(0, rows, size=(1024, 26)).astype(np.int32)
+    x[:, 0] = x[0, 0]  # one row repeated through the whole batch
+    y = rng.normal(size=(1024, 26 * dim)).astype(np.float32)
+    old = get_num_threads()
+    params = []
+    try:
+        for threads in (1, 3):
+            set_num_threads(threads)
+            ids = Input(shape=(26,), dtype="int32", name="ids")
+            m = Model(ids, Flatten()(Embedding(rows, dim)(ids)), seed=4)
+            m.compile(optimizer=Adam(0.01), loss="mse")
+            m.fit(x, y, batch_size=512, epochs=2, verbose=0, shuffle=False)
+            params.append(m.params.copy())
+    finally:
+        set_num_threads(old)
+    np.testing.assert_array_equal(params[0], params[1])

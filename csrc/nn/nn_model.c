@@ -394,6 +394,7 @@ void model_free(Model *m)
     for (int i = 0; i < m->ntables; i++) {
         free(m->tables[i].ids);
         free(m->tables[i].tmp);
+        free(m->tables[i].seen);
     }
     free(m->tables);
     free(m->touched);

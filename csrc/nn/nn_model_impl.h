@@ -78,6 +78,7 @@ typedef struct NnTable {
     int32_t *ids; /* [cap]: the batch's ids collected, then sorted and made unique */
     int32_t *tmp; /* [cap]: the sort's scratch */
     size_t cap;
+    uint64_t *seen; /* [(rows + 63) / 64] bits, zero between calls: unique_ids' bitmap */
     /* what of the table's gradient range may be nonzero: the touched rows
      * (grads_rows), or any row (grads_whole: a gradient hook wrote the
      * buffer); the next backward clears it first */

@@ -31,6 +31,7 @@
 #include "nn/nn_op.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ static int bad_id(const Model *m, const Plan *p, int l, size_t i, float v, SgErr
                    i % per, (long long)p->rows[i / per], where, what);
 }
 
-static size_t sort_unique(int32_t *a, int32_t *tmp, size_t n);
+static int unique_ids(NnTable *tb, size_t rows, int32_t *a, int32_t *tmp, size_t *n, SgError *err);
 static int reserve_ids(NnTable *tb, size_t have, size_t more, SgError *err);
 
 /* Asks the hook (rows()) for the rows the batch's n ids read, sorted and
@@ -110,10 +111,91 @@ static int pull_rows(Model *m, int l, const int32_t *ids, size_t n, SgError *err
         tr->ids = tb->ids; /* the buffers may have moved */
     int32_t *want = tb->ids + keep, *tmp = tb->tmp + keep;
     memcpy(want, ids, n * sizeof *ids);
-    const size_t u = sort_unique(want, tmp, n);
+    size_t u = n;
+    if ((rc = unique_ids(tb, tr->rows, want, tmp, &u, err)) < 0)
+        return sg_context(err, "layer %d (Embedding): ", l);
     if ((rc = m->hook->rows(m->hook->ctx, m->params, tr, want, u, err)) < 0)
         return sg_context(err, "layer %d (Embedding): the gradient hook's rows: ", l);
     return 0;
+}
+
+/* The loops below, compiled for AVX-512, AVX2 and the baseline and picked
+ * at load time (copies and sums: every clone gives the same floats); rows
+ * of a few floats copied and cleared in the loop, not by a call per row. */
+#define EMB_CLONES                                                                                 \
+    __attribute__((target_clones("avx512f", "avx2", "default"),                                    \
+                   optimize("no-tree-loop-distribute-patterns")))
+
+#define ROWS_AHEAD 16 /* rows prefetched ahead of the one read */
+
+/* ids[i] = src[i] for i < n while each is an integer in [0, rows): n, or
+ * the first position that is not. */
+EMB_CLONES static size_t float_ids(int32_t *restrict ids, const float *restrict src, size_t n,
+                                   float rows)
+{
+    for (size_t lo = 0; lo < n; lo += 256) { /* a block checked at once, then converted */
+        const size_t hi = n - lo < 256 ? n : lo + 256;
+        int bad = 0;
+        for (size_t i = lo; i < hi; i++)
+            bad |= !(src[i] >= 0.0f && src[i] < rows) | (src[i] != floorf(src[i]));
+        if (bad) {
+            for (size_t i = lo; i < hi; i++)
+                if (!(src[i] >= 0.0f && src[i] < rows) || src[i] != floorf(src[i]))
+                    return i;
+        }
+        for (size_t i = lo; i < hi; i++)
+            ids[i] = (int32_t)src[i];
+    }
+    return n;
+}
+
+/* dst[i] = table[ids[i]] for i in [lo, hi): rows of a few floats, a loop the
+ * compiler vectorises (a memcpy call each costs more). */
+EMB_CLONES static void gather_rows(float *restrict dst, const float *restrict table,
+                                   const int32_t *ids, size_t lo, size_t hi, size_t D)
+{
+    for (size_t i = lo; i < hi; i++) {
+        if (i + ROWS_AHEAD < hi) /* scattered over the table: fetched ahead */
+            __builtin_prefetch(table + (size_t)ids[i + ROWS_AHEAD] * D, 0);
+        const float *restrict row = table + (size_t)ids[i] * D;
+        float *restrict out = dst + i * D;
+        for (size_t j = 0; j < D; j++)
+            out[j] = row[j];
+    }
+}
+
+/* g[ids[i]] += dy[i] for the i < n whose id is in [lo, hi), in order (a
+ * repeated id sums as on one thread, whichever thread owns its rows). */
+EMB_CLONES static void scatter_rows(float *g, const float *dy, const int32_t *ids, size_t n,
+                                    size_t D, int32_t lo, int32_t hi)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (i + ROWS_AHEAD < n && ids[i + ROWS_AHEAD] >= lo && ids[i + ROWS_AHEAD] < hi)
+            __builtin_prefetch(g + (size_t)ids[i + ROWS_AHEAD] * D, 1);
+        if (ids[i] < lo || ids[i] >= hi)
+            continue;
+        float *restrict row = g + (size_t)ids[i] * D;
+        const float *restrict d = dy + i * D;
+        for (size_t j = 0; j < D; j++)
+            row[j] += d[j];
+    }
+}
+
+/* scatter_rows over the table's rows, split by row among the OpenMP
+ * threads when the batch is large: no two threads add into one row. */
+static void scatter_add(float *g, const float *dy, const int32_t *ids, size_t n, size_t D,
+                        size_t rows)
+{
+    const int nt = n * D >= 65536 ? omp_get_max_threads() : 1;
+    if (nt <= 1) {
+        scatter_rows(g, dy, ids, n, D, 0, (int32_t)rows);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const size_t k = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        scatter_rows(g, dy, ids, n, D, (int32_t)(rows * k / T), (int32_t)(rows * (k + 1) / T));
+    }
 }
 
 /* out[i] = table[ids[i]], the ids checked first. */
@@ -123,27 +205,25 @@ static int embedding_forward(Model *m, Plan *p, int l, int training, SgError *er
     if (rc < 0)
         return rc;
     const size_t n = (size_t)p->B * ids_per_sample(m, l), D = (size_t)m->specs[l].units;
-    const float *src = op_src(m, p, l, 0), rows = (float)m->specs[l].input_dim;
+    const float *src = op_src(m, p, l, 0);
     int32_t *ids = (int32_t *)p->lp[l].scratch;
-    for (size_t i = 0; i < n; i++) {
-        const float v = src[i];
-        if (!(v >= 0.0f && v < rows) || v != floorf(v))
-            return bad_id(m, p, l, i, v, err);
-        ids[i] = (int32_t)v;
-    }
+    const size_t bad = float_ids(ids, src, n, (float)m->specs[l].input_dim);
+    if (bad < n)
+        return bad_id(m, p, l, bad, src[bad], err);
     if (training && m->hook != NULL && m->hook->sparse && m->hook->rows != NULL &&
         (rc = pull_rows(m, l, ids, n, err)) < 0)
         return rc;
     const float *table = m->params + op_param(m, l, 0)->offset;
     float *dst = op_dst(m, p, l);
-    /* rows of a few floats: a loop the compiler vectorises beats a memcpy call each */
-#pragma omp parallel for schedule(static) if (n * D >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        const float *restrict row = table + (size_t)ids[i] * D;
-        float *restrict out = dst + i * D;
-#pragma omp simd
-        for (size_t j = 0; j < D; j++)
-            out[j] = row[j];
+    const int nt = n * D >= 65536 ? omp_get_max_threads() : 1;
+    if (nt <= 1) {
+        gather_rows(dst, table, ids, 0, n, D);
+        return 0;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const size_t k = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        gather_rows(dst, table, ids, n * k / T, n * (k + 1) / T, D);
     }
     return 0;
 }
@@ -176,6 +256,53 @@ static size_t sort_unique(int32_t *a, int32_t *tmp, size_t n)
     return u;
 }
 
+/* Sorts a[0..n) (values in [0, 2^24)) and drops repeats through the bitmap
+ * seen (zero on entry and on return): a bit set per value, then the set bits
+ * read back in order. The count of distinct values. */
+static size_t bitmap_unique(int32_t *a, size_t n, uint64_t *seen, size_t words)
+{
+    for (size_t i = 0; i < n; i++)
+        seen[(uint32_t)a[i] >> 6] |= (uint64_t)1 << (a[i] & 63);
+    size_t u = 0;
+    for (size_t w = 0; w < words; w++) {
+        uint64_t x = seen[w];
+        if (x == 0)
+            continue;
+        seen[w] = 0;
+        for (; x != 0; x &= x - 1)
+            a[u++] = (int32_t)(w * 64 + (size_t)__builtin_ctzll(x));
+    }
+    return u;
+}
+
+/* a[0..*n) of a table of `rows` sorted and made unique, *n the count left:
+ * through the table's bitmap where reading it back costs no more than a few
+ * passes over the ids (rows <= 256 n: the batch's ids of one table usually
+ * are), else by radix sort. */
+static int unique_ids(NnTable *tb, size_t rows, int32_t *a, int32_t *tmp, size_t *n, SgError *err)
+{
+    const size_t words = (rows + 63) / 64;
+    if (words > 4 * *n) {
+        *n = sort_unique(a, tmp, *n);
+        return 0;
+    }
+    if (tb->seen == NULL && (tb->seen = calloc(words, sizeof *tb->seen)) == NULL)
+        return sg_fail(err, SG_ENOMEM, "Embedding: cannot allocate a bitmap of %zu rows", rows);
+    *n = bitmap_unique(a, *n, tb->seen, words);
+    return 0;
+}
+
+/* g[ids[i]] = 0 for i < n: rows of a few floats, stored in the loop (not a
+ * memset call per row). */
+EMB_CLONES static void zero_rows(float *g, const int32_t *ids, size_t n, size_t D)
+{
+    for (size_t i = 0; i < n; i++) {
+        float *restrict row = g + (size_t)ids[i] * D;
+        for (size_t j = 0; j < D; j++)
+            row[j] = 0.0f;
+    }
+}
+
 /* Zeroes what the table's gradient range may hold from before: the rows the
  * last backward wrote, or all of it after a hook. */
 static void clear_rows(NnTable *tb, const OptimRows *tr, float *g)
@@ -187,8 +314,7 @@ static void clear_rows(NnTable *tb, const OptimRows *tr, float *g)
         for (size_t at = 0; at < n; at += chunk)
             memset(g + at, 0, (n - at < chunk ? n - at : chunk) * sizeof(float));
     } else if (tb->grads_rows) {
-        for (size_t i = 0; i < tr->nids; i++)
-            memset(g + (size_t)tr->ids[i] * D, 0, D * sizeof(float));
+        zero_rows(g, tr->ids, tr->nids, D);
     }
     tb->grads_whole = tb->grads_rows = 0;
 }
@@ -249,19 +375,14 @@ static int embedding_backward(Model *m, Plan *p, int l, const NnOpBackward *how,
     tr->ids = tb->ids;
     const int32_t *ids = (const int32_t *)p->lp[l].scratch;
     const float *dy = op_ddst(m, p, l);
-    for (size_t i = 0; i < n; i++) {
-        float *row = g + (size_t)ids[i] * D;
-        const float *d = dy + i * D;
-#pragma omp simd
-        for (size_t j = 0; j < D; j++)
-            row[j] += d[j];
-    }
+    scatter_add(g, dy, ids, n, D, tr->rows);
     memcpy(tb->ids + tr->nids, ids, n * sizeof *ids);
     tr->nids += n;
     if (!m->tells[l])
         return 0;
     /* the table's last call: its rows, sorted and unique */
-    tr->nids = sort_unique(tb->ids, tb->tmp, tr->nids);
+    if ((rc = unique_ids(tb, tr->rows, tb->ids, tb->tmp, &tr->nids, err)) < 0)
+        return sg_context(err, "layer %d (Embedding): ", l);
     if (how->sgd_lr != NULL) { /* folded plain SGD: p -= lr * g on those rows, then g = 0 */
         const float lr = *how->sgd_lr;
         float *w = m->params + tr->off;

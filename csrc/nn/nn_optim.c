@@ -154,7 +154,12 @@ int optim_create(Optimizer **out, const OptimConfig *cfg, size_t n, SgError *err
     o->n = n;
     o->nslots = slots_for(cfg);
     if (o->nslots > 0 && n > 0) {
-        o->state = calloc((size_t)o->nslots * n, sizeof(float));
+        /* on a cache line: an Embedding row of 16 floats is one line of the
+         * first slot (the lazy update's reads are scattered, line by line) */
+        const size_t bytes = ((size_t)o->nslots * n * sizeof(float) + 63) / 64 * 64;
+        o->state = aligned_alloc(64, bytes);
+        if (o->state != NULL)
+            memset(o->state, 0, bytes);
         if (o->state == NULL) {
             int nslots = o->nslots;
             free(o);
@@ -320,7 +325,17 @@ typedef struct StepArgs {
     double lr_d, bc1_d, bc2_d;
 } StepArgs;
 
-static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
+/* The hot loops, compiled for AVX-512, AVX2 and the baseline and picked at
+ * load time; no contraction into fused multiply-adds (which AVX-512 and
+ * AVX2 offer), so every clone rounds as the baseline does. (They vectorise
+ * because the build passes -fno-math-errno: sqrtf setting errno kept them
+ * scalar.) */
+#define OPTIM_CLONES                                                                               \
+    __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+
+/* (the clones' options, so that it inlines into them) */
+__attribute__((optimize("fp-contract=off"))) static inline float
+grad_at(const float *restrict g, ptrdiff_t i, float scale, float clipv)
 {
     float v = g[i] * scale;
     if (clipv > 0.0f)
@@ -330,8 +345,9 @@ static inline float grad_at(const float *restrict g, ptrdiff_t i, float scale, f
 
 /* One update over a contiguous range; restrict pointers and loop-invariant
  * locals let the compiler vectorise each loop. */
-static void step_range(const StepArgs *a, float *restrict p, const float *restrict g,
-                       float *restrict s0, float *restrict s1, float *restrict s2, ptrdiff_t n)
+OPTIM_CLONES static void step_range(const StepArgs *a, float *restrict p, const float *restrict g,
+                                    float *restrict s0, float *restrict s1, float *restrict s2,
+                                    ptrdiff_t n)
 {
     const float lr = a->lr, scale = a->scale, clipv = a->clipv, wd = a->wd, mom = a->mom;
     switch (a->kind) {
@@ -475,8 +491,10 @@ cvt_bf16_avx512(const float *src, uint16_t *dst, size_t n)
 #endif
 
 #ifdef HAVE_CVT_BF16
-/* The bf16 copy of rows [r0, r1) (even bounds) of c: per pair of rows and
- * 16 columns, one conversion of 32 values, interleaved, one 64-byte store. */
+/* The bf16 copy of rows [r0, r1) (r0 even; r1 even or c's last row) of c:
+ * per pair of rows and 16 columns, one conversion of 32 values, interleaved,
+ * one 64-byte store. An odd last row pairs with zeros, the padding row the
+ * reorder writes. */
 /* With g (plain SGD, k = lr * scale): first p -= k * g on those rows, as
  * step_range computes it (a product, then a difference: no fused
  * multiply-add), in the same pass. */
@@ -494,18 +512,20 @@ copy_rows_avx512(float *params, const float *grads, float kk, const OptimBf16Cop
     const size_t cols = (size_t)c->cols, ablk = (size_t)c->ablk;
     for (int r = r0; r < r1; r += 2) {
         float *a = p + (size_t)r * cols, *b = a + cols;
+        const int lone = r + 1 == c->rows; /* b is past the tensor: zeros */
         uint16_t *row = c->dst + (size_t)(r / 16) * c->stride_b + (size_t)(r % 16 / 2) * 2 * ablk;
         for (size_t j = 0; j < cols; j += 16) {
             /* the last columns of a width that is no multiple of 16 fill the
              * padding of their block with zeros, as the reorder does */
             __mmask16 k = cols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - j)) - 1u);
-            __m512 va = _mm512_maskz_loadu_ps(k, a + j), vb = _mm512_maskz_loadu_ps(k, b + j);
+            const __mmask16 kb = lone ? 0 : k;
+            __m512 va = _mm512_maskz_loadu_ps(k, a + j), vb = _mm512_maskz_loadu_ps(kb, b + j);
             if (g) {
                 const float *ga = g + (size_t)r * cols, *gb = ga + cols;
                 va = _mm512_sub_ps(va, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, ga + j)));
-                vb = _mm512_sub_ps(vb, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(k, gb + j)));
+                vb = _mm512_sub_ps(vb, _mm512_mul_ps(k16, _mm512_maskz_loadu_ps(kb, gb + j)));
                 _mm512_mask_storeu_ps(a + j, k, va);
-                _mm512_mask_storeu_ps(b + j, k, vb);
+                _mm512_mask_storeu_ps(b + j, kb, vb);
             }
             __m512bh v = _mm512_cvtne2ps_pbh(vb, va);
             __m512i w = _mm512_permutexvar_epi16(pairs, (__m512i)v);
@@ -608,7 +628,7 @@ static int check_copies(const OptimBf16Copy *copies, int ncopies, size_t n, SgEr
     for (int k = 0; k < ncopies; k++) {
         const OptimBf16Copy *c = &copies[k];
         size_t end = c->off + (size_t)c->rows * c->cols;
-        if (!optim_bf16_copy_supported() || end > n || c->rows % 2 || c->cols <= 0 ||
+        if (!optim_bf16_copy_supported() || end > n || c->rows <= 0 || c->cols <= 0 ||
             c->ablk <= 0 || c->ablk % 16 || (k > 0 && c->off < copies[k - 1].off))
             return sg_fail(err, SG_EINVAL,
                            "optimizer: bf16 copy %d ([%d, %d] from %zu, blocks of %d) does not "
@@ -698,29 +718,53 @@ static void update_dense(const StepArgs *a, float *params, const float *grads, f
         }
         for (int k = 0; k < ncopies; k++) {
 #pragma omp for schedule(static)
-            for (int r = 0; r < copies[k].rows / 2; r++) {
+            for (int r = 0; r < (copies[k].rows + 1) / 2; r++) {
 #ifdef HAVE_CVT_BF16
-                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r, 2 * r + 2);
+                copy_rows_avx512(params, NULL, 0.0f, &copies[k], 2 * r,
+                                 2 * r + 2 < copies[k].rows ? 2 * r + 2 : copies[k].rows);
 #endif
             }
         }
     }
 }
 
-/* Lazy Adam on one row of dim floats, as torch.optim.SparseAdam computes it:
+/* Lazy Adam on rows [lo, hi) of the listed ids of table t, as
+ * torch.optim.SparseAdam computes it:
  * m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2), p -= ss * m / (sqrt(v) + eps)
- * with ss = lr * sqrt(1 - b2^t) / (1 - b1^t). */
-static void adam_row(const StepArgs *a, float *restrict p, const float *restrict g,
-                     float *restrict m, float *restrict v, size_t dim)
+ * with ss = lr * sqrt(1 - b2^t) / (1 - b1^t). The state and parameters of the
+ * rows ahead are prefetched (scattered over the table, likely cold), each
+ * row's first and last line. */
+#define ROWS_AHEAD 16
+OPTIM_CLONES static void adam_rows(const StepArgs *r, float *p, const float *g, float *s0,
+                                   float *s1, const OptimRows *t, size_t lo, size_t hi)
 {
-    const float b1 = a->b1, b2 = a->b2, eps = a->eps, ss = a->step_size, scale = a->scale,
-                clipv = a->clipv;
-#pragma omp simd
-    for (size_t i = 0; i < dim; i++) {
-        const float gi = grad_at(g, (ptrdiff_t)i, scale, clipv);
-        m[i] += (gi - m[i]) * (1.0f - b1);
-        v[i] += (gi * gi - v[i]) * (1.0f - b2);
-        p[i] += -ss * (m[i] / (sqrtf(v[i]) + eps));
+    const size_t dim = t->dim;
+    const float b1 = r->b1, b2 = r->b2, eps = r->eps, ss = r->step_size, scale = r->scale,
+                clipv = r->clipv;
+    for (size_t i = lo; i < hi; i++) {
+        if (i + ROWS_AHEAD < hi) {
+            const size_t ahead = t->off + (size_t)t->ids[i + ROWS_AHEAD] * dim,
+                         last = ahead + dim - 1;
+            __builtin_prefetch(p + ahead, 1);
+            __builtin_prefetch(s0 + ahead, 1);
+            __builtin_prefetch(s1 + ahead, 1);
+            __builtin_prefetch(g + ahead, 0);
+            if ((ahead ^ last) >= 16) {
+                __builtin_prefetch(p + last, 1);
+                __builtin_prefetch(s0 + last, 1);
+                __builtin_prefetch(s1 + last, 1);
+                __builtin_prefetch(g + last, 0);
+            }
+        }
+        const size_t at = t->off + (size_t)t->ids[i] * dim;
+        float *restrict pr = p + at, *restrict m = s0 + at, *restrict v = s1 + at;
+        const float *restrict gr = g + at;
+        for (size_t j = 0; j < dim; j++) {
+            const float gj = grad_at(gr, (ptrdiff_t)j, scale, clipv);
+            m[j] += (gj - m[j]) * (1.0f - b1);
+            v[j] += (gj * gj - v[j]) * (1.0f - b2);
+            pr[j] += -ss * (m[j] / (sqrtf(v[j]) + eps));
+        }
     }
 }
 
@@ -736,23 +780,27 @@ static void update_rows(const StepArgs *a, float *p, const float *g, float *s0, 
         r.scale = a->scale * a->scales[k];
         r.scales = NULL;
     }
-    const int adam = a->kind == OPTIM_ADAM;
-    if (adam) /* SparseAdam's step size, in double as torch computes it, then float */
-        r.step_size = a->lr_d * sqrt(a->bc2_d) / a->bc1_d;
     const size_t dim = t->dim, nids = t->nids;
-#pragma omp parallel for schedule(static) if (nids * dim >= 65536)
+    /* threads for many floats, or many rows (each a few cache misses) */
+    const int nt = nids * dim >= 65536 || nids >= 4096 ? omp_get_max_threads() : 1;
+    if (a->kind == OPTIM_ADAM) {
+        /* SparseAdam's step size, in double as torch computes it, then float */
+        r.step_size = a->lr_d * sqrt(a->bc2_d) / a->bc1_d;
+        if (nt <= 1) {
+            adam_rows(&r, p, g, s0, s1, t, 0, nids);
+            return;
+        }
+#pragma omp parallel num_threads(nt)
+        {
+            const size_t k = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+            adam_rows(&r, p, g, s0, s1, t, nids * k / T, nids * (k + 1) / T);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
     for (size_t i = 0; i < nids; i++) {
         const size_t at = t->off + (size_t)t->ids[i] * dim;
-        if (i + 8 < nids && s0 != NULL) { /* the state of rows ahead: scattered, likely cold */
-            const size_t ahead = t->off + (size_t)t->ids[i + 8] * dim;
-            __builtin_prefetch(s0 + ahead, 1);
-            if (s1 != NULL)
-                __builtin_prefetch(s1 + ahead, 1);
-        }
-        if (adam)
-            adam_row(&r, p + at, g + at, s0 + at, s1 + at, dim);
-        else
-            step_span(&r, p, g, s0, s1, s2, at, at + dim);
+        step_span(&r, p, g, s0, s1, s2, at, at + dim);
     }
 }
 

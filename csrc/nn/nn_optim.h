@@ -110,8 +110,9 @@ void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
  * block): element (r, c) is at
  *   dst[(c / ablk) * stride_a + (r / 16) * stride_b + (r % 16 / 2) * 2 * ablk
  *       + (c % ablk) * 2 + r % 2].
- * rows is even, ablk a multiple of 16; the columns of the last block up to
- * the next multiple of 16 are padding, written as zeros. */
+ * ablk is a multiple of 16; the columns of the last block up to the next
+ * multiple of 16 are padding, written as zeros, and so is the row after an
+ * odd last row (rows are padded to 16). */
 typedef struct OptimBf16Copy {
     size_t off;
     int rows, cols, ablk;
