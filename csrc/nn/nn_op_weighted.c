@@ -122,7 +122,8 @@ static int pair_layout(const_dnnl_memory_desc_t md, int oc, int c, OptimBf16Copy
         dnnl_memory_desc_query(md, dnnl_query_submemory_offset_s64, &off0) != dnnl_success)
         return 0;
     if (fk != dnnl_blocked || nd != 2 || nb != 3 || off0 != 0 || (*idxs)[0] != 1 ||
-        (*idxs)[1] != 0 || (*idxs)[2] != 1 || (*blks)[0] != 8 || (*blks)[2] != 2 || (*blks)[1] % 16)
+        (*idxs)[1] != 0 || (*idxs)[2] != 1 || (*blks)[0] != 8 || (*blks)[2] != 2 ||
+        (*blks)[1] % 16 || c % 2)
         return 0;
     /* the columns padded to the block width, and the rows to 16 */
     const dnnl_dims_t *pd;

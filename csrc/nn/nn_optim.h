@@ -112,7 +112,10 @@ void optim_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
  *       + (c % ablk) * 2 + r % 2].
  * ablk is a multiple of 16; the columns of the last block up to the next
  * multiple of 16 are padding, written as zeros, and so is the row after an
- * odd last row (rows are padded to 16). */
+ * odd last row (rows are padded to 16). The plan offers the optimizer such a
+ * copy for even input widths only (nn_op_weighted.c's pair_layout): with an
+ * odd width, a shared Dense layer trained in bf16 drifted from fp32
+ * (tests/test_nn_functional.py), so odd widths keep their per-step reorder. */
 typedef struct OptimBf16Copy {
     size_t off;
     int rows, cols, ablk;
