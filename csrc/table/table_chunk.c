@@ -37,6 +37,10 @@ static int at(SgError *err, const TblWhere *w, long long r)
                       first + r);
 }
 
+/* Arrow's integer formats narrower than 64 bits, with their C types: X(format, type). */
+#define TBL_SMALL_INTEGERS(X)                                                                      \
+    X('c', int8_t) X('C', uint8_t) X('s', int16_t) X('S', uint16_t) X('i', int32_t) X('I', uint32_t)
+
 /* n numbers of format fmt from physical index p of a, as float32. */
 static void numbers_to_f32(float *dst, const struct ArrowArray *a, char fmt, int64_t p, int64_t n)
 {
@@ -51,12 +55,7 @@ static void numbers_to_f32(float *dst, const struct ArrowArray *a, char fmt, int
         for (int64_t i = 0; i < n; i++)                                                            \
             dst[i] = (float)((const type *)d)[p + i];                                              \
         break;
-        CONVERT('c', int8_t)
-        CONVERT('C', uint8_t)
-        CONVERT('s', int16_t)
-        CONVERT('S', uint16_t)
-        CONVERT('i', int32_t)
-        CONVERT('I', uint32_t)
+        TBL_SMALL_INTEGERS(CONVERT)
         CONVERT('l', int64_t)
         CONVERT('L', uint64_t)
         CONVERT('g', double)
@@ -100,12 +99,7 @@ static void integers_to_i64(int64_t *dst, const struct ArrowArray *a, char fmt, 
         for (int64_t i = 0; i < n; i++)                                                            \
             dst[i] = (int64_t)((const type *)d)[p + i];                                            \
         break;
-        CONVERT('c', int8_t)
-        CONVERT('C', uint8_t)
-        CONVERT('s', int16_t)
-        CONVERT('S', uint16_t)
-        CONVERT('i', int32_t)
-        CONVERT('I', uint32_t)
+        TBL_SMALL_INTEGERS(CONVERT)
         CONVERT('L', uint64_t)
 #undef CONVERT
     case 'l':
