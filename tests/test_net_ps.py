@@ -46,8 +46,12 @@ class Cluster:
                     lis, self.secret, off, cnt, total, num_workers, mode=mode, params=params, security=security, **how
                 )
             )
-        self.results: list[str | BaseException] = [None] * num_ps
-        self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(num_ps)]
+        self._start()
+
+    def _start(self) -> None:
+        """Serves each of self.servers in a thread of its own."""
+        self.results: list[str | BaseException | None] = [None] * len(self.servers)
+        self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(len(self.servers))]
         for t in self.threads:
             t.start()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sparkgrad import TFNode, _core, errors
 from sparkgrad.nn import SGD, Adagrad, Adam, Dense, Embedding, Flatten, Input, Model
-from test_net_ps import run_workers
+from test_net_ps import Cluster, run_workers
 from test_nn_distributed import PsCluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +43,7 @@ def worker_data(w: int, n: int, rows: int = ROWS) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
-class RowsCluster:
+class RowsCluster(Cluster):
     """num_ps shards of a model with tables, serving in threads on loopback."""
 
     def __init__(self, model: Model, num_ps: int, num_workers: int, mode: str, optimizer, tables=None):
@@ -67,16 +67,7 @@ class RowsCluster:
             )
             for lis, (off, cnt) in zip(self.listeners, self.ranges, strict=True)
         ]
-        self.results: list = [None] * num_ps
-        self.threads = [threading.Thread(target=self._serve, args=(i,)) for i in range(num_ps)]
-        for t in self.threads:
-            t.start()
-
-    def _serve(self, i: int) -> None:
-        try:
-            self.results[i] = self.servers[i].serve(timeout=30)
-        except BaseException as exc:  # noqa: BLE001 - checked by the test
-            self.results[i] = exc
+        self._start()
 
     def client(self, w: int, tables=None) -> _core.PsClient:
         addresses = [("127.0.0.1", lis.port) for lis in self.listeners]
@@ -86,15 +77,6 @@ class RowsCluster:
 
     def params(self) -> np.ndarray:
         return np.concatenate([s.get_state()[0] for s in self.servers])
-
-    def close(self) -> None:
-        for s in self.servers:
-            s.stop()
-        for t in self.threads:
-            t.join(10)
-            assert not t.is_alive(), "a ps serve loop did not exit"
-        for lis in self.listeners:
-            lis.close()
 
 
 def train(make_opt, sparse, num_ps: int = 2, workers: int = 2, steps: int = 8, mode: str = "sync", batches=None):
