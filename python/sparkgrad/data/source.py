@@ -390,6 +390,8 @@ def _connect_scan_refusal(df: Any) -> str | None:
             if expr.WhichOneof("expr_type") != "unresolved_attribute":
                 return "its projection computes or renames columns"
             ident = expr.unresolved_attribute.unparsed_identifier
+            if expr.unresolved_attribute.is_metadata_column:
+                return "its projection reads a metadata column"
             if not _PLAIN_IDENTIFIER.match(ident):
                 return "its projection reaches into a struct"
             names.append(ident.strip("`"))
@@ -400,8 +402,9 @@ def _connect_scan_refusal(df: Any) -> str | None:
     if kind != "read" or rel.read.WhichOneof("read_type") != "data_source":
         return f"its plan has a {kind}"
     source = rel.read.data_source
-    if source.format.lower() != "parquet":
-        return f"it reads {source.format or 'the default source'}"
+    file_format = source.format or _conf(df, "spark.sql.sources.default")  # spark.read.load() names none
+    if file_format.lower() != "parquet":
+        return f"it reads {file_format or 'a source the server does not tell'}"
     if source.schema:
         return "it reads with a schema of its own"
     return None
@@ -475,13 +478,16 @@ def _cache_root(cache_dir: str | os.PathLike | None, df: Any, *, check: bool) ->
     return _CacheRoot(given, local, spark)
 
 
+def _conf(df: Any, key: str) -> str:
+    """A Spark configuration value (its default included), or "" where it has none or the server will not tell."""
+    try:
+        return df.sparkSession.conf.get(key) or ""  # (given a default, get returns it in place of Spark's own)
+    except Exception:  # no value, or a Connect server that hides the key
+        return ""
+
+
 def _default_cache(df: Any) -> str:
-    master = ""
-    if df is not None:
-        try:
-            master = df.sparkSession.conf.get("spark.master", "") or ""
-        except Exception:  # a Connect server that hides the key
-            master = ""
+    master = "" if df is None else _conf(df, "spark.master")
     if df is None or master.startswith("local"):
         return os.path.join(tempfile.gettempdir(), "sparkgrad-cache")
     raise InvalidArgumentError(
@@ -548,12 +554,10 @@ def _cached(df: Any, top: list[str], cache_dir: str | os.PathLike | None) -> Tab
 
 def _write_entry(df: Any, top: list[str], root: _CacheRoot, name: str, facts: dict) -> None:
     """Writes the entry ``name`` through a hidden temporary directory, renamed into place with its marker inside."""
-    from pyspark.sql import functions as F
-
     entry = os.path.join(root.local, name)
     tmp = f"{_TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
     try:
-        df.select(*[F.col("`" + c.replace("`", "``") + "`") for c in top]).write.parquet(f"{root.spark}/{tmp}")
+        df.select(*[df["`" + c.replace("`", "``") + "`"] for c in top]).write.parquet(f"{root.spark}/{tmp}")
     except Exception as e:  # a Py4JJavaError or a Connect error: Spark says why
         shutil.rmtree(os.path.join(root.local, tmp), ignore_errors=True)
         raise SparkgradIOError(
