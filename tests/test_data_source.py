@@ -115,6 +115,17 @@ def test_partitioned_scan_without_a_filter_is_cached_with_its_partition_column(s
 
 
 @pytest.mark.spark
+def test_a_scanned_file_that_vanished_is_named(spark, table, tmp_path):
+    shutil.copytree(table / "plain", tmp_path / "src")
+    df = spark.read.parquet(str(tmp_path / "src"))
+    gone = sorted((tmp_path / "src").glob("part-*.parquet"))[1]
+    gone.unlink()
+    with pytest.raises(SparkgradIOError, match="of the DataFrame's Parquet scan .* is gone") as err:
+        table_files(df)
+    assert err.value.path == str(gone)
+
+
+@pytest.mark.spark
 def test_second_call_reuses_the_cache_entry_without_a_spark_job(spark, table, tmp_path):
     def make():  # the DataFrame built anew, as a second fit in the same notebook builds it
         return spark.read.parquet(str(table / "plain")).filter("id % 3 = 0")

@@ -310,6 +310,13 @@ def _dataframe_files(df: Any, columns: list[str] | None, cache_dir: str | os.Pat
             raise SparkgradIOError("the DataFrame scans no files (an empty table)")
         if all(f is not None for f in files):
             files = sorted(files)
+            gone = [f for f in files if not os.path.isfile(f)]
+            if gone:
+                raise SparkgradIOError(
+                    f"file {gone[0]!r} of the DataFrame's Parquet scan ({len(gone)} of {len(files)} files) is gone "
+                    "since Spark listed it: read the table again",
+                    path=gone[0],
+                )
             schema = _check_columns(files[0], columns, "the DataFrame's Parquet files")
             if set(df.columns) <= set(schema.names):  # not so for a partition column
                 where = os.path.commonpath(files) if len(files) > 1 else files[0]

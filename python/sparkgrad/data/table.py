@@ -13,8 +13,8 @@ shuffles and gathers rows into batches with the GIL released
 (csrc/table/). This module lists the files, reads their footers, and plans
 each epoch: row-group order, the shard's rows, the dropped remainder.
 
-Not here (yet): Spark (one barrier task per worker over DataFrame.inputFiles()),
-the Estimator, Delta tables, a Parquet cache.
+Not here: which files hold a DataFrame's or a Delta table's rows, and the
+Parquet cache (source.py); Spark tasks and the Estimator.
 """
 
 from __future__ import annotations
