@@ -102,6 +102,7 @@ def test_a_plan_that_changes_rows_or_names_goes_to_the_cache(spark, table, tmp_p
     }[kind]
     tf = table_files(made(), columns=["id"], cache_dir=str(tmp_path / "cache"))
     assert tf.origin == "cache" and tf.description.startswith(f"cache {tmp_path / 'cache'}")
+    assert "; not a plain scan: " in tf.description
     assert all(f.startswith(str(tmp_path / "cache")) for f in tf.files)
     assert read_rows(tf, "id") == want
     assert pq.read_schema(tf.files[0]).names == ["id"]  # only the columns asked for
@@ -289,6 +290,13 @@ def test_delta_table_is_read_from_its_snapshot_files(tmp_path):
     assert old.version == 1 and read_rows(old, "x") == [1, 2, 3, 4, 5]
     with pytest.raises(SchemaError, match="'z' is not in Delta table .* at version 3 .*; its columns: x, y"):
         table_files(path, columns=["z"])
+
+
+def test_delta_log_that_cannot_be_read_is_named(tmp_path):
+    pytest.importorskip("deltalake")
+    (tmp_path / "broken" / "_delta_log").mkdir(parents=True)
+    with pytest.raises(SparkgradIOError, match="Delta table .*broken' cannot be opened"):
+        table_files(str(tmp_path / "broken"))
 
 
 def test_delta_partition_column_cannot_be_read_from_the_files(tmp_path):

@@ -54,7 +54,13 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from sparkgrad.data.dataset import expand_paths
-from sparkgrad.errors import CorruptRecordError, InvalidArgumentError, SchemaError, SparkgradIOError
+from sparkgrad.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    NativeLibraryError,
+    SchemaError,
+    SparkgradIOError,
+)
 
 CACHE_DIR_ENV = "SPARKGRAD_CACHE_DIR"
 _MARKER = "_sparkgrad_entry.json"  # written into an entry before it is renamed into place
@@ -116,9 +122,7 @@ def table_files(
                 f"{os.fspath(source)!r} is not a path the workers can open: read it with Spark and pass the DataFrame"
             )
         if os.path.isdir(os.path.join(path, "_delta_log")):
-            from deltalake import DeltaTable
-
-            return _delta_files(DeltaTable(path), columns)
+            return _delta_files(_open_delta(path), columns)
         return _parquet_path_files(path, columns)
     if type(source).__module__.startswith("deltalake") and hasattr(source, "file_uris"):
         return _delta_files(source, columns)
@@ -179,15 +183,21 @@ def _local_path(uri: str, *, encoded: bool) -> str | None:
     return None
 
 
-def _check_columns(path: str, columns: list[str] | None, what: str) -> Any:
-    """The first file's Arrow schema, after checking it holds every column asked for."""
-    from sparkgrad.data.table import _column_names, _field, open_parquet
+def _file_schema(path: str) -> Any:
+    from sparkgrad.data.table import open_parquet
 
     pf = open_parquet(path)
     try:
-        schema = pf.schema_arrow
+        return pf.schema_arrow
     finally:
         pf.close()
+
+
+def _check_columns(path: str, columns: list[str] | None, what: str, schema: Any = None) -> None:
+    """Checks that a file (its Arrow schema, read when not given) holds every column asked for."""
+    from sparkgrad.data.table import _column_names, _field
+
+    schema = _file_schema(path) if schema is None else schema
     for name in columns or []:
         if _field(schema, name) is None:
             raise SchemaError(
@@ -195,7 +205,6 @@ def _check_columns(path: str, columns: list[str] | None, what: str) -> Any:
                 column=name,
                 path=path,
             )
-    return schema
 
 
 def _parquet_path_files(path: str, columns: list[str] | None) -> TableFiles:
@@ -237,6 +246,20 @@ def _check_parquet_magic(path: str) -> None:
 
 
 # ---- Delta ------------------------------------------------------------------
+
+
+def _open_delta(path: str) -> Any:
+    try:
+        from deltalake import DeltaTable
+    except ImportError as e:
+        raise NativeLibraryError(
+            f"{path!r} is a Delta table, and reading one needs the deltalake package: pip install 'sparkgrad[delta]'",
+            library="deltalake",
+        ) from e
+    try:
+        return DeltaTable(path)
+    except Exception as e:  # deltalake's TableNotFoundError, DeltaError: a log it cannot read
+        raise SparkgradIOError(f"Delta table {path!r} cannot be opened: {e}", path=path) from e
 
 
 def _delta_files(dt: Any, columns: list[str] | None) -> TableFiles:
@@ -317,11 +340,15 @@ def _dataframe_files(df: Any, columns: list[str] | None, cache_dir: str | os.Pat
                     "since Spark listed it: read the table again",
                     path=gone[0],
                 )
-            schema = _check_columns(files[0], columns, "the DataFrame's Parquet files")
-            if set(df.columns) <= set(schema.names):  # not so for a partition column
+            schema = _file_schema(files[0])
+            if set(df.columns) <= set(schema.names):
+                _check_columns(files[0], columns, "the DataFrame's Parquet files", schema)
                 where = os.path.commonpath(files) if len(files) > 1 else files[0]
                 return TableFiles(tuple(files), "parquet", f"Parquet scan of {where} ({len(files)} files)")
-    return _cached(df, top, cache_dir)
+            reason = "its columns are not all in its files (partition columns)"
+        else:
+            reason = "its files are not at paths the workers open"
+    return _cached(df, top, cache_dir, reason)
 
 
 def _top_columns(df: Any, columns: list[str] | None) -> list[str]:
@@ -544,7 +571,7 @@ def _entry_files(entry: str) -> list[str]:
     )
 
 
-def _cached(df: Any, top: list[str], cache_dir: str | os.PathLike | None) -> TableFiles:
+def _cached(df: Any, top: list[str], cache_dir: str | os.PathLike | None, reason: str) -> TableFiles:
     root = _cache_root(cache_dir, df, check=True)
     plan_key = _plan_key(df)
     inputs = _input_state(df)
@@ -556,7 +583,7 @@ def _cached(df: Any, top: list[str], cache_dir: str | os.PathLike | None) -> Tab
     files = _entry_files(entry)
     if not files:
         raise SparkgradIOError(f"cache entry {entry!r} holds no Parquet files", path=entry)
-    return TableFiles(tuple(files), "cache", f"cache {entry} of a DataFrame ({outline})")
+    return TableFiles(tuple(files), "cache", f"cache {entry} of a DataFrame ({outline}; not a plain scan: {reason})")
 
 
 def _write_entry(df: Any, top: list[str], root: _CacheRoot, name: str, facts: dict) -> None:
