@@ -232,7 +232,7 @@ def test_cache_dir_on_dbfs_and_volumes_is_written_by_spark_where_workers_read_it
 # ---- paths ---------------------------------------------------------------------------------------------------------
 
 
-def test_parquet_path_is_read_from_its_files(tmp_path):
+def test_parquet_path_is_read_from_its_files(tmp_path, monkeypatch):
     for i in range(3):
         pq.write_table(pa.table({"x": [i, i + 10]}), str(tmp_path / f"part-{i}.parquet"))
     (tmp_path / "_SUCCESS").write_text("")
@@ -241,6 +241,8 @@ def test_parquet_path_is_read_from_its_files(tmp_path):
     assert table_files(str(tmp_path / "part-1.parquet")).files == (str(tmp_path / "part-1.parquet"),)
     assert table_files(str(tmp_path / "part-[02].parquet")).files == tf.files[::2]
     assert table_files("file://" + str(tmp_path)).files == tf.files
+    monkeypatch.chdir(tmp_path)
+    assert table_files("part-1.parquet").files == (str(tmp_path / "part-1.parquet"),)  # absolute, for the workers
 
 
 def test_bad_parquet_paths_get_specific_errors(tmp_path):

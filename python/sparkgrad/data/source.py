@@ -121,6 +121,7 @@ def table_files(
             raise InvalidArgumentError(
                 f"{os.fspath(source)!r} is not a path the workers can open: read it with Spark and pass the DataFrame"
             )
+        path = os.path.abspath(path)  # workers run elsewhere than this process's working directory
         if os.path.isdir(os.path.join(path, "_delta_log")):
             return _delta_files(_open_delta(path), columns)
         return _parquet_path_files(path, columns)
