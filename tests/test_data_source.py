@@ -278,19 +278,20 @@ def test_delta_table_is_read_from_its_snapshot_files(tmp_path):
     path = str(tmp_path / "delta")
     deltalake.write_deltalake(path, pa.table({"x": [1, 2, 3], "y": [0.5, 1.5, 2.5]}))
     deltalake.write_deltalake(path, pa.table({"x": [4, 5], "y": [3.5, 4.5]}), mode="append")
+    deltalake.write_deltalake(path, pa.table({"x": [6], "y": [5.5]}), mode="append")
     tf = table_files(path, columns=["x", "y"])
-    assert tf.origin == "delta" and tf.version == 1 and f"Delta table {path}" in tf.description
-    assert len(tf.files) == 2 and read_rows(tf, "x") == [1, 2, 3, 4, 5]
-    dt = deltalake.DeltaTable(path)
-    dt.delete("x = 2")  # rewrites the file that held x = 2
+    assert tf.origin == "delta" and tf.version == 2 and f"Delta table {path} at version 2 (3 files)" == tf.description
+    assert tf.files == tuple(sorted(u.removeprefix("file://") for u in deltalake.DeltaTable(path).file_uris()))
+    assert read_rows(tf, "x") == [1, 2, 3, 4, 5, 6]
+    deltalake.DeltaTable(path).delete("x = 2")  # rewrites the file that held x = 2
     tf = table_files(deltalake.DeltaTable(path))
-    assert tf.version == 2 and read_rows(tf, "x") == [1, 3, 4, 5]
+    assert tf.version == 3 and read_rows(tf, "x") == [1, 3, 4, 5, 6]
     deltalake.write_deltalake(path, pa.table({"x": [9], "y": [9.5]}), mode="overwrite")
     tf = table_files(path)
-    assert tf.version == 3 and read_rows(tf, "x") == [9]
+    assert tf.version == 4 and read_rows(tf, "x") == [9]
     old = table_files(deltalake.DeltaTable(path, version=1))  # time travel: the files of that version
     assert old.version == 1 and read_rows(old, "x") == [1, 2, 3, 4, 5]
-    with pytest.raises(SchemaError, match="'z' is not in Delta table .* at version 3 .*; its columns: x, y"):
+    with pytest.raises(SchemaError, match="'z' is not in Delta table .* at version 4 .*; its columns: x, y"):
         table_files(path, columns=["z"])
 
 
