@@ -1,4 +1,4 @@
-"""Datasets and converters: IDX (MNIST) files, TFRecords, Parquet tables, tf.train.Example, Spark DataFrames."""
+"""Datasets and converters: IDX (MNIST) files, TFRecords, Parquet and Delta tables, Examples, Spark DataFrames."""
 
 from sparkgrad.data.dataset import TFRecordDataset, expand_paths
 from sparkgrad.data.example import (
@@ -17,6 +17,7 @@ from sparkgrad.data.example import (
     parse_examples,
     parse_sequence_examples,
 )
+from sparkgrad.data.source import TableFiles, clear_cache, table_files
 from sparkgrad.data.spark import load_tfrecords, save_as_tfrecords, spark_schema
 from sparkgrad.data.table import Column, ParquetDataset
 from sparkgrad.data.tfrecord import (
@@ -33,6 +34,9 @@ __all__ = [  # in the order the API reference lists them
     "expand_paths",
     "ParquetDataset",
     "Column",
+    "table_files",
+    "TableFiles",
+    "clear_cache",
     "Schema",
     "FixedLenFeature",
     "VarLenFeature",

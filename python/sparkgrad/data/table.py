@@ -13,8 +13,8 @@ shuffles and gathers rows into batches with the GIL released
 (csrc/table/). This module lists the files, reads their footers, and plans
 each epoch: row-group order, the shard's rows, the dropped remainder.
 
-Not here (yet): Spark (one barrier task per worker over DataFrame.inputFiles()),
-the Estimator, Delta tables, a Parquet cache.
+Not here: which files hold a DataFrame's or a Delta table's rows, and the
+Parquet cache (source.py); Spark tasks and the Estimator.
 """
 
 from __future__ import annotations
@@ -97,6 +97,22 @@ def _pyarrow() -> tuple[Any, Any]:
             f"ParquetDataset needs pyarrow >= 14 (the Arrow PyCapsule interface); pyarrow {pa.__version__} is installed"
         )
     return pa, pq
+
+
+def open_parquet(path: str, row_group: int | None = None) -> Any:
+    """A pyarrow ParquetFile; a missing file is a SparkgradIOError, anything not Parquet a CorruptRecordError."""
+    _, pq = _pyarrow()
+    where = f"file {path!r}" + ("" if row_group is None else f", row group {row_group}")
+    try:
+        return pq.ParquetFile(path)
+    except FileNotFoundError as e:
+        raise SparkgradIOError(f"cannot open Parquet {where}: it does not exist", path=path) from e
+    except OSError as e:
+        if not os.path.exists(path):
+            raise SparkgradIOError(f"cannot open Parquet {where}: it does not exist", path=path) from e
+        raise CorruptRecordError(f"{where} is not a readable Parquet file: {e}", path=path) from e
+    except Exception as e:  # pyarrow.ArrowInvalid and kin: a damaged footer
+        raise CorruptRecordError(f"{where} is not a readable Parquet file: {e}", path=path) from e
 
 
 def _as_column(spec: str | Column, nulls: object) -> Column:
@@ -252,22 +268,8 @@ class ParquetDataset:
 
     # ---- files ------------------------------------------------------------
 
-    def _open(self, path: str, row_group: int | None = None) -> Any:
-        _, pq = _pyarrow()
-        where = f"file {path!r}" + ("" if row_group is None else f", row group {row_group}")
-        try:
-            return pq.ParquetFile(path)
-        except FileNotFoundError as e:
-            raise SparkgradIOError(f"cannot open Parquet {where}: it does not exist", path=path) from e
-        except OSError as e:
-            if not os.path.exists(path):
-                raise SparkgradIOError(f"cannot open Parquet {where}: it does not exist", path=path) from e
-            raise CorruptRecordError(f"{where} is not a readable Parquet file: {e}", path=path) from e
-        except Exception as e:  # pyarrow.ArrowInvalid and kin: a damaged footer
-            raise CorruptRecordError(f"{where} is not a readable Parquet file: {e}", path=path) from e
-
     def _footer(self, path: str) -> tuple[Any, Any]:
-        pf = self._open(path)
+        pf = open_parquet(path)
         try:
             return pf.metadata, pf.schema_arrow
         finally:
@@ -366,7 +368,7 @@ class ParquetDataset:
             for group, lo, hi in self._segments(epoch):
                 path = self.files[group.file]
                 if path not in files:
-                    files[path] = self._open(path, group.index)
+                    files[path] = open_parquet(path, group.index)
                 for first, batch in self._read(files[path], path, group.index, lo, hi):
                     reader.push(batch, path, group.index, first)
                     while (b := reader.next()) is not None:
