@@ -24,7 +24,7 @@
 # MAGIC | `clicked` | double, 0 or 1 | the label |
 # MAGIC | `p_click` | double | the true click probability (synthetic data only) |
 # MAGIC
-# MAGIC Cluster: Dedicated (single user) access mode with 4 free task slots (2 workers and their 2 feeding tasks).
+# MAGIC Cluster: Dedicated (single user) access mode with 2 free task slots (one per worker).
 # MAGIC
 # MAGIC | widget | default | meaning |
 # MAGIC |---|---|---|
@@ -247,9 +247,9 @@ print(f"inputs {INPUTS}; {model.num_params} parameters")
 
 # MAGIC %md
 # MAGIC ## Train on the cluster, score the held-out rows
-# MAGIC `inputCols` names the DataFrame columns, each feeding the `Input` of its name. Each worker gets every
-# MAGIC epoch's rows of its partition through Arrow; under allreduce the workers average their gradients every
-# MAGIC step. `transform` scores in Spark's tasks and adds `probability`, `rawPrediction` and `prediction`.
+# MAGIC `inputCols` names the DataFrame columns, each feeding the `Input` of its name. Each worker reads its own
+# MAGIC shard of the table's Parquet files every epoch (the training split is written once as Parquet first); under
+# MAGIC allreduce the workers average their gradients every step. `transform` scores in Spark's tasks and adds `probability`, `rawPrediction` and `prediction`.
 
 # COMMAND ----------
 

@@ -1,4 +1,5 @@
-"""sparkgrad.spark.columns.FeatureSpec: feed frames -> the model's x and y (no Spark: what the feeding tasks run)."""
+"""sparkgrad.spark.columns.FeatureSpec: column arrays -> the model's x and y (no Spark: what an Estimator worker
+runs on its ParquetDataset batches and a scoring task on its Arrow columns)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from sparkgrad.errors import InvalidArgumentError
 from sparkgrad.spark.columns import FeatureSpec, InputColumns, input_columns
 
 pa = pytest.importorskip("pyarrow")
+# an Estimator worker's batches come from sparkgrad.data.ParquetDataset, which needs pyarrow >= 14
+table_reader = pytest.mark.skipif(int(pa.__version__.split(".")[0]) < 14, reason="ParquetDataset needs pyarrow >= 14")
 
 
 def _spec(features, width, shape, label=None, loss="sparse_categorical_crossentropy", classes=0):
@@ -24,9 +27,9 @@ def test_input_columns_are_flattened_and_concatenated_in_order_and_labels_become
         "c": np.array([], np.float32).reshape(2, 0),
         "y": np.array([2.0, 0.0]),  # StringIndexer's doubles
     }
-    out = spec(cols, 0, 0)
-    assert out["x0"].dtype == np.float32 and out["x0"].tolist() == [[1, 2, 5, 6, 7, 8], [3, 4, 9, 10, 11, 12]]
-    assert out["y"].dtype == np.int64 and out["y"].tolist() == [2, 0]
+    x, y = spec.x(cols, 0, 0), spec.y(cols, 0, 0)
+    assert x.dtype == np.float32 and x.tolist() == [[1, 2, 5, 6, 7, 8], [3, 4, 9, 10, 11, 12]]
+    assert y.dtype == np.int64 and y.tolist() == [2, 0]
 
 
 def test_a_single_binary_column_stays_uint8_and_an_empty_frame_has_the_model_width():
@@ -51,7 +54,7 @@ def test_a_single_binary_column_stays_uint8_and_an_empty_frame_has_the_model_wid
 def test_labels_out_of_range_are_refused_naming_partition_row_and_range(y, message):
     spec = _spec(("x",), 1, (1,), "y", classes=3)
     with pytest.raises(InvalidArgumentError, match=message) as e:
-        spec({"x": np.zeros((2, 1), np.float32), "y": y}, 5, 10)
+        spec.y({"x": np.zeros((2, 1), np.float32), "y": y}, 5, 10)
     assert e.value.column == "y" and e.value.partition == 5
 
 
@@ -59,31 +62,31 @@ def test_binary_labels_become_float32_targets_and_values_outside_0_1_name_partit
     spec = _spec(("x",), 1, (1,), "y", "binary_crossentropy", classes=1)
     x = np.zeros((3, 1), np.float32)
     for y in (np.array([0.0, 1.0, 0.25]), np.array([False, True, False])):
-        out = spec({"x": x, "y": y}, 0, 0)["y"]
+        out = spec.y({"x": x, "y": y}, 0, 0)
         assert out.dtype == np.float32 and out.shape == (3, 1) and out[1, 0] == 1.0
     for y, message in (
         (np.array([0.0, 2.0, 1.0]), r"^partition 5, row 11: label column 'y' holds 2.0; binary_crossentropy takes "),
         (np.array([0.0, 1.0, np.nan]), r"^partition 5, row 12: label column 'y' holds nan; .* values in \[0, 1\]$"),
     ):
         with pytest.raises(InvalidArgumentError, match=message) as e:
-            spec({"x": x, "y": y}, 5, 10)
+            spec.y({"x": x, "y": y}, 5, 10)
         assert e.value.column == "y" and e.value.partition == 5
 
 
 def test_regression_targets_must_be_finite_and_of_the_models_output_width():
     spec = _spec(("x",), 1, (1,), "t", "mean_squared_error", classes=2)
     x = np.zeros((2, 1), np.float32)
-    assert spec({"x": x, "t": np.array([[1.5, -2.0], [0.0, 3.0]])}, 0, 0)["y"].tolist() == [[1.5, -2.0], [0.0, 3.0]]
+    assert spec.y({"x": x, "t": np.array([[1.5, -2.0], [0.0, 3.0]])}, 0, 0).tolist() == [[1.5, -2.0], [0.0, 3.0]]
     with pytest.raises(
         InvalidArgumentError,
         match=r"^partition 1, label column 't' holds 1 values per row; mean_squared_error takes targets of 2 "
         r"\(the model's outputs\)$",
     ):
-        spec({"x": x, "t": np.array([1.0, 2.0])}, 1, 0)
+        spec.y({"x": x, "t": np.array([1.0, 2.0])}, 1, 0)
     with pytest.raises(
         InvalidArgumentError, match=r"^partition 1, row 8: label column 't' holds \[0.0, inf\]; .* finite"
     ):
-        spec({"x": x, "t": np.array([[1.0, 2.0], [0.0, np.inf]])}, 1, 7)
+        spec.y({"x": x, "t": np.array([[1.0, 2.0], [0.0, np.inf]])}, 1, 7)
 
 
 def test_output_kind_and_binary_scores_follow_the_loss_and_the_head():
@@ -174,39 +177,33 @@ def test_a_mapping_that_does_not_fit_the_inputs_names_the_column_or_the_input(co
         input_columns(_tabular_model(), "features", cols, mapping, "E")
 
 
-def test_strings_travel_the_feed_padded_and_come_back_as_the_same_string_column():
-    from sparkgrad.cluster.arrow_feed import batch_to_columns
-    from sparkgrad.nn.preprocessing import StringColumn
+@table_reader
+def test_a_parquet_batch_of_strings_ids_and_lists_is_the_models_x_as_arrays_are(tmp_path):
+    import pyarrow.parquet as pq
+    from sparkgrad.spark.training import TableRead
 
     model = _tabular_model()
     spec = FeatureSpec(input_columns(model, None, ["city", "shop", "amount"], None, "E"), "y", "mse", 1)
-    spec = FeatureSpec(
-        tuple(
-            InputColumns(i.name, i.columns, i.dtype, i.shape, pad=6 if i.dtype == "string" else 0) for i in spec.inputs
-        ),
-        "y",
-        "mse",
-        1,
-    )
-    batch = pa.RecordBatch.from_pydict(
+    table = pa.table(
         {
-            "city": pa.array(["zz", "a", "köln", "", "c", "b"]),
+            "city": pa.array(["zz", "a", "köln", "", None, "b"]),
             "shop": pa.array(np.array([3, 1, 4, 1, 5, 9], np.int64)),
-            "amount": pa.array([[1.0, 2.0]] * 6, pa.list_(pa.float64())),
+            "amount": pa.array([[1.0, float(i)] for i in range(6)], pa.list_(pa.float64())),
             "y": pa.array(np.arange(6.0)),
         }
-    ).slice(1)  # a slice: Arrow's offsets do not start at 0
-    cols = batch_to_columns(batch, 3, 10, strings=True)
-    assert isinstance(cols["city"], StringColumn) and cols["city"].offsets.dtype == np.int32
-    frame = spec(cols, 3, 10)
-    assert frame["x0"].shape == (5, 6) and frame["x0_len"].tolist() == [1, 5, 0, 1, 1]  # köln is 5 bytes
-    x = spec.from_wire(frame)
-    want = {"city": np.array(["a", "köln", "", "c", "b"], object), "shop": cols["shop"], "amount": cols["amount"]}
+    )
+    pq.write_table(table, str(tmp_path / "t.parquet"), row_group_size=4)
+    read = TableRead((str(tmp_path / "t.parquet"),), (("city", "skip"),), (("amount", 2),), 0, 0, 1)
+    (batch,) = list(read.dataset(spec, 8, 0))  # one shard: every row but the null city's
+    x = spec.x(batch, None, 0)
+    assert x["shop"].dtype == np.int64 and x["shop"].ravel().tolist() == [3, 1, 4, 1, 9]
+    want = {
+        "city": np.array(["zz", "a", "köln", "", "b"], object),
+        "shop": np.array([3, 1, 4, 1, 9], np.int64),
+        "amount": np.array([[1.0, i] for i in (0, 1, 2, 3, 5)], np.float32),
+    }
     np.testing.assert_array_equal(model.predict(x), model.predict(want))
-    assert x["shop"].dtype == np.int64 and x["shop"].ravel().tolist() == [1, 4, 1, 5, 9]
-    too_long = FeatureSpec(tuple(InputColumns(i.name, i.columns, i.dtype, i.shape, pad=4) for i in spec.inputs))
-    with pytest.raises(InvalidArgumentError, match=r"^partition 3, row 11: column 'city' holds a value of 5 bytes"):
-        too_long(cols, 3, 10)
+    assert spec.y(batch, None, 0).ravel().tolist() == [0.0, 1.0, 2.0, 3.0, 5.0]
 
 
 def test_nulls_strings_for_numbers_and_fractional_ids_name_the_column_and_row():
@@ -243,9 +240,11 @@ def test_importing_sparkgrad_spark_does_not_import_pyspark():
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_fed_batches_of_a_string_input_train_every_row_as_arrays_do():
+@table_reader
+def test_a_workers_table_batches_of_a_string_input_train_as_model_fit_on_arrays_does(tmp_path):
+    import pyarrow.parquet as pq
     from sparkgrad.nn import Adam, CategoryEncoding, Dense, Input, Model, StringLookup
-    from sparkgrad.nn.preprocessing import StringColumn
+    from sparkgrad.spark.training import TableBatches, TableRead
 
     def model():
         city = Input(shape=(1,), dtype="string", name="city")
@@ -257,13 +256,14 @@ def test_fed_batches_of_a_string_input_train_every_row_as_arrays_do():
     rng = np.random.default_rng(0)
     cities = np.array(["a", "b", "c", "dd"])[rng.integers(0, 4, 256)]
     y = np.isin(cities, ["b", "dd"]).astype(np.float32)
-    spec = FeatureSpec((InputColumns("city", ("city",), "string", (1,), pad=2),), "y", "binary_crossentropy", 1)
-    frames = [
-        spec({"city": StringColumn.from_array(cities[i : i + 64], 1), "y": y[i : i + 64]}, 0, i)
-        for i in range(0, 256, 64)
-    ]
-    fed, arrays = model(), model()
-    fed.fit(((spec.from_wire(f), f["y"]) for f in frames), epochs=1, verbose=0)  # what a worker's fit gets
-    arrays.fit(cities, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
-    for a, b in zip(fed.get_weights(), arrays.get_weights(), strict=True):
+    pq.write_table(pa.table({"city": cities, "y": y}), str(tmp_path / "t.parquet"), row_group_size=100)
+    spec = FeatureSpec((InputColumns("city", ("city",), "string", (1,)),), "y", "binary_crossentropy", 1)
+    batches = TableBatches(
+        TableRead((str(tmp_path / "t.parquet"),), (), (), 0, 0, 1).dataset(spec, 64, 0), spec, 0, None
+    )
+    read, arrays = model(), model()
+    read.fit(batches, epochs=2, verbose=0)  # what an Estimator worker's fit gets (files' order: no shuffle)
+    arrays.fit(cities, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    assert batches.rows == 2 * 256
+    for a, b in zip(read.get_weights(), arrays.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)

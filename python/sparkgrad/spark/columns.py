@@ -1,7 +1,8 @@
 """DataFrame columns <-> the model's input and outputs, for sparkgrad.spark's Estimator and Model.
 
-Shared by training (the feeding tasks' ``prepare`` step of cluster.train),
-scoring (Model.transform's mapInArrow function) and evaluation:
+Shared by training (each Estimator worker's batches, read from Parquet by
+sparkgrad.data.ParquetDataset), scoring (Model.transform's mapInArrow
+function) and evaluation:
 
 - ``input_columns`` maps the params (featuresCol, inputCols, input_mapping)
   to the model's inputs: one input takes its columns concatenated; a model
@@ -11,14 +12,12 @@ scoring (Model.transform's mapInArrow function) and evaluation:
   (a string column to a numeric input, a number to a string Input), and a
   vector or array whose size the schema tells (a VectorAssembler's ML
   attributes, a number column) and that differs from its input;
-- ``FeatureSpec`` turns a frame of Arrow-fed columns (cluster/arrow_feed.py)
-  into the model's ``x`` (one array, or a dict by input name: numbers, exact
-  integer ids, or a `StringColumn` over Arrow's string buffers) and ``y``,
-  raising on a row width an input does not take, a fractional id and a label
-  out of range for the loss, naming the column, the partition and the row.
-  For training it also packs x for the feed (numbers of one width per row:
-  strings padded to the column's longest value beside their lengths) and
-  unpacks it on the worker, vectorized;
+- ``FeatureSpec`` turns a dict of column arrays (a ParquetDataset batch, or
+  a scoring task's Arrow columns from cluster/arrow_feed.py) into the model's
+  ``x`` (one array, or a dict by input name: numbers, exact integer ids, or a
+  `StringColumn` over Arrow's string buffers) and ``y``, raising on a row
+  width an input does not take, a fractional id and a label out of range for
+  the loss, naming the column, the partition (where there is one) and the row;
 - ``resolve_loss`` and ``task_of`` say which loss a stage uses and what the
   model's outputs are (classes, binary probabilities or values), which
   decides the label a loss takes and the columns ``transform`` writes;
@@ -202,6 +201,39 @@ def _check_input(schema: Any, inp: InputColumns, named: bool) -> None:
         )
 
 
+def list_widths(schema: Any, spec: FeatureSpec) -> tuple[tuple[str, int], ...]:
+    """``(column, values per row)`` of each array column ``spec`` reads: a Parquet file does not record an
+    array's length, so a table reader is told it (its input's width, less its other columns' widths when
+    the schema tells them; the label's: the model's outputs).
+
+    Raises:
+        InvalidArgumentError: An input of several columns with more than one whose width the schema does
+            not tell (arrays, binary, vectors without ML attributes), naming them.
+    """
+    out = []
+    for inp in spec.inputs:
+        if inp.dtype == "string":
+            continue
+        kinds = {c: _kind(schema[c].dataType) for c in inp.columns}
+        arrays = [c for c in inp.columns if kinds[c] == "array"]
+        if not arrays:
+            continue
+        known = {c: _known_width(schema[c], kinds[c]) for c in inp.columns if c not in arrays}
+        unknown = arrays + [c for c, w in known.items() if w is None]
+        if len(unknown) > 1:
+            raise InvalidArgumentError(
+                f"feature columns {', '.join(map(repr, unknown))} of input {inp.name!r} hold arrays or values whose "
+                f"length the schema does not tell, so the input's {inp.width} values cannot be split among them: "
+                "feed the input from one such column (e.g. concat the arrays first), or give vectors of known size "
+                "(VectorAssembler)",
+                column=unknown[0],
+            )
+        out.append((arrays[0], inp.width - sum(w or 0 for w in known.values())))
+    if spec.label is not None and spec.loss != SPARSE_LOSS and _kind(schema[spec.label].dataType) == "array":
+        out.append((spec.label, spec.classes))
+    return tuple(out)
+
+
 def _dense_targets(loss: str, outputs: int) -> str:
     """What a label column holds for a loss other than the sparse cross-entropy, in error messages."""
     if loss == ONEHOT_LOSS:
@@ -258,7 +290,6 @@ class InputColumns:
     columns: tuple[str, ...]  # flattened and concatenated in order (a string Input: one column)
     dtype: str  # the Input's dtype: "float32", "uint8", "int32", "int64" or "string"
     shape: tuple[int, ...]  # per row, without the batch axis
-    pad: int = 0  # a string Input on the feed: bytes per value (the longest value of the column)
 
     @property
     def width(self) -> int:
@@ -334,9 +365,8 @@ class FeatureSpec:
     """Which columns make the model's x (and y), and what they must hold; picklable into Spark tasks.
 
     ``x`` is one array for a model of one input, else a dict by input name (a string Input's value a
-    `StringColumn`). As ``prepare`` of cluster.train it is called ``spec(columns, partition, first_row)``
-    in the feeding task and returns the frame to send (`wire`); the worker turns a batch back into the
-    model's x with `from_wire`.
+    `StringColumn`); ``partition`` (None where the rows come from no partition) and ``first_row`` place
+    the rows in error messages.
     """
 
     inputs: tuple[InputColumns, ...]
@@ -403,57 +433,6 @@ class FeatureSpec:
                 partition=partition,
             )
         return y
-
-    def __call__(self, cols: dict[str, Any], partition: int, first_row: int) -> dict[str, np.ndarray]:
-        """The feeding task's frame: the inputs as the feed carries them (`wire`) and ``y``."""
-        out = self.wire(self.x(cols, partition, first_row), partition, first_row)
-        if self.label is not None:
-            out["y"] = self.y(cols, partition, first_row)
-        return out
-
-    def wire(self, x: Any, partition: int | None, first_row: int) -> dict[str, np.ndarray]:
-        """x as the feed carries it (numbers of one width per row): input k's array as ``"x<k>"``; a
-        string Input's values zero-padded to its ``pad`` bytes (``"x<k>"``, uint8) beside their byte
-        lengths (``"x<k>_len"``, int32). Vectorized: no Python work per row."""
-        xs = x if len(self.inputs) > 1 else {self.inputs[0].name: x}
-        out = {}
-        for k, inp in enumerate(self.inputs):
-            v = xs[inp.name]
-            if inp.dtype != "string":
-                out[f"x{k}"] = v
-                continue
-            offsets = v.offsets.astype(np.int64, copy=False)
-            lengths = np.diff(offsets)
-            if lengths.size and lengths.max() > inp.pad:
-                r = int(np.argmax(lengths > inp.pad))
-                raise InvalidArgumentError(
-                    f"{_where(partition)}row {first_row + r}: column {inp.columns[0]!r} holds a value of "
-                    f"{int(lengths[r])} bytes, longer than the {inp.pad} the DataFrame's longest had when fit "
-                    "measured it (the DataFrame changed while training)",
-                    column=inp.columns[0],
-                    partition=partition,
-                )
-            padded = np.zeros((len(lengths), max(inp.pad, 1)), np.uint8)
-            padded[np.arange(padded.shape[1]) < lengths[:, None]] = v.data[offsets[0] : offsets[-1]]
-            out[f"x{k}"], out[f"x{k}_len"] = padded, lengths.astype(np.int32)
-        return out
-
-    def from_wire(self, cols: dict[str, np.ndarray]) -> Any:
-        """The model's x from a batch the worker took from the feed (what `wire` sent)."""
-        from sparkgrad.nn.preprocessing import StringColumn
-
-        xs = {}
-        for k, inp in enumerate(self.inputs):
-            v = cols[f"x{k}"]
-            if inp.dtype == "string":
-                lengths = cols[f"x{k}_len"].astype(np.int64)
-                offsets = np.zeros(len(lengths) + 1, np.int64)
-                np.cumsum(lengths, out=offsets[1:])
-                v = StringColumn(offsets, np.ascontiguousarray(v[np.arange(v.shape[1]) < lengths[:, None]]), 1)
-            xs[inp.name] = v
-        if len(self.inputs) == 1 and self.inputs[0].dtype != "string":
-            return xs[self.inputs[0].name]
-        return xs  # a fit batch's x: a dict keeps a StringColumn as it is
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """``sparkgrad.spark.Estimator``: distributed training from a DataFrame as a Spark ML Estimator.
 
 The class docstring says what ``fit(df)`` does, step by step; the nodes run sparkgrad/spark/training.py,
-fed through Arrow by cluster/arrow_feed.py, and the schema checks are sparkgrad/spark/columns.py's.
+each reading its own shard of the table's Parquet files (sparkgrad.data.ParquetDataset, the files from
+sparkgrad.data.source), and the schema checks are sparkgrad/spark/columns.py's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 MODES = ("allreduce", "ps")
 RESERVATION_TIMEOUT = 120.0
-FEED_TIMEOUT = 600.0
+SHUFFLE_BATCHES = 10  # the default shuffle buffer, in batches
+# Errors of the table a node's read raises: fit raises them as themselves (the NodeFailure as their cause)
+_DATA_ERRORS = ("InvalidArgumentError", "SchemaError", "SparkgradIOError", "InputNotFoundError", "CorruptRecordError")
 
 
 def _is_nn_model(value: Any) -> bool:
@@ -71,23 +74,22 @@ def _compiled_metrics(nn: Any, loss: Any, model_bytes: bytes) -> tuple[dict, ...
     return tuple(_metrics.serialize(m) for m in probe.metrics)
 
 
-def _measure_strings(spec: C.FeatureSpec, df: Any) -> C.FeatureSpec:
-    """``spec`` with each string input's ``pad``: the longest value of its column in bytes (one aggregation
-    job, only when the model has string inputs), so the feed carries its values at one width per row."""
-    import dataclasses
+def _check_pyarrow() -> None:
+    """The workers read the table with `sparkgrad.data.ParquetDataset`, which needs pyarrow >= 14."""
+    import pyarrow as pa
 
-    from pyspark.sql import functions as F
+    if int(pa.__version__.split(".")[0]) < 14:
+        raise InvalidArgumentError(
+            f"Estimator.fit reads the training table with pyarrow >= 14 (Arrow's PyCapsule interface) on the driver "
+            f"and every executor; pyarrow {pa.__version__} is installed here: pip install 'pyarrow>=14'"
+        )
 
-    strings = [inp for inp in spec.inputs if inp.dtype == "string"]
-    if not strings:
-        return spec
-    row = df.agg(*[F.max(F.octet_length(F.col(inp.columns[0]))) for inp in strings]).first()
-    longest = dict(zip((inp.name for inp in strings), row or [None] * len(strings), strict=True))
-    inputs = tuple(
-        dataclasses.replace(inp, pad=int(longest[inp.name] or 0)) if inp.dtype == "string" else inp
-        for inp in spec.inputs
-    )
-    return dataclasses.replace(spec, inputs=inputs)
+
+def _node_error(exc: NodeFailure) -> BaseException:
+    """The table error a node raised (a null under "error", a file gone or corrupt, a row its input does not
+    take), as its own type; any other failure stays the NodeFailure."""
+    err = task_error(exc)
+    return err if type(err).__name__ in _DATA_ERRORS else exc
 
 
 def _check_writable(model_dir: str) -> str:
@@ -136,18 +138,27 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     1. before any job: builds the model (``model`` called once on the driver if it is a function),
        checks that the loss fits it, maps the feature columns to its inputs, checks the schema
        (feature and label columns exist and have types that can be fed to their inputs, a vector size
-       the schema tells matches the input, the label's type and width suit the loss) and that
-       ``model_dir`` can be written; with string inputs, measures each string column's longest value
-       (one aggregation job: the feed carries them padded to it);
+       the schema tells matches the input, the label's type and width suit the loss), ``nulls``, that
+       ``model_dir`` can be written and that Spark has a task slot for every node;
     2. splits off the validation rows (``validation``);
-    3. starts a `TFCluster` in ``InputMode.SPARK`` of ``num_workers`` workers (plus ``num_ps``
-       parameter servers in mode ``"ps"``) and feeds it the training rows ``epochs`` times through
-       Arrow, repartitioned round-robin into one partition per worker. The feeding tasks make each
-       frame the model's x and y and check it there: a null in a feature or label column, a row of
-       the wrong width or a label out of range for the loss fails the job with a message naming the
-       column, the partition, the row and what was expected, raised as InvalidArgumentError once the
-       cluster is stopped (never a hang);
-    4. returns a `Model` with the chief's trained weights, each worker's last training loss and
+    3. finds the training rows' Parquet files (`sparkgrad.data.source.table_files`): a DataFrame that
+       is a plain scan of Parquet files is read from its files; any other (a filtered, joined or
+       transformed DataFrame, a Pipeline stage's output, the training side of a validation split) is
+       first written once as Parquet, its feature and label columns only, to ``cache_dir``. The
+       driver reads the files' footers: a column missing from them, a file that cannot be read or
+       fewer rows than ``num_workers * batch_size`` fails here;
+    4. starts a `TFCluster` in ``InputMode.TENSORFLOW`` of ``num_workers`` workers (plus ``num_ps``
+       parameter servers in mode ``"ps"``), one barrier task per node and nothing else: each worker
+       reads its own equal shard of the files (`sparkgrad.data.ParquetDataset`: row groups shuffled
+       each epoch, then a shuffle buffer of ``shuffle_buffer`` rows seeded by ``seed``; the few rows
+       beyond whole batches of equal shards are left out of an epoch, different ones each epoch) and
+       trains ``epochs`` epochs. Each batch becomes the model's x and y there, checked as
+       `Model.transform` checks its rows. A null under the ``"error"`` policy fails fit with a
+       SchemaError naming the column, the file, the row group and the row; a row of the wrong width, a
+       fractional id or a label out of range for the loss with an InvalidArgumentError naming the
+       worker, the epoch, the column and the value (the node's NodeFailure, with its traceback, is the
+       error's ``__cause__``); the cluster is stopped first, never a hang;
+    5. returns a `Model` with the chief's trained weights, each worker's last training loss and
        metrics in ``history`` and, with validation, the validation loss and metrics (`Model.evaluate`
        in the tasks: ``val_loss``, ``val_<metric>``, ``val_rows``) in ``validation_metrics``. The
        metrics are those the model was compiled with when its loss is the Estimator's, else
@@ -156,9 +167,11 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
        writes the trained model as ``model_dir/model.sgmodel``.
 
     ``batch_size`` is per worker; in mode ``"allreduce"`` each step averages the workers' gradients
-    (the learning rate is the optimizer's, not scaled). Mode ``"allreduce"`` needs a task slot per
-    worker for its feeding task beside the workers' own (the workers step together, so each must be
-    fed at once); fit checks the slots first.
+    (the learning rate is the optimizer's, not scaled). The shards are equal, so the workers take the
+    same steps; where a column's policy is ``"skip"`` (shards may then differ by the skipped rows) the
+    workers agree before each step and end each epoch together at the shortest shard. ``num_workers``
+    workers need ``num_workers`` task slots (plus ``num_ps`` in mode ``"ps"``), as TorchDistributor's
+    processes do; fit checks the slots first.
 
     Saved with ``save(path)``, loaded with ``Estimator.load(path)`` and inside Pipeline persistence:
     the model param is saved as a saved model (`sparkgrad.nn.save_model`); a function cannot be saved
@@ -194,7 +207,16 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         model_dir: A local or mounted path (``/dbfs/...``, ``/Volumes/...``) the driver and every
             executor can write: checkpoints and the trained model go there.
         checkpoint_every: Steps between checkpoints (needs ``model_dir``); 0: only at the end.
-        seed: Seed of the validation split (None: 0).
+        nulls: ``{column: "error" | "skip" | number}``: a null in the column fails fit naming it (``"error"``,
+            every column's default), drops its row (``"skip"``) or reads as the number (a null string as
+            ``""``).
+        shuffle_buffer: Rows each worker draws its batches from at random (seeded by ``seed``); None: 10
+            batches; 0: the files' order (row groups too).
+        cache_dir: Where a DataFrame that is not a plain Parquet scan is written before training: a path
+            the driver's Spark can write and every executor read (local disk on one machine, ``dbfs:/...``,
+            ``/Volumes/...``); None: a directory under the system's temporary directory. A second fit of
+            the same DataFrame reuses it; `sparkgrad.data.source.clear_cache` removes it.
+        seed: Seed of the validation split and of the shuffling (None: 0).
         outputCol: The fitted `Model`'s raw-output column ("" skips it).
         predictionCol: The fitted `Model`'s prediction column.
         probabilityCol: The fitted `Model`'s probability column (classifiers).
@@ -202,9 +224,11 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         threshold: The fitted `Model`'s binary decision threshold on the probability.
 
     Raises:
-        InvalidArgumentError: From fit: a bad param, schema or row, or an unwritable ``model_dir``.
-        InsufficientSlotsError: From fit: mode ``"allreduce"`` with fewer than ``2 * num_workers`` task slots.
-        NodeFailure: From fit: a node raised; its traceback is attached.
+        InvalidArgumentError: From fit: a bad param, schema or row, an unwritable ``model_dir``, or too few rows.
+        SchemaError: From fit: a null under the ``"error"`` policy, or a column the files lack.
+        SparkgradIOError: From fit: a file vanished or cannot be read (``CorruptRecordError``: damaged).
+        InsufficientSlotsError: From fit: fewer task slots than ``num_workers + num_ps``.
+        NodeFailure: From fit: a node failed otherwise; its traceback is attached.
     """
 
     model = Param(
@@ -225,6 +249,15 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     )
     model_dir = Param(Params._dummy(), "model_dir", "checkpoints and the trained model", TypeConverters.identity)
     checkpoint_every = Param(Params._dummy(), "checkpoint_every", "steps between checkpoints", TypeConverters.toInt)
+    nulls = Param(
+        Params._dummy(), "nulls", "{column: 'error' | 'skip' | fill value} (default 'error')", TypeConverters.identity
+    )
+    shuffle_buffer = Param(
+        Params._dummy(), "shuffle_buffer", "rows each worker shuffles in (None: 10 batches)", TypeConverters.identity
+    )
+    cache_dir = Param(
+        Params._dummy(), "cache_dir", "where a DataFrame that is not a Parquet scan is written", TypeConverters.identity
+    )
 
     @keyword_only
     def __init__(
@@ -245,6 +278,9 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         validation: Any = None,
         model_dir: str | None = None,
         checkpoint_every: int = 0,
+        nulls: dict[str, Any] | None = None,
+        shuffle_buffer: int | None = None,
+        cache_dir: str | None = None,
         seed: int | None = None,
         outputCol: str = "",
         predictionCol: str = "prediction",
@@ -263,6 +299,9 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
             validation=None,
             model_dir=None,
             checkpoint_every=0,
+            nulls=None,
+            shuffle_buffer=None,
+            cache_dir=None,
             seed=0,
         )
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
@@ -333,12 +372,53 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         train, val = df.randomSplit([1 - float(v), float(v)], seed=int(self.getOrDefault(self.seed)))
         return train, val
 
+    def _nulls(self, spec: C.FeatureSpec) -> tuple[tuple[str, object], ...]:
+        """The ``nulls`` param checked against the columns fit reads: ``(column, policy)`` pairs."""
+        value = self.getOrDefault(self.nulls)
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            raise InvalidArgumentError(
+                f"Estimator: nulls must be a dict {{column: 'error' | 'skip' | fill value}}, not {value!r}"
+            )
+        out = []
+        for column, policy in value.items():
+            if column not in spec.columns:
+                raise InvalidArgumentError(
+                    f"Estimator: nulls names column {column!r}, which fit does not read (its feature and label "
+                    f"columns: {', '.join(map(repr, spec.columns))})",
+                    column=column,
+                )
+            if isinstance(policy, bool) or not (policy in ("error", "skip") or isinstance(policy, (int, float))):
+                raise InvalidArgumentError(
+                    f"Estimator: nulls[{column!r}] must be 'error', 'skip' or a number to fill with, not {policy!r}",
+                    column=column,
+                )
+            if policy != "error":
+                out.append((str(column), policy if isinstance(policy, str) else float(policy)))
+        return tuple(out)
+
+    def _check_slots(self, session: Any, workers: int, ps: int) -> None:
+        from sparkgrad.cluster.spark import spark_session
+
+        needed = workers + ps
+        count = spark_session(session).slot_count()
+        if count.slots is not None and count.slots < needed:
+            nodes = f"{workers} workers" + (f" and {ps} parameter servers" if ps else "")
+            raise InsufficientSlotsError(
+                f"Estimator with {nodes} needs {needed} task slots (one per node, all at once in a barrier stage: "
+                f"each worker reads its own shard of the table) but Spark has {count.slots} ({count.source}): "
+                "lower num_workers or add executors",
+                needed=needed,
+                available=count.slots,
+            )
+
     def _fit(self, dataset: Any) -> Model:
         from sparkgrad import TFCluster
         from sparkgrad.cluster.roles import InputMode
-        from sparkgrad.cluster.spark import spark_session
+        from sparkgrad.data.source import table_files
         from sparkgrad.nn.saved import model_to_bytes, save_model
-        from sparkgrad.spark.training import TrainArgs, node_main, optimizer_spec
+        from sparkgrad.spark.training import TableRead, TrainArgs, node_main, optimizer_spec
 
         nn = self._resolved_model()
         mode, workers, ps = self._settings()
@@ -347,6 +427,7 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         metrics = _compiled_metrics(nn, loss, model_bytes)
         spec = self._feature_spec(nn, loss, "Estimator", with_label=True)
         C.check_schema(dataset.schema, spec)
+        widths = C.list_widths(dataset.schema, spec)
         model_dir = self.getOrDefault(self.model_dir)
         local_dir = _check_writable(model_dir) if model_dir else None
         every = int(self.getOrDefault(self.checkpoint_every))
@@ -356,57 +437,60 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         epochs = int(self.getOrDefault(self.epochs))
         if batch < 1 or epochs < 1:
             raise InvalidArgumentError(f"Estimator: batch_size and epochs must be >= 1 (got {batch}, {epochs})")
+        shuffle = self.getOrDefault(self.shuffle_buffer)
+        shuffle = SHUFFLE_BATCHES * batch if shuffle is None else int(shuffle)
+        if shuffle < 0:
+            raise InvalidArgumentError(f"Estimator: shuffle_buffer must be >= 0 (0: the files' order), not {shuffle}")
+        nulls = self._nulls(spec)
         opt = optimizer_spec(self.getOrDefault(self.optimizer))
+        seed = int(self.getOrDefault(self.seed))
 
         session = dataset.sparkSession
-        if mode == "allreduce" and workers > 1:
-            count = spark_session(session).slot_count()
-            if count.slots is not None and count.slots < 2 * workers:
-                raise InsufficientSlotsError(
-                    f"Estimator mode 'allreduce' with {workers} workers needs {2 * workers} task slots (one per "
-                    f"worker and one per worker's feeding task, all at once: the workers step together) but Spark "
-                    f"has {count.slots} ({count.source}): lower num_workers or use mode='ps'",
-                    needed=2 * workers,
-                    available=count.slots,
-                )
+        self._check_slots(session, workers, ps)
+        _check_pyarrow()
         train_df, val_df = self._split(dataset)
-        spec = _measure_strings(spec, train_df)
-        train_df = train_df.select(*spec.columns).repartition(workers)
+        files = table_files(train_df, columns=spec.columns, cache_dir=self.getOrDefault(self.cache_dir))
+        table = TableRead(files.files, nulls, widths, shuffle, seed, workers)
+        # the files' footers read here: a column missing from them, an unreadable file or too few rows
+        # fails before the cluster starts
+        probe = table.dataset(spec, batch, 0)
+        if probe.shard_rows() == 0:
+            raise InvalidArgumentError(
+                f"Estimator: {files.description} has {probe.total_rows} rows; {workers} workers of batch_size "
+                f"{batch} need at least {workers * batch} (each reads whole batches of an equal shard)"
+            )
+        logger.info("Estimator.fit reads %s: %d rows, %d files", files.description, probe.total_rows, len(files.files))
         args = TrainArgs(
             model_bytes,
             opt,
             _losses.serialize(loss),
             metrics,
             batch,
+            epochs,
             mode,
             os.path.join(local_dir, "checkpoints") if local_dir else None,
             every,
-            FEED_TIMEOUT,
             spec,
-        )
-        cluster = TFCluster.run(
-            session,
-            node_main,
-            args,
-            num_executors=workers + ps,
-            num_ps=ps,
-            input_mode=InputMode.SPARK,
-            reservation_timeout=RESERVATION_TIMEOUT,
-            keep_results=True,
-            output=logger.info,
+            table,
         )
         try:
-            cluster.train(train_df, num_epochs=epochs, feed_timeout=FEED_TIMEOUT, prepare=spec)
-        except NodeFailure:  # a node's own error, with its traceback: raised as it is
-            cluster.abort("Estimator.fit: a node failed")
-            raise
-        except ClusterError as exc:  # the feeding job failed: a feeding task's check, raised as itself
-            cluster.abort(f"Estimator.fit: feeding failed: {str(exc).splitlines()[0]}")
-            raise task_error(exc) from None
-        except BaseException:
-            cluster.abort("Estimator.fit was interrupted")
-            raise
-        cluster.shutdown()
+            cluster = TFCluster.run(
+                session,
+                node_main,
+                args,
+                num_executors=workers + ps,
+                num_ps=ps,
+                input_mode=InputMode.TENSORFLOW,
+                reservation_timeout=RESERVATION_TIMEOUT,
+                keep_results=True,
+                output=logger.info,
+            )
+            cluster.shutdown()
+        except NodeFailure as exc:
+            err = _node_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
         import pickle
 
         results = [pickle.loads(v) for v in cluster.node_results().values() if v is not None]
