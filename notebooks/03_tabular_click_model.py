@@ -249,7 +249,8 @@ print(f"inputs {INPUTS}; {model.num_params} parameters")
 # MAGIC ## Train on the cluster, score the held-out rows
 # MAGIC `inputCols` names the DataFrame columns, each feeding the `Input` of its name. Each worker reads its own
 # MAGIC shard of the table's Parquet files every epoch (the training split is written once as Parquet first); under
-# MAGIC allreduce the workers average their gradients every step. `transform` scores in Spark's tasks and adds `probability`, `rawPrediction` and `prediction`.
+# MAGIC allreduce the workers average their gradients every step. `transform` scores in Spark's tasks and adds
+# MAGIC `probability`, `rawPrediction` and `prediction`.
 
 # COMMAND ----------
 

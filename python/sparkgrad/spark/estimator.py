@@ -226,7 +226,8 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
     Raises:
         InvalidArgumentError: From fit: a bad param, schema or row, an unwritable ``model_dir``, or too few rows.
         SchemaError: From fit: a null under the ``"error"`` policy, or a column the files lack.
-        SparkgradIOError: From fit: a file vanished or cannot be read (``CorruptRecordError``: damaged).
+        SparkgradIOError: From fit: a file vanished or cannot be read.
+        CorruptRecordError: From fit: a file is not Parquet or a row group does not decode.
         InsufficientSlotsError: From fit: fewer task slots than ``num_workers + num_ps``.
         NodeFailure: From fit: a node failed otherwise; its traceback is attached.
     """
