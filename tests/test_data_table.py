@@ -6,12 +6,23 @@ import os
 
 import numpy as np
 import pytest
+import sparkgrad.data.table as tables
 from sparkgrad import _core
 from sparkgrad.data import Column, ParquetDataset
 from sparkgrad.errors import CorruptRecordError, InvalidArgumentError, SchemaError, SparkgradIOError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+
+
+# The two ways a record batch reaches C: the PyCapsules of pyarrow >= 14, and the structs _export_to_c fills,
+# all that older pyarrow (8 on DBR 13.3) has. Every test here runs through each this pyarrow offers.
+@pytest.fixture(autouse=True, params=["capsule", "export"] if tables._capsules(pa) else ["export"])
+def capsule(request, monkeypatch):
+    """True when batches go through __arrow_c_array__; else ParquetDataset is made to use _export_to_c."""
+    if request.param == "export":
+        monkeypatch.setattr(tables, "_capsules", lambda pa: False)
+    return request.param == "capsule"
 
 
 def write(path, table, row_group_size=None):
@@ -203,14 +214,14 @@ def test_importing_sparkgrad_data_does_not_import_pyarrow():
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_dictionary_encoded_columns_are_refused_by_name():
+def test_dictionary_encoded_columns_are_refused_by_name(capsule):
     batch = pa.record_batch({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
     reader = _core.TableReader([("d", 0, False, 0, 0.0, 0.0)], 2)
     with pytest.raises(SchemaError, match=r"file 'f.parquet', row group 3: column 'd' is dictionary-encoded"):
-        reader.push(batch, "f.parquet", 3, 0)
+        reader.push(batch, "f.parquet", 3, 0, capsule)
 
 
-def test_sliced_batches_read_from_their_offset():
+def test_sliced_batches_read_from_their_offset(capsule):
     batch = pa.record_batch(
         {
             "x": pa.array([0.0, 1.0, None, 3.0, 4.0]),
@@ -220,7 +231,7 @@ def test_sliced_batches_read_from_their_offset():
     ).slice(3, 2)
     reader = _core.TableReader([("x", 0, False, 0, 0.0, 0.0), ("s", 0, False, 0, 0.0, 0.0),
                                 ("st.v", 2, False, 0, 0.0, 0.0)], 2)  # fmt: skip
-    assert reader.push(batch, "f", 0, 3) == 2
+    assert reader.push(batch, "f", 0, 3, capsule) == 2
     rows, cols = reader.next()
     assert rows == 2
     np.testing.assert_array_equal(cols[0][1], [[3], [4]])
@@ -228,7 +239,30 @@ def test_sliced_batches_read_from_their_offset():
     np.testing.assert_array_equal(cols[2][1], [[3, 3], [4, 4]])
 
 
-def test_a_pool_reuses_chunk_buffers_without_changing_the_batches():
+class HalfExport:
+    """A producer whose _export_to_c fills the ArrowArray alone (pyarrow's export of a bare array)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def _export_to_c(self, array_ptr, schema_ptr):
+        self.array._export_to_c(array_ptr)
+
+
+def test_an_export_that_fails_or_fills_half_its_structs_is_refused_and_released():
+    reader = _core.TableReader([("x", 0, False, 0, 0.0, 0.0)], 2)
+    with pytest.raises(AttributeError, match="_export_to_c"):
+        reader.push(object(), "f", 0, 0, capsule=False)
+    before = pa.total_allocated_bytes()
+    half = HalfExport(pa.array(np.arange(1000, dtype=np.float64)))
+    with pytest.raises(InvalidArgumentError, match="did not fill both the ArrowArray and the ArrowSchema"):
+        reader.push(half, "f", 0, 0, capsule=False)
+    del half  # the exported array released, its buffer goes with the last reference
+    assert pa.total_allocated_bytes() == before
+    assert reader.pending == 0
+
+
+def test_a_pool_reuses_chunk_buffers_without_changing_the_batches(capsule):
     batch = pa.record_batch(
         {"x": pa.array(np.arange(500, dtype=np.float64)), "s": pa.array([str(i) for i in range(500)])}
     )
@@ -237,7 +271,7 @@ def test_a_pool_reuses_chunk_buffers_without_changing_the_batches():
     def read(pool):
         reader = _core.TableReader(plans, 64, shuffle_buffer=100, seed=3, pool=pool)
         for k in range(0, 500, 120):
-            reader.push(batch.slice(k, 120), "f", 0, k)
+            reader.push(batch.slice(k, 120), "f", 0, k, capsule)
         out = []
         while (b := reader.next(final=True)) is not None:
             out.append((b[1][0][1].copy(), bytes(b[1][1][2])))

@@ -1,6 +1,7 @@
 /*
  * py_table.c - sparkgrad._core.TableReader: Arrow record batches in (through
- * the C data interface's PyCapsules, no copy), shuffled batches of NumPy
+ * the C data interface, no copy: the PyCapsules of pyarrow >= 14, or the
+ * structs older pyarrow's _export_to_c fills), shuffled batches of NumPy
  * arrays out. Wrapped by sparkgrad.data.ParquetDataset, which reads the
  * files and plans epochs and shards; converting and gathering run with the
  * GIL released.
@@ -164,8 +165,9 @@ static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     return (PyObject *)self;
 }
 
-/* The two capsules of obj.__arrow_c_array__(), moved out of them. */
-static int import_batch(PyObject *batch, struct ArrowSchema *schema, struct ArrowArray *array)
+/* The record batch of obj.__arrow_c_array__() (pyarrow >= 14), moved out of
+ * its two capsules. */
+static int import_capsules(PyObject *batch, struct ArrowSchema *schema, struct ArrowArray *array)
 {
     PyObject *pair = PyObject_CallMethod(batch, "__arrow_c_array__", NULL);
     if (pair == NULL)
@@ -192,14 +194,45 @@ static int import_batch(PyObject *batch, struct ArrowSchema *schema, struct Arro
     return 0;
 }
 
-/* push(batch, file, row_group, first_row) -> rows kept: converts one record
- * batch (any object with __arrow_c_array__, e.g. a pyarrow.RecordBatch). */
-static PyObject *reader_push(TableReaderObject *self, PyObject *args)
+/* The record batch obj._export_to_c(array address, schema address) writes
+ * into the caller's structs (pyarrow before 14, which has no capsules; the
+ * buffers are shared, not copied, as through capsules). The caller releases
+ * them as it does moved ones; on failure whichever of the two the producer
+ * filled is released here. */
+static int import_exported(PyObject *batch, struct ArrowSchema *schema, struct ArrowArray *array)
 {
+    memset(schema, 0, sizeof *schema);
+    memset(array, 0, sizeof *array);
+    PyObject *res =
+        PyObject_CallMethod(batch, "_export_to_c", "KK", (unsigned long long)(uintptr_t)array,
+                            (unsigned long long)(uintptr_t)schema);
+    if (res == NULL)
+        goto fail;
+    Py_DECREF(res);
+    if (array->release != NULL && schema->release != NULL)
+        return 0;
+    sg_raise_code(SG_EINVAL, "_export_to_c() did not fill both the ArrowArray and the ArrowSchema");
+fail:
+    if (array->release != NULL)
+        array->release(array);
+    if (schema->release != NULL)
+        schema->release(schema);
+    return -1;
+}
+
+/* push(batch, file, row_group, first_row, capsule=True) -> rows kept:
+ * converts one record batch, a pyarrow.RecordBatch or any object with
+ * __arrow_c_array__ (capsule), or with _export_to_c (not capsule: pyarrow
+ * before 14). */
+static PyObject *reader_push(TableReaderObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"batch", "file", "row_group", "first_row", "capsule", NULL};
     PyObject *batch, *file;
     long long row_group, first_row;
-    if (!PyArg_ParseTuple(args, "OO&LL:push", &batch, PyUnicode_FSConverter, &file, &row_group,
-                          &first_row))
+    int capsule = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO&LL|p:push", kwlist, &batch,
+                                     PyUnicode_FSConverter, &file, &row_group, &first_row,
+                                     &capsule))
         return NULL;
     if (self->busy) {
         Py_DECREF(file);
@@ -207,7 +240,9 @@ static PyObject *reader_push(TableReaderObject *self, PyObject *args)
     }
     struct ArrowSchema schema;
     struct ArrowArray array;
-    if (import_batch(batch, &schema, &array) < 0) {
+    int imported =
+        capsule ? import_capsules(batch, &schema, &array) : import_exported(batch, &schema, &array);
+    if (imported < 0) {
         Py_DECREF(file);
         return NULL;
     }
@@ -355,8 +390,9 @@ static void reader_dealloc(TableReaderObject *self)
 }
 
 static PyMethodDef reader_methods[] = {
-    {"push", (PyCFunction)reader_push, METH_VARARGS,
-     "push(batch, file, row_group, first_row) -> rows kept: convert an Arrow record batch"},
+    {"push", (PyCFunction)(void (*)(void))reader_push, METH_VARARGS | METH_KEYWORDS,
+     "push(batch, file, row_group, first_row, capsule=True) -> rows kept: convert an Arrow record "
+     "batch, taken through __arrow_c_array__ (capsule) or _export_to_c"},
     {"next", (PyCFunction)(void (*)(void))reader_next, METH_VARARGS | METH_KEYWORDS,
      "next(final=False) -> (rows, columns) or None: the next shuffled batch"},
     {"widths", (PyCFunction)reader_widths, METH_NOARGS,

@@ -214,8 +214,9 @@ class TableReader:
         seed: int = 0,
         pool: TablePool | None = None,
     ) -> None: ...
-    def push(self, batch: Any, file: str, row_group: int, first_row: int) -> int:
-        """Converts one record batch (any object with ``__arrow_c_array__``); returns the rows kept."""
+    def push(self, batch: Any, file: str, row_group: int, first_row: int, capsule: bool = True) -> int:
+        """Converts one record batch, taken through ``__arrow_c_array__`` (``capsule``, pyarrow >= 14) or
+        ``_export_to_c`` (older pyarrow); returns the rows kept."""
     def next(self, final: bool = False) -> tuple[int, list[tuple[str, np.ndarray, np.ndarray | None]]] | None:
         """The next batch ``(rows, [("f" | "i", values, lengths) | ("s", offsets, bytes)])`` or None."""
     def widths(self) -> list[tuple[str, int, bool]]:

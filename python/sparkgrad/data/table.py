@@ -6,7 +6,8 @@
     model.fit(ds, epochs=5)
 
 pyarrow reads the row groups (only the columns asked for) and hands each
-record batch to C through Arrow's C data interface, without a copy; C
+record batch to C through Arrow's C data interface, without a copy (as
+PyCapsules from pyarrow 14 on, through ``_export_to_c`` before); C
 validates it, converts the columns (numbers, lists, binary, strings, Spark
 ML vectors, fields of structs) applying each column's null policy, and
 shuffles and gathers rows into batches with the GIL released
@@ -92,11 +93,13 @@ def _pyarrow() -> tuple[Any, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if int(pa.__version__.split(".")[0]) < 14:
-        raise InvalidArgumentError(
-            f"ParquetDataset needs pyarrow >= 14 (the Arrow PyCapsule interface); pyarrow {pa.__version__} is installed"
-        )
     return pa, pq
+
+
+def _capsules(pa: Any) -> bool:
+    """Whether record batches go to C as PyCapsules (``__arrow_c_array__``, pyarrow >= 14); older pyarrow
+    (8 on DBR 13.3) exports them with ``_export_to_c`` into structs C gives it, sharing the same buffers."""
+    return hasattr(pa.RecordBatch, "__arrow_c_array__")
 
 
 def open_parquet(path: str, row_group: int | None = None) -> Any:
@@ -356,7 +359,7 @@ class ParquetDataset:
         """The batches of one epoch (0-based) of this shard."""
         if epoch < 0:
             raise InvalidArgumentError(f"epoch must be >= 0, not {epoch}")
-        _pyarrow()
+        capsule = _capsules(_pyarrow()[0])
         seed = (self.seed * 0x9E3779B97F4A7C15 + epoch * 0x100000001B3 + self.shard_index) & (2**64 - 1)
         if self._pool is None:
             self._pool = _core.TablePool(_POOL_BYTES)
@@ -370,7 +373,7 @@ class ParquetDataset:
                 if path not in files:
                     files[path] = open_parquet(path, group.index)
                 for first, batch in self._read(files[path], path, group.index, lo, hi):
-                    reader.push(batch, path, group.index, first)
+                    reader.push(batch, path, group.index, first, capsule)
                     while (b := reader.next()) is not None:
                         yield self._batch(*b)
         finally:

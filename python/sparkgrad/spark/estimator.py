@@ -74,17 +74,6 @@ def _compiled_metrics(nn: Any, loss: Any, model_bytes: bytes) -> tuple[dict, ...
     return tuple(_metrics.serialize(m) for m in probe.metrics)
 
 
-def _check_pyarrow() -> None:
-    """The workers read the table with `sparkgrad.data.ParquetDataset`, which needs pyarrow >= 14."""
-    import pyarrow as pa
-
-    if int(pa.__version__.split(".")[0]) < 14:
-        raise InvalidArgumentError(
-            f"Estimator.fit reads the training table with pyarrow >= 14 (Arrow's PyCapsule interface) on the driver "
-            f"and every executor; pyarrow {pa.__version__} is installed here: pip install 'pyarrow>=14'"
-        )
-
-
 def _node_error(exc: NodeFailure) -> BaseException:
     """The table error a node raised (a null under "error", a file gone or corrupt, a row its input does not
     take), as its own type; any other failure stays the NodeFailure."""
@@ -448,7 +437,6 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
 
         session = dataset.sparkSession
         self._check_slots(session, workers, ps)
-        _check_pyarrow()
         train_df, val_df = self._split(dataset)
         files = table_files(train_df, columns=spec.columns, cache_dir=self.getOrDefault(self.cache_dir))
         table = TableRead(files.files, nulls, widths, shuffle, seed, workers)
