@@ -42,8 +42,17 @@ def strings(col):
     return [bytes(col.data[col.offsets[k] : col.offsets[k + 1]]).decode() for k in range(len(col))]
 
 
-NUMBER_TYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
-                "float64", "bool"]  # fmt: skip
+def parquet_writes_float16():
+    """Whether this pyarrow writes float16 columns to Parquet (its Float16 logical type; pyarrow 8 does not)."""
+    try:
+        pq.write_table(pa.table({"h": pa.array(np.zeros(1, np.float16))}), pa.BufferOutputStream())
+    except pa.ArrowNotImplementedError:
+        return False
+    return True
+
+
+NUMBER_TYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64",
+                "bool"] + (["float16"] if parquet_writes_float16() else [])  # fmt: skip
 
 
 def test_numbers_of_every_type_equal_what_pyarrow_reads(tmp_path):
@@ -81,7 +90,7 @@ def test_lists_are_padded_to_the_width_with_their_lengths(tmp_path):
     np.testing.assert_array_equal(batch["l"], want)
     np.testing.assert_array_equal(batch["l_len"], [i % 5 for i in range(200)])
     np.testing.assert_array_equal(batch["big"], [[i, -i] if i % 2 else [0, 0] for i in range(200)])
-    np.testing.assert_array_equal(batch["fixed"], np.stack(table["fixed"].to_numpy(zero_copy_only=False)))
+    np.testing.assert_array_equal(batch["fixed"], table["fixed"].to_pylist())
 
 
 def test_integer_ids_are_read_exactly_as_int64(tmp_path):
@@ -215,14 +224,14 @@ def test_importing_sparkgrad_data_does_not_import_pyarrow():
 
 
 def test_dictionary_encoded_columns_are_refused_by_name(capsule):
-    batch = pa.record_batch({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
+    batch = pa.RecordBatch.from_pydict({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
     reader = _core.TableReader([("d", 0, False, 0, 0.0, 0.0)], 2)
     with pytest.raises(SchemaError, match=r"file 'f.parquet', row group 3: column 'd' is dictionary-encoded"):
         reader.push(batch, "f.parquet", 3, 0, capsule)
 
 
 def test_sliced_batches_read_from_their_offset(capsule):
-    batch = pa.record_batch(
+    batch = pa.RecordBatch.from_pydict(
         {
             "x": pa.array([0.0, 1.0, None, 3.0, 4.0]),
             "s": pa.array(["a", "b", "c", "d", "e"]),
@@ -263,7 +272,7 @@ def test_an_export_that_fails_or_fills_half_its_structs_is_refused_and_released(
 
 
 def test_a_pool_reuses_chunk_buffers_without_changing_the_batches(capsule):
-    batch = pa.record_batch(
+    batch = pa.RecordBatch.from_pydict(
         {"x": pa.array(np.arange(500, dtype=np.float64)), "s": pa.array([str(i) for i in range(500)])}
     )
     plans = [("x", 0, False, 0, 0.0, 0.0), ("s", 0, False, 0, 0.0, 0.0)]
@@ -379,7 +388,7 @@ def test_a_missing_column_lists_the_files_columns(tmp_path):
 
 
 def test_an_unsupported_type_is_refused_naming_the_column(tmp_path):
-    table = pa.table({"m": pa.array([{"k": 1}], pa.map_(pa.string(), pa.int64())), "d": pa.array([1], pa.date32())})
+    table = pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())), "d": pa.array([1], pa.date32())})
     path = write(tmp_path / "u.parquet", table)
     with pytest.raises(SchemaError, match=r"column 'm' has Arrow format '\+m', which cannot be fed"):
         list(ParquetDataset(path, {"m": "m"}, 4))

@@ -9,8 +9,6 @@ from sparkgrad.errors import InvalidArgumentError
 from sparkgrad.spark.columns import FeatureSpec, InputColumns, input_columns
 
 pa = pytest.importorskip("pyarrow")
-# an Estimator worker's batches come from sparkgrad.data.ParquetDataset, which needs pyarrow >= 14
-table_reader = pytest.mark.skipif(int(pa.__version__.split(".")[0]) < 14, reason="ParquetDataset needs pyarrow >= 14")
 
 
 def _spec(features, width, shape, label=None, loss="sparse_categorical_crossentropy", classes=0):
@@ -177,7 +175,6 @@ def test_a_mapping_that_does_not_fit_the_inputs_names_the_column_or_the_input(co
         input_columns(_tabular_model(), "features", cols, mapping, "E")
 
 
-@table_reader
 def test_a_parquet_batch_of_strings_ids_and_lists_is_the_models_x_as_arrays_are(tmp_path):
     import pyarrow.parquet as pq
     from sparkgrad.spark.training import TableRead
@@ -240,7 +237,6 @@ def test_importing_sparkgrad_spark_does_not_import_pyspark():
     assert out.stdout.strip() == "False", out.stderr
 
 
-@table_reader
 def test_a_workers_table_batches_of_a_string_input_train_as_model_fit_on_arrays_does(tmp_path):
     import pyarrow.parquet as pq
     from sparkgrad.nn import Adam, CategoryEncoding, Dense, Input, Model, StringLookup

@@ -30,12 +30,6 @@ vector_output = pytest.mark.skipif(
     reason="pyspark < 3.5: mapInArrow cannot return vector columns",
 )
 
-# Estimator.fit's workers read Parquet with sparkgrad.data.ParquetDataset: pyarrow >= 14 (the py310-spark34 leg
-# of make test-matrix runs DBR 13.3's pyarrow 8, where fit refuses before any job)
-table_reader = pytest.mark.skipif(
-    int(pytest.importorskip("pyarrow").__version__.split(".")[0]) < 14, reason="Estimator.fit needs pyarrow >= 14"
-)
-
 TRAIN_ROWS = 10_000
 TEST_ROWS = 2_000
 
@@ -65,7 +59,6 @@ def _by_id(df, *cols):
 
 
 @vector_output
-@table_reader
 def test_pipeline_of_assembler_scaler_and_estimator_fits_saves_loads_and_predicts_the_same(fashion, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import StandardScaler, VectorAssembler
@@ -127,7 +120,6 @@ def test_pipeline_of_assembler_scaler_and_estimator_fits_saves_loads_and_predict
     assert again.getOrDefault("optimizer").config == Adam(0.002).config
 
 
-@table_reader
 def test_ps_mode_trains_from_a_binary_column_through_input_mapping(fashion, tmp_path):
     from sparkgrad.spark import Estimator, Model
 
@@ -266,13 +258,11 @@ def test_more_nodes_than_task_slots_fails_before_any_job(fashion, params, messag
         _bad_fit(fashion[0].limit(10), **params)
 
 
-@table_reader
 def test_as_many_workers_as_slots_train_one_task_each(fashion):
     model = _bad_fit(fashion[0].filter("id < 512"), num_workers=4, batch_size=32)  # local[4]: 4 slots, no more
     assert [h["rank"] for h in model.history] == [0, 1, 2, 3] and {h["rows"] for h in model.history} == {128}
 
 
-@table_reader
 def test_a_label_out_of_range_fails_fit_naming_worker_and_value_and_stops_the_cluster(fashion):
     from pyspark.sql import functions as F
 
@@ -364,7 +354,6 @@ def _regression_nn(outputs=1, seed=2):
 
 
 @vector_output
-@table_reader
 def test_binary_classifier_estimator_reaches_a_good_auc_and_writes_spark_ml_binary_columns(tabular):
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
     from pyspark.ml.linalg import VectorUDT
@@ -426,7 +415,6 @@ def test_auc_over_several_partitions_is_the_auc_of_all_rows_at_once(tabular):
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
 
 
-@table_reader
 def test_regression_estimator_predicts_a_double_matching_nn_predict_with_a_small_mse(tabular):
     from pyspark.sql import types as T
     from sparkgrad.spark import Estimator
@@ -455,7 +443,6 @@ def test_regression_estimator_predicts_a_double_matching_nn_predict_with_a_small
     np.testing.assert_allclose(pred, fitted.nn_model.predict(x.astype(np.float32))[:, 0], rtol=1e-6)
 
 
-@table_reader
 def test_a_functional_residual_regression_trains_and_scores_as_a_sequential_does(tabular):
     from sparkgrad.errors import InvalidArgumentError
     from sparkgrad.nn import Add, Input
@@ -507,7 +494,6 @@ def test_a_multi_output_regression_predicts_an_array_of_doubles_and_evaluates_it
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and got["mse"] == pytest.approx(want["mse"], rel=1e-5)
 
 
-@table_reader
 def test_a_binary_label_outside_0_1_fails_fit_naming_the_worker_column_and_value(tabular):
     from pyspark.sql import functions as F
     from sparkgrad.spark import Estimator

@@ -185,13 +185,13 @@ def _local_path(uri: str, *, encoded: bool) -> str | None:
 
 
 def _file_schema(path: str) -> Any:
-    from sparkgrad.data.table import open_parquet
+    from sparkgrad.data.table import close_parquet, open_parquet
 
     pf = open_parquet(path)
     try:
         return pf.schema_arrow
     finally:
-        pf.close()
+        close_parquet(pf)
 
 
 def _check_columns(path: str, columns: list[str] | None, what: str, schema: Any = None) -> None:

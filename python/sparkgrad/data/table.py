@@ -118,6 +118,14 @@ def open_parquet(path: str, row_group: int | None = None) -> Any:
         raise CorruptRecordError(f"{where} is not a readable Parquet file: {e}", path=path) from e
 
 
+def close_parquet(pf: Any) -> None:
+    """Closes a ParquetFile's file. pyarrow 8 has no ParquetFile.close: its file closes with the last
+    reference to the ParquetFile, which the caller drops."""
+    close = getattr(pf, "close", None)
+    if close is not None:
+        close()
+
+
 def _as_column(spec: str | Column, nulls: object) -> Column:
     col = Column(spec) if isinstance(spec, str) else spec
     if not isinstance(col, Column):
@@ -276,7 +284,7 @@ class ParquetDataset:
         try:
             return pf.metadata, pf.schema_arrow
         finally:
-            pf.close()
+            close_parquet(pf)
 
     def _check_schema(self, path: str, schema: Any) -> None:
         import pyarrow as pa
@@ -378,7 +386,8 @@ class ParquetDataset:
                         yield self._batch(*b)
         finally:
             for pf in files.values():
-                pf.close()
+                close_parquet(pf)
+            files.clear()
         while (b := reader.next(final=True)) is not None:
             if b[0] < self.batch_size and self.drop_remainder:
                 break
