@@ -102,13 +102,15 @@ py312-spark40.tests := $(wildcard tests/test_cluster_connect.py) tests/test_clus
 py310-spark34.python = $(shell $(PYTHON) .ci/wheels.py which 3.10)
 py310-spark34.pyspark := pyspark==3.4.1
 py310-spark34.numpy := numpy==1.21.5
-# ... and its pandas and pyarrow, which DataFrame feeding (mapInArrow) needs on Spark 3.x; and an MLflow 2
+# ... and its pandas and pyarrow, which DataFrame feeding (mapInArrow) needs on Spark 3.x and tables are read with; and an MLflow 2
 # client (file store without MLFLOW_ALLOW_FILE_STORE) for fit(mlflow=...), where the main leg has MLflow 3.
 py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.22.5
-# Under that NumPy, also the suites that hand arrays to and from the C core (30 s).
+# Under that NumPy, also the suites that hand arrays to and from the C core (30 s), and the table reader under
+# pyarrow 8, which hands record batches to C through _export_to_c rather than PyCapsules (30 s).
 py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
   tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \
-  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py
+  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py tests/test_data_table.py \
+  tests/test_spark_columns.py
 
 # $(1): the leg. Its venv holds the build, runtime and test requirements and
 # the leg's pyspark. A leg that names its .numpy runs under that NumPy but is

@@ -23,19 +23,19 @@ from sparkgrad.nn import Adam
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.timeout(300),
-    # mapInArrow returns Spark ML vector columns (Model.evaluate's vector input) from pyspark 3.5 on
-    pytest.mark.skipif(
-        tuple(int(v) for v in pytest.importorskip("pyspark").__version__.split(".")[:2]) < (3, 5),
-        reason="pyspark < 3.5: mapInArrow cannot return vector columns",
-    ),
-]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+# mapInArrow returns Spark ML vector columns (Model.evaluate's vector input) from pyspark 3.5 on; fit reads
+# the files and runs on every leg
+evaluates = pytest.mark.skipif(
+    tuple(int(v) for v in pytest.importorskip("pyspark").__version__.split(".")[:2]) < (3, 5),
+    reason="pyspark < 3.5: mapInArrow cannot return vector columns",
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+@evaluates
 def test_two_workers_fit_a_parquet_table_with_strings_and_nulls_on_two_task_slots(tmp_path):
     env = dict(os.environ)
     env.update(
@@ -79,6 +79,7 @@ def _estimator(**params):
     return Estimator(**{**base, **params})
 
 
+@evaluates
 def test_a_filtered_dataframe_is_written_to_the_cache_once_and_fits(shops, tmp_path):
     train, test = shops
     fitted = _estimator(
