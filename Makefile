@@ -109,8 +109,7 @@ py310-spark34.extra := pandas==1.4.4 pyarrow==8.0.0 mlflow-skinny==2.22.5
 # pyarrow 8, which hands record batches to C through _export_to_c rather than PyCapsules (30 s).
 py310-spark34.tests := tests/test_record_example.py tests/test_record_sequence.py tests/test_record_convert.py \
   tests/test_pipeline.py tests/test_nn_api.py tests/test_nn_checkpoint.py tests/test_net_ps.py tests/test_net_feed.py \
-  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py tests/test_data_table.py \
-  tests/test_spark_columns.py
+  tests/test_net_ps_optim.py tests/test_mlflow_tracking.py tests/test_mlflow_flavor.py tests/test_data_table.py
 
 # $(1): the leg. Its venv holds the build, runtime and test requirements and
 # the leg's pyspark. A leg that names its .numpy runs under that NumPy but is
