@@ -118,34 +118,6 @@ def _out_dim(model: Any) -> int:
     return int(model.output_classes)
 
 
-def _check_vector_output(fields: list, outputs: list[str]) -> None:
-    """pyspark < 3.5 cannot return a Spark ML vector column from mapInArrow: say so before the job.
-
-    ``outputs``: the names of the vector columns transform would add.
-    """
-    import pyspark
-    from pyspark.ml.linalg import VectorUDT
-
-    major, minor = (int(v) for v in pyspark.__version__.split(".")[:2])
-    if (major, minor) >= (3, 5):
-        return
-    vectors = [f.name for f in fields if isinstance(f.dataType, VectorUDT)]
-    if vectors or outputs:
-        what = f"the vector column(s) {', '.join(map(repr, vectors or outputs))}"
-        raise InvalidArgumentError(
-            f"Model.transform on pyspark {pyspark.__version__}: mapInArrow returns no Spark ML vector columns before "
-            f"pyspark 3.5, and the output would hold {what}: drop vector columns before transform (keep the "
-            "features as an array, e.g. vector_to_array) and set probabilityCol='' and rawPredictionCol='' "
-            "(outputCol gives the outputs as an array), or use pyspark >= 3.5"
-        )
-
-
-def _select(batch: Any, names: tuple[str, ...]) -> Any:
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index(c)) for c in names], names=list(names))
-
-
 @dataclass(frozen=True)
 class _Columns:
     """The columns transform appends (an empty name: not written) and what the model's outputs are."""
@@ -159,7 +131,7 @@ class _Columns:
     threshold: float = 0.5
 
     def fields(self, outputs: int) -> list[tuple[str, str, Any]]:
-        """``(param, name, Spark type)`` of each column written, in the order `arrays` gives them."""
+        """``(param, name, Spark type)`` of each column written, in the order `values` gives them."""
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import types as T
 
@@ -172,58 +144,136 @@ class _Columns:
         ]
         return [(param, name, t) for param, name, t in types if name]
 
-    def arrays(self, out: np.ndarray) -> list[Any]:
-        """The columns' Arrow arrays from the model's outputs ``out`` (float32 ``[rows, outputs]``)."""
-        import pyarrow as pa
-
+    def values(self, out: np.ndarray) -> list[np.ndarray]:
+        """Each column's values from the model's outputs ``out`` (float32 ``[rows, outputs]``), in the order of
+        `fields`: float64 ``[rows]`` for a double, float64 ``[rows, k]`` for an array<double> or a vector, float32
+        ``[rows, outputs]`` for ``outputCol``."""
         cols = []
         if self.task is C.Task.CLASSES:
             if self.prediction:
-                cols.append(pa.array(out.argmax(axis=1).astype(np.float64) if len(out) else np.zeros(0)))
+                cols.append(out.argmax(axis=1).astype(np.float64))
             if self.probability:
-                cols.append(C.vector_array(out if self.probabilities else C.softmax(out)))
+                cols.append(np.asarray(out if self.probabilities else C.softmax(out), np.float64))
         elif self.task is C.Task.BINARY:
             p, z = C.binary_scores(out, self.probabilities)
             one = p.shape[1] == 1  # as Spark ML's binary classifiers: [1 - p, p] and [-z, z]
             if self.prediction:
-                cols.append(C.double_array((p > self.threshold).astype(np.float64)))
+                cols.append(_doubles((p > self.threshold).astype(np.float64)))
             if self.probability:
-                cols.append(C.vector_array(np.hstack([1.0 - p, p]) if one else p))
+                cols.append(np.asarray(np.hstack([1.0 - p, p]) if one else p, np.float64))
             if self.raw_prediction:
-                cols.append(C.vector_array(np.hstack([-z, z]) if one else z))
+                cols.append(np.asarray(np.hstack([-z, z]) if one else z, np.float64))
         elif self.prediction:
-            cols.append(C.double_array(out))
+            cols.append(_doubles(out.astype(np.float64)))
         if self.output:
-            cols.append(C.list_array(out))
+            cols.append(np.asarray(out, np.float32))
         return cols
+
+    def arrays(self, out: np.ndarray, vectors: bool) -> list[Any]:
+        """The columns' Arrow arrays from the model's outputs, in the order of `fields`.
+
+        ``vectors``: a vector column as VectorUDT's struct (as Spark holds it), else as its list<double> of
+        values (which `array_to_vector` makes a vector on the JVM side).
+        """
+        import pyarrow as pa
+
+        params = [param for param, name in self._names() if name]
+        arrays = []
+        for param, v in zip(params, self.values(out), strict=True):
+            if v.ndim == 1:
+                arrays.append(pa.array(v))
+            elif vectors and param in _VECTORS:
+                arrays.append(C.vector_array(v))
+            else:
+                arrays.append(C.list_array(v, v.dtype))
+        return arrays
+
+    def _names(self) -> list[tuple[str, str]]:
+        return [
+            ("predictionCol", self.prediction),
+            ("probabilityCol", self.probability),
+            ("rawPredictionCol", self.raw_prediction),
+            ("outputCol", self.output),
+        ]
+
+
+_VECTORS = ("probabilityCol", "rawPredictionCol")  # the params whose columns are Spark ML vectors
+
+
+def _doubles(values: np.ndarray) -> np.ndarray:
+    """float64 ``[rows, k]`` -> ``[rows]`` for k == 1 (a double column), else as it is (array<double>)."""
+    return values[:, 0] if values.shape[1] == 1 else values
+
+
+def _select(batch: Any, names: tuple[str, ...]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index(c)) for c in names], names=list(names))
 
 
 @dataclass(frozen=True)
 class _Scorer:
-    """Model.transform's mapInArrow function: the input batch plus the output columns."""
+    """The model's outputs for record batches of the feature columns: what transform and predict_table share."""
 
     shipped: Any
     spec: C.FeatureSpec
-    columns: _Columns
-    names: tuple[str, ...]  # of the columns written, in order
     batch_size: int
 
+    def outputs(self, model: Any, batch: Any, part: int, row: int) -> np.ndarray:
+        """float32 ``[rows, outputs]`` of ``batch``, whose rows errors number from ``row`` of partition ``part``."""
+        from sparkgrad.cluster.arrow_feed import batch_to_columns
+
+        if not batch.num_rows:
+            return np.zeros((0, _out_dim(model)), np.float32)
+        cols = batch_to_columns(batch, part, row, strings=True)
+        return model.predict(self.spec.x(cols, part, row), self.batch_size)
+
+
+@dataclass(frozen=True)
+class _TransformUdf:
+    """Model.transform's iterator pandas UDF: the feature columns in, one struct of the output columns out.
+
+    Spark hands the feature columns alone to Python and keeps the other columns of each row on the JVM
+    side; the Series go back to Arrow (their Spark types' Arrow types) so that every column kind takes the
+    path, and gets the errors, of cluster/arrow_feed.py. Vector outputs come back as their values
+    (array<double>), which ``array_to_vector`` makes vectors on the JVM side.
+    """
+
+    scorer: _Scorer
+    columns: _Columns
+    types: tuple  # the pyarrow type of each feature column, in the order of spec.features
+
     def __call__(self, batches: Any) -> Any:
+        import pandas as pd
         import pyarrow as pa
         from pyspark import TaskContext
 
-        from sparkgrad.cluster.arrow_feed import batch_to_columns
-
-        model = self.shipped.load()
+        model = self.scorer.shipped.load()
         part = TaskContext.get().partitionId()
+        names = list(self.scorer.spec.features)
         row = 0
-        for batch in batches:
-            cols = batch_to_columns(_select(batch, self.spec.features), part, row, strings=True)
-            x = self.spec.x(cols, part, row)
-            row += batch.num_rows
-            out = model.predict(x, self.batch_size) if batch.num_rows else np.zeros((0, _out_dim(model)), np.float32)
-            arrays = list(batch.columns) + self.columns.arrays(out)
-            yield pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + list(self.names))
+        for series in batches:
+            series = (series,) if isinstance(series, pd.Series) else series
+            arrays = [pa.Array.from_pandas(s, type=t) for s, t in zip(series, self.types, strict=True)]
+            out = self.scorer.outputs(model, pa.RecordBatch.from_arrays(arrays, names=names), part, row)
+            row += len(out)
+            values = self.columns.values(out)
+            yield pd.DataFrame({f"c{i}": v if v.ndim == 1 else pd.Series(list(v)) for i, v in enumerate(values)})
+
+    def udf(self, returns: Any) -> Any:
+        """This function as a pandas UDF of the feature columns returning the struct ``returns``."""
+        import typing
+
+        import pandas as pd
+        from pyspark.sql.functions import pandas_udf
+
+        def score(batches: Any) -> Any:
+            return self(batches)
+
+        # pyspark tells the UDF kind from the annotations; pyspark 3.4 knows typing.Tuple, not tuple[...]
+        takes = pd.Series if len(self.types) == 1 else typing.Tuple[(pd.Series, ...)]  # noqa: UP006
+        score.__annotations__ = {"batches": typing.Iterator[takes], "return": typing.Iterator[pd.DataFrame]}
+        return pandas_udf(score, returns)
 
 
 @dataclass(frozen=True)
@@ -433,32 +483,51 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     # ---- scoring ---------------------------------------------------------------
 
     def _transform(self, dataset: Any) -> Any:
+        from pyspark.ml.functions import array_to_vector, vector_to_array
         from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import functions as F
         from pyspark.sql import types as T
+        from pyspark.sql.pandas.types import to_arrow_type
 
         loss = self._loss_of(self.nn_model, "Model.transform")
         spec = self._spec("Model.transform", loss, with_label=False)
         C.check_schema(dataset.schema, spec)
         columns = self._columns(loss)
         added = columns.fields(spec.classes)
-        fields = list(dataset.schema.fields)
-        _check_vector_output(fields, [name for _, name, t in added if isinstance(t, VectorUDT)])
-        for param, name, spark_type in added:
-            if any(f.name == name for f in fields):
+        for param, name, _ in added:
+            if name in dataset.columns:
                 raise InvalidArgumentError(
                     f"Model.transform: {param} {name!r} is already a column of the DataFrame (rename it or set "
                     f"{param} to another name, or '' to skip it)",
                     column=name,
                 )
-            fields.append(T.StructField(name, spark_type, True))
-        scorer = _Scorer(
-            self._ship(dataset.sparkSession),
-            spec,
-            columns,
-            tuple(name for _, name, _ in added),
-            max(1, int(self.getOrDefault(self.batch_size))) * 16,
+        inputs, types = [], []
+        for name in spec.features:
+            kind = dataset.schema[name].dataType
+            if isinstance(kind, VectorUDT):  # its values go to Python (a null stays null, for the feed's error)
+                inputs.append(F.when(F.col(name).isNull(), F.lit(None)).otherwise(vector_to_array(F.col(name))))
+                kind = T.ArrayType(T.DoubleType())
+            else:
+                inputs.append(F.col(name))
+            types.append(to_arrow_type(kind))
+        returns = T.StructType(
+            [
+                T.StructField(f"c{i}", T.ArrayType(T.DoubleType()) if isinstance(t, VectorUDT) else t)
+                for i, (_, _, t) in enumerate(added)
+            ]
         )
-        return dataset.mapInArrow(scorer, T.StructType(fields))
+        scorer = _Scorer(self._ship(dataset.sparkSession), spec, max(1, int(self.getOrDefault(self.batch_size))) * 16)
+        udf = _TransformUdf(scorer, columns, tuple(types)).udf(returns)
+        scores = "__sparkgrad_scores"
+        while scores in dataset.columns:
+            scores += "_"
+        # the struct is one column, so the UDF runs once per row whatever the output columns read from it
+        scored = dataset.withColumn(scores, udf(*inputs))
+        outputs = {}
+        for i, (_, name, t) in enumerate(added):
+            value = F.col(scores).getField(f"c{i}")
+            outputs[name] = array_to_vector(value) if isinstance(t, VectorUDT) else value
+        return scored.withColumns(outputs).drop(scores)
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
         """The loss and metrics over ``dataset``, computed in Spark's tasks.
