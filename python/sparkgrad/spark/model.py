@@ -8,7 +8,10 @@ sparkgrad/spark/persist.py's.
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,7 @@ from pyspark.ml.param.shared import (
 )
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import InvalidArgumentError, SchemaError, SparkgradIOError
 from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 from sparkgrad.spark import columns as C
@@ -572,6 +575,104 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         if seen == 0:
             raise InvalidArgumentError("Model.evaluate: the DataFrame has no rows")
         return {"loss": loss_sum / seen, **values, "rows": seen}
+
+    def predict_table(
+        self,
+        source: Any,
+        output_path: str,
+        *,
+        keep: Sequence[str] = (),
+        mode: str = "overwrite",
+        batch_size: int | None = None,
+        tasks: int | None = None,
+        spark: Any = None,
+    ) -> int:
+        """Scores a Parquet table and writes the predictions as Parquet, read and written by Spark's tasks.
+
+        The driver lists the table's files and reads their footers; each task reads its row groups with
+        pyarrow (the feature columns and ``keep`` only), scores them as `transform` does and writes one part
+        file: the columns `transform` adds, with its names and types (vectors as Spark stores a VectorUDT,
+        so ``spark.read.parquet(output_path)`` gives vectors), then the ``keep`` columns. No row passes
+        through the JVM. ``_SUCCESS`` is written last.
+
+        Args:
+            source: A Parquet file, directory or glob (a list of them; ``dbfs:/`` as ``/dbfs/``), or a
+                DataFrame that is a plain ``spark.read.parquet`` scan (its files are read).
+            output_path: The directory to write (local, ``/dbfs/...``, ``dbfs:/...`` or ``/Volumes/...``).
+            keep: Columns of the table copied beside the predictions (e.g. an id to join on).
+            mode: ``"overwrite"`` (replace what is at ``output_path``) or ``"error"`` (refuse if it exists).
+            batch_size: Rows per predict call (default: 16 times this Model's ``batch_size``).
+            tasks: Tasks to run (default: Spark's default parallelism), at most one per row group.
+            spark: The SparkSession (default: the DataFrame's, else the active one).
+
+        Returns:
+            The rows written.
+
+        Raises:
+            SchemaError: A feature or ``keep`` column missing from a file (named, with its columns), a file
+                that is not Parquet, or a column of a type the model's input cannot take.
+            SparkgradIOError: A missing file, the output's parent directory missing, or ``output_path``
+                existing under ``mode="error"``.
+            InvalidArgumentError: Bad arguments (an output column named like a ``keep`` column, output inside
+                the table), or a bad row (file, row group and row named).
+        """
+        from pyspark.sql import SparkSession
+        from pyspark.sql import types as T
+
+        from sparkgrad.spark import predict_table as P
+
+        what = "Model.predict_table"
+        spark = spark or getattr(source, "sparkSession", None) or SparkSession.getActiveSession()
+        if spark is None:
+            raise InvalidArgumentError(f"{what}: no active SparkSession (pass spark=)")
+        loss = self._loss_of(self.nn_model, what)
+        spec = self._spec(what, loss, with_label=False)
+        columns = self._columns(loss)
+        added = columns.fields(spec.classes)
+        keep = tuple(keep)
+        for param, name, _ in added:
+            if name in keep:
+                raise InvalidArgumentError(f"{what}: {param} {name!r} is also a keep column", column=name)
+        files = P._table_files(source, what)
+        if not files:
+            raise SparkgradIOError(f"{what}: {source!r} names no files", path=str(source))
+        units, schema = P.plan_units(files, list(spec.features) + list(keep), what)
+        path = files[0]
+        C.check_schema(
+            T.StructType([T.StructField(c, P._spark_type(schema.field(c), path)) for c in spec.features]), spec
+        )
+        kept = tuple((c, schema.field(c).type) for c in keep)
+        try:
+            spark_schema = T.StructType(
+                [T.StructField(name, t, True) for _, name, t in added]
+                + [T.StructField(c, P._spark_type(schema.field(c), path), True) for c in keep]
+            ).json()
+        except SchemaError:
+            spark_schema = None  # a kept column Spark has no type for: the files hold no Spark schema
+        if tasks is None:
+            tasks = int(spark.sparkContext.defaultParallelism) if hasattr(spark, "_jsc") else len(units)
+        runs = P.split_units(units, max(1, int(tasks)))
+        out = P.prepare_output(str(output_path), mode, files, what)
+        scorer = P.TableScorer(
+            _Scorer(self._ship(spark), spec, int(batch_size or max(1, int(self.getOrDefault(self.batch_size))) * 16)),
+            columns,
+            tuple(name for _, name, _ in added),
+            tuple(tuple(r) for r in runs),
+            kept,
+            out,
+            uuid.uuid4().hex[:12],
+            spark_schema,
+        )
+        try:
+            done = spark.range(0, len(runs), 1, len(runs)).mapInArrow(scorer, "run int, rows long").collect()
+        except Exception as exc:  # noqa: BLE001 - a task's sparkgrad error, raised as itself
+            found = task_error(exc)
+            if found is exc:
+                raise
+            raise found from None
+        with open(os.path.join(out, "_SUCCESS"), "w"):
+            pass
+        return sum(int(r["rows"]) for r in done)
 
     # ---- persistence -----------------------------------------------------------
 
