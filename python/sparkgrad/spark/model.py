@@ -313,12 +313,15 @@ class _Evaluator:
 class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable):
     """A trained sparkgrad.nn model as a Spark ML Transformer: scores DataFrames in parallel, in Spark's tasks.
 
-    ``transform(df)`` scores with ``mapInArrow``: each task takes its Arrow record batches, makes the
-    model's inputs from the feature columns (vectors, arrays, binary, numbers, and strings as Arrow's
-    offsets and bytes for a string Input; no Python object per row), runs the C engine's predict and
-    appends the output columns to the batch, which goes back to Spark as Arrow. The weights travel once
-    per job (`ShippedModel`: a broadcast on classic Spark, the closure or a shared file over Spark
-    Connect) and each Python worker builds the model once.
+    ``transform(df)`` scores with an iterator pandas UDF of the feature columns alone: Spark hands
+    those columns to Python and keeps every other column of the row on the JVM side. Each batch goes
+    back to Arrow and takes the feed's conversion (vectors, arrays, binary, numbers, and strings as Arrow's
+    offsets and bytes for a string Input; a vector column's values come as an array, by
+    ``vector_to_array``), then the C engine's predict; the UDF returns one struct of the output columns,
+    evaluated once per row, which Spark unpacks into the columns (a vector from its values, by
+    ``array_to_vector``). The weights travel once per job (`ShippedModel`: a broadcast on classic Spark,
+    the closure or a shared file over Spark Connect) and each Python worker builds the model once.
+    `predict_table` scores a Parquet table's files without the JVM.
     Nothing is collected to the driver. The output columns follow the loss (``loss``; by default the
     model's compiled loss, else ``binary_crossentropy`` for a sigmoid head and a classifier's
     otherwise), as Spark ML's own models write them; an empty name skips one:
@@ -338,8 +341,6 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
       SQL); no probability or raw prediction;
     - any model: ``outputCol`` (array<float>) the model's output as ``predict`` gives it (default
       ``""``: off).
-
-    Vector outputs need pyspark >= 3.5.
 
     Build one from a trained model with ``Model.from_nn(model, featuresCol=...)``; `Estimator` fit
     returns one. ``save(path)`` writes the params and the saved-model bytes; it loads with

@@ -61,7 +61,7 @@ def _table_files(source: Any, what: str) -> list[str]:
                 f"{what}: the DataFrame is not a plain scan of Parquet files (its plan: {' / '.join(lines)[:300]}); "
                 "write it as Parquet first (df.write.parquet(path)) and pass that path"
             )
-        return [f[len("file:") :] if f.startswith("file:") else f for f in source.inputFiles()]
+        return expand_paths(list(source.inputFiles()))  # file:// and dbfs:/ URIs as local paths
     return expand_paths(source)
 
 
