@@ -78,21 +78,34 @@ def _footer(path: str) -> Any:
 
 def _spark_type(field: Any, path: str) -> Any:
     """The Spark type a Parquet column of ``field`` is read as (a VectorUDT's struct: a vector)."""
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    from sparkgrad.cluster.arrow_feed import is_vector_type
-
-    if is_vector_type(field.type):
-        return VectorUDT()
     try:
-        return from_arrow_type(field.type)
+        return _as_spark(field.type)
     except Exception as e:  # pyspark's TypeError / PySparkTypeError for a type Spark has no match for
         raise SchemaError(
             f"column {field.name!r} of file {path!r} has Arrow type {field.type}, which Spark cannot read",
             column=field.name,
             path=path,
         ) from e
+
+
+def _as_spark(kind: Any) -> Any:
+    """Spark's type of an Arrow type as Parquet stores it (Parquet has one list and one binary kind)."""
+    import pyarrow as pa
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from sparkgrad.cluster.arrow_feed import is_vector_type
+
+    if is_vector_type(kind):
+        return VectorUDT()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return T.ArrayType(_as_spark(kind.value_type))
+    if pa.types.is_large_string(kind):
+        return T.StringType()
+    if pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return T.BinaryType()
+    return from_arrow_type(kind)
 
 
 def plan_units(files: list[str], columns: Sequence[str], what: str) -> tuple[list[_Unit], Any]:
