@@ -164,3 +164,20 @@ def test_predict_table_names_the_file_and_row_group_of_a_bad_row(spark, tmp_path
     pq.write_table(pa.table({"x": lists}), str(root / "p.parquet"), row_group_size=5)
     with pytest.raises(InvalidArgumentError, match=r"file '.*p.parquet', row group 1: column 'x'.* row 4"):
         Model.from_nn(_mlp(), featuresCol="x").predict_table(str(root), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("value", [pa.float32(), pa.float64(), pa.int64(), pa.bool_()])
+def test_a_list_column_back_from_pandas_is_the_arrow_array_it_came_from(value):
+    from sparkgrad.spark.model import _to_arrow
+
+    kind = pa.list_(value)
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, 5, int(k)).astype(value.to_pandas_dtype()).tolist() for k in rng.integers(0, 4, 50)]
+    whole = pa.array(rows, kind)
+    with_nulls = pa.array(rows[:10] + [None] + rows[10:], kind)
+    for arr in (whole, whole.slice(7, 30), with_nulls, pa.array([], kind)):
+        back = _to_arrow(arr.to_pandas(), kind)
+        assert back.to_pylist() == arr.to_pylist() and back.type == kind
+    if value != pa.bool_():  # the rows were views of the values: taken without a copy
+        series = whole.to_pandas()
+        assert _to_arrow(series, kind).values.buffers()[1].address == series.iloc[0].base.ctypes.data

@@ -232,6 +232,38 @@ class _Scorer:
         return model.predict(self.spec.x(cols, part, row), self.batch_size)
 
 
+def _to_arrow(series: Any, kind: Any) -> Any:
+    """A pandas UDF's input Series back as the Arrow array of type ``kind`` it was made from.
+
+    A list column arrives as one NumPy array per row, each a view into one buffer of the values (pyarrow's
+    ``to_pandas``): where every row is such a view, in order and without gaps or nulls, the buffer is taken
+    as it is (about 1.5 us a row, against 7 for pyarrow's conversion of each array). Anything else goes
+    through ``pa.Array.from_pandas``.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_list(kind) and not pa.types.is_nested(kind.value_type) and len(series):
+        rows = series.to_numpy()
+        base = getattr(rows[0], "base", None)
+        dtype = np.dtype(kind.value_type.to_pandas_dtype())
+        if isinstance(base, np.ndarray) and base.dtype == dtype and base.flags.c_contiguous:
+            step = (dtype.itemsize,)
+            if all(isinstance(r, np.ndarray) and r.base is base and r.strides == step for r in rows):
+                lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+                starts = np.fromiter((r.__array_interface__["data"][0] for r in rows), np.int64, len(rows))
+                offsets = np.zeros(len(rows) + 1, np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+                flat = base.reshape(-1)
+                # an empty row's view points anywhere: the rows with values must lie end to end in the buffer
+                full = lengths > 0
+                at = (starts[full] - flat.__array_interface__["data"][0]) // dtype.itemsize - offsets[:-1][full]
+                first = int(at[0]) if len(at) else 0
+                if (at == first).all() and 0 <= first and first + offsets[-1] <= len(flat) and offsets[-1] < 2**31:
+                    values = flat[first : first + offsets[-1]]
+                    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    return pa.Array.from_pandas(series, type=kind)
+
+
 @dataclass(frozen=True)
 class _TransformUdf:
     """Model.transform's iterator pandas UDF: the feature columns in, one struct of the output columns out.
@@ -257,7 +289,7 @@ class _TransformUdf:
         row = 0
         for series in batches:
             series = (series,) if isinstance(series, pd.Series) else series
-            arrays = [pa.Array.from_pandas(s, type=t) for s, t in zip(series, self.types, strict=True)]
+            arrays = [_to_arrow(s, t) for s, t in zip(series, self.types, strict=True)]
             out = self.scorer.outputs(model, pa.RecordBatch.from_arrays(arrays, names=names), part, row)
             row += len(out)
             values = self.columns.values(out)
