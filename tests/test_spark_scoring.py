@@ -181,3 +181,17 @@ def test_a_list_column_back_from_pandas_is_the_arrow_array_it_came_from(value):
     if value != pa.bool_():  # the rows were views of the values: taken without a copy
         series = whole.to_pandas()
         assert _to_arrow(series, kind).values.buffers()[1].address == series.iloc[0].base.ctypes.data
+
+
+def test_transform_returns_outputs_wider_than_the_split_as_one_array(spark, table):
+    from sparkgrad.nn import Dense, Sequential
+    from sparkgrad.spark import Model
+    from sparkgrad.spark.model import _SPLIT_WIDTH
+
+    net = Sequential([Dense(_SPLIT_WIDTH + 4, input_shape=(WIDTH,))], seed=1)
+    net.compile(loss="mse")
+    df = spark.read.parquet(table).limit(50)
+    rows = Model.from_nn(net, featuresCol="x", outputCol="out").transform(df).select("x", "prediction", "out").collect()
+    want = net.predict(np.array([r["x"] for r in rows], np.float32))
+    np.testing.assert_allclose([r["out"] for r in rows], want, rtol=1e-6)  # array<float>, one array field
+    np.testing.assert_allclose([r["prediction"] for r in rows], want, rtol=1e-6)  # array<double>, the same

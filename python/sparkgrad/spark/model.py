@@ -201,6 +201,7 @@ class _Columns:
 
 
 _VECTORS = ("probabilityCol", "rawPredictionCol")  # the params whose columns are Spark ML vectors
+_SPLIT_WIDTH = 256  # transform's pandas UDF returns outputs up to this wide as that many numbers
 
 
 def _doubles(values: np.ndarray) -> np.ndarray:
@@ -277,6 +278,7 @@ class _TransformUdf:
     scorer: _Scorer
     columns: _Columns
     types: tuple  # the pyarrow type of each feature column, in the order of spec.features
+    widths: tuple  # per output column: 0 for a number, k to return its k values as k numbers, -1 as one array
 
     def __call__(self, batches: Any) -> Any:
         import pandas as pd
@@ -293,7 +295,15 @@ class _TransformUdf:
             out = self.scorer.outputs(model, pa.RecordBatch.from_arrays(arrays, names=names), part, row)
             row += len(out)
             values = self.columns.values(out)
-            yield pd.DataFrame({f"c{i}": v if v.ndim == 1 else pd.Series(list(v)) for i, v in enumerate(values)})
+            frame = {}
+            for i, (v, k) in enumerate(zip(values, self.widths, strict=True)):
+                if k < 0:
+                    frame[f"c{i}"] = pd.Series(list(v))  # pyspark turns each row into a list: slow, but any width
+                elif k == 0:
+                    frame[f"c{i}"] = v
+                else:
+                    frame.update({f"c{i}_{j}": v[:, j] for j in range(k)})
+            yield pd.DataFrame(frame)
 
     def udf(self, returns: Any) -> Any:
         """This function as a pandas UDF of the feature columns returning the struct ``returns``."""
@@ -546,22 +556,33 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
             else:
                 inputs.append(F.col(name))
             types.append(to_arrow_type(kind))
-        returns = T.StructType(
-            [
-                T.StructField(f"c{i}", T.ArrayType(T.DoubleType()) if isinstance(t, VectorUDT) else t)
-                for i, (_, _, t) in enumerate(added)
-            ]
-        )
+        # Each output's values: a number, k numbers (NumPy columns, no Python object per row) up to
+        # _SPLIT_WIDTH, or one array beyond (pyspark makes a list of each row's values)
+        widths = []
+        for v in columns.values(np.zeros((0, spec.classes), np.float32)):
+            widths.append(0 if v.ndim == 1 else v.shape[1] if v.shape[1] <= _SPLIT_WIDTH else -1)
+        fields = []
+        for i, ((_, _, t), k) in enumerate(zip(added, widths, strict=True)):
+            number = T.FloatType() if t == T.ArrayType(T.FloatType()) else T.DoubleType()
+            if k == 0:
+                fields.append(T.StructField(f"c{i}", number))
+            elif k > 0:
+                fields += [T.StructField(f"c{i}_{j}", number) for j in range(k)]
+            else:
+                fields.append(T.StructField(f"c{i}", T.ArrayType(number)))
         scorer = _Scorer(self._ship(dataset.sparkSession), spec, max(1, int(self.getOrDefault(self.batch_size))) * 16)
-        udf = _TransformUdf(scorer, columns, tuple(types)).udf(returns)
+        udf = _TransformUdf(scorer, columns, tuple(types), tuple(widths)).udf(T.StructType(fields))
         scores = "__sparkgrad_scores"
         while scores in dataset.columns:
             scores += "_"
         # the struct is one column, so the UDF runs once per row whatever the output columns read from it
         scored = dataset.withColumn(scores, udf(*inputs))
         outputs = {}
-        for i, (_, name, t) in enumerate(added):
-            value = F.col(scores).getField(f"c{i}")
+        for i, ((_, name, t), k) in enumerate(zip(added, widths, strict=True)):
+            field = F.col(scores).getField
+            value = field(f"c{i}")
+            if k > 0:  # as nullable as the array it was (array() is never null)
+                value = F.when(F.col(scores).isNotNull(), F.array(*[field(f"c{i}_{j}") for j in range(k)]))
             outputs[name] = array_to_vector(value) if isinstance(t, VectorUDT) else value
         return scored.withColumns(outputs).drop(scores)
 
