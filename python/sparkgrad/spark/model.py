@@ -233,6 +233,18 @@ class _Scorer:
         return model.predict(self.spec.x(cols, part, row), self.batch_size)
 
 
+def _arrow_type(kind: Any) -> Any:
+    """The Arrow type in which Spark hands a column of Spark type ``kind`` to Python (a list's values are
+    named ``element``, as Spark's JVM names them, so that errors name the type the feed saw before)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    if isinstance(kind, T.ArrayType):
+        return pa.list_(pa.field("element", _arrow_type(kind.elementType), nullable=kind.containsNull))
+    return to_arrow_type(kind)
+
+
 def _to_arrow(series: Any, kind: Any) -> Any:
     """A pandas UDF's input Series back as the Arrow array of type ``kind`` it was made from.
 
@@ -261,7 +273,8 @@ def _to_arrow(series: Any, kind: Any) -> Any:
                 first = int(at[0]) if len(at) else 0
                 if (at == first).all() and 0 <= first and first + offsets[-1] <= len(flat) and offsets[-1] < 2**31:
                     values = flat[first : first + offsets[-1]]
-                    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+                    flat_list = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+                    return flat_list if flat_list.type == kind else flat_list.cast(kind)
     return pa.Array.from_pandas(series, type=kind)
 
 
@@ -533,7 +546,6 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
-        from pyspark.sql.pandas.types import to_arrow_type
 
         loss = self._loss_of(self.nn_model, "Model.transform")
         spec = self._spec("Model.transform", loss, with_label=False)
@@ -555,7 +567,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
                 kind = T.ArrayType(T.DoubleType())
             else:
                 inputs.append(F.col(name))
-            types.append(to_arrow_type(kind))
+            types.append(_arrow_type(kind))
         # Each output's values: a number, k numbers (NumPy columns, no Python object per row) up to
         # _SPLIT_WIDTH, or one array beyond (pyspark makes a list of each row's values)
         widths = []
