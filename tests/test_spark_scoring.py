@@ -170,14 +170,14 @@ def test_predict_table_names_the_file_and_row_group_of_a_bad_row(spark, tmp_path
 def test_a_list_column_back_from_pandas_is_the_arrow_array_it_came_from(value):
     from sparkgrad.spark.model import _to_arrow
 
-    kind = pa.list_(value)
+    kind = pa.list_(pa.field("element", value))  # as Spark names a list's values
     rng = np.random.default_rng(3)
     rows = [rng.integers(0, 5, int(k)).astype(value.to_pandas_dtype()).tolist() for k in rng.integers(0, 4, 50)]
     whole = pa.array(rows, kind)
     with_nulls = pa.array(rows[:10] + [None] + rows[10:], kind)
     for arr in (whole, whole.slice(7, 30), with_nulls, pa.array([], kind)):
         back = _to_arrow(arr.to_pandas(), kind)
-        assert back.to_pylist() == arr.to_pylist() and back.type == kind
+        assert back.to_pylist() == arr.to_pylist() and str(back.type) == str(kind)
     if value != pa.bool_():  # the rows were views of the values: taken without a copy
         series = whole.to_pandas()
         assert _to_arrow(series, kind).values.buffers()[1].address == series.iloc[0].base.ctypes.data

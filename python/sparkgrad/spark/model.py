@@ -274,7 +274,8 @@ def _to_arrow(series: Any, kind: Any) -> Any:
                 if (at == first).all() and 0 <= first and first + offsets[-1] <= len(flat) and offsets[-1] < 2**31:
                     values = flat[first : first + offsets[-1]]
                     flat_list = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-                    return flat_list if flat_list.type == kind else flat_list.cast(kind)
+                    # a cast renames the values' field (pyarrow's == ignores the name; the errors print it)
+                    return flat_list if str(flat_list.type) == str(kind) else flat_list.cast(kind)
     return pa.Array.from_pandas(series, type=kind)
 
 
