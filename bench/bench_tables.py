@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import sys
 import tempfile
 import time
@@ -362,12 +363,19 @@ def estimator_fit_seconds(df, **kwargs) -> float:
     return time.perf_counter() - start
 
 
+def _innermost(e: BaseException) -> str:
+    """The innermost Python error in an exception's text (a Spark task's traceback), else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    return (errors[-1] if errors else f"{type(e).__name__}: {lines[0] if lines else ''}")[:300]
+
+
 def measured(system: str, metric: str, fn, runs: int) -> dict:
     """The median row of ``fn``'s rates over ``runs`` calls, or a not-measured row with the failure."""
     try:
         rates = [fn() for _ in range(runs)]
     except Exception as e:  # noqa: BLE001 - a system that fails is reported, not fatal to the others
-        return benchlib.not_measured(system, metric, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", "rows/s")
+        return benchlib.not_measured(system, metric, _innermost(e), "rows/s")
     return benchlib.median_row(system, metric, rates, "rows/s", digits=0)
 
 
