@@ -111,6 +111,10 @@ def test_predict_table_writes_what_transform_gives_for_every_row_of_a_multi_file
     again = spark.read.parquet(out)
     assert again.columns == ["prediction", "probability", "out", "id", "city"]
     assert _rows(again, "prediction", "city") == _rows(model.transform(df), "prediction", "city")
+    # any other DataFrame is scored from its cache entry (sparkgrad.data.table_files)
+    filtered = df.filter("id % 3 = 0")
+    assert model.predict_table(filtered, out, keep=["id"], cache_dir=str(tmp_path / "cache")) == filtered.count()
+    assert _rows(spark.read.parquet(out), "prediction") == _rows(model.transform(filtered), "prediction")
 
 
 def test_predict_table_scores_a_model_of_string_and_number_inputs_as_transform_does(spark, table, tmp_path):
@@ -128,7 +132,6 @@ def test_predict_table_refuses_bad_sources_and_outputs_before_any_job(spark, tab
     from sparkgrad.spark import Model
 
     model = Model.from_nn(_mlp(), featuresCol="x")
-    filtered = spark.read.parquet(table).filter("id > 3")  # reading the schema is a job: before the group's
     group = "predict-table-refusals"
     spark.sparkContext.setJobGroup(group, "refusals")
     try:
@@ -143,14 +146,12 @@ def test_predict_table_refuses_bad_sources_and_outputs_before_any_job(spark, tab
             Model.from_nn(_mlp(), featuresCol="pixels").predict_table(table, str(tmp_path / "b"))
         with pytest.raises(InvalidArgumentError, match=r"input 'x'.*string|takes|strings"):
             Model.from_nn(_mlp(), featuresCol="city").predict_table(table, str(tmp_path / "c"))
-        with pytest.raises(InvalidArgumentError, match=r"not a plain scan of Parquet files"):
-            model.predict_table(filtered, str(tmp_path / "d"))
         with pytest.raises(InvalidArgumentError, match=r"holds the table's own file"):
             model.predict_table(table, os.path.dirname(table))
         with pytest.raises(InvalidArgumentError, match=r"predictionCol 'prediction' is also a keep column"):
             model.predict_table(table, str(tmp_path / "e"), keep=["prediction"])
         assert _jobs(spark, group) == []
-        assert not any((tmp_path / n).exists() for n in "abcde") and os.listdir(tmp_path / "taken") == []
+        assert not any((tmp_path / n).exists() for n in "abce") and os.listdir(tmp_path / "taken") == []
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 

@@ -653,6 +653,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         batch_size: int | None = None,
         tasks: int | None = None,
         spark: Any = None,
+        cache_dir: str | None = None,
     ) -> int:
         """Scores a Parquet table and writes the predictions as Parquet, read and written by Spark's tasks.
 
@@ -663,14 +664,17 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         through the JVM. ``_SUCCESS`` is written last.
 
         Args:
-            source: A Parquet file, directory or glob (a list of them; ``dbfs:/`` as ``/dbfs/``), or a
-                DataFrame that is a plain ``spark.read.parquet`` scan (its files are read).
+            source: A Parquet file, directory or glob (a list of them; ``dbfs:/`` as ``/dbfs/``), a Delta
+                table's directory or ``deltalake.DeltaTable``, or a DataFrame: a plain ``spark.read.parquet``
+                scan is read from its files, any other DataFrame from a Parquet cache entry written once
+                (`sparkgrad.data.table_files`).
             output_path: The directory to write (local, ``/dbfs/...``, ``dbfs:/...`` or ``/Volumes/...``).
             keep: Columns of the table copied beside the predictions (e.g. an id to join on).
             mode: ``"overwrite"`` (replace what is at ``output_path``) or ``"error"`` (refuse if it exists).
             batch_size: Rows per predict call (default: 16 times this Model's ``batch_size``).
             tasks: Tasks to run (default: Spark's default parallelism), at most one per row group.
             spark: The SparkSession (default: the DataFrame's, else the active one).
+            cache_dir: Where a DataFrame that is not a plain scan is cached (see `sparkgrad.data.table_files`).
 
         Returns:
             The rows written.
@@ -681,7 +685,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
             SparkgradIOError: A missing file, the output's parent directory missing, or ``output_path``
                 existing under ``mode="error"``.
             InvalidArgumentError: Bad arguments (an output column named like a ``keep`` column, output inside
-                the table), or a bad row (file, row group and row named).
+                the table), a Delta table `table_files` refuses, or a bad row (file, row group and row named).
         """
         from pyspark.sql import SparkSession
         from pyspark.sql import types as T
@@ -700,7 +704,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         for param, name, _ in added:
             if name in keep:
                 raise InvalidArgumentError(f"{what}: {param} {name!r} is also a keep column", column=name)
-        files = P._table_files(source, what)
+        files = P.source_files(source, list(spec.features) + list(keep), cache_dir)
         if not files:
             raise SparkgradIOError(f"{what}: {source!r} names no files", path=str(source))
         units, schema = P.plan_units(files, list(spec.features) + list(keep), what)

@@ -9,8 +9,8 @@ stores a VectorUDT, with Spark's schema in the footer so that ``spark.read.parqu
 then the kept columns as they were. No row passes through the JVM: the job's rows are the runs' numbers.
 The driver writes ``_SUCCESS`` when every task is done.
 
-Not here: Delta tables and DataFrames other than a plain Parquet scan (`_table_files` is where
-``sparkgrad.data.source.table_files`` goes), object-store paths other than the local, ``/dbfs`` and
+The files come from ``sparkgrad.data.table_files``: a path's, a Delta snapshot's, a plain scan's own, or
+a cache entry of any other DataFrame. Not here: object-store paths other than the local, ``/dbfs`` and
 ``/Volumes`` file systems.
 """
 
@@ -38,31 +38,17 @@ class _Unit:
     rows: int
 
 
-def _plan_text(df: Any) -> str:
-    """The DataFrame's analyzed logical plan, over classic Spark and Spark Connect."""
-    if hasattr(df, "_jdf"):
-        return str(df._jdf.queryExecution().analyzed().toString())
-    text = df._explain_string(extended=True)
-    start = text.find("== Analyzed Logical Plan ==")
-    end = text.find("== Optimized Logical Plan ==")
-    return text[start:end] if start >= 0 else text
-
-
-def _table_files(source: Any, what: str) -> list[str]:
-    """The Parquet files of ``source``: a path, directory or glob (or a list of them), or a DataFrame that is a
-    plain scan of Parquet files (``spark.read.parquet``: no filter, projection or join)."""
+def source_files(source: Any, columns: list[str], cache_dir: Any) -> list[str]:
+    """The Parquet files of ``source``: a list of paths expanded; else `sparkgrad.data.table_files`'s (a
+    DataFrame's own files or its cache entry of ``columns``; a path's or a Delta table's files, whose columns
+    `plan_units` checks per file)."""
     from sparkgrad.data.dataset import expand_paths
+    from sparkgrad.data.source import table_files
 
-    if hasattr(source, "inputFiles") and hasattr(source, "schema"):
-        lines = [ln.strip() for ln in _plan_text(source).splitlines() if ln.strip() and not ln.startswith("==")]
-        lines = [ln for ln in lines if ":" not in ln.split(" ")[0]]  # the schema line of Connect's text
-        if len(lines) != 1 or not lines[0].startswith("Relation") or " parquet" not in lines[0]:
-            raise InvalidArgumentError(
-                f"{what}: the DataFrame is not a plain scan of Parquet files (its plan: {' / '.join(lines)[:300]}); "
-                "write it as Parquet first (df.write.parquet(path)) and pass that path"
-            )
-        return expand_paths(list(source.inputFiles()))  # file:// and dbfs:/ URIs as local paths
-    return expand_paths(source)
+    if isinstance(source, (list, tuple)):  # several Parquet paths, directories or globs
+        return expand_paths(list(source))
+    is_frame = hasattr(source, "inputFiles") and hasattr(source, "schema")
+    return list(table_files(source, columns=columns if is_frame else None, cache_dir=cache_dir).files)
 
 
 def _footer(path: str) -> Any:
