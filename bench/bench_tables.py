@@ -48,11 +48,16 @@ an untimed warm-up pass):
 
 and the ratios the issue sets as goals: ParquetDataset against the TFRecord
 reader (>= 0.5), the Arrow feed (>= 10) and Petastorm (>= 5).
---fit adds Estimator.fit seconds on the array<float> table for each entry of
-FIT_PATHS (today: the feeding-task path; the one-task-per-worker path adds
-its Estimator arguments there when it lands).
+--fit adds Estimator.fit seconds on the array<float> table (the walkthrough MLP,
+2 workers, 2 epochs, local[4]), each run in a fresh driver process whose
+SparkSession is started before the timer: this tree's Estimator on a plain
+spark.read.parquet scan (its workers read the files); with --fit-baseline DIR,
+also an earlier checkout's (built in place there, e.g. `git worktree add
+/tmp/old 968f9fb && cd /tmp/old && python setup.py build_ext --inplace`),
+whose feeding tasks take the same DataFrame cached, as that path is at its
+best; the runs of the two alternate, and the ratio is from the same sitting.
 
-    python bench/bench_tables.py [--quick] [--runs N] [--rows N] [--fit] [--skip-spark] [--update]
+    python bench/bench_tables.py [--quick] [--runs N] [--rows N] [--fit [--fit-baseline DIR]] [--skip-spark] [--update]
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ import argparse
 import multiprocessing
 import os
 import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,9 +139,7 @@ BATCH, TOKENS, NUMERIC, STRINGS = 100, 1_000, 13, 26
 PARQUET_DS, TFRECORD_DS = "sparkgrad ParquetDataset", "sparkgrad TFRecordDataset"
 ARROW_FEED, SPARK_FLOOR = "sparkgrad Arrow feed (cluster.train(df))", "Spark's floor (mapInArrow counting the rows)"
 FILE_FLOOR, PETASTORM = "pyarrow -> NumPy (file floor)", "Petastorm 0.13"
-# Estimator.fit on the array<float> table: {path name: Estimator arguments beside the common ones}. The
-# one-task-per-worker path adds its entry here when it lands.
-FIT_PATHS: dict[str, dict] = {"today: feeding tasks (mapInArrow)": {}}
+FIT_NEW, FIT_OLD = "Estimator.fit, one task per worker (files)", "Estimator.fit, --fit-baseline (feeding tasks)"
 
 
 @dataclass(frozen=True)
@@ -394,7 +399,54 @@ def workers_section(args, work: str, runs: int) -> list[dict]:
         out.append(measured(FILE_FLOOR, f"rows/s, {table.kind}, 1 worker", lambda t=table: _floor_rate(t), runs))
     if not args.skip_spark:
         out += spark_section(args, tables, rows, runs, work)
+        if args.fit:
+            out += fit_section(args, tables[0], runs)
     return out + goal_ratios(out)
+
+
+def fit_section(args, table: Table, runs: int) -> list[dict]:
+    """Estimator.fit seconds of this tree and (--fit-baseline) an earlier checkout, alternating runs, each in
+    a fresh driver (fit_child)."""
+    trees = {FIT_NEW: (str(benchlib.ROOT / "python"), False)}
+    if args.fit_baseline:
+        trees[FIT_OLD] = (os.path.join(os.path.abspath(args.fit_baseline), "python"), True)
+    seconds: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(runs):
+        for name, (pythonpath, cached) in trees.items():
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, os.path.dirname(__file__)]))
+            cmd = [sys.executable, __file__, "--fit-child", *table.parquet] + (["--cached"] if cached else [])
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"bench_tables: {name} failed:\n{done.stderr[-3000:]}")
+            seconds[name].append(float(done.stdout.strip().splitlines()[-1]))
+    metric = f"seconds, {table.kind}, 2 workers, 2 epochs"
+    out = [benchlib.median_row(name, metric, values, "s", digits=2) for name, values in seconds.items()]
+    if FIT_OLD in seconds:
+        ratio = statistics.median(seconds[FIT_OLD]) / statistics.median(seconds[FIT_NEW])
+        speedup = metric.replace("seconds", "speed-up")
+        out.append(benchlib.row(f"{FIT_OLD} / new", speedup, round(ratio, 2), "x", goal=5))
+    return out
+
+
+def fit_child(paths: list[str], cached: bool) -> None:
+    """One Estimator.fit in this fresh process (its SparkSession started before the timer); prints seconds."""
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[4]")
+        .appName("bench_tables_fit")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "3g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.read.parquet(*paths)
+    if cached:
+        df = df.cache()
+        df.count()
+    print(estimator_fit_seconds(df))
+    spark.stop()
 
 
 def _floor_rate(table: Table) -> float:
@@ -440,18 +492,6 @@ def spark_section(args, tables: list[Table], rows: int, runs: int, work: str) ->
                 if rate is not None
                 else benchlib.not_measured(PETASTORM, metric, why, "rows/s")
             )
-            if args.fit and table is tables[0]:
-                for name, kwargs in FIT_PATHS.items():
-                    seconds = [estimator_fit_seconds(df, **kwargs) for _ in range(runs)]
-                    out.append(
-                        benchlib.median_row(
-                            f"Estimator.fit, {name}",
-                            f"seconds, {table.kind}, 2 workers, 2 epochs",
-                            seconds,
-                            "s",
-                            digits=2,
-                        )
-                    )
             df.unpersist()
     finally:
         spark.stop()
@@ -480,10 +520,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=None, help="passes per configuration (the median is kept); default 3")
     ap.add_argument("--out", default=None, help="the results file (default: see --update)")
     ap.add_argument("--rows", type=int, default=None, help="rows of each workers-section table (default 60,000)")
-    ap.add_argument("--fit", action="store_true", help="also Estimator.fit seconds for each of FIT_PATHS")
+    ap.add_argument("--fit", action="store_true", help="also Estimator.fit seconds (see the module doc)")
+    ap.add_argument("--fit-baseline", default=None, help="an earlier checkout whose Estimator.fit --fit also times")
+    ap.add_argument("--fit-child", nargs="+", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-spark", action="store_true", help="no Spark rows (Arrow feed, floor, Petastorm, fit)")
     benchlib.add_update_flag(ap)
     args = ap.parse_args()
+    if args.fit_child:
+        fit_child(args.fit_child, args.cached)
+        return 0
     runs = args.runs or (1 if args.quick else 3)
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
     meta["notes"] = [
