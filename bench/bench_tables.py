@@ -430,6 +430,7 @@ def fit_section(args, table: Table, runs: int) -> list[dict]:
 
 def fit_child(paths: list[str], cached: bool) -> None:
     """One Estimator.fit in this fresh process (its SparkSession started before the timer); prints seconds."""
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     spark = (
