@@ -16,19 +16,63 @@ of 10,000 rows): pixels as list<float> and as 784-byte binary values.
   ... shuffle_buffer=10000        the same, rows drawn from a 10,000-row
                                   shuffle buffer, row groups shuffled
 
-Everything runs in this one process, pinned to one core (pyarrow's own
+Everything above runs in this one process, pinned to one core (pyarrow's own
 threads included). Each figure is the median of --runs passes over the file.
 
-    python bench/bench_tables.py [--quick] [--runs N] [--update]
+Workers (the issue's table: rows/s by table, worker count and system). Three
+tables of the same rows count (--rows, default 60,000; --quick 20,000), each
+as 2 Parquet files (row groups of 10,000) and 2 TFRecord files written from
+the same rows: Fashion-MNIST-shaped pixels as array<float>[784] and as 784
+uint8 binary values (with a long label), and a tabular table of 13 numeric
+(float) and 26 string columns (8-character tokens, 1,000 per column) and a
+label. With 1 and 2 workers, each a process of its own pinned to a core,
+reading shard i of n (rows/s: all rows over the slower worker's pass, after
+an untimed warm-up pass):
+
+  sparkgrad ParquetDataset          the new path: pyarrow row groups into the C
+                                    table reader, batches of 100
+  sparkgrad TFRecordDataset         our TFRecord reader over the same rows
+  sparkgrad Arrow feed              today's DataFrame feed: cluster.train(df) of
+                                    the cached DataFrame (spark.read.parquet of the
+                                    files) into n InputMode.SPARK workers taking
+                                    batches of 100, local[4]
+  Spark's floor                     a mapInArrow over the same cached DataFrame
+                                    that only counts its rows (its 2 partitions)
+  pyarrow -> NumPy (file floor)     one process reading the Parquet files' columns
+                                    into NumPy (1 worker)
+  Petastorm 0.13                    make_spark_converter(df) + make_torch_dataloader
+                                    (reader_pool_type="thread", workers_count =
+                                    cores, batches of 100), or a not-measured row
+                                    with the reason it cannot run beside our
+                                    pyarrow and NumPy
+
+and the ratios the issue sets as goals: ParquetDataset against the TFRecord
+reader (>= 0.5), the Arrow feed (>= 10) and Petastorm (>= 5).
+--fit adds Estimator.fit seconds on the array<float> table (the walkthrough MLP,
+2 workers, 2 epochs, local[4]), each run in a fresh driver process whose
+SparkSession is started before the timer: this tree's Estimator on a plain
+spark.read.parquet scan (its workers read the files); with --fit-baseline DIR,
+also an earlier checkout's (built in place there, e.g. `git worktree add
+/tmp/old 968f9fb && cd /tmp/old && python setup.py build_ext --inplace`),
+whose feeding tasks take the same DataFrame cached, as that path is at its
+best; the runs of the two alternate, and the ratio is from the same sitting.
+
+    python bench/bench_tables.py [--quick] [--runs N] [--rows N] [--fit [--fit-baseline DIR]] [--skip-spark] [--update]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import benchlib
 import numpy as np
@@ -89,18 +133,411 @@ def timed(fn, runs: int) -> tuple[int, list[float]]:
     return rows, seconds
 
 
+# ---- workers: the issue's table ------------------------------------------------------------
+
+BATCH, TOKENS, NUMERIC, STRINGS = 100, 1_000, 13, 26
+PARQUET_DS, TFRECORD_DS = "sparkgrad ParquetDataset", "sparkgrad TFRecordDataset"
+ARROW_FEED, SPARK_FLOOR = "sparkgrad Arrow feed (cluster.train(df))", "Spark's floor (mapInArrow counting the rows)"
+FILE_FLOOR, PETASTORM = "pyarrow -> NumPy (file floor)", "Petastorm 0.13"
+FIT_NEW, FIT_OLD = "Estimator.fit, one task per worker (files)", "Estimator.fit, --fit-baseline (feeding tasks)"
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the workers section: its files and how each reader takes its columns."""
+
+    kind: str
+    parquet: list[str]
+    tfrecords: list[str]
+    columns: dict = field(default_factory=dict)  # ParquetDataset's {input: Column}
+    schema: dict = field(default_factory=dict)  # TFRecordDataset's {feature: FixedLenFeature}
+
+
+def write_tables(work: str, rows: int) -> list[Table]:
+    """The three tables as 2 Parquet files and 2 TFRecord files each, from the same rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sparkgrad.data import Column, FixedLenFeature, TFRecordWriter, encode_example
+
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (rows, WIDTH), dtype=np.uint8)
+    label = rng.integers(0, 10, rows).astype(np.int64)
+    floats = (pixels / 255).astype(np.float32)
+    numeric = rng.normal(size=(rows, NUMERIC)).astype(np.float32)
+    vocab = np.array([f"{t:08x}" for t in rng.integers(0, 2**32, TOKENS)])
+    strings = vocab[rng.integers(0, TOKENS, (rows, STRINGS))]
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * WIDTH)
+    tables = {
+        "array<float>[784]": pa.table(
+            {"pixels": pa.ListArray.from_arrays(offsets, pa.array(floats.reshape(-1))), "label": label}
+        ),
+        "binary[784]": pa.table({"pixels": pa.array([r.tobytes() for r in pixels], pa.binary()), "label": label}),
+        "tabular 13 numeric + 26 string": pa.table(
+            {
+                **{f"i{j}": numeric[:, j] for j in range(NUMERIC)},
+                **{f"c{j}": pa.array(strings[:, j]) for j in range(STRINGS)},
+                "label": label,
+            }
+        ),
+    }
+    tabular_columns = {f"i{j}": f"i{j}" for j in range(NUMERIC)} | {f"c{j}": f"c{j}" for j in range(STRINGS)}
+    out = []
+    for k, (kind, table) in enumerate(tables.items()):
+        parquet, tfrecords = [], []
+        for shard in range(2):
+            part = table.slice(shard * (rows // 2), rows // 2 if shard == 0 else rows - rows // 2)
+            parquet.append(os.path.join(work, f"t{k}-{shard}.parquet"))
+            pq.write_table(part, parquet[-1], row_group_size=GROUP)
+            tfrecords.append(os.path.join(work, f"t{k}-{shard}.tfrecords"))
+            first = shard * (rows // 2)
+            with TFRecordWriter(tfrecords[-1]) as w:
+                for i in range(first, first + part.num_rows):
+                    if k == 0:
+                        feats = {"pixels": floats[i], "label": label[i : i + 1]}
+                    elif k == 1:
+                        feats = {"pixels": pixels[i].tobytes(), "label": label[i : i + 1]}
+                    else:
+                        feats = {f"i{j}": numeric[i, j : j + 1] for j in range(NUMERIC)}
+                        feats |= {f"c{j}": strings[i, j] for j in range(STRINGS)} | {"label": label[i : i + 1]}
+                    w.write(encode_example(feats))
+        if k == 0:
+            columns = {"pixels": Column("pixels", width=WIDTH)}
+            schema = {"pixels": FixedLenFeature([WIDTH], "float32")}
+        elif k == 1:
+            columns = {"pixels": Column("pixels")}
+            schema = {"pixels": FixedLenFeature([], "bytes")}
+        else:
+            columns = tabular_columns
+            schema = {f"i{j}": FixedLenFeature([], "float32") for j in range(NUMERIC)}
+            schema |= {f"c{j}": FixedLenFeature([], "bytes") for j in range(STRINGS)}
+        schema["label"] = FixedLenFeature([], "int64")
+        out.append(Table(kind, parquet, tfrecords, columns, schema))
+    return out
+
+
+def _reader_pass(system: str, table: Table, shard: int, shards: int):
+    """A function reading shard ``shard`` of ``shards`` once (its rows), as one worker would."""
+    from sparkgrad.data import ParquetDataset, TFRecordDataset
+
+    if system == PARQUET_DS:
+        ds = ParquetDataset(table.parquet, table.columns, BATCH, label="label", shard_index=shard, num_shards=shards)
+    else:
+        ds = TFRecordDataset(table.tfrecords, table.schema, BATCH, shard_index=shard, num_shards=shards)
+    return lambda: sum(len(b["label"]) for b in ds)
+
+
+def _reader_worker(system: str, table: Table, shard: int, shards: int, runs: int, out: Any) -> None:
+    """One worker process: pinned to a core, an untimed pass, then ``runs`` timed passes: (rows, seconds)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[shard % len(cores)]})
+    read = _reader_pass(system, table, shard, shards)
+    read()
+    out.put((shard, timed(read, runs)))
+
+
+def readers_rate(system: str, table: Table, shards: int, runs: int) -> list[float]:
+    """rows/s of ``shards`` worker processes reading their shards: all rows over the slower worker's time."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_reader_worker, args=(system, table, i, shards, runs, out)) for i in range(shards)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=900) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode != 0:
+            raise RuntimeError(f"{system}: a worker exited with status {p.exitcode}")
+    rows = sum(r[1][0] for r in got)
+    return [rows / max(r[1][1][i] for r in got) for i in range(runs)]
+
+
+def file_floor(table: Table) -> int:
+    """pyarrow alone, one process: every column of the files into NumPy (strings as their Arrow buffers)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for path in table.parquet:
+        pf = pq.ParquetFile(path)
+        for g in range(pf.num_row_groups):
+            t = pf.read_row_group(g)
+            for col in t.columns:
+                col = col.combine_chunks()
+                if pa.types.is_list(col.type):
+                    col.flatten().to_numpy().reshape(len(col), -1)
+                elif pa.types.is_binary(col.type) or pa.types.is_string(col.type):
+                    np.frombuffer(col.buffers()[2], np.uint8)
+                    np.frombuffer(col.buffers()[1], np.int32)
+                else:
+                    col.to_numpy()
+            rows += t.num_rows
+    return rows
+
+
+def feed_worker(args, ctx):
+    """A worker of today's DataFrame feed: takes batches until the feed ends; the rows that arrived."""
+    from sparkgrad import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, timeout=600)
+    rows = 0
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(args["batch"])
+        if cols:
+            rows += len(next(iter(cols.values())))
+    return {"rows": rows}
+
+
+def arrow_feed_rate(spark, df, rows: int, workers: int) -> float:
+    """rows/s of one cluster.train(df) into ``workers`` counting workers (formation and shutdown untimed)."""
+    from sparkgrad import TFCluster
+    from sparkgrad.cluster.roles import InputMode
+
+    cluster = TFCluster.run(
+        spark, feed_worker, {"batch": BATCH}, workers, 0, input_mode=InputMode.SPARK, output=lambda line: None
+    )
+    try:
+        start = time.perf_counter()
+        cluster.train(df, num_epochs=1, feed_timeout=600)
+        seconds = time.perf_counter() - start
+    finally:
+        cluster.shutdown(timeout=300)
+    got = sum(r["rows"] for r in cluster.results.values() if isinstance(r, dict))
+    if got != rows:
+        raise RuntimeError(f"the workers counted {got} rows of {rows}")
+    return rows / seconds
+
+
+def spark_floor_rate(df, rows: int) -> float:
+    """rows/s of a mapInArrow over the DataFrame's columns that only counts the rows."""
+
+    def count(batches):
+        import pyarrow as pa
+
+        n = sum(b.num_rows for b in batches)
+        yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
+
+    start = time.perf_counter()
+    seen = sum(r["n"] for r in df.mapInArrow(count, "n long").collect())
+    if seen != rows:
+        raise RuntimeError(f"the floor counted {seen} rows of {rows}")
+    return rows / (time.perf_counter() - start)
+
+
+def petastorm_rate(spark, df, rows: int, work: str) -> tuple[float | None, str]:
+    """rows/s of Petastorm 0.13's converter and torch DataLoader over the DataFrame (conversion untimed), or
+    None and why it cannot run in this interpreter."""
+    try:
+        from petastorm.spark import SparkDatasetConverter, make_spark_converter
+    except Exception as e:  # noqa: BLE001 - any import failure is the row's reason
+        import pyarrow
+
+        return None, (
+            f"petastorm does not import beside pyarrow {pyarrow.__version__} and NumPy {np.__version__}: "
+            f"{type(e).__name__}: {e}"
+        )
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, "file://" + os.path.join(work, "petastorm"))
+    converter = make_spark_converter(df)
+    try:
+        start, seen = time.perf_counter(), 0
+        workers = len(os.sched_getaffinity(0))
+        with converter.make_torch_dataloader(
+            batch_size=BATCH, num_epochs=1, workers_count=workers, reader_pool_type="thread"
+        ) as loader:
+            for batch in loader:
+                seen += len(batch["label"])
+        seconds = time.perf_counter() - start
+    finally:
+        converter.delete()
+    if seen != rows:
+        return None, f"read {seen} rows of {rows}"
+    return rows / seconds, ""
+
+
+def estimator_fit_seconds(df, **kwargs) -> float:
+    """Seconds of ``Estimator(...).fit(df)`` end to end: the walkthrough MLP on the array<float> table, 2
+    workers, 2 epochs (``kwargs``: the path's own Estimator arguments)."""
+    from sparkgrad.nn import Dense, Sequential
+    from sparkgrad.spark import Estimator
+
+    model = Sequential([Dense(128, activation="relu", input_shape=(WIDTH,)), Dense(10, activation="softmax")], seed=1)
+    estimator = Estimator(
+        model=model, featuresCol="pixels", labelCol="label", batch_size=BATCH, epochs=2, num_workers=2, **kwargs
+    )
+    start = time.perf_counter()
+    estimator.fit(df)
+    return time.perf_counter() - start
+
+
+def _innermost(e: BaseException) -> str:
+    """The innermost Python error in an exception's text (a Spark task's traceback), else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    return (errors[-1] if errors else f"{type(e).__name__}: {lines[0] if lines else ''}")[:300]
+
+
+def measured(system: str, metric: str, fn, runs: int) -> dict:
+    """The median row of ``fn``'s rates over ``runs`` calls, or a not-measured row with the failure."""
+    try:
+        rates = [fn() for _ in range(runs)]
+    except Exception as e:  # noqa: BLE001 - a system that fails is reported, not fatal to the others
+        return benchlib.not_measured(system, metric, _innermost(e), "rows/s")
+    return benchlib.median_row(system, metric, rates, "rows/s", digits=0)
+
+
+def workers_section(args, work: str, runs: int) -> list[dict]:
+    rows = args.rows or (20_000 if args.quick else ROWS)
+    tables = write_tables(work, rows)
+    out: list[dict] = []
+    for table in tables:
+        for workers in (1, 2):
+            metric = f"rows/s, {table.kind}, {workers} worker{'s' if workers > 1 else ''}"
+            for system in (PARQUET_DS, TFRECORD_DS):
+                if system == TFRECORD_DS and workers > len(table.tfrecords):
+                    continue
+                fn = lambda system=system, w=workers, t=table: readers_rate(system, t, w, 1)[0]  # noqa: E731
+                out.append(measured(system, metric, fn, runs))
+        out.append(measured(FILE_FLOOR, f"rows/s, {table.kind}, 1 worker", lambda t=table: _floor_rate(t), runs))
+    if not args.skip_spark:
+        out += spark_section(args, tables, rows, runs, work)
+        if args.fit:
+            out += fit_section(args, tables[0], runs)
+    return out + goal_ratios(out)
+
+
+def fit_section(args, table: Table, runs: int) -> list[dict]:
+    """Estimator.fit seconds of this tree and (--fit-baseline) an earlier checkout, alternating runs, each in
+    a fresh driver (fit_child)."""
+    trees = {FIT_NEW: (str(benchlib.ROOT / "python"), False)}
+    if args.fit_baseline:
+        trees[FIT_OLD] = (os.path.join(os.path.abspath(args.fit_baseline), "python"), True)
+    seconds: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(runs):
+        for name, (pythonpath, cached) in trees.items():
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, os.path.dirname(__file__)]))
+            cmd = [sys.executable, __file__, "--fit-child", *table.parquet] + (["--cached"] if cached else [])
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"bench_tables: {name} failed:\n{done.stderr[-3000:]}")
+            seconds[name].append(float(done.stdout.strip().splitlines()[-1]))
+    metric = f"seconds, {table.kind}, 2 workers, 2 epochs"
+    out = [benchlib.median_row(name, metric, values, "s", digits=2) for name, values in seconds.items()]
+    if FIT_OLD in seconds:
+        ratio = statistics.median(seconds[FIT_OLD]) / statistics.median(seconds[FIT_NEW])
+        speedup = metric.replace("seconds", "speed-up")
+        out.append(benchlib.row(f"{FIT_OLD} / new", speedup, round(ratio, 2), "x", goal=5))
+    return out
+
+
+def fit_child(paths: list[str], cached: bool) -> None:
+    """One Estimator.fit in this fresh process (its SparkSession started before the timer); prints seconds."""
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[4]")
+        .appName("bench_tables_fit")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "3g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.read.parquet(*paths)
+    if cached:
+        df = df.cache()
+        df.count()
+    print(estimator_fit_seconds(df))
+    spark.stop()
+
+
+def _floor_rate(table: Table) -> float:
+    file_floor(table)  # warm
+    start = time.perf_counter()
+    rows = file_floor(table)
+    return rows / (time.perf_counter() - start)
+
+
+def spark_section(args, tables: list[Table], rows: int, runs: int, work: str) -> list[dict]:
+    """Today's Arrow feed, Spark's floor, Petastorm and (--fit) Estimator.fit, on one local[4] session."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[4]")  # 2 node tasks (a barrier stage) + 2 feeding tasks
+        .appName("bench_tables")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "3g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    out: list[dict] = []
+    try:
+        for table in tables:
+            df = spark.read.parquet(*table.parquet).cache()
+            df.count()
+            if table is tables[0]:  # untimed: Spark's Python workers and the JVM's Arrow paths warmed
+                arrow_feed_rate(spark, df.limit(1000), 1000, 1)
+            for workers in (1, 2):
+                metric = f"rows/s, {table.kind}, {workers} worker{'s' if workers > 1 else ''}"
+                out.append(
+                    measured(ARROW_FEED, metric, lambda w=workers, d=df: arrow_feed_rate(spark, d, rows, w), runs)
+                )
+            metric = f"rows/s, {table.kind}, 2 workers"
+            out.append(measured(SPARK_FLOOR, metric, lambda d=df: spark_floor_rate(d, rows), runs))
+            rate, why = petastorm_rate(spark, df, rows, work)
+            metric = f"rows/s, {table.kind}, 1 worker"
+            out.append(
+                benchlib.row(PETASTORM, metric, round(rate), "rows/s")
+                if rate is not None
+                else benchlib.not_measured(PETASTORM, metric, why, "rows/s")
+            )
+            df.unpersist()
+    finally:
+        spark.stop()
+    return out
+
+
+def goal_ratios(rows: list[dict]) -> list[dict]:
+    """ParquetDataset's rows/s over each anchor's, per table and workers, where both were measured."""
+    value = {(r["system"], r["metric"]): r["value"] for r in rows if r.get("value") is not None}
+    out = []
+    for (system, metric), rate in value.items():
+        if system != PARQUET_DS:
+            continue
+        for anchor, goal in ((TFRECORD_DS, 0.5), (ARROW_FEED, 10), (PETASTORM, 5)):
+            if value.get((anchor, metric)):
+                ratio = round(rate / value[(anchor, metric)], 2)
+                out.append(
+                    benchlib.row(f"{PARQUET_DS} / {anchor}", metric.replace("rows/s", "ratio"), ratio, "x", goal=goal)
+                )
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one pass each")
     ap.add_argument("--runs", type=int, default=None, help="passes per configuration (the median is kept); default 3")
     ap.add_argument("--out", default=None, help="the results file (default: see --update)")
+    ap.add_argument("--rows", type=int, default=None, help="rows of each workers-section table (default 60,000)")
+    ap.add_argument("--fit", action="store_true", help="also Estimator.fit seconds (see the module doc)")
+    ap.add_argument("--fit-baseline", default=None, help="an earlier checkout whose Estimator.fit --fit also times")
+    ap.add_argument("--fit-child", nargs="+", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-spark", action="store_true", help="no Spark rows (Arrow feed, floor, Petastorm, fit)")
     benchlib.add_update_flag(ap)
     args = ap.parse_args()
+    if args.fit_child:
+        fit_child(args.fit_child, args.cached)
+        return 0
     runs = args.runs or (1 if args.quick else 3)
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
     meta["notes"] = [
         f"every figure is the median of {runs} passes over {ROWS:,} rows (wall clock), with min and max",
         "one process pinned to one core; synthetic Fashion-MNIST-shaped rows, row groups of 10,000",
+        "workers rows: one process per worker, each pinned to a core, reading its shard; rows/s over the slower "
+        "worker's pass; the Arrow feed and Spark's floor on a cached DataFrame in local[4]",
     ]
     rows_out: list[dict] = []
     allowed = os.sched_getaffinity(0)
@@ -129,6 +566,7 @@ def main() -> int:
                         rows_out.append(benchlib.row(system, f"fraction_of_floor_{kind}", round(rate / floor, 2), "x"))
         finally:
             os.sched_setaffinity(0, allowed)
+        rows_out += workers_section(args, work, runs)
     benchlib.write_results(args.out or benchlib.results_file("tables.json", args.update), rows_out, meta)
     benchlib.print_rows(rows_out)
     return 0

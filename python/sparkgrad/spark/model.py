@@ -8,7 +8,10 @@ sparkgrad/spark/persist.py's.
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,7 @@ from pyspark.ml.param.shared import (
 )
 from pyspark.ml.util import MLReadable, MLWritable
 
-from sparkgrad.errors import InvalidArgumentError
+from sparkgrad.errors import InvalidArgumentError, SchemaError, SparkgradIOError
 from sparkgrad.nn import losses as _losses
 from sparkgrad.nn import metrics as _metrics
 from sparkgrad.spark import columns as C
@@ -118,34 +121,6 @@ def _out_dim(model: Any) -> int:
     return int(model.output_classes)
 
 
-def _check_vector_output(fields: list, outputs: list[str]) -> None:
-    """pyspark < 3.5 cannot return a Spark ML vector column from mapInArrow: say so before the job.
-
-    ``outputs``: the names of the vector columns transform would add.
-    """
-    import pyspark
-    from pyspark.ml.linalg import VectorUDT
-
-    major, minor = (int(v) for v in pyspark.__version__.split(".")[:2])
-    if (major, minor) >= (3, 5):
-        return
-    vectors = [f.name for f in fields if isinstance(f.dataType, VectorUDT)]
-    if vectors or outputs:
-        what = f"the vector column(s) {', '.join(map(repr, vectors or outputs))}"
-        raise InvalidArgumentError(
-            f"Model.transform on pyspark {pyspark.__version__}: mapInArrow returns no Spark ML vector columns before "
-            f"pyspark 3.5, and the output would hold {what}: drop vector columns before transform (keep the "
-            "features as an array, e.g. vector_to_array) and set probabilityCol='' and rawPredictionCol='' "
-            "(outputCol gives the outputs as an array), or use pyspark >= 3.5"
-        )
-
-
-def _select(batch: Any, names: tuple[str, ...]) -> Any:
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index(c)) for c in names], names=list(names))
-
-
 @dataclass(frozen=True)
 class _Columns:
     """The columns transform appends (an empty name: not written) and what the model's outputs are."""
@@ -159,7 +134,7 @@ class _Columns:
     threshold: float = 0.5
 
     def fields(self, outputs: int) -> list[tuple[str, str, Any]]:
-        """``(param, name, Spark type)`` of each column written, in the order `arrays` gives them."""
+        """``(param, name, Spark type)`` of each column written, in the order `values` gives them."""
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import types as T
 
@@ -172,58 +147,192 @@ class _Columns:
         ]
         return [(param, name, t) for param, name, t in types if name]
 
-    def arrays(self, out: np.ndarray) -> list[Any]:
-        """The columns' Arrow arrays from the model's outputs ``out`` (float32 ``[rows, outputs]``)."""
-        import pyarrow as pa
-
+    def values(self, out: np.ndarray) -> list[np.ndarray]:
+        """Each column's values from the model's outputs ``out`` (float32 ``[rows, outputs]``), in the order of
+        `fields`: float64 ``[rows]`` for a double, float64 ``[rows, k]`` for an array<double> or a vector, float32
+        ``[rows, outputs]`` for ``outputCol``."""
         cols = []
         if self.task is C.Task.CLASSES:
             if self.prediction:
-                cols.append(pa.array(out.argmax(axis=1).astype(np.float64) if len(out) else np.zeros(0)))
+                cols.append(out.argmax(axis=1).astype(np.float64))
             if self.probability:
-                cols.append(C.vector_array(out if self.probabilities else C.softmax(out)))
+                cols.append(np.asarray(out if self.probabilities else C.softmax(out), np.float64))
         elif self.task is C.Task.BINARY:
             p, z = C.binary_scores(out, self.probabilities)
             one = p.shape[1] == 1  # as Spark ML's binary classifiers: [1 - p, p] and [-z, z]
             if self.prediction:
-                cols.append(C.double_array((p > self.threshold).astype(np.float64)))
+                cols.append(_doubles((p > self.threshold).astype(np.float64)))
             if self.probability:
-                cols.append(C.vector_array(np.hstack([1.0 - p, p]) if one else p))
+                cols.append(np.asarray(np.hstack([1.0 - p, p]) if one else p, np.float64))
             if self.raw_prediction:
-                cols.append(C.vector_array(np.hstack([-z, z]) if one else z))
+                cols.append(np.asarray(np.hstack([-z, z]) if one else z, np.float64))
         elif self.prediction:
-            cols.append(C.double_array(out))
+            cols.append(_doubles(out.astype(np.float64)))
         if self.output:
-            cols.append(C.list_array(out))
+            cols.append(np.asarray(out, np.float32))
         return cols
+
+    def arrays(self, out: np.ndarray, vectors: bool) -> list[Any]:
+        """The columns' Arrow arrays from the model's outputs, in the order of `fields`.
+
+        ``vectors``: a vector column as VectorUDT's struct (as Spark holds it), else as its list<double> of
+        values (which `array_to_vector` makes a vector on the JVM side).
+        """
+        import pyarrow as pa
+
+        params = [param for param, name in self._names() if name]
+        arrays = []
+        for param, v in zip(params, self.values(out), strict=True):
+            if v.ndim == 1:
+                arrays.append(pa.array(v))
+            elif vectors and param in _VECTORS:
+                arrays.append(C.vector_array(v))
+            else:
+                arrays.append(C.list_array(v, v.dtype))
+        return arrays
+
+    def _names(self) -> list[tuple[str, str]]:
+        return [
+            ("predictionCol", self.prediction),
+            ("probabilityCol", self.probability),
+            ("rawPredictionCol", self.raw_prediction),
+            ("outputCol", self.output),
+        ]
+
+
+_VECTORS = ("probabilityCol", "rawPredictionCol")  # the params whose columns are Spark ML vectors
+_SPLIT_WIDTH = 256  # transform's pandas UDF returns outputs up to this wide as that many numbers
+
+
+def _doubles(values: np.ndarray) -> np.ndarray:
+    """float64 ``[rows, k]`` -> ``[rows]`` for k == 1 (a double column), else as it is (array<double>)."""
+    return values[:, 0] if values.shape[1] == 1 else values
+
+
+def _select(batch: Any, names: tuple[str, ...]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index(c)) for c in names], names=list(names))
 
 
 @dataclass(frozen=True)
 class _Scorer:
-    """Model.transform's mapInArrow function: the input batch plus the output columns."""
+    """The model's outputs for record batches of the feature columns: what transform and predict_table share."""
 
     shipped: Any
     spec: C.FeatureSpec
-    columns: _Columns
-    names: tuple[str, ...]  # of the columns written, in order
     batch_size: int
 
+    def outputs(self, model: Any, batch: Any, part: int, row: int) -> np.ndarray:
+        """float32 ``[rows, outputs]`` of ``batch``, whose rows errors number from ``row`` of partition ``part``."""
+        from sparkgrad.cluster.arrow_feed import batch_to_columns
+
+        if not batch.num_rows:
+            return np.zeros((0, _out_dim(model)), np.float32)
+        cols = batch_to_columns(batch, part, row, strings=True)
+        return model.predict(self.spec.x(cols, part, row), self.batch_size)
+
+
+def _arrow_type(kind: Any) -> Any:
+    """The Arrow type in which Spark hands a column of Spark type ``kind`` to Python (a list's values are
+    named ``element``, as Spark's JVM names them, so that errors name the type the feed saw before)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    if isinstance(kind, T.ArrayType):
+        return pa.list_(pa.field("element", _arrow_type(kind.elementType), nullable=kind.containsNull))
+    return to_arrow_type(kind)
+
+
+def _to_arrow(series: Any, kind: Any) -> Any:
+    """A pandas UDF's input Series back as the Arrow array of type ``kind`` it was made from.
+
+    A list column arrives as one NumPy array per row, each a view into one buffer of the values (pyarrow's
+    ``to_pandas``): where every row is such a view, in order and without gaps or nulls, the buffer is taken
+    as it is (about 1.5 us a row, against 7 for pyarrow's conversion of each array). Anything else goes
+    through ``pa.Array.from_pandas``.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_list(kind) and not pa.types.is_nested(kind.value_type) and len(series):
+        rows = series.to_numpy()
+        base = getattr(rows[0], "base", None)
+        dtype = np.dtype(kind.value_type.to_pandas_dtype())
+        if isinstance(base, np.ndarray) and base.dtype == dtype and base.flags.c_contiguous:
+            step = (dtype.itemsize,)
+            if all(isinstance(r, np.ndarray) and r.base is base and r.strides == step for r in rows):
+                lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+                starts = np.fromiter((r.__array_interface__["data"][0] for r in rows), np.int64, len(rows))
+                offsets = np.zeros(len(rows) + 1, np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+                flat = base.reshape(-1)
+                # an empty row's view points anywhere: the rows with values must lie end to end in the buffer
+                full = lengths > 0
+                at = (starts[full] - flat.__array_interface__["data"][0]) // dtype.itemsize - offsets[:-1][full]
+                first = int(at[0]) if len(at) else 0
+                if (at == first).all() and 0 <= first and first + offsets[-1] <= len(flat) and offsets[-1] < 2**31:
+                    values = flat[first : first + offsets[-1]]
+                    flat_list = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+                    # a cast renames the values' field (pyarrow's == ignores the name; the errors print it)
+                    return flat_list if str(flat_list.type) == str(kind) else flat_list.cast(kind)
+    return pa.Array.from_pandas(series, type=kind)
+
+
+@dataclass(frozen=True)
+class _TransformUdf:
+    """Model.transform's iterator pandas UDF: the feature columns in, one struct of the output columns out.
+
+    Spark hands the feature columns alone to Python and keeps the other columns of each row on the JVM
+    side; the Series go back to Arrow (their Spark types' Arrow types) so that every column kind takes the
+    path, and gets the errors, of cluster/arrow_feed.py. Vector outputs come back as their values
+    (array<double>), which ``array_to_vector`` makes vectors on the JVM side.
+    """
+
+    scorer: _Scorer
+    columns: _Columns
+    types: tuple  # the pyarrow type of each feature column, in the order of spec.features
+    widths: tuple  # per output column: 0 for a number, k to return its k values as k numbers, -1 as one array
+
     def __call__(self, batches: Any) -> Any:
+        import pandas as pd
         import pyarrow as pa
         from pyspark import TaskContext
 
-        from sparkgrad.cluster.arrow_feed import batch_to_columns
-
-        model = self.shipped.load()
+        model = self.scorer.shipped.load()
         part = TaskContext.get().partitionId()
+        names = list(self.scorer.spec.features)
         row = 0
-        for batch in batches:
-            cols = batch_to_columns(_select(batch, self.spec.features), part, row, strings=True)
-            x = self.spec.x(cols, part, row)
-            row += batch.num_rows
-            out = model.predict(x, self.batch_size) if batch.num_rows else np.zeros((0, _out_dim(model)), np.float32)
-            arrays = list(batch.columns) + self.columns.arrays(out)
-            yield pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + list(self.names))
+        for series in batches:
+            series = (series,) if isinstance(series, pd.Series) else series
+            arrays = [_to_arrow(s, t) for s, t in zip(series, self.types, strict=True)]
+            out = self.scorer.outputs(model, pa.RecordBatch.from_arrays(arrays, names=names), part, row)
+            row += len(out)
+            values = self.columns.values(out)
+            frame = {}
+            for i, (v, k) in enumerate(zip(values, self.widths, strict=True)):
+                if k < 0:
+                    frame[f"c{i}"] = pd.Series(list(v))  # pyspark turns each row into a list: slow, but any width
+                elif k == 0:
+                    frame[f"c{i}"] = v
+                else:
+                    frame.update({f"c{i}_{j}": v[:, j] for j in range(k)})
+            yield pd.DataFrame(frame)
+
+    def udf(self, returns: Any) -> Any:
+        """This function as a pandas UDF of the feature columns returning the struct ``returns``."""
+        import typing
+
+        import pandas as pd
+        from pyspark.sql.functions import pandas_udf
+
+        def score(batches: Any) -> Any:
+            return self(batches)
+
+        # pyspark tells the UDF kind from the annotations; pyspark 3.4 knows typing.Tuple, not tuple[...]
+        takes = pd.Series if len(self.types) == 1 else typing.Tuple[(pd.Series, ...)]  # noqa: UP006
+        score.__annotations__ = {"batches": typing.Iterator[takes], "return": typing.Iterator[pd.DataFrame]}
+        return pandas_udf(score, returns)
 
 
 @dataclass(frozen=True)
@@ -260,12 +369,15 @@ class _Evaluator:
 class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable):
     """A trained sparkgrad.nn model as a Spark ML Transformer: scores DataFrames in parallel, in Spark's tasks.
 
-    ``transform(df)`` scores with ``mapInArrow``: each task takes its Arrow record batches, makes the
-    model's inputs from the feature columns (vectors, arrays, binary, numbers, and strings as Arrow's
-    offsets and bytes for a string Input; no Python object per row), runs the C engine's predict and
-    appends the output columns to the batch, which goes back to Spark as Arrow. The weights travel once
-    per job (`ShippedModel`: a broadcast on classic Spark, the closure or a shared file over Spark
-    Connect) and each Python worker builds the model once.
+    ``transform(df)`` scores with an iterator pandas UDF of the feature columns alone: Spark hands
+    those columns to Python and keeps every other column of the row on the JVM side. Each batch goes
+    back to Arrow and takes the feed's conversion (vectors, arrays, binary, numbers, and strings as Arrow's
+    offsets and bytes for a string Input; a vector column's values come as an array, by
+    ``vector_to_array``), then the C engine's predict; the UDF returns one struct of the output columns,
+    evaluated once per row, which Spark unpacks into the columns (a vector from its values, by
+    ``array_to_vector``). The weights travel once per job (`ShippedModel`: a broadcast on classic Spark,
+    the closure or a shared file over Spark Connect) and each Python worker builds the model once.
+    `predict_table` scores a Parquet table's files without the JVM.
     Nothing is collected to the driver. The output columns follow the loss (``loss``; by default the
     model's compiled loss, else ``binary_crossentropy`` for a sigmoid head and a classifier's
     otherwise), as Spark ML's own models write them; an empty name skips one:
@@ -285,8 +397,6 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
       SQL); no probability or raw prediction;
     - any model: ``outputCol`` (array<float>) the model's output as ``predict`` gives it (default
       ``""``: off).
-
-    Vector outputs need pyspark >= 3.5.
 
     Build one from a trained model with ``Model.from_nn(model, featuresCol=...)``; `Estimator` fit
     returns one. ``save(path)`` writes the params and the saved-model bytes; it loads with
@@ -433,7 +543,9 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     # ---- scoring ---------------------------------------------------------------
 
     def _transform(self, dataset: Any) -> Any:
+        from pyspark.ml.functions import array_to_vector, vector_to_array
         from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
         loss = self._loss_of(self.nn_model, "Model.transform")
@@ -441,24 +553,51 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         C.check_schema(dataset.schema, spec)
         columns = self._columns(loss)
         added = columns.fields(spec.classes)
-        fields = list(dataset.schema.fields)
-        _check_vector_output(fields, [name for _, name, t in added if isinstance(t, VectorUDT)])
-        for param, name, spark_type in added:
-            if any(f.name == name for f in fields):
+        for param, name, _ in added:
+            if name in dataset.columns:
                 raise InvalidArgumentError(
                     f"Model.transform: {param} {name!r} is already a column of the DataFrame (rename it or set "
                     f"{param} to another name, or '' to skip it)",
                     column=name,
                 )
-            fields.append(T.StructField(name, spark_type, True))
-        scorer = _Scorer(
-            self._ship(dataset.sparkSession),
-            spec,
-            columns,
-            tuple(name for _, name, _ in added),
-            max(1, int(self.getOrDefault(self.batch_size))) * 16,
-        )
-        return dataset.mapInArrow(scorer, T.StructType(fields))
+        inputs, types = [], []
+        for name in spec.features:
+            kind = dataset.schema[name].dataType
+            if isinstance(kind, VectorUDT):  # its values go to Python (a null stays null, for the feed's error)
+                inputs.append(F.when(F.col(name).isNull(), F.lit(None)).otherwise(vector_to_array(F.col(name))))
+                kind = T.ArrayType(T.DoubleType())
+            else:
+                inputs.append(F.col(name))
+            types.append(_arrow_type(kind))
+        # Each output's values: a number, k numbers (NumPy columns, no Python object per row) up to
+        # _SPLIT_WIDTH, or one array beyond (pyspark makes a list of each row's values)
+        widths = []
+        for v in columns.values(np.zeros((0, spec.classes), np.float32)):
+            widths.append(0 if v.ndim == 1 else v.shape[1] if v.shape[1] <= _SPLIT_WIDTH else -1)
+        fields = []
+        for i, ((_, _, t), k) in enumerate(zip(added, widths, strict=True)):
+            number = T.FloatType() if t == T.ArrayType(T.FloatType()) else T.DoubleType()
+            if k == 0:
+                fields.append(T.StructField(f"c{i}", number))
+            elif k > 0:
+                fields += [T.StructField(f"c{i}_{j}", number) for j in range(k)]
+            else:
+                fields.append(T.StructField(f"c{i}", T.ArrayType(number)))
+        scorer = _Scorer(self._ship(dataset.sparkSession), spec, max(1, int(self.getOrDefault(self.batch_size))) * 16)
+        udf = _TransformUdf(scorer, columns, tuple(types), tuple(widths)).udf(T.StructType(fields))
+        scores = "__sparkgrad_scores"
+        while scores in dataset.columns:
+            scores += "_"
+        # the struct is one column, so the UDF runs once per row whatever the output columns read from it
+        scored = dataset.withColumn(scores, udf(*inputs))
+        outputs = {}
+        for i, ((_, name, t), k) in enumerate(zip(added, widths, strict=True)):
+            field = F.col(scores).getField
+            value = field(f"c{i}")
+            if k > 0:  # as nullable as the array it was (array() is never null)
+                value = F.when(F.col(scores).isNotNull(), F.array(*[field(f"c{i}_{j}") for j in range(k)]))
+            outputs[name] = array_to_vector(value) if isinstance(t, VectorUDT) else value
+        return scored.withColumns(outputs).drop(scores)
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
         """The loss and metrics over ``dataset``, computed in Spark's tasks.
@@ -503,6 +642,108 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         if seen == 0:
             raise InvalidArgumentError("Model.evaluate: the DataFrame has no rows")
         return {"loss": loss_sum / seen, **values, "rows": seen}
+
+    def predict_table(
+        self,
+        source: Any,
+        output_path: str,
+        *,
+        keep: Sequence[str] = (),
+        mode: str = "overwrite",
+        batch_size: int | None = None,
+        tasks: int | None = None,
+        spark: Any = None,
+        cache_dir: str | None = None,
+    ) -> int:
+        """Scores a Parquet table and writes the predictions as Parquet, read and written by Spark's tasks.
+
+        The driver lists the table's files and reads their footers; each task reads its row groups with
+        pyarrow (the feature columns and ``keep`` only), scores them as `transform` does and writes one part
+        file: the columns `transform` adds, with its names and types (vectors as Spark stores a VectorUDT,
+        so ``spark.read.parquet(output_path)`` gives vectors), then the ``keep`` columns. No row passes
+        through the JVM. ``_SUCCESS`` is written last.
+
+        Args:
+            source: A Parquet file, directory or glob (a list of them; ``dbfs:/`` as ``/dbfs/``), a Delta
+                table's directory or ``deltalake.DeltaTable``, or a DataFrame: a plain ``spark.read.parquet``
+                scan is read from its files, any other DataFrame from a Parquet cache entry written once
+                (`sparkgrad.data.table_files`).
+            output_path: The directory to write (local, ``/dbfs/...``, ``dbfs:/...`` or ``/Volumes/...``).
+            keep: Columns of the table copied beside the predictions (e.g. an id to join on).
+            mode: ``"overwrite"`` (replace what is at ``output_path``) or ``"error"`` (refuse if it exists).
+            batch_size: Rows per predict call (default: 16 times this Model's ``batch_size``).
+            tasks: Tasks to run (default: Spark's default parallelism), at most one per row group.
+            spark: The SparkSession (default: the DataFrame's, else the active one).
+            cache_dir: Where a DataFrame that is not a plain scan is cached (see `sparkgrad.data.table_files`).
+
+        Returns:
+            The rows written.
+
+        Raises:
+            SchemaError: A feature or ``keep`` column missing from a file (named, with its columns), a file
+                that is not Parquet, or a column of a type the model's input cannot take.
+            SparkgradIOError: A missing file, the output's parent directory missing, or ``output_path``
+                existing under ``mode="error"``.
+            InvalidArgumentError: Bad arguments (an output column named like a ``keep`` column, output inside
+                the table), a Delta table `table_files` refuses, or a bad row (file, row group and row named).
+        """
+        from pyspark.sql import SparkSession
+        from pyspark.sql import types as T
+
+        from sparkgrad.spark import predict_table as P
+
+        what = "Model.predict_table"
+        spark = spark or getattr(source, "sparkSession", None) or SparkSession.getActiveSession()
+        if spark is None:
+            raise InvalidArgumentError(f"{what}: no active SparkSession (pass spark=)")
+        loss = self._loss_of(self.nn_model, what)
+        spec = self._spec(what, loss, with_label=False)
+        columns = self._columns(loss)
+        added = columns.fields(spec.classes)
+        keep = tuple(keep)
+        for param, name, _ in added:
+            if name in keep:
+                raise InvalidArgumentError(f"{what}: {param} {name!r} is also a keep column", column=name)
+        files = P.source_files(source, list(spec.features) + list(keep), cache_dir)
+        if not files:
+            raise SparkgradIOError(f"{what}: {source!r} names no files", path=str(source))
+        units, schema = P.plan_units(files, list(spec.features) + list(keep), what)
+        path = files[0]
+        C.check_schema(
+            T.StructType([T.StructField(c, P._spark_type(schema.field(c), path)) for c in spec.features]), spec
+        )
+        kept = tuple((c, schema.field(c).type) for c in keep)
+        try:
+            spark_schema = T.StructType(
+                [T.StructField(name, t, True) for _, name, t in added]
+                + [T.StructField(c, P._spark_type(schema.field(c), path), True) for c in keep]
+            ).json()
+        except SchemaError:
+            spark_schema = None  # a kept column Spark has no type for: the files hold no Spark schema
+        if tasks is None:
+            tasks = int(spark.sparkContext.defaultParallelism) if hasattr(spark, "_jsc") else len(units)
+        runs = P.split_units(units, max(1, int(tasks)))
+        out = P.prepare_output(str(output_path), mode, files, what)
+        scorer = P.TableScorer(
+            _Scorer(self._ship(spark), spec, int(batch_size or max(1, int(self.getOrDefault(self.batch_size))) * 16)),
+            columns,
+            tuple(name for _, name, _ in added),
+            tuple(tuple(r) for r in runs),
+            kept,
+            out,
+            uuid.uuid4().hex[:12],
+            spark_schema,
+        )
+        try:
+            done = spark.range(0, len(runs), 1, len(runs)).mapInArrow(scorer, "run int, rows long").collect()
+        except Exception as exc:  # noqa: BLE001 - a task's sparkgrad error, raised as itself
+            found = task_error(exc)
+            if found is exc:
+                raise
+            raise found from None
+        with open(os.path.join(out, "_SUCCESS"), "w"):
+            pass
+        return sum(int(r["rows"]) for r in done)
 
     # ---- persistence -----------------------------------------------------------
 
