@@ -96,6 +96,8 @@ def _as_spark(kind: Any) -> Any:
 
 def plan_units(files: list[str], columns: Sequence[str], what: str) -> tuple[list[_Unit], Any]:
     """Every row group of ``files``, and the first file's Arrow schema; each file must hold ``columns``."""
+    from sparkgrad.data.table import close_parquet
+
     units, schema = [], None
     for path in files:
         pf = _footer(path)
@@ -112,7 +114,7 @@ def plan_units(files: list[str], columns: Sequence[str], what: str) -> tuple[lis
             meta = pf.metadata
             units += [_Unit(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         finally:
-            pf.close()
+            close_parquet(pf)
     return units, schema
 
 
@@ -183,7 +185,7 @@ class TableScorer:
         """The output tables of a run's row groups, batch by batch."""
         import pyarrow as pa
 
-        from sparkgrad.data.table import _READ_ROWS
+        from sparkgrad.data.table import _READ_ROWS, close_parquet
 
         features = list(self.scorer.spec.features)
         kept = [name for name, _ in self.keep]
@@ -204,7 +206,7 @@ class TableScorer:
                     arrays = self.columns.arrays(out, vectors=True) + [batch.column(c) for c in kept]
                     yield pa.Table.from_arrays(arrays, names=list(self.names) + kept)
             finally:
-                pf.close()
+                close_parquet(pf)
 
     def _write(self, run: int) -> int:
         import pyarrow as pa
