@@ -166,3 +166,33 @@ def test_on_spark_each_rank_sees_the_gpus_spark_gave_its_task():
     assert [r["rank"] for r in every] == [0, 1]
     assert all(len(r["task_gpus"]) == 1 and r["cuda"] == r["task_gpus"][0] for r in every)
     assert every[0]["cuda"] != every[1]["cuda"]  # each worker announced its own
+
+
+def test_a_second_run_forks_fresh_ranks_from_the_drivers_forkserver(monkeypatch):
+    d = Distributor(num_processes=2, local_mode=True, use_gpu=False)
+    monkeypatch.setenv("SG_TEST_DRIVER_ENV", "first")
+    first = d.run(torch_fns.process_state, "one")
+    monkeypatch.setenv("SG_TEST_DRIVER_ENV", "second")
+    second = d.run(torch_fns.process_state, "two")
+    # both runs' ranks are children of one server that outlives a run, not of this driver
+    assert first["ppid"] == second["ppid"] != os.getpid() and first["pid"] != second["pid"]
+    # a new process each run: nothing the first run's rank did is seen, and the driver's environment is of now
+    assert second["marks"] == [] and second["global_mark"] is None and not second["group_was_initialized"]
+    assert (first["driver_env"], second["driver_env"]) == ("first", "second")
+
+
+def test_a_forked_rank_that_exits_without_a_word_is_named():
+    with pytest.raises(NodeFailure) as info:
+        Distributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_fns.exit_hard_on_rank_one)
+    assert info.value.rank == 1 and str(info.value).startswith("rank 1 (executor 1) on 127.0.0.1 was lost")
+
+
+def test_a_script_that_starts_ranks_without_the_main_guard_is_told_so(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text("import sparkgrad\n\ndef f():\n    return 1\n\nsparkgrad.run(f, num_proc=1, local=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "ClusterError: a node failed before the cluster formed" in done.stderr
+    assert 'put the code that starts them under `if __name__ == "__main__":`' in (done.stderr)
+    assert f"{script} started nodes while a node was importing it" in done.stderr

@@ -138,6 +138,17 @@ def _store(setup: collective.CommSetup, timeout: float) -> Iterator[None]:
             ) from exc
 
 
+@contextlib.contextmanager
+def _group_released() -> Iterator[None]:
+    """Destroys the default process group the function left initialized: a Spark task's Python worker is reused
+    by the next run (``spark.python.worker.reuse``), where ``init_process_group`` would find it formed. After a
+    failure the launcher ends the ranks instead."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _forward(stream: Any, sink: Any) -> None:
     for line in iter(stream.readline, ""):
         sink.write(line)
@@ -218,7 +229,7 @@ class _TorchRank:
                 if isinstance(self.train_object, str):
                     _run_script(self.train_object, self.args, env, setup.rank)
                     return None
-                with _environ(env):
+                with _environ(env), _group_released():
                     return self.train_object(*self.args, **self.kwargs)
 
 
@@ -313,7 +324,8 @@ class Distributor:
             self._store_timeout,
         )  # fmt: skip
         values = run(
-            rank, num_proc=self.num_processes, spark=spark, local=self.local_mode, security=self._security
+            rank, num_proc=self.num_processes, spark=spark, local=self.local_mode, security=self._security,
+            preload=("torch",),
         )  # fmt: skip
         return values[0]
 
