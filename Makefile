@@ -30,7 +30,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo docs docs-serve asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
+.PHONY: all sysdeps deps build ctest test test-faults test-matrix test-torch-matrix demo docs docs-serve asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
 
 all: build
 
@@ -145,6 +145,32 @@ endef
 $(foreach leg,$(MATRIX_LEGS),$(eval $(call MATRIX_LEG,$(leg))))
 
 test-matrix: sysdeps $(addprefix test-matrix-,$(MATRIX_LEGS))
+
+# The PyTorch suites again under the other torch releases that install here at a practical size
+# (docs/guide/pytorch.md, "Supported versions"): the main venv has torch 2.13.0, a CPU build; leg torch214
+# has 2.14.1, the newest release pip takes here, a CUDA build (about 5.5 GB in its venv, run on the CPU).
+# Same Python as the main venv, so it loads the main build of sparkgrad._core. Its install takes about 4
+# minutes and its tests about 4 more: a target of its own, which .ci/run calls, rather than a test-matrix leg.
+TORCH_LEGS := torch214
+torch214.torch := torch==2.14.1
+TORCH_TESTS := tests/test_hvd_torch.py tests/test_torch_distributor.py
+
+define TORCH_LEG
+$(MATRIX_DIR)/$(1)/.sparkgrad-deps: pyproject.toml .ci/buildcfg.py | $(DEPS_STAMP)
+	test -x $(MATRIX_DIR)/$(1)/bin/python || $(PYTHON) -m venv $(MATRIX_DIR)/$(1)
+	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check "$$($(1).torch)" \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements runtime) \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements test | grep -E '^(pyspark|pyarrow|pandas|pytest)')
+	touch $$@
+
+test-torch-matrix-$(1): build $(MATRIX_DIR)/$(1)/.sparkgrad-deps
+	@echo "== test-torch-matrix $(1):" $$$$($(MATRIX_DIR)/$(1)/bin/python -m pip list 2>/dev/null | grep -E '^torch ' | tr -s ' ')
+	PYSPARK_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python PYSPARK_DRIVER_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python \
+	  $(MATRIX_DIR)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(TORCH_TESTS)
+endef
+$(foreach leg,$(TORCH_LEGS),$(eval $(call TORCH_LEG,$(leg))))
+
+test-torch-matrix: $(addprefix test-torch-matrix-,$(TORCH_LEGS))
 
 $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q --no-build-isolation --no-deps .
