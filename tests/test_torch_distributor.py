@@ -115,7 +115,7 @@ def test_rank_environment_names_rank_zeros_held_port_and_the_topology():
     assert env == {
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "4100", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "NODE_RANK": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "CUDA_VISIBLE_DEVICES": "2,3",
+        "TORCHELASTIC_RESTART_COUNT": "0", "CUDA_VISIBLE_DEVICES": "2,3",
     }  # fmt: skip
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(setup, None)
 

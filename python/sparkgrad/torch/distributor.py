@@ -18,7 +18,8 @@ the port torch connects to is held from the moment it was chosen by the
 process that serves it. Every rank (rank 0 included) then finds, in its
 environment, what ``init_process_group()``'s ``env://`` reads: MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK /
-NODE_RANK, and ``TORCHELASTIC_USE_AGENT_STORE=True``, which makes every
+NODE_RANK, and ``TORCHELASTIC_USE_AGENT_STORE=True`` (with
+``TORCHELASTIC_RESTART_COUNT=0``, as torchrun's agent sets), which makes every
 rank a client of the store already served (as under torchrun's agent). The
 store lives until every rank said it was done with it (a count in the store
 itself), bounded by its timeout.
@@ -88,6 +89,7 @@ def rank_environment(setup: collective.CommSetup, gpus: list[str] | None) -> dic
         "GROUP_RANK": str(setup.cross_rank),
         "NODE_RANK": str(setup.cross_rank),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",  # torchrun's agent sets it; torch 2.1 reads it beside the agent store
     }
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -63,6 +63,11 @@ class _Distributed:
         self, params: Any, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: str,
         gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
     ) -> None:  # fmt: skip
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            raise StateError(
+                f"hvd.DistributedOptimizer needs torch 2.1 or later (its gradient hooks); this is torch "
+                f"{torch.__version__}: pip install 'torch>=2.1'"
+            )
         super().__init__(params)  # type: ignore[call-arg]  # the wrapped optimizer's class, on its param groups
         self._rank = _hvd.rank()
         self._compression = _hvd._wire_compression(compression, "DistributedOptimizer")
