@@ -150,7 +150,8 @@ test-matrix: sysdeps $(addprefix test-matrix-,$(MATRIX_LEGS))
 # (docs/guide/pytorch.md, "Supported versions"); the main venv has torch 2.13.0, a CPU build. Each leg is a
 # venv under MATRIX_DIR on the main venv's Python, so it loads the main build of sparkgrad._core.
 # py311-torch214: 2.14.1, the newest release pip takes here, a CUDA build run on the CPU (5.5 GB in its
-# venv; pip takes it from this machine's disk in about 4 minutes; the tests take about 3 more).
+# venv; pip takes it from this machine's disk in about 4 minutes, pyspark and the rest in about 4 more,
+# and the tests take 3 to 4).
 # py311-torch21: 2.1.2, the oldest release the torch extra admits (2.1), a CUDA build that PyPI serves
 # (4.8 GB in its venv, 9 minutes to download and install here) with the NumPy 1 it was built for.
 # `make test-torch-matrix` (which .ci/run calls: too long to add to test-matrix) runs TORCH_LEGS, by default
