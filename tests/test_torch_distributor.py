@@ -137,6 +137,16 @@ def test_on_spark_the_ranks_are_barrier_tasks(spark_with_fns):
 
 
 @pytest.mark.spark
+def test_on_spark_a_group_left_initialized_is_released_for_the_next_run_in_the_reused_worker(spark_with_fns):
+    d = Distributor(num_processes=2, local_mode=False, use_gpu=False, spark=spark_with_fns)
+    first = d.run(torch_fns.process_state, "spark-one")  # returns with its default process group still formed
+    second = d.run(torch_fns.process_state, "spark-two")
+    assert not second["group_was_initialized"]
+    if second["pid"] == first["pid"]:  # Spark reused rank 0's Python worker (its default): the run's mark stays
+        assert second["global_mark"] == "spark-one"
+
+
+@pytest.mark.spark
 def test_on_spark_use_gpu_needs_the_tasks_gpu_resources(spark_with_fns):
     spark = spark_with_fns
     with pytest.raises(NodeFailure) as info:
