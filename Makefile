@@ -30,7 +30,7 @@ export PYTHONPATH := $(CURDIR)/python
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: all sysdeps deps build ctest test test-faults test-matrix demo docs docs-serve asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
+.PHONY: all sysdeps deps build ctest test test-faults test-matrix test-torch-matrix demo docs docs-serve asan fuzz format lint wheel wheel-smoke egg bench bench-inflate clean
 
 all: build
 
@@ -147,6 +147,39 @@ endef
 $(foreach leg,$(MATRIX_LEGS),$(eval $(call MATRIX_LEG,$(leg))))
 
 test-matrix: sysdeps $(addprefix test-matrix-,$(MATRIX_LEGS))
+
+# The PyTorch suites again under the other torch releases that install here at a practical size
+# (docs/guide/pytorch.md, "Supported versions"); the main venv has torch 2.13.0, a CPU build. Each leg is a
+# venv under MATRIX_DIR on the main venv's Python, so it loads the main build of sparkgrad._core.
+# py311-torch214: 2.14.1, the newest release pip takes here, a CUDA build run on the CPU (5.5 GB in its
+# venv; pip takes it from this machine's disk in about 4 minutes, pyspark and the rest in about 4 more,
+# and the tests take 3 to 4).
+# py311-torch21: 2.1.2, the oldest release the torch extra admits (2.1), a CUDA build that PyPI serves
+# (4.8 GB in its venv, 9 minutes to download and install here) with the NumPy 1 it was built for.
+# `make test-torch-matrix` (which .ci/run calls: too long to add to test-matrix) runs TORCH_LEGS, by default
+# the first; `make test-torch-matrix TORCH_LEGS="py311-torch21 py311-torch214"` runs both.
+TORCH_LEGS ?= py311-torch214
+TORCH_ALL_LEGS := py311-torch214 py311-torch21
+py311-torch214.torch := torch==2.14.1
+py311-torch21.torch := torch==2.1.2 numpy<2
+TORCH_TESTS := tests/test_hvd_torch.py tests/test_torch_distributor.py
+
+define TORCH_LEG
+$(MATRIX_DIR)/$(1)/.sparkgrad-deps: pyproject.toml .ci/buildcfg.py | $(DEPS_STAMP)
+	test -x $(MATRIX_DIR)/$(1)/bin/python || $(PYTHON) -m venv $(MATRIX_DIR)/$(1)
+	$(MATRIX_DIR)/$(1)/bin/python -m pip install -q --disable-pip-version-check $$(foreach r,$$($(1).torch),"$$(r)") \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements runtime) \
+	  $$$$($(PYTHON) .ci/buildcfg.py requirements test | grep -E '^(pyspark|pyarrow|pandas|pytest)')
+	touch $$@
+
+test-torch-matrix-$(1): build $(MATRIX_DIR)/$(1)/.sparkgrad-deps
+	@echo "== test-torch-matrix $(1):" $$$$($(MATRIX_DIR)/$(1)/bin/python -m pip list 2>/dev/null | grep -E '^torch ' | tr -s ' ')
+	PYSPARK_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python PYSPARK_DRIVER_PYTHON=$(CURDIR)/$(MATRIX_DIR)/$(1)/bin/python \
+	  $(MATRIX_DIR)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(TORCH_TESTS)
+endef
+$(foreach leg,$(TORCH_ALL_LEGS),$(eval $(call TORCH_LEG,$(leg))))
+
+test-torch-matrix: $(addprefix test-torch-matrix-,$(TORCH_LEGS))
 
 $(INSTALL_STAMP): $(CSRC) $(PYSRC) setup.py pyproject.toml $(DEPS_STAMP)
 	$(PIP) install -q --no-build-isolation --no-deps .

@@ -316,3 +316,34 @@ def test_collectives_before_init_say_to_call_init():
     hvd.shutdown()
     with pytest.raises(StateError, match=r"call hvd.init\(\) first"):
         hvd.allreduce(torch.ones(2))
+
+
+def test_the_first_buckets_allreduce_starts_while_backward_is_still_running(one_rank, monkeypatch):
+    from sparkgrad.hvd import engine
+
+    hvd = one_rank
+    started: list = []  # the DistributedOptimizer buckets the engine began to reduce, in order
+    first_started = __import__("threading").Event()
+    execute = engine.Engine._execute
+
+    def recording(self, op):
+        if op.desc.name.startswith("DistributedOptimizer"):
+            started.append(op.desc.names)
+            first_started.set()
+        return execute(self, op)
+
+    monkeypatch.setattr(engine.Engine, "_execute", recording)
+    torch.manual_seed(0)
+    # 2.weight alone is 1 MiB: with 4.* it fills the first bucket; 0.* comes last in backward
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    seen_in_backward: list = []
+    # after the optimizer's own hook on the gradient backward computes last: backward waits here for the engine
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: seen_in_backward.append(first_started.wait(60)))
+    model(torch.ones(8, 64)).sum().backward()
+    assert seen_in_backward == [True]  # the first bucket's allreduce began before backward's last gradient was done
+    assert set(started[0]) == {"4.weight", "4.bias", "2.weight", "2.bias"}
+    opt.step()
+    assert [set(b) for b in started] == [{"4.weight", "4.bias", "2.weight", "2.bias"}, {"0.weight", "0.bias"}]

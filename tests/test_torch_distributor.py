@@ -115,7 +115,7 @@ def test_rank_environment_names_rank_zeros_held_port_and_the_topology():
     assert env == {
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "4100", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "NODE_RANK": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "CUDA_VISIBLE_DEVICES": "2,3",
+        "TORCHELASTIC_RESTART_COUNT": "0", "CUDA_VISIBLE_DEVICES": "2,3",
     }  # fmt: skip
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(setup, None)
 
@@ -134,6 +134,16 @@ def test_on_spark_the_ranks_are_barrier_tasks(spark_with_fns):
         torch_fns.allreduce_rank, 1.0
     )
     _check(values, 2, 1.0)
+
+
+@pytest.mark.spark
+def test_on_spark_a_group_left_initialized_is_released_for_the_next_run_in_the_reused_worker(spark_with_fns):
+    d = Distributor(num_processes=2, local_mode=False, use_gpu=False, spark=spark_with_fns)
+    first = d.run(torch_fns.process_state, "spark-one")  # returns with its default process group still formed
+    second = d.run(torch_fns.process_state, "spark-two")
+    assert not second["group_was_initialized"]
+    if second["pid"] == first["pid"]:  # Spark reused rank 0's Python worker (its default): the run's mark stays
+        assert second["global_mark"] == "spark-one"
 
 
 @pytest.mark.spark
@@ -166,3 +176,33 @@ def test_on_spark_each_rank_sees_the_gpus_spark_gave_its_task():
     assert [r["rank"] for r in every] == [0, 1]
     assert all(len(r["task_gpus"]) == 1 and r["cuda"] == r["task_gpus"][0] for r in every)
     assert every[0]["cuda"] != every[1]["cuda"]  # each worker announced its own
+
+
+def test_a_second_run_forks_fresh_ranks_from_the_drivers_forkserver(monkeypatch):
+    d = Distributor(num_processes=2, local_mode=True, use_gpu=False)
+    monkeypatch.setenv("SG_TEST_DRIVER_ENV", "first")
+    first = d.run(torch_fns.process_state, "one")
+    monkeypatch.setenv("SG_TEST_DRIVER_ENV", "second")
+    second = d.run(torch_fns.process_state, "two")
+    # both runs' ranks are children of one server that outlives a run, not of this driver
+    assert first["ppid"] == second["ppid"] != os.getpid() and first["pid"] != second["pid"]
+    # a new process each run: nothing the first run's rank did is seen, and the driver's environment is of now
+    assert second["marks"] == [] and second["global_mark"] is None and not second["group_was_initialized"]
+    assert (first["driver_env"], second["driver_env"]) == ("first", "second")
+
+
+def test_a_forked_rank_that_exits_without_a_word_is_named():
+    with pytest.raises(NodeFailure) as info:
+        Distributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_fns.exit_hard_on_rank_one)
+    assert info.value.rank == 1 and str(info.value).startswith("rank 1 (executor 1) on 127.0.0.1 was lost")
+
+
+def test_a_script_that_starts_ranks_without_the_main_guard_is_told_so(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text("import sparkgrad\n\ndef f():\n    return 1\n\nsparkgrad.run(f, num_proc=1, local=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "ClusterError: a node failed before the cluster formed" in done.stderr
+    assert 'put the code that starts them under `if __name__ == "__main__":`' in (done.stderr)
+    assert f"{script} started nodes while a node was importing it" in done.stderr

@@ -61,3 +61,36 @@ def gpu_view():
     dist.all_gather_object(every, mine)
     dist.destroy_process_group()
     return every
+
+
+def process_state(tag):
+    """What a rank found when it started, then marks its process (a later run's ranks must not see the mark),
+    leaving its process group initialized (the Distributor releases it)."""
+    import sys
+
+    found = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "marks": sorted(k for k in os.environ if k.startswith("SG_TEST_MARK_")),
+        "global_mark": getattr(sys.modules[__name__], "GLOBAL_MARK", None),
+        "driver_env": os.environ.get("SG_TEST_DRIVER_ENV"),
+    }
+    import torch.distributed as dist
+
+    found["group_was_initialized"] = dist.is_initialized()
+    dist.init_process_group("gloo")
+    os.environ[f"SG_TEST_MARK_{tag}"] = "1"
+    sys.modules[__name__].GLOBAL_MARK = tag
+    return found
+
+
+def exit_hard_on_rank_one():
+    """Rank 1's process ends at once, after the group formed (os._exit: no exception, no word to the driver)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os._exit(13)
+    import torch
+
+    dist.all_reduce(torch.ones(1))

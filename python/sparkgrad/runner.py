@@ -147,6 +147,7 @@ def run(
     local: bool = False,
     max_restarts: int = 0,
     security: str | None = None,
+    preload: tuple[str, ...] | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks and returns its values, by rank (as horovod.spark.run).
 
@@ -192,6 +193,10 @@ def run(
         security: The protection of the ranks' connections after their handshake, ``"auth"``,
             ``"encrypt"`` or ``"none"``, as for ``TFCluster.run`` (default ``$SPARKGRAD_SECURITY``, else
             sparkgrad's default).
+        preload: Modules the local ranks (no Spark) find already imported: the ranks fork from a server
+            that imported them once per driver process, so a second ``run`` skips those imports (torch's
+            takes seconds). Each rank is still a fresh process. Default ``("torch",)`` when this process
+            has imported torch, else none (each rank a spawned process).
 
     Returns:
         ``fn``'s return value in each rank, in rank order. They come back pickled through Spark's task
@@ -211,6 +216,8 @@ def run(
     num_proc = _check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = float(os.environ.get("SPARKGRAD_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+    if preload is None:
+        preload = ("torch",) if "torch" in sys.modules else ()
     out = _RankOutput(stdout, stderr, bool(prefix_output_with_timestamp))
     main = _RankMain(fn, tuple(args), dict(kwargs or {}))
     cluster = launch(
@@ -228,6 +235,7 @@ def run(
         on_log=out.log,
         max_restarts=max_restarts,
         security=security,
+        preload=tuple(preload),
     )
     try:
         cluster.shutdown(timeout=-1)

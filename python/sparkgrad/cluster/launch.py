@@ -81,6 +81,7 @@ def run(
     on_log: Any = None,
     max_restarts: int = 0,
     security: str | None = None,
+    preload: tuple[str, ...] = (),
 ) -> Cluster:
     """Starts ``map_fun(tf_args, ctx)`` on ``num_executors`` nodes and returns the cluster once all registered.
 
@@ -139,6 +140,9 @@ def run(
             opt-out that logs a warning). Default: ``$SPARKGRAD_SECURITY``, else
             ``sparkgrad.cluster.security.default()`` (the documentation's "Security and the wire" page
             says what each costs).
+        preload: Modules that local node processes (``sc=None``) find already imported: they are forked
+            from a server (one per driver process) that imported them once, so later runs skip those
+            imports. Default none: each node is a spawned process.
 
     Returns:
         The running cluster (`TFCluster.TFCluster`).
@@ -219,7 +223,9 @@ def run(
         if local_ids and sc is None:
             from sparkgrad.cluster.local import LocalLauncher  # multiprocessing: loaded only when used
 
-            launchers.append(LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host, keep_result=keep_results))
+            launchers.append(
+                LocalLauncher(cfg, local_ids, map_fun, tf_args, host=host, keep_result=keep_results, preload=preload)
+            )
         elif local_ids:
             from sparkgrad.cluster.local import DriverThreadLauncher
 

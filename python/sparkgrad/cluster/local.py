@@ -8,6 +8,16 @@ as on a cluster.
   ``multiprocessing`` "spawn" process. map_fun and its args reach the child
   through the process start pipe (cloudpickle when available, so closures
   work as on Spark); nothing is pickled on a network socket.
+  With ``preload`` (the modules every node imports first, e.g. torch, whose
+  import takes seconds), the nodes are forked instead from multiprocessing's
+  "forkserver", one per driver process, which imported those modules once
+  when it started: a notebook's second and later runs start nodes with them
+  already imported. Each node is still a new process (a fresh fork of a
+  server that ran nothing but those imports), prepared as a spawned one is
+  (the driver's sys.path, working directory and ``__main__``), with the
+  driver's environment of the moment. The server is single-threaded Python;
+  importing torch starts no OpenMP or CUDA threads, so forking after it is
+  safe (torch's own guidance: fork before the first parallel op or CUDA call).
 - DriverThreadLauncher (``driver_ps_nodes=True`` on Spark): each ps node is a
   thread of the driver, as in TensorFlowOnSpark. It starts at once (a spawned
   process re-imports everything first, about 0.4 s beside Spark's tasks), and
@@ -32,11 +42,51 @@ from typing import Any
 from sparkgrad.cluster.node import MapFun, NodeConfig, dumps_result, run_node, run_node_keeping_result
 
 KILL_WAIT_SECONDS = 5.0
+# Exit status of a node process that found itself started from an import of the driver's main script
+# (a script without the ``if __name__ == "__main__":`` guard); failure() names the cause.
+MAIN_GUARD_EXIT = 87
+# Imported by the forkserver besides the preload asked for: what every node imports before map_fun.
+NODE_MODULES = ("sparkgrad.cluster.node",)
+
+
+def _forkserver(preload: tuple[str, ...]) -> Any:
+    """multiprocessing's forkserver context, its server importing ``preload`` (and the node's code) when it starts.
+
+    The server is one per process (multiprocessing's): it starts on the first node started through it and
+    serves every later run of this driver. One already running (started by another caller) keeps the modules
+    it started with.
+    """
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload([*preload, *NODE_MODULES])  # not "__main__": the user's script is not run
+    return multiprocessing.get_context("forkserver")
+
+
+def _adopt_environment(environ: dict[str, str] | None) -> None:
+    """A forked node takes the driver's environment of now (the server has the one it started with).
+
+    torch, imported in the server, read its thread count then: OMP_NUM_THREADS of now is applied to it.
+    """
+    if environ is None:
+        return
+    os.environ.clear()
+    os.environ.update(environ)
+    torch = sys.modules.get("torch")
+    omp = environ.get("OMP_NUM_THREADS", "").split(",")[0]
+    if torch is not None and omp.isdigit() and int(omp) > 0:
+        torch.set_num_threads(int(omp))
 
 
 def _local_node_main(
-    cfg: NodeConfig, executor_id: int, host: str, payload: bytes, threads: int, result_pipe: Any = None
+    cfg: NodeConfig,
+    executor_id: int,
+    host: str,
+    payload: bytes,
+    threads: int,
+    result_pipe: Any = None,
+    environ: dict[str, str] | None = None,
 ) -> None:
+    _adopt_environment(environ)
     map_fun, tf_args = pickle.loads(payload)
     if result_pipe is None:
         run_node(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
@@ -47,7 +97,35 @@ def _local_node_main(
     result_pipe.close()
 
 
+def _main_script() -> str:
+    main = sys.modules.get("__mp_main__") or sys.modules.get("__main__")  # a node imports it as __mp_main__
+    return str(getattr(main, "__file__", None) or "the main script")
+
+
+def _refuse_start_from_an_import_of_main() -> None:
+    """In a node process that is still importing the driver's main script, ending it with MAIN_GUARD_EXIT.
+
+    A spawned or forkserver node imports ``__main__`` again (as ``__mp_main__``) to find map_fun; a script
+    that starts nodes outside ``if __name__ == "__main__":`` would start nodes from each node. The driver
+    names the cause from the exit status.
+    """
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    print(
+        f"sparkgrad: {_main_script()} started nodes while a node was importing it: put the code that starts "
+        'them under `if __name__ == "__main__":`',
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(MAIN_GUARD_EXIT)  # a node still bootstrapping: raising would only print multiprocessing's own error
+
+
 def _exit_reason(code: int | None) -> str:
+    if code == MAIN_GUARD_EXIT:
+        return (
+            f"exited with code {code}: it imports {_main_script()} to find map_fun, and that script started "
+            'nodes again while being imported; put the code that starts them under `if __name__ == "__main__":`'
+        )
     if code is not None and code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -57,7 +135,7 @@ def _exit_reason(code: int | None) -> str:
 
 
 class LocalLauncher:
-    """Runs each node in its own spawned process on this machine."""
+    """Runs each node in its own process on this machine: spawned, or forked from a server that preloaded modules."""
 
     def __init__(
         self,
@@ -67,8 +145,10 @@ class LocalLauncher:
         tf_args: Any,
         host: str = "127.0.0.1",
         keep_result: bool = False,
+        preload: tuple[str, ...] = (),
     ):
-        """``keep_result``: each process sends map_fun's pickled value back on a pipe (see results())."""
+        """``keep_result``: each process sends map_fun's pickled value back on a pipe (see results()).
+        ``preload``: modules the nodes find imported (forked from the forkserver); none: spawned processes."""
         self.executor_ids = executor_ids
         self._keep_result = keep_result
         self._pipes: dict[int, Any] = {}  # executor id -> the reading end of its result pipe
@@ -76,12 +156,14 @@ class LocalLauncher:
         self._cfg = cfg
         self._host = host
         self._payload = dumps_result((map_fun, tf_args))
-        self._mp = multiprocessing.get_context("spawn")
+        self._mp = _forkserver(tuple(preload)) if preload else multiprocessing.get_context("spawn")
         self._procs: dict[int, Any] = {}
         self._cancelled = False
 
     def start(self) -> None:
+        _refuse_start_from_an_import_of_main()
         threads = max(1, (os.cpu_count() or 1) // max(1, len(self.executor_ids)))  # each node's share of the cores
+        environ = dict(os.environ) if self._mp.get_start_method() == "forkserver" else None
         for eid in self.executor_ids:
             role = self._cfg.template.node(eid)
             writer = None
@@ -89,7 +171,7 @@ class LocalLauncher:
                 self._pipes[eid], writer = self._mp.Pipe(duplex=False)
             proc = self._mp.Process(
                 target=_local_node_main,
-                args=(self._cfg, eid, self._host, self._payload, threads, writer),
+                args=(self._cfg, eid, self._host, self._payload, threads, writer, environ),
                 name=f"sparkgrad-{role.role}-{role.index}",
                 daemon=False,
             )

@@ -18,7 +18,8 @@ the port torch connects to is held from the moment it was chosen by the
 process that serves it. Every rank (rank 0 included) then finds, in its
 environment, what ``init_process_group()``'s ``env://`` reads: MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK /
-NODE_RANK, and ``TORCHELASTIC_USE_AGENT_STORE=True``, which makes every
+NODE_RANK, and ``TORCHELASTIC_USE_AGENT_STORE=True`` (with
+``TORCHELASTIC_RESTART_COUNT=0``, as torchrun's agent sets), which makes every
 rank a client of the store already served (as under torchrun's agent). The
 store lives until every rank said it was done with it (a count in the store
 itself), bounded by its timeout.
@@ -88,6 +89,7 @@ def rank_environment(setup: collective.CommSetup, gpus: list[str] | None) -> dic
         "GROUP_RANK": str(setup.cross_rank),
         "NODE_RANK": str(setup.cross_rank),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",  # torchrun's agent sets it; torch 2.1 reads it beside the agent store
     }
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -136,6 +138,17 @@ def _store(setup: collective.CommSetup, timeout: float) -> Iterator[None]:
                 f"torch.distributed's store: not every one of {setup.size} ranks finished within {timeout:.0f} s "
                 f"after rank 0 did ({exc})"
             ) from exc
+
+
+@contextlib.contextmanager
+def _group_released() -> Iterator[None]:
+    """Destroys the default process group the function left initialized: a Spark task's Python worker is reused
+    by the next run (``spark.python.worker.reuse``), where ``init_process_group`` would find it formed. After a
+    failure the launcher ends the ranks instead."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _forward(stream: Any, sink: Any) -> None:
@@ -218,7 +231,7 @@ class _TorchRank:
                 if isinstance(self.train_object, str):
                     _run_script(self.train_object, self.args, env, setup.rank)
                     return None
-                with _environ(env):
+                with _environ(env), _group_released():
                     return self.train_object(*self.args, **self.kwargs)
 
 
@@ -313,7 +326,8 @@ class Distributor:
             self._store_timeout,
         )  # fmt: skip
         values = run(
-            rank, num_proc=self.num_processes, spark=spark, local=self.local_mode, security=self._security
+            rank, num_proc=self.num_processes, spark=spark, local=self.local_mode, security=self._security,
+            preload=("torch",),
         )  # fmt: skip
         return values[0]
 

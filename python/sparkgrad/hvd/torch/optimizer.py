@@ -2,24 +2,27 @@
 
 Each parameter gets a post-accumulate-grad hook (torch >= 2.1). When a
 parameter's gradient is final for the step (its ``backward_passes_per_step``-th
-accumulation), the hook adds it to the open bucket of its reduce dtype; a
-bucket that reaches the fusion threshold (``HOROVOD_FUSION_THRESHOLD`` bytes,
-default 64 MiB as Horovod's; 0 reduces every gradient alone) is copied once
-into its fusion buffer and queued to the background thread, which reduces
-it on the C ring while backward goes on. A group (``groups=``) is one
-bucket, queued once all its gradients are ready. ``synchronize()`` gives
-the parameters whose hook did not fire a zero gradient (as Horovod's does,
-so every rank reduces the same tensors), queues the open buckets, waits,
-and copies the results back into ``p.grad``; ``step()`` synchronizes and
-steps the wrapped optimizer's class.
+accumulation), the hook adds it to the open bucket of its reduce dtype. A
+bucket is copied once into its fusion buffer and queued to the background
+thread, which reduces it on the C ring while backward goes on, as soon as
+it holds the bucket size: 1 MiB for the step's first bucket, 25 MiB for the
+later ones (PyTorch DDP's sizes), never more than the fusion threshold
+(``HOROVOD_FUSION_THRESHOLD`` bytes, default 64 MiB; 0 reduces every
+gradient alone). Horovod launches whatever is ready every cycle
+(``HOROVOD_CYCLE_TIME``, 1 ms) after its coordinator has negotiated which
+tensors every rank has; sparkgrad has no coordinator (ranks must issue the
+same collectives in the same order), so its buckets close at sizes every
+rank computes alike, which gives the same overlap without a negotiation
+per cycle. A group (``groups=``) is one bucket, queued once all its
+gradients are ready. ``synchronize()`` gives the parameters whose hook did
+not fire a zero gradient (as Horovod's does, so every rank reduces the
+same tensors), queues the open buckets, waits, and copies the results back
+into ``p.grad``; ``step()`` synchronizes and steps the wrapped optimizer's
+class.
 
 Buckets are formed in the order the hooks fire, which is the same on every
 rank running the same model; the descriptor check of hvd/engine.py names
-both ranks' buckets if not. With a threshold above the model's gradient
-size (the default, for most models below 16M float32 parameters) there is
-one bucket, reduced when ``step()`` is called: set
-``HOROVOD_FUSION_THRESHOLD`` lower (e.g. 4194304) to overlap the reduction
-with backward.
+both ranks' buckets if not.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from sparkgrad.errors import InvalidArgumentError, StateError
 from sparkgrad.hvd import Average, Compression, Sum
 from sparkgrad.hvd import torch as _hvd
 
-DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, Horovod's default
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, Horovod's default before 0.21 (128 MiB since)
+FIRST_BUCKET_BYTES = 1024 * 1024  # a step's first bucket: small, so the ring starts early in backward (DDP's)
+BUCKET_BYTES = 25 * 1024 * 1024  # the later ones (DDP's bucket_cap_mb=25)
 
 
 def fusion_threshold() -> int:
@@ -58,6 +63,11 @@ class _Distributed:
         self, params: Any, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: str,
         gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
     ) -> None:  # fmt: skip
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            raise StateError(
+                f"hvd.DistributedOptimizer needs torch 2.1 or later (its gradient hooks); this is torch "
+                f"{torch.__version__}: pip install 'torch>=2.1'"
+            )
         super().__init__(params)  # type: ignore[call-arg]  # the wrapped optimizer's class, on its param groups
         self._rank = _hvd.rank()
         self._compression = _hvd._wire_compression(compression, "DistributedOptimizer")
@@ -185,9 +195,13 @@ class _Distributed:
         bucket = self._open.setdefault(dtype, [])
         bucket.append(p)
         self._open_bytes[dtype] = self._open_bytes.get(dtype, 0) + p.numel() * p.element_size()
-        if self._open_bytes[dtype] >= self._threshold:
+        if self._open_bytes[dtype] >= self._bucket_bytes():
             self._submit(self._open.pop(dtype))
             del self._open_bytes[dtype]
+
+    def _bucket_bytes(self) -> int:
+        """The size at which the open bucket is queued: the step's first one early, then larger ones."""
+        return min(self._threshold, BUCKET_BYTES if self._pending else FIRST_BUCKET_BYTES)
 
     def _reduce_dtype(self, p: torch.Tensor) -> torch.dtype:
         return _hvd.reduce_dtype(p, self._compression, "DistributedOptimizer", self._names[p])
