@@ -342,6 +342,36 @@ def test_epochs_give_every_row_once_across_shards_and_rotate_the_dropped_rows(tm
     )
 
 
+def test_row_groups_read_in_small_record_batches_give_the_same_batches(tmp_path, monkeypatch):
+    from sparkgrad.data import table
+
+    offsets = pa.array(np.arange(0, 8 * 1003 + 1, 8, dtype=np.int32))
+    values = pa.ListArray.from_arrays(offsets, pa.array(np.arange(8 * 1003, dtype=np.float32)))
+    write(tmp_path / "t.parquet", pa.table({"i": np.arange(1003, dtype=np.int64), "v": values}), row_group_size=300)
+
+    def epochs(read_rows, read_bytes):
+        monkeypatch.setattr(table, "_READ_ROWS", read_rows)
+        monkeypatch.setattr(table, "_READ_BYTES", read_bytes)
+        out, sizes = [], set()
+        for s in range(3):
+            ds = ParquetDataset(
+                str(tmp_path), {"v": Column("v", width=8)}, 16, label="i", shuffle_buffer=50, seed=1, shard_index=s,
+                num_shards=3,
+            )  # fmt: skip
+            out += [(b["i"], b["v"]) for e in range(2) for b in ds.epoch(e)]
+            sizes.add(ds._read_rows)
+        return out, sizes
+
+    whole, _ = epochs((65536, 65536), 1 << 30)
+    small, sizes = epochs((7, 50), 1000)  # 7 rows at first, then about 1000 bytes (some 22 rows of 44 bytes)
+    assert all(7 < n < 50 for n in sizes)
+    assert len(whole) == len(small) > 0
+    for (i, v), (i2, v2) in zip(whole, small, strict=True):
+        np.testing.assert_array_equal(i, i2)
+        np.testing.assert_array_equal(v, v2)
+        np.testing.assert_array_equal(v, i[:, None] * 8 + np.arange(8))
+
+
 def test_a_model_trains_on_a_parquet_dataset_as_on_the_same_arrays(tmp_path):
     from sparkgrad.nn import Adam, CategoryEncoding, Concatenate, Dense, Input, Model, StringLookup
 
