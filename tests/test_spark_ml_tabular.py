@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from spark_ml_tables_data import CITIES, SHOPS
+from spark_ml_tables_data import model as _model
 from sparkgrad.errors import InvalidArgumentError, SchemaError
 from sparkgrad.nn import (
     Adam,
     CategoryEncoding,
-    Concatenate,
     Dense,
-    Embedding,
-    Flatten,
     Input,
     Model,
     StringLookup,
@@ -37,8 +36,6 @@ pytestmark = [
 ]
 
 ROWS = 3000
-CITIES = ["paris", "rome", "oslo", "lima", "quito"]  # "köln" in the data is out of the vocabulary
-SHOPS = 12
 COLUMNS = ["city", "shop", "visits", "spend", "hist"]
 
 
@@ -79,21 +76,6 @@ def shops(spark, tmp_path_factory):
         pq.write_table(_table(n, seed), str(path), row_group_size=700)
         frames.append(spark.read.parquet(str(path)).withColumn("hist", array_to_vector("hist")))
     return frames[0], frames[1].coalesce(2)
-
-
-def _model(seed: int = 0) -> Model:
-    city = Input(shape=(1,), dtype="string", name="city")
-    shop = Input(shape=(1,), dtype="int64", name="shop")
-    visits = Input(shape=(1,), name="visits")
-    spend = Input(shape=(1,), name="spend")
-    hist = Input(shape=(3,), name="hist")
-    lookup = StringLookup(vocabulary=CITIES)  # one OOV bucket (index 0), then the five cities
-    city_1h = CategoryEncoding(num_tokens=lookup.vocabulary_size(), output_mode="one_hot")(lookup(city))
-    shop_vec = Flatten()(Embedding(SHOPS, 4)(shop))
-    h = Dense(16, activation="relu")(Concatenate()([city_1h, shop_vec, visits, spend, hist]))
-    model = Model([city, shop, visits, spend, hist], Dense(1, activation="sigmoid")(h), seed=seed)
-    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-    return model
 
 
 def _inputs(df, mapping=None):
