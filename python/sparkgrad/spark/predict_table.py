@@ -194,7 +194,9 @@ class TableScorer:
             try:
                 first = 0
                 read = list(dict.fromkeys(features + kept))
-                for batch in pf.iter_batches(batch_size=_READ_ROWS, row_groups=[unit.row_group], columns=read):
+                # the reader's largest record batch: each is scored as one predict call's worth of rows
+                batches = pf.iter_batches(batch_size=_READ_ROWS[1], row_groups=[unit.row_group], columns=read)
+                for batch in batches:
                     x = pa.RecordBatch.from_arrays([batch.column(c) for c in features], names=features)
                     try:
                         out = self.scorer.outputs(model, x, None, first)
