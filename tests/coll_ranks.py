@@ -36,20 +36,46 @@ class _Sender:
 
 
 def _rank_main(
-    rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, conn, inbox, security=None
-) -> None:
+    rank: int, n: int, secret: bytes, scenario: str, args: tuple, timeout: float, conn, inbox, security=None,
+    shared_memory: bool = True, private_shm: bool = False,
+) -> None:  # fmt: skip
     from sparkgrad import _core
 
     out = _Sender(conn)
     try:
+        if private_shm:
+            _private_dev_shm()
         lis = _core.Listener("127.0.0.1", 0)
         out.put(("port", rank, lis.port))
         addresses = inbox.get(timeout=60)
-        comm = _core.Communicator(lis, secret, rank, addresses, timeout=timeout, security=security)
+        comm = _core.Communicator(
+            lis, secret, rank, addresses, timeout=timeout, security=security, shared_memory=shared_memory
+        )
         value = globals()[scenario](comm, out, *args)
         out.put(("done", rank, value))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         out.put(("error", rank, (type(exc).__name__, str(exc), time.monotonic(), traceback.format_exc())))
+
+
+def _private_dev_shm() -> None:
+    """This process moves to a mount namespace of its own with an empty tmpfs on /dev/shm, as a
+    process in another container of the same host sees it (root only)."""
+    import ctypes
+    import subprocess
+
+    clone_newns = 0x00020000
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(clone_newns) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", "/dev/shm"], check=True)
+
+
+def shm_isolated(comm, out) -> dict:
+    """An allreduce and the communicator's stats (a rank may live behind its own /dev/shm)."""
+    a = np.full(100_003, comm.rank + 1, np.float32)
+    comm.allreduce(a)
+    return {"sum": float(a[0]), "shared_memory": comm.stats()["shared_memory"]}
 
 
 def _digest(a: np.ndarray) -> str:
@@ -490,10 +516,17 @@ class Ranks:
         security=None,
         relay_in_front_of: int | None = None,
         relay_kw: dict | None = None,
+        shared_memory: bool | None = None,
+        private_shm: tuple = (),
     ):
         """security: one mode for every rank or a list (None: _core's default).
         relay_in_front_of: a rank whose listener the others reach through a
-        tests/tamper_relay.TamperRelay(**relay_kw) run here (self.relay)."""
+        tests/tamper_relay.TamperRelay(**relay_kw) run here (self.relay).
+        shared_memory: the Communicators' (None: on, but off with a relay, whose
+        bytes would otherwise bypass it). private_shm: ranks that run behind a
+        /dev/shm of their own (coll_ranks._private_dev_shm; root only)."""
+        if shared_memory is None:
+            shared_memory = relay_in_front_of is None
         ctx = mp.get_context("spawn")
         modes = security if isinstance(security, (list, tuple)) else [security] * n
         self.relay = None
@@ -508,7 +541,19 @@ class Ranks:
         self.procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, n, self.secrets[r], scenario, args, timeout, pipes[r][1], self.inboxes[r], modes[r]),
+                args=(
+                    r,
+                    n,
+                    self.secrets[r],
+                    scenario,
+                    args,
+                    timeout,
+                    pipes[r][1],
+                    self.inboxes[r],
+                    modes[r],
+                    shared_memory,
+                    r in private_shm,
+                ),  # fmt: skip
                 daemon=True,
             )
             for r in range(n)

@@ -71,6 +71,15 @@ def hvd_main(scale=1):
     return {"rank": hvd.rank(), "size": hvd.size(), "scaled": scale * hvd.size()}
 
 
+def ring_transport():
+    """Whether this rank's communicator moves its data through shared memory, and an allreduce on it."""
+    import sparkgrad.hvd as hvd
+
+    hvd.init()
+    total = hvd.allreduce(np.full(3, hvd.rank() + 1.0, np.float32), op=hvd.Sum)
+    return {"shared_memory": hvd.communicator().stats()["shared_memory"], "sum": float(total[0])}
+
+
 def collectives(seed):
     """Every collective of sparkgrad.hvd on this rank; the test compares them with NumPy."""
     import sparkgrad.hvd as hvd

@@ -186,6 +186,16 @@ def test_collectives_on_local_ranks_equal_numpy(n):
 
 
 @needs_comm
+def test_local_ranks_use_shared_memory_unless_their_environment_turns_it_off():
+    on = sparkgrad.run(runner_fns.ring_transport, num_proc=2, stdout=io.StringIO(), local=True)
+    off = sparkgrad.run(
+        runner_fns.ring_transport, num_proc=2, stdout=io.StringIO(), local=True, env={"SPARKGRAD_SHARED_MEMORY": "0"}
+    )
+    assert on == [{"shared_memory": True, "sum": 3.0}] * 2, on
+    assert off == [{"shared_memory": False, "sum": 3.0}] * 2, off
+
+
+@needs_comm
 def test_broadcast_parameters_and_optimizer_state_make_the_models_equal():
     got = sparkgrad.run(runner_fns.models_after_broadcast, args=(11,), num_proc=2, stdout=io.StringIO(), local=True)
     assert not np.array_equal(got[0]["before"], got[1]["before"])  # different seeds, different models

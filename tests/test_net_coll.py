@@ -1,7 +1,9 @@
 """Ring collectives of csrc/net/coll.c between real rank processes on
 loopback: allreduce against NumPy for every dtype, op and compression on 1 to 4
 and 8 ranks, broadcast, allgather of unequal sizes, barrier; a rank killed
-mid-allreduce, a rank with a wrong secret, mismatched calls; the gradient hook
+mid-allreduce, a rank with a wrong secret, mismatched calls; the data path
+tests run over both links, shared memory (the default for ranks of one host,
+coll_shm.c) and TCP (shared_memory=False, as between hosts); the gradient hook
 of nn/nn_hook.h (average, accumulation over backward passes, buckets); the
 security modes (the same results in "none", "auth" and "encrypt", mismatched
 modes, a byte altered on the way)."""
@@ -9,6 +11,7 @@ modes, a byte altered on the way)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import numpy as np
@@ -18,6 +21,9 @@ from sparkgrad import _core, errors
 from tamper_relay import HANDSHAKE_C2S, HANDSHAKE_S2C, HEADER, SEQ
 
 pytestmark = pytest.mark.timeout(120)
+
+# the two ways a ring of one host's ranks moves its data
+LINKS = pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp"])
 
 BIG = 10**6 + 3
 
@@ -38,29 +44,35 @@ def cases_for(n: int) -> list:
     return cases
 
 
+@LINKS
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
-def test_allreduce_matches_numpy_and_ranks_agree(n):
+def test_allreduce_matches_numpy_and_ranks_agree(n, shm):
+    if n == 1 and not shm:
+        pytest.skip("a ring of one has no links")
     cases = cases_for(n)
-    with Ranks(n, "allreduce_cases", (cases,)) as ranks:
+    with Ranks(n, "allreduce_cases", (cases,), shared_memory=shm) as ranks:
         digests = ranks.values(timeout=100)
     for i, case in enumerate(cases):
         assert len({d[i] for d in digests}) == 1, f"ranks ended with different values for {case}"
 
 
+@LINKS
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_broadcast_allgather_unequal_sizes_and_barrier(n):
-    with Ranks(n, "other_collectives") as ranks:
+def test_broadcast_allgather_unequal_sizes_and_barrier(n, shm):
+    with Ranks(n, "other_collectives", shared_memory=shm) as ranks:
         out = ranks.values()
     for r, v in enumerate(out):
         s = v["stats"]
         # an array allgather is two: shapes, then rows
         assert s["allgathers"] == 5 and s["broadcasts"] == 4 and s["barriers"] == 1, (r, s)
         assert (s["bytes_sent"] > 0) == (n > 1) and not s["broken"]
+        assert s["shared_memory"] == (shm and n > 1), (r, s)
 
 
+@LINKS
 @pytest.mark.parametrize("n", [2, 3])
-def test_fp16_and_bf16_on_the_wire_round_to_nearest_even(n):
-    with Ranks(n, "wire_rounding") as ranks:
+def test_fp16_and_bf16_on_the_wire_round_to_nearest_even(n, shm):
+    with Ranks(n, "wire_rounding", shared_memory=shm) as ranks:
         assert ranks.values() == ["ok"] * n
 
 
@@ -69,8 +81,9 @@ def test_gradient_hook_average_accumulation_and_buckets():
         assert ranks.values() == ["ok"] * 3
 
 
-def test_gradient_hook_step_fails_naming_a_rank_that_left():
-    with Ranks(2, "hook_peer_leaves") as ranks:
+@LINKS
+def test_gradient_hook_step_fails_naming_a_rank_that_left(shm):
+    with Ranks(2, "hook_peer_leaves", shared_memory=shm) as ranks:
         out = ranks.values()
     assert out[1] == "closed"
     assert out[0].startswith("NodeFailure: rank 1 (127.0.0.1:"), out[0]
@@ -93,8 +106,33 @@ def test_ranks_with_differing_embedding_tables_fail_naming_the_table():
     assert "is 50 x 3 on rank 0, 50 x 4 here" in out[1][0], out
 
 
-def test_killed_rank_fails_the_others_naming_it():
-    with Ranks(4, "loop_allreduce", (1 << 21,), timeout=60.0) as ranks:
+def _can_unshare_mounts() -> bool:
+    return os.geteuid() == 0 and os.path.isdir("/dev/shm") and shutil.which("mount") is not None
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs root to give a rank a /dev/shm of its own")
+def test_a_rank_behind_another_dev_shm_keeps_the_whole_ring_on_tcp():
+    """Rank 1 runs in a mount namespace of its own, with an empty /dev/shm (a rank in another container
+    of the same host): it cannot open its neighbours' segments, so no rank uses shared memory and the
+    allreduce still comes out right over TCP."""
+    with Ranks(3, "shm_isolated", private_shm=(1,)) as ranks:
+        out = ranks.values()
+    assert out == [{"sum": 6.0, "shared_memory": False}] * 3, out
+
+
+def test_a_ring_of_one_hosts_ranks_uses_shared_memory_and_leaves_no_file_behind():
+    with Ranks(3, "shm_isolated") as ranks:
+        out = ranks.values()
+        # each rank's segment is named after its pid, and unlinked once its neighbours mapped it
+        mine = tuple(f"sparkgrad-coll-{p.pid}-" for p in ranks.procs)
+        left = [f for f in os.listdir("/dev/shm") if f.startswith(mine)]
+    assert out == [{"sum": 6.0, "shared_memory": True}] * 3, out
+    assert not left, left
+
+
+@LINKS
+def test_killed_rank_fails_the_others_naming_it(shm):
+    with Ranks(4, "loop_allreduce", (1 << 21,), timeout=60.0, shared_memory=shm) as ranks:
         ranks.wait_started([0, 1, 2, 3])
         killed_at = ranks.kill(2)
         res = ranks.collect(timeout=30, ranks=[0, 1, 3])
@@ -106,8 +144,9 @@ def test_killed_rank_fails_the_others_naming_it():
         assert when - killed_at < 10, f"rank {r} failed {when - killed_at:.1f}s after the kill"
 
 
-def test_rank_that_does_not_come_times_out_the_others_naming_it():
-    with Ranks(3, "straggler", (2, 4.0), timeout=1.0) as ranks:
+@LINKS
+def test_rank_that_does_not_come_times_out_the_others_naming_it(shm):
+    with Ranks(3, "straggler", (2, 4.0), timeout=1.0, shared_memory=shm) as ranks:
         out = ranks.values(timeout=60)
     for r in (0, 1):
         cls, rest = out[r].split(" after ", 1)

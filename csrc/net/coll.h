@@ -49,6 +49,13 @@
  * even) and accumulates in float32; the owner of each segment rounds its
  * result to the wire format too, so every rank ends with identical values.
  *
+ * Shared memory (coll_shm.c): when every rank's listener has the same host
+ * and every rank can open its neighbours' segments under /dev/shm, step 1
+ * and 2 move through one ring buffer per rank in shared memory instead of
+ * the TCP streams (one copy instead of two, and no sealing: the bytes never
+ * leave the host); the TCP connections stay for notices, goodbyes and to see
+ * a neighbour die. The ranks agree on it while the ring forms.
+ *
  * Failures: a transport error or timeout breaks the communicator: the rank
  * writes a notice (ABORT frame: i32 status, u32 rank, text) to its left
  * neighbour on the direction of that connection no data uses, and shuts both
@@ -114,10 +121,15 @@ typedef struct CollStats {
 /* Forms the ring: rank `rank` of `size`, hosts[i]:ports[i] the listener of
  * rank i, lfd this rank's listening socket (not owned; it must stay open
  * while the ring forms). Bounded by timeout seconds, which is also the default
- * per-collective timeout; an error names the rank and host:port it waited for. */
+ * per-collective timeout; an error names the rank and host:port it waited for.
+ * shared_memory: when every rank's host is the same, move the data through
+ * shared memory if every rank can (see "Shared memory" above); 0: TCP only. */
 int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode, int rank,
                   int size, const char *const *hosts, const int *ports, double timeout,
-                  CollComm **out, SgError *err);
+                  int shared_memory, CollComm **out, SgError *err);
+
+/* 1 when the ring moves its data through shared memory. */
+int coll_comm_shared_memory(const CollComm *c);
 
 int coll_comm_rank(const CollComm *c);
 int coll_comm_size(const CollComm *c);

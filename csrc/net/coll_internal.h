@@ -9,11 +9,13 @@
  *   coll.c       the collectives: what each ring step sends and receives
  *   coll_ops.c   element sizes, fp16 conversions, reduction kernels
  *   coll_rows.c  the gradient hook's Embedding tables, reduced as rows
+ *   coll_shm.c   the shared-memory links of a ring on one host
  * coll_hook.c uses coll.h and coll_rows.c's part below.
  */
 #ifndef NET_COLL_INTERNAL_H
 #define NET_COLL_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +26,7 @@
 #define COLL_TMP_BYTES (256u << 10) /* c->tmp and c->stage: a receive chunk, a send batch */
 
 typedef struct CollSealer CollSealer;
+typedef struct CollShm CollShm;
 
 struct CollComm {
     int rank, size, left, right;
@@ -42,6 +45,7 @@ struct CollComm {
     char *peers;              /* size * NET_PEER_MAX: "host:port" of every rank */
     int right_eof; /* the right neighbour closed its end (fine once nothing is left to send) */
     int spin;      /* waits poll for COLL_SPIN_SECONDS before sleeping (coll_xfer.c) */
+    CollShm *shm;  /* every link in shared memory (coll_shm.c), or NULL: TCP */
     int have_notice, notice_code, notice_origin;
     char notice[SG_ERROR_MAX - 100]; /* the first failure, passed to the left */
 };
@@ -67,6 +71,12 @@ enum {
     AGREE_ROOT = 1u << 5,
     AGREE_TAG = 1u << 6,
 };
+
+/* An allgather of fixed-size blocks (blocks[size * blk], this rank's at
+ * blocks + rank * blk) as size - 1 ring steps; errors say "<what> (the
+ * <unit> of rank r)". */
+int coll_allgather_blocks(CollComm *c, uint8_t *blocks, size_t blk, double deadline,
+                          const char *what, const char *unit, SgError *err);
 
 /* Locks c and checks it can run a collective; sets *deadline (timeout < 0:
  * the communicator's). On failure c is unlocked. */
@@ -133,6 +143,30 @@ int coll_break(CollComm *c, SgError *err);
 
 /* The sealer of a connection in security mode `mode`. */
 const CollSealer *coll_sealer(NetSecurity mode);
+
+/* ---- coll_shm.c: shared-memory links ---- */
+
+/* After the TCP ring formed: when `allow` and every rank's host is the same,
+ * tries shared-memory links (every rank agrees on the outcome) and sets
+ * c->shm if they all work; c stays on TCP otherwise. Fails only as the ring's
+ * own exchanges fail. */
+int coll_shm_setup(CollComm *c, const char *const *hosts, int allow, double deadline, SgError *err);
+void coll_shm_free(CollShm *s);
+
+/* Bytes this rank may write to its ring now. */
+size_t coll_shm_room(const CollComm *c);
+/* Writes len <= room bytes to this rank's ring and wakes the right neighbour. */
+void coll_shm_put(CollComm *c, const uint8_t *src, size_t len);
+/* The left neighbour's unread bytes as two pieces (the second from the
+ * ring's start); returns their total. */
+size_t coll_shm_readable(const CollComm *c, const uint8_t *piece[2], size_t len[2]);
+/* Marks len of them taken and wakes the left neighbour. */
+void coll_shm_take(CollComm *c, size_t len);
+/* Waits until this rank may write `send` bytes or read `recv` bytes (0:
+ * not waiting for that), an event on p's sockets (poll's revents set), or
+ * the deadline: 1, 2, 0; -1 on a poll error (errno). */
+int coll_shm_wait(CollComm *c, size_t send, size_t recv, struct pollfd *p, nfds_t np,
+                  double deadline);
 
 /* ---- coll_ops.c: the arithmetic ---- */
 

@@ -235,7 +235,7 @@ static int connect_right(CollComm *c, const char *host, int port, const uint8_t 
 
 int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity mode, int rank,
                   int size, const char *const *hosts, const int *ports, double timeout,
-                  CollComm **out, SgError *err)
+                  int shared_memory, CollComm **out, SgError *err)
 {
     double deadline;
     int rc;
@@ -309,6 +309,8 @@ int coll_comm_new(int lfd, const uint8_t *secret, size_t secret_len, NetSecurity
         snprintf(err->msg + len, sizeof err->msg - len,
                  "; meanwhile this rank's listener refused: %s", a.refused);
     }
+    if (rc == 0)
+        rc = coll_shm_setup(c, hosts, shared_memory, deadline, err);
     if (rc < 0) {
         coll_comm_free(c);
         return rc;
@@ -325,6 +327,11 @@ int coll_comm_rank(const CollComm *c)
 int coll_comm_size(const CollComm *c)
 {
     return c->size;
+}
+
+int coll_comm_shared_memory(const CollComm *c)
+{
+    return c->shm != NULL;
 }
 
 void coll_comm_stats(CollComm *c, CollStats *out)
@@ -382,6 +389,7 @@ void coll_comm_free(CollComm *c)
     free(c->tmp);
     free(c->stage);
     free(c->peers);
+    coll_shm_free(c->shm);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -424,6 +432,25 @@ static int header_decode(const uint8_t in[COLL_HDR_FRAME], CollHeader *h, SgErro
     return SG_OK;
 }
 
+int coll_allgather_blocks(CollComm *c, uint8_t *blocks, size_t blk, double deadline,
+                          const char *what, const char *unit, SgError *err)
+{
+    int n = c->size, r = c->rank, rc = SG_OK;
+    for (int k = 0; k < n - 1 && rc == 0; k++) {
+        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
+        char w[160];
+        snprintf(w, sizeof w, "%s (the %s of rank %d)", what, unit, t);
+        CollXfer x = {.steps = 1,
+                      .lag = -1,
+                      .tx = {blocks + (size_t)s * blk, blk},
+                      .rx = {blocks + (size_t)t * blk, blk},
+                      .from_rank = t,
+                      .what = w};
+        rc = coll_xfer_run(c, &x, deadline, err);
+    }
+    return rc;
+}
+
 /* Every rank's header (hs[size]) from a ring allgather of header frames. */
 static int header_exchange(CollComm *c, const CollHeader *mine, CollHeader *hs, double deadline,
                            const char *what, SgError *err)
@@ -434,22 +461,13 @@ static int header_exchange(CollComm *c, const CollHeader *mine, CollHeader *hs, 
         return sg_fail(err, SG_ENOMEM, "allocating %d headers", n);
     header_encode(frames + (size_t)r * COLL_HDR_FRAME, mine);
     hs[r] = *mine;
-    int rc = SG_OK;
+    int rc = coll_allgather_blocks(c, frames, COLL_HDR_FRAME, deadline, what, "header", err);
     for (int k = 0; k < n - 1 && rc == 0; k++) {
-        int s = (r - k + n) % n, t = (r - k - 1 + 2 * n) % n;
-        char w[96];
-        snprintf(w, sizeof w, "%s (the header of rank %d)", what, t);
-        CollXfer x = {.steps = 1,
-                      .lag = -1,
-                      .tx = {frames + (size_t)s * COLL_HDR_FRAME, COLL_HDR_FRAME},
-                      .rx = {frames + (size_t)t * COLL_HDR_FRAME, COLL_HDR_FRAME},
-                      .from_rank = t,
-                      .what = w};
-        rc = coll_xfer_run(c, &x, deadline, err);
-        if (rc == 0 && (rc = header_decode(frames + (size_t)t * COLL_HDR_FRAME, &hs[t], err)) < 0) {
+        int t = (r - k - 1 + 2 * n) % n;
+        if ((rc = header_decode(frames + (size_t)t * COLL_HDR_FRAME, &hs[t], err)) < 0) {
             sg_context(err, "%s: rank %d (%s) sent ", what, c->left, c->left_peer);
             coll_break(c, err);
-        } else if (rc == 0 && (hs[t].rank != (uint32_t)t || hs[t].seq != mine->seq)) {
+        } else if (hs[t].rank != (uint32_t)t || hs[t].seq != mine->seq) {
             sg_fail(err, SG_EPROTO,
                     "%s: the ring is out of step: rank %d's header says rank %u, collective #%llu "
                     "(this rank is at #%llu)",

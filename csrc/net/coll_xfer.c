@@ -430,8 +430,152 @@ static int xfer_timeout(CollComm *c, const CollXfer *x, const char *what, size_t
 
 #define WHAT xfer_what(x, rj < x->steps ? rj : sj, what, sizeof what)
 
+/* Shared memory: what the send step has ready, up to the ring's room and
+ * COLL_SEND_BYTES, written to this rank's ring (encoded through c->stage
+ * with comp); returns the bytes. */
+static size_t shm_send(CollComm *c, XferOut *o)
+{
+    size_t len = o->avail - o->done, room = coll_shm_room(c);
+    if (len > COLL_SEND_BYTES)
+        len = COLL_SEND_BYTES;
+    if (len > room)
+        len = room;
+    const uint8_t *src = o->src + o->done;
+    if (o->comp != COLL_COMP_NONE) {
+        len &= ~(size_t)1;
+        coll_encode(c->stage, (const float *)o->src + o->done / 2, len / 2, o->comp);
+        src = c->stage;
+    }
+    if (len == 0)
+        return 0;
+    coll_shm_put(c, src, len);
+    c->stats.bytes_sent += len;
+    return len;
+}
+
+/* Shared memory: what the left's ring holds of receive step j (rdone of it
+ * done), up to COLL_SEND_BYTES: copied to the span, or handed to consume
+ * where it lies (whole elements; one that wraps around the ring's end goes
+ * through c->tmp); returns the bytes taken. */
+static size_t shm_recv(CollComm *c, CollXfer *x, int j, size_t rdone)
+{
+    const uint8_t *piece[2];
+    size_t len[2], want = x->rx.len - rdone, took = 0;
+    size_t have = coll_shm_readable(c, piece, len);
+    if (want > COLL_SEND_BYTES)
+        want = COLL_SEND_BYTES;
+    if (have > want)
+        have = want;
+    size_t first = len[0] < have ? len[0] : have;
+    if (!x->rx.consume) {
+        memcpy(x->rx.ptr + rdone, piece[0], first);
+        memcpy(x->rx.ptr + rdone + first, piece[1], have - first);
+        took = have;
+    } else {
+        size_t wsz = x->wsz, whole = first / wsz;
+        if (whole > 0)
+            x->consume(x, j, x->rx.ptr, rdone / wsz, piece[0], whole);
+        took = whole * wsz;
+        if (whole == 0 && have >= wsz) { /* an element split by the ring's end */
+            memcpy(c->tmp, piece[0], first);
+            memcpy(c->tmp + first, piece[1], wsz - first);
+            x->consume(x, j, x->rx.ptr, rdone / wsz, c->tmp, 1);
+            took = wsz;
+        }
+    }
+    if (took > 0) {
+        coll_shm_take(c, took);
+        c->stats.bytes_received += took;
+    }
+    return took;
+}
+
+/* coll_xfer_run over shared memory: the same steps, the bytes through the
+ * rings (coll_shm.c); the sockets are watched only while waiting, for a
+ * notice from the right or either neighbour's EOF. */
+static int shm_xfer_run(CollComm *c, CollXfer *x, double deadline, SgError *err)
+{
+    int steps = x->steps, sj = 0, rj = 0, left_eof = 0;
+    size_t rdone = 0;
+    SgError e;
+    char what[128];
+    if (x->next != NULL) {
+        x->next(x, 0, 1, &x->tx);
+        x->next(x, 0, 0, &x->rx);
+    }
+    XferOut out = {.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+    while (sj < steps || rj < steps) {
+        if (rj < steps && rdone == x->rx.len) {
+            if (++rj < steps)
+                x->next(x, rj, 0, &x->rx);
+            rdone = 0;
+            continue;
+        }
+        if (sj < steps && out.done == out.len) {
+            if (++sj < steps)
+                x->next(x, sj, 1, &x->tx);
+            out = (XferOut){.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+            continue;
+        }
+        out.avail = sendable(x, sj, rj, rdone, out.len);
+        size_t moved = 0;
+        if (sj < steps && out.done < out.avail) {
+            size_t put = shm_send(c, &out);
+            out.done += put, moved += put;
+        }
+        if (rj < steps) {
+            size_t got = shm_recv(c, x, rj, rdone);
+            rdone += got, moved += got;
+        }
+        if (moved > 0)
+            continue;
+        if (sj < steps && c->right_eof)
+            return peer_failure(c, SG_EPEER, 0, &e, WHAT, err);
+        struct pollfd p[2];
+        int np = 0, is = -1, il = -1;
+        if (!c->right_eof) {
+            p[np] = (struct pollfd){.fd = c->fd_right, .events = POLLIN};
+            is = np++;
+        }
+        if (!left_eof) {
+            p[np] = (struct pollfd){.fd = c->fd_left, .events = POLLIN};
+            il = np++;
+        }
+        /* the least that makes progress: a compressed value, an element to consume */
+        size_t send_need = sj < steps && out.done < out.avail ? (out.comp ? 2 : 1) : 0;
+        size_t recv_need = rj < steps ? (x->rx.consume ? x->wsz : 1) : 0;
+        int w = coll_shm_wait(c, send_need, recv_need, p, (nfds_t)np, deadline);
+        if (w < 0) {
+            sg_fail_errno(err, SG_EIO, errno, "poll during %s", WHAT);
+            return coll_break(c, err);
+        }
+        if (w == 0)
+            return xfer_timeout(c, x, WHAT, rdone, &out, rj < steps, err);
+        if (w == 1)
+            continue;
+        if (is >= 0 && (p[is].revents & (POLLIN | POLLHUP | POLLERR))) {
+            int got = read_notice(c, COLL_NOTICE_WAIT, err);
+            if (got == 1)
+                return coll_break(c, err);
+            c->right_eof = 1;
+            if (got == 0 || sj < steps)
+                return peer_failure(c, SG_EPEER, 0, &e, WHAT, err);
+        }
+        /* nothing comes on the left connection while the rings carry the
+         * data: an event there is its end (the left neighbour is gone) */
+        if (il >= 0 && p[il].revents) {
+            left_eof = 1;
+            if (rj < steps)
+                return peer_failure(c, SG_EPEER, 1, &e, WHAT, err);
+        }
+    }
+    return SG_OK;
+}
+
 int coll_xfer_run(CollComm *c, CollXfer *x, double deadline, SgError *err)
 {
+    if (c->shm != NULL)
+        return shm_xfer_run(c, x, deadline, err);
     const CollSealer *io = c->sealer;
     int steps = x->steps, sj = 0, rj = 0;
     size_t rdone = 0, tmp_have = 0; /* of the receive step; bytes in c->tmp not consumed yet */

@@ -54,16 +54,17 @@ static int parse_timeout(PyObject *obj, double *out)
 
 static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"listener", "secret",   "rank", "addresses",
-                             "timeout",  "security", NULL};
+    static char *kwlist[] = {"listener", "secret",   "rank",          "addresses",
+                             "timeout",  "security", "shared_memory", NULL};
     PyObject *listener, *addresses;
     Py_buffer secret;
     int rank;
     double timeout = 60.0;
     const char *security = NULL;
+    int shared_memory = 1;
     NetSecurity mode;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*iO|dz:Communicator", kwlist, &listener, &secret,
-                                     &rank, &addresses, &timeout, &security))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oy*iO|dzp:Communicator", kwlist, &listener, &secret,
+                                     &rank, &addresses, &timeout, &security, &shared_memory))
         return -1;
     if (py_net_security(security, &mode) < 0) {
         PyBuffer_Release(&secret);
@@ -95,7 +96,7 @@ static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
         int rc;
         Py_BEGIN_ALLOW_THREADS
         rc = coll_comm_new(fd, secret.buf, (size_t)secret.len, mode, rank, (int)n, hosts, ports,
-                           timeout, &self->comm, &err);
+                           timeout, shared_memory, &self->comm, &err);
         Py_END_ALLOW_THREADS
         if (rc < 0) {
             sg_raise(&err);
@@ -639,14 +640,15 @@ static PyObject *Comm_stats(CommObject *self, PyObject *noargs)
     CollStats s;
     coll_comm_stats(self->comm, &s);
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsdsOsKsKsK}", "bytes_sent", (unsigned long long)s.bytes_sent,
+        "{sKsKsKsKsKsKsKsdsOsKsKsKsO}", "bytes_sent", (unsigned long long)s.bytes_sent,
         "bytes_received", (unsigned long long)s.bytes_received, "collectives",
         (unsigned long long)s.collectives, "allreduces", (unsigned long long)s.allreduces,
         "broadcasts", (unsigned long long)s.broadcasts, "allgathers",
         (unsigned long long)s.allgathers, "barriers", (unsigned long long)s.barriers, "seconds",
         s.seconds, "broken", s.broken ? Py_True : Py_False, "tables_as_rows",
         (unsigned long long)s.tables_as_rows, "tables_dense", (unsigned long long)s.tables_dense,
-        "table_bytes_sent", (unsigned long long)s.table_bytes_sent);
+        "table_bytes_sent", (unsigned long long)s.table_bytes_sent, "shared_memory",
+        coll_comm_shared_memory(self->comm) ? Py_True : Py_False);
 }
 
 static PyObject *Comm_close(CommObject *self, PyObject *noargs)
@@ -730,8 +732,10 @@ static PyTypeObject Comm_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sparkgrad._core.Communicator",
     .tp_basicsize = sizeof(CommObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Communicator(listener, secret, rank, addresses, timeout=60.0): this rank of a ring "
-              "of len(addresses) ranks; addresses[i] is rank i's listener (host, port).",
+    .tp_doc = "Communicator(listener, secret, rank, addresses, timeout=60.0, security=None, "
+              "shared_memory=True): this rank of a ring of len(addresses) ranks; addresses[i] is "
+              "rank i's listener (host, port). With shared_memory, ranks that all share one host "
+              "move their data through /dev/shm when every rank can (stats()['shared_memory']).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Comm_init,
     .tp_dealloc = (destructor)Comm_dealloc,

@@ -468,6 +468,7 @@ class Communicator:
         addresses: list[tuple[str, int]],
         timeout: float = 60.0,
         security: str | None = None,
+        shared_memory: bool = True,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

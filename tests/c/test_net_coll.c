@@ -84,6 +84,7 @@ static void test_reduce_kernels(void)
 typedef struct Rank {
     int rank, lfd, port[RANKS];
     NetSecurity mode;
+    int shm; /* ask for shared-memory links (and check that they were used) */
     int rc;
     SgError err;
     int64_t *ints;
@@ -144,9 +145,15 @@ static void *rank_main(void *arg)
     const char *hosts[RANKS] = {"127.0.0.1", "127.0.0.1", "127.0.0.1"};
     CollComm *c = NULL;
     r->rc = coll_comm_new(r->lfd, secret, sizeof secret, r->mode, r->rank, RANKS, hosts, r->port,
-                          20.0, &c, &r->err);
+                          20.0, r->shm, &c, &r->err);
     if (r->rc < 0)
         return NULL;
+    if (coll_comm_shared_memory(c) != r->shm) {
+        r->rc = sg_fail(&r->err, SG_ESTATE, "shared memory %d where %d was asked for",
+                        coll_comm_shared_memory(c), r->shm);
+        coll_comm_free(c);
+        return NULL;
+    }
     r->ints = malloc(N * sizeof *r->ints);
     r->floats = malloc(N * sizeof *r->floats);
     for (int i = 0; i < N; i++) {
@@ -196,7 +203,7 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-static void test_ring_of_three_threads(NetSecurity mode)
+static void test_ring_of_three_threads(NetSecurity mode, int shm)
 {
     Rank ranks[RANKS];
     pthread_t th[RANKS];
@@ -206,6 +213,7 @@ static void test_ring_of_three_threads(NetSecurity mode)
     for (int k = 0; k < RANKS; k++) {
         ranks[k].rank = k;
         ranks[k].mode = mode;
+        ranks[k].shm = shm;
         CHECK(net_listen("127.0.0.1", 0, 8, &ranks[k].lfd, &ports[k], NULL, 0, &err) == 0);
     }
     for (int k = 0; k < RANKS; k++) {
@@ -216,7 +224,7 @@ static void test_ring_of_three_threads(NetSecurity mode)
         pthread_join(th[k], NULL);
     for (int k = 0; k < RANKS; k++) {
         if (ranks[k].rc < 0)
-            fprintf(stderr, "rank %d (security %s): %s\n", k, net_security_name(mode),
+            fprintf(stderr, "rank %d (security %s, shm %d): %s\n", k, net_security_name(mode), shm,
                     ranks[k].err.msg);
         CHECK(ranks[k].rc == 0);
         int bad_int = 0, bad_avg = 0;
@@ -236,8 +244,10 @@ int main(void)
     test_fp16_round_trip_and_ties();
     test_bf16_round_trip_and_ties();
     test_reduce_kernels();
-    test_ring_of_three_threads(NET_SEC_NONE);
-    test_ring_of_three_threads(NET_SEC_AUTH);
-    test_ring_of_three_threads(NET_SEC_ENCRYPT);
+    for (int shm = 0; shm <= 1; shm++) {
+        test_ring_of_three_threads(NET_SEC_NONE, shm);
+        test_ring_of_three_threads(NET_SEC_AUTH, shm);
+        test_ring_of_three_threads(NET_SEC_ENCRYPT, shm);
+    }
     return check_report("test_net_coll");
 }

@@ -20,6 +20,7 @@ communicator through `communicator()`; neither imports the other for it.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +49,15 @@ class CommSetup:
     listener: Any = field(repr=False)  # this rank's sparkgrad._core.Listener (its comm_port)
     secret: bytes = field(repr=False)
     security: str | None = None  # the cluster's frame protection (None: the default)
+
+
+def shared_memory_allowed() -> bool:
+    """Whether rings of ranks on one host may move their data through shared memory (/dev/shm).
+
+    On unless the rank's environment sets ``SPARKGRAD_SHARED_MEMORY=0`` (then TCP throughout, as
+    between hosts).
+    """
+    return os.environ.get("SPARKGRAD_SHARED_MEMORY", "1").strip() != "0"
 
 
 class CommHandle:
@@ -94,7 +104,7 @@ class CommHandle:
                 setup = self.setup
                 self._communicator = factory(
                     setup.listener, setup.secret, setup.rank, list(setup.addresses), float(timeout),
-                    security=setup.security,
+                    security=setup.security, shared_memory=shared_memory_allowed(),
                 )  # fmt: skip
             self._open = True
 
