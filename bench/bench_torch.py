@@ -17,8 +17,11 @@ Two parts, each system in its own driver process per run (a fresh interpreter: n
              interpreter), the second finds what the first left (sparkgrad's ranks fork from a server that
              imported torch: Distributor's default, sparkgrad.run's preload=("torch",); TorchDistributor
              starts torchrun and its workers afresh each time: measured, not assumed).
-             Rows: formation (run() called until every rank begins its first step, init_process_group or
-             hvd.init and the model's broadcast included) of the first and of the second run(), seconds per
+             Rows: group formed (run() called until init_process_group or hvd.init returned on every
+             rank: the launcher's share), formation (run() called until every rank begins its first step:
+             init_process_group or hvd.init, the model's broadcast and the rank's loading of its Fashion-MNIST
+             shard included, the data being the same work for every system) of the first and of the
+             second run(), seconds per
              step (rank 0's median after 5 warm steps, first run), end to end (run() called until it
              returned) of both runs, each the median over drivers with min and max, and the ratios
              (TorchDistributor / sparkgrad) from the same drivers. Goals (issue 33): end to end at least 1.3x
@@ -104,6 +107,7 @@ def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str)
         from torch.nn.parallel import DistributedDataParallel
 
         dist.init_process_group("gloo")
+        formed = time.time()
         rank, world = dist.get_rank(), dist.get_world_size()
         net = DistributedDataParallel(model)
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
@@ -111,6 +115,7 @@ def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str)
         import sparkgrad.hvd.torch as hvd
 
         hvd.init()
+        formed = time.time()
         rank, world = hvd.rank(), hvd.size()
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
@@ -132,7 +137,13 @@ def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str)
         loss.backward()
         opt.step()
         marks.append(time.time() - t)
-    result = {"rank": rank, "first_step": first, "step_seconds": marks[WARM_STEPS:], "loss": float(loss)}
+    result = {
+        "rank": rank,
+        "formed": formed,
+        "first_step": first,
+        "step_seconds": marks[WARM_STEPS:],
+        "loss": float(loss),
+    }
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
     if mode == "ddp":
@@ -224,6 +235,7 @@ def worker(args: argparse.Namespace) -> dict:
             launch(args.model, args.steps, args.batch, mode, run_dir)
             end = time.time()
             ranks = [json.load(open(os.path.join(run_dir, f"rank-{r}.json"))) for r in range(RANKS)]
+            out["group_formed" + which] = max(r["formed"] for r in ranks) - t0
             out["formation" + which] = max(r["first_step"] for r in ranks) - t0
             out["step" + which] = statistics.median(ranks[0]["step_seconds"])
             out["end_to_end" + which] = end - t0
@@ -272,6 +284,8 @@ def spawn(args: list[str], timeout: float) -> tuple[dict | None, str]:
 
 
 E2E_METRICS = (
+    ("group_formed", "s"),
+    ("group_formed_second", "s"),
     ("formation", "s"),
     ("formation_second", "s"),
     ("step", "s/step"),
@@ -314,7 +328,10 @@ def e2e_rows(quick: bool, runs: int) -> list[dict]:
                     rows.append(benchlib.not_measured(label, name, why.get(system, "no run"), unit))
         anchor = got["torchdistributor"]
         for system in ("distributor", "hvd"):
-            for metric in ("formation", "formation_second", "end_to_end", "end_to_end_second"):
+            for metric in (
+                "group_formed", "group_formed_second", "formation", "formation_second", "end_to_end",
+                "end_to_end_second",
+            ):  # fmt: skip
                 pairs = [a[metric] / b[metric] for a, b in zip(anchor, got[system], strict=False) if a and b]
                 name = f"{model}: {metric_name(metric)}, TorchDistributor / {SYSTEMS[system]}"
                 if pairs:
@@ -383,7 +400,7 @@ def main() -> int:
         rows += allreduce_rows(args.quick, runs)
     benchlib.print_rows(rows)
     meta = benchlib.metadata("torch", packages=("torch", "pyspark", "numpy"), ranks=RANKS, runs=runs, quick=args.quick)
-    benchlib.write_results(benchlib.results_file("torch", args.update), rows, meta)
+    benchlib.write_results(benchlib.results_file("torch.json", args.update), rows, meta)
     return 0
 
 

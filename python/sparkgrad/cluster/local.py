@@ -39,7 +39,14 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkgrad.cluster.node import MapFun, NodeConfig, dumps_result, run_node, run_node_keeping_result
+from sparkgrad.cluster.node import (
+    MapFun,
+    NodeConfig,
+    cloudpickle_module,
+    dumps_result,
+    run_node,
+    run_node_keeping_result,
+)
 
 KILL_WAIT_SECONDS = 5.0
 # Exit status of a node process that found itself started from an import of the driver's main script
@@ -58,7 +65,11 @@ def _forkserver(preload: tuple[str, ...]) -> Any:
     """
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload([*preload, *NODE_MODULES])  # not "__main__": the user's script is not run
+    # and the cloudpickle that unpickles map_fun: pyspark's imports all of pyspark, a quarter of a second
+    # that each node of a later run would pay again before it registers
+    pickler = cloudpickle_module()
+    unpickle = (pickler.__name__,) if pickler is not None else ()
+    forkserver.set_forkserver_preload([*preload, *NODE_MODULES, *unpickle])  # not "__main__": the script is not run
     return multiprocessing.get_context("forkserver")
 
 

@@ -498,23 +498,30 @@ def run_node(
     return json.dumps({"executor_id": executor_id, "status": outcome.status, "result": json.loads(outcome.result)})
 
 
-def dumps_result(obj: Any) -> bytes:
-    """A map_fun (with its args) or its value as bytes for the launcher's own paths (the local process
-    start pipe, Spark's task result, the local result pipe).
-
-    cloudpickle when available (as Spark ships closures), else pickle; these
-    bytes never travel on sparkgrad's sockets.
-    """
-    import pickle
-
+def cloudpickle_module() -> Any:
+    """The cloudpickle that ships a map_fun and its value: pyspark's when installed (as Spark ships
+    closures), else the ``cloudpickle`` package, else None (plain pickle)."""
     try:
         from pyspark import cloudpickle
     except ImportError:
         try:
             import cloudpickle  # type: ignore[no-redef]
         except ImportError:
-            return pickle.dumps(obj)
-    return cloudpickle.dumps(obj)
+            return None
+    return cloudpickle
+
+
+def dumps_result(obj: Any) -> bytes:
+    """A map_fun (with its args) or its value as bytes for the launcher's own paths (the local process
+    start pipe, Spark's task result, the local result pipe).
+
+    cloudpickle when available (`cloudpickle_module`), else pickle; these bytes never travel on
+    sparkgrad's sockets.
+    """
+    import pickle
+
+    pickler = cloudpickle_module()
+    return pickle.dumps(obj) if pickler is None else pickler.dumps(obj)
 
 
 def run_node_keeping_result(
