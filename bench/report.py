@@ -325,6 +325,9 @@ def _feed_lines(rows: list[dict]) -> list[tuple]:
                       ("sparkgrad TFRecordDataset", "read rows/s, image_raw + label"), "higher"))  # fmt: skip
     m = "transform rows/s, MLP 784-128-64-10"
     lines.append(("scoring a DataFrame", ("sparkgrad Model.transform", m), ("PyTorch pandas UDF", m), "higher"))
+    # the same work as the UDF: the predicted class alone
+    lines.append(("scoring a DataFrame, prediction only", ("sparkgrad Model.transform, prediction only", m),
+                  ("PyTorch pandas UDF", m), "higher"))  # fmt: skip
     lines.append(("scoring a DataFrame", ("mlflow.pyfunc.spark_udf (sparkgrad flavor)", m), ("PyTorch pandas UDF", m),
                   "higher"))  # fmt: skip
     # the ceiling of any scorer's ratio: Spark's own floor against the PyTorch UDF

@@ -196,3 +196,26 @@ def test_transform_returns_outputs_wider_than_the_split_as_one_array(spark, tabl
     want = net.predict(np.array([r["x"] for r in rows], np.float32))
     np.testing.assert_allclose([r["out"] for r in rows], want, rtol=1e-6)  # array<float>, one array field
     np.testing.assert_allclose([r["prediction"] for r in rows], want, rtol=1e-6)  # array<double>, the same
+
+
+def test_a_scoring_task_runs_the_c_core_on_its_share_of_the_cores(spark, table):
+    """Spark runs an executor's cores' worth of tasks at once, each promised spark.task.cpus cores: a task
+    that loads a shipped model (transform, predict_table, evaluate) sets the C core's threads to that share,
+    whatever the Python worker was left with."""
+    from sparkgrad.spark.shipping import ShippedModel
+
+    shipped = ShippedModel(spark, _mlp())
+    env = os.environ.get("OMP_NUM_THREADS")
+    want = int(env.split(",")[0]) if env else int(spark.conf.get("spark.task.cpus", "1"))
+
+    def threads(batches):
+        import pandas as pd
+        from sparkgrad import _core
+
+        for _ in batches:
+            _core.set_num_threads(want + 2)  # what an earlier call in this worker might have left
+            shipped.load()
+            yield pd.DataFrame({"threads": [_core.get_num_threads()]})
+
+    got = spark.read.parquet(table).select("id").mapInPandas(threads, "threads int").collect()
+    assert got and {r["threads"] for r in got} == {want}, got

@@ -475,6 +475,9 @@ class _PyfuncModel:
         return out
 
     def predict(self, model_input: Any, params: dict | None = None) -> np.ndarray:
+        from sparkgrad._threads import configure_task_threads
+
+        configure_task_threads()  # in spark_udf's tasks: their share of the executor's cores
         x = self._inputs(model_input)
         out = self.model.predict(x, batch_size=int((params or {}).get("batch_size", 256)))
         if self.output == "prediction":

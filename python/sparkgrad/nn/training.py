@@ -213,10 +213,9 @@ class Trainer:
             )
         self.prefetch = int(prefetch)
         self.prefetch_timeout = float(prefetch_timeout)
-        from sparkgrad._threads import configure_threads, spark_task_cpus
+        from sparkgrad._threads import configure_task_threads
 
-        if spark_task_cpus() is not None:
-            configure_threads()  # on an executor: OMP_NUM_THREADS, else spark.task.cpus
+        configure_task_threads()  # on an executor: OMP_NUM_THREADS, else spark.task.cpus
         self.model = model
         self.verbose = int(verbose)
         self.log_every = int(log_every)

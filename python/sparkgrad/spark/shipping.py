@@ -123,11 +123,15 @@ class ShippedModel:
         """The model, in a task: built once per Python worker and cached.
 
         Spark reuses Python workers across tasks; the model stays in a small per-process cache keyed by
-        `digest`.
+        `digest`. Each call also gives the C core the task's share of the cores (`configure_task_threads`)
+        for the calls this thread makes next.
 
         Raises:
             ModelError: The bytes read back differ from those sent, or the shared file cannot be read.
         """
+        from sparkgrad._threads import configure_task_threads
+
+        configure_task_threads()
         with _cache_lock:
             model = _cache.get(self.digest)
             if model is not None:
