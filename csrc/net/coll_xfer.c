@@ -430,6 +430,35 @@ static int xfer_timeout(CollComm *c, const CollXfer *x, const char *what, size_t
 
 #define WHAT xfer_what(x, rj < x->steps ? rj : sj, what, sizeof what)
 
+/* The spans of step 0 both ways (x->next), and the send side of step 0. */
+static XferOut xfer_begin(CollXfer *x)
+{
+    if (x->next != NULL) {
+        x->next(x, 0, 1, &x->tx);
+        x->next(x, 0, 0, &x->rx);
+    }
+    return (XferOut){.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+}
+
+/* Moves the receive side (rdone of its step done) or the send side on to its
+ * next step once its current one is done: 1 if it moved one. */
+static int xfer_next_step(CollXfer *x, int *sj, int *rj, size_t *rdone, XferOut *out)
+{
+    if (*rj < x->steps && *rdone == x->rx.len) {
+        if (++*rj < x->steps)
+            x->next(x, *rj, 0, &x->rx);
+        *rdone = 0;
+        return 1;
+    }
+    if (*sj < x->steps && out->done == out->len) {
+        if (++*sj < x->steps)
+            x->next(x, *sj, 1, &x->tx);
+        *out = (XferOut){.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+        return 1;
+    }
+    return 0;
+}
+
 /* Shared memory: what the send step has ready, up to the ring's room and
  * COLL_SEND_BYTES, written to this rank's ring (encoded through c->stage
  * with comp); returns the bytes. */
@@ -499,24 +528,10 @@ static int shm_xfer_run(CollComm *c, CollXfer *x, double deadline, SgError *err)
     size_t rdone = 0;
     SgError e;
     char what[128];
-    if (x->next != NULL) {
-        x->next(x, 0, 1, &x->tx);
-        x->next(x, 0, 0, &x->rx);
-    }
-    XferOut out = {.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+    XferOut out = xfer_begin(x);
     while (sj < steps || rj < steps) {
-        if (rj < steps && rdone == x->rx.len) {
-            if (++rj < steps)
-                x->next(x, rj, 0, &x->rx);
-            rdone = 0;
+        if (xfer_next_step(x, &sj, &rj, &rdone, &out))
             continue;
-        }
-        if (sj < steps && out.done == out.len) {
-            if (++sj < steps)
-                x->next(x, sj, 1, &x->tx);
-            out = (XferOut){.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
-            continue;
-        }
         out.avail = sendable(x, sj, rj, rdone, out.len);
         size_t moved = 0;
         if (sj < steps && out.done < out.avail) {
@@ -582,22 +597,11 @@ int coll_xfer_run(CollComm *c, CollXfer *x, double deadline, SgError *err)
     Rec rx = {0};
     SgError e;
     char what[128];
-    if (x->next != NULL) {
-        x->next(x, 0, 1, &x->tx);
-        x->next(x, 0, 0, &x->rx);
-    }
-    XferOut out = {.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+    XferOut out = xfer_begin(x);
     while (sj < steps || rj < steps) {
-        if (rj < steps && rdone == x->rx.len) { /* next receive step */
-            if (++rj < steps)
-                x->next(x, rj, 0, &x->rx);
-            rdone = tmp_have = 0;
-            continue;
-        }
-        if (sj < steps && out.done == out.len) { /* next send step */
-            if (++sj < steps)
-                x->next(x, sj, 1, &x->tx);
-            out = (XferOut){.src = x->tx.ptr, .len = x->tx.len, .comp = x->comp};
+        if (xfer_next_step(x, &sj, &rj, &rdone, &out)) {
+            if (rdone == 0)
+                tmp_have = 0; /* a new receive step (the last one left none: whole elements) */
             continue;
         }
         out.avail = sendable(x, sj, rj, rdone - tmp_have, out.len);
