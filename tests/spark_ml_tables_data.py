@@ -11,16 +11,45 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkgrad.errors import InvalidArgumentError, SchemaError
 from sparkgrad.nn import CategoryEncoding, Concatenate, Dense, Embedding, Flatten, Input, Model, StringLookup
 
 CITIES = ["paris", "rome", "oslo", "lima", "quito"]  # "köln" in the data is out of the vocabulary
 SHOPS = 12
 COLUMNS = ["city", "shop", "visits", "spend", "hist"]
 
+# Bad input to an Estimator of model() on inputCols=COLUMNS, fitting the table with nulls, on classic Spark
+# (test_spark_ml_tables.py) and over Spark Connect (test_spark_ml_tables_connect.py): name -> (the DataFrame
+# from the table, Estimator params, the error, its message). SQL strings only, so that one DataFrame call
+# builds the same plan on either kind of session.
+BAD_INPUTS = {
+    "missing_column": (
+        lambda df: df.drop("visits"),
+        {},
+        InvalidArgumentError,
+        r"^feature column 'visits' is not in the DataFrame \(its columns: 'id', 'city', 'shop', 'spend', 'hist', "
+        r"'label'\)$",
+    ),
+    "unsupported_type": (
+        lambda df: df.selectExpr("id", "city", "shop", "map('n', visits) AS visits", "spend", "hist", "label"),
+        {},
+        InvalidArgumentError,
+        r"^feature column 'visits' has type map<string,int>: features must be Spark ML vectors, arrays of numbers, "
+        r"binary values",
+    ),
+    "null_under_error": (
+        lambda df: df,
+        {},
+        SchemaError,
+        r"^file '[^']+\.parquet', row group \d+, row \d+: column '(city|spend)' is null \(its null policy is "
+        r"'error'; 'fill' or 'skip' it\)$",
+    ),
+}
+
 
 def write_table(spark: Any, path: str, rows: int, seed: int, nulls: bool) -> Any:
     """Writes the table as Parquet with Spark (3 files) and returns ``spark.read.parquet(path)``."""
-    from pyspark.ml.functions import array_to_vector
+    from sparkgrad.spark.model import sql_functions
 
     cities = ", ".join(f"'{c}'" for c in CITIES + ["köln"])
     df = spark.range(rows, numPartitions=3).selectExpr(
@@ -47,6 +76,7 @@ def write_table(spark: Any, path: str, rows: int, seed: int, nulls: bool) -> Any
         "hist",
         f"CAST({score} > 0 AS DOUBLE) AS label",
     )
+    array_to_vector = sql_functions(df)[1]  # classic Spark's or Spark Connect's, by the DataFrame's kind
     df.withColumn("hist", array_to_vector("hist")).write.parquet(path)
     return spark.read.parquet(path)
 

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 import sparkgrad
-from spark_ml_tables_data import COLUMNS, model, write_table
-from sparkgrad.errors import InvalidArgumentError, NodeFailure, SchemaError
+from spark_ml_tables_data import BAD_INPUTS, COLUMNS, model, write_table
+from sparkgrad.errors import InvalidArgumentError, NodeFailure
 from sparkgrad.nn import Adam
 
 pytest.importorskip("pyspark")
@@ -91,14 +91,16 @@ def test_a_filtered_dataframe_is_written_to_the_cache_once_and_fits(shops, tmp_p
     assert fitted.evaluate(test)["accuracy"] > 0.85
 
 
-def test_a_null_under_the_error_policy_fails_fit_naming_column_file_and_row_group(shops):
-    with pytest.raises(
-        SchemaError,
-        match=r"^file '[^']+\.parquet', row group \d+, row \d+: column '(city|spend)' is null \(its null policy is "
-        r"'error'; 'fill' or 'skip' it\)$",
-    ) as e:
-        _estimator(epochs=1).fit(shops[0])
-    assert isinstance(e.value.__cause__, NodeFailure) and "Traceback" in e.value.__cause__.remote_traceback
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_fit_with_a_specific_error(shops, case):
+    """A missing column, a column of a type no input takes (before any job) and a null under the "error"
+    policy (a worker's read, naming the column, file and row group); test_spark_ml_tables_connect.py checks
+    the same cases over Spark Connect."""
+    make, params, error, message = BAD_INPUTS[case]
+    with pytest.raises(error, match=message) as e:
+        _estimator(epochs=1, **params).fit(make(shops[0]))
+    if case == "null_under_error":
+        assert isinstance(e.value.__cause__, NodeFailure) and "Traceback" in e.value.__cause__.remote_traceback
 
 
 @pytest.mark.parametrize(
