@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 import pytest
-from spark_ml_tables_data import BAD_INPUTS, COLUMNS, model, write_table
+from spark_ml_tables_data import BAD_INPUTS, COLUMNS, WIDE_COLUMNS, model, write_table
 from sparkgrad.errors import NodeFailure
 from sparkgrad.nn import Adam
 from test_cluster_connect import connect  # noqa: F401 - the module's Connect server and client (a fixture)
@@ -28,20 +28,26 @@ def shops(connect, tmp_path_factory):  # noqa: F811 - the fixture imported above
     """(train with nulls, held-out without), written by the server's Spark and read back over Connect."""
     root = tmp_path_factory.mktemp("connect-tables")
     return (
-        write_table(connect, str(root / "train"), 1200, seed=1, nulls=True),
-        write_table(connect, str(root / "test"), 400, seed=2, nulls=False),
+        write_table(connect, str(root / "train"), 1200, seed=1, nulls=True, wide=True),
+        write_table(connect, str(root / "test"), 400, seed=2, nulls=False, wide=True),
     )
 
 
-def _estimator(**params):
+def _estimator(wide=True, **params):
     from sparkgrad.spark import Estimator
 
-    base = dict(model=model(), optimizer=Adam(0.02), inputCols=COLUMNS, labelCol="label", batch_size=32, num_workers=2)
+    cols = WIDE_COLUMNS if wide else COLUMNS
+    base = dict(
+        model=model(wide=wide), optimizer=Adam(0.02), inputCols=cols, labelCol="label", batch_size=32, num_workers=2
+    )
     return Estimator(**{**base, **params})
 
 
-def test_two_workers_fit_a_connect_parquet_table_from_its_files_with_strings_vectors_and_nulls(shops, tmp_path):
+def test_two_workers_fit_a_connect_parquet_table_from_its_files_with_every_column_kind_and_nulls(shops, tmp_path):
+    """A string, a long id, an int, a double with nulls, a vector, an array<float> and binary."""
     train, test = shops
+    kinds = {f.name: f.dataType.simpleString() for f in train.schema.fields}
+    assert [kinds[c] for c in WIDE_COLUMNS] == ["string", "bigint", "int", "double", "vector", "array<float>", "binary"]
     cache = tmp_path / "cache"
     fitted = _estimator(epochs=4, nulls={"city": "skip", "spend": 0.0}, cache_dir=str(cache), seed=3).fit(train)
     assert not cache.exists()  # a plain Parquet scan: read from its own files, nothing written
@@ -55,7 +61,7 @@ def test_two_workers_fit_a_connect_parquet_table_from_its_files_with_strings_vec
 def test_bad_input_over_connect_fails_fit_with_the_error_classic_spark_gives(shops, case):
     make, params, error, message = BAD_INPUTS[case]
     with pytest.raises(error, match=message) as info:
-        _estimator(epochs=1, **params).fit(make(shops[0]))
+        _estimator(wide=False, epochs=1, **params).fit(make(shops[0].drop("pair", "raw")))
     if case == "null_under_error":  # raised by a worker's read: the node's failure, with its traceback, is the cause
         assert isinstance(info.value.__cause__, NodeFailure) and "Traceback" in info.value.__cause__.remote_traceback
 
@@ -72,7 +78,7 @@ def _flat(rows):
 def test_predict_table_over_connect_writes_what_transform_gives_from_files_or_the_cache(connect, shops, tmp_path):  # noqa: F811
     from sparkgrad.spark import Model
 
-    scorer = Model.from_nn(model(seed=4), inputCols=COLUMNS)
+    scorer = Model.from_nn(model(seed=4, wide=True), inputCols=WIDE_COLUMNS)
     test = shops[1]
     cols = ("prediction", "probability", "rawPrediction")
     cache, out = tmp_path / "cache", str(tmp_path / "scores")
