@@ -96,7 +96,7 @@ MATRIX_DESELECT := --deselect tests/test_foundation.py::test_core_imports_under_
 py312-spark40.python = $(shell $(PYTHON) .ci/wheels.py which 3.12)
 py312-spark40.pyspark := pyspark[connect]==4.0.1
 py312-spark40.tests := $(wildcard tests/test_cluster_connect.py) tests/test_cluster_slots.py tests/test_data_source.py \
-  $(wildcard tests/test_data_source_connect.py)
+  $(wildcard tests/test_data_source_connect.py) $(wildcard tests/test_spark_ml_tables_connect.py)
 # DBR 13.3 LTS: Spark 3.4.1 (the version it reports, and the oldest 3.4 a user meets, rather than the newest
 # 3.4.4), Python 3.10, and its preinstalled NumPy 1.21.5 at run time.
 py310-spark34.python = $(shell $(PYTHON) .ci/wheels.py which 3.10)

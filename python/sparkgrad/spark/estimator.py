@@ -337,9 +337,11 @@ class Estimator(_SparkEstimator, _ModelParams, HasSeed, persist.Persisted, MLWri
         return mode, workers, ps
 
     def _split(self, df: Any) -> tuple[Any, Any]:
-        from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
+        from sparkgrad.spark.model import sql_functions
+
+        F = sql_functions(df)[0]
         v = self.getOrDefault(self.validation)
         if v is None or v == 0:
             return df, None

@@ -319,12 +319,12 @@ class _TransformUdf:
                     frame.update({f"c{i}_{j}": v[:, j] for j in range(k)})
             yield pd.DataFrame(frame)
 
-    def udf(self, returns: Any) -> Any:
-        """This function as a pandas UDF of the feature columns returning the struct ``returns``."""
+    def udf(self, returns: Any, connect: bool = False) -> Any:
+        """This function as a pandas UDF of the feature columns returning the struct ``returns``; with
+        ``connect``, a Spark Connect UDF (for a Connect DataFrame, whatever pyspark's "connect mode")."""
         import typing
 
         import pandas as pd
-        from pyspark.sql.functions import pandas_udf
 
         def score(batches: Any) -> Any:
             return self(batches)
@@ -332,7 +332,34 @@ class _TransformUdf:
         # pyspark tells the UDF kind from the annotations; pyspark 3.4 knows typing.Tuple, not tuple[...]
         takes = pd.Series if len(self.types) == 1 else typing.Tuple[(pd.Series, ...)]  # noqa: UP006
         score.__annotations__ = {"batches": typing.Iterator[takes], "return": typing.Iterator[pd.DataFrame]}
+        if connect:
+            # what pandas_udf makes in connect mode; it tells the modes apart by that process-wide flag alone
+            from pyspark.rdd import PythonEvalType
+            from pyspark.sql.connect.udf import _create_udf
+
+            return _create_udf(score, returns, PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF)
+        from pyspark.sql.functions import pandas_udf
+
         return pandas_udf(score, returns)
+
+
+def is_connect_frame(dataset: Any) -> bool:
+    """True for a Spark Connect DataFrame (its class lives under pyspark.sql.connect)."""
+    return type(dataset).__module__.startswith("pyspark.sql.connect")
+
+
+def sql_functions(dataset: Any) -> tuple[Any, Any, Any]:
+    """``(functions, array_to_vector, vector_to_array)`` for columns of ``dataset``: pyspark's Spark Connect
+    modules for a Connect DataFrame, the classic ones otherwise. Told apart by the DataFrame's class, not by
+    pyspark's process-wide "connect mode" flag, which a Connect session made with
+    ``pyspark.sql.connect.session.SparkSession.builder`` (or one beside a classic session) does not set."""
+    if is_connect_frame(dataset):
+        from pyspark.ml.connect.functions import array_to_vector, vector_to_array
+        from pyspark.sql.connect import functions
+    else:
+        from pyspark.ml.functions import array_to_vector, vector_to_array
+        from pyspark.sql import functions
+    return functions, array_to_vector, vector_to_array
 
 
 @dataclass(frozen=True)
@@ -543,11 +570,10 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
     # ---- scoring ---------------------------------------------------------------
 
     def _transform(self, dataset: Any) -> Any:
-        from pyspark.ml.functions import array_to_vector, vector_to_array
         from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
+        F, array_to_vector, vector_to_array = sql_functions(dataset)
         loss = self._loss_of(self.nn_model, "Model.transform")
         spec = self._spec("Model.transform", loss, with_label=False)
         C.check_schema(dataset.schema, spec)
@@ -584,7 +610,9 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
             else:
                 fields.append(T.StructField(f"c{i}", T.ArrayType(number)))
         scorer = _Scorer(self._ship(dataset.sparkSession), spec, max(1, int(self.getOrDefault(self.batch_size))) * 16)
-        udf = _TransformUdf(scorer, columns, tuple(types), tuple(widths)).udf(T.StructType(fields))
+        udf = _TransformUdf(scorer, columns, tuple(types), tuple(widths)).udf(
+            T.StructType(fields), connect=is_connect_frame(dataset)
+        )
         scores = "__sparkgrad_scores"
         while scores in dataset.columns:
             scores += "_"
