@@ -24,6 +24,10 @@
 #include "net/sock.h"
 
 #define COLL_TMP_BYTES (256u << 10) /* c->tmp and c->stage: a receive chunk, a send batch */
+/* Seconds a waiting collective keeps looking (a socket polled without
+ * blocking, or a shared ring re-read) before it sleeps, when the ranks of
+ * this host fit its CPUs (c->spin): see coll_xfer.c. */
+#define COLL_SPIN_SECONDS 100e-6
 
 typedef struct CollSealer CollSealer;
 typedef struct CollShm CollShm;

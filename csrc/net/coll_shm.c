@@ -66,10 +66,6 @@
 /* The longest a waiting rank sleeps before it looks at its sockets (a
  * neighbour's death shows there, as EOF) and at its deadline. */
 #define SHM_NAP_SECONDS 0.005
-/* Seconds a waiting rank keeps re-reading the ring before it sleeps, when the
- * host's CPUs fit its ranks (c->spin); the data waited for is usually a
- * neighbour's copy of at most 256 KiB away. */
-#define SHM_SPIN_SECONDS 100e-6
 
 typedef struct ShmSeg {
     uint64_t magic, cap;
@@ -287,7 +283,7 @@ int coll_shm_wait(CollComm *c, size_t send, size_t recv, struct pollfd *p, nfds_
 {
     ShmSeg *o = c->shm->own;
     if (c->spin) {
-        double until = sg_now() + SHM_SPIN_SECONDS;
+        double until = sg_now() + COLL_SPIN_SECONDS;
         for (int k = 0;; k++) {
             if (ready(c, send, recv))
                 return 1;

@@ -37,14 +37,14 @@
  * receiver reduce and forward while the rest comes: on 2 loopback ranks this
  * took the CPU time of a 4 to 64 MB allreduce down by a quarter to a third. */
 #define COLL_SEND_BYTES COLL_TMP_BYTES
-/* Seconds a waiting collective keeps polling without sleeping (yielding the
- * CPU between polls) before it blocks in poll(). The data a ring step waits
+/* COLL_SPIN_SECONDS (coll_internal.h): a waiting collective keeps polling
+ * without sleeping (yielding the CPU between polls) before it blocks in
+ * poll(). The data a ring step waits
  * for is usually a peer's write of at most COLL_SEND_BYTES away; sleeping and
  * being woken costs more than that on a virtual machine (two context switches,
  * an inter-processor interrupt). Only when the ranks of this host fit its
  * CPUs (coll_comm_new): with more ranks than CPUs a spinning rank would delay
  * the very rank it waits for. */
-#define COLL_SPIN_SECONDS 100e-6
 /* The payload of a protected data record (<= COLL_TMP_BYTES). A record is
  * reduced and forwarded only once whole, so smaller records pipeline the
  * steps better; each costs an AEAD setup, a tag and a wakeup more. 128 KiB had

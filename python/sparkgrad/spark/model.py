@@ -343,17 +343,14 @@ class _TransformUdf:
         return pandas_udf(score, returns)
 
 
-def is_connect_frame(dataset: Any) -> bool:
-    """True for a Spark Connect DataFrame (its class lives under pyspark.sql.connect)."""
-    return type(dataset).__module__.startswith("pyspark.sql.connect")
-
-
 def sql_functions(dataset: Any) -> tuple[Any, Any, Any]:
     """``(functions, array_to_vector, vector_to_array)`` for columns of ``dataset``: pyspark's Spark Connect
     modules for a Connect DataFrame, the classic ones otherwise. Told apart by the DataFrame's class, not by
     pyspark's process-wide "connect mode" flag, which a Connect session made with
     ``pyspark.sql.connect.session.SparkSession.builder`` (or one beside a classic session) does not set."""
-    if is_connect_frame(dataset):
+    from sparkgrad.cluster.spark import is_connect_session
+
+    if is_connect_session(dataset):  # the class's module tells a Connect DataFrame too
         from pyspark.ml.connect.functions import array_to_vector, vector_to_array
         from pyspark.sql.connect import functions
     else:
@@ -573,6 +570,8 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import types as T
 
+        from sparkgrad.cluster.spark import is_connect_session
+
         F, array_to_vector, vector_to_array = sql_functions(dataset)
         loss = self._loss_of(self.nn_model, "Model.transform")
         spec = self._spec("Model.transform", loss, with_label=False)
@@ -611,7 +610,7 @@ class Model(_SparkModel, _ModelParams, persist.Persisted, MLWritable, MLReadable
                 fields.append(T.StructField(f"c{i}", T.ArrayType(number)))
         scorer = _Scorer(self._ship(dataset.sparkSession), spec, max(1, int(self.getOrDefault(self.batch_size))) * 16)
         udf = _TransformUdf(scorer, columns, tuple(types), tuple(widths)).udf(
-            T.StructType(fields), connect=is_connect_frame(dataset)
+            T.StructType(fields), connect=is_connect_session(dataset)
         )
         scores = "__sparkgrad_scores"
         while scores in dataset.columns:
