@@ -4,8 +4,9 @@ Data: 60,000 synthetic Fashion-MNIST-shaped rows (784 pixels in 0..255 and
 an int64 label) in two Parquet files written by pyarrow (snappy, row groups
 of 10,000 rows): pixels as list<float> and as 784-byte binary values.
 
-  pyarrow -> NumPy (file floor)   ParquetFile.read_row_group(columns) and
-                                  the column's buffers as [rows, 784] NumPy
+  pyarrow -> NumPy (file floor)   ParquetFile.iter_batches(columns), batches
+                                  of about 16 MiB as ParquetDataset reads them,
+                                  and the column's buffers as [rows, 784] NumPy
                                   arrays (no copy where Arrow allows): reading
                                   and decoding the file, nothing else
   sparkgrad ParquetDataset        batches of 100 {pixels float32 [100, 784],
@@ -56,8 +57,13 @@ also an earlier checkout's (built in place there, e.g. `git worktree add
 /tmp/old 968f9fb && cd /tmp/old && python setup.py build_ext --inplace`),
 whose feeding tasks take the same DataFrame cached, as that path is at its
 best; the runs of the two alternate, and the ratio is from the same sitting.
+Beside them, a worker's floor: two processes at once, each pinned to a core,
+each reading one file (a worker's shard) twice at the file floor and taking
+the same model's 2 epochs of steps on those rows in memory; no Spark, no
+cluster, no allreduce. No fit on this machine can take less.
 
     python bench/bench_tables.py [--quick] [--runs N] [--rows N] [--fit [--fit-baseline DIR]] [--skip-spark] [--update]
+    python bench/bench_tables.py --fit-only [--fit-baseline DIR] [--update]   # the fit rows again, the others kept
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import pathlib
 import re
 import statistics
 import subprocess
@@ -96,15 +103,26 @@ def prepare(work: str) -> dict[str, str]:
     return paths
 
 
+def floor_batches(pf, columns=None):
+    """pyarrow at its best: every row group as record batches of about 16 MiB, sized as ParquetDataset
+    sizes them (reading a wide row group whole is up to twice as slow: see sparkgrad.data.table)."""
+    from sparkgrad.data.table import read_rows_after
+
+    rows = 1024
+    for g in range(pf.num_row_groups):
+        for batch in pf.iter_batches(batch_size=rows, row_groups=[g], columns=columns):
+            rows = read_rows_after(batch)
+            yield batch
+
+
 def floor_pass(path: str) -> int:
-    """pyarrow alone: each row group's columns as NumPy arrays [rows, 784] and [rows]."""
+    """pyarrow alone: each record batch's columns as NumPy arrays [rows, 784] and [rows]."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf, rows = pq.ParquetFile(path), 0
-    for g in range(pf.num_row_groups):
-        t = pf.read_row_group(g, columns=["pixels", "label"])
-        col = t.column("pixels").combine_chunks()
+    for t in floor_batches(pf, ["pixels", "label"]):
+        col = t.column("pixels")
         if pa.types.is_list(col.type):
             x = col.flatten().to_numpy().reshape(-1, WIDTH)
         else:
@@ -140,6 +158,7 @@ PARQUET_DS, TFRECORD_DS = "sparkgrad ParquetDataset", "sparkgrad TFRecordDataset
 ARROW_FEED, SPARK_FLOOR = "sparkgrad Arrow feed (cluster.train(df))", "Spark's floor (mapInArrow counting the rows)"
 FILE_FLOOR, PETASTORM = "pyarrow -> NumPy (file floor)", "Petastorm 0.13"
 FIT_NEW, FIT_OLD = "Estimator.fit, one task per worker (files)", "Estimator.fit, --fit-baseline (feeding tasks)"
+FIT_FLOOR = "a worker's floor: file-floor reads of its shard + its steps in memory, one core each"
 
 
 @dataclass(frozen=True)
@@ -259,10 +278,8 @@ def file_floor(table: Table) -> int:
     rows = 0
     for path in table.parquet:
         pf = pq.ParquetFile(path)
-        for g in range(pf.num_row_groups):
-            t = pf.read_row_group(g)
+        for t in floor_batches(pf):
             for col in t.columns:
-                col = col.combine_chunks()
                 if pa.types.is_list(col.type):
                     col.flatten().to_numpy().reshape(len(col), -1)
                 elif pa.types.is_binary(col.type) or pa.types.is_string(col.type):
@@ -331,6 +348,8 @@ def petastorm_rate(spark, df, rows: int, work: str) -> tuple[float | None, str]:
     except Exception as e:  # noqa: BLE001 - any import failure is the row's reason
         import pyarrow
 
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "petastorm":
+            return None, "petastorm is not installed here (make bench installs the anchors extra, petastorm==0.13.1)"
         return None, (
             f"petastorm does not import beside pyarrow {pyarrow.__version__} and NumPy {np.__version__}: "
             f"{type(e).__name__}: {e}"
@@ -421,11 +440,37 @@ def fit_section(args, table: Table, runs: int) -> list[dict]:
             seconds[name].append(float(done.stdout.strip().splitlines()[-1]))
     metric = f"seconds, {table.kind}, 2 workers, 2 epochs"
     out = [benchlib.median_row(name, metric, values, "s", digits=2) for name, values in seconds.items()]
+    floors = [fit_floor_seconds(table) for _ in range(runs)]
+    out.append(
+        benchlib.median_row(FIT_FLOOR, metric.replace("seconds", "seconds of a worker's work"), floors, "s", digits=2)
+    )
     if FIT_OLD in seconds:
         ratio = statistics.median(seconds[FIT_OLD]) / statistics.median(seconds[FIT_NEW])
         speedup = metric.replace("seconds", "speed-up")
         out.append(benchlib.row(f"{FIT_OLD} / new", speedup, round(ratio, 2), "x", goal=5))
     return out
+
+
+def fit_only(args, runs: int) -> int:
+    """--fit-only: the Estimator.fit rows measured again; the results file's other rows are kept as they were
+    (its notes say from which run)."""
+    path = pathlib.Path(args.out) if args.out else benchlib.results_file("tables.json", args.update)
+    old_meta, old_rows = benchlib.read_results(path) if path.exists() else (None, [])
+    with tempfile.TemporaryDirectory(prefix="sparkgrad-bench-tables-") as work:
+        table = write_tables(work, args.rows or (20_000 if args.quick else ROWS))[0]
+        fit_rows = fit_section(args, table, runs)
+    fit_systems = {FIT_NEW, FIT_OLD, FIT_FLOOR, f"{FIT_OLD} / new"}
+    kept = [r for r in old_rows if r["system"] not in fit_systems]
+    meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
+    meta["notes"] = [n for n in (old_meta or {}).get("notes", []) if not n.startswith("--fit-only:")]
+    if kept:
+        meta["notes"].append(
+            f"--fit-only: the Estimator.fit rows are from this run; the others from the run of "
+            f"{(old_meta or {}).get('started', '?')} (commit {(old_meta or {}).get('commit', '?')})"
+        )
+    benchlib.write_results(path, kept + fit_rows, meta)
+    benchlib.print_rows(fit_rows)
+    return 0
 
 
 def fit_child(paths: list[str], cached: bool) -> None:
@@ -448,6 +493,50 @@ def fit_child(paths: list[str], cached: bool) -> None:
         df.count()
     print(estimator_fit_seconds(df))
     spark.stop()
+
+
+def fit_floor_seconds(table: Table) -> float:
+    """What fit's workers cannot do without, with nothing else: two processes at once, each pinned to a
+    core, each reading one of the two files (a worker's shard) twice at the file floor and taking the same
+    model's steps over those rows in memory (2 epochs, batch 100); the slower one's seconds."""
+    path = os.pathsep.join([str(benchlib.ROOT / "python"), os.path.dirname(__file__)])
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")  # one thread, as a task of spark.task.cpus=1
+    cores = sorted(os.sched_getaffinity(0))
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--fit-floor-child", path, str(cores[i % len(cores)])],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i, path in enumerate(table.parquet[:2])
+    ]
+    seconds = []
+    for child in children:
+        out, _ = child.communicate(timeout=900)
+        if child.returncode != 0:
+            raise SystemExit(f"bench_tables: the fit floor's child failed ({child.returncode})")
+        seconds.append(float(out.strip().splitlines()[-1]))
+    return max(seconds)
+
+
+def fit_floor_child(path: str, core: int) -> None:
+    """One worker's floor (see fit_floor_seconds): prints its seconds."""
+    import pyarrow.parquet as pq
+    from sparkgrad.nn import Dense, Sequential
+
+    os.sched_setaffinity(0, {core})
+    pf = pq.ParquetFile(path)
+    x = np.concatenate([b.column("pixels").flatten().to_numpy().reshape(-1, WIDTH) for b in floor_batches(pf)])
+    y = pq.read_table(path, columns=["label"]).column("label").to_numpy()
+    model = Sequential([Dense(128, activation="relu", input_shape=(WIDTH,)), Dense(10, activation="softmax")], seed=1)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # untimed: kernels built
+    start = time.perf_counter()
+    for _ in range(2):
+        floor_pass(path)
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+    print(time.perf_counter() - start)
 
 
 def _floor_rate(table: Table) -> float:
@@ -525,13 +614,22 @@ def main() -> int:
     ap.add_argument("--fit-baseline", default=None, help="an earlier checkout whose Estimator.fit --fit also times")
     ap.add_argument("--fit-child", nargs="+", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--fit-floor-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--fit-only", action="store_true", help="only the --fit rows, keeping the other rows of the results file"
+    )
     ap.add_argument("--skip-spark", action="store_true", help="no Spark rows (Arrow feed, floor, Petastorm, fit)")
     benchlib.add_update_flag(ap)
     args = ap.parse_args()
     if args.fit_child:
         fit_child(args.fit_child, args.cached)
         return 0
+    if args.fit_floor_child:
+        fit_floor_child(args.fit_floor_child[0], int(args.fit_floor_child[1]))
+        return 0
     runs = args.runs or (1 if args.quick else 3)
+    if args.fit_only:
+        return fit_only(args, runs)
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
     meta["notes"] = [
         f"every figure is the median of {runs} passes over {ROWS:,} rows (wall clock), with min and max",

@@ -19,9 +19,10 @@ Two parts, each system in its own driver process per run (a fresh interpreter: n
              starts torchrun and its workers afresh each time: measured, not assumed).
              Rows: group formed (run() called until init_process_group or hvd.init returned on every
              rank: the launcher's share), formation (run() called until every rank begins its first step:
-             init_process_group or hvd.init, the model's broadcast and the rank's loading of its Fashion-MNIST
-             shard included, the data being the same work for every system) of the first and of the
-             second run(), seconds per
+             init_process_group or hvd.init, the model's broadcast and the rank's np.load of its Fashion-MNIST
+             shard included; the shards are decoded and written as float32 .npy files by the driver before
+             the timer starts, as pipelines built outside the timer) of the first and of the second run(),
+             seconds per
              step (rank 0's median after 5 warm steps, first run), end to end (run() called until it
              returned) of both runs, each the median over drivers with min and max, and the ratios
              (TorchDistributor / sparkgrad) from the same drivers. Goals (issue 33): end to end at least 1.3x
@@ -42,6 +43,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,12 +94,25 @@ def build_model(name: str):
     return nn.Sequential(*layers[:-1]), (784,), 0.01, 0.0
 
 
-def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str) -> dict:
+def prepare_shards(data_dir: str) -> None:
+    """Each rank's Fashion-MNIST shard as float32 pixels in [0, 1] (rows rank::RANKS) and int64 labels,
+    written as .npy files by the driver before any timer starts: the pipeline is built outside the timer,
+    and a rank's loading is one np.load, the same for every system."""
+    import numpy as np
+    from sparkgrad.data.idx import fashion_mnist
+
+    x, y = fashion_mnist("train")
+    for r in range(RANKS):
+        np.save(os.path.join(data_dir, f"x-{r}.npy"), x[r::RANKS].reshape(-1, 784).astype(np.float32) / 255.0)
+        np.save(os.path.join(data_dir, f"y-{r}.npy"), y[r::RANKS].astype(np.int64))
+
+
+def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str, data_dir: str) -> dict:
     """One rank's training; ``mode`` "ddp" (torch.distributed from the environment) or "hvd"
-    (sparkgrad.hvd.torch). Writes <out_dir>/rank-<r>.json with its wall-clock marks."""
+    (sparkgrad.hvd.torch). Reads its shard from prepare_shards' files in ``data_dir``; writes
+    <out_dir>/rank-<r>.json with its wall-clock marks."""
     import numpy as np
     import torch
-    from sparkgrad.data.idx import fashion_mnist
 
     torch.set_num_threads(1)
     torch.manual_seed(7)
@@ -121,9 +136,10 @@ def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str)
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters())
-    x, y = fashion_mnist("train")
-    xs = torch.from_numpy((x[rank::world].astype(np.float32) / 255.0).reshape(-1, *shape))
-    ys = torch.from_numpy(y[rank::world].astype(np.int64))
+    if world != RANKS:
+        raise RuntimeError(f"the shards in {data_dir} are for {RANKS} ranks, this job has {world}")
+    xs = torch.from_numpy(np.load(os.path.join(data_dir, f"x-{rank}.npy")).reshape(-1, *shape))
+    ys = torch.from_numpy(np.load(os.path.join(data_dir, f"y-{rank}.npy")))
     loss_fn = torch.nn.CrossEntropyLoss()
     marks, first = [], None
     net.train()
@@ -228,11 +244,13 @@ def worker(args: argparse.Namespace) -> dict:
             def launch(*fn_args):  # preload: the ranks of a later run fork from a server that imported torch
                 sparkgrad.run(me.train_rank, args=fn_args, num_proc=RANKS, local=True, preload=("torch",))
 
+        data_dir = tempfile.mkdtemp(prefix="data-", dir=out_dir)
+        me.prepare_shards(data_dir)
         out: dict = {}
         for which in ("", "_second"):  # two run() calls in one driver, as a notebook's cells make them
             run_dir = tempfile.mkdtemp(prefix="bench-torch-", dir=out_dir)
             t0 = time.time()
-            launch(args.model, args.steps, args.batch, mode, run_dir)
+            launch(args.model, args.steps, args.batch, mode, run_dir, data_dir)
             end = time.time()
             ranks = [json.load(open(os.path.join(run_dir, f"rank-{r}.json"))) for r in range(RANKS)]
             out["group_formed" + which] = max(r["formed"] for r in ranks) - t0
@@ -242,6 +260,7 @@ def worker(args: argparse.Namespace) -> dict:
             out["loss" + which] = ranks[0]["loss"]
         if spark is not None:
             spark.stop()
+        shutil.rmtree(out_dir, ignore_errors=True)
         return out
     import anchor_driver
 
@@ -400,8 +419,29 @@ def main() -> int:
         rows += allreduce_rows(args.quick, runs)
     benchlib.print_rows(rows)
     meta = benchlib.metadata("torch", packages=("torch", "pyspark", "numpy"), ranks=RANKS, runs=runs, quick=args.quick)
-    benchlib.write_results(benchlib.results_file("torch.json", args.update), rows, meta)
+    path = benchlib.results_file("torch.json", args.update)
+    kept = kept_rows(path, parts)
+    if kept:
+        meta["notes"] = [f"{kept[0]}'s rows are from the run of {kept[1]} (commit {kept[2]}), kept by --parts"]
+    benchlib.write_results(path, rows + kept[3] if kept else rows, meta)
     return 0
+
+
+def part_of(row: dict) -> str:
+    return "allreduce" if row["metric"].startswith("allreduce ") else "e2e"
+
+
+def kept_rows(path: pathlib.Path, parts: list[str]) -> tuple[str, str, str, list[dict]] | None:
+    """The rows of the parts not run this time from an earlier full results file at ``path`` (its part,
+    start and commit, rows), so that one part can be measured again without losing the other's."""
+    other = [p for p in ("e2e", "allreduce") if p not in parts]
+    if len(other) != 1 or not path.exists():
+        return None
+    meta, old = benchlib.read_results(path)
+    rows = [r for r in old if part_of(r) == other[0]]
+    if not rows:
+        return None
+    return other[0], (meta or {}).get("started", "?"), (meta or {}).get("commit", "?"), rows
 
 
 if __name__ == "__main__":

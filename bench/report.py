@@ -446,6 +446,62 @@ def _tabular_lines(rows: list[dict]) -> list[tuple]:
     return lines
 
 
+# bench_torch.py's systems
+TORCH_ANCHOR = "TorchDistributor (DDP, gloo)"
+TORCH_OURS = ("sparkgrad.torch.Distributor (DDP, gloo)", "sparkgrad.hvd.torch (DistributedOptimizer)")
+
+
+def _torch_lines(rows: list[dict]) -> list[tuple]:
+    """Per model: formation and end to end of both run() calls, each of ours against TorchDistributor; then
+    each allreduce size against gloo."""
+    lines = []
+    for r in rows:
+        if r["system"] != TORCH_ANCHOR or r["unit"] != "s":
+            continue
+        for ours in TORCH_OURS:
+            lines.append((r["metric"], (ours, r["metric"]), (TORCH_ANCHOR, r["metric"]), "lower"))
+    for r in rows:
+        if r["system"] == "sparkgrad.hvd.torch allreduce_":
+            lines.append((r["metric"], (r["system"], r["metric"]),
+                          ("torch.distributed.all_reduce (gloo)", r["metric"]), "lower"))  # fmt: skip
+    return lines
+
+
+# bench_tables.py's systems
+TABLES_OURS = "sparkgrad ParquetDataset"
+TABLES_ANCHORS = (
+    "sparkgrad TFRecordDataset",
+    "sparkgrad Arrow feed (cluster.train(df))",
+    "Spark's floor (mapInArrow counting the rows)",
+    "pyarrow -> NumPy (file floor)",
+    "Petastorm 0.13",
+)
+TABLES_FIT = (
+    "Estimator.fit, one task per worker (files)",
+    "Estimator.fit, --fit-baseline (feeding tasks)",
+    "a worker's floor: file-floor reads of its shard + its steps in memory, one core each",
+)
+
+
+def _tables_lines(rows: list[dict]) -> list[tuple]:
+    """Per table and workers, ParquetDataset's rows/s against each anchor (the file floor has one worker's
+    row only); then Estimator.fit's seconds against the old path's and against a worker's floor."""
+    lines = []
+    for r in rows:
+        if r["system"] != TABLES_OURS or not r["metric"].startswith("rows/s, "):
+            continue
+        for anchor in TABLES_ANCHORS:
+            if _find(rows, anchor, r["metric"]):
+                lines.append((r["metric"], (TABLES_OURS, r["metric"]), (anchor, r["metric"]), "higher"))
+    new, old, floor = TABLES_FIT
+    for r in rows:
+        if r["system"] == new:
+            worker = r["metric"].replace("seconds", "seconds of a worker's work")
+            lines.append((f"Estimator.fit, {r['metric']}", (new, r["metric"]), (old, r["metric"]), "lower"))
+            lines.append((f"Estimator.fit, {r['metric']}", (new, r["metric"]), (floor, worker), "lower"))
+    return lines
+
+
 # file stem -> (title, what it compares, lines)
 COMPARISONS = {
     "train": (
@@ -515,6 +571,21 @@ COMPARISONS = {
         "as a difference of medians over seeds; the parameter server with embedding rows sent sparse against "
         "the table sent dense",
         _tabular_lines,
+    ),
+    "torch": (
+        "PyTorch on sparkgrad: forming, training and allreduce against TorchDistributor and gloo (seconds)",
+        "sparkgrad.torch.Distributor and sparkgrad.hvd.torch against PySpark's TorchDistributor (DDP over gloo) "
+        "on the same PyTorch models and data, 2 ranks of one thread, each driver calling run() twice; "
+        "hvd.torch's allreduce_ against torch.distributed.all_reduce over gloo on the same tensors",
+        _torch_lines,
+    ),
+    "tables": (
+        "Training from Parquet tables (rows/s of each worker's reader; Estimator.fit seconds)",
+        "sparkgrad's ParquetDataset (pyarrow row groups into C) against our TFRecord reader on the same rows, "
+        "the old DataFrame feed, Spark's own floor, pyarrow alone and Petastorm; Estimator.fit on a Parquet "
+        "table against the old feeding path and against a worker's floor (the file floor's reads plus the "
+        "steps in memory: a ratio below 1 is the share of that floor fit reaches)",
+        _tables_lines,
     ),
 }
 
@@ -669,6 +740,11 @@ def render() -> str:
     return "\n".join(parts).rstrip()
 
 
+def _is_bound(anchor: str) -> bool:
+    """An anchor that is a bound no system passes (the GEMM bound, a floor), not a competitor."""
+    return anchor == "fp32 GEMM bound" or "floor" in anchor
+
+
 def draw_charts() -> list[pathlib.Path]:
     """docs/assets/bench/<stem>.png: a bar of sparkgrad's ratio per comparison line (1 = parity)."""
     import matplotlib
@@ -693,8 +769,8 @@ def draw_charts() -> list[pathlib.Path]:
         values = [ln["ratio"] for ln in lines]
         tall = max(label.count("\n") + 1 for label in labels)
         fig, ax = plt.subplots(figsize=(9, (0.18 + 0.14 * tall) * len(lines) + 1.2))
-        # green: sparkgrad ahead, red: behind, grey: a share of a bound (the GEMM bound), not a contest
-        colors = ["#999" if ln["anchor"] == "fp32 GEMM bound" else "#3a7" if v >= 1 else "#c55"
+        # green: sparkgrad ahead, red: behind, grey: a share of a bound (the GEMM bound, a floor), not a contest
+        colors = ["#999" if _is_bound(ln["anchor"]) else "#3a7" if v >= 1 else "#c55"
                   for ln, v in zip(lines, values, strict=True)]  # fmt: skip
         ax.barh(range(len(lines)), values, color=colors)
         ax.set_yticks(range(len(lines)), labels, fontsize=7)
@@ -734,6 +810,21 @@ SUMMARY = (
     ("feed", "feeding a DataFrame, array<float>[784]", "sparkgrad Arrow feed", "TensorFlowOnSpark"),
     ("feed", "scoring a DataFrame", "sparkgrad Model.transform", "PyTorch pandas UDF"),
     ("hvd", "each at its fastest: run() wall time", "sparkgrad HorovodRunner", "TorchDistributor"),
+    ("torch", "cnn: end to end, first run() (2 ranks, 937 steps)", "sparkgrad.hvd.torch", "TorchDistributor"),
+    (
+        "torch",
+        "cnn: formation, second run() in the driver (2 ranks, 937 steps)",
+        "sparkgrad.torch.Distributor",
+        "TorchDistributor",
+    ),
+    ("torch", "allreduce 64 MB float32, 2 ranks on local Spark", "sparkgrad.hvd.torch", "torch.distributed"),
+    ("tables", "rows/s, array<float>[784], 2 workers", "sparkgrad ParquetDataset", "sparkgrad Arrow feed"),
+    (
+        "tables",
+        "Estimator.fit, seconds, array<float>[784], 2 workers, 2 epochs",
+        "Estimator.fit, one task",
+        "Estimator.fit, --fit-baseline",
+    ),
 )
 
 

@@ -213,3 +213,41 @@ def test_tabular_report_compares_with_each_anchor_at_its_best_and_the_ps_rows(tm
     assert ps_bytes["ratio"] == pytest.approx(1e8 / 1.1e6, rel=1e-3)
     benchlib.write_results(tmp_path / "tabular.json", rows, benchlib.metadata("tabular", argv=[]))
     assert "not measured: sparkgrad: Embedding not available" in report.render()
+
+
+def test_torch_and_tables_reports_compare_with_their_anchors_and_grey_out_the_floors(tmp_path, monkeypatch):
+    report = _load("report")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    formed = "cnn: formation, second run() in the driver (2 ranks, 937 steps)"
+    ar = "allreduce 4 MB float32, 2 ranks on local Spark"
+    torch_rows = [
+        benchlib.median_row("TorchDistributor (DDP, gloo)", formed, [8.0, 9.0, 10.0], "s"),
+        benchlib.median_row("sparkgrad.torch.Distributor (DDP, gloo)", formed, [0.4, 0.5, 0.6], "s"),
+        benchlib.not_measured("sparkgrad.hvd.torch (DistributedOptimizer)", formed, "no torch", "s"),
+        benchlib.median_row("TorchDistributor (DDP, gloo)", "cnn: step, first run()", [0.01] * 3, "s/step"),
+        benchlib.median_row("sparkgrad.hvd.torch allreduce_", ar, [0.001] * 3, "s", digits=5),
+        benchlib.median_row("torch.distributed.all_reduce (gloo)", ar, [0.004] * 3, "s", digits=5),
+    ]
+    lines = {(ln["name"], ln["system"]): ln for ln in report.comparison_lines("torch", torch_rows)}
+    assert lines[(formed, "sparkgrad.torch.Distributor (DDP, gloo)")]["ratio"] == pytest.approx(18.0)
+    assert lines[(formed, "sparkgrad.hvd.torch (DistributedOptimizer)")]["ratio"] is None
+    assert lines[(ar, "sparkgrad.hvd.torch allreduce_")]["ratio"] == pytest.approx(4.0)
+    assert not any(name.startswith("cnn: step") for name, _ in lines)  # s/step rows are not compared
+    fit = "seconds, list<float>, 2 workers, 2 epochs"
+    rate = "rows/s, list<float>, 1 worker"
+    table_rows = [
+        benchlib.median_row("sparkgrad ParquetDataset", rate, [90e3] * 3, "rows/s"),
+        benchlib.median_row("pyarrow -> NumPy (file floor)", rate, [100e3] * 3, "rows/s"),
+        benchlib.not_measured("Petastorm 0.13", rate, "No module named 'pyarrow.filesystem'", "rows/s"),
+        benchlib.median_row("Estimator.fit, one task per worker (files)", fit, [2.0] * 3, "s"),
+        benchlib.median_row("Estimator.fit, --fit-baseline (feeding tasks)", fit, [6.0] * 3, "s"),
+        benchlib.median_row(report.TABLES_FIT[2], fit.replace("seconds", "seconds of a worker's work"), [1.5] * 3, "s"),
+    ]
+    lines = {(ln["name"], ln["anchor"]): ln for ln in report.comparison_lines("tables", table_rows)}
+    assert lines[(rate, "pyarrow -> NumPy (file floor)")]["ratio"] == pytest.approx(0.9)
+    assert lines[(rate, "Petastorm 0.13")]["ratio"] is None
+    assert lines[(f"Estimator.fit, {fit}", "Estimator.fit, --fit-baseline (feeding tasks)")]["ratio"] == 3.0
+    assert lines[(f"Estimator.fit, {fit}", report.TABLES_FIT[2])]["ratio"] == pytest.approx(0.75)
+    assert report._is_bound("pyarrow -> NumPy (file floor)") and not report._is_bound("Petastorm 0.13")
+    benchlib.write_results(tmp_path / "tables.json", table_rows, benchlib.metadata("tables", argv=[]))
+    assert "not measured: No module named 'pyarrow.filesystem'" in report.render()

@@ -40,6 +40,16 @@ _NULLS = {"error": 0, "fill": 1, "skip": 2}
 # the batches before.
 _READ_BYTES = 16 << 20
 _READ_ROWS = (1024, 65536)
+
+
+def read_rows_after(batch: Any) -> int:
+    """Rows to ask pyarrow for in the next record batch, given the last one read (see _READ_BYTES)."""
+    if not batch.num_rows:
+        return _READ_ROWS[0]
+    rows = int(_READ_BYTES * batch.num_rows / max(batch.nbytes, 1))
+    return min(max(rows, _READ_ROWS[0]), _READ_ROWS[1])
+
+
 # Converted chunks' buffers a dataset keeps for its next epochs: a shuffle buffer holds chunks until their
 # last row is drawn, and fresh memory each epoch costs page faults (the kernel zeroes every page).
 _POOL_BYTES = 256 << 20
@@ -424,8 +434,7 @@ class ParquetDataset:
                 yield a, batch.slice(a - pos, b - a)
             pos += batch.num_rows
             if batch.num_rows:
-                rows = int(_READ_BYTES * batch.num_rows / max(batch.nbytes, 1))
-                self._read_rows = min(max(rows, _READ_ROWS[0]), _READ_ROWS[1])
+                self._read_rows = read_rows_after(batch)
 
     def __iter__(self) -> Iterator[dict]:
         first, self._next_epoch = self._next_epoch, self._next_epoch + self.epochs
