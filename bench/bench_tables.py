@@ -372,15 +372,20 @@ def petastorm_rate(spark, df, rows: int, work: str) -> tuple[float | None, str]:
     return rows / seconds, ""
 
 
+def fit_model():
+    """The model both Estimator.fit and a worker's floor train: the 784-128-10 MLP, seed 1."""
+    from sparkgrad.nn import Dense, Sequential
+
+    return Sequential([Dense(128, activation="relu", input_shape=(WIDTH,)), Dense(10, activation="softmax")], seed=1)
+
+
 def estimator_fit_seconds(df, **kwargs) -> float:
     """Seconds of ``Estimator(...).fit(df)`` end to end: the walkthrough MLP on the array<float> table, 2
     workers, 2 epochs (``kwargs``: the path's own Estimator arguments)."""
-    from sparkgrad.nn import Dense, Sequential
     from sparkgrad.spark import Estimator
 
-    model = Sequential([Dense(128, activation="relu", input_shape=(WIDTH,)), Dense(10, activation="softmax")], seed=1)
     estimator = Estimator(
-        model=model, featuresCol="pixels", labelCol="label", batch_size=BATCH, epochs=2, num_workers=2, **kwargs
+        model=fit_model(), featuresCol="pixels", labelCol="label", batch_size=BATCH, epochs=2, num_workers=2, **kwargs
     )
     start = time.perf_counter()
     estimator.fit(df)
@@ -523,13 +528,12 @@ def fit_floor_seconds(table: Table) -> float:
 def fit_floor_child(path: str, core: int) -> None:
     """One worker's floor (see fit_floor_seconds): prints its seconds."""
     import pyarrow.parquet as pq
-    from sparkgrad.nn import Dense, Sequential
 
     os.sched_setaffinity(0, {core})
     pf = pq.ParquetFile(path)
     x = np.concatenate([b.column("pixels").flatten().to_numpy().reshape(-1, WIDTH) for b in floor_batches(pf)])
     y = pq.read_table(path, columns=["label"]).column("label").to_numpy()
-    model = Sequential([Dense(128, activation="relu", input_shape=(WIDTH,)), Dense(10, activation="softmax")], seed=1)
+    model = fit_model()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)  # untimed: kernels built
     start = time.perf_counter()
