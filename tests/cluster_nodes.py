@@ -100,6 +100,16 @@ def busy_until_interrupted(args, ctx):
             _mark(args, ctx, "alive")
 
 
+def blocked_in_native_wait(args, ctx):
+    """Waits in a select() that nothing wakes (as a rank waits in a torch.distributed collective): neither the
+    stop signal nor an exception raised in this thread reaches it."""
+    _mark(args, ctx, "started")
+    never, _keep = os.pipe()
+    import select
+
+    select.select([never], [], [])
+
+
 # -- training with parameter servers: a linear softmax classifier in NumPy ------------------
 
 FEATURES, CLASSES = 10, 4

@@ -242,12 +242,17 @@ def test_torch_and_tables_reports_compare_with_their_anchors_and_grey_out_the_fl
         benchlib.median_row("Estimator.fit, one task per worker (files)", fit, [2.0] * 3, "s"),
         benchlib.median_row("Estimator.fit, --fit-baseline (feeding tasks)", fit, [6.0] * 3, "s"),
         benchlib.median_row(report.TABLES_FIT[2], fit.replace("seconds", "seconds of a worker's work"), [1.5] * 3, "s"),
+        benchlib.median_row("Estimator.fit, one task per worker (files)", f"{fit}, second fit", [1.0] * 3, "s"),
+        benchlib.median_row("Estimator.fit, --fit-baseline (feeding tasks)", f"{fit}, second fit", [5.0] * 3, "s"),
     ]
     lines = {(ln["name"], ln["anchor"]): ln for ln in report.comparison_lines("tables", table_rows)}
     assert lines[(rate, "pyarrow -> NumPy (file floor)")]["ratio"] == pytest.approx(0.9)
     assert lines[(rate, "Petastorm 0.13")]["ratio"] is None
     assert lines[(f"Estimator.fit, {fit}", "Estimator.fit, --fit-baseline (feeding tasks)")]["ratio"] == 3.0
     assert lines[(f"Estimator.fit, {fit}", report.TABLES_FIT[2])]["ratio"] == pytest.approx(0.75)
+    second = f"Estimator.fit, {fit}, second fit"
+    assert lines[(second, "Estimator.fit, --fit-baseline (feeding tasks)")]["ratio"] == 5.0
+    assert (second, report.TABLES_FIT[2]) not in lines  # the floor is compared with the first fit only
     assert report._is_bound("pyarrow -> NumPy (file floor)") and not report._is_bound("Petastorm 0.13")
     benchlib.write_results(tmp_path / "tables.json", table_rows, benchlib.metadata("tables", argv=[]))
     assert "not measured: No module named 'pyarrow.filesystem'" in report.render()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -99,6 +102,48 @@ def test_driver_interrupt_stops_every_node(tmp_path):
         cluster.shutdown(timeout=60)
     timer.join()
     _assert_all_gone(cluster)
+
+
+def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp_path):
+    """No launcher is left to end it: the node's watcher does, two stop_grace after losing the driver."""
+    driver_code = (
+        "import sys, cluster_nodes, sparkgrad\n"
+        "cluster = sparkgrad.local.run(cluster_nodes.blocked_in_native_wait, {'dir': sys.argv[1], 'target': ''}, "
+        "2, 0, output=lambda line: None, stop_grace=1.0)\n"
+        "print('formed', flush=True)\n"
+        "sys.stdin.read()\n"  # until the test kills it
+    )
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", driver_code, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    try:
+        assert driver.stdout.readline() == "formed\n", stderr.read_text()
+        started = {}
+        while len(started) < 2:  # every node marks itself before it blocks; bounded by the test's timeout
+            started = {p.name: json.loads(p.read_text())["pid"] for p in tmp_path.glob("started-*.json")}
+            if len(started) < 2:
+                time.sleep(0.05)
+        pidfds = [os.pidfd_open(pid) for pid in started.values()]
+    finally:
+        driver.kill()
+        driver.wait(30)
+    try:
+        for fd in pidfds:  # readable once the process has ended
+            ready, _, _ = select.select([fd], [], [], 30)
+            assert ready, f"a node outlived its killed driver by 30 s: {stderr.read_text()}"
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    text = stderr.read_text()
+    assert "ending the process (lost the driver's control connection" in text
+    assert "blocked in native code" in text
 
 
 def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch):

@@ -189,6 +189,16 @@ def test_a_second_run_forks_fresh_ranks_from_the_drivers_forkserver(monkeypatch)
     # a new process each run: nothing the first run's rank did is seen, and the driver's environment is of now
     assert second["marks"] == [] and second["global_mark"] is None and not second["group_was_initialized"]
     assert (first["driver_env"], second["driver_env"]) == ("first", "second")
+    # the server imported torch, and torch._dynamo that a rank's first optimizer would import
+    assert first["preloaded"] == second["preloaded"] == ["torch", "torch._dynamo"]
+
+
+@pytest.mark.timeout(90)
+def test_a_ddp_model_that_outlives_destroy_process_group_in_its_frame_ends_every_run():
+    d = Distributor(num_processes=2, local_mode=True, use_gpu=False)
+    losses = [d.run(torch_fns.ddp_destroyed_before_its_model, 3) for _ in range(4)]
+    assert all(isinstance(loss, float) for loss in losses)
+    assert d.run(torch_fns.allreduce_rank, 1.0)["size"] == 2  # the next job forms with the wrapper gone
 
 
 def test_a_forked_rank_that_exits_without_a_word_is_named():

@@ -27,6 +27,33 @@ def allreduce_rank(scale):
     return out
 
 
+def ddp_destroyed_before_its_model(steps):
+    """The usual ending of a DDP function: destroy_process_group() with the DistributedDataParallel model still
+    in the frame, so the model's reducer frees the gloo group when the frame goes. A switch interval of a
+    second keeps the GIL with this thread from the last backward to that moment, when one of gloo's worker
+    threads still needs the GIL to drop the last collective. Returning ``float(loss)`` of a tensor that requires
+    grad, with its UserWarning, as the guide's example does: without Distributor's _group_released, PyTorch
+    2.13 deadlocked on the second run every time here (with ``loss.detach()`` it did not)."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    sys.setswitchinterval(1.0)
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(32, 4) + dist.get_rank()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+    return float(loss)
+
+
 def fail_on_rank_one():
     """Rank 1 raises after the group formed; rank 0 blocks in a collective rank 1 never joins."""
     import torch
@@ -74,6 +101,7 @@ def process_state(tag):
         "marks": sorted(k for k in os.environ if k.startswith("SG_TEST_MARK_")),
         "global_mark": getattr(sys.modules[__name__], "GLOBAL_MARK", None),
         "driver_env": os.environ.get("SG_TEST_DRIVER_ENV"),
+        "preloaded": [m for m in ("torch", "torch._dynamo") if m in sys.modules],  # before this function imports
     }
     import torch.distributed as dist
 

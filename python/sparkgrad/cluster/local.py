@@ -54,6 +54,10 @@ KILL_WAIT_SECONDS = 5.0
 MAIN_GUARD_EXIT = 87
 # Imported by the forkserver besides the preload asked for: what every node imports before map_fun.
 NODE_MODULES = ("sparkgrad.cluster.node",)
+# What a node that imports a preloaded module goes on to import before its first step, preloaded with it: a
+# rank's first torch.optim optimizer imports torch._dynamo (and with it torch.distributed and sympy: some 830
+# modules, 1.5 to 2.4 s), which a server that imported torch alone leaves to every node of every run.
+PRELOAD_WITH = {"torch": ("torch._dynamo",)}
 
 
 def _forkserver(preload: tuple[str, ...]) -> Any:
@@ -69,7 +73,9 @@ def _forkserver(preload: tuple[str, ...]) -> Any:
     # that each node of a later run would pay again before it registers
     pickler = cloudpickle_module()
     unpickle = (pickler.__name__,) if pickler is not None else ()
-    forkserver.set_forkserver_preload([*preload, *NODE_MODULES, *unpickle])  # not "__main__": the script is not run
+    following = tuple(m for name in preload for m in PRELOAD_WITH.get(name, ()))
+    # not "__main__": the script is not run
+    forkserver.set_forkserver_preload([*preload, *following, *NODE_MODULES, *unpickle])
     return multiprocessing.get_context("forkserver")
 
 

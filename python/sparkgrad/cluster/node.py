@@ -255,8 +255,19 @@ def _raise_in_thread(thread_id: int, exc_type: type[BaseException]) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type))
 
 
+# Exit status of a node process whose map_fun neither returned on the driver's stop (or the loss of the driver)
+# nor took the NodeStopped raised stop_grace later: it is blocked in native code (a torch.distributed wait, a
+# read) that no Python exception reaches, and the process ends itself stop_grace after that.
+STUCK_EXIT = 86
+
+
 class _StopWatcher:
-    """Listens for the driver's messages while map_fun runs; "stop" (or a lost driver) stops the node."""
+    """Listens for the driver's messages while map_fun runs; "stop" (or a lost driver) stops the node.
+
+    Stopping goes in three steps, stop_grace apart: ctx's stop signal, NodeStopped raised in map_fun's thread,
+    and, in a node that is its own process, the end of that process (STUCK_EXIT). The last step is what frees
+    a rank blocked in a native wait whose driver is gone: nobody else would end it.
+    """
 
     POLL_SECONDS = 5.0  # recv timeout; __exit__ interrupts the wait, so this is only a safety net
 
@@ -267,8 +278,10 @@ class _StopWatcher:
         grace: float,
         name: str,
         on_message: Callable[[dict], None] | None = None,
+        own_process: bool = False,
     ) -> None:
         self._client = client
+        self._own_process = own_process
         self._on_message = on_message
         self._stop = stop
         self._grace = grace
@@ -310,7 +323,20 @@ class _StopWatcher:
                 with self._interrupt_lock:
                     if not self._finished.is_set():
                         _raise_in_thread(self._target, NodeStopped)
+            if self._own_process and not self._finished.wait(self._grace):
+                self._end_process()
             return
+
+    def _end_process(self) -> None:
+        # the forwarded output may have no driver left to reach: the process's own stderr says why
+        with contextlib.suppress(Exception):
+            print(
+                f"sparkgrad: {self._name}: ending the process ({self.reason}): map_fun did not return on stop "
+                f"nor {self._grace:g} s after NodeStopped was raised in it (blocked in native code)",
+                file=sys.__stderr__,
+                flush=True,
+            )
+        os._exit(STUCK_EXIT)
 
 
 def _register(
@@ -382,7 +408,9 @@ def _run_map_fun(
     with output, _exported(exported):
         if ctx.mgr is not None:  # on stop, closing the feed wakes a map_fun blocked in next_batch (CancelledError)
             ctx.on_stop(ctx.mgr.close)
-        watcher = _StopWatcher(client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx))
+        watcher = _StopWatcher(
+            client, ctx.signal_stop, cfg.stop_grace, name, _feed_messages(ctx), own_process=not in_driver
+        )
         try:
             with (
                 watcher,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import subprocess
 import sys
@@ -142,11 +143,42 @@ def _store(setup: collective.CommSetup, timeout: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _group_released() -> Iterator[None]:
-    """Destroys the default process group the function left initialized: a Spark task's Python worker is reused
-    by the next run (``spark.python.worker.reuse``), where ``init_process_group`` would find it formed. After a
-    failure the launcher ends the ranks instead."""
-    yield
+    """Around a rank's function: the process groups it destroys live on until it has returned, and the default
+    group it left initialized is destroyed.
+
+    Keeping the groups: the common ending ``dist.destroy_process_group(); return loss`` leaves a
+    DistributedDataParallel model in the function's frame, and its reducer then holds the last reference to
+    the gloo group. Freeing the frame frees the reducer with the GIL held, and the group's destructor joins its
+    worker threads; a worker still finishing a collective started inside backward must take the GIL to drop
+    the Python context PyTorch (2.13) keeps in that collective's thread-local state: a deadlock, seen about
+    once in ten runs of a small model. Here ``destroy_process_group`` (while the function runs) keeps the
+    groups it removes, and they are dropped after the function's frame is gone, through PyTorch's Python
+    handle, whose destructor releases the GIL. A script (``train_object`` a path) runs in a process of its own
+    and is left as it is.
+
+    Destroying what is left: a Spark task's Python worker is reused by the next run
+    (``spark.python.worker.reuse``), where ``init_process_group`` would find it formed. After a failure the
+    launcher ends the ranks instead."""
     dist = sys.modules.get("torch.distributed")
+    c10d = getattr(dist, "distributed_c10d", None)
+    world = getattr(c10d, "_world", None)
+    original = getattr(c10d, "destroy_process_group", None)
+    if dist is None or world is None or original is None or not hasattr(world, "pg_map"):
+        yield
+    else:
+        kept: list[Any] = []
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            kept.extend(world.pg_map)  # every group: destroying the default one destroys them all
+            return original(*args, **kwargs)
+
+        dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
+        try:
+            yield
+        finally:
+            dist.destroy_process_group = c10d.destroy_process_group = original
+            kept.clear()
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
