@@ -63,7 +63,9 @@ them started, as a notebook's later fits do; both are reported, with ratios.
 Beside them, a worker's floor: two processes at once, each pinned to a core,
 each reading one file (a worker's shard) twice at the file floor and taking
 the same model's 2 epochs of steps on those rows in memory; no Spark, no
-cluster, no allreduce. No fit on this machine can take less.
+cluster, no allreduce. No fit on this machine can take less. And Spark's
+part alone, in a fresh driver like the fits': a barrier stage of 2 Python
+tasks that return at once, the session's first and its second.
 
     python bench/bench_tables.py [--quick] [--runs N] [--rows N] [--fit [--fit-baseline DIR]] [--skip-spark] [--update]
     python bench/bench_tables.py --fit-only [--fit-baseline DIR] [--update]   # the fit rows again, the others kept
@@ -162,6 +164,7 @@ ARROW_FEED, SPARK_FLOOR = "sparkgrad Arrow feed (cluster.train(df))", "Spark's f
 FILE_FLOOR, PETASTORM = "pyarrow -> NumPy (file floor)", "Petastorm 0.13"
 FIT_NEW, FIT_OLD = "Estimator.fit, one task per worker (files)", "Estimator.fit, --fit-baseline (feeding tasks)"
 FIT_SECOND = ", second fit in the driver"  # the metric of a driver's second fit: its Python workers started
+FIT_SPARK = "Spark's floor: a barrier stage of 2 Python tasks that return at once"
 FIT_FLOOR = "a worker's floor: file-floor reads of its shard + its steps in memory, one core each"
 
 
@@ -452,6 +455,16 @@ def fit_section(args, table: Table, runs: int) -> list[dict]:
             seconds[name, metrics[0]].append(first)
             seconds[name, metrics[1]].append(second)
     out = [benchlib.median_row(n, m, values, "s", digits=2) for (n, m), values in seconds.items()]
+    stages: dict[str, list[float]] = {m: [] for m in metrics}
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, __file__, "--spark-floor-child"], capture_output=True, text=True, timeout=900
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"bench_tables: the Spark floor's child failed:\n{done.stderr[-3000:]}")
+        for m, v in zip(metrics, done.stdout.strip().splitlines()[-2:], strict=True):
+            stages[m].append(float(v))
+    out += [benchlib.median_row(FIT_SPARK, m, values, "s", digits=2) for m, values in stages.items()]
     floors = [fit_floor_seconds(table) for _ in range(runs)]
     out.append(
         benchlib.median_row(FIT_FLOOR, metric.replace("seconds", "seconds of a worker's work"), floors, "s", digits=2)
@@ -471,7 +484,7 @@ def fit_only(args, runs: int) -> int:
     with tempfile.TemporaryDirectory(prefix="sparkgrad-bench-tables-") as work:
         table = write_tables(work, args.rows or (20_000 if args.quick else ROWS))[0]
         fit_rows = fit_section(args, table, runs)
-    fit_systems = {FIT_NEW, FIT_OLD, FIT_FLOOR, f"{FIT_OLD} / new"}
+    fit_systems = {FIT_NEW, FIT_OLD, FIT_FLOOR, FIT_SPARK, f"{FIT_OLD} / new"}
     kept = [r for r in old_rows if r["system"] not in fit_systems]
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
     meta["notes"] = [n for n in (old_meta or {}).get("notes", []) if not n.startswith("--fit-only:")]
@@ -506,6 +519,28 @@ def fit_child(paths: list[str], cached: bool) -> None:
         df.count()
     print(estimator_fit_seconds(df))
     print(estimator_fit_seconds(df))
+    spark.stop()
+
+
+def spark_floor_child() -> None:
+    """Spark's part of a fit, in a fresh driver as fit_child's: a barrier stage of 2 Python tasks that return
+    at once, twice (the first starts the session's Python workers); prints the seconds of each."""
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[4]")
+        .appName("bench_tables_spark_floor")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "3g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    for _ in range(2):
+        start = time.perf_counter()
+        spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(lambda rows: [0]).collect()
+        print(time.perf_counter() - start)
     spark.stop()
 
 
@@ -628,6 +663,7 @@ def main() -> int:
     ap.add_argument("--fit-child", nargs="+", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--fit-floor-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spark-floor-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--fit-only", action="store_true", help="only the --fit rows, keeping the other rows of the results file"
     )
@@ -636,6 +672,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.fit_child:
         fit_child(args.fit_child, args.cached)
+        return 0
+    if args.spark_floor_child:
+        spark_floor_child()
         return 0
     if args.fit_floor_child:
         fit_floor_child(args.fit_floor_child[0], int(args.fit_floor_child[1]))

@@ -163,6 +163,7 @@ def train_rank(model_name: str, steps: int, batch: int, mode: str, out_dir: str,
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump(result, f)
     if mode == "ddp":
+        del net, opt  # the reducer before the group: PyTorch 2.13 can hang freeing it after (docs/guide/pytorch.md)
         dist.destroy_process_group()
     return result
 

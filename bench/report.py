@@ -480,6 +480,7 @@ TABLES_FIT = (
     "Estimator.fit, one task per worker (files)",
     "Estimator.fit, --fit-baseline (feeding tasks)",
     "a worker's floor: file-floor reads of its shard + its steps in memory, one core each",
+    "Spark's floor: a barrier stage of 2 Python tasks that return at once",
 )
 
 
@@ -493,13 +494,15 @@ def _tables_lines(rows: list[dict]) -> list[tuple]:
         for anchor in TABLES_ANCHORS:
             if _find(rows, anchor, r["metric"]):
                 lines.append((r["metric"], (TABLES_OURS, r["metric"]), (anchor, r["metric"]), "higher"))
-    new, old, floor = TABLES_FIT
+    new, old, floor, spark = TABLES_FIT
     for r in rows:
         if r["system"] == new:
             worker = r["metric"].replace("seconds", "seconds of a worker's work")
             lines.append((f"Estimator.fit, {r['metric']}", (new, r["metric"]), (old, r["metric"]), "lower"))
             if _find(rows, floor, worker):  # one floor: the first fit's metric
                 lines.append((f"Estimator.fit, {r['metric']}", (new, r["metric"]), (floor, worker), "lower"))
+            if _find(rows, spark, r["metric"]):
+                lines.append((f"Estimator.fit, {r['metric']}", (new, r["metric"]), (spark, r["metric"]), "lower"))
     return lines
 
 
