@@ -498,21 +498,27 @@ def fit_only(args, runs: int) -> int:
     return 0
 
 
-def fit_child(paths: list[str], cached: bool) -> None:
-    """Two Estimator.fits in this fresh process (its SparkSession started before the timer); prints the
-    seconds of each, a line each."""
+def _fresh_session(app: str) -> Any:
+    """The local[4] session of a fit child, started (before any timer) in this fresh process."""
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     spark = (
         SparkSession.builder.master("local[4]")
-        .appName("bench_tables_fit")
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "3g")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def fit_child(paths: list[str], cached: bool) -> None:
+    """Two Estimator.fits in this fresh process (its SparkSession started before the timer); prints the
+    seconds of each, a line each."""
+    spark = _fresh_session("bench_tables_fit")
     df = spark.read.parquet(*paths)
     if cached:
         df = df.cache()
@@ -525,18 +531,7 @@ def fit_child(paths: list[str], cached: bool) -> None:
 def spark_floor_child() -> None:
     """Spark's part of a fit, in a fresh driver as fit_child's: a barrier stage of 2 Python tasks that return
     at once, twice (the first starts the session's Python workers); prints the seconds of each."""
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[4]")
-        .appName("bench_tables_spark_floor")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "3g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _fresh_session("bench_tables_spark_floor")
     for _ in range(2):
         start = time.perf_counter()
         spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(lambda rows: [0]).collect()

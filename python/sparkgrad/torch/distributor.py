@@ -150,8 +150,8 @@ def _group_released() -> Iterator[None]:
     DistributedDataParallel model in the function's frame, and its reducer then holds the last reference to
     the gloo group. Freeing the frame frees the reducer with the GIL held, and the group's destructor joins its
     worker threads; a worker still finishing a collective started inside backward must take the GIL to drop
-    the Python context PyTorch (2.13) keeps in that collective's thread-local state: a deadlock, seen about
-    once in ten runs of a small model. Here ``destroy_process_group`` (while the function runs) keeps the
+    the Python context PyTorch (2.13) keeps in that collective's thread-local state: a deadlock, seen in one of
+    seven runs of the guide's example. Here ``destroy_process_group`` (while the function runs) keeps the
     groups it removes, and they are dropped after the function's frame is gone, through PyTorch's Python
     handle, whose destructor releases the GIL. A script (``train_object`` a path) runs in a process of its own
     and is left as it is.
