@@ -471,6 +471,7 @@ def _torch_lines(rows: list[dict]) -> list[tuple]:
 TABLES_OURS = "sparkgrad ParquetDataset"
 TABLES_ANCHORS = (
     "sparkgrad TFRecordDataset",
+    "sparkgrad TFRecordDataset, RawBytesFeature to float32",
     "sparkgrad Arrow feed (cluster.train(df))",
     "Spark's floor (mapInArrow counting the rows)",
     "pyarrow -> NumPy (file floor)",

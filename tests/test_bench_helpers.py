@@ -257,3 +257,31 @@ def test_torch_and_tables_reports_compare_with_their_anchors_and_grey_out_the_fl
     assert report._is_bound("pyarrow -> NumPy (file floor)") and not report._is_bound("Petastorm 0.13")
     benchlib.write_results(tmp_path / "tables.json", table_rows, benchlib.metadata("tables", argv=[]))
     assert "not measured: No module named 'pyarrow.filesystem'" in report.render()
+
+
+def test_tables_binary_goal_is_taken_against_the_tfrecord_reader_that_yields_the_same_floats(tmp_path):
+    import numpy as np
+    from sparkgrad.data import FixedLenFeature, TFRecordDataset, TFRecordWriter, encode_example
+
+    tables = _load("bench_tables")
+    rows = np.arange(2 * 784, dtype=np.uint8).reshape(2, 784)
+    path = str(tmp_path / "t.tfrecords")
+    with TFRecordWriter(path) as w:
+        for r in rows:
+            w.write(encode_example({"pixels": r.tobytes(), "label": np.array([1])}))
+    schema = {"pixels": FixedLenFeature([], "bytes"), "label": FixedLenFeature([], "int64")}
+    batch = next(iter(TFRecordDataset([path], tables.decoded_schema(schema), 2)))
+    assert batch["pixels"].dtype == np.float32 and batch["pixels"].shape == (2, 784)  # what ParquetDataset gives
+    np.testing.assert_array_equal(batch["pixels"], rows.astype(np.float32))
+    binary, floats_metric = "rows/s, binary[784], 1 worker", "rows/s, array<float>[784], 1 worker"
+    measured = [
+        benchlib.row(tables.PARQUET_DS, binary, 600.0, "rows/s"),
+        benchlib.row(tables.TFRECORD_DS, binary, 2000.0, "rows/s"),
+        benchlib.row(tables.TFRECORD_DECODED, binary, 1000.0, "rows/s"),
+        benchlib.row(tables.PARQUET_DS, floats_metric, 100.0, "rows/s"),
+        benchlib.row(tables.TFRECORD_DS, floats_metric, 400.0, "rows/s"),
+    ]
+    ratios = {(r["system"], r["metric"]): r["value"] for r in tables.goal_ratios(measured)}
+    assert ratios[(f"{tables.PARQUET_DS} / {tables.TFRECORD_DECODED}", "ratio, binary[784], 1 worker")] == 0.6
+    assert (f"{tables.PARQUET_DS} / {tables.TFRECORD_DS}", "ratio, binary[784], 1 worker") not in ratios
+    assert ratios[(f"{tables.PARQUET_DS} / {tables.TFRECORD_DS}", "ratio, array<float>[784], 1 worker")] == 0.25
