@@ -462,23 +462,15 @@ def fit_section(args, table: Table, runs: int) -> list[dict]:
     for _ in range(runs):
         for name, (pythonpath, cached) in trees.items():
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, os.path.dirname(__file__)]))
-            cmd = [sys.executable, __file__, "--fit-child", *table.parquet] + (["--cached"] if cached else [])
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0:
-                raise SystemExit(f"bench_tables: {name} failed:\n{done.stderr[-3000:]}")
-            first, second = (float(v) for v in done.stdout.strip().splitlines()[-2:])
-            seconds[name, metrics[0]].append(first)
-            seconds[name, metrics[1]].append(second)
+            cached_flag = ["--cached"] if cached else []
+            firsts = _child_seconds(name, ["--fit-child", *table.parquet, *cached_flag], env)
+            for m, v in zip(metrics, firsts, strict=True):
+                seconds[name, m].append(v)
     out = [benchlib.median_row(n, m, values, "s", digits=2) for (n, m), values in seconds.items()]
     stages: dict[str, list[float]] = {m: [] for m in metrics}
     for _ in range(runs):
-        done = subprocess.run(
-            [sys.executable, __file__, "--spark-floor-child"], capture_output=True, text=True, timeout=900
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"bench_tables: the Spark floor's child failed:\n{done.stderr[-3000:]}")
-        for m, v in zip(metrics, done.stdout.strip().splitlines()[-2:], strict=True):
-            stages[m].append(float(v))
+        for m, v in zip(metrics, _child_seconds("the Spark floor", ["--spark-floor-child"]), strict=True):
+            stages[m].append(v)
     out += [benchlib.median_row(FIT_SPARK, m, values, "s", digits=2) for m, values in stages.items()]
     floors = [fit_floor_seconds(table) for _ in range(runs)]
     out.append(
@@ -491,22 +483,28 @@ def fit_section(args, table: Table, runs: int) -> list[dict]:
     return out
 
 
+def _child_seconds(what: str, argv: list[str], env: dict[str, str] | None = None) -> list[float]:
+    """The two seconds (a fresh driver's first and second) a child of this script prints last."""
+    done = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_tables: {what} failed:\n{done.stderr[-3000:]}")
+    return [float(v) for v in done.stdout.strip().splitlines()[-2:]]
+
+
 def fit_only(args, runs: int) -> int:
     """--fit-only: the Estimator.fit rows measured again; the results file's other rows are kept as they were
     (its notes say from which run)."""
     path = pathlib.Path(args.out) if args.out else benchlib.results_file("tables.json", args.update)
-    old_meta, old_rows = benchlib.read_results(path) if path.exists() else (None, [])
     with tempfile.TemporaryDirectory(prefix="sparkgrad-bench-tables-") as work:
         table = write_tables(work, args.rows or (20_000 if args.quick else ROWS))[0]
         fit_rows = fit_section(args, table, runs)
     fit_systems = {FIT_NEW, FIT_OLD, FIT_FLOOR, FIT_SPARK, f"{FIT_OLD} / new"}
-    kept = [r for r in old_rows if r["system"] not in fit_systems]
+    kept, old = benchlib.kept_rows(path, lambda r: r["system"] not in fit_systems)
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
-    meta["notes"] = [n for n in (old_meta or {}).get("notes", []) if not n.startswith("--fit-only:")]
+    meta["notes"] = [n for n in old.get("notes", []) if not n.startswith("--fit-only:")]
     if kept:
         meta["notes"].append(
-            f"--fit-only: the Estimator.fit rows are from this run; the others from the run of "
-            f"{(old_meta or {}).get('started', '?')} (commit {(old_meta or {}).get('commit', '?')})"
+            f"--fit-only: the Estimator.fit rows are from this run; the others from {benchlib.run_of(old)}"
         )
     benchlib.write_results(path, kept + fit_rows, meta)
     benchlib.print_rows(fit_rows)

@@ -421,28 +421,17 @@ def main() -> int:
     benchlib.print_rows(rows)
     meta = benchlib.metadata("torch", packages=("torch", "pyspark", "numpy"), ranks=RANKS, runs=runs, quick=args.quick)
     path = benchlib.results_file("torch.json", args.update)
-    kept = kept_rows(path, parts)
+    # the part not run this time keeps its rows from the earlier results file
+    other = [p for p in ("e2e", "allreduce") if p not in parts]
+    kept, old = benchlib.kept_rows(path, lambda r: part_of(r) == other[0]) if len(other) == 1 else ([], {})
     if kept:
-        meta["notes"] = [f"{kept[0]}'s rows are from the run of {kept[1]} (commit {kept[2]}), kept by --parts"]
-    benchlib.write_results(path, rows + kept[3] if kept else rows, meta)
+        meta["notes"] = [f"{other[0]}'s rows are from {benchlib.run_of(old)}, kept by --parts"]
+    benchlib.write_results(path, rows + kept, meta)
     return 0
 
 
 def part_of(row: dict) -> str:
     return "allreduce" if row["metric"].startswith("allreduce ") else "e2e"
-
-
-def kept_rows(path: pathlib.Path, parts: list[str]) -> tuple[str, str, str, list[dict]] | None:
-    """The rows of the parts not run this time from an earlier full results file at ``path`` (its part,
-    start and commit, rows), so that one part can be measured again without losing the other's."""
-    other = [p for p in ("e2e", "allreduce") if p not in parts]
-    if len(other) != 1 or not path.exists():
-        return None
-    meta, old = benchlib.read_results(path)
-    rows = [r for r in old if part_of(r) == other[0]]
-    if not rows:
-        return None
-    return other[0], (meta or {}).get("started", "?"), (meta or {}).get("commit", "?"), rows
 
 
 if __name__ == "__main__":

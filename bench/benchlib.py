@@ -159,6 +159,20 @@ def read_results(path: str | os.PathLike) -> tuple[dict | None, list[dict]]:
     raise ValueError(f"{path}: expected a list of rows or {{'metadata', 'rows'}}")
 
 
+def kept_rows(path: str | os.PathLike, keep: Callable[[dict], bool]) -> tuple[list[dict], dict]:
+    """The rows ``keep`` selects of an earlier results file at ``path``, and its metadata ({} for none, or
+    no file): what a bench that measures only some of its rows again carries over (see `run_of`)."""
+    if not pathlib.Path(path).exists():
+        return [], {}
+    meta, rows = read_results(path)
+    return [r for r in rows if keep(r)], meta or {}
+
+
+def run_of(meta: dict) -> str:
+    """Which run a results file's metadata describes, for a note on rows kept from it."""
+    return f"the run of {meta.get('started', '?')} (commit {meta.get('commit', '?')})"
+
+
 def python_with(candidates: Iterable[str], modules: Iterable[str], timeout: float = 300.0) -> tuple[str | None, str]:
     """The first interpreter of ``candidates`` that imports every module; (path, "") or (None, why not)."""
     modules = list(modules)

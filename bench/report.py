@@ -487,7 +487,8 @@ TABLES_FIT = (
 
 def _tables_lines(rows: list[dict]) -> list[tuple]:
     """Per table and workers, ParquetDataset's rows/s against each anchor (the file floor has one worker's
-    row only); then Estimator.fit's seconds against the old path's and against a worker's floor."""
+    row only); then Estimator.fit's seconds, each fit's, against the old path's, a worker's floor (first
+    fit) and Spark's floor."""
     lines = []
     for r in rows:
         if r["system"] != TABLES_OURS or not r["metric"].startswith("rows/s, "):

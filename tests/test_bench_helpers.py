@@ -285,3 +285,13 @@ def test_tables_binary_goal_is_taken_against_the_tfrecord_reader_that_yields_the
     assert ratios[(f"{tables.PARQUET_DS} / {tables.TFRECORD_DECODED}", "ratio, binary[784], 1 worker")] == 0.6
     assert (f"{tables.PARQUET_DS} / {tables.TFRECORD_DS}", "ratio, binary[784], 1 worker") not in ratios
     assert ratios[(f"{tables.PARQUET_DS} / {tables.TFRECORD_DS}", "ratio, array<float>[784], 1 worker")] == 0.25
+
+
+def test_kept_rows_carry_an_earlier_files_other_rows_and_say_which_run(tmp_path):
+    rows = [benchlib.row("a", "allreduce 1 MB", 1.0, "s"), benchlib.row("b", "cnn: step", 2.0, "s/step")]
+    meta = benchlib.metadata("torch", argv=[])
+    benchlib.write_results(tmp_path / "torch.json", rows, meta)
+    kept, old = benchlib.kept_rows(tmp_path / "torch.json", lambda r: r["metric"].startswith("allreduce "))
+    assert kept == rows[:1] and old["started"] == meta["started"]
+    assert benchlib.run_of(old) == f"the run of {meta['started']} (commit {meta.get('commit', '?')})"
+    assert benchlib.kept_rows(tmp_path / "none.json", lambda r: True) == ([], {})

@@ -163,7 +163,8 @@ def _group_released() -> Iterator[None]:
     c10d = getattr(dist, "distributed_c10d", None)
     world = getattr(c10d, "_world", None)
     original = getattr(c10d, "destroy_process_group", None)
-    if dist is None or world is None or original is None or not hasattr(world, "pg_map"):
+    # no torch.distributed, or one without these internals: nothing to keep
+    if world is None or original is None or not hasattr(world, "pg_map"):
         yield
     else:
         kept: list[Any] = []
