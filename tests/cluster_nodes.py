@@ -25,9 +25,12 @@ def _name(ctx) -> str:
 
 
 def _mark(args, ctx, what: str) -> None:
+    """Writes the marker whole under a temporary name, then renames it: a test polling for markers never reads
+    one half written."""
     path = os.path.join(args["dir"], f"{what}-{ctx.executor_id}.json")
-    with open(path, "w") as f:
+    with open(path + ".part", "w") as f:
         json.dump({"pid": os.getpid(), "port": ctx.port, "name": _name(ctx)}, f)
+    os.replace(path + ".part", path)
 
 
 def _parent_of(pid: int) -> int:
