@@ -6,6 +6,7 @@ import _thread
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -104,6 +105,15 @@ def test_driver_interrupt_stops_every_node(tmp_path):
     _assert_all_gone(cluster)
 
 
+def _started_pids(tmp_path, count: int) -> list[int]:
+    """The pids of the nodes once ``count`` have marked themselves started (bounded by the test's timeout)."""
+    while True:
+        started = [json.loads(p.read_text())["pid"] for p in tmp_path.glob("started-*.json")]
+        if len(started) >= count:
+            return started
+        time.sleep(0.05)
+
+
 def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp_path):
     """No launcher is left to end it: the node's watcher does, two stop_grace after losing the driver."""
     driver_code = (
@@ -125,12 +135,7 @@ def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp
         )
     try:
         assert driver.stdout.readline() == "formed\n", stderr.read_text()
-        started = {}
-        while len(started) < 2:  # every node marks itself before it blocks; bounded by the test's timeout
-            started = {p.name: json.loads(p.read_text())["pid"] for p in tmp_path.glob("started-*.json")}
-            if len(started) < 2:
-                time.sleep(0.05)
-        pidfds = [os.pidfd_open(pid) for pid in started.values()]
+        pidfds = [os.pidfd_open(pid) for pid in _started_pids(tmp_path, 2)]
     finally:
         driver.kill()
         driver.wait(30)
@@ -144,6 +149,47 @@ def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp
     text = stderr.read_text()
     assert "ending the process (lost the driver's control connection" in text
     assert "blocked in native code" in text
+
+
+def test_the_forkserver_ends_with_its_killed_driver_while_its_nodes_still_run(tmp_path):
+    """A forked node holds no copy of the driver's end of the server's alive pipe: the server sees its driver
+    gone at once, not when the last node ends (here a minute later, its stop_grace being 30 s)."""
+    driver_code = (
+        "import sys, cluster_nodes, sparkgrad\n"
+        "cluster = sparkgrad.local.run(cluster_nodes.blocked_in_native_wait, {'dir': sys.argv[1], 'target': ''}, "
+        "2, 0, output=lambda line: None, stop_grace=30.0, preload=('json',))\n"
+        "print('formed', flush=True)\n"
+        "sys.stdin.read()\n"  # until the test kills it
+    )
+    with open(tmp_path / "stderr.txt", "w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", driver_code, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    nodes: list[int] = []
+    try:
+        assert driver.stdout.readline() == "formed\n", (tmp_path / "stderr.txt").read_text()
+        nodes = _started_pids(tmp_path, 2)
+        servers = {cluster_nodes._parent_of(pid) for pid in nodes}
+        assert len(servers) == 1 and driver.pid not in servers, "the nodes were not forked from one forkserver"
+        server = os.pidfd_open(servers.pop())
+        driver.kill()
+        driver.wait(30)
+        try:
+            ready, _, _ = select.select([server], [], [], 20)
+            assert ready, "the forkserver outlived its killed driver by 20 s"
+        finally:
+            os.close(server)
+        assert all(alive(pid) for pid in nodes)  # its nodes still in their 30 s grace: the server did not wait
+    finally:
+        driver.kill()
+        for pid in nodes:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_local_reservation_timeout_names_missing_executor(tmp_path, monkeypatch):

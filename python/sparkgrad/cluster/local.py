@@ -94,6 +94,23 @@ def _adopt_environment(environ: dict[str, str] | None) -> None:
         torch.set_num_threads(int(omp))
 
 
+def _let_the_server_end_with_its_driver() -> None:
+    """In a node forked from the forkserver, closing its copy of the driver's end of the server's alive pipe.
+
+    multiprocessing hands every forked process a duplicate of that end (so that it could start processes through
+    the same server); the server, which ends on EOF of the pipe, would then outlive a killed driver for as long
+    as any node lives, and a node stuck with the GIL held lives on. A node that starts processes through a
+    forkserver of its own gets a server of its own (multiprocessing starts one: this process started none).
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and getattr(server, "_forkserver_pid", 0) is None:  # inherited, not a server of its own
+        server._forkserver_alive_fd = None
+        os.close(fd)
+
+
 def _local_node_main(
     cfg: NodeConfig,
     executor_id: int,
@@ -104,6 +121,7 @@ def _local_node_main(
     environ: dict[str, str] | None = None,
 ) -> None:
     _adopt_environment(environ)
+    _let_the_server_end_with_its_driver()
     map_fun, tf_args = pickle.loads(payload)
     if result_pipe is None:
         run_node(cfg, executor_id, host, map_fun, tf_args, echo=False, threads=threads)
