@@ -220,6 +220,10 @@ def render_raw() -> str:
 # A comparison is a list of lines (label, ours, anchor, kind): ours and anchor are
 # (system, metric) of a row, kind says how the ratio is taken: "higher" (a rate:
 # ours / anchor's), "lower" (a time: anchor's / ours) or "diff" (ours - anchor's).
+# A fifth item, the (system, metric) of a row the bench wrote with the median of
+# the ratios it paired run by run (each run's anchor against the same run's
+# sparkgrad), is the line's ratio where the results hold it: the ratio the bench
+# printed, where the ratio of two medians may pair different runs.
 
 
 # bench_train.py's models: (name in its metrics, batch, name in the tables)
@@ -459,11 +463,14 @@ def _torch_lines(rows: list[dict]) -> list[tuple]:
         if r["system"] != TORCH_ANCHOR or r["unit"] != "s":
             continue
         for ours in TORCH_OURS:
-            lines.append((r["metric"], (ours, r["metric"]), (TORCH_ANCHOR, r["metric"]), "lower"))
+            # the bench names its paired ratio by the metric without its "(2 ranks, 937 steps)"
+            paired = ("ratio", f"{r['metric'].rsplit(' (', 1)[0]}, TorchDistributor / {ours}")
+            lines.append((r["metric"], (ours, r["metric"]), (TORCH_ANCHOR, r["metric"]), "lower", paired))
     for r in rows:
         if r["system"] == "sparkgrad.hvd.torch allreduce_":
+            paired = ("ratio", f"{r['metric']}: gloo / sparkgrad")
             lines.append((r["metric"], (r["system"], r["metric"]),
-                          ("torch.distributed.all_reduce (gloo)", r["metric"]), "lower"))  # fmt: skip
+                          ("torch.distributed.all_reduce (gloo)", r["metric"]), "lower", paired))  # fmt: skip
     return lines
 
 
@@ -582,7 +589,9 @@ COMPARISONS = {
         "PyTorch on sparkgrad: forming, training and allreduce against TorchDistributor and gloo (seconds)",
         "sparkgrad.torch.Distributor and sparkgrad.hvd.torch against PySpark's TorchDistributor (DDP over gloo) "
         "on the same PyTorch models and data, 2 ranks of one thread, each driver calling run() twice; "
-        "hvd.torch's allreduce_ against torch.distributed.all_reduce over gloo on the same tensors",
+        "hvd.torch's allreduce_ against torch.distributed.all_reduce over gloo on the same tensors; each "
+        "ratio is the median of the ratios of the runs paired in one sitting (a driver of ours against the "
+        "TorchDistributor driver before it), not the ratio of the two medians",
         _torch_lines,
     ),
     "tables": (
@@ -669,10 +678,11 @@ def comparison_lines(stem: str, rows: list[dict]) -> list[dict]:
     """The table lines of one comparison whose sparkgrad row or anchor row is in the file."""
     _, _, spec = COMPARISONS[stem]
     out = []
-    for name, (osys, ometric), (asys, ametric), kind in spec(rows):
+    for name, (osys, ometric), (asys, ametric), kind, *paired_at in spec(rows):
         ours, theirs = _find(rows, osys, ometric), _find(rows, asys, ametric)
         if ours is None and theirs is None:
             continue
+        paired = _find(rows, *paired_at[0]) if paired_at else None
         anchor = "fp32 GEMM bound" if asys == "machine" else _label(theirs, asys)
         out.append(
             {
@@ -682,7 +692,7 @@ def comparison_lines(stem: str, rows: list[dict]) -> list[dict]:
                 "ours": ours,
                 "theirs": theirs,
                 "kind": kind,
-                "ratio": ratio(ours, theirs, kind),
+                "ratio": paired["value"] if paired and _is_num(paired["value"]) else ratio(ours, theirs, kind),
             }
         )
     return out

@@ -233,6 +233,15 @@ def test_torch_and_tables_reports_compare_with_their_anchors_and_grey_out_the_fl
     assert lines[(formed, "sparkgrad.hvd.torch (DistributedOptimizer)")]["ratio"] is None
     assert lines[(ar, "sparkgrad.hvd.torch allreduce_")]["ratio"] == pytest.approx(4.0)
     assert not any(name.startswith("cnn: step") for name, _ in lines)  # s/step rows are not compared
+    # where the bench paired its runs, the line shows the median of those ratios, not the ratio of the medians
+    paired = "cnn: formation, second run() in the driver, TorchDistributor / sparkgrad.torch.Distributor (DDP, gloo)"
+    torch_rows += [
+        benchlib.median_row("ratio", paired, [15.0, 16.0, 25.0], "x"),
+        benchlib.median_row("ratio", f"{ar}: gloo / sparkgrad", [3.0, 3.5, 5.0], "x"),
+    ]
+    lines = {(ln["name"], ln["system"]): ln for ln in report.comparison_lines("torch", torch_rows)}
+    assert lines[(formed, "sparkgrad.torch.Distributor (DDP, gloo)")]["ratio"] == pytest.approx(16.0)
+    assert lines[(ar, "sparkgrad.hvd.torch allreduce_")]["ratio"] == pytest.approx(3.5)
     fit = "seconds, list<float>, 2 workers, 2 epochs"
     rate = "rows/s, list<float>, 1 worker"
     table_rows = [
