@@ -113,6 +113,15 @@ def blocked_in_native_wait(args, ctx):
     select.select([never], [], [])
 
 
+def blocked_holding_the_gil(args, ctx):
+    """Sleeps in libc called through ctypes.PyDLL, which keeps the GIL (as PyTorch's gloo teardown has): no
+    other Python thread of the process runs again."""
+    import ctypes
+
+    _mark(args, ctx, "started")
+    ctypes.PyDLL(None).sleep(3600)
+
+
 # -- training with parameter servers: a linear softmax classifier in NumPy ------------------
 
 FEATURES, CLASSES = 10, 4

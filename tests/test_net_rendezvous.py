@@ -313,6 +313,62 @@ NODE_SCRIPT = textwrap.dedent(
 )
 
 
+ORPHAN_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    from sparkgrad import _core
+    secret = bytes.fromhex(sys.argv[1])
+    def node(eid):
+        return {"host": "127.0.0.1", "port": 0, "role": "worker", "index": 0, "executor_id": eid, "pid": os.getpid()}
+    closed = _core.ControlClient.register("127.0.0.1", int(sys.argv[2]), secret, node(0), 10.0)
+    closed.exit_when_orphaned(0.01, 78, "the closed client's guard ended the process")
+    closed.close()
+    del closed  # freeing the client joins its guard thread: this one can end nothing any more
+    kept = _core.ControlClient.register("127.0.0.1", int(sys.argv[3]), secret, node(0), 10.0)
+    kept.exit_when_orphaned(0.2, 77, "orphaned: ending the process")
+    print("armed", flush=True)
+    ctypes.PyDLL(None).pause()  # holds the GIL: no Python thread of this process runs again
+    """
+)
+
+
+def test_the_orphan_guard_ends_a_process_whose_python_is_stuck_once_its_driver_is_gone(secret):
+    """The guard needs no GIL; a client closed before its driver went (the first server stops first) never
+    ends the process."""
+    with (
+        _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as first,
+        _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as second,
+    ):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ORPHAN_SCRIPT, secret.hex(), str(first.port), str(second.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        try:
+            assert proc.stdout.readline().strip() == b"armed", proc.stderr.read()
+            first.close()  # its client closed before: that guard had returned
+            second.close()
+            code = proc.wait(30)
+        finally:
+            proc.kill()
+        assert code == 77, proc.stderr.read()
+        assert proc.stderr.read().decode().strip() == "orphaned: ending the process"
+
+
+def test_the_orphan_guard_takes_its_arguments_once_and_checks_them(secret):
+    with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:
+        client = _core.ControlClient.register("127.0.0.1", srv.port, secret, net_raw.node(0), 10.0)
+        with pytest.raises(errors.InvalidArgumentError, match=r"after must be in \(0, 86400\] seconds, got 0"):
+            client.exit_when_orphaned(0, 1, "x")
+        with pytest.raises(errors.InvalidArgumentError, match=r"exit status must be in \[0, 255\], got 256"):
+            client.exit_when_orphaned(1.0, 256, "x")
+        client.exit_when_orphaned(86400, 1, "x")
+        with pytest.raises(errors.StateError, match="already has its orphan guard"):
+            client.exit_when_orphaned(86400, 1, "x")
+        client.close()
+
+
 @pytest.mark.parametrize("how", ["sigkill", "exit", "sigstop"])
 def test_a_node_that_dies_or_stalls_is_lost_within_heartbeat_timeout(secret, how):
     with _core.RendezvousServer(secret, 1, "127.0.0.1", 0) as srv:

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "net/auth.h"
 #include "net/json_msg.h"
@@ -35,6 +36,12 @@ struct CtlClient {
     int acked, registered, num_nodes;
     cJSON *spec;     /* the spec array, as received */
     char *spec_json; /* its text, printed on first ctl_client_spec() */
+    /* ctl_client_exit_when_orphaned's guard thread and what it was given */
+    int guarded;
+    pthread_t guard;
+    double guard_after;
+    int guard_status;
+    char *guard_message;
 };
 
 /* ---- the reader thread's callbacks ---------------------------------------- */
@@ -303,6 +310,67 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err)
     return rc;
 }
 
+/* The guard: sleeps until the connection breaks, then guard_after more; ends the process unless
+ * the node stopped the client meanwhile. Needs nothing but the client's mutex, so it runs while
+ * every other thread of the process is stuck (a thread holding the GIL in a native wait). */
+static void *guard_main(void *arg)
+{
+    CtlClient *c = arg;
+    pthread_mutex_lock(&c->net.mu);
+    while (!c->stopped && c->net.rd.err.code == 0)
+        pthread_cond_wait(&c->net.cv, &c->net.mu);
+    double deadline = sg_now() + c->guard_after;
+    while (!c->stopped && sg_cond_wait(&c->net.cv, &c->net.mu, deadline) != ETIMEDOUT)
+        ;
+    int end = !c->stopped;
+    pthread_mutex_unlock(&c->net.mu);
+    if (end) {
+        /* no driver is left to forward it to: the process's own stderr */
+        size_t left = strlen(c->guard_message);
+        const char *p = c->guard_message;
+        while (left > 0) {
+            ssize_t n = write(STDERR_FILENO, p, left);
+            if (n <= 0 && errno != EINTR)
+                break;
+            if (n > 0)
+                p += n, left -= (size_t)n;
+        }
+        _exit(c->guard_status);
+    }
+    return NULL;
+}
+
+int ctl_client_exit_when_orphaned(CtlClient *c, double after, int status, const char *message,
+                                  SgError *err)
+{
+    if (!(after > 0 && after <= 86400))
+        return sg_fail(err, SG_EINVAL, "after must be in (0, 86400] seconds, got %g", after);
+    if (status < 0 || status > 255)
+        return sg_fail(err, SG_EINVAL, "exit status must be in [0, 255], got %d", status);
+    pthread_mutex_lock(&c->net.mu);
+    int rc = SG_OK;
+    if (c->guarded)
+        rc = sg_fail(err, SG_ESTATE, "control client for %s already has its orphan guard",
+                     c->net.peer);
+    else if ((c->guard_message = malloc(strlen(message) + 2)) == NULL)
+        rc = sg_fail(err, SG_ENOMEM, "copying the orphan guard's message");
+    if (rc == SG_OK) {
+        sprintf(c->guard_message, "%s\n", message);
+        c->guard_after = after;
+        c->guard_status = status;
+        int e = pthread_create(&c->guard, NULL, guard_main, c);
+        if (e != 0) {
+            free(c->guard_message);
+            c->guard_message = NULL;
+            rc = sg_fail(err, SG_EIO, "starting the orphan guard thread: %s", strerror(e));
+        } else {
+            c->guarded = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->net.mu);
+    return rc;
+}
+
 void ctl_client_interrupt(CtlClient *c)
 {
     pthread_mutex_lock(&c->net.mu);
@@ -328,6 +396,9 @@ void ctl_client_free(CtlClient *c)
     if (c == NULL)
         return;
     ctl_client_stop(c);
+    if (c->guarded) /* it returns on stop */
+        pthread_join(c->guard, NULL);
+    free(c->guard_message);
     net_client_free(&c->net);
     cJSON_Delete(c->spec);
     free(c->spec_json);

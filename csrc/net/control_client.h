@@ -58,6 +58,16 @@ int ctl_client_recv(CtlClient *c, double timeout, char **json, SgError *err);
  * without waiting out its timeout. */
 void ctl_client_interrupt(CtlClient *c);
 
+/* A backstop for a node that is its own process: once the connection has
+ * broken (the driver gone, or silent for driver_timeout), a thread of its own
+ * waits `after` more seconds and, unless ctl_client_stop came first, writes
+ * `message` (and a newline) to fd 2 and ends the process with `status`
+ * (_exit). It needs no other thread, so it ends a process whose Python is
+ * stuck with the GIL held. Once per client: SG_ESTATE the second time;
+ * SG_EINVAL for after outside (0, 86400] or status outside [0, 255]. */
+int ctl_client_exit_when_orphaned(CtlClient *c, double after, int status, const char *message,
+                                  SgError *err);
+
 /* Stops the heartbeat thread and closes the connection (idempotent);
  * ctl_client_free stops if needed and frees. */
 void ctl_client_stop(CtlClient *c);

@@ -174,6 +174,19 @@ static PyObject *Ctl_recv(CtlObject *self, PyObject *args, PyObject *kw)
     return out;
 }
 
+static PyObject *Ctl_exit_when_orphaned(CtlObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"after", "status", "message", NULL};
+    double after;
+    int status;
+    const char *message;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "dis:exit_when_orphaned", kwlist, &after, &status,
+                                     &message))
+        return NULL;
+    SgError err;
+    return finish(ctl_client_exit_when_orphaned(self->cli, after, status, message, &err), &err);
+}
+
 static PyObject *Ctl_interrupt(CtlObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -235,6 +248,11 @@ static PyMethodDef Ctl_methods[] = {
      "error(message, traceback, host='')"},
     {"recv", (PyCFunction)(void (*)(void))Ctl_recv, METH_VARARGS | METH_KEYWORDS,
      "recv(timeout) -> dict | None: next message from the driver."},
+    {"exit_when_orphaned", (PyCFunction)(void (*)(void))Ctl_exit_when_orphaned,
+     METH_VARARGS | METH_KEYWORDS,
+     "exit_when_orphaned(after, status, message): `after` seconds after the connection broke, "
+     "unless close() came first, a thread that needs no GIL writes message to fd 2 and ends the "
+     "process with status (_exit)."},
     {"interrupt", (PyCFunction)Ctl_interrupt, METH_NOARGS,
      "interrupt(): a waiting (or the next) recv returns None at once."},
     {"close", (PyCFunction)Ctl_close, METH_NOARGS,

@@ -266,7 +266,9 @@ class _StopWatcher:
 
     Stopping goes in three steps, stop_grace apart: ctx's stop signal, NodeStopped raised in map_fun's thread,
     and, in a node that is its own process, the end of that process (STUCK_EXIT). The last step is what frees
-    a rank blocked in a native wait whose driver is gone: nobody else would end it.
+    a rank blocked in a native wait whose driver is gone: nobody else would end it. Where the driver is gone,
+    the control client's C guard takes that step itself a stop_grace later, for a process whose Python cannot
+    run this thread.
     """
 
     POLL_SECONDS = 5.0  # recv timeout; __exit__ interrupts the wait, so this is only a safety net
@@ -296,6 +298,15 @@ class _StopWatcher:
 
     def __enter__(self) -> _StopWatcher:
         self._thread.start()
+        if self._own_process:
+            # the last step again, a stop_grace later, from a C thread: this one needs the GIL, which a
+            # thread stuck in native code may hold (PyTorch's gloo teardown has); ends on client.close()
+            self._client.exit_when_orphaned(
+                3 * self._grace,
+                STUCK_EXIT,
+                f"sparkgrad: {self._name}: ending the process: its driver's control connection broke "
+                f"{3 * self._grace:g} s ago and its Python did not end it (a thread holds the GIL in native code)",
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
