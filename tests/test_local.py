@@ -6,6 +6,7 @@ import _thread
 import contextlib
 import json
 import os
+import pathlib
 import select
 import signal
 import subprocess
@@ -106,6 +107,29 @@ def test_driver_interrupt_stops_every_node(tmp_path):
     _assert_all_gone(cluster)
 
 
+def _driver_of_two_blocked_nodes(tmp_path, blocked: str, options: str) -> tuple[subprocess.Popen, pathlib.Path]:
+    """A driver process running 2 local nodes of cluster_nodes.<blocked> with run()'s ``options``; it prints
+    "formed" and waits until the test kills it. Its stderr goes to the file returned."""
+    driver_code = (
+        "import sys, cluster_nodes, sparkgrad\n"
+        f"cluster = sparkgrad.local.run(cluster_nodes.{blocked}, {{'dir': sys.argv[1], 'target': ''}}, "
+        f"2, 0, output=lambda line: None, {options})\n"
+        "print('formed', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", driver_code, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    return driver, stderr
+
+
 def _started_pids(tmp_path, count: int) -> list[int]:
     """The pids of the nodes once ``count`` have marked themselves started (bounded by the test's timeout)."""
     while True:
@@ -125,23 +149,7 @@ def _started_pids(tmp_path, count: int) -> list[int]:
 def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp_path, blocked, why):
     """No launcher is left to end it: the node's watcher does, two stop_grace after losing the driver, or,
     where it cannot run for the GIL, the control client's C guard a stop_grace later."""
-    driver_code = (
-        "import sys, cluster_nodes, sparkgrad\n"
-        f"cluster = sparkgrad.local.run(cluster_nodes.{blocked}, {{'dir': sys.argv[1], 'target': ''}}, "
-        "2, 0, output=lambda line: None, stop_grace=1.0)\n"
-        "print('formed', flush=True)\n"
-        "sys.stdin.read()\n"  # until the test kills it
-    )
-    stderr = tmp_path / "stderr.txt"
-    with open(stderr, "w") as err:
-        driver = subprocess.Popen(
-            [sys.executable, "-c", driver_code, str(tmp_path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )
+    driver, stderr = _driver_of_two_blocked_nodes(tmp_path, blocked, "stop_grace=1.0")
     try:
         assert driver.stdout.readline() == "formed\n", stderr.read_text()
         pidfds = [os.pidfd_open(pid) for pid in _started_pids(tmp_path, 2)]
@@ -164,25 +172,12 @@ def test_a_node_blocked_in_native_code_ends_itself_when_its_driver_is_killed(tmp
 def test_the_forkserver_ends_with_its_killed_driver_while_its_nodes_still_run(tmp_path):
     """A forked node holds no copy of the driver's end of the server's alive pipe: the server sees its driver
     gone at once, not when the last node ends (here a minute later, its stop_grace being 30 s)."""
-    driver_code = (
-        "import sys, cluster_nodes, sparkgrad\n"
-        "cluster = sparkgrad.local.run(cluster_nodes.blocked_in_native_wait, {'dir': sys.argv[1], 'target': ''}, "
-        "2, 0, output=lambda line: None, stop_grace=30.0, preload=('json',))\n"
-        "print('formed', flush=True)\n"
-        "sys.stdin.read()\n"  # until the test kills it
+    driver, stderr = _driver_of_two_blocked_nodes(
+        tmp_path, "blocked_in_native_wait", "stop_grace=30.0, preload=('json',)"
     )
-    with open(tmp_path / "stderr.txt", "w") as err:
-        driver = subprocess.Popen(
-            [sys.executable, "-c", driver_code, str(tmp_path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )
     nodes: list[int] = []
     try:
-        assert driver.stdout.readline() == "formed\n", (tmp_path / "stderr.txt").read_text()
+        assert driver.stdout.readline() == "formed\n", stderr.read_text()
         nodes = _started_pids(tmp_path, 2)
         servers = {cluster_nodes._parent_of(pid) for pid in nodes}
         assert len(servers) == 1 and driver.pid not in servers, "the nodes were not forked from one forkserver"
