@@ -172,6 +172,8 @@ FIT_NEW, FIT_OLD = "Estimator.fit, one task per worker (files)", "Estimator.fit,
 FIT_SECOND = ", second fit in the driver"  # the metric of a driver's second fit: its Python workers started
 FIT_SPARK = "Spark's floor: a barrier stage of 2 Python tasks that return at once"
 FIT_FLOOR = "a worker's floor: file-floor reads of its shard + its steps in memory, one core each"
+# every system of the --fit rows (the ratio row's included)
+FIT_SYSTEMS = frozenset({FIT_NEW, FIT_OLD, FIT_FLOOR, FIT_SPARK, f"{FIT_OLD} / new"})
 
 
 @dataclass(frozen=True)
@@ -498,8 +500,7 @@ def fit_only(args, runs: int) -> int:
     with tempfile.TemporaryDirectory(prefix="sparkgrad-bench-tables-") as work:
         table = write_tables(work, args.rows or (20_000 if args.quick else ROWS))[0]
         fit_rows = fit_section(args, table, runs)
-    fit_systems = {FIT_NEW, FIT_OLD, FIT_FLOOR, FIT_SPARK, f"{FIT_OLD} / new"}
-    kept, old = benchlib.kept_rows(path, lambda r: r["system"] not in fit_systems)
+    kept, old = benchlib.kept_rows(path, lambda r: r["system"] not in FIT_SYSTEMS)
     meta = benchlib.metadata("tables", packages=benchlib.PACKAGES + ("pyarrow",))
     meta["notes"] = [n for n in old.get("notes", []) if not n.startswith("--fit-only:")]
     if kept:
@@ -727,7 +728,13 @@ def main() -> int:
         finally:
             os.sched_setaffinity(0, allowed)
         rows_out += workers_section(args, work, runs)
-    benchlib.write_results(args.out or benchlib.results_file("tables.json", args.update), rows_out, meta)
+    path = args.out or benchlib.results_file("tables.json", args.update)
+    if not args.fit and not args.skip_spark:  # the --fit rows of the earlier file stay, saying from which run
+        kept, old = benchlib.kept_rows(path, lambda r: r["system"] in FIT_SYSTEMS)
+        if kept:
+            rows_out += kept
+            meta["notes"].append(f"the Estimator.fit rows are from {benchlib.run_of(old)}, kept: no --fit this time")
+    benchlib.write_results(path, rows_out, meta)
     benchlib.print_rows(rows_out)
     return 0
 

@@ -271,6 +271,35 @@ def test_an_export_that_fails_or_fills_half_its_structs_is_refused_and_released(
     assert reader.pending == 0
 
 
+def test_binary_rows_are_read_from_the_batch_held_until_its_last_row_is_taken(capsule):
+    """A binary chunk keeps its Arrow batch instead of copying its bytes: the batch's memory stays allocated
+    while rows of it wait in the shuffle buffer, and goes back once the last is taken (or the reader goes)."""
+    raw = np.random.default_rng(5).integers(0, 256, (400, 784), dtype=np.uint8)
+    labels = np.arange(400, dtype=np.int64)
+    plans = [("px", 0, False, 0, 0.0, 0.0), ("y", 0, False, 0, 0.0, 0.0, True)]
+    base = pa.total_allocated_bytes()
+    batch = pa.RecordBatch.from_pydict({"px": pa.array([r.tobytes() for r in raw], pa.binary()), "y": pa.array(labels)})
+    size = pa.total_allocated_bytes() - base
+    reader = _core.TableReader(plans, 50, shuffle_buffer=300, seed=9)
+    for k in range(0, 400, 100):
+        reader.push(batch.slice(k, 100), "f", 0, k, capsule)
+    del batch  # the reader's chunks hold it now
+    assert pa.total_allocated_bytes() - base >= size
+    seen = np.zeros((400, 784), np.float32)
+    while (b := reader.next(final=True)) is not None:
+        rows, ((_, px, _), (_, y, _)) = b
+        seen[y[:, 0]] = px
+    np.testing.assert_array_equal(seen, raw.astype(np.float32))  # every row, its own bytes
+    assert pa.total_allocated_bytes() == base  # every row taken: the batch released
+    again = pa.RecordBatch.from_pydict({"px": pa.array([r.tobytes() for r in raw[:10]], pa.binary())})
+    reader = _core.TableReader(plans[:1], 50, shuffle_buffer=300)
+    reader.push(again, "f", 0, 0, capsule)
+    del again
+    assert pa.total_allocated_bytes() > base  # its rows wait for more
+    del reader  # the reader gone, the batch with it
+    assert pa.total_allocated_bytes() == base
+
+
 def test_a_pool_reuses_chunk_buffers_without_changing_the_batches(capsule):
     batch = pa.RecordBatch.from_pydict(
         {"x": pa.array(np.arange(500, dtype=np.float64)), "s": pa.array([str(i) for i in range(500)])}

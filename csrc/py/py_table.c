@@ -1,7 +1,8 @@
 /*
  * py_table.c - sparkgrad._core.TableReader: Arrow record batches in (through
  * the C data interface, no copy: the PyCapsules of pyarrow >= 14, or the
- * structs older pyarrow's _export_to_c fills), shuffled batches of NumPy
+ * structs older pyarrow's _export_to_c fills; a chunk of binary values keeps
+ * its batch instead of copying them), shuffled batches of NumPy
  * arrays out. Wrapped by sparkgrad.data.ParquetDataset, which reads the
  * files and plans epochs and shards; converting and gathering run with the
  * GIL released.
@@ -72,7 +73,8 @@ typedef struct {
     PyObject **names; /* [nplans] the plans' names as bytes, owning plans[i].name */
     size_t nplans;
     TblBatcher *batcher;
-    int busy; /* a call runs without the GIL */
+    TblRelease *lent; /* the batches chunks borrowed, released with the GIL held */
+    int busy;         /* a call runs without the GIL */
 } TableReaderObject;
 
 static void reader_free_plans(TableReaderObject *self)
@@ -158,7 +160,8 @@ static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     }
     SgError err = {0};
     if (tbl_batcher_new(&self->batcher, (size_t)batch_size, (size_t)shuffle, (uint64_t)seed, &err) <
-        0) {
+            0 ||
+        tbl_release_new(&self->lent, &err) < 0) {
         Py_DECREF(self);
         return sg_raise(&err);
     }
@@ -254,16 +257,19 @@ static PyObject *reader_push(TableReaderObject *self, PyObject *args, PyObject *
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = tbl_chunk_from_arrow(&chunk, &schema, &array, self->plans, self->nplans, &where,
-                              self->pool != NULL ? self->pool->pool : NULL, &err);
+                              self->pool != NULL ? self->pool->pool : NULL, self->lent, &err);
     if (rc == 0) {
         kept = chunk->rows;
         rc = tbl_batcher_push(self->batcher, chunk, &err);
     }
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    /* with the GIL: the producer's buffers may hold Python objects */
-    array.release(&array);
+    /* with the GIL: the producer's buffers may hold Python objects. A chunk that borrowed the
+     * array took it (release NULL here); those of chunks freed since are released now */
+    if (array.release != NULL)
+        array.release(&array);
     schema.release(&schema);
+    tbl_release_drain(self->lent);
     Py_DECREF(file);
     if (rc < 0)
         return sg_raise(&err);
@@ -336,6 +342,7 @@ static PyObject *reader_next(TableReaderObject *self, PyObject *args, PyObject *
     rc = tbl_batcher_next(self->batcher, final, &batch, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    tbl_release_drain(self->lent); /* the batches of the chunks this batch emptied */
     if (rc < 0)
         return sg_raise(&err);
     if (rc == 0)
@@ -384,6 +391,7 @@ static PyObject *reader_pending(TableReaderObject *self, void *closure)
 static void reader_dealloc(TableReaderObject *self)
 {
     tbl_batcher_free(self->batcher); /* its chunks' buffers go back to the pool first */
+    tbl_release_free(self->lent);    /* and their borrowed batches are released, with the GIL */
     reader_free_plans(self);
     Py_XDECREF(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);

@@ -19,6 +19,13 @@
  * and, where the plan asks (ids for embeddings and lookups), integers and
  * lists of them as exact int64 in place of float32.
  *
+ * A binary column whose rows all stay, each of the plan's width, is not
+ * copied when the caller lends the batch (a TblRelease): the chunk keeps
+ * the batch's ArrowArray (moved out of the caller's struct) and points at
+ * its value buffer, and when the chunk is freed the array goes to the
+ * TblRelease, whose owner releases it where the producer allows (pyarrow's
+ * buffers can hold Python objects: with the GIL).
+ *
  * Not here: dictionary-encoded columns (refused with their name), lists of
  * lists, maps, dates, decimals; reading files (the Python side does that).
  */
@@ -67,6 +74,7 @@ typedef struct TblColumn {
     TblOut out;
     size_t width;     /* F32: values per row */
     int u8;           /* F32 kept as bytes (a chunk of binary values): in `bytes`, not `values` */
+    int borrowed;     /* u8: `bytes` points into the chunk's held batch, not a buffer of its own */
     float *values;    /* F32: [rows, width] */
     int64_t *ints;    /* I64: [rows, width] */
     int32_t *lengths; /* [rows] for variable-length lists, else NULL */
@@ -74,8 +82,14 @@ typedef struct TblColumn {
     uint8_t *bytes;   /* STR: [offsets[rows]] UTF-8; u8: [rows, width] */
 } TblColumn;
 
+typedef struct TblRelease TblRelease;
+
 typedef struct TblChunk {
-    TblPool *pool;  /* where its buffers go back (NULL: malloc'ed, e.g. a batch) */
+    TblPool *pool; /* where its buffers go back (NULL: malloc'ed, e.g. a batch) */
+    /* the batch a borrowed column points into (held.release != NULL), and where it goes when freed
+     */
+    struct ArrowArray held;
+    TblRelease *release_to;
     size_t rows;    /* kept rows (after TBL_NULLS_SKIP) */
     size_t pending; /* rows not yet gathered into a batch (the batcher's count) */
     size_t ncols;
@@ -90,18 +104,29 @@ typedef struct TblWhere {
     long long first_row;
 } TblWhere;
 
+/* The batches that chunks borrowed from, queued as the chunks are freed
+ * (from any thread) until the owner releases them (tbl_release_drain, where
+ * releasing is allowed). Thread-safe. */
+int tbl_release_new(TblRelease **out, SgError *err);
+void tbl_release_drain(TblRelease *r);
+/* Drains, then frees. Every chunk that borrowed through it is freed first. */
+void tbl_release_free(TblRelease *r);
+
 /* Validates `array` (described by `schema`, a struct: the record batch) as
  * far as the plans read it and converts the planned columns into a new
  * chunk (*out, freed with tbl_chunk_free) whose buffers come from pool (may
  * be NULL). Fills plans' unset width / out /
- * lengths. Does not take or release the Arrow structs. Errors: SG_ESCHEMA
+ * lengths. With `lend` (may be NULL: every column is copied), a chunk that
+ * borrows a column takes the array: *array is moved into the chunk (its
+ * release set to NULL), and goes to `lend` when the chunk is freed; else
+ * the Arrow structs stay the caller's. Never takes the schema. Errors: SG_ESCHEMA
  * (missing column, with the batch's columns; unsupported type; a null under
  * TBL_NULLS_ERROR; a row that does not fit the width), SG_ECORRUPT (a
  * malformed array), SG_ENOMEM. Messages name the column and, from `where`,
  * the file, row group and row. */
-int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
-                         const struct ArrowArray *array, TblPlan *plans, size_t nplans,
-                         const TblWhere *where, TblPool *pool, SgError *err);
+int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema, struct ArrowArray *array,
+                         TblPlan *plans, size_t nplans, const TblWhere *where, TblPool *pool,
+                         TblRelease *lend, SgError *err);
 
 void tbl_chunk_free(TblChunk *chunk);
 

@@ -8,6 +8,7 @@
  * from all of them and an error names the first null; the second converts
  * the kept rows. Not here: Arrow validation, batching, reading files.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -295,14 +296,33 @@ static int row_bytes(const TblLeaf *l, const TblPlan *plan, int64_t r, const uin
 }
 
 /* A binary column without null rows to fill stays bytes in the chunk
- * (col->u8: a quarter of the memory), made float32 as rows are gathered. */
+ * (col->u8: a quarter of the memory), made float32 as rows are gathered.
+ * With `borrow` and every row kept, the rows (each checked to be the
+ * plan's width) lie one after another in the batch's value buffer: the
+ * column points there (col->borrowed) instead of copying them. */
 static int convert_bytes(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const uint8_t *keep,
                          int64_t rows, size_t kept, const TblWhere *where, TblPool *pool,
-                         SgError *err)
+                         int borrow, SgError *err)
 {
     col->out = TBL_OUT_F32;
     col->width = plan->width;
     col->u8 = 1;
+    if (borrow && kept == (size_t)rows && rows > 0) {
+        const uint8_t *first = NULL, *bytes;
+        for (int64_t r = 0; r < rows; r++) {
+            if (row_bytes(l, plan, r, &bytes, err) < 0)
+                return at(err, where, r);
+            if (r == 0)
+                first = bytes;
+            else if (bytes != first + r * (int64_t)plan->width)
+                break; /* offsets that do not follow each other (valid Arrow): copied below */
+            if (r == rows - 1) {
+                col->bytes = (uint8_t *)first;
+                col->borrowed = 1;
+                return 0;
+            }
+        }
+    }
     col->bytes = tbl_pool_get(pool, kept * plan->width + 1);
     if (col->bytes == NULL)
         return sg_fail(err, SG_ENOMEM, "no memory for %zu rows of column '%s'", kept, plan->name);
@@ -459,7 +479,7 @@ static int convert_ints(TblColumn *col, const TblLeaf *l, const TblPlan *plan, c
 
 static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const Column *c,
                           const uint8_t *keep, int64_t rows, size_t kept, const TblWhere *where,
-                          TblPool *pool, SgError *err)
+                          TblPool *pool, int borrow, SgError *err)
 {
     if (plan->out == TBL_OUT_STR)
         return convert_strings(col, l, plan, c, keep, rows, kept, pool, err);
@@ -467,7 +487,7 @@ static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan,
         return convert_ints(col, l, plan, c, keep, rows, kept, where, pool, err);
     if ((l->kind == TBL_BIN || l->kind == TBL_FIXBIN) &&
         (c->nulls == NULL || plan->nulls != TBL_NULLS_FILL))
-        return convert_bytes(col, l, plan, keep, rows, kept, where, pool, err);
+        return convert_bytes(col, l, plan, keep, rows, kept, where, pool, borrow, err);
     int rc = alloc_column(col, plan, kept, 0, pool, err);
     if (rc < 0)
         return rc;
@@ -487,6 +507,69 @@ static int convert_column(TblColumn *col, const TblLeaf *l, const TblPlan *plan,
     return 0;
 }
 
+/* ---- batches lent to chunks ------------------------------------------------ */
+
+typedef struct Held {
+    struct ArrowArray array;
+    struct Held *next;
+} Held;
+
+struct TblRelease {
+    pthread_mutex_t mu;
+    Held *queued;
+};
+
+int tbl_release_new(TblRelease **out, SgError *err)
+{
+    TblRelease *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return sg_fail(err, SG_ENOMEM, "allocating a table release queue");
+    pthread_mutex_init(&r->mu, NULL);
+    *out = r;
+    return 0;
+}
+
+void tbl_release_drain(TblRelease *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    Held *h = r->queued;
+    r->queued = NULL;
+    pthread_mutex_unlock(&r->mu);
+    while (h != NULL) {
+        Held *next = h->next;
+        h->array.release(&h->array);
+        free(h);
+        h = next;
+    }
+}
+
+void tbl_release_free(TblRelease *r)
+{
+    if (r == NULL)
+        return;
+    tbl_release_drain(r);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* A freed chunk's batch into its queue; released here only when no node can
+ * be had for it (out of memory: better than keeping it for good). */
+static void give_back_batch(TblChunk *chunk)
+{
+    Held *h = malloc(sizeof *h);
+    if (h == NULL) {
+        chunk->held.release(&chunk->held);
+        return;
+    }
+    h->array = chunk->held;
+    pthread_mutex_lock(&chunk->release_to->mu);
+    h->next = chunk->release_to->queued;
+    chunk->release_to->queued = h;
+    pthread_mutex_unlock(&chunk->release_to->mu);
+}
+
 void tbl_chunk_free(TblChunk *chunk)
 {
     if (chunk == NULL)
@@ -496,8 +579,11 @@ void tbl_chunk_free(TblChunk *chunk)
         tbl_pool_put(chunk->pool, chunk->cols[i].ints);
         tbl_pool_put(chunk->pool, chunk->cols[i].lengths);
         tbl_pool_put(chunk->pool, chunk->cols[i].offsets);
-        tbl_pool_put(chunk->pool, chunk->cols[i].bytes);
+        if (!chunk->cols[i].borrowed)
+            tbl_pool_put(chunk->pool, chunk->cols[i].bytes);
     }
+    if (chunk->held.release != NULL)
+        give_back_batch(chunk);
     free(chunk);
 }
 
@@ -530,9 +616,9 @@ static int apply_nulls(const Column *cols, const TblPlan *plans, size_t nplans, 
     return 0;
 }
 
-int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
-                         const struct ArrowArray *array, TblPlan *plans, size_t nplans,
-                         const TblWhere *where, TblPool *pool, SgError *err)
+int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema, struct ArrowArray *array,
+                         TblPlan *plans, size_t nplans, const TblWhere *where, TblPool *pool,
+                         TblRelease *lend, SgError *err)
 {
     *out = NULL;
     int rc = tbl_check_batch(schema, array, err);
@@ -580,8 +666,16 @@ int tbl_chunk_from_arrow(TblChunk **out, const struct ArrowSchema *schema,
             goto cleanup;
         }
         if ((rc = convert_column(&chunk->cols[i], &cols[i].leaf, &plans[i], &cols[i], keep, rows,
-                                 kept, where, pool, err)) < 0)
+                                 kept, where, pool, lend != NULL, err)) < 0)
             goto cleanup;
+    }
+    for (size_t i = 0; i < nplans; i++) {
+        if (chunk->cols[i].borrowed) { /* the batch moves into the chunk */
+            chunk->held = *array;
+            chunk->release_to = lend;
+            array->release = NULL;
+            break;
+        }
     }
     *out = chunk;
     chunk = NULL;

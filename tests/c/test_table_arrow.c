@@ -58,7 +58,7 @@ static void add_child(Col *parent, Col *child)
 static int convert(TblChunk **out, Col *batch, TblPlan *plans, size_t n, SgError *err)
 {
     TblWhere where = {"t.parquet", 2, 100};
-    return tbl_chunk_from_arrow(out, &batch->s, &batch->a, plans, n, &where, NULL, err);
+    return tbl_chunk_from_arrow(out, &batch->s, &batch->a, plans, n, &where, NULL, NULL, err);
 }
 
 /* int32 with a null, list<float>, string, struct<v: double>, over 4 rows. */
@@ -341,7 +341,8 @@ static void test_pool_reuses_buffers(void)
     SgError err = {0};
     CHECK(tbl_pool_new(&pool, 1 << 16, &err) == 0);
     TblChunk *a = NULL, *b = NULL;
-    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, pool, &err) == 0);
+    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, pool, NULL, &err) ==
+          0);
     if (a == NULL)
         return;
     float first[12];
@@ -349,7 +350,8 @@ static void test_pool_reuses_buffers(void)
     tbl_chunk_free(a);
     size_t held = tbl_pool_bytes(pool);
     CHECK(held >= sizeof first);
-    CHECK(tbl_chunk_from_arrow(&b, &f.batch.s, &f.batch.a, plans, 2, &where, pool, &err) == 0);
+    CHECK(tbl_chunk_from_arrow(&b, &f.batch.s, &f.batch.a, plans, 2, &where, pool, NULL, &err) ==
+          0);
     if (b != NULL) {
         CHECK(tbl_pool_bytes(pool) < held); /* taken from the pool */
         CHECK(memcmp(first, b->cols[0].values, sizeof first) == 0);
@@ -358,15 +360,94 @@ static void test_pool_reuses_buffers(void)
     }
     TblPool *tiny = NULL; /* a full pool frees what comes back */
     CHECK(tbl_pool_new(&tiny, 4, &err) == 0);
-    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, tiny, &err) == 0);
+    CHECK(tbl_chunk_from_arrow(&a, &f.batch.s, &f.batch.a, plans, 2, &where, tiny, NULL, &err) ==
+          0);
     tbl_chunk_free(a);
     CHECK(tbl_pool_bytes(tiny) <= 4);
     tbl_pool_free(tiny);
     tbl_pool_free(pool);
 }
 
+static int released; /* release_counted's calls */
+
+static void release_counted(struct ArrowArray *a)
+{
+    released++;
+    a->release = NULL;
+}
+
+/* A lent batch: its binary column is borrowed (the array moves into the
+ * chunk and is released once the chunk and then the queue are freed); a row
+ * skipped for a null, or no lender, copies instead and leaves it. */
+static void test_binary_rows_borrow_the_lent_batch(void)
+{
+    static const int32_t bin_off[4] = {0, 3, 6, 9};
+    static const uint8_t bin_data[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    static const uint8_t valid_101[1] = {0x05};
+    Col batch, bin, lab;
+    make(&batch, "+s", "", 3, 1, NULL, NULL, NULL);
+    make(&bin, "z", "px", 3, 3, NULL, bin_off, bin_data);
+    make(&lab, "i", "y", 3, 2, NULL, ints, NULL);
+    add_child(&batch, &bin);
+    add_child(&batch, &lab);
+    batch.a.release = release_counted;
+    TblRelease *lend = NULL;
+    SgError err = {0};
+    CHECK(tbl_release_new(&lend, &err) == 0);
+    TblWhere where = {"t.parquet", 0, 0};
+    TblPlan plans[2] = {{.name = "px"}, {.name = "y"}};
+    TblChunk *c = NULL;
+    released = 0;
+    CHECK(tbl_chunk_from_arrow(&c, &batch.s, &batch.a, plans, 2, &where, NULL, lend, &err) == 0);
+    if (c == NULL)
+        return;
+    CHECK(batch.a.release == NULL && c->held.release == release_counted); /* moved */
+    CHECK(c->cols[0].borrowed && c->cols[0].u8 && c->cols[0].bytes == bin_data + 0);
+    CHECK(!c->cols[1].borrowed && c->cols[1].values[2] == 30);
+    TblBatcher *b = NULL;
+    CHECK(tbl_batcher_new(&b, 3, 0, 1, &err) == 0);
+    CHECK(tbl_batcher_push(b, c, &err) == 0);
+    TblChunk *out = NULL;
+    CHECK(tbl_batcher_next(b, 1, &out, &err) == 1 && out != NULL);
+    if (out != NULL) {
+        float got[9];
+        for (int r = 0; r < 3; r++) /* the batcher's order: find each row by its label */
+            memcpy(got + (size_t)(out->cols[1].values[r] / 10 - 1) * 3, out->cols[0].values + r * 3,
+                   3 * sizeof(float));
+        const float want[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+        CHECK(memcmp(got, want, sizeof want) == 0);
+        tbl_chunk_free(out);
+    }
+    CHECK(released == 0); /* the emptied chunk queued its batch: not released from here */
+    tbl_release_drain(lend);
+    CHECK(released == 1);
+    tbl_batcher_free(b);
+
+    /* row 1 null and skipped: copied, the batch stays the caller's */
+    batch.a.release = release_counted;
+    bin.a.buffers[0] = valid_101;
+    bin.a.null_count = 1;
+    plans[0].nulls = TBL_NULLS_SKIP;
+    CHECK(tbl_chunk_from_arrow(&c, &batch.s, &batch.a, plans, 2, &where, NULL, lend, &err) == 0);
+    if (c != NULL) {
+        CHECK(c->rows == 2 && !c->cols[0].borrowed && batch.a.release == release_counted);
+        CHECK(c->cols[0].bytes[3] == 7);
+        tbl_chunk_free(c);
+    }
+    /* no lender: copied */
+    bin.a.null_count = 0;
+    CHECK(tbl_chunk_from_arrow(&c, &batch.s, &batch.a, plans, 2, &where, NULL, NULL, &err) == 0);
+    if (c != NULL) {
+        CHECK(!c->cols[0].borrowed && c->cols[0].bytes != bin_data && batch.a.release != NULL);
+        tbl_chunk_free(c);
+    }
+    tbl_release_free(lend);
+    CHECK(released == 1);
+}
+
 int main(void)
 {
+    test_binary_rows_borrow_the_lent_batch();
     test_pool_reuses_buffers();
     test_columns_and_nulls();
     test_malformed_arrays_are_refused();

@@ -166,7 +166,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     for (int round = 0; round < 2; round++) {
         TblChunk *chunk = NULL;
-        if (tbl_chunk_from_arrow(&chunk, &batch.s, &batch.a, &plan, 1, &where, pool, &err) < 0)
+        if (tbl_chunk_from_arrow(&chunk, &batch.s, &batch.a, &plan, 1, &where, pool, NULL, &err) <
+            0)
             break;
         if (tbl_batcher_push(b, chunk, &err) < 0)
             break;
