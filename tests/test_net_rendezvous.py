@@ -315,11 +315,10 @@ NODE_SCRIPT = textwrap.dedent(
 
 ORPHAN_SCRIPT = textwrap.dedent(
     """
-    import ctypes, os, sys
+    import ctypes, sys
+    from net_raw import node
     from sparkgrad import _core
     secret = bytes.fromhex(sys.argv[1])
-    def node(eid):
-        return {"host": "127.0.0.1", "port": 0, "role": "worker", "index": 0, "executor_id": eid, "pid": os.getpid()}
     closed = _core.ControlClient.register("127.0.0.1", int(sys.argv[2]), secret, node(0), 10.0)
     closed.exit_when_orphaned(0.01, 78, "the closed client's guard ended the process")
     closed.close()

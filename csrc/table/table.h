@@ -85,13 +85,11 @@ typedef struct TblColumn {
 typedef struct TblRelease TblRelease;
 
 typedef struct TblChunk {
-    TblPool *pool; /* where its buffers go back (NULL: malloc'ed, e.g. a batch) */
-    /* the batch a borrowed column points into (held.release != NULL), and where it goes when freed
-     */
-    struct ArrowArray held;
-    TblRelease *release_to;
-    size_t rows;    /* kept rows (after TBL_NULLS_SKIP) */
-    size_t pending; /* rows not yet gathered into a batch (the batcher's count) */
+    TblPool *pool;          /* where its buffers go back (NULL: malloc'ed, e.g. a batch) */
+    struct ArrowArray held; /* the batch a borrowed column points into (release != NULL) */
+    TblRelease *release_to; /* where `held` goes when the chunk is freed */
+    size_t rows;            /* kept rows (after TBL_NULLS_SKIP) */
+    size_t pending;         /* rows not yet gathered into a batch (the batcher's count) */
     size_t ncols;
     TblColumn cols[]; /* [ncols], in plan order */
 } TblChunk;

@@ -297,9 +297,10 @@ static int row_bytes(const TblLeaf *l, const TblPlan *plan, int64_t r, const uin
 
 /* A binary column without null rows to fill stays bytes in the chunk
  * (col->u8: a quarter of the memory), made float32 as rows are gathered.
- * With `borrow` and every row kept, the rows (each checked to be the
- * plan's width) lie one after another in the batch's value buffer: the
- * column points there (col->borrowed) instead of copying them. */
+ * With `borrow` and every row kept, the rows, each checked to be the plan's
+ * width, lie one after another in the batch's value buffer (offsets that
+ * differ by the width each time): the column points at the first
+ * (col->borrowed) instead of copying them. */
 static int convert_bytes(TblColumn *col, const TblLeaf *l, const TblPlan *plan, const uint8_t *keep,
                          int64_t rows, size_t kept, const TblWhere *where, TblPool *pool,
                          int borrow, SgError *err)
@@ -314,14 +315,10 @@ static int convert_bytes(TblColumn *col, const TblLeaf *l, const TblPlan *plan, 
                 return at(err, where, r);
             if (r == 0)
                 first = bytes;
-            else if (bytes != first + r * (int64_t)plan->width)
-                break; /* offsets that do not follow each other (valid Arrow): copied below */
-            if (r == rows - 1) {
-                col->bytes = (uint8_t *)first;
-                col->borrowed = 1;
-                return 0;
-            }
         }
+        col->bytes = (uint8_t *)first;
+        col->borrowed = 1;
+        return 0;
     }
     col->bytes = tbl_pool_get(pool, kept * plan->width + 1);
     if (col->bytes == NULL)
